@@ -1,1 +1,9 @@
-//! kiln-formats
+//! Model file readers. Every reader maps the file, checks every offset and count against the
+//! file's length before it touches the bytes, and reports a defect as a [`FormatError`] that
+//! names the file and the problem; nothing a file contains can make it panic.
+
+mod error;
+pub mod gguf;
+
+pub use error::FormatError;
+pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};
