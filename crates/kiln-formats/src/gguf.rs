@@ -174,7 +174,10 @@ pub struct GgufFile {
 impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, FormatError> {
         let path = path.as_ref().to_path_buf();
-        let io = |source| FormatError::Io { path: path.clone(), source };
+        let io = |source| FormatError::Io {
+            path: path.clone(),
+            source,
+        };
         let file = File::open(&path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
         if meta.is_dir() {
@@ -191,14 +194,22 @@ impl GgufFile {
     }
 
     fn parse(path: PathBuf, mmap: Mmap) -> Result<Self, FormatError> {
-        let mut r = Reader { buf: &mmap, pos: 0, path: &path };
+        let mut r = Reader {
+            buf: &mmap,
+            pos: 0,
+            path: &path,
+        };
         if r.buf.len() < 4 || &r.buf[..4] != MAGIC {
             let why = if r.buf.len() < 4 {
                 format!("only {} bytes long", r.buf.len())
             } else {
                 format!("starts with {:02x?}, not \"GGUF\"", &r.buf[..4])
             };
-            return Err(FormatError::NotFormat { path: path.clone(), format: "GGUF", why });
+            return Err(FormatError::NotFormat {
+                path: path.clone(),
+                format: "GGUF",
+                why,
+            });
         }
         r.pos = 4;
         let version = r.u32("version")?;
@@ -206,7 +217,11 @@ impl GgufFile {
             return Err(r.invalid("GGUF version 1 is not supported (re-convert the model)"));
         }
         if version != 2 && version != 3 {
-            let hint = if version.swap_bytes() <= 3 { " (a big-endian file?)" } else { "" };
+            let hint = if version.swap_bytes() <= 3 {
+                " (a big-endian file?)"
+            } else {
+                ""
+            };
             return Err(r.invalid(format!("unsupported GGUF version {version}{hint}")));
         }
         let n_tensors = r.u64("tensor count")?;
@@ -251,7 +266,9 @@ impl GgufFile {
             };
             let n_dims = r.u32("tensor dims")?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(tensor_err(format!("{n_dims} dimensions (1..={MAX_DIMS} allowed)")));
+                return Err(tensor_err(format!(
+                    "{n_dims} dimensions (1..={MAX_DIMS} allowed)"
+                )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -261,7 +278,12 @@ impl GgufFile {
             let ty = GgmlType::from_id(ty_id)
                 .ok_or_else(|| tensor_err(format!("unsupported ggml type id {ty_id}")))?;
             let rel = r.u64("tensor offset")?;
-            raw.push(RawInfo { name, dims, ty, rel });
+            raw.push(RawInfo {
+                name,
+                dims,
+                ty,
+                rel,
+            });
         }
         let data_offset = align_up(r.pos as u64, alignment)
             .ok_or_else(|| r.invalid("data section offset overflows"))?;
@@ -277,7 +299,13 @@ impl GgufFile {
 
         let mut tensors = Vec::with_capacity(raw.len());
         let mut tensor_index = HashMap::with_capacity(raw.len());
-        for RawInfo { name, dims, ty, rel } in raw {
+        for RawInfo {
+            name,
+            dims,
+            ty,
+            rel,
+        } in raw
+        {
             let tensor_err = |what: String| FormatError::Tensor {
                 path: path.clone(),
                 name: name.clone(),
@@ -315,7 +343,13 @@ impl GgufFile {
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(tensor_err("appears twice".into()));
             }
-            tensors.push(TensorInfo { name, dims, ty, offset: data_offset + rel, n_bytes });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                offset: data_offset + rel,
+                n_bytes,
+            });
         }
 
         Ok(GgufFile {
@@ -344,28 +378,42 @@ impl GgufFile {
     }
 
     fn require(&self, key: &str) -> Result<&Value, FormatError> {
-        self.get(key)
-            .ok_or_else(|| FormatError::MissingKey { path: self.path.clone(), key: key.into() })
+        self.get(key).ok_or_else(|| FormatError::MissingKey {
+            path: self.path.clone(),
+            key: key.into(),
+        })
     }
 
     fn wrong(&self, key: &str, expected: &'static str) -> FormatError {
-        FormatError::WrongType { path: self.path.clone(), key: key.into(), expected }
+        FormatError::WrongType {
+            path: self.path.clone(),
+            key: key.into(),
+            expected,
+        }
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64, FormatError> {
-        self.require(key)?.as_u64().ok_or_else(|| self.wrong(key, "an unsigned integer"))
+        self.require(key)?
+            .as_u64()
+            .ok_or_else(|| self.wrong(key, "an unsigned integer"))
     }
 
     pub fn get_f64(&self, key: &str) -> Result<f64, FormatError> {
-        self.require(key)?.as_f64().ok_or_else(|| self.wrong(key, "a number"))
+        self.require(key)?
+            .as_f64()
+            .ok_or_else(|| self.wrong(key, "a number"))
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str, FormatError> {
-        self.require(key)?.as_str().ok_or_else(|| self.wrong(key, "a string"))
+        self.require(key)?
+            .as_str()
+            .ok_or_else(|| self.wrong(key, "a string"))
     }
 
     pub fn get_array(&self, key: &str) -> Result<&[Value], FormatError> {
-        self.require(key)?.as_array().ok_or_else(|| self.wrong(key, "an array"))
+        self.require(key)?
+            .as_array()
+            .ok_or_else(|| self.wrong(key, "an array"))
     }
 
     /// An optional key that, when present, must have the right type.
@@ -384,7 +432,10 @@ impl GgufFile {
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>, FormatError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "a bool")),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a bool")),
         }
     }
 
@@ -415,11 +466,16 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn invalid(&self, what: impl Into<String>) -> FormatError {
-        FormatError::Invalid { path: self.path.to_path_buf(), what: what.into() }
+        FormatError::Invalid {
+            path: self.path.to_path_buf(),
+            what: what.into(),
+        }
     }
 
     fn take(&mut self, n: u64, what: &str) -> Result<&[u8], FormatError> {
-        let end = (self.pos as u64).checked_add(n).filter(|&e| e <= self.buf.len() as u64);
+        let end = (self.pos as u64)
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len() as u64);
         let Some(end) = end else {
             return Err(FormatError::Truncated {
                 path: self.path.to_path_buf(),
@@ -534,7 +590,8 @@ impl GgufWriter {
 
     /// `dims` in ggml order (row length first); `data` must hold exactly the tensor's bytes.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
-        self.tensors.push((name.to_string(), dims.to_vec(), ty, data));
+        self.tensors
+            .push((name.to_string(), dims.to_vec(), ty, data));
         self
     }
 

@@ -31,7 +31,10 @@ fn sample() -> GgufWriter {
                 Value::Array(vec![Value::I32(3)]),
             ]),
         )
-        .meta("strings", Value::Array(vec![Value::String("a".into()), Value::String("".into())]))
+        .meta(
+            "strings",
+            Value::Array(vec![Value::String("a".into()), Value::String("".into())]),
+        )
         .meta("empty", Value::Array(vec![]));
     let f: Vec<u8> = (0..64).flat_map(|i| (i as f32).to_le_bytes()).collect();
     w.tensor("a", &[16, 4], GgmlType::F32, f);
@@ -60,7 +63,10 @@ fn round_trip_every_value_type() {
     assert_eq!(g.get_str("utf8").unwrap(), "héllo 世界 🦀");
     let nested = g.get_array("nested").unwrap();
     assert_eq!(nested[0], Value::Array(vec![Value::I32(1), Value::I32(2)]));
-    assert_eq!(g.get_array("strings").unwrap()[1], Value::String(String::new()));
+    assert_eq!(
+        g.get_array("strings").unwrap()[1],
+        Value::String(String::new())
+    );
     assert!(g.get_array("empty").unwrap().is_empty());
     let a = g.tensor("a").unwrap();
     assert_eq!(a.dims, vec![16, 4]);
@@ -70,8 +76,14 @@ fn round_trip_every_value_type() {
     assert_eq!(f32::from_le_bytes(data[4 * 63..].try_into().unwrap()), 63.0);
     assert_eq!(g.tensor("b").unwrap().n_bytes, 34);
     // Wrong type and missing keys are errors, not panics.
-    assert!(matches!(g.get_str("u8"), Err(FormatError::WrongType { .. })));
-    assert!(matches!(g.get_u64("nope"), Err(FormatError::MissingKey { .. })));
+    assert!(matches!(
+        g.get_str("u8"),
+        Err(FormatError::WrongType { .. })
+    ));
+    assert!(matches!(
+        g.get_u64("nope"),
+        Err(FormatError::MissingKey { .. })
+    ));
 }
 
 #[test]
@@ -79,7 +91,9 @@ fn every_truncation_is_an_error() {
     let bytes = sample().to_bytes();
     for len in 0..bytes.len() {
         let p = tmp("trunc.gguf", &bytes[..len]);
-        let err = GgufFile::open(&p).err().unwrap_or_else(|| panic!("prefix {len} parsed"));
+        let err = GgufFile::open(&p)
+            .err()
+            .unwrap_or_else(|| panic!("prefix {len} parsed"));
         let msg = err.to_string();
         assert!(msg.contains("trunc.gguf"), "{msg}");
     }
@@ -92,25 +106,42 @@ fn tensor_past_the_end() {
     w.tensor("big", &[64], GgmlType::F32, vec![0u8; 64 * 4]);
     let mut bytes = w.to_bytes();
     bytes.truncate(bytes.len() - 4);
-    let err = GgufFile::open(tmp("oob.gguf", &bytes)).err().unwrap().to_string();
-    assert!(err.contains("tensor 'big'") && err.contains("past the end"), "{err}");
+    let err = GgufFile::open(tmp("oob.gguf", &bytes))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("tensor 'big'") && err.contains("past the end"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bad_headers() {
-    let err = GgufFile::open(tmp("rand.bin", b"\x7fELF random bytes here")).err().unwrap();
+    let err = GgufFile::open(tmp("rand.bin", b"\x7fELF random bytes here"))
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("not a GGUF file"), "{err}");
     let mut h = b"GGUF".to_vec();
     h.extend_from_slice(&3u32.to_le_bytes());
     h.extend_from_slice(&u64::MAX.to_le_bytes()); // absurd tensor count
     h.extend_from_slice(&0u64.to_le_bytes());
-    let err = GgufFile::open(tmp("absurd.gguf", &h)).err().unwrap().to_string();
+    let err = GgufFile::open(tmp("absurd.gguf", &h))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("tensor count"), "{err}");
     let mut h = b"GGUF".to_vec();
     h.extend_from_slice(&9u32.to_le_bytes());
-    let err = GgufFile::open(tmp("v9.gguf", &h)).err().unwrap().to_string();
+    let err = GgufFile::open(tmp("v9.gguf", &h))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("unsupported GGUF version 9"), "{err}");
-    let err = GgufFile::open("/definitely/not/here.gguf").err().unwrap().to_string();
+    let err = GgufFile::open("/definitely/not/here.gguf")
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("/definitely/not/here.gguf"), "{err}");
 }
 

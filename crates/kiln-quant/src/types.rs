@@ -4,11 +4,23 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum QuantError {
     #[error("{ty}: row of {n} values is not a multiple of the block size {block}")]
-    RaggedRow { ty: &'static str, n: usize, block: usize },
+    RaggedRow {
+        ty: &'static str,
+        n: usize,
+        block: usize,
+    },
     #[error("{ty}: expected {expected} bytes for {n} values, got {got}")]
-    WrongByteLength { ty: &'static str, n: usize, expected: usize, got: usize },
+    WrongByteLength {
+        ty: &'static str,
+        n: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("{ty}: {what} is not supported")]
-    Unsupported { ty: &'static str, what: &'static str },
+    Unsupported {
+        ty: &'static str,
+        what: &'static str,
+    },
 }
 
 /// The GGML tensor types, numbered as in GGUF files.
@@ -137,7 +149,11 @@ impl GgmlType {
     pub fn row_bytes(self, n: usize) -> Result<usize, QuantError> {
         let block = self.block_size();
         if n % block != 0 {
-            return Err(QuantError::RaggedRow { ty: self.name(), n, block });
+            return Err(QuantError::RaggedRow {
+                ty: self.name(),
+                n,
+                block,
+            });
         }
         Ok(n / block * self.type_size())
     }

