@@ -1,1 +1,128 @@
-//! kiln-backend
+//! The backend trait: device buffers and coarse, fused ops that model code is written against.
+//!
+//! Models never see a backend's internals: they hold `B::Weight` (a matrix in any format of
+//! `kiln_quant::GgmlType`), `B::Tensor` (f32 activations, `rows x cols`, allocated once with a
+//! capacity of rows) and `B::KvCache`, and call the ops below. The CPU backend
+//! ([`cpu::CpuBackend`]) is the numerical reference every other backend is tested against.
+
+pub mod cpu;
+mod rope;
+
+use kiln_quant::{GgmlType, QuantError};
+use thiserror::Error;
+
+pub use rope::{RopeConfig, RopeScaling, RopeStyle};
+
+#[derive(Debug, Error)]
+pub enum BackendError {
+    #[error("weight '{name}': {source}")]
+    Quant { name: String, source: QuantError },
+    #[error("weight '{name}': {what}")]
+    Weight { name: String, what: String },
+    #[error("token id {id} is outside the vocabulary ({vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+}
+
+/// A host view of a weight matrix as stored in a model file: `rows` rows of `cols` values,
+/// each row `ty.row_bytes(cols)` bytes, rows contiguous.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightData<'a> {
+    pub name: &'a str,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: &'a [u8],
+}
+
+/// Shape of one attention step: `n_tokens` new tokens at positions `pos0..pos0 + n_tokens`.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub pos0: usize,
+    pub n_tokens: usize,
+}
+
+pub trait Backend {
+    /// f32 activations, row-major `rows x cols`.
+    type Tensor;
+    /// A weight matrix in its storage format (possibly repacked).
+    type Weight;
+    /// Keys and values of every layer for `n_ctx` positions.
+    type KvCache;
+
+    fn name(&self) -> String;
+
+    fn load_weight(&self, w: WeightData) -> Result<Self::Weight, BackendError>;
+    /// `rows` and `cols` of a weight.
+    fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
+    /// Bytes the weight occupies in its stored format.
+    fn weight_bytes(&self, w: &Self::Weight) -> usize;
+
+    /// A tensor with room for `rows x cols` f32, zeroed.
+    fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
+    fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> Self::Tensor;
+    /// Copies the first `rows` rows to `out`.
+    fn read(&self, t: &Self::Tensor, rows: usize, out: &mut [f32]);
+
+    fn kv_cache(&self, n_layers: usize, n_ctx: usize, kv_dim: usize) -> Self::KvCache;
+
+    // ---- ops; `n` is the number of active rows (tokens) ----
+
+    /// out[t] = table[ids[t]] (dequantized row).
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        ids: &[u32],
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// out[t] = x[t] / rms(x[t]) * w
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+        n: usize,
+        out: &mut Self::Tensor,
+    );
+    /// Per-head RMSNorm of `x` viewed as `n x heads x head_dim`, in place (Qwen3 q/k norm).
+    fn rms_norm_heads(&self, x: &mut Self::Tensor, w: &Self::Tensor, eps: f32, n: usize);
+    /// out[t] = W @ x[t] (+ bias): W (rows, cols), x (n, cols) -> out (n, rows)
+    fn matmul(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        n: usize,
+        out: &mut Self::Tensor,
+    );
+    /// Rotates `x` (n x heads x head_dim) for positions `pos0..pos0+n`, in place.
+    fn rope(&self, x: &mut Self::Tensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize);
+    /// Stores k, v (n x kv_dim) at positions `pos0..pos0+n` of `layer`.
+    fn kv_store(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        pos0: usize,
+        n: usize,
+    );
+    /// Causal grouped-query attention of q (n x heads x head_dim) over the cache's positions
+    /// `0..pos0 + t + 1` for token t -> out (n x heads x head_dim).
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        layer: usize,
+        shape: AttnShape,
+        out: &mut Self::Tensor,
+    );
+    /// gate[t] = silu(gate[t]) * up[t], in place.
+    fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, n: usize);
+    /// x[t] += y[t]
+    fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize);
+    /// Copies row `src_row` of `src` into row 0 of `dst`.
+    fn copy_row(&self, src: &Self::Tensor, src_row: usize, dst: &mut Self::Tensor);
+}

@@ -1,0 +1,275 @@
+//! The CPU backend: the numerical reference, and the default everywhere.
+//!
+//! Two modes share every op: `reference()` dequantizes all weights to f32 at load and does
+//! plain f32 arithmetic (what the golden tests pin), `new(threads)` keeps weights in their
+//! stored format and dequantizes rows on the fly, split over threads.
+
+mod ops;
+mod par;
+
+use kiln_quant::{dequantize_row, GgmlType};
+
+use crate::{AttnShape, Backend, BackendError, RopeConfig, WeightData};
+pub use par::Pool;
+
+pub struct CpuBackend {
+    reference: bool,
+    pool: Pool,
+}
+
+/// f32 activations with room for `data.len() / cols` rows.
+pub struct CpuTensor {
+    pub data: Vec<f32>,
+    pub cols: usize,
+}
+
+impl CpuTensor {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// A weight matrix: `bytes` holds `rows` rows of `ty.row_bytes(cols)` bytes.
+pub struct CpuWeight {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub bytes: Vec<u8>,
+}
+
+impl CpuWeight {
+    fn row_bytes_of(&self, r: usize) -> &[u8] {
+        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Dequantizes row `r` into `out` (cols values).
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        if self.ty == GgmlType::F32 {
+            for (o, c) in out.iter_mut().zip(self.row_bytes_of(r).chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            return;
+        }
+        // Lengths were checked at load; a failure here is a bug, not bad input.
+        dequantize_row(self.ty, self.row_bytes_of(r), out).expect("row length checked at load");
+    }
+}
+
+pub struct CpuKvCache {
+    n_ctx: usize,
+    kv_dim: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl CpuBackend {
+    /// Weights kept in their stored format, `threads` workers.
+    pub fn new(threads: usize) -> Self {
+        CpuBackend {
+            reference: false,
+            pool: Pool::new(threads),
+        }
+    }
+
+    /// Weights dequantized at load, f32 arithmetic, one thread: the numerical reference.
+    pub fn reference() -> Self {
+        CpuBackend {
+            reference: true,
+            pool: Pool::new(1),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+}
+
+/// Physical cores are not visible portably; logical CPUs is the default thread count.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type KvCache = CpuKvCache;
+
+    fn name(&self) -> String {
+        if self.reference {
+            "cpu-reference".into()
+        } else {
+            format!("cpu ({} threads)", self.pool.threads())
+        }
+    }
+
+    fn load_weight(&self, w: WeightData) -> Result<CpuWeight, BackendError> {
+        let quant = |source| BackendError::Quant {
+            name: w.name.to_string(),
+            source,
+        };
+        let row_bytes = w.ty.row_bytes(w.cols).map_err(quant)?;
+        let expected = row_bytes.checked_mul(w.rows);
+        if expected != Some(w.bytes.len()) {
+            return Err(BackendError::Weight {
+                name: w.name.to_string(),
+                what: format!(
+                    "{} rows x {} cols of {} need {:?} bytes, got {}",
+                    w.rows,
+                    w.cols,
+                    w.ty.name(),
+                    expected,
+                    w.bytes.len()
+                ),
+            });
+        }
+        let mut weight = CpuWeight {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            row_bytes,
+            bytes: w.bytes.to_vec(),
+        };
+        if w.ty != GgmlType::F32 {
+            // Check every row decodes (unsupported formats fail here, at load).
+            let mut tmp = vec![0f32; w.cols];
+            dequantize_row(w.ty, weight.row_bytes_of(0), &mut tmp).map_err(quant)?;
+        }
+        if self.reference && w.ty != GgmlType::F32 {
+            let mut out = Vec::with_capacity(w.rows * w.cols * 4);
+            let mut row = vec![0f32; w.cols];
+            for r in 0..w.rows {
+                weight.dequant_row(r, &mut row);
+                out.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+            }
+            weight = CpuWeight {
+                ty: GgmlType::F32,
+                rows: w.rows,
+                cols: w.cols,
+                row_bytes: w.cols * 4,
+                bytes: out,
+            };
+        }
+        Ok(weight)
+    }
+
+    fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn weight_bytes(&self, w: &CpuWeight) -> usize {
+        w.bytes.len()
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
+        CpuTensor {
+            data: vec![0.0; rows * cols],
+            cols,
+        }
+    }
+
+    fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> CpuTensor {
+        let mut t = self.tensor(rows, cols);
+        t.data[..data.len()].copy_from_slice(data);
+        t
+    }
+
+    fn read(&self, t: &CpuTensor, rows: usize, out: &mut [f32]) {
+        out.copy_from_slice(&t.data[..rows * t.cols]);
+    }
+
+    fn kv_cache(&self, n_layers: usize, n_ctx: usize, kv_dim: usize) -> CpuKvCache {
+        CpuKvCache {
+            n_ctx,
+            kv_dim,
+            k: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
+            v: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
+        }
+    }
+
+    fn embed(
+        &self,
+        table: &CpuWeight,
+        ids: &[u32],
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        for (t, &id) in ids.iter().enumerate() {
+            if id as usize >= table.rows {
+                return Err(BackendError::TokenOutOfRange {
+                    id,
+                    vocab: table.rows,
+                });
+            }
+            let cols = out.cols;
+            table.dequant_row(id as usize, &mut out.data[t * cols..(t + 1) * cols]);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32, n: usize, out: &mut CpuTensor) {
+        ops::norm::rms_norm(x, w, eps, n, out)
+    }
+
+    fn rms_norm_heads(&self, x: &mut CpuTensor, w: &CpuTensor, eps: f32, n: usize) {
+        ops::norm::rms_norm_heads(x, w, eps, n)
+    }
+
+    fn matmul(
+        &self,
+        w: &CpuWeight,
+        x: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        n: usize,
+        out: &mut CpuTensor,
+    ) {
+        ops::matmul::matmul(&self.pool, w, x, bias, n, out)
+    }
+
+    fn rope(&self, x: &mut CpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {
+        ops::rope::rope(x, rope, heads, pos0, n)
+    }
+
+    fn kv_store(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        pos0: usize,
+        n: usize,
+    ) {
+        let d = cache.kv_dim;
+        assert!(
+            pos0 + n <= cache.n_ctx,
+            "kv_store past the cache (caller checks the context)"
+        );
+        cache.k[layer][pos0 * d..(pos0 + n) * d].copy_from_slice(&k.data[..n * d]);
+        cache.v[layer][pos0 * d..(pos0 + n) * d].copy_from_slice(&v.data[..n * d]);
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        cache: &CpuKvCache,
+        layer: usize,
+        shape: AttnShape,
+        out: &mut CpuTensor,
+    ) {
+        ops::attention::attention(&self.pool, q, &cache.k[layer], &cache.v[layer], shape, out)
+    }
+
+    fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
+        ops::elementwise::silu_mul(gate, up, n)
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor, n: usize) {
+        ops::elementwise::add(x, y, n)
+    }
+
+    fn copy_row(&self, src: &CpuTensor, src_row: usize, dst: &mut CpuTensor) {
+        let c = src.cols;
+        dst.data[..c].copy_from_slice(&src.data[src_row * c..(src_row + 1) * c]);
+    }
+}

@@ -1,0 +1,33 @@
+//! RMSNorm: y = x / sqrt(mean(x^2) + eps) * w
+
+use crate::cpu::CpuTensor;
+
+fn norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / ((ss / x.len() as f64) + eps as f64).sqrt()) as f32;
+    for ((o, &xv), &wv) in out.iter_mut().zip(x).zip(w) {
+        *o = xv * scale * wv;
+    }
+}
+
+pub fn rms_norm(x: &CpuTensor, w: &CpuTensor, eps: f32, n: usize, out: &mut CpuTensor) {
+    let c = x.cols;
+    for t in 0..n {
+        norm_into(
+            &x.data[t * c..(t + 1) * c],
+            &w.data[..c],
+            eps,
+            &mut out.data[t * c..(t + 1) * c],
+        );
+    }
+}
+
+/// x viewed as (n * heads, head_dim) with head_dim = w.len(), normalised per head, in place.
+pub fn rms_norm_heads(x: &mut CpuTensor, w: &CpuTensor, eps: f32, n: usize) {
+    let hd = w.cols;
+    let mut tmp = vec![0f32; hd];
+    for head in x.data[..n * x.cols].chunks_exact_mut(hd) {
+        norm_into(head, &w.data[..hd], eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    }
+}

@@ -1,0 +1,253 @@
+//! The Llama family: pre-norm decoder blocks of grouped-query attention with RoPE and a SwiGLU
+//! MLP. SmolLM is Llama; Qwen2 adds q/k/v biases; Qwen3 adds per-head q/k RMSNorm.
+//!
+//! x = embed(tokens)
+//! for each layer:  x += Wo · attn(rope(Wq·norm(x)), rope(Wk·norm(x)), Wv·norm(x))
+//!                  x += Wdown · (silu(Wgate·norm(x)) * Wup·norm(x))
+//! logits = Wout · norm(x)
+
+use kiln_backend::{AttnShape, Backend};
+use kiln_formats::GgufFile;
+
+use super::LlmConfig;
+use crate::{ModelError, WeightMap};
+
+pub struct Attention<B: Backend> {
+    pub q: B::Weight, // attn_q   (q_dim, dim)
+    pub k: B::Weight, // attn_k   (kv_dim, dim)
+    pub v: B::Weight, // attn_v   (kv_dim, dim)
+    pub o: B::Weight, // attn_output (dim, q_dim)
+    pub q_bias: Option<B::Tensor>,
+    pub k_bias: Option<B::Tensor>,
+    pub v_bias: Option<B::Tensor>,
+    pub q_norm: Option<B::Tensor>, // attn_q_norm (head_dim)
+    pub k_norm: Option<B::Tensor>, // attn_k_norm (head_dim)
+}
+
+pub struct Mlp<B: Backend> {
+    pub gate: B::Weight, // ffn_gate (ffn_dim, dim)
+    pub up: B::Weight,   // ffn_up   (ffn_dim, dim)
+    pub down: B::Weight, // ffn_down (dim, ffn_dim)
+}
+
+pub struct Layer<B: Backend> {
+    pub attn_norm: B::Tensor, // attn_norm (dim)
+    pub attn: Attention<B>,
+    pub ffn_norm: B::Tensor, // ffn_norm (dim)
+    pub mlp: Mlp<B>,
+}
+
+pub struct Llama<B: Backend> {
+    pub cfg: LlmConfig,
+    pub embed: B::Weight, // token_embd (vocab, dim)
+    pub layers: Vec<Layer<B>>,
+    pub norm: B::Tensor,           // output_norm (dim)
+    pub output: Option<B::Weight>, // output (vocab, dim); None when tied to `embed`
+}
+
+/// Everything one sequence needs while decoding, allocated once: the KV cache and scratch
+/// activations for up to `max_batch` tokens per forward call.
+pub struct LlamaState<B: Backend> {
+    pub n_ctx: usize,
+    pub max_batch: usize,
+    kv: B::KvCache,
+    x: B::Tensor,
+    h: B::Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
+    attn: B::Tensor,
+    gate: B::Tensor,
+    up: B::Tensor,
+    last: B::Tensor,
+    logits: B::Tensor,
+    logits_host: Vec<f32>,
+    trace: bool,
+}
+
+impl<B: Backend> Llama<B> {
+    pub fn load(b: &B, g: &GgufFile) -> Result<Self, ModelError> {
+        let cfg = LlmConfig::from_gguf(g)?;
+        let w = WeightMap::new(g);
+        let (dim, q_dim, kv_dim, ffn) = (cfg.dim, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_dim);
+        let embed = w.matrix(b, "token_embd.weight", cfg.vocab_size, dim)?;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let bias = |s: &str, len| -> Result<_, ModelError> {
+                cfg.qkv_bias.then(|| w.vector(b, &n(s), len)).transpose()
+            };
+            let head_norm = |s: &str| -> Result<_, ModelError> {
+                cfg.qk_norm
+                    .then(|| w.vector(b, &n(s), cfg.head_dim))
+                    .transpose()
+            };
+            layers.push(Layer {
+                attn_norm: w.vector(b, &n("attn_norm.weight"), dim)?,
+                attn: Attention {
+                    q: w.matrix(b, &n("attn_q.weight"), q_dim, dim)?,
+                    k: w.matrix(b, &n("attn_k.weight"), kv_dim, dim)?,
+                    v: w.matrix(b, &n("attn_v.weight"), kv_dim, dim)?,
+                    o: w.matrix(b, &n("attn_output.weight"), dim, q_dim)?,
+                    q_bias: bias("attn_q.bias", q_dim)?,
+                    k_bias: bias("attn_k.bias", kv_dim)?,
+                    v_bias: bias("attn_v.bias", kv_dim)?,
+                    q_norm: head_norm("attn_q_norm.weight")?,
+                    k_norm: head_norm("attn_k_norm.weight")?,
+                },
+                ffn_norm: w.vector(b, &n("ffn_norm.weight"), dim)?,
+                mlp: Mlp {
+                    gate: w.matrix(b, &n("ffn_gate.weight"), ffn, dim)?,
+                    up: w.matrix(b, &n("ffn_up.weight"), ffn, dim)?,
+                    down: w.matrix(b, &n("ffn_down.weight"), dim, ffn)?,
+                },
+            });
+        }
+        let norm = w.vector(b, "output_norm.weight", dim)?;
+        let output = match cfg.tied_embeddings {
+            true => None,
+            false => Some(w.matrix(b, "output.weight", cfg.vocab_size, dim)?),
+        };
+        let mut cfg = cfg;
+        if w.has("rope_freqs.weight") {
+            let f = w.vector_host("rope_freqs.weight", cfg.rope.dims / 2)?;
+            cfg.rope.scaling = kiln_backend::RopeScaling::Factors(f);
+        }
+        w.finish(&cfg.arch)?;
+        Ok(Llama {
+            cfg,
+            embed,
+            layers,
+            norm,
+            output,
+        })
+    }
+
+    pub fn new_state(&self, b: &B, n_ctx: usize, max_batch: usize) -> LlamaState<B> {
+        let c = &self.cfg;
+        let max_batch = max_batch.max(1);
+        LlamaState {
+            n_ctx,
+            max_batch,
+            kv: b.kv_cache(c.n_layers, n_ctx, c.kv_dim()),
+            x: b.tensor(max_batch, c.dim),
+            h: b.tensor(max_batch, c.dim),
+            q: b.tensor(max_batch, c.q_dim()),
+            k: b.tensor(max_batch, c.kv_dim()),
+            v: b.tensor(max_batch, c.kv_dim()),
+            attn: b.tensor(max_batch, c.q_dim()),
+            gate: b.tensor(max_batch, c.ffn_dim),
+            up: b.tensor(max_batch, c.ffn_dim),
+            last: b.tensor(max_batch, c.dim),
+            logits: b.tensor(max_batch, c.vocab_size),
+            logits_host: vec![0.0; max_batch * c.vocab_size],
+            trace: std::env::var_os("KILN_TRACE").is_some(),
+        }
+    }
+
+    /// Runs `tokens` at positions `pos0..`, filling the KV cache. Returns the logits of the
+    /// last token (`vocab`), or of every token of the last chunk when `all_logits` (then at
+    /// most `max_batch` tokens may be passed).
+    pub fn forward<'s>(
+        &self,
+        b: &B,
+        st: &'s mut LlamaState<B>,
+        tokens: &[u32],
+        pos0: usize,
+        all_logits: bool,
+    ) -> Result<&'s [f32], ModelError> {
+        assert!(
+            pos0 + tokens.len() <= st.n_ctx,
+            "caller checks the context length"
+        );
+        assert!(!all_logits || tokens.len() <= st.max_batch);
+        let mut pos = pos0;
+        let mut n_out = 0;
+        for chunk in tokens.chunks(st.max_batch) {
+            n_out = self.forward_chunk(b, st, chunk, pos, all_logits)?;
+            pos += chunk.len();
+        }
+        let vocab = self.cfg.vocab_size;
+        b.read(&st.logits, n_out, &mut st.logits_host[..n_out * vocab]);
+        Ok(&st.logits_host[..n_out * vocab])
+    }
+
+    fn forward_chunk(
+        &self,
+        b: &B,
+        st: &mut LlamaState<B>,
+        tokens: &[u32],
+        pos0: usize,
+        all_logits: bool,
+    ) -> Result<usize, ModelError> {
+        let c = &self.cfg;
+        let n = tokens.len();
+        b.embed(&self.embed, tokens, &mut st.x)
+            .map_err(|source| ModelError::Backend {
+                file: Default::default(),
+                source,
+            })?;
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            pos0,
+            n_tokens: n,
+        };
+        for (il, layer) in self.layers.iter().enumerate() {
+            let a = &layer.attn;
+            b.rms_norm(&st.x, &layer.attn_norm, c.norm_eps, n, &mut st.h);
+            b.matmul(&a.q, &st.h, a.q_bias.as_ref(), n, &mut st.q);
+            b.matmul(&a.k, &st.h, a.k_bias.as_ref(), n, &mut st.k);
+            b.matmul(&a.v, &st.h, a.v_bias.as_ref(), n, &mut st.v);
+            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+                b.rms_norm_heads(&mut st.q, qn, c.norm_eps, n);
+                b.rms_norm_heads(&mut st.k, kn, c.norm_eps, n);
+            }
+            b.rope(&mut st.q, &c.rope, c.n_heads, pos0, n);
+            b.rope(&mut st.k, &c.rope, c.n_kv_heads, pos0, n);
+            b.kv_store(&mut st.kv, il, &st.k, &st.v, pos0, n);
+            b.attention(&st.q, &st.kv, il, shape, &mut st.attn);
+            b.matmul(&a.o, &st.attn, None, n, &mut st.h);
+            self.trace(b, st.trace, "attn_out", il, &st.h, n, c.dim);
+            b.add(&mut st.x, &st.h, n);
+
+            b.rms_norm(&st.x, &layer.ffn_norm, c.norm_eps, n, &mut st.h);
+            b.matmul(&layer.mlp.gate, &st.h, None, n, &mut st.gate);
+            b.matmul(&layer.mlp.up, &st.h, None, n, &mut st.up);
+            b.silu_mul(&mut st.gate, &st.up, n);
+            b.matmul(&layer.mlp.down, &st.gate, None, n, &mut st.h);
+            self.trace(b, st.trace, "ffn_out", il, &st.h, n, c.dim);
+            b.add(&mut st.x, &st.h, n);
+        }
+        let output = self.output.as_ref().unwrap_or(&self.embed);
+        if all_logits {
+            b.rms_norm(&st.x, &self.norm, c.norm_eps, n, &mut st.h);
+            b.matmul(output, &st.h, None, n, &mut st.logits);
+            Ok(n)
+        } else {
+            // Only the last token's logits are needed.
+            b.copy_row(&st.x, n - 1, &mut st.last);
+            b.rms_norm(&st.last, &self.norm, c.norm_eps, 1, &mut st.h);
+            b.matmul(output, &st.h, None, 1, &mut st.logits);
+            Ok(1)
+        }
+    }
+
+    /// With `KILN_TRACE` set, prints a named activation's summary per layer (stderr), so a
+    /// numerical difference between backends becomes a diff of two traces.
+    #[allow(clippy::too_many_arguments)]
+    fn trace(&self, b: &B, on: bool, name: &str, il: usize, t: &B::Tensor, n: usize, cols: usize) {
+        if !on {
+            return;
+        }
+        let mut v = vec![0f32; n * cols];
+        b.read(t, n, &mut v);
+        let last = &v[(n - 1) * cols..];
+        let rms = (last.iter().map(|x| x * x).sum::<f32>() / cols as f32).sqrt();
+        eprintln!(
+            "trace {name:>10} layer {il:>3}: rms {rms:.6} first {:?}",
+            &last[..4.min(cols)]
+        );
+    }
+}
