@@ -72,3 +72,41 @@ impl RopeConfig {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Llama-3.2-3B's rope: theta 500000, head 128, llama3 scaling (factor 32, low 1, high 4,
+    /// original context 8192). Expected values from the published float64 formula (numpy).
+    #[test]
+    fn llama3_scaling_matches_reference_formula() {
+        let cfg = RopeConfig {
+            style: RopeStyle::Interleaved,
+            dims: 128,
+            head_dim: 128,
+            theta: 500000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_ctx: 8192.0,
+            },
+        };
+        let f = cfg.inv_freqs();
+        let want = [
+            (0, 1.0),
+            (10, 0.12868737343265052),
+            (20, 0.016560440080994446),
+            (30, 0.001290547928209264),
+            (40, 8.570255489881478e-06),
+            (45, 3.0744096694909034e-06),
+            (50, 1.102883668639601e-06),
+            (63, 7.672314972286278e-08),
+        ];
+        for (i, w) in want {
+            let rel = ((f[i] as f64 - w) / w).abs();
+            assert!(rel < 1e-6, "freq {i}: {} vs {w}", f[i]);
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The `kiln` binary as a user runs it: real model answers, bad input gets one clear line.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn model() -> PathBuf {
+    kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kiln-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// A failed command: non-zero exit, one stderr line naming the problem, no panic.
+fn assert_clean_error(out: &Output, needle: &str) {
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
+    assert!(err.contains(needle), "expected '{needle}' in: {err}");
+}
+
+#[test]
+fn run_answers_tokyo_with_stats() {
+    model();
+    let out = kiln(&["run", "-p", "What is the capital of Japan?", "--temp", "0", "-n", "48"]);
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{se}");
+    assert!(so.contains("Tokyo"), "answer: {so}");
+    let stats = se.lines().last().unwrap_or("");
+    for k in ["prompt", "ttft", "prefill", "tok/s", "decode"] {
+        assert!(stats.contains(k), "stats line lacks {k}: {stats}");
+    }
+}
+
+#[test]
+fn info_describes_the_model() {
+    let m = model();
+    let out = kiln(&["info", m.to_str().unwrap()]);
+    let so = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for k in ["GGUF v3", "llama", "layers 30", "Q4_1", "Q8_0", "byte-level BPE", "token_embd.weight"] {
+        assert!(so.contains(k), "info lacks {k}:\n{so}");
+    }
+}
+
+#[test]
+fn bad_model_files_are_one_line_errors() {
+    let real = std::fs::read(model()).unwrap();
+    let trunc = scratch("truncated.gguf");
+    std::fs::write(&trunc, &real[..1 << 20]).unwrap();
+    let out = kiln(&["run", "-m", trunc.to_str().unwrap(), "-p", "hi"]);
+    assert_clean_error(&out, "truncated.gguf");
+
+    let oob = scratch("short-tail.gguf");
+    std::fs::write(&oob, &real[..real.len() - 1000]).unwrap();
+    let out = kiln(&["run", "-m", oob.to_str().unwrap(), "-p", "hi"]);
+    assert_clean_error(&out, "past the end");
+
+    let rnd = scratch("random.gguf");
+    let bytes: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(&rnd, bytes).unwrap();
+    let out = kiln(&["info", rnd.to_str().unwrap()]);
+    assert_clean_error(&out, "not a GGUF file");
+
+    let out = kiln(&["run", "-m", "/no/such/model.gguf", "-p", "hi"]);
+    assert_clean_error(&out, "/no/such/model.gguf");
+}
+
+#[test]
+fn prompt_longer_than_context_is_a_clear_error() {
+    let m = model();
+    let out = kiln(&["run", "-m", m.to_str().unwrap(), "-c", "16", "-p", "Tell me a long story about the sea."]);
+    assert_clean_error(&out, "context holds 16");
+}
