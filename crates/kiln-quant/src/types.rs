@@ -4,11 +4,23 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum QuantError {
     #[error("{ty}: row of {n} values is not a multiple of the block size {block}")]
-    RaggedRow { ty: &'static str, n: usize, block: usize },
+    RaggedRow {
+        ty: &'static str,
+        n: usize,
+        block: usize,
+    },
     #[error("{ty}: expected {expected} bytes for {n} values, got {got}")]
-    WrongByteLength { ty: &'static str, n: usize, expected: usize, got: usize },
+    WrongByteLength {
+        ty: &'static str,
+        n: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("{ty}: {what} is not supported")]
-    Unsupported { ty: &'static str, what: &'static str },
+    Unsupported {
+        ty: &'static str,
+        what: &'static str,
+    },
 }
 
 /// The GGML tensor types, numbered as in GGUF files.
@@ -137,7 +149,11 @@ impl GgmlType {
     pub fn row_bytes(self, n: usize) -> Result<usize, QuantError> {
         let block = self.block_size();
         if n % block != 0 {
-            return Err(QuantError::RaggedRow { ty: self.name(), n, block });
+            return Err(QuantError::RaggedRow {
+                ty: self.name(),
+                n,
+                block,
+            });
         }
         Ok(n / block * self.type_size())
     }
@@ -149,5 +165,27 @@ impl GgmlType {
             return None;
         }
         (n / block).checked_mul(self.type_size() as u64)
+    }
+}
+
+/// `Ok` when `n` values of `ty` take exactly `bytes` bytes.
+pub(crate) fn check_row(ty: GgmlType, n: usize, bytes: usize) -> Result<(), QuantError> {
+    let block = ty.block_size();
+    if n % block != 0 {
+        return Err(QuantError::RaggedRow {
+            ty: ty.name(),
+            n,
+            block,
+        });
+    }
+    // Checked: `n` may be a count read from a file.
+    match (n / block).checked_mul(ty.type_size()) {
+        Some(expected) if expected == bytes => Ok(()),
+        expected => Err(QuantError::WrongByteLength {
+            ty: ty.name(),
+            n,
+            expected: expected.unwrap_or(usize::MAX),
+            got: bytes,
+        }),
     }
 }
