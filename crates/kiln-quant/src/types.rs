@@ -135,7 +135,7 @@ impl GgmlType {
             Q5_0 => 2 + 4 + 16,
             Q5_1 => 2 + 2 + 4 + 16,
             Q8_0 => 2 + 32,
-            Q8_1 => 4 + 4 + 32,
+            Q8_1 => 2 + 2 + 32,
             Q2_K => QK_K / 16 + QK_K / 4 + 2 + 2,
             Q3_K => QK_K / 8 + QK_K / 4 + 12 + 2,
             Q4_K => 2 + 2 + 12 + QK_K / 2,
@@ -165,5 +165,27 @@ impl GgmlType {
             return None;
         }
         (n / block).checked_mul(self.type_size() as u64)
+    }
+}
+
+/// `Ok` when `n` values of `ty` take exactly `bytes` bytes.
+pub(crate) fn check_row(ty: GgmlType, n: usize, bytes: usize) -> Result<(), QuantError> {
+    let block = ty.block_size();
+    if n % block != 0 {
+        return Err(QuantError::RaggedRow {
+            ty: ty.name(),
+            n,
+            block,
+        });
+    }
+    // Checked: `n` may be a count read from a file.
+    match (n / block).checked_mul(ty.type_size()) {
+        Some(expected) if expected == bytes => Ok(()),
+        expected => Err(QuantError::WrongByteLength {
+            ty: ty.name(),
+            n,
+            expected: expected.unwrap_or(usize::MAX),
+            got: bytes,
+        }),
     }
 }

@@ -1,0 +1,70 @@
+//! `dequantize_row`: a row of any supported type back to f32.
+
+use crate::bits::{bf16_bits_to_f32, read_f16, read_f32};
+use crate::types::{check_row, GgmlType, QuantError};
+use crate::{k_quants, legacy};
+
+/// Decodes one block (`type_size` bytes) into its `block_size` values.
+type DequantBlock = fn(&[u8], &mut [f32]);
+
+fn block_fn(ty: GgmlType) -> Option<DequantBlock> {
+    use GgmlType::*;
+    Some(match ty {
+        // The float types are blocks of one value.
+        F32 => |b, y| y[0] = read_f32(b, 0),
+        F16 => |b, y| y[0] = read_f16(b, 0),
+        BF16 => |b, y| y[0] = bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+        Q4_0 => legacy::dequant_q4_0,
+        Q4_1 => legacy::dequant_q4_1,
+        Q5_0 => legacy::dequant_q5_0,
+        Q5_1 => legacy::dequant_q5_1,
+        Q8_0 => legacy::dequant_q8_0,
+        Q8_1 => legacy::dequant_q8_1,
+        Q2_K => k_quants::dequant_q2_k,
+        Q3_K => k_quants::dequant_q3_k,
+        Q4_K => k_quants::dequant_q4_k,
+        Q5_K => k_quants::dequant_q5_k,
+        Q6_K => k_quants::dequant_q6_k,
+        Q8_K => k_quants::dequant_q8_k,
+    })
+}
+
+/// Whether `dequantize_row` handles `ty`.
+pub fn can_dequantize(ty: GgmlType) -> bool {
+    block_fn(ty).is_some()
+}
+
+/// Decodes `src`, a whole number of `ty` blocks, into `dst.len()` values.
+///
+/// `dst.len()` must be a multiple of the block size (else `RaggedRow`) and `src` exactly
+/// `ty.row_bytes(dst.len())` bytes (else `WrongByteLength`). Several rows back to back
+/// are fine: blocks never straddle rows.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    let f = block_fn(ty).ok_or(QuantError::Unsupported {
+        ty: ty.name(),
+        what: "dequantization",
+    })?;
+    check_row(ty, dst.len(), src.len())?;
+    for (b, y) in src
+        .chunks_exact(ty.type_size())
+        .zip(dst.chunks_exact_mut(ty.block_size()))
+    {
+        f(b, y);
+    }
+    Ok(())
+}
+
+/// `dequantize_row` into a new vector of `n` values.
+pub fn dequantize(ty: GgmlType, src: &[u8], n: usize) -> Result<Vec<f32>, QuantError> {
+    if !can_dequantize(ty) {
+        return Err(QuantError::Unsupported {
+            ty: ty.name(),
+            what: "dequantization",
+        });
+    }
+    // Check before allocating: `n` may come from a file.
+    check_row(ty, n, src.len())?;
+    let mut out = vec![0.0; n];
+    dequantize_row(ty, src, &mut out)?;
+    Ok(out)
+}
