@@ -68,32 +68,61 @@ fn reference_path_matches_golden_greedy_ids() {
     assert_eq!(ids, want);
 }
 
+/// Feeds `forced` tokens one at a time after the prompt; returns the logits before each.
+fn forced<B: Backend>(b: &B, g: &GgufFile, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
+    let m = Llama::load(b, g).unwrap();
+    let mut st = m.new_state(b, 256, 64);
+    let mut logits = m.forward(b, &mut st, prompt, 0, false).unwrap().to_vec();
+    let mut all = Vec::new();
+    for (i, &t) in forced.iter().enumerate() {
+        all.push(logits.clone());
+        logits = m
+            .forward(b, &mut st, &[t], prompt.len() + i, false)
+            .unwrap()
+            .to_vec();
+    }
+    all
+}
+
+/// The fast path (8-bit activations, integer kernels; every kernel set this CPU has) against
+/// the f32 reference, teacher-forced on the reference's 32 greedy tokens so that each step
+/// sees the same input. Tolerance: max |logit diff| <= TOL x (max - min logit) per step; the
+/// argmax must agree wherever the reference's top-2 margin exceeds that.
 #[test]
 fn fast_path_logits_track_reference() {
+    const TOL: f32 = 0.05;
     let (prompt, _) = golden();
     let g = model_file();
     let steps = 32;
     let (ref_ids, ref_logits) = greedy(&CpuBackend::reference(), &g, &prompt, steps);
-    let (ids, logits) = greedy(&CpuBackend::new(2), &g, &prompt, steps);
-    // Tolerance relative to the logits' spread (max - min) at each step.
-    const TOL: f32 = 1e-3;
-    for (step, (r, f)) in ref_logits.iter().zip(&logits).enumerate() {
-        let (lo, hi) = r
-            .iter()
-            .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-        let max_diff = r
-            .iter()
-            .zip(f)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(
-            max_diff <= TOL * (hi - lo),
-            "step {step}: max |diff| {max_diff} > {TOL} x spread {}",
-            hi - lo
-        );
-        if ids[..step] != ref_ids[..step] {
-            break; // the sequences diverged on a near-tie; later steps see different inputs
+    for k in kiln_backend::cpu::kernels::available() {
+        let logits = forced(&CpuBackend::with_kernels(2, k), &g, &prompt, &ref_ids);
+        let mut worst = 0f32;
+        for (step, (r, f)) in ref_logits.iter().zip(&logits).enumerate() {
+            let (lo, hi) = r
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+            let spread = hi - lo;
+            let max_diff = r
+                .iter()
+                .zip(f)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            worst = worst.max(max_diff / spread);
+            assert!(
+                max_diff <= TOL * spread,
+                "{} step {step}: max |diff| {max_diff} > {TOL} x {spread}",
+                k.name
+            );
+            let mut sorted = r.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted[0] - sorted[1] > TOL * spread {
+                assert_eq!(argmax(f), ref_ids[step], "{} step {step}", k.name);
+            }
         }
+        eprintln!(
+            "{}: worst max|diff| / spread over {steps} steps = {worst:.4}",
+            k.name
+        );
     }
-    assert_eq!(ids[..7], ref_ids[..7]);
 }

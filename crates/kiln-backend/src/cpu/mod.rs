@@ -4,10 +4,15 @@
 //! plain f32 arithmetic (what the golden tests pin), `new(threads)` keeps weights in their
 //! stored format and dequantizes rows on the fly, split over threads.
 
+pub mod kernels;
 mod ops;
 mod par;
 
+use std::sync::Mutex;
+
 use kiln_quant::{dequantize_row, GgmlType};
+
+use kernels::{BlockQ8, Kernels};
 
 use crate::{AttnShape, Backend, BackendError, RopeConfig, WeightData};
 pub use par::Pool;
@@ -15,6 +20,9 @@ pub use par::Pool;
 pub struct CpuBackend {
     reference: bool,
     pool: Pool,
+    kernels: &'static Kernels,
+    /// Activations quantized for the integer kernels (reused across ops).
+    act: Mutex<Vec<BlockQ8>>,
 }
 
 /// f32 activations with room for `data.len() / cols` rows.
@@ -64,11 +72,18 @@ pub struct CpuKvCache {
 }
 
 impl CpuBackend {
-    /// Weights kept in their stored format, `threads` workers.
+    /// Weights kept in their stored format, `threads` workers, the best kernels this CPU runs.
     pub fn new(threads: usize) -> Self {
+        Self::with_kernels(threads, kernels::best())
+    }
+
+    /// Quantized weights with a chosen kernel set (tests compare every set).
+    pub fn with_kernels(threads: usize, kernels: &'static Kernels) -> Self {
         CpuBackend {
             reference: false,
             pool: Pool::new(threads),
+            kernels,
+            act: Mutex::default(),
         }
     }
 
@@ -77,7 +92,14 @@ impl CpuBackend {
         CpuBackend {
             reference: true,
             pool: Pool::new(1),
+            kernels: &kernels::SCALAR,
+            act: Mutex::default(),
         }
+    }
+
+    /// The integer kernel set in use.
+    pub fn kernels(&self) -> &'static str {
+        self.kernels.name
     }
 
     pub fn threads(&self) -> usize {
@@ -101,7 +123,11 @@ impl Backend for CpuBackend {
         if self.reference {
             "cpu-reference".into()
         } else {
-            format!("cpu ({} threads)", self.pool.threads())
+            format!(
+                "cpu ({}, {} threads)",
+                self.kernels.name,
+                self.pool.threads()
+            )
         }
     }
 
@@ -224,7 +250,8 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        ops::matmul::matmul(&self.pool, w, x, bias, n, out)
+        let mut act = self.act.lock().unwrap_or_else(|p| p.into_inner());
+        ops::matmul::matmul(&self.pool, self.kernels, &mut act, w, x, bias, n, out)
     }
 
     fn rope(&self, x: &mut CpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {

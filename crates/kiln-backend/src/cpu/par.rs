@@ -59,7 +59,11 @@ impl Pool {
                     .expect("spawn worker thread")
             })
             .collect();
-        Pool { shared, workers, busy: std::sync::Mutex::new(()) }
+        Pool {
+            shared,
+            workers,
+            busy: std::sync::Mutex::new(()),
+        }
     }
 
     pub fn threads(&self) -> usize {
@@ -192,7 +196,10 @@ mod tests {
                         }
                     });
                 }
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 50), "{threads} {n}");
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 50),
+                    "{threads} {n}"
+                );
             }
         }
     }

@@ -1,0 +1,115 @@
+//! Integer dot products of quantized weight rows with activations quantized on the fly to
+//! 8-bit blocks ([`BlockQ8`]), chosen once at run time: AVX-512 VNNI, AVX2, NEON dotprod, or
+//! the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
+
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::sync::OnceLock;
+
+use kiln_quant::GgmlType;
+
+/// 32 activations as `d * qs[i]`, with the integer sums of each half (for weight offsets
+/// and minimums, and Q6_K's 16-value groups).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockQ8 {
+    pub d: f32,
+    pub sums: [i16; 2],
+    pub qs: [i8; 32],
+}
+
+impl BlockQ8 {
+    pub fn sum(&self) -> i32 {
+        self.sums[0] as i32 + self.sums[1] as i32
+    }
+}
+
+/// Quantizes `x` (a multiple of 32 values) into `out` (x.len() / 32 blocks):
+/// d = max|x| / 127, q = round(x / d).
+pub fn quantize_act(x: &[f32], out: &mut [BlockQ8]) {
+    for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sums = [0i32; 2];
+        for (i, (&v, q)) in xb.iter().zip(b.qs.iter_mut()).enumerate() {
+            let r = (v * id).round() as i32;
+            *q = r.clamp(-127, 127) as i8;
+            sums[i / 16] += *q as i32;
+        }
+        b.d = d;
+        b.sums = [sums[0] as i16, sums[1] as i16];
+    }
+}
+
+/// `dot(w_row, act)`: one weight row in its stored format against its activation blocks.
+pub type DotFn = unsafe fn(w: &[u8], a: &[BlockQ8]) -> f32;
+
+pub struct Kernels {
+    pub name: &'static str,
+    pub q4_0: DotFn,
+    pub q4_1: DotFn,
+    pub q8_0: DotFn,
+    pub q4_k: DotFn,
+    pub q5_k: DotFn,
+    pub q6_k: DotFn,
+}
+
+impl Kernels {
+    /// The integer kernel for a weight format, if it has one.
+    pub fn dot_for(&self, ty: GgmlType) -> Option<DotFn> {
+        use GgmlType::*;
+        match ty {
+            Q4_0 => Some(self.q4_0),
+            Q4_1 => Some(self.q4_1),
+            Q8_0 => Some(self.q8_0),
+            Q4_K => Some(self.q4_k),
+            Q5_K => Some(self.q5_k),
+            Q6_K => Some(self.q6_k),
+            F32 | F16 | BF16 | Q5_0 | Q5_1 | Q8_1 | Q2_K | Q3_K | Q8_K => None,
+        }
+    }
+}
+
+pub static SCALAR: Kernels = Kernels {
+    name: "scalar",
+    q4_0: scalar::dot_q4_0,
+    q4_1: scalar::dot_q4_1,
+    q8_0: scalar::dot_q8_0,
+    q4_k: scalar::dot_q4_k,
+    q5_k: scalar::dot_q5_k,
+    q6_k: scalar::dot_q6_k,
+};
+
+/// Whether `KILN_NO_SIMD` asks for the scalar kernels.
+pub fn simd_disabled() -> bool {
+    std::env::var_os("KILN_NO_SIMD").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The best kernels this CPU runs (detected once).
+pub fn best() -> &'static Kernels {
+    static BEST: OnceLock<&'static Kernels> = OnceLock::new();
+    BEST.get_or_init(|| {
+        if simd_disabled() {
+            return &SCALAR;
+        }
+        detect().unwrap_or(&SCALAR)
+    })
+}
+
+/// Every kernel set this CPU can run (tests compare each with the scalar reference).
+pub fn available() -> Vec<&'static Kernels> {
+    let mut v = vec![&SCALAR];
+    #[cfg(target_arch = "x86_64")]
+    v.extend(x86::available());
+    v
+}
+
+fn detect() -> Option<&'static Kernels> {
+    #[cfg(target_arch = "x86_64")]
+    return x86::available().into_iter().next();
+    #[allow(unreachable_code)]
+    None
+}

@@ -1,0 +1,311 @@
+//! x86-64 integer kernels: AVX2 (maddubs) and AVX-512 VNNI (vpdpbusd on 256-bit lanes).
+//! One body per format, generic over how u8 x i8 products are summed into i32 lanes.
+
+use std::arch::x86_64::*;
+
+use super::{BlockQ8, Kernels};
+
+pub fn available() -> Vec<&'static Kernels> {
+    let mut v: Vec<&'static Kernels> = Vec::new();
+    let avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    if avx2 && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        v.push(&VNNI);
+    }
+    if avx2 {
+        v.push(&AVX2);
+    }
+    v
+}
+
+static AVX2: Kernels = Kernels {
+    name: "avx2",
+    q4_0: avx2::q4_0,
+    q4_1: avx2::q4_1,
+    q8_0: avx2::q8_0,
+    q4_k: avx2::q4_k,
+    q5_k: avx2::q5_k,
+    q6_k: avx2::q6_k,
+};
+
+static VNNI: Kernels = Kernels {
+    name: "avx512-vnni",
+    q4_0: vnni::q4_0,
+    q4_1: vnni::q4_1,
+    q8_0: vnni::q8_0,
+    q4_k: vnni::q4_k,
+    q5_k: vnni::q5_k,
+    q6_k: vnni::q6_k,
+};
+
+/// Sums of 4 adjacent u8 x i8 products per i32 lane.
+trait MulSum {
+    unsafe fn mul_sum(u: __m256i, s: __m256i) -> __m256i;
+}
+
+struct Maddubs;
+impl MulSum for Maddubs {
+    #[inline(always)]
+    unsafe fn mul_sum(u: __m256i, s: __m256i) -> __m256i {
+        // u8 x i8 pairs -> i16 (cannot saturate: |q| <= 63 or the pair sum stays in range
+        // for 4-bit weights; 8-bit weights go through the sign trick with |x| <= 127), then
+        // pairs of i16 -> i32.
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
+    }
+}
+
+struct Dpbusd;
+impl MulSum for Dpbusd {
+    #[inline(always)]
+    unsafe fn mul_sum(u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s) }
+    }
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    unsafe {
+        let bits = std::ptr::read_unaligned(p as *const u16);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// 16 bytes of nibbles -> 32 u8: low nibbles then high nibbles.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    unsafe {
+        let q = _mm_loadu_si128(p as *const __m128i);
+        let m4 = _mm256_set1_epi8(0x0F);
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4)
+    }
+}
+
+#[inline(always)]
+unsafe fn load_x(b: &BlockQ8) -> __m256i {
+    unsafe { _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i) }
+}
+
+#[inline(always)]
+unsafe fn q4_0<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut corr = 0f32;
+        for (i, x) in a.iter().enumerate().take(w.len() / 18) {
+            let p = w.as_ptr().add(i * 18);
+            let dd = f16_at(p) * x.d;
+            let dot = M::mul_sum(nibbles(p.add(2)), load_x(x));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dd), acc);
+            corr += dd * x.sum() as f32;
+        }
+        hsum(acc) - 8.0 * corr
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut mins = 0f32;
+        for (i, x) in a.iter().enumerate().take(w.len() / 20) {
+            let p = w.as_ptr().add(i * 20);
+            let dot = M::mul_sum(nibbles(p.add(4)), load_x(x));
+            acc = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(dot),
+                _mm256_set1_ps(f16_at(p) * x.d),
+                acc,
+            );
+            mins += f16_at(p.add(2)) * x.d * x.sum() as f32;
+        }
+        hsum(acc) + mins
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for (i, x) in a.iter().enumerate().take(w.len() / 34) {
+            let p = w.as_ptr().add(i * 34);
+            let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+            // |w| x sign(x, w): u8 x i8 with the same products.
+            let dot = M::mul_sum(_mm256_sign_epi8(q, q), _mm256_sign_epi8(load_x(x), q));
+            acc = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(dot),
+                _mm256_set1_ps(f16_at(p) * x.d),
+                acc,
+            );
+        }
+        hsum(acc)
+    }
+}
+
+/// The 8 scales and 8 mins of a Q4_K / Q5_K super-block.
+#[inline(always)]
+fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    for j in 0..8 {
+        (sc[j], m[j]) = super::scalar::scale_min_k4(j, s);
+    }
+    (sc, m)
+}
+
+#[inline(always)]
+unsafe fn q4_k<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_ps();
+        let mut mins = 0f32;
+        for (i, x) in a.chunks_exact(8).enumerate().take(w.len() / 144) {
+            let p = w.as_ptr().add(i * 144);
+            let (d, dmin) = (f16_at(p), f16_at(p.add(2)));
+            let (sc, m) = k4_scales(std::slice::from_raw_parts(p.add(4), 12));
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(p.add(16 + 32 * j) as *const __m256i);
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                let (x0, x1) = (&x[2 * j], &x[2 * j + 1]);
+                let d0 = _mm256_set1_ps(d * x0.d * sc[2 * j] as f32);
+                let d1 = _mm256_set1_ps(d * x1.d * sc[2 * j + 1] as f32);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M::mul_sum(lo, load_x(x0))), d0, acc);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M::mul_sum(hi, load_x(x1))), d1, acc);
+                mins += dmin
+                    * (x0.d * m[2 * j] as f32 * x0.sum() as f32
+                        + x1.d * m[2 * j + 1] as f32 * x1.sum() as f32);
+            }
+        }
+        hsum(acc) - mins
+    }
+}
+
+#[inline(always)]
+unsafe fn q5_k<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
+        let mut acc = _mm256_setzero_ps();
+        let mut mins = 0f32;
+        for (i, x) in a.chunks_exact(8).enumerate().take(w.len() / 176) {
+            let p = w.as_ptr().add(i * 176);
+            let (d, dmin) = (f16_at(p), f16_at(p.add(2)));
+            let (sc, m) = k4_scales(std::slice::from_raw_parts(p.add(4), 12));
+            let mut qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(p.add(48 + 32 * j) as *const __m256i);
+                let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
+                let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
+                qh = _mm256_srli_epi16(qh, 2);
+                let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
+                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
+                let (x0, x1) = (&x[2 * j], &x[2 * j + 1]);
+                let d0 = _mm256_set1_ps(d * x0.d * sc[2 * j] as f32);
+                let d1 = _mm256_set1_ps(d * x1.d * sc[2 * j + 1] as f32);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M::mul_sum(lo, load_x(x0))), d0, acc);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M::mul_sum(hi, load_x(x1))), d1, acc);
+                mins += dmin
+                    * (x0.d * m[2 * j] as f32 * x0.sum() as f32
+                        + x1.d * m[2 * j + 1] as f32 * x1.sum() as f32);
+            }
+        }
+        hsum(acc) - mins
+    }
+}
+
+#[inline(always)]
+unsafe fn q6_k<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(0x03);
+        let mut acc = _mm256_setzero_ps();
+        let mut corr = 0f32;
+        for (i, x) in a.chunks_exact(8).enumerate().take(w.len() / 210) {
+            let p = w.as_ptr().add(i * 210);
+            let d = f16_at(p.add(208));
+            for n in 0..2 {
+                let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+                let sc = p.add(192 + 8 * n) as *const i8;
+                let lows = [
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                ];
+                let highs = [
+                    _mm256_and_si256(qh, m2),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2),
+                ];
+                for (k, (low, high)) in lows.into_iter().zip(highs).enumerate() {
+                    let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+                    let xb = &x[4 * n + k];
+                    let (s0, s1) = (*sc.add(2 * k) as f32, *sc.add(2 * k + 1) as f32);
+                    let dd = d * xb.d;
+                    // Lanes 0..4 hold the first 16 values, 4..8 the second 16.
+                    let scale = _mm256_setr_ps(
+                        dd * s0,
+                        dd * s0,
+                        dd * s0,
+                        dd * s0,
+                        dd * s1,
+                        dd * s1,
+                        dd * s1,
+                        dd * s1,
+                    );
+                    let dot = M::mul_sum(q, load_x(xb));
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc);
+                    corr += dd * 32.0 * (s0 * xb.sums[0] as f32 + s1 * xb.sums[1] as f32);
+                }
+            }
+        }
+        hsum(acc) - corr
+    }
+}
+
+macro_rules! instantiate {
+    ($module:ident, $features:literal, $mul:ty) => {
+        mod $module {
+            use super::*;
+            #[target_feature(enable = $features)]
+            pub unsafe fn q4_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+                unsafe { super::q4_0::<$mul>(w, a) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
+                unsafe { super::q4_1::<$mul>(w, a) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+                unsafe { super::q8_0::<$mul>(w, a) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q4_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+                unsafe { super::q4_k::<$mul>(w, a) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q5_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+                unsafe { super::q5_k::<$mul>(w, a) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q6_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+                unsafe { super::q6_k::<$mul>(w, a) }
+            }
+        }
+    };
+}
+
+instantiate!(avx2, "avx2,fma,f16c", Maddubs);
+instantiate!(vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", Dpbusd);

@@ -1,0 +1,139 @@
+//! Every integer kernel set against the scalar reference, and the scalar integer path against
+//! f32 arithmetic on dequantized weights, on random rows of awkward lengths.
+
+use kiln_backend::cpu::kernels::{available, quantize_act, BlockQ8, SCALAR};
+use kiln_quant::{dequantize, quantize, GgmlType};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Roughly normal, with occasional outliers (as activations have).
+    fn normal(&mut self) -> f32 {
+        let s: f32 = (0..4)
+            .map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0)
+            .sum();
+        if self.next() % 97 == 0 {
+            s * 20.0
+        } else {
+            s
+        }
+    }
+}
+
+/// A random row in format `ty`: quantized from random floats, or (Q5_K, which kiln does not
+/// quantize) random bytes with sane f16 scales.
+fn random_row(ty: GgmlType, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    if ty == GgmlType::Q5_K {
+        let mut b: Vec<u8> = (0..ty.row_bytes(cols).unwrap())
+            .map(|_| rng.next() as u8)
+            .collect();
+        for blk in b.chunks_exact_mut(176) {
+            let d = half::f16::from_f32(0.01 + (rng.next() % 100) as f32 / 5000.0).to_bits();
+            let m = half::f16::from_f32((rng.next() % 100) as f32 / 8000.0).to_bits();
+            blk[0..2].copy_from_slice(&d.to_le_bytes());
+            blk[2..4].copy_from_slice(&m.to_le_bytes());
+        }
+        return b;
+    }
+    let x: Vec<f32> = (0..cols).map(|_| rng.normal() * 0.05).collect();
+    quantize(ty, &x).unwrap()
+}
+
+const FORMATS: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+fn shapes(ty: GgmlType) -> &'static [usize] {
+    if ty.block_size() == 256 {
+        &[256, 512, 768, 2816]
+    } else {
+        &[32, 64, 96, 160, 576, 1536, 2848]
+    }
+}
+
+#[test]
+fn simd_kernels_equal_scalar_reference() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let sets = available();
+    assert!(sets.iter().any(|k| k.name == "scalar"));
+    for ty in FORMATS {
+        for &cols in shapes(ty) {
+            for _ in 0..8 {
+                let w = random_row(ty, cols, &mut rng);
+                let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
+                let mut a = vec![BlockQ8::default(); cols / 32];
+                quantize_act(&x, &mut a);
+                let wf = dequantize(ty, &w, cols).unwrap();
+                let mag: f32 = wf.iter().zip(&x).map(|(w, x)| (w * x).abs()).sum();
+                let want = unsafe { (SCALAR.dot_for(ty).unwrap())(&w, &a) };
+                for k in &sets {
+                    let got = unsafe { (k.dot_for(ty).unwrap())(&w, &a) };
+                    // Same integer sums; only f32 summation order differs.
+                    let tol = 2e-6 * mag + 1e-6;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{} {} cols {cols}: {got} vs scalar {want} (tol {tol})",
+                        k.name,
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scalar_integer_dot_tracks_f32_dot() {
+    let mut rng = Rng(0xfeed_beef_0bad_cafe);
+    for ty in FORMATS {
+        for &cols in shapes(ty) {
+            let w = random_row(ty, cols, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
+            let mut a = vec![BlockQ8::default(); cols / 32];
+            quantize_act(&x, &mut a);
+            let wf = dequantize(ty, &w, cols).unwrap();
+            let exact: f64 = wf.iter().zip(&x).map(|(w, x)| *w as f64 * *x as f64).sum();
+            // Activation rounding moves each x by at most amax(block) / 254.
+            let bound: f64 = wf
+                .chunks(32)
+                .zip(x.chunks(32))
+                .map(|(wb, xb)| {
+                    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                    wb.iter().map(|w| w.abs() as f64).sum::<f64>() * amax / 254.0
+                })
+                .sum();
+            let got = unsafe { (SCALAR.dot_for(ty).unwrap())(&w, &a) } as f64;
+            assert!(
+                (got - exact).abs() <= bound * 1.01 + 1e-4,
+                "{} cols {cols}: {got} vs f32 {exact} (bound {bound})",
+                ty.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn activation_quantization_round_trips() {
+    let mut rng = Rng(42);
+    let x: Vec<f32> = (0..96).map(|_| rng.normal()).chain([0.0; 32]).collect();
+    let mut a = vec![BlockQ8::default(); 4];
+    quantize_act(&x, &mut a);
+    for (b, xb) in a.iter().zip(x.chunks(32)) {
+        let s: i32 = b.qs.iter().map(|&q| q as i32).sum();
+        assert_eq!(s, b.sum());
+        for (q, v) in b.qs.iter().zip(xb) {
+            assert!((*q as f32 * b.d - v).abs() <= b.d / 2.0 + 1e-7);
+        }
+    }
+    assert_eq!(a[3].d, 0.0);
+}
