@@ -5,6 +5,7 @@
 //! stored format and dequantizes rows on the fly, split over threads.
 
 pub mod kernels;
+pub mod membw;
 mod ops;
 mod par;
 

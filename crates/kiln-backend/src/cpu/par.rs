@@ -91,8 +91,16 @@ impl Pool {
             w.thread().unpark();
         }
         f(0, n);
+        let mut spins = 0u32;
         while s.done.load(Ordering::Acquire) != n - 1 {
-            std::hint::spin_loop();
+            // Spin briefly; then give the core away, in case a worker was descheduled (a
+            // busy machine) and needs this core to finish.
+            spins += 1;
+            if spins < 4096 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -137,10 +145,12 @@ fn worker(s: Arc<Shared>, id: usize) {
                 break;
             }
             spins += 1;
-            if spins % 1024 == 0 && start.elapsed() > SPIN {
-                std::thread::park_timeout(Duration::from_millis(50));
-            } else {
+            if spins < 4096 {
                 std::hint::spin_loop();
+            } else if start.elapsed() < SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::park_timeout(Duration::from_millis(50));
             }
         }
         // SAFETY: published before the epoch bump we just observed; `run` keeps it alive.
