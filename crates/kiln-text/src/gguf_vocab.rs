@@ -140,6 +140,7 @@ pub(crate) fn build(g: &GgufFile) -> Result<(tokenizers::Tokenizer, Specials)> {
     tok.add_tokens(&added);
 
     let specials = Specials {
+        n_vocab: n,
         bos,
         eos,
         extra_eog,

@@ -31,6 +31,8 @@ pub struct Tokenizer {
     bos: Option<(u32, String)>,
     eos: Option<(u32, String)>,
     eog: BTreeSet<u32>,
+    /// One past the largest id (the pipeline's own count rebuilds its vocabulary map).
+    vocab_size: usize,
     chat_template: Option<String>,
     /// BOS/EOS added by `encode` itself (GGUF vocabularies); `tokenizer.json` files carry
     /// their own post-processor instead.
@@ -40,6 +42,8 @@ pub struct Tokenizer {
 
 /// What a vocabulary source hands over besides the pipeline.
 pub(crate) struct Specials {
+    /// Number of ids (GGUF token count); 0 to take it from the pipeline.
+    pub n_vocab: usize,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub extra_eog: Vec<u32>,
@@ -100,6 +104,7 @@ impl Tokenizer {
         Ok(Self::assemble(
             inner,
             Specials {
+                n_vocab: 0,
                 bos: bos.map(|b| b.0),
                 eos: eos.map(|e| e.0),
                 extra_eog: Vec::new(),
@@ -123,7 +128,10 @@ impl Tokenizer {
         let mut eog: BTreeSet<u32> = s.extra_eog.into_iter().collect();
         eog.extend(eos.as_ref().map(|e| e.0));
         eog.extend(EOG_NAMES.iter().filter_map(|n| inner.token_to_id(n)));
+        let largest = inner.get_vocab(true).into_values().max();
+        let vocab_size = s.n_vocab.max(largest.map_or(0, |m| m as usize + 1));
         Tokenizer {
+            vocab_size,
             inner,
             bos,
             eos,
@@ -176,7 +184,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     pub fn bos_id(&self) -> Option<u32> {
