@@ -1,1 +1,19 @@
-//! kiln-text
+//! Tokenizers and chat templates.
+//!
+//! One [`Tokenizer`] type serves both sources: Hugging Face `tokenizer.json` (+ the
+//! `tokenizer_config.json` beside it) and GGUF-embedded vocabularies, which are rebuilt into
+//! the same `tokenizers` pipeline so encode/decode share one code path. [`StreamDecoder`]
+//! turns generated ids into text without splitting UTF-8 characters; [`ChatTemplate`] renders
+//! Hugging Face Jinja chat templates.
+
+mod error;
+mod gguf_vocab;
+mod pyjson;
+mod stream;
+mod template;
+mod tokenizer;
+
+pub use error::{Result, TextError};
+pub use stream::StreamDecoder;
+pub use template::{value_from_json, ChatTemplate, Message, TemplateValue};
+pub use tokenizer::Tokenizer;
