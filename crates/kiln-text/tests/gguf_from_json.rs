@@ -11,8 +11,6 @@ use serde_json::Value as Json;
 fn gguf_from_tokenizer_json(dir: &str, pre: &str) -> GgufFile {
     let path = asset(dir).join("tokenizer.json");
     let j: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let mut tokens = vec![String::new(); 0];
-    let mut types = Vec::new();
     let vocab = j["model"]["vocab"].as_object().unwrap();
     let added = j["added_tokens"].as_array().unwrap();
     let n = vocab.len().max(
@@ -22,8 +20,8 @@ fn gguf_from_tokenizer_json(dir: &str, pre: &str) -> GgufFile {
             .max()
             .unwrap(),
     );
-    tokens.resize(n, String::new());
-    types.resize(n, 1i32);
+    let mut tokens = vec![String::new(); n];
+    let mut types = vec![1i32; n];
     for (t, id) in vocab {
         tokens[id.as_u64().unwrap() as usize] = t.clone();
     }

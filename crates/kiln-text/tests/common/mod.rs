@@ -14,7 +14,7 @@ pub fn smollm2_gguf() -> GgufFile {
     GgufFile::open(asset("smollm2-135m-instruct")).expect("open SmolLM2 GGUF")
 }
 
-/// (fixture name, tokenizer) for the three reference tokenizers.
+/// One of the three reference tokenizers, by fixture name.
 pub fn load(name: &str) -> Tokenizer {
     match name {
         "qwen3" => Tokenizer::from_file(asset("qwen3-tokenizer")).expect("qwen3 tokenizer"),
