@@ -1,1 +1,148 @@
-fn main() {}
+//! `kiln`: run, chat, info, pull.
+
+mod info;
+mod llm_cmd;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_assets::Progress;
+
+pub const DEFAULT_LLM: &str = "smollm2-135m-instruct";
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Fast on-device inference: LLMs, speech-to-text, text-to-speech"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate a reply to one prompt, streamed to stdout; stats to stderr.
+    Run(llm_cmd::RunArgs),
+    /// Interactive multi-turn chat.
+    Chat(llm_cmd::ChatArgs),
+    /// Describe a model file: format, architecture, hyper-parameters, tensors, tokenizer.
+    Info {
+        /// A model file, directory or catalog name.
+        model: String,
+        /// List every tensor (default: the first layers and the rest summarised).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Fetch a catalog model into the cache ($KILN_HOME, default ~/.cache/kiln); no name
+    /// lists the catalog.
+    Pull { name: Option<String> },
+}
+
+/// Options every LLM command shares.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// Model: a GGUF file, a directory, or a catalog name (fetched on first use).
+    #[arg(short = 'm', long, default_value = DEFAULT_LLM)]
+    pub model: String,
+    /// Threads (default: all CPUs).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's, capped at 4096).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    pub ctx_size: usize,
+    /// Use the scalar reference path (weights dequantized to f32): slow, for checking.
+    #[arg(long)]
+    pub reference: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Run(a) => llm_cmd::run(a),
+        Cmd::Chat(a) => llm_cmd::chat(a),
+        Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
+        Cmd::Pull { name } => pull(name),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !msg.contains(&c) {
+                    msg.push_str(": ");
+                    msg.push_str(&c);
+                }
+            }
+            eprintln!("kiln: error: {}", msg.replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A path as given, or a catalog name fetched into the cache with a progress bar.
+pub fn resolve_model(model: &str) -> anyhow::Result<PathBuf> {
+    let bar = ProgressBar::hidden();
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    let mut shown = false;
+    let res = kiln_assets::resolve(model, &mut |p| {
+        shown = true;
+        show_progress(&bar, p)
+    });
+    if shown {
+        bar.finish_and_clear();
+    }
+    Ok(res?)
+}
+
+fn show_progress(bar: &ProgressBar, p: Progress) {
+    match p {
+        Progress::Downloading { spec } => {
+            bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap());
+            bar.set_message(format!("downloading {spec}"));
+            bar.enable_steady_tick(Duration::from_millis(120));
+        }
+        Progress::Bytes { what, done, total } => {
+            if bar.length() != Some(total) {
+                bar.disable_steady_tick();
+                bar.set_style(
+                    ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes}")
+                        .unwrap()
+                        .progress_chars("=> "),
+                );
+                bar.set_length(total);
+                bar.set_message(what.to_string());
+            }
+            bar.set_position(done);
+        }
+        Progress::Done => bar.finish_and_clear(),
+    }
+}
+
+fn pull(name: Option<String>) -> anyhow::Result<()> {
+    let Some(name) = name else {
+        println!("{:<24} {:<8} {}", "NAME", "CACHED", "ABOUT");
+        for e in kiln_assets::CATALOG {
+            let cached = if kiln_assets::is_cached(e) {
+                "yes"
+            } else {
+                "no"
+            };
+            println!("{:<24} {:<8} {}", e.name, cached, e.about);
+        }
+        return Ok(());
+    };
+    let e = kiln_assets::entry(&name).ok_or_else(|| {
+        let names: Vec<&str> = kiln_assets::CATALOG.iter().map(|e| e.name).collect();
+        anyhow::anyhow!("unknown model '{name}' (catalog: {})", names.join(", "))
+    })?;
+    let path = resolve_model(e.name)?;
+    println!("{}", path.display());
+    Ok(())
+}

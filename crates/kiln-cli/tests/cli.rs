@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln")
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln")
 }
 
 fn text(b: &[u8]) -> String {
@@ -24,7 +27,10 @@ fn scratch(name: &str) -> PathBuf {
 /// A failed command: non-zero exit, one stderr line naming the problem, no panic.
 fn assert_clean_error(out: &Output, needle: &str) {
     let err = text(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success: {err}");
+    assert!(
+        !out.status.success(),
+        "expected failure, got success: {err}"
+    );
     assert!(!err.contains("panicked"), "panic: {err}");
     assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
     assert!(err.contains(needle), "expected '{needle}' in: {err}");
@@ -33,7 +39,15 @@ fn assert_clean_error(out: &Output, needle: &str) {
 #[test]
 fn run_answers_tokyo_with_stats() {
     model();
-    let out = kiln(&["run", "-p", "What is the capital of Japan?", "--temp", "0", "-n", "48"]);
+    let out = kiln(&[
+        "run",
+        "-p",
+        "What is the capital of Japan?",
+        "--temp",
+        "0",
+        "-n",
+        "48",
+    ]);
     let (so, se) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{se}");
     assert!(so.contains("Tokyo"), "answer: {so}");
@@ -49,7 +63,15 @@ fn info_describes_the_model() {
     let out = kiln(&["info", m.to_str().unwrap()]);
     let so = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    for k in ["GGUF v3", "llama", "layers 30", "Q4_1", "Q8_0", "byte-level BPE", "token_embd.weight"] {
+    for k in [
+        "GGUF v3",
+        "llama",
+        "layers 30",
+        "Q4_1",
+        "Q8_0",
+        "byte-level BPE",
+        "token_embd.weight",
+    ] {
         assert!(so.contains(k), "info lacks {k}:\n{so}");
     }
 }
@@ -68,7 +90,9 @@ fn bad_model_files_are_one_line_errors() {
     assert_clean_error(&out, "past the end");
 
     let rnd = scratch("random.gguf");
-    let bytes: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let bytes: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(&rnd, bytes).unwrap();
     let out = kiln(&["info", rnd.to_str().unwrap()]);
     assert_clean_error(&out, "not a GGUF file");
@@ -80,6 +104,39 @@ fn bad_model_files_are_one_line_errors() {
 #[test]
 fn prompt_longer_than_context_is_a_clear_error() {
     let m = model();
-    let out = kiln(&["run", "-m", m.to_str().unwrap(), "-c", "16", "-p", "Tell me a long story about the sea."]);
+    let out = kiln(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-c",
+        "16",
+        "-p",
+        "Tell me a long story about the sea.",
+    ]);
     assert_clean_error(&out, "context holds 16");
+}
+
+#[test]
+fn chat_keeps_the_conversation() {
+    use std::io::Write;
+    model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["chat", "--temp", "0", "-n", "40"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"What is the capital of Japan?\nAnd what is the capital of France?\n/exit\n")
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{se}");
+    assert!(so.contains("Tokyo"), "first answer: {so}");
+    assert!(so.contains("Paris"), "second answer: {so}");
+    // The second turn reuses the first turn's KV cache.
+    assert!(se.contains("cached"), "no prefix reuse reported: {se}");
 }

@@ -1,1 +1,9 @@
-//! kiln-runtime
+//! Sessions, sampling and the generation loop: what turns a model into answers.
+
+mod llm;
+pub mod sampler;
+mod stop;
+
+pub use llm::{FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError};
+pub use sampler::{Sampler, SamplerConfig};
+pub use stop::StopMatcher;

@@ -1,0 +1,139 @@
+//! `kiln info`: what a model file holds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kiln_formats::GgufFile;
+use kiln_models::llm::LlmConfig;
+
+pub fn info(path: &Path, all: bool) -> anyhow::Result<()> {
+    let file = if path.is_dir() {
+        let mut ggufs: Vec<_> = std::fs::read_dir(path)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+            .collect();
+        match ggufs.len() {
+            1 => ggufs.remove(0),
+            n => anyhow::bail!(
+                "{}: {n} .gguf files in this directory; name one",
+                path.display()
+            ),
+        }
+    } else {
+        path.to_path_buf()
+    };
+    let g = GgufFile::open(&file)?;
+    println!("file:          {}", file.display());
+    println!(
+        "format:        GGUF v{} ({} bytes, alignment {})",
+        g.version,
+        g.file_len(),
+        g.alignment
+    );
+    let arch = g.opt_str("general.architecture")?.unwrap_or("?");
+    println!("architecture:  {arch}");
+    if let Some(name) = g.opt_str("general.name")? {
+        println!("name:          {name}");
+    }
+    match LlmConfig::from_gguf(&g) {
+        Ok(c) => {
+            println!(
+                "hyper-params:  layers {}, dim {}, ffn {}, heads {} (kv {}), head dim {}, vocab {}, context {}",
+                c.n_layers, c.dim, c.ffn_dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.ctx_train
+            );
+            println!(
+                "               rms eps {:e}, rope theta {} ({:?}, {} dims), tied embeddings {}",
+                c.norm_eps, c.rope.theta, c.rope.style, c.rope.dims, c.tied_embeddings
+            );
+        }
+        Err(e) => println!("hyper-params:  ({e})"),
+    }
+    let model = g.opt_str("tokenizer.ggml.model")?;
+    let pre = g.opt_str("tokenizer.ggml.pre")?;
+    let n_tokens = g
+        .get("tokenizer.ggml.tokens")
+        .and_then(|v| v.as_array())
+        .map(|a| a.len());
+    match (model, n_tokens) {
+        (Some(m), Some(n)) => {
+            let kind = match m {
+                "gpt2" => "byte-level BPE",
+                "llama" => "SentencePiece",
+                other => other,
+            };
+            println!(
+                "tokenizer:     {kind} ('{m}'{}), {n} tokens, chat template {}",
+                pre.map(|p| format!(", pre '{p}'")).unwrap_or_default(),
+                if g.get("tokenizer.chat_template").is_some() {
+                    "yes"
+                } else {
+                    "no"
+                }
+            );
+        }
+        _ => println!("tokenizer:     none embedded"),
+    }
+
+    println!("\nmetadata ({} keys):", g.metadata.len());
+    for (k, v) in &g.metadata {
+        if k.starts_with("tokenizer.ggml.") && v.as_array().is_some()
+            || k == "tokenizer.chat_template"
+        {
+            println!("  {k:<44} {}", summarize_big(v));
+        } else {
+            println!("  {k:<44} {}", v.summary());
+        }
+    }
+
+    let mut by_type: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    let mut params = 0u64;
+    for t in &g.tensors {
+        let e = by_type.entry(t.ty.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+        params += t.n_elements();
+    }
+    let bytes: u64 = g.tensors.iter().map(|t| t.n_bytes).sum();
+    println!(
+        "\ntensors: {} ({:.1} M parameters, {:.1} MiB, {:.2} bits/weight)",
+        g.tensors.len(),
+        params as f64 / 1e6,
+        bytes as f64 / (1 << 20) as f64,
+        bytes as f64 * 8.0 / params.max(1) as f64
+    );
+    for (ty, (n, b)) in &by_type {
+        println!(
+            "  {ty:<6} {n:>5} tensors {:>10.1} MiB",
+            *b as f64 / (1 << 20) as f64
+        );
+    }
+    println!(
+        "\n  {:<32} {:<6} {:<20} {:>12}",
+        "NAME", "TYPE", "SHAPE", "BYTES"
+    );
+    let shown = if all { usize::MAX } else { 24 };
+    for t in g.tensors.iter().take(shown) {
+        let shape = format!("{:?}", t.dims);
+        println!(
+            "  {:<32} {:<6} {:<20} {:>12}",
+            t.name,
+            t.ty.name(),
+            shape,
+            t.n_bytes
+        );
+    }
+    if g.tensors.len() > shown {
+        println!(
+            "  ... {} more (--all lists every tensor)",
+            g.tensors.len() - shown
+        );
+    }
+    Ok(())
+}
+
+fn summarize_big(v: &kiln_formats::Value) -> String {
+    match v {
+        kiln_formats::Value::String(s) => format!("<{} chars>", s.len()),
+        other => other.summary(),
+    }
+}

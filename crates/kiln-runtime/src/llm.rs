@@ -1,0 +1,310 @@
+//! A loaded language model (weights, tokenizer, chat template) and its sessions.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_backend::Backend;
+use kiln_formats::GgufFile;
+use kiln_models::llm::{Llama, LlamaState};
+use kiln_models::ModelError;
+use kiln_text::{ChatTemplate, Message, StreamDecoder, TextError, Tokenizer};
+use thiserror::Error;
+
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::stop::StopMatcher;
+
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Format(#[from] kiln_formats::FormatError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Text(#[from] TextError),
+    #[error("{}: {what}", path.display())]
+    Path { path: PathBuf, what: String },
+    #[error("the prompt is {tokens} tokens but the context holds {n_ctx} (raise -c/--ctx-size, up to the model's {ctx_train})")]
+    PromptTooLong {
+        tokens: usize,
+        n_ctx: usize,
+        ctx_train: usize,
+    },
+    #[error("the model has no chat template; pass --raw to send the prompt as is")]
+    NoChatTemplate,
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+}
+
+pub struct Llm<B: Backend> {
+    pub backend: B,
+    pub model: Llama<B>,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub path: PathBuf,
+}
+
+impl<B: Backend> Llm<B> {
+    /// Loads a GGUF file (or the only `.gguf` in a directory).
+    pub fn load(backend: B, path: &Path) -> Result<Self, RuntimeError> {
+        let file = find_gguf(path)?;
+        let gguf = GgufFile::open(&file)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let model = Llama::load(&backend, &gguf)?;
+        let template = match tokenizer.chat_template() {
+            Some(src) => Some(ChatTemplate::new(
+                src,
+                tokenizer.bos_token().unwrap_or(""),
+                tokenizer.eos_token().unwrap_or(""),
+            )?),
+            None => None,
+        };
+        Ok(Llm {
+            backend,
+            model,
+            tokenizer,
+            template,
+            path: file,
+        })
+    }
+
+    /// Renders a conversation with the model's chat template, ready for the assistant's turn.
+    pub fn render_chat(&self, messages: &[Message]) -> Result<String, RuntimeError> {
+        let t = self.template.as_ref().ok_or(RuntimeError::NoChatTemplate)?;
+        Ok(t.render(messages, true)?)
+    }
+
+    /// Token ids of a prompt. Rendered chats already hold their special tokens; raw prompts
+    /// get BOS when the vocabulary asks for it.
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, RuntimeError> {
+        Ok(self.tokenizer.encode(text, add_special)?)
+    }
+
+    /// A session with a KV cache of `n_ctx` positions (0: the model's trained context, capped
+    /// at 4096) and prefill batches of up to `max_batch` tokens.
+    pub fn session(&self, n_ctx: usize, max_batch: usize) -> LlmSession<'_, B> {
+        let ctx_train = self.model.cfg.ctx_train;
+        let n_ctx = if n_ctx == 0 {
+            ctx_train.min(4096)
+        } else {
+            n_ctx
+        };
+        LlmSession {
+            llm: self,
+            state: self.model.new_state(&self.backend, n_ctx, max_batch),
+            tokens: Vec::new(),
+        }
+    }
+}
+
+fn find_gguf(path: &Path) -> Result<PathBuf, RuntimeError> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let err = |what: String| RuntimeError::Path {
+        path: path.into(),
+        what,
+    };
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(path).map_err(|e| err(e.to_string()))? {
+        let p = e.map_err(|e| err(e.to_string()))?.path();
+        if p.extension().is_some_and(|x| x == "gguf") {
+            found.push(p);
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(err("no .gguf model file in this directory".into())),
+        n => Err(err(format!("{n} .gguf files in this directory; name one"))),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 256,
+            sampler: SamplerConfig::default(),
+            stop: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` reached.
+    MaxTokens,
+    /// The context is full.
+    ContextFull,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerationStats {
+    /// Tokens the model actually processed for the prompt (after reusing the cached prefix).
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub generated_tokens: usize,
+    /// Single-token forward passes after the first sampled token.
+    pub decode_forwards: usize,
+    pub prefill_secs: f64,
+    pub decode_secs: f64,
+    /// From the call to the first sampled token.
+    pub ttft_secs: f64,
+    pub finish: FinishReason,
+    pub tokens: Vec<u32>,
+}
+
+impl GenerationStats {
+    pub fn prefill_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_secs.max(1e-9)
+    }
+
+    /// Decode speed: single-token forward passes per second.
+    pub fn decode_tps(&self) -> f64 {
+        self.decode_forwards as f64 / self.decode_secs.max(1e-9)
+    }
+}
+
+/// One conversation: the KV cache and the tokens it holds.
+pub struct LlmSession<'a, B: Backend> {
+    llm: &'a Llm<B>,
+    state: LlamaState<B>,
+    tokens: Vec<u32>,
+}
+
+impl<B: Backend> LlmSession<'_, B> {
+    pub fn n_ctx(&self) -> usize {
+        self.state.n_ctx
+    }
+
+    /// Tokens in the KV cache.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn reset(&mut self) {
+        self.tokens.clear();
+    }
+
+    /// Logits after feeding `tokens` from position `pos0` (for tests and tools).
+    pub fn eval(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, RuntimeError> {
+        self.check_fits(self.tokens.len() + tokens.len())?;
+        let pos0 = self.tokens.len();
+        let l =
+            self.llm
+                .model
+                .forward(&self.llm.backend, &mut self.state, tokens, pos0, all_logits)?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(l.to_vec())
+    }
+
+    fn check_fits(&self, n: usize) -> Result<(), RuntimeError> {
+        if n > self.state.n_ctx {
+            return Err(RuntimeError::PromptTooLong {
+                tokens: n,
+                n_ctx: self.state.n_ctx,
+                ctx_train: self.llm.model.cfg.ctx_train,
+            });
+        }
+        Ok(())
+    }
+
+    /// Generates after `prompt` (the whole conversation so far: tokens already in the cache
+    /// that match its start are reused). `on_text` receives text pieces as they complete and
+    /// returns false to stop.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<GenerationStats, RuntimeError> {
+        let t0 = Instant::now();
+        self.check_fits(prompt.len())?;
+        if prompt.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        // Reuse the cached prefix, but always recompute at least the last prompt token.
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let reuse = common.min(prompt.len() - 1);
+        self.tokens.truncate(reuse);
+        let llm = self.llm;
+        let new = &prompt[reuse..];
+        let logits = llm
+            .model
+            .forward(&llm.backend, &mut self.state, new, reuse, false)?;
+        let mut logits = logits.to_vec();
+        self.tokens.extend_from_slice(new);
+        let prefill_secs = t0.elapsed().as_secs_f64();
+
+        let mut sampler = Sampler::new(opts.sampler.clone());
+        let mut stream = StreamDecoder::new(&llm.tokenizer, true);
+        let mut stops = StopMatcher::new(&opts.stop);
+        let mut generated = Vec::new();
+        let mut stop_hit = false;
+        let mut first: Option<Instant> = None;
+        let mut decode_forwards = 0usize;
+        let finish = loop {
+            if generated.len() >= opts.max_tokens {
+                break FinishReason::MaxTokens;
+            }
+            let next = sampler.sample(&logits, &self.tokens);
+            first.get_or_insert_with(Instant::now);
+            generated.push(next);
+            if llm.tokenizer.is_eog(next) {
+                break FinishReason::Stop;
+            }
+            let (text, hit) = stops.push(&stream.push(next)?);
+            if !text.is_empty() && !on_text(&text) {
+                break FinishReason::Cancelled;
+            }
+            if hit {
+                stop_hit = true;
+                break FinishReason::Stop;
+            }
+            if self.tokens.len() >= self.state.n_ctx {
+                break FinishReason::ContextFull;
+            }
+            let pos = self.tokens.len();
+            let l = llm
+                .model
+                .forward(&llm.backend, &mut self.state, &[next], pos, false)?;
+            logits.copy_from_slice(l);
+            self.tokens.push(next);
+            decode_forwards += 1;
+        };
+        if finish != FinishReason::Cancelled && !stop_hit {
+            let (text, hit) = stops.push(&stream.flush()?);
+            let tail = if hit { text } else { text + &stops.flush() };
+            if !tail.is_empty() {
+                on_text(&tail);
+            }
+        }
+        let ttft_secs = first.map_or(0.0, |f| (f - t0).as_secs_f64());
+        let decode_secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+        Ok(GenerationStats {
+            prompt_tokens: new.len(),
+            cached_tokens: reuse,
+            generated_tokens: generated.len(),
+            prefill_secs,
+            decode_secs,
+            decode_forwards,
+            ttft_secs,
+            finish,
+            tokens: generated,
+        })
+    }
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Build the llama.cpp peer that kiln is benchmarked against (CPU only).
+#
+# Usage: tools/build-llama-cpp.sh [DEST]        (DEST default: /work/peers/llama.cpp)
+#
+# Nothing of llama.cpp lives in this repository: the source comes from the
+# PyPI source distribution of llama-cpp-python, which vendors llama.cpp under
+# vendor/llama.cpp. The version is pinned so that every run builds the same
+# peer; override with LLAMA_CPP_PYTHON_VERSION=x.y.z.
+#
+#   llama-cpp-python 0.3.36  ->  llama.cpp ggml-org/llama.cpp@0c1e57098
+#                                (per the sdist's CHANGELOG.md; ggml 0.25.3)
+#
+# The sdist has no .git, so llama.cpp's own build-info would say
+# "unknown (0)"; we pass the commit from the changelog explicitly.
+#
+# Result:
+#   DEST/dl/llama_cpp_python-VER.tar.gz   the downloaded sdist
+#   DEST/src/                             the vendored llama.cpp source tree
+#   DEST/build/bin/llama-bench, llama-quantize, llama-completion
+#
+# Build flags: Release, GGML_NATIVE=ON (-march=native for this host's CPU),
+# static libraries, OpenMP on (llama.cpp's default), no network features.
+# Environment knobs: JOBS (default 2), NICE (default 10), CMAKE (default cmake).
+set -euo pipefail
+
+DEST="${1:-/work/peers/llama.cpp}"
+VER="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+# Commit of the llama.cpp that each pinned llama-cpp-python version vendors.
+case "$VER" in
+    0.3.36) COMMIT=0c1e57098 ;;
+    *)      COMMIT=unknown ;;
+esac
+JOBS="${JOBS:-2}"
+NICE="${NICE:-10}"
+CMAKE="${CMAKE:-cmake}"
+TARGETS=(llama-bench llama-quantize llama-completion)
+
+if ! command -v "$CMAKE" >/dev/null 2>&1; then
+    echo "cmake missing: installing it with apt-get" >&2
+    apt-get update && apt-get install -y cmake
+fi
+
+mkdir -p "$DEST/dl"
+SDIST="$DEST/dl/llama_cpp_python-$VER.tar.gz"
+if [ ! -f "$SDIST" ]; then
+    # --no-binary only for llama-cpp-python itself: its build tools (cmake,
+    # ninja, scikit-build-core) still come as wheels for the metadata step.
+    pip download --no-deps --no-binary llama-cpp-python \
+        "llama-cpp-python==$VER" -d "$DEST/dl"
+fi
+
+# Unpack only the vendored llama.cpp tree into DEST/src.
+rm -rf "$DEST/src" "$DEST/src.tmp"
+mkdir -p "$DEST/src.tmp"
+tar xzf "$SDIST" -C "$DEST/src.tmp" "llama_cpp_python-$VER/vendor/llama.cpp"
+mv "$DEST/src.tmp/llama_cpp_python-$VER/vendor/llama.cpp" "$DEST/src"
+rm -rf "$DEST/src.tmp"
+
+nice -n "$NICE" "$CMAKE" -S "$DEST/src" -B "$DEST/build" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF \
+    -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_BUILD_COMMIT="$COMMIT"
+
+nice -n "$NICE" "$CMAKE" --build "$DEST/build" --config Release -j "$JOBS" \
+    --target "${TARGETS[@]}"
+
+echo "llama-cpp-python $VER, llama.cpp $COMMIT" > "$DEST/VERSION"
+"$DEST/build/bin/llama-bench" --version 2>&1 | tee -a "$DEST/VERSION" || true
+echo "built: $DEST/build/bin/{$(IFS=,; echo "${TARGETS[*]}")}"
