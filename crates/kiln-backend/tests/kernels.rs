@@ -1,7 +1,8 @@
 //! Every integer kernel set against the scalar reference, and the scalar integer path against
 //! f32 arithmetic on dequantized weights, on random rows of awkward lengths.
 
-use kiln_backend::cpu::kernels::{available, quantize_act, BlockQ8, SCALAR};
+use kiln_backend::cpu::kernels::pack::{dequant_packed_row, pack_row, unpack_row};
+use kiln_backend::cpu::kernels::{available, quantize_act, BlockQ8, QuantAct, SCALAR};
 use kiln_quant::{dequantize, quantize, GgmlType};
 
 struct Rng(u64);
@@ -44,6 +45,34 @@ fn random_row(ty: GgmlType, cols: usize, rng: &mut Rng) -> Vec<u8> {
     quantize(ty, &x).unwrap()
 }
 
+fn packed(ty: GgmlType, ggml: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; ggml.len()];
+    pack_row(ty, ggml, &mut p);
+    p
+}
+
+#[test]
+fn packing_round_trips_and_dequantizes_alike() {
+    let mut rng = Rng(7);
+    for ty in FORMATS {
+        for &cols in shapes(ty) {
+            let ggml = random_row(ty, cols, &mut rng);
+            let p = packed(ty, &ggml);
+            let mut back = vec![0u8; p.len()];
+            unpack_row(ty, &p, &mut back);
+            assert_eq!(back, ggml, "{} cols {cols}", ty.name());
+            let mut got = vec![0f32; cols];
+            dequant_packed_row(ty, &p, &mut got).unwrap();
+            assert_eq!(
+                got,
+                dequantize(ty, &ggml, cols).unwrap(),
+                "{} cols {cols}",
+                ty.name()
+            );
+        }
+    }
+}
+
 const FORMATS: [GgmlType; 6] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -69,15 +98,17 @@ fn simd_kernels_equal_scalar_reference() {
     for ty in FORMATS {
         for &cols in shapes(ty) {
             for _ in 0..8 {
-                let w = random_row(ty, cols, &mut rng);
+                let w = packed(ty, &random_row(ty, cols, &mut rng));
                 let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
-                let mut a = vec![BlockQ8::default(); cols / 32];
-                quantize_act(&x, &mut a);
-                let wf = dequantize(ty, &w, cols).unwrap();
+                let mut qa = QuantAct::default();
+                qa.quantize(&x, 1, cols);
+                let a = qa.row(0);
+                let mut wf = vec![0f32; cols];
+                dequant_packed_row(ty, &w, &mut wf).unwrap();
                 let mag: f32 = wf.iter().zip(&x).map(|(w, x)| (w * x).abs()).sum();
-                let want = unsafe { (SCALAR.dot_for(ty).unwrap())(&w, &a) };
+                let want = unsafe { (SCALAR.dot_for(ty).unwrap())(&w, a) };
                 for k in &sets {
-                    let got = unsafe { (k.dot_for(ty).unwrap())(&w, &a) };
+                    let got = unsafe { (k.dot_for(ty).unwrap())(&w, a) };
                     // Same integer sums; only f32 summation order differs.
                     let tol = 2e-6 * mag + 1e-6;
                     assert!(
@@ -97,11 +128,12 @@ fn scalar_integer_dot_tracks_f32_dot() {
     let mut rng = Rng(0xfeed_beef_0bad_cafe);
     for ty in FORMATS {
         for &cols in shapes(ty) {
-            let w = random_row(ty, cols, &mut rng);
+            let ggml = random_row(ty, cols, &mut rng);
+            let w = packed(ty, &ggml);
             let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
-            let mut a = vec![BlockQ8::default(); cols / 32];
-            quantize_act(&x, &mut a);
-            let wf = dequantize(ty, &w, cols).unwrap();
+            let mut qa = QuantAct::default();
+            qa.quantize(&x, 1, cols);
+            let wf = dequantize(ty, &ggml, cols).unwrap();
             let exact: f64 = wf.iter().zip(&x).map(|(w, x)| *w as f64 * *x as f64).sum();
             // Activation rounding moves each x by at most amax(block) / 254.
             let bound: f64 = wf
@@ -112,7 +144,7 @@ fn scalar_integer_dot_tracks_f32_dot() {
                     wb.iter().map(|w| w.abs() as f64).sum::<f64>() * amax / 254.0
                 })
                 .sum();
-            let got = unsafe { (SCALAR.dot_for(ty).unwrap())(&w, &a) } as f64;
+            let got = unsafe { (SCALAR.dot_for(ty).unwrap())(&w, qa.row(0)) } as f64;
             assert!(
                 (got - exact).abs() <= bound * 1.01 + 1e-4,
                 "{} cols {cols}: {got} vs f32 {exact} (bound {bound})",

@@ -13,7 +13,8 @@ use std::sync::Mutex;
 
 use kiln_quant::{dequantize_row, GgmlType};
 
-use kernels::{BlockQ8, Kernels};
+use kernels::pack::{dequant_packed_row, pack_row};
+use kernels::{Kernels, QuantAct};
 
 use crate::{AttnShape, Backend, BackendError, RopeConfig, WeightData};
 pub use par::Pool;
@@ -23,7 +24,7 @@ pub struct CpuBackend {
     pool: Pool,
     kernels: &'static Kernels,
     /// Activations quantized for the integer kernels (reused across ops).
-    act: Mutex<Vec<BlockQ8>>,
+    act: Mutex<QuantAct>,
 }
 
 /// f32 activations with room for `data.len() / cols` rows.
@@ -38,7 +39,8 @@ impl CpuTensor {
     }
 }
 
-/// A weight matrix: `bytes` holds `rows` rows of `ty.row_bytes(cols)` bytes.
+/// A weight matrix: `bytes` holds `rows` rows of `ty.row_bytes(cols)` bytes, each in kiln's
+/// packed layout for the format (`kernels::pack`).
 pub struct CpuWeight {
     pub ty: GgmlType,
     pub rows: usize,
@@ -61,7 +63,7 @@ impl CpuWeight {
             return;
         }
         // Lengths were checked at load; a failure here is a bug, not bad input.
-        dequantize_row(self.ty, self.row_bytes_of(r), out).expect("row length checked at load");
+        dequant_packed_row(self.ty, self.row_bytes_of(r), out).expect("row length checked at load");
     }
 }
 
@@ -157,12 +159,19 @@ impl Backend for CpuBackend {
             rows: w.rows,
             cols: w.cols,
             row_bytes,
-            bytes: w.bytes.to_vec(),
+            bytes: vec![0u8; w.bytes.len()],
         };
-        if w.ty != GgmlType::F32 {
-            // Check every row decodes (unsupported formats fail here, at load).
+        if w.ty != GgmlType::F32 && w.rows > 0 {
+            // Unsupported formats fail here, at load.
             let mut tmp = vec![0f32; w.cols];
-            dequantize_row(w.ty, weight.row_bytes_of(0), &mut tmp).map_err(quant)?;
+            dequantize_row(w.ty, &w.bytes[..row_bytes], &mut tmp).map_err(quant)?;
+        }
+        for (src, dst) in w
+            .bytes
+            .chunks_exact(row_bytes.max(1))
+            .zip(weight.bytes.chunks_exact_mut(row_bytes.max(1)))
+        {
+            pack_row(w.ty, src, dst);
         }
         if self.reference && w.ty != GgmlType::F32 {
             let mut out = Vec::with_capacity(w.rows * w.cols * 4);
@@ -252,7 +261,8 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         let mut act = self.act.lock().unwrap_or_else(|p| p.into_inner());
-        ops::matmul::matmul(&self.pool, self.kernels, &mut act, w, x, bias, n, out)
+        let act = &mut *act;
+        ops::matmul::matmul(&self.pool, self.kernels, act, w, x, bias, n, out)
     }
 
     fn rope(&self, x: &mut CpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {

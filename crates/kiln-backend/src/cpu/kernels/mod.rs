@@ -2,6 +2,7 @@
 //! 8-bit blocks ([`BlockQ8`]), chosen once at run time: AVX-512 VNNI, AVX2, NEON dotprod, or
 //! the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
 
+pub mod pack;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -44,8 +45,55 @@ pub fn quantize_act(x: &[f32], out: &mut [BlockQ8]) {
     }
 }
 
-/// `dot(w_row, act)`: one weight row in its stored format against its activation blocks.
-pub type DotFn = unsafe fn(w: &[u8], a: &[BlockQ8]) -> f32;
+/// Rows of activations quantized to 8-bit blocks, with each block's scale and integer sum
+/// also laid out flat (so kernels load 8 block scales at once).
+#[derive(Default)]
+pub struct QuantAct {
+    pub blocks: Vec<BlockQ8>,
+    pub d: Vec<f32>,
+    pub sum: Vec<f32>,
+    nb: usize,
+}
+
+/// One row of [`QuantAct`].
+#[derive(Clone, Copy)]
+pub struct ActRow<'a> {
+    pub blocks: &'a [BlockQ8],
+    pub d: &'a [f32],
+    pub sum: &'a [f32],
+}
+
+impl QuantAct {
+    /// Quantizes `n` rows of `cols` values (a multiple of 32) from `x`. Reuses its buffers.
+    pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize) {
+        let nb = cols / 32;
+        self.nb = nb;
+        self.blocks.resize(n * nb, BlockQ8::default());
+        self.d.resize(n * nb, 0.0);
+        self.sum.resize(n * nb, 0.0);
+        for t in 0..n {
+            let blocks = &mut self.blocks[t * nb..(t + 1) * nb];
+            quantize_act(&x[t * cols..(t + 1) * cols], blocks);
+            for (i, b) in blocks.iter().enumerate() {
+                self.d[t * nb + i] = b.d;
+                self.sum[t * nb + i] = b.sum() as f32;
+            }
+        }
+    }
+
+    pub fn row(&self, t: usize) -> ActRow<'_> {
+        let r = t * self.nb..(t + 1) * self.nb;
+        ActRow {
+            blocks: &self.blocks[r.clone()],
+            d: &self.d[r.clone()],
+            sum: &self.sum[r],
+        }
+    }
+}
+
+/// `dot(w_row, act)`: one weight row in kiln's packed layout for its format (see `pack`)
+/// against its activation blocks.
+pub type DotFn = unsafe fn(w: &[u8], a: ActRow) -> f32;
 
 pub struct Kernels {
     pub name: &'static str,

@@ -2,49 +2,52 @@
 //! Each computes sum over blocks of (weight block) . (activation block) with exact integer
 //! inner sums and f32 scaling.
 
-use super::BlockQ8;
+use super::ActRow;
 
 #[inline]
 pub fn f16(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// Q4_0 (18 B / 32): d f16, qs[16]: value j = (qs[j] & 15) - 8, value j+16 = (qs[j] >> 4) - 8.
-pub unsafe fn dot_q4_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+/// Q4_0, packed: d[nb] f16, then qs[nb][16]: value j = (qs[j] & 15) - 8, value j+16 =
+/// (qs[j] >> 4) - 8.
+pub unsafe fn dot_q4_0(w: &[u8], a: ActRow) -> f32 {
+    let nb = w.len() / 18;
+    let (d, qs) = w.split_at(2 * nb);
     let mut sum = 0f32;
-    for (b, x) in w.chunks_exact(18).zip(a) {
+    for (i, (q, x)) in qs.chunks_exact(16).zip(a.blocks).enumerate() {
         let mut isum = 0i32;
         for j in 0..16 {
-            let q = b[2 + j];
-            isum += (q & 15) as i32 * x.qs[j] as i32 + (q >> 4) as i32 * x.qs[j + 16] as i32;
+            isum += (q[j] & 15) as i32 * x.qs[j] as i32 + (q[j] >> 4) as i32 * x.qs[j + 16] as i32;
         }
-        sum += f16(b, 0) * x.d * (isum - 8 * x.sum()) as f32;
+        sum += f16(d, 2 * i) * x.d * (isum - 8 * x.sum()) as f32;
     }
     sum
 }
 
-/// Q4_1 (20 B / 32): d f16, m f16, qs[16]: value = d * q + m.
-pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
+/// Q4_1, packed: d[nb] f16, m[nb] f16, then qs[nb][16]: value = d * q + m.
+pub unsafe fn dot_q4_1(w: &[u8], a: ActRow) -> f32 {
+    let nb = w.len() / 20;
+    let (dm, qs) = w.split_at(4 * nb);
     let mut sum = 0f32;
-    for (b, x) in w.chunks_exact(20).zip(a) {
+    for (i, (q, x)) in qs.chunks_exact(16).zip(a.blocks).enumerate() {
         let mut isum = 0i32;
         for j in 0..16 {
-            let q = b[4 + j];
-            isum += (q & 15) as i32 * x.qs[j] as i32 + (q >> 4) as i32 * x.qs[j + 16] as i32;
+            isum += (q[j] & 15) as i32 * x.qs[j] as i32 + (q[j] >> 4) as i32 * x.qs[j + 16] as i32;
         }
-        sum += f16(b, 0) * x.d * isum as f32 + f16(b, 2) * x.d * x.sum() as f32;
+        sum += f16(dm, 2 * i) * x.d * isum as f32 + f16(dm, 2 * (nb + i)) * x.d * x.sum() as f32;
     }
     sum
 }
 
-/// Q8_0 (34 B / 32): d f16, qs[32] i8.
-pub unsafe fn dot_q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+/// Q8_0, packed: d[nb] f16, then qs[nb][32] i8.
+pub unsafe fn dot_q8_0(w: &[u8], a: ActRow) -> f32 {
+    let nb = w.len() / 34;
+    let (d, qs) = w.split_at(2 * nb);
     let mut sum = 0f32;
-    for (b, x) in w.chunks_exact(34).zip(a) {
-        let isum: i32 = (0..32)
-            .map(|j| b[2 + j] as i8 as i32 * x.qs[j] as i32)
-            .sum();
-        sum += f16(b, 0) * x.d * isum as f32;
+    for (i, (q, x)) in qs.chunks_exact(32).zip(a.blocks).enumerate() {
+        let isum: i32 = (0..32).map(|j| q[j] as i8 as i32 * x.qs[j] as i32).sum();
+        sum += f16(d, 2 * i) * x.d * isum as f32;
     }
     sum
 }
@@ -65,7 +68,8 @@ pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 /// Q4_K (144 B / 256): d, dmin f16, scales[12], qs[128]; 8 sub-blocks of 32:
 /// value = d * sc * q - dmin * m. Bytes 32j..32j+32 hold sub-block 2j (low nibbles) and
 /// 2j+1 (high nibbles).
-pub unsafe fn dot_q4_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+pub unsafe fn dot_q4_k(w: &[u8], a: ActRow) -> f32 {
+    let a = a.blocks;
     let mut sum = 0f32;
     for (b, x) in w.chunks_exact(144).zip(a.chunks_exact(8)) {
         let (d, dmin, scales, qs) = (f16(b, 0), f16(b, 2), &b[4..16], &b[16..144]);
@@ -86,7 +90,8 @@ pub unsafe fn dot_q4_k(w: &[u8], a: &[BlockQ8]) -> f32 {
 
 /// Q5_K (176 B / 256): d, dmin, scales[12], qh[32], qs[128]; like Q4_K with a fifth bit:
 /// sub-block i takes bit i of qh[l].
-pub unsafe fn dot_q5_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+pub unsafe fn dot_q5_k(w: &[u8], a: ActRow) -> f32 {
+    let a = a.blocks;
     let mut sum = 0f32;
     for (b, x) in w.chunks_exact(176).zip(a.chunks_exact(8)) {
         let (d, dmin, scales, qh, qs) = (f16(b, 0), f16(b, 2), &b[4..16], &b[16..48], &b[48..176]);
@@ -111,7 +116,8 @@ pub unsafe fn dot_q5_k(w: &[u8], a: &[BlockQ8]) -> f32 {
 
 /// Q6_K (210 B / 256): ql[128], qh[64], scales[16] i8, d f16; 16 groups of 16:
 /// value = d * sc * (q - 32), q = 4 low bits from ql, 2 high bits from qh.
-pub unsafe fn dot_q6_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+pub unsafe fn dot_q6_k(w: &[u8], a: ActRow) -> f32 {
+    let a = a.blocks;
     let mut sum = 0f32;
     for (b, x) in w.chunks_exact(210).zip(a.chunks_exact(8)) {
         let d = f16(b, 208);

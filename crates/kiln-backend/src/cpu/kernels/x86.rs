@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{BlockQ8, Kernels};
+use super::{ActRow, BlockQ8, Kernels};
 
 pub fn available() -> Vec<&'static Kernels> {
     let mut v: Vec<&'static Kernels> = Vec::new();
@@ -96,57 +96,109 @@ unsafe fn load_x(b: &BlockQ8) -> __m256i {
     unsafe { _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i) }
 }
 
+/// Lane j of v in every lane.
 #[inline(always)]
-unsafe fn q4_0<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+unsafe fn lane(v: __m256, j: i32) -> __m256 {
+    unsafe { _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(j)) }
+}
+
+/// 8 block scales d_w * d_x from 8 packed f16 weight scales and 8 activation scales.
+#[inline(always)]
+unsafe fn scales8(wd: *const u8, xd: *const f32) -> __m256 {
+    unsafe {
+        let w = _mm256_cvtph_ps(_mm_loadu_si128(wd as *const __m128i));
+        _mm256_mul_ps(w, _mm256_loadu_ps(xd))
+    }
+}
+
+/// Sum over blocks of d_w,i * d_x,i * dot_i for the packed 32-value formats: `quants(i)`
+/// gives block i's weight quants as u8 and the activations they multiply (sign-adjusted
+/// for signed weights).
+#[inline(always)]
+unsafe fn blocks32<M: MulSum>(
+    nb: usize,
+    wd: *const u8,
+    a: ActRow,
+    quants: impl Fn(usize) -> (__m256i, __m256i),
+) -> f32 {
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut i = 0;
+        while i + 8 <= nb {
+            let s = scales8(wd.add(2 * i), a.d.as_ptr().add(i));
+            for j in 0..8 {
+                let (u, v) = quants(i + j);
+                let dot = _mm256_cvtepi32_ps(M::mul_sum(u, v));
+                acc[j & 1] = _mm256_fmadd_ps(dot, lane(s, j as i32), acc[j & 1]);
+            }
+            i += 8;
+        }
+        while i < nb {
+            let s = f16_at(wd.add(2 * i)) * a.d[i];
+            let (u, v) = quants(i);
+            let dot = _mm256_cvtepi32_ps(M::mul_sum(u, v));
+            acc[0] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s), acc[0]);
+            i += 1;
+        }
+        hsum(_mm256_add_ps(acc[0], acc[1]))
+    }
+}
+
+/// Sum over blocks of f16 field_i * d_x,i * xsum_i (weight offsets and minimums).
+#[inline(always)]
+unsafe fn scaled_xsum(nb: usize, field: *const u8, a: ActRow) -> f32 {
     unsafe {
         let mut acc = _mm256_setzero_ps();
-        let mut corr = 0f32;
-        for (i, x) in a.iter().enumerate().take(w.len() / 18) {
-            let p = w.as_ptr().add(i * 18);
-            let dd = f16_at(p) * x.d;
-            let dot = M::mul_sum(nibbles(p.add(2)), load_x(x));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dd), acc);
-            corr += dd * x.sum() as f32;
+        let mut i = 0;
+        while i + 8 <= nb {
+            let s = scales8(field.add(2 * i), a.d.as_ptr().add(i));
+            acc = _mm256_fmadd_ps(s, _mm256_loadu_ps(a.sum.as_ptr().add(i)), acc);
+            i += 8;
         }
-        hsum(acc) - 8.0 * corr
+        let mut tail = 0f32;
+        while i < nb {
+            tail += f16_at(field.add(2 * i)) * a.d[i] * a.sum[i];
+            i += 1;
+        }
+        hsum(acc) + tail
     }
 }
 
 #[inline(always)]
-unsafe fn q4_1<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+unsafe fn q4_0<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     unsafe {
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = 0f32;
-        for (i, x) in a.iter().enumerate().take(w.len() / 20) {
-            let p = w.as_ptr().add(i * 20);
-            let dot = M::mul_sum(nibbles(p.add(4)), load_x(x));
-            acc = _mm256_fmadd_ps(
-                _mm256_cvtepi32_ps(dot),
-                _mm256_set1_ps(f16_at(p) * x.d),
-                acc,
-            );
-            mins += f16_at(p.add(2)) * x.d * x.sum() as f32;
-        }
-        hsum(acc) + mins
+        let nb = (w.len() / 18).min(a.blocks.len());
+        let qs = w.as_ptr().add(2 * nb);
+        let dot = blocks32::<M>(nb, w.as_ptr(), a, |i| {
+            (nibbles(qs.add(16 * i)), load_x(a.blocks.get_unchecked(i)))
+        });
+        dot - 8.0 * scaled_xsum(nb, w.as_ptr(), a)
     }
 }
 
 #[inline(always)]
-unsafe fn q8_0<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+unsafe fn q4_1<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     unsafe {
-        let mut acc = _mm256_setzero_ps();
-        for (i, x) in a.iter().enumerate().take(w.len() / 34) {
-            let p = w.as_ptr().add(i * 34);
-            let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        let nb = (w.len() / 20).min(a.blocks.len());
+        let qs = w.as_ptr().add(4 * nb);
+        let dot = blocks32::<M>(nb, w.as_ptr(), a, |i| {
+            (nibbles(qs.add(16 * i)), load_x(a.blocks.get_unchecked(i)))
+        });
+        dot + scaled_xsum(nb, w.as_ptr().add(2 * nb), a)
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
+    unsafe {
+        let nb = (w.len() / 34).min(a.blocks.len());
+        let qs = w.as_ptr().add(2 * nb);
+        blocks32::<M>(nb, w.as_ptr(), a, |i| {
+            let q = _mm256_loadu_si256(qs.add(32 * i) as *const __m256i);
             // |w| x sign(x, w): u8 x i8 with the same products.
-            let dot = M::mul_sum(_mm256_sign_epi8(q, q), _mm256_sign_epi8(load_x(x), q));
-            acc = _mm256_fmadd_ps(
-                _mm256_cvtepi32_ps(dot),
-                _mm256_set1_ps(f16_at(p) * x.d),
-                acc,
-            );
-        }
-        hsum(acc)
+            let x = load_x(a.blocks.get_unchecked(i));
+            (_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q))
+        })
     }
 }
 
@@ -162,8 +214,9 @@ fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
 }
 
 #[inline(always)]
-unsafe fn q4_k<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+unsafe fn q4_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     unsafe {
+        let a = a.blocks;
         let m4 = _mm256_set1_epi8(0x0F);
         let mut acc = _mm256_setzero_ps();
         let mut mins = 0f32;
@@ -190,8 +243,9 @@ unsafe fn q4_k<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn q5_k<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+unsafe fn q5_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     unsafe {
+        let a = a.blocks;
         let m4 = _mm256_set1_epi8(0x0F);
         let one = _mm256_set1_epi8(1);
         let mut acc = _mm256_setzero_ps();
@@ -223,8 +277,9 @@ unsafe fn q5_k<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn q6_k<M: MulSum>(w: &[u8], a: &[BlockQ8]) -> f32 {
+unsafe fn q6_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     unsafe {
+        let a = a.blocks;
         let m4 = _mm256_set1_epi8(0x0F);
         let m2 = _mm256_set1_epi8(0x03);
         let mut acc = _mm256_setzero_ps();
@@ -280,27 +335,27 @@ macro_rules! instantiate {
         mod $module {
             use super::*;
             #[target_feature(enable = $features)]
-            pub unsafe fn q4_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+            pub unsafe fn q4_0(w: &[u8], a: ActRow) -> f32 {
                 unsafe { super::q4_0::<$mul>(w, a) }
             }
             #[target_feature(enable = $features)]
-            pub unsafe fn q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
+            pub unsafe fn q4_1(w: &[u8], a: ActRow) -> f32 {
                 unsafe { super::q4_1::<$mul>(w, a) }
             }
             #[target_feature(enable = $features)]
-            pub unsafe fn q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+            pub unsafe fn q8_0(w: &[u8], a: ActRow) -> f32 {
                 unsafe { super::q8_0::<$mul>(w, a) }
             }
             #[target_feature(enable = $features)]
-            pub unsafe fn q4_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+            pub unsafe fn q4_k(w: &[u8], a: ActRow) -> f32 {
                 unsafe { super::q4_k::<$mul>(w, a) }
             }
             #[target_feature(enable = $features)]
-            pub unsafe fn q5_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+            pub unsafe fn q5_k(w: &[u8], a: ActRow) -> f32 {
                 unsafe { super::q5_k::<$mul>(w, a) }
             }
             #[target_feature(enable = $features)]
-            pub unsafe fn q6_k(w: &[u8], a: &[BlockQ8]) -> f32 {
+            pub unsafe fn q6_k(w: &[u8], a: ActRow) -> f32 {
                 unsafe { super::q6_k::<$mul>(w, a) }
             }
         }

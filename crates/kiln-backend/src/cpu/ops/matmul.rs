@@ -4,7 +4,7 @@
 //! dot products; the rest dequantize each weight row once and reuse it for all n tokens.
 
 use super::dot;
-use crate::cpu::kernels::{quantize_act, BlockQ8, Kernels};
+use crate::cpu::kernels::{Kernels, QuantAct};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::{CpuTensor, CpuWeight};
 
@@ -15,7 +15,7 @@ const ROW_TILE: usize = 16;
 pub fn matmul(
     pool: &Pool,
     kernels: &Kernels,
-    act: &mut Vec<BlockQ8>,
+    act: &mut QuantAct,
     w: &CpuWeight,
     x: &CpuTensor,
     bias: Option<&CpuTensor>,
@@ -32,20 +32,13 @@ pub fn matmul(
     let dst = SharedMut(out.data.as_mut_ptr());
     // Rows are whole blocks (checked at load), so cols is a multiple of 32 here.
     if let Some(dot_q) = kernels.dot_for(w.ty) {
-        let nb = cols / 32;
-        act.resize(n * nb, BlockQ8::default());
-        for t in 0..n {
-            quantize_act(
-                &x.data[t * cols..(t + 1) * cols],
-                &mut act[t * nb..(t + 1) * nb],
-            );
-        }
-        let act = &act[..];
+        act.quantize(&x.data, n, cols);
+        let act = &*act;
         pool.run_aligned(rows, ROW_TILE, |r0, r1| {
             for tile in (r0..r1).step_by(ROW_TILE) {
                 let tile_end = (tile + ROW_TILE).min(r1);
                 for t in 0..n {
-                    let a = &act[t * nb..(t + 1) * nb];
+                    let a = act.row(t);
                     for r in tile..tile_end {
                         let row = &w.bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
                         // SAFETY: the kernel set was detected on this CPU; row and a cover
