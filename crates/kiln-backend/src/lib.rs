@@ -97,6 +97,26 @@ pub trait Backend {
         n: usize,
         out: &mut Self::Tensor,
     );
+    /// out[t] += W @ x[t]: the residual add done by the producing matmul.
+    fn matmul_add(&self, w: &Self::Weight, x: &Self::Tensor, n: usize, out: &mut Self::Tensor);
+    /// Three products of one input as one op (q, k, v projections).
+    fn matmul3(
+        &self,
+        ws: [&Self::Weight; 3],
+        biases: [Option<&Self::Tensor>; 3],
+        x: &Self::Tensor,
+        n: usize,
+        outs: [&mut Self::Tensor; 3],
+    );
+    /// out[t] = silu(Wg @ x[t]) * (Wu @ x[t]): the gated MLP's first half in one op.
+    fn gate_up_silu(
+        &self,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        x: &Self::Tensor,
+        n: usize,
+        out: &mut Self::Tensor,
+    );
     /// Rotates `x` (n x heads x head_dim) for positions `pos0..pos0+n`, in place.
     fn rope(&self, x: &mut Self::Tensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize);
     /// Stores k, v (n x kv_dim) at positions `pos0..pos0+n` of `layer`.

@@ -88,9 +88,14 @@ fn forced<B: Backend>(b: &B, g: &GgufFile, prompt: &[u32], forced: &[u32]) -> Ve
 /// the f32 reference, teacher-forced on the reference's 32 greedy tokens so that each step
 /// sees the same input. Tolerance: max |logit diff| <= TOL x (max - min logit) per step; the
 /// argmax must agree wherever the reference's top-2 margin exceeds that.
+///
+/// Why 8%: SmolLM2 has a massive activation (the residual's rms jumps from ~7 to ~1000 at
+/// layer 11, through one channel of the MLP); 8-bit activation blocks around it move the
+/// logits by 3-5% of their spread, and f32 summation order alone (scalar vs SIMD kernels,
+/// same integers) moves them by ~1%, since the network amplifies tiny differences there.
 #[test]
 fn fast_path_logits_track_reference() {
-    const TOL: f32 = 0.05;
+    const TOL: f32 = 0.08;
     let (prompt, _) = golden();
     let g = model_file();
     let steps = 32;

@@ -15,6 +15,7 @@ use kiln_quant::{dequantize_row, GgmlType};
 
 use kernels::pack::{dequant_packed_row, pack_row};
 use kernels::{Kernels, QuantAct};
+use ops::matmul::{Epilogue, Job};
 
 use crate::{AttnShape, Backend, BackendError, RopeConfig, WeightData};
 pub use par::Pool;
@@ -115,6 +116,13 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+impl CpuBackend {
+    fn jobs(&self, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
+        let mut act = self.act.lock().unwrap_or_else(|p| p.into_inner());
+        ops::matmul::matmul_jobs(&self.pool, self.kernels, &mut act, x, n, jobs)
+    }
 }
 
 impl Backend for CpuBackend {
@@ -260,9 +268,78 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        let mut act = self.act.lock().unwrap_or_else(|p| p.into_inner());
-        let act = &mut *act;
-        ops::matmul::matmul(&self.pool, self.kernels, act, w, x, bias, n, out)
+        self.jobs(
+            x,
+            n,
+            &mut [Job {
+                w,
+                out,
+                epilogue: Epilogue::Store(bias),
+            }],
+        );
+    }
+
+    fn matmul_add(&self, w: &CpuWeight, x: &CpuTensor, n: usize, out: &mut CpuTensor) {
+        self.jobs(
+            x,
+            n,
+            &mut [Job {
+                w,
+                out,
+                epilogue: Epilogue::Add,
+            }],
+        );
+    }
+
+    fn matmul3(
+        &self,
+        ws: [&CpuWeight; 3],
+        biases: [Option<&CpuTensor>; 3],
+        x: &CpuTensor,
+        n: usize,
+        outs: [&mut CpuTensor; 3],
+    ) {
+        let [o0, o1, o2] = outs;
+        self.jobs(
+            x,
+            n,
+            &mut [
+                Job {
+                    w: ws[0],
+                    out: o0,
+                    epilogue: Epilogue::Store(biases[0]),
+                },
+                Job {
+                    w: ws[1],
+                    out: o1,
+                    epilogue: Epilogue::Store(biases[1]),
+                },
+                Job {
+                    w: ws[2],
+                    out: o2,
+                    epilogue: Epilogue::Store(biases[2]),
+                },
+            ],
+        );
+    }
+
+    fn gate_up_silu(
+        &self,
+        gate: &CpuWeight,
+        up: &CpuWeight,
+        x: &CpuTensor,
+        n: usize,
+        out: &mut CpuTensor,
+    ) {
+        self.jobs(
+            x,
+            n,
+            &mut [Job {
+                w: gate,
+                out,
+                epilogue: Epilogue::SiluMul(up),
+            }],
+        );
     }
 
     fn rope(&self, x: &mut CpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {

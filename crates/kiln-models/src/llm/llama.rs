@@ -58,7 +58,6 @@ pub struct LlamaState<B: Backend> {
     v: B::Tensor,
     attn: B::Tensor,
     gate: B::Tensor,
-    up: B::Tensor,
     last: B::Tensor,
     logits: B::Tensor,
     logits_host: Vec<f32>,
@@ -137,7 +136,6 @@ impl<B: Backend> Llama<B> {
             v: b.tensor(max_batch, c.kv_dim()),
             attn: b.tensor(max_batch, c.q_dim()),
             gate: b.tensor(max_batch, c.ffn_dim),
-            up: b.tensor(max_batch, c.ffn_dim),
             last: b.tensor(max_batch, c.dim),
             logits: b.tensor(max_batch, c.vocab_size),
             logits_host: vec![0.0; max_batch * c.vocab_size],
@@ -197,9 +195,13 @@ impl<B: Backend> Llama<B> {
         for (il, layer) in self.layers.iter().enumerate() {
             let a = &layer.attn;
             b.rms_norm(&st.x, &layer.attn_norm, c.norm_eps, n, &mut st.h);
-            b.matmul(&a.q, &st.h, a.q_bias.as_ref(), n, &mut st.q);
-            b.matmul(&a.k, &st.h, a.k_bias.as_ref(), n, &mut st.k);
-            b.matmul(&a.v, &st.h, a.v_bias.as_ref(), n, &mut st.v);
+            b.matmul3(
+                [&a.q, &a.k, &a.v],
+                [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
+                &st.h,
+                n,
+                [&mut st.q, &mut st.k, &mut st.v],
+            );
             if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
                 b.rms_norm_heads(&mut st.q, qn, c.norm_eps, n);
                 b.rms_norm_heads(&mut st.k, kn, c.norm_eps, n);
@@ -208,17 +210,13 @@ impl<B: Backend> Llama<B> {
             b.rope(&mut st.k, &c.rope, c.n_kv_heads, pos0, n);
             b.kv_store(&mut st.kv, il, &st.k, &st.v, pos0, n);
             b.attention(&st.q, &st.kv, il, shape, &mut st.attn);
-            b.matmul(&a.o, &st.attn, None, n, &mut st.h);
-            self.trace(b, st.trace, "attn_out", il, &st.h, n, c.dim);
-            b.add(&mut st.x, &st.h, n);
+            self.trace(b, st.trace, "attn", il, &st.attn, n, c.q_dim());
+            b.matmul_add(&a.o, &st.attn, n, &mut st.x); // x += Wo attn
 
             b.rms_norm(&st.x, &layer.ffn_norm, c.norm_eps, n, &mut st.h);
-            b.matmul(&layer.mlp.gate, &st.h, None, n, &mut st.gate);
-            b.matmul(&layer.mlp.up, &st.h, None, n, &mut st.up);
-            b.silu_mul(&mut st.gate, &st.up, n);
-            b.matmul(&layer.mlp.down, &st.gate, None, n, &mut st.h);
-            self.trace(b, st.trace, "ffn_out", il, &st.h, n, c.dim);
-            b.add(&mut st.x, &st.h, n);
+            b.gate_up_silu(&layer.mlp.gate, &layer.mlp.up, &st.h, n, &mut st.gate);
+            b.matmul_add(&layer.mlp.down, &st.gate, n, &mut st.x); // x += Wdown mlp
+            self.trace(b, st.trace, "residual", il, &st.x, n, c.dim);
         }
         let output = self.output.as_ref().unwrap_or(&self.embed);
         if all_logits {

@@ -1,78 +1,159 @@
-//! out (n, rows) = x (n, cols) @ W^T (+ bias), W in any stored format.
+//! Matrix products with fused epilogues. For every weight W (rows, cols) and x (n, cols):
+//! `out[t][r] = W[r] . x[t]` then stored (+ bias), accumulated (residual add), or, for a
+//! gate/up pair, `silu(Wg[r] . x[t]) * (Wu[r] . x[t])`.
 //!
 //! Formats with an integer kernel quantize x to 8-bit blocks once per call and run integer
 //! dot products; the rest dequantize each weight row once and reuse it for all n tokens.
+//! Several products of one input run as one parallel op (one synchronisation).
 
 use super::dot;
-use crate::cpu::kernels::{Kernels, QuantAct};
+use crate::cpu::kernels::{DotFn, Kernels, QuantAct};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::{CpuTensor, CpuWeight};
 
 /// Rows per work unit: a tile of weight rows reused across tokens while it sits in L1.
 const ROW_TILE: usize = 16;
 
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
+/// Products one op may carry (q, k, v).
+const MAX_JOBS: usize = 3;
+
+/// What happens to each computed value.
+#[derive(Clone, Copy)]
+pub enum Epilogue<'a> {
+    Store(Option<&'a CpuTensor>),
+    Add,
+    /// `silu(this) * (up[r] . x)`: the job's weight is the gate, this the up projection.
+    SiluMul(&'a CpuWeight),
+}
+
+/// One product of the shared input x.
+pub struct Job<'a> {
+    pub w: &'a CpuWeight,
+    pub out: &'a mut CpuTensor,
+    pub epilogue: Epilogue<'a>,
+}
+
+/// Computes W[r] . x[t] for one row r and all t, handing each value to `emit(t, v)`.
+struct RowDots<'a> {
+    kernel: Option<DotFn>,
+    act: &'a QuantAct,
+    x: &'a CpuTensor,
+    n: usize,
+}
+
+impl RowDots<'_> {
+    fn row(&self, w: &CpuWeight, r: usize, buf: &mut Vec<f32>, mut emit: impl FnMut(usize, f32)) {
+        let bytes = &w.bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
+        match self.kernel {
+            Some(k) => {
+                for t in 0..self.n {
+                    // SAFETY: the kernel set was detected on this CPU; the row and the
+                    // activations cover the same cols.
+                    emit(t, unsafe { k(bytes, self.act.row(t)) });
+                }
+            }
+            None => {
+                let row: &[f32] = if w.ty == kiln_quant::GgmlType::F32 {
+                    f32_row(bytes)
+                } else {
+                    buf.resize(w.cols, 0.0);
+                    w.dequant_row(r, buf);
+                    buf
+                };
+                let c = self.x.cols;
+                for t in 0..self.n {
+                    emit(t, dot(row, &self.x.data[t * c..(t + 1) * c]));
+                }
+            }
+        }
+    }
+}
+
+/// Runs every job over the shared input `x` (n rows) as one parallel op.
+pub fn matmul_jobs(
     pool: &Pool,
     kernels: &Kernels,
     act: &mut QuantAct,
-    w: &CpuWeight,
     x: &CpuTensor,
-    bias: Option<&CpuTensor>,
     n: usize,
-    out: &mut CpuTensor,
+    jobs: &mut [Job],
 ) {
-    let (rows, cols) = (w.rows, w.cols);
-    assert_eq!(x.cols, cols, "matmul: x has {} cols, W has {cols}", x.cols);
-    assert_eq!(
-        out.cols, rows,
-        "matmul: out has {} cols, W has {rows} rows",
-        out.cols
-    );
-    let dst = SharedMut(out.data.as_mut_ptr());
-    // Rows are whole blocks (checked at load), so cols is a multiple of 32 here.
-    if let Some(dot_q) = kernels.dot_for(w.ty) {
-        act.quantize(&x.data, n, cols);
-        let act = &*act;
-        pool.run_aligned(rows, ROW_TILE, |r0, r1| {
-            for tile in (r0..r1).step_by(ROW_TILE) {
-                let tile_end = (tile + ROW_TILE).min(r1);
-                for t in 0..n {
-                    let a = act.row(t);
-                    for r in tile..tile_end {
-                        let row = &w.bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
-                        // SAFETY: the kernel set was detected on this CPU; row and a cover
-                        // the same cols.
-                        let v = unsafe { dot_q(row, a) } + bias.map_or(0.0, |b| b.data[r]);
-                        // SAFETY: row r is this worker's alone; t*rows + r < n*rows.
-                        unsafe { dst.write(t * rows + r, v) };
+    let cols = x.cols;
+    let mut quantized = false;
+    for j in jobs.iter() {
+        assert_eq!(
+            j.w.cols, cols,
+            "matmul: x has {cols} cols, W has {}",
+            j.w.cols
+        );
+        assert_eq!(
+            j.out.cols, j.w.rows,
+            "matmul: out has {} cols, W {} rows",
+            j.out.cols, j.w.rows
+        );
+        if let Epilogue::SiluMul(up) = j.epilogue {
+            assert!(up.rows == j.w.rows && up.cols == cols && up.ty == j.w.ty);
+        }
+        if !quantized && kernels.dot_for(j.w.ty).is_some() {
+            // Rows are whole blocks (checked at load), so cols is a multiple of 32.
+            act.quantize(&x.data, n, cols);
+            quantized = true;
+        }
+    }
+    let act = &*act;
+    assert!(jobs.len() <= MAX_JOBS);
+    // Jobs laid end to end in one row space, split over threads in whole tiles.
+    let mut outs = [(SharedMut(std::ptr::null_mut()), 0usize); MAX_JOBS];
+    let mut starts = [0usize; MAX_JOBS];
+    let mut total = 0;
+    for (i, j) in jobs.iter_mut().enumerate() {
+        outs[i] = (SharedMut(j.out.data.as_mut_ptr()), j.w.rows);
+        starts[i] = total;
+        total += j.w.rows.div_ceil(ROW_TILE) * ROW_TILE;
+    }
+    let jobs = &*jobs;
+    pool.run_aligned(total, ROW_TILE, |v0, v1| {
+        let mut buf = Vec::new();
+        let mut buf2 = Vec::new();
+        for (ji, job) in jobs.iter().enumerate() {
+            let (lo, hi) = (v0.max(starts[ji]), v1.min(starts[ji] + job.w.rows));
+            if lo >= hi {
+                continue;
+            }
+            let (dst, rows) = outs[ji];
+            let dots = RowDots {
+                kernel: kernels.dot_for(job.w.ty),
+                act,
+                x,
+                n,
+            };
+            for tile in (lo..hi).step_by(ROW_TILE) {
+                for vr in tile..(tile + ROW_TILE).min(hi) {
+                    let r = vr - starts[ji];
+                    // SAFETY (all writes below): row r of this job's output belongs to this
+                    // worker alone, and t*rows + r < n*rows.
+                    match job.epilogue {
+                        Epilogue::Store(bias) => {
+                            let b = bias.map_or(0.0, |b| b.data[r]);
+                            dots.row(job.w, r, &mut buf, |t, v| unsafe {
+                                dst.write(t * rows + r, v + b)
+                            });
+                        }
+                        Epilogue::Add => dots.row(job.w, r, &mut buf, |t, v| unsafe {
+                            let p = dst.0.add(t * rows + r);
+                            *p += v;
+                        }),
+                        Epilogue::SiluMul(up) => {
+                            dots.row(job.w, r, &mut buf, |t, g| unsafe {
+                                dst.write(t * rows + r, g / (1.0 + (-g).exp()))
+                            });
+                            dots.row(up, r, &mut buf2, |t, u| unsafe {
+                                let p = dst.0.add(t * rows + r);
+                                *p *= u;
+                            });
+                        }
                     }
                 }
-            }
-        });
-        return;
-    }
-    let f32_weights = w.ty == kiln_quant::GgmlType::F32;
-    pool.run(rows, |r0, r1| {
-        // Each weight row is dequantized once and used for all n tokens.
-        let mut buf = if f32_weights {
-            Vec::new()
-        } else {
-            vec![0f32; cols]
-        };
-        for r in r0..r1 {
-            let row: &[f32] = if f32_weights {
-                f32_row(&w.bytes[r * w.row_bytes..(r + 1) * w.row_bytes])
-            } else {
-                w.dequant_row(r, &mut buf);
-                &buf
-            };
-            let b = bias.map_or(0.0, |b| b.data[r]);
-            for t in 0..n {
-                let v = dot(row, &x.data[t * cols..(t + 1) * cols]) + b;
-                // SAFETY: index t*rows + r is in bounds (out holds n*rows) and row r
-                // belongs to this worker alone.
-                unsafe { dst.write(t * rows + r, v) };
             }
         }
     });
