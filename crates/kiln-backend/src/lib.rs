@@ -66,7 +66,14 @@ pub trait Backend {
     /// Copies the first `rows` rows to `out`.
     fn read(&self, t: &Self::Tensor, rows: usize, out: &mut [f32]);
 
-    fn kv_cache(&self, n_layers: usize, n_ctx: usize, kv_dim: usize) -> Self::KvCache;
+    /// Keys and values of `n_layers` layers, `n_kv_heads` heads of `head_dim`, `n_ctx` positions.
+    fn kv_cache(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self::KvCache;
 
     // ---- ops; `n` is the number of active rows (tokens) ----
 

@@ -71,6 +71,7 @@ impl CpuWeight {
 pub struct CpuKvCache {
     n_ctx: usize,
     kv_dim: usize,
+    head_dim: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
 }
@@ -224,10 +225,18 @@ impl Backend for CpuBackend {
         out.copy_from_slice(&t.data[..rows * t.cols]);
     }
 
-    fn kv_cache(&self, n_layers: usize, n_ctx: usize, kv_dim: usize) -> CpuKvCache {
+    fn kv_cache(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> CpuKvCache {
+        let kv_dim = n_kv_heads * head_dim;
         CpuKvCache {
             n_ctx,
             kv_dim,
+            head_dim,
             k: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
             v: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
         }
@@ -355,13 +364,20 @@ impl Backend for CpuBackend {
         pos0: usize,
         n: usize,
     ) {
-        let d = cache.kv_dim;
+        let (d, hd) = (cache.kv_dim, cache.head_dim);
         assert!(
             pos0 + n <= cache.n_ctx,
             "kv_store past the cache (caller checks the context)"
         );
-        cache.k[layer][pos0 * d..(pos0 + n) * d].copy_from_slice(&k.data[..n * d]);
-        cache.v[layer][pos0 * d..(pos0 + n) * d].copy_from_slice(&v.data[..n * d]);
+        // Cache layout per layer: (kv_heads, n_ctx, hd).
+        for t in 0..n {
+            for h in 0..d / hd {
+                let dst = (h * cache.n_ctx + pos0 + t) * hd;
+                let src = t * k.cols + h * hd;
+                cache.k[layer][dst..dst + hd].copy_from_slice(&k.data[src..src + hd]);
+                cache.v[layer][dst..dst + hd].copy_from_slice(&v.data[src..src + hd]);
+            }
+        }
     }
 
     fn attention(
@@ -372,7 +388,9 @@ impl Backend for CpuBackend {
         shape: AttnShape,
         out: &mut CpuTensor,
     ) {
-        ops::attention::attention(&self.pool, q, &cache.k[layer], &cache.v[layer], shape, out)
+        assert_eq!(shape.head_dim, cache.head_dim);
+        let (k, v) = (&cache.k[layer], &cache.v[layer]);
+        ops::attention::attention(&self.pool, q, k, v, cache.n_ctx, shape, out)
     }
 
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {

@@ -128,7 +128,7 @@ impl<B: Backend> Llama<B> {
         LlamaState {
             n_ctx,
             max_batch,
-            kv: b.kv_cache(c.n_layers, n_ctx, c.kv_dim()),
+            kv: b.kv_cache(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim),
             x: b.tensor(max_batch, c.dim),
             h: b.tensor(max_batch, c.dim),
             q: b.tensor(max_batch, c.q_dim()),

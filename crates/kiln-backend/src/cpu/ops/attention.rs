@@ -1,58 +1,190 @@
 //! Causal grouped-query attention over the KV cache.
-//! q (n, heads*hd), k/v cache (n_ctx, kv_heads*hd) -> out (n, heads*hd)
+//! q (n, heads*hd), cache per kv head (n_ctx, hd) -> out (n, heads*hd)
+//!
+//! Work items are (token, kv head): the `group` query heads that share a kv head are done
+//! together, so every key and value row is loaded once for all of them. The cache stores
+//! each kv head's positions contiguously, so the scan over positions is sequential.
 
-use super::dot;
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
 use crate::AttnShape;
 
+/// Query heads per kv head handled in registers at once (larger groups loop).
+const MAX_GROUP: usize = 8;
+
+/// `k`, `v`: one layer of the cache, laid out (kv_heads, n_ctx, hd).
 pub fn attention(
     pool: &Pool,
     q: &CpuTensor,
     k: &[f32],
     v: &[f32],
+    n_ctx: usize,
     s: AttnShape,
     out: &mut CpuTensor,
 ) {
-    let hd = s.head_dim;
-    let kv_dim = s.n_kv_heads * hd;
-    let group = s.n_heads / s.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
     let dst = SharedMut(out.data.as_mut_ptr());
     let out_cols = out.cols;
-    // One work item per (token, head).
-    pool.run(s.n_tokens * s.n_heads, |i0, i1| {
-        let mut scores = vec![0f32; s.pos0 + s.n_tokens];
-        let mut acc = vec![0f32; hd];
-        for i in i0..i1 {
-            let (t, h) = (i / s.n_heads, i % s.n_heads);
-            let kvh = h / group;
-            let qv = &q.data[t * q.cols + h * hd..t * q.cols + (h + 1) * hd];
-            let len = s.pos0 + t + 1;
-            let mut max = f32::NEG_INFINITY;
-            for p in 0..len {
-                let kp = &k[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-                let sc = dot(qv, kp) * scale;
-                scores[p] = sc;
-                max = max.max(sc);
-            }
-            let mut sum = 0f32;
-            for sc in &mut scores[..len] {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            acc.fill(0.0);
-            for p in 0..len {
-                let w = scores[p] / sum;
-                let vp = &v[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-                for (a, &x) in acc.iter_mut().zip(vp) {
-                    *a += w * x;
+    let avx2 = simd_ok();
+    pool.run(s.n_tokens * s.n_kv_heads, |i0, i1| {
+        let job = Items {
+            q,
+            k,
+            v,
+            n_ctx,
+            s,
+            dst,
+            out_cols,
+            scale,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 and FMA were detected on this CPU.
+            return unsafe { items_avx2(&job, i0, i1) };
+        }
+        let _ = avx2;
+        items(&job, i0, i1)
+    });
+}
+
+struct Items<'a> {
+    q: &'a CpuTensor,
+    k: &'a [f32],
+    v: &'a [f32],
+    n_ctx: usize,
+    s: AttnShape,
+    dst: SharedMut,
+    out_cols: usize,
+    scale: f32,
+}
+
+fn simd_ok() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return !crate::cpu::kernels::simd_disabled()
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma");
+    #[allow(unreachable_code)]
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn items_avx2(job: &Items, i0: usize, i1: usize) {
+    items(job, i0, i1)
+}
+
+/// Work items i0..i1, each one (token, kv head).
+#[inline(always)]
+fn items(job: &Items, i0: usize, i1: usize) {
+    let Items {
+        q,
+        k,
+        v,
+        n_ctx,
+        s,
+        dst,
+        out_cols,
+        scale,
+    } = *job;
+    let hd = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let max_len = s.pos0 + s.n_tokens;
+    // Per-worker scratch: scores of up to MAX_GROUP heads over every position.
+    let mut scores = vec![0f32; MAX_GROUP * max_len];
+    let mut acc = vec![0f32; MAX_GROUP * hd];
+    for i in i0..i1 {
+        let (t, kvh) = (i / s.n_kv_heads, i % s.n_kv_heads);
+        let len = s.pos0 + t + 1;
+        let kh = &k[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
+        let vh = &v[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
+        for g0 in (0..group).step_by(MAX_GROUP) {
+            let g = (group - g0).min(MAX_GROUP);
+            let h0 = kvh * group + g0;
+            let qs = &q.data[t * q.cols + h0 * hd..t * q.cols + (h0 + g) * hd];
+            let sc = &mut scores[..g * len];
+            // scores[j][p] = q_j . k_p * scale
+            for (p, kp) in kh.chunks_exact(hd).enumerate() {
+                for j in 0..g {
+                    sc[j * len + p] = dot(&qs[j * hd..(j + 1) * hd], kp) * scale;
                 }
             }
-            for (j, &a) in acc.iter().enumerate() {
-                // SAFETY: (t, h) is this worker's alone; the index is inside out (n x heads*hd).
-                unsafe { dst.write(t * out_cols + h * hd + j, a) };
+            for j in 0..g {
+                softmax(&mut sc[j * len..(j + 1) * len]);
+            }
+            // acc[j] = sum_p scores[j][p] * v_p
+            let a = &mut acc[..g * hd];
+            a.fill(0.0);
+            for (p, vp) in vh.chunks_exact(hd).enumerate() {
+                for j in 0..g {
+                    let w = sc[j * len + p];
+                    for (x, &y) in a[j * hd..(j + 1) * hd].iter_mut().zip(vp) {
+                        *x += w * y;
+                    }
+                }
+            }
+            for (j, row) in a.chunks_exact(hd).enumerate() {
+                let base = t * out_cols + (h0 + j) * hd;
+                for (e, &val) in row.iter().enumerate() {
+                    // SAFETY: head h0+j of token t is written by this work item only.
+                    unsafe { dst.write(base + e, val) };
+                }
             }
         }
-    });
+    }
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    super::dot(a, b)
+}
+
+/// In-place softmax with a vectorizable exponential.
+#[inline(always)]
+fn softmax(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = exp(*v - max);
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// e^x for x <= 0 (softmax arguments), relative error ~1e-7, branch-free so loops over it
+/// vectorize: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact n ln2), then
+/// e^x = 2^n e^r with e^r from its Taylor series to r^6.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.max(-87.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0 / 720.0;
+    let p = p * r + 1.0 / 120.0;
+    let p = p * r + 1.0 / 24.0;
+    let p = p * r + 1.0 / 6.0;
+    let p = p * r + 0.5;
+    let p = p * r + 1.0;
+    let p = p * r + 1.0;
+    f32::from_bits(p.to_bits().wrapping_add(((n as i32) << 23) as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp();
+            let got = super::exp(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.001;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+    }
 }

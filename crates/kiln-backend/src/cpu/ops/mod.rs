@@ -5,7 +5,7 @@ pub mod norm;
 pub mod rope;
 
 /// Dot product with 8 independent accumulators (vectorizes, stable order per length).
-#[inline]
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
