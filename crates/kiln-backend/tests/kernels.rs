@@ -169,3 +169,39 @@ fn activation_quantization_round_trips() {
     }
     assert_eq!(a[3].d, 0.0);
 }
+
+#[test]
+fn four_row_kernels_equal_single_rows() {
+    let mut rng = Rng(0xabcdef);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for &cols in shapes(ty) {
+            let rows: Vec<Vec<u8>> = (0..4)
+                .map(|_| packed(ty, &random_row(ty, cols, &mut rng)))
+                .collect();
+            let rb = rows[0].len();
+            let w: Vec<u8> = rows.concat();
+            let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
+            let mut qa = QuantAct::default();
+            qa.quantize(&x, 1, cols);
+            let want: Vec<f32> = rows
+                .iter()
+                .map(|r| unsafe { (SCALAR.dot_for(ty).unwrap())(r, qa.row(0)) })
+                .collect();
+            for k in available() {
+                let mut got = [0f32; 4];
+                unsafe { (k.dot4_for(ty).unwrap())(&w, rb, qa.row(0), &mut got) };
+                for r in 0..4 {
+                    let tol = 1e-5 * want[r].abs().max(1.0);
+                    assert!(
+                        (got[r] - want[r]).abs() <= tol,
+                        "{} {} cols {cols} row {r}: {} vs {}",
+                        k.name,
+                        ty.name(),
+                        got[r],
+                        want[r]
+                    );
+                }
+            }
+        }
+    }
+}

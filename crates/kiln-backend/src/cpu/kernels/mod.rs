@@ -95,8 +95,14 @@ impl QuantAct {
 /// against its activation blocks.
 pub type DotFn = unsafe fn(w: &[u8], a: ActRow) -> f32;
 
+/// Four consecutive rows (`w` holds 4 x `row_bytes`) against the same activations.
+pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: ActRow, out: &mut [f32; 4]);
+
 pub struct Kernels {
     pub name: &'static str,
+    pub q4_0x4: Dot4Fn,
+    pub q4_1x4: Dot4Fn,
+    pub q8_0x4: Dot4Fn,
     pub q4_0: DotFn,
     pub q4_1: DotFn,
     pub q8_0: DotFn,
@@ -106,6 +112,17 @@ pub struct Kernels {
 }
 
 impl Kernels {
+    /// The four-row kernel for a weight format, if it has one.
+    pub fn dot4_for(&self, ty: GgmlType) -> Option<Dot4Fn> {
+        use GgmlType::*;
+        match ty {
+            Q4_0 => Some(self.q4_0x4),
+            Q4_1 => Some(self.q4_1x4),
+            Q8_0 => Some(self.q8_0x4),
+            F32 | F16 | BF16 | Q5_0 | Q5_1 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => None,
+        }
+    }
+
     /// The integer kernel for a weight format, if it has one.
     pub fn dot_for(&self, ty: GgmlType) -> Option<DotFn> {
         use GgmlType::*;
@@ -123,6 +140,9 @@ impl Kernels {
 
 pub static SCALAR: Kernels = Kernels {
     name: "scalar",
+    q4_0x4: scalar::dot4::<{ scalar::Q4_0 }>,
+    q4_1x4: scalar::dot4::<{ scalar::Q4_1 }>,
+    q8_0x4: scalar::dot4::<{ scalar::Q8_0 }>,
     q4_0: scalar::dot_q4_0,
     q4_1: scalar::dot_q4_1,
     q8_0: scalar::dot_q8_0,

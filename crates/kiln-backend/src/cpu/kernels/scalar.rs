@@ -52,6 +52,24 @@ pub unsafe fn dot_q8_0(w: &[u8], a: ActRow) -> f32 {
     sum
 }
 
+pub const Q4_0: u8 = 0;
+pub const Q4_1: u8 = 1;
+pub const Q8_0: u8 = 2;
+
+/// Four rows, one at a time (the reference for the four-row SIMD kernels).
+pub unsafe fn dot4<const F: u8>(w: &[u8], row_bytes: usize, a: ActRow, out: &mut [f32; 4]) {
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        *o = unsafe {
+            match F {
+                Q4_0 => dot_q4_0(row, a),
+                Q4_1 => dot_q4_1(row, a),
+                _ => dot_q8_0(row, a),
+            }
+        };
+    }
+}
+
 /// The 6-bit scale and min of sub-block j of Q4_K / Q5_K (12 packed bytes).
 #[inline]
 pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {

@@ -21,6 +21,9 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static AVX2: Kernels = Kernels {
     name: "avx2",
+    q4_0x4: avx2::q4_0x4,
+    q4_1x4: avx2::q4_1x4,
+    q8_0x4: avx2::q8_0x4,
     q4_0: avx2::q4_0,
     q4_1: avx2::q4_1,
     q8_0: avx2::q8_0,
@@ -31,6 +34,9 @@ static AVX2: Kernels = Kernels {
 
 static VNNI: Kernels = Kernels {
     name: "avx512-vnni",
+    q4_0x4: vnni::q4_0x4,
+    q4_1x4: vnni::q4_1x4,
+    q8_0x4: vnni::q8_0x4,
     q4_0: vnni::q4_0,
     q4_1: vnni::q4_1,
     q8_0: vnni::q8_0,
@@ -202,6 +208,102 @@ unsafe fn q8_0<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     }
 }
 
+/// Like `blocks32` for four rows at once against the same activations (loaded once per
+/// block): `quants(row, i, x)` gives row's block i quants and the activations they multiply.
+#[inline(always)]
+unsafe fn blocks32_x4<M: MulSum>(
+    nb: usize,
+    wd: [*const u8; 4],
+    a: ActRow,
+    quants: impl Fn(usize, usize, __m256i) -> (__m256i, __m256i),
+) -> [f32; 4] {
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 8 <= nb {
+            let xd = a.d.as_ptr().add(i);
+            let s = [
+                scales8(wd[0].add(2 * i), xd),
+                scales8(wd[1].add(2 * i), xd),
+                scales8(wd[2].add(2 * i), xd),
+                scales8(wd[3].add(2 * i), xd),
+            ];
+            for j in 0..8 {
+                let x = load_x(a.blocks.get_unchecked(i + j));
+                for r in 0..4 {
+                    let (u, v) = quants(r, i + j, x);
+                    let dot = _mm256_cvtepi32_ps(M::mul_sum(u, v));
+                    acc[r] = _mm256_fmadd_ps(dot, lane(s[r], j as i32), acc[r]);
+                }
+            }
+            i += 8;
+        }
+        while i < nb {
+            let x = load_x(a.blocks.get_unchecked(i));
+            for r in 0..4 {
+                let sc = f16_at(wd[r].add(2 * i)) * a.d[i];
+                let (u, v) = quants(r, i, x);
+                let dot = _mm256_cvtepi32_ps(M::mul_sum(u, v));
+                acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(sc), acc[r]);
+            }
+            i += 1;
+        }
+        // Four horizontal sums at once: [sum acc0, sum acc1, sum acc2, sum acc3].
+        let t = _mm256_hadd_ps(
+            _mm256_hadd_ps(acc[0], acc[1]),
+            _mm256_hadd_ps(acc[2], acc[3]),
+        );
+        let t = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), t);
+        out
+    }
+}
+
+#[inline(always)]
+fn rows4(w: &[u8], rb: usize) -> [*const u8; 4] {
+    assert!(w.len() >= 4 * rb);
+    let p = w.as_ptr();
+    // SAFETY: w holds four rows of rb bytes (checked above).
+    unsafe { [p, p.add(rb), p.add(2 * rb), p.add(3 * rb)] }
+}
+
+#[inline(always)]
+unsafe fn q4_0x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+    unsafe {
+        let nb = (rb / 18).min(a.blocks.len());
+        let p = rows4(w, rb);
+        let dots = blocks32_x4::<M>(nb, p, a, |r, i, x| (nibbles(p[r].add(2 * nb + 16 * i)), x));
+        for r in 0..4 {
+            out[r] = dots[r] - 8.0 * scaled_xsum(nb, p[r], a);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+    unsafe {
+        let nb = (rb / 20).min(a.blocks.len());
+        let p = rows4(w, rb);
+        let dots = blocks32_x4::<M>(nb, p, a, |r, i, x| (nibbles(p[r].add(4 * nb + 16 * i)), x));
+        for r in 0..4 {
+            out[r] = dots[r] + scaled_xsum(nb, p[r].add(2 * nb), a);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+    unsafe {
+        let nb = (rb / 34).min(a.blocks.len());
+        let p = rows4(w, rb);
+        *out = blocks32_x4::<M>(nb, p, a, |r, i, x| {
+            let q = _mm256_loadu_si256(p[r].add(2 * nb + 32 * i) as *const __m256i);
+            (_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q))
+        });
+    }
+}
+
 /// The 8 scales and 8 mins of a Q4_K / Q5_K super-block.
 #[inline(always)]
 fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -345,6 +447,18 @@ macro_rules! instantiate {
             #[target_feature(enable = $features)]
             pub unsafe fn q8_0(w: &[u8], a: ActRow) -> f32 {
                 unsafe { super::q8_0::<$mul>(w, a) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q4_0x4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+                unsafe { super::q4_0x4::<$mul>(w, rb, a, out) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q4_1x4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+                unsafe { super::q4_1x4::<$mul>(w, rb, a, out) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q8_0x4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+                unsafe { super::q8_0x4::<$mul>(w, rb, a, out) }
             }
             #[target_feature(enable = $features)]
             pub unsafe fn q4_k(w: &[u8], a: ActRow) -> f32 {

@@ -7,7 +7,7 @@
 //! Several products of one input run as one parallel op (one synchronisation).
 
 use super::dot;
-use crate::cpu::kernels::{DotFn, Kernels, QuantAct};
+use crate::cpu::kernels::{Dot4Fn, DotFn, Kernels, QuantAct};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::{CpuTensor, CpuWeight};
 
@@ -33,22 +33,53 @@ pub struct Job<'a> {
     pub epilogue: Epilogue<'a>,
 }
 
-/// Computes W[r] . x[t] for one row r and all t, handing each value to `emit(t, v)`.
+/// Computes W[r] . x[t] for rows of W and all t, handing each value to `emit(t, r, v)`.
 struct RowDots<'a> {
     kernel: Option<DotFn>,
+    kernel4: Option<Dot4Fn>,
     act: &'a QuantAct,
     x: &'a CpuTensor,
     n: usize,
 }
 
 impl RowDots<'_> {
+    /// Rows r0..r1, four at a time where a four-row kernel exists.
+    fn rows(
+        &self,
+        w: &CpuWeight,
+        r0: usize,
+        r1: usize,
+        buf: &mut Vec<f32>,
+        mut emit: impl FnMut(usize, usize, f32),
+    ) {
+        let mut r = r0;
+        if let Some(k4) = self.kernel4 {
+            let rb = w.row_bytes;
+            while r + 4 <= r1 {
+                let bytes = &w.bytes[r * rb..(r + 4) * rb];
+                let mut out = [0f32; 4];
+                for t in 0..self.n {
+                    // SAFETY: the kernel set was detected on this CPU; rows and activations
+                    // cover the same cols.
+                    unsafe { k4(bytes, rb, self.act.row(t), &mut out) };
+                    for (k, &v) in out.iter().enumerate() {
+                        emit(t, r + k, v);
+                    }
+                }
+                r += 4;
+            }
+        }
+        for r in r..r1 {
+            self.row(w, r, buf, |t, v| emit(t, r, v));
+        }
+    }
+
     fn row(&self, w: &CpuWeight, r: usize, buf: &mut Vec<f32>, mut emit: impl FnMut(usize, f32)) {
         let bytes = &w.bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
         match self.kernel {
             Some(k) => {
                 for t in 0..self.n {
-                    // SAFETY: the kernel set was detected on this CPU; the row and the
-                    // activations cover the same cols.
+                    // SAFETY: as above.
                     emit(t, unsafe { k(bytes, self.act.row(t)) });
                 }
             }
@@ -114,7 +145,6 @@ pub fn matmul_jobs(
     let jobs = &*jobs;
     pool.run_aligned(total, ROW_TILE, |v0, v1| {
         let mut buf = Vec::new();
-        let mut buf2 = Vec::new();
         for (ji, job) in jobs.iter().enumerate() {
             let (lo, hi) = (v0.max(starts[ji]), v1.min(starts[ji] + job.w.rows));
             if lo >= hi {
@@ -123,35 +153,29 @@ pub fn matmul_jobs(
             let (dst, rows) = outs[ji];
             let dots = RowDots {
                 kernel: kernels.dot_for(job.w.ty),
+                kernel4: kernels.dot4_for(job.w.ty),
                 act,
                 x,
                 n,
             };
             for tile in (lo..hi).step_by(ROW_TILE) {
-                for vr in tile..(tile + ROW_TILE).min(hi) {
-                    let r = vr - starts[ji];
-                    // SAFETY (all writes below): row r of this job's output belongs to this
-                    // worker alone, and t*rows + r < n*rows.
-                    match job.epilogue {
-                        Epilogue::Store(bias) => {
-                            let b = bias.map_or(0.0, |b| b.data[r]);
-                            dots.row(job.w, r, &mut buf, |t, v| unsafe {
-                                dst.write(t * rows + r, v + b)
-                            });
-                        }
-                        Epilogue::Add => dots.row(job.w, r, &mut buf, |t, v| unsafe {
-                            let p = dst.0.add(t * rows + r);
-                            *p += v;
-                        }),
-                        Epilogue::SiluMul(up) => {
-                            dots.row(job.w, r, &mut buf, |t, g| unsafe {
-                                dst.write(t * rows + r, g / (1.0 + (-g).exp()))
-                            });
-                            dots.row(up, r, &mut buf2, |t, u| unsafe {
-                                let p = dst.0.add(t * rows + r);
-                                *p *= u;
-                            });
-                        }
+                let (t0, t1) = (tile - starts[ji], (tile + ROW_TILE).min(hi) - starts[ji]);
+                // SAFETY (all writes below): rows t0..t1 of this job's output belong to this
+                // worker alone, and t*rows + r < n*rows.
+                match job.epilogue {
+                    Epilogue::Store(bias) => dots.rows(job.w, t0, t1, &mut buf, |t, r, v| unsafe {
+                        dst.write(t * rows + r, v + bias.map_or(0.0, |b| b.data[r]))
+                    }),
+                    Epilogue::Add => dots.rows(job.w, t0, t1, &mut buf, |t, r, v| unsafe {
+                        *dst.0.add(t * rows + r) += v;
+                    }),
+                    Epilogue::SiluMul(up) => {
+                        dots.rows(job.w, t0, t1, &mut buf, |t, r, g| unsafe {
+                            dst.write(t * rows + r, g / (1.0 + (-g).exp()))
+                        });
+                        dots.rows(up, t0, t1, &mut buf, |t, r, u| unsafe {
+                            *dst.0.add(t * rows + r) *= u;
+                        });
                     }
                 }
             }
