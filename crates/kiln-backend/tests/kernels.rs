@@ -73,7 +73,9 @@ fn packing_round_trips_and_dequantizes_alike() {
     }
 }
 
-const FORMATS: [GgmlType; 6] = [
+const FORMATS: [GgmlType; 8] = [
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
@@ -173,7 +175,13 @@ fn activation_quantization_round_trips() {
 #[test]
 fn four_row_kernels_equal_single_rows() {
     let mut rng = Rng(0xabcdef);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
         for &cols in shapes(ty) {
             let rows: Vec<Vec<u8>> = (0..4)
                 .map(|_| packed(ty, &random_row(ty, cols, &mut rng)))

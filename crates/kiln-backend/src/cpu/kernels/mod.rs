@@ -103,6 +103,10 @@ pub struct Kernels {
     pub q4_0x4: Dot4Fn,
     pub q4_1x4: Dot4Fn,
     pub q8_0x4: Dot4Fn,
+    pub q5_0x4: Dot4Fn,
+    pub q5_1x4: Dot4Fn,
+    pub q5_0: DotFn,
+    pub q5_1: DotFn,
     pub q4_0: DotFn,
     pub q4_1: DotFn,
     pub q8_0: DotFn,
@@ -119,7 +123,9 @@ impl Kernels {
             Q4_0 => Some(self.q4_0x4),
             Q4_1 => Some(self.q4_1x4),
             Q8_0 => Some(self.q8_0x4),
-            F32 | F16 | BF16 | Q5_0 | Q5_1 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => None,
+            Q5_0 => Some(self.q5_0x4),
+            Q5_1 => Some(self.q5_1x4),
+            F32 | F16 | BF16 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => None,
         }
     }
 
@@ -130,10 +136,12 @@ impl Kernels {
             Q4_0 => Some(self.q4_0),
             Q4_1 => Some(self.q4_1),
             Q8_0 => Some(self.q8_0),
+            Q5_0 => Some(self.q5_0),
+            Q5_1 => Some(self.q5_1),
             Q4_K => Some(self.q4_k),
             Q5_K => Some(self.q5_k),
             Q6_K => Some(self.q6_k),
-            F32 | F16 | BF16 | Q5_0 | Q5_1 | Q8_1 | Q2_K | Q3_K | Q8_K => None,
+            F32 | F16 | BF16 | Q8_1 | Q2_K | Q3_K | Q8_K => None,
         }
     }
 }
@@ -143,6 +151,10 @@ pub static SCALAR: Kernels = Kernels {
     q4_0x4: scalar::dot4::<{ scalar::Q4_0 }>,
     q4_1x4: scalar::dot4::<{ scalar::Q4_1 }>,
     q8_0x4: scalar::dot4::<{ scalar::Q8_0 }>,
+    q5_0x4: scalar::dot4::<{ scalar::Q5_0 }>,
+    q5_1x4: scalar::dot4::<{ scalar::Q5_1 }>,
+    q5_0: scalar::dot_q5_0,
+    q5_1: scalar::dot_q5_1,
     q4_0: scalar::dot_q4_0,
     q4_1: scalar::dot_q4_1,
     q8_0: scalar::dot_q8_0,

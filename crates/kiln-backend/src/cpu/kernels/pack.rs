@@ -1,7 +1,8 @@
 //! kiln's packed row layouts, made once at load.
 //!
-//! Q4_0, Q4_1 and Q8_0 rows are split into their scales and their quants so kernels load 8
-//! block scales in one go: `[d: f16 x nb][m: f16 x nb, Q4_1 only][qs: nb x 16 or 32 bytes]`.
+//! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows are split into their scales and their quants so
+//! kernels load 8 block scales in one go: `[d: f16 x nb][m: f16 x nb, Q4_1/Q5_1][quants: nb x
+//! (qs[16] | qh u32 + qs[16] | qs[32])]`.
 //! Same bytes per row as GGML's interleaved blocks. Other formats keep GGML's layout.
 
 use kiln_quant::{dequantize_row, GgmlType, QuantError};
@@ -12,6 +13,8 @@ fn split_parts(ty: GgmlType) -> Option<(usize, usize)> {
         GgmlType::Q4_0 => Some((2, 16)),
         GgmlType::Q4_1 => Some((4, 16)),
         GgmlType::Q8_0 => Some((2, 32)),
+        GgmlType::Q5_0 => Some((2, 20)),
+        GgmlType::Q5_1 => Some((4, 20)),
         _ => None,
     }
 }

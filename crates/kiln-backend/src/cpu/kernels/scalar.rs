@@ -52,9 +52,47 @@ pub unsafe fn dot_q8_0(w: &[u8], a: ActRow) -> f32 {
     sum
 }
 
+/// Q5_0, packed: d[nb] f16, then (qh u32, qs[16])[nb]: value j = (nibble | bit j of qh
+/// << 4) - 16.
+pub unsafe fn dot_q5_0(w: &[u8], a: ActRow) -> f32 {
+    let nb = w.len() / 22;
+    let (d, body) = w.split_at(2 * nb);
+    let mut sum = 0f32;
+    for (i, (b, x)) in body.chunks_exact(20).zip(a.blocks).enumerate() {
+        sum += f16(d, 2 * i) * x.d * (q5_isum(b, x) - 16 * x.sum()) as f32;
+    }
+    sum
+}
+
+/// Q5_1, packed: d[nb] f16, m[nb] f16, then (qh u32, qs[16])[nb]: value = d * q + m.
+pub unsafe fn dot_q5_1(w: &[u8], a: ActRow) -> f32 {
+    let nb = w.len() / 24;
+    let (dm, body) = w.split_at(4 * nb);
+    let mut sum = 0f32;
+    for (i, (b, x)) in body.chunks_exact(20).zip(a.blocks).enumerate() {
+        sum += f16(dm, 2 * i) * x.d * q5_isum(b, x) as f32
+            + f16(dm, 2 * (nb + i)) * x.d * x.sum() as f32;
+    }
+    sum
+}
+
+/// sum of the 5-bit unsigned quants of one Q5 block (qh u32, qs[16]) times the activations.
+fn q5_isum(b: &[u8], x: &super::BlockQ8) -> i32 {
+    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut isum = 0i32;
+    for j in 0..16 {
+        let lo = (b[4 + j] & 15) as i32 | (((qh >> j) & 1) << 4) as i32;
+        let hi = (b[4 + j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+        isum += lo * x.qs[j] as i32 + hi * x.qs[j + 16] as i32;
+    }
+    isum
+}
+
 pub const Q4_0: u8 = 0;
 pub const Q4_1: u8 = 1;
 pub const Q8_0: u8 = 2;
+pub const Q5_0: u8 = 3;
+pub const Q5_1: u8 = 4;
 
 /// Four rows, one at a time (the reference for the four-row SIMD kernels).
 pub unsafe fn dot4<const F: u8>(w: &[u8], row_bytes: usize, a: ActRow, out: &mut [f32; 4]) {
@@ -64,6 +102,8 @@ pub unsafe fn dot4<const F: u8>(w: &[u8], row_bytes: usize, a: ActRow, out: &mut
             match F {
                 Q4_0 => dot_q4_0(row, a),
                 Q4_1 => dot_q4_1(row, a),
+                Q5_0 => dot_q5_0(row, a),
+                Q5_1 => dot_q5_1(row, a),
                 _ => dot_q8_0(row, a),
             }
         };

@@ -21,6 +21,10 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static AVX2: Kernels = Kernels {
     name: "avx2",
+    q5_0: avx2::q5_0,
+    q5_1: avx2::q5_1,
+    q5_0x4: avx2::q5_0x4,
+    q5_1x4: avx2::q5_1x4,
     q4_0x4: avx2::q4_0x4,
     q4_1x4: avx2::q4_1x4,
     q8_0x4: avx2::q8_0x4,
@@ -34,6 +38,10 @@ static AVX2: Kernels = Kernels {
 
 static VNNI: Kernels = Kernels {
     name: "avx512-vnni",
+    q5_0: vnni::q5_0,
+    q5_1: vnni::q5_1,
+    q5_0x4: vnni::q5_0x4,
+    q5_1x4: vnni::q5_1x4,
     q4_0x4: vnni::q4_0x4,
     q4_1x4: vnni::q4_1x4,
     q8_0x4: vnni::q8_0x4,
@@ -304,6 +312,86 @@ unsafe fn q8_0x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) 
     }
 }
 
+/// A Q5 block's 32 high bits (qh u32 at p) as bytes 0x10 / 0x00 in element order.
+#[inline(always)]
+unsafe fn q5_high(p: *const u8) -> __m256i {
+    unsafe {
+        let qh = std::ptr::read_unaligned(p as *const i32);
+        // Byte j takes byte j/8 of qh (within each 128-bit lane: bytes 0,1 then 2,3).
+        let shuf = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        );
+        let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), shuf), bits);
+        _mm256_and_si256(_mm256_cmpeq_epi8(b, bits), _mm256_set1_epi8(0x10))
+    }
+}
+
+/// The 5-bit quants of a packed Q5 block body (qh u32, qs[16]) as u8.
+#[inline(always)]
+unsafe fn q5_quants(p: *const u8) -> __m256i {
+    unsafe { _mm256_or_si256(nibbles(p.add(4)), q5_high(p)) }
+}
+
+#[inline(always)]
+unsafe fn q5_0<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
+    unsafe {
+        let nb = (w.len() / 22).min(a.blocks.len());
+        let body = w.as_ptr().add(2 * nb);
+        let dot = blocks32::<M>(nb, w.as_ptr(), a, |i| {
+            (
+                q5_quants(body.add(20 * i)),
+                load_x(a.blocks.get_unchecked(i)),
+            )
+        });
+        dot - 16.0 * scaled_xsum(nb, w.as_ptr(), a)
+    }
+}
+
+#[inline(always)]
+unsafe fn q5_1<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
+    unsafe {
+        let nb = (w.len() / 24).min(a.blocks.len());
+        let body = w.as_ptr().add(4 * nb);
+        let dot = blocks32::<M>(nb, w.as_ptr(), a, |i| {
+            (
+                q5_quants(body.add(20 * i)),
+                load_x(a.blocks.get_unchecked(i)),
+            )
+        });
+        dot + scaled_xsum(nb, w.as_ptr().add(2 * nb), a)
+    }
+}
+
+#[inline(always)]
+unsafe fn q5_0x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+    unsafe {
+        let nb = (rb / 22).min(a.blocks.len());
+        let p = rows4(w, rb);
+        let dots = blocks32_x4::<M>(nb, p, a, |r, i, x| {
+            (q5_quants(p[r].add(2 * nb + 20 * i)), x)
+        });
+        for r in 0..4 {
+            out[r] = dots[r] - 16.0 * scaled_xsum(nb, p[r], a);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q5_1x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+    unsafe {
+        let nb = (rb / 24).min(a.blocks.len());
+        let p = rows4(w, rb);
+        let dots = blocks32_x4::<M>(nb, p, a, |r, i, x| {
+            (q5_quants(p[r].add(4 * nb + 20 * i)), x)
+        });
+        for r in 0..4 {
+            out[r] = dots[r] + scaled_xsum(nb, p[r].add(2 * nb), a);
+        }
+    }
+}
+
 /// The 8 scales and 8 mins of a Q4_K / Q5_K super-block.
 #[inline(always)]
 fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -459,6 +547,22 @@ macro_rules! instantiate {
             #[target_feature(enable = $features)]
             pub unsafe fn q8_0x4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
                 unsafe { super::q8_0x4::<$mul>(w, rb, a, out) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q5_0(w: &[u8], a: ActRow) -> f32 {
+                unsafe { super::q5_0::<$mul>(w, a) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q5_1(w: &[u8], a: ActRow) -> f32 {
+                unsafe { super::q5_1::<$mul>(w, a) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q5_0x4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+                unsafe { super::q5_0x4::<$mul>(w, rb, a, out) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q5_1x4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+                unsafe { super::q5_1x4::<$mul>(w, rb, a, out) }
             }
             #[target_feature(enable = $features)]
             pub unsafe fn q4_k(w: &[u8], a: ActRow) -> f32 {
