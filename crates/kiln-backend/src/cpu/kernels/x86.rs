@@ -403,32 +403,46 @@ fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, m)
 }
 
+/// 8 u8 -> 8 f32.
+#[inline(always)]
+unsafe fn u8x8_to_f32(v: &[u8; 8]) -> __m256 {
+    unsafe {
+        let b = _mm_loadl_epi64(v.as_ptr() as *const __m128i);
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b))
+    }
+}
+
 #[inline(always)]
 unsafe fn q4_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     unsafe {
-        let a = a.blocks;
         let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = 0f32;
-        for (i, x) in a.chunks_exact(8).enumerate().take(w.len() / 144) {
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut mins = _mm256_setzero_ps();
+        for (i, x) in a.blocks.chunks_exact(8).enumerate().take(w.len() / 144) {
             let p = w.as_ptr().add(i * 144);
-            let (d, dmin) = (f16_at(p), f16_at(p.add(2)));
             let (sc, m) = k4_scales(std::slice::from_raw_parts(p.add(4), 12));
+            let xd = _mm256_loadu_ps(a.d.as_ptr().add(8 * i));
+            // Per sub-block: d * sc_j * d_x,j and dmin * m_j * d_x,j.
+            let s8 = _mm256_mul_ps(
+                _mm256_mul_ps(_mm256_set1_ps(f16_at(p)), u8x8_to_f32(&sc)),
+                xd,
+            );
+            let m8 = _mm256_mul_ps(
+                _mm256_mul_ps(_mm256_set1_ps(f16_at(p.add(2))), u8x8_to_f32(&m)),
+                xd,
+            );
+            mins = _mm256_fmadd_ps(m8, _mm256_loadu_ps(a.sum.as_ptr().add(8 * i)), mins);
             for j in 0..4 {
                 let q = _mm256_loadu_si256(p.add(16 + 32 * j) as *const __m256i);
                 let lo = _mm256_and_si256(q, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                let (x0, x1) = (&x[2 * j], &x[2 * j + 1]);
-                let d0 = _mm256_set1_ps(d * x0.d * sc[2 * j] as f32);
-                let d1 = _mm256_set1_ps(d * x1.d * sc[2 * j + 1] as f32);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M::mul_sum(lo, load_x(x0))), d0, acc);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M::mul_sum(hi, load_x(x1))), d1, acc);
-                mins += dmin
-                    * (x0.d * m[2 * j] as f32 * x0.sum() as f32
-                        + x1.d * m[2 * j + 1] as f32 * x1.sum() as f32);
+                let d0 = _mm256_cvtepi32_ps(M::mul_sum(lo, load_x(&x[2 * j])));
+                let d1 = _mm256_cvtepi32_ps(M::mul_sum(hi, load_x(&x[2 * j + 1])));
+                acc[0] = _mm256_fmadd_ps(d0, lane(s8, 2 * j as i32), acc[0]);
+                acc[1] = _mm256_fmadd_ps(d1, lane(s8, 2 * j as i32 + 1), acc[1]);
             }
         }
-        hsum(acc) - mins
+        hsum(_mm256_add_ps(acc[0], acc[1])) - hsum(mins)
     }
 }
 
@@ -469,54 +483,64 @@ unsafe fn q5_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
 #[inline(always)]
 unsafe fn q6_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     unsafe {
-        let a = a.blocks;
         let m4 = _mm256_set1_epi8(0x0F);
         let m2 = _mm256_set1_epi8(0x03);
-        let mut acc = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); 2];
         let mut corr = 0f32;
-        for (i, x) in a.chunks_exact(8).enumerate().take(w.len() / 210) {
+        for (i, x) in a.blocks.chunks_exact(8).enumerate().take(w.len() / 210) {
             let p = w.as_ptr().add(i * 210);
             let d = f16_at(p.add(208));
             for n in 0..2 {
                 let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
                 let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
                 let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+                // The 8 i8 scales of this half: two per activation block 4n..4n+4.
                 let sc = p.add(192 + 8 * n) as *const i8;
-                let lows = [
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                let s8 =
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(sc as *const __m128i)));
+                let s8 = _mm256_mul_ps(s8, _mm256_set1_ps(d));
+                let quants = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                    ),
                 ];
-                let highs = [
-                    _mm256_and_si256(qh, m2),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2),
-                ];
-                for (k, (low, high)) in lows.into_iter().zip(highs).enumerate() {
-                    let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+                for (k, q) in quants.into_iter().enumerate() {
                     let xb = &x[4 * n + k];
-                    let (s0, s1) = (*sc.add(2 * k) as f32, *sc.add(2 * k + 1) as f32);
-                    let dd = d * xb.d;
-                    // Lanes 0..4 hold the first 16 values, 4..8 the second 16.
-                    let scale = _mm256_setr_ps(
-                        dd * s0,
-                        dd * s0,
-                        dd * s0,
-                        dd * s0,
-                        dd * s1,
-                        dd * s1,
-                        dd * s1,
-                        dd * s1,
+                    let xd = *a.d.get_unchecked(8 * i + 4 * n + k);
+                    // Lanes 0..4 hold the first 16 values (scale 2k), 4..8 the next (2k+1).
+                    let idx = _mm256_setr_epi32(
+                        2 * k as i32,
+                        2 * k as i32,
+                        2 * k as i32,
+                        2 * k as i32,
+                        2 * k as i32 + 1,
+                        2 * k as i32 + 1,
+                        2 * k as i32 + 1,
+                        2 * k as i32 + 1,
                     );
-                    let dot = M::mul_sum(q, load_x(xb));
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc);
-                    corr += dd * 32.0 * (s0 * xb.sums[0] as f32 + s1 * xb.sums[1] as f32);
+                    let scale =
+                        _mm256_mul_ps(_mm256_permutevar8x32_ps(s8, idx), _mm256_set1_ps(xd));
+                    let dot = _mm256_cvtepi32_ps(M::mul_sum(q, load_x(xb)));
+                    acc[k & 1] = _mm256_fmadd_ps(dot, scale, acc[k & 1]);
+                    let (s0, s1) = (*sc.add(2 * k) as f32, *sc.add(2 * k + 1) as f32);
+                    corr += d * xd * 32.0 * (s0 * xb.sums[0] as f32 + s1 * xb.sums[1] as f32);
                 }
             }
         }
-        hsum(acc) - corr
+        hsum(_mm256_add_ps(acc[0], acc[1])) - corr
     }
 }
 
