@@ -213,3 +213,49 @@ fn four_row_kernels_equal_single_rows() {
         }
     }
 }
+
+#[test]
+fn decoded_tiles_equal_row_kernels() {
+    use kiln_backend::cpu::kernels::tile::DecodedTile;
+    let mut rng = Rng(0x7157);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
+        for &cols in shapes(ty) {
+            let rows: Vec<Vec<u8>> = (0..8)
+                .map(|_| packed(ty, &random_row(ty, cols, &mut rng)))
+                .collect();
+            let rb = rows[0].len();
+            let w: Vec<u8> = rows.concat();
+            let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
+            let mut qa = QuantAct::default();
+            qa.quantize(&x, 1, cols);
+            let mut tile = DecodedTile::default();
+            tile.decode_rows(ty, &w, rb, 8);
+            for k in available() {
+                let Some(tk) = k.tile4_for(ty) else { continue };
+                for r0 in [0, 4] {
+                    let mut got = [0f32; 4];
+                    unsafe { tk(&tile, r0, qa.row(0), &mut got) };
+                    for j in 0..4 {
+                        let want =
+                            unsafe { (SCALAR.dot_for(ty).unwrap())(&rows[r0 + j], qa.row(0)) };
+                        let tol = 2e-5 * want.abs().max(1.0);
+                        assert!(
+                            (got[j] - want).abs() <= tol,
+                            "{} {} cols {cols} row {}: {} vs {want}",
+                            k.name,
+                            ty.name(),
+                            r0 + j,
+                            got[j]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

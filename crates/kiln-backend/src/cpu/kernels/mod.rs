@@ -4,6 +4,7 @@
 
 pub mod pack;
 pub mod scalar;
+pub mod tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -100,6 +101,10 @@ pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: ActRow, out: &mut [f3
 
 pub struct Kernels {
     pub name: &'static str,
+    /// Four rows of a decoded tile (prefill); `tile_q8` says whether Q8_0 tiles (unsigned
+    /// quants up to 255) are exact with this set's multiply-add.
+    pub tile4: tile::TileDotFn,
+    pub tile_q8: bool,
     pub q4_0x4: Dot4Fn,
     pub q4_1x4: Dot4Fn,
     pub q8_0x4: Dot4Fn,
@@ -116,6 +121,12 @@ pub struct Kernels {
 }
 
 impl Kernels {
+    /// The decoded-tile kernel for a weight format, if tiles pay and are exact for it.
+    pub fn tile4_for(&self, ty: GgmlType) -> Option<tile::TileDotFn> {
+        let ok = tile::can_decode(ty) && (ty != GgmlType::Q8_0 || self.tile_q8);
+        ok.then_some(self.tile4)
+    }
+
     /// The four-row kernel for a weight format, if it has one.
     pub fn dot4_for(&self, ty: GgmlType) -> Option<Dot4Fn> {
         use GgmlType::*;
@@ -148,6 +159,8 @@ impl Kernels {
 
 pub static SCALAR: Kernels = Kernels {
     name: "scalar",
+    tile4: tile::tile_dot4_scalar,
+    tile_q8: true,
     q4_0x4: scalar::dot4::<{ scalar::Q4_0 }>,
     q4_1x4: scalar::dot4::<{ scalar::Q4_1 }>,
     q8_0x4: scalar::dot4::<{ scalar::Q8_0 }>,

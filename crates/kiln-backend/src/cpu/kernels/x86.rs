@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use super::tile::DecodedTile;
 use super::{ActRow, BlockQ8, Kernels};
 
 pub fn available() -> Vec<&'static Kernels> {
@@ -21,6 +22,9 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static AVX2: Kernels = Kernels {
     name: "avx2",
+    tile4: avx2::tile4,
+    // maddubs saturates on 255 x 127 pairs: Q8_0 tiles would not be exact.
+    tile_q8: false,
     q5_0: avx2::q5_0,
     q5_1: avx2::q5_1,
     q5_0x4: avx2::q5_0x4,
@@ -38,6 +42,8 @@ static AVX2: Kernels = Kernels {
 
 static VNNI: Kernels = Kernels {
     name: "avx512-vnni",
+    tile4: vnni::tile4,
+    tile_q8: true,
     q5_0: vnni::q5_0,
     q5_1: vnni::q5_1,
     q5_0x4: vnni::q5_0x4,
@@ -392,6 +398,70 @@ unsafe fn q5_1x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) 
     }
 }
 
+/// Rows r..r+4 of a decoded tile (unsigned quants, f32 scales and offsets) against one
+/// activation row: the prefill inner loop, no unpacking.
+#[inline(always)]
+unsafe fn tile4<M: MulSum>(tile: &DecodedTile, r: usize, a: ActRow, out: &mut [f32; 4]) {
+    unsafe {
+        let nb = tile.nb.min(a.blocks.len());
+        let tn = tile.nb;
+        assert!(tile.s.len() >= (r + 4) * tn && tile.q.len() >= (r + 4) * tn * 32);
+        let (q, s, o) = (tile.q.as_ptr(), tile.s.as_ptr(), tile.o.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut offs = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 8 <= nb {
+            let xd = _mm256_loadu_ps(a.d.as_ptr().add(i));
+            let xs = _mm256_mul_ps(_mm256_loadu_ps(a.sum.as_ptr().add(i)), xd);
+            let mut sc = [_mm256_setzero_ps(); 4];
+            for k in 0..4 {
+                let at = (r + k) * tn + i;
+                sc[k] = _mm256_mul_ps(_mm256_loadu_ps(s.add(at)), xd);
+                offs[k] = _mm256_fmadd_ps(_mm256_loadu_ps(o.add(at)), xs, offs[k]);
+            }
+            for j in 0..8 {
+                let x = load_x(a.blocks.get_unchecked(i + j));
+                for k in 0..4 {
+                    let qp = q.add(((r + k) * tn + i + j) * 32) as *const __m256i;
+                    let dot = _mm256_cvtepi32_ps(M::mul_sum(_mm256_loadu_si256(qp), x));
+                    acc[k] = _mm256_fmadd_ps(dot, lane(sc[k], j as i32), acc[k]);
+                }
+            }
+            i += 8;
+        }
+        let mut tail = [0f32; 4];
+        while i < nb {
+            let x = load_x(a.blocks.get_unchecked(i));
+            let (xd, xs) = (a.d[i], a.sum[i]);
+            for k in 0..4 {
+                let at = (r + k) * tn + i;
+                let qp = q.add(at * 32) as *const __m256i;
+                let dot = _mm256_cvtepi32_ps(M::mul_sum(_mm256_loadu_si256(qp), x));
+                acc[k] = _mm256_fmadd_ps(dot, _mm256_set1_ps(*s.add(at) * xd), acc[k]);
+                tail[k] += *o.add(at) * xd * xs;
+            }
+            i += 1;
+        }
+        let dots = reduce4(acc);
+        let offs = reduce4(offs);
+        for k in 0..4 {
+            out[k] = dots[k] + offs[k] + tail[k];
+        }
+    }
+}
+
+/// [sum v0, sum v1, sum v2, sum v3] of four vectors.
+#[inline(always)]
+unsafe fn reduce4(v: [__m256; 4]) -> [f32; 4] {
+    unsafe {
+        let t = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        let t = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), t);
+        out
+    }
+}
+
 /// The 8 scales and 8 mins of a Q4_K / Q5_K super-block.
 #[inline(always)]
 fn k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -587,6 +657,10 @@ macro_rules! instantiate {
             #[target_feature(enable = $features)]
             pub unsafe fn q5_1x4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
                 unsafe { super::q5_1x4::<$mul>(w, rb, a, out) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn tile4(t: &DecodedTile, r: usize, a: ActRow, out: &mut [f32; 4]) {
+                unsafe { super::tile4::<$mul>(t, r, a, out) }
             }
             #[target_feature(enable = $features)]
             pub unsafe fn q4_k(w: &[u8], a: ActRow) -> f32 {

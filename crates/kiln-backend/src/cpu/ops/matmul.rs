@@ -7,12 +7,16 @@
 //! Several products of one input run as one parallel op (one synchronisation).
 
 use super::dot;
+use crate::cpu::kernels::tile::{DecodedTile, TileDotFn};
 use crate::cpu::kernels::{Dot4Fn, DotFn, Kernels, QuantAct};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::{CpuTensor, CpuWeight};
 
 /// Rows per work unit: a tile of weight rows reused across tokens while it sits in L1.
 const ROW_TILE: usize = 16;
+
+/// Tokens from which prefill decodes weight tiles once instead of unpacking per token.
+const TILE_MIN_TOKENS: usize = 8;
 
 /// Products one op may carry (q, k, v).
 const MAX_JOBS: usize = 3;
@@ -37,6 +41,7 @@ pub struct Job<'a> {
 struct RowDots<'a> {
     kernel: Option<DotFn>,
     kernel4: Option<Dot4Fn>,
+    tile4: Option<TileDotFn>,
     act: &'a QuantAct,
     x: &'a CpuTensor,
     n: usize,
@@ -50,9 +55,32 @@ impl RowDots<'_> {
         r0: usize,
         r1: usize,
         buf: &mut Vec<f32>,
+        tile: &mut DecodedTile,
         mut emit: impl FnMut(usize, usize, f32),
     ) {
         let mut r = r0;
+        if let Some(tk) = self
+            .tile4
+            .filter(|_| self.n >= TILE_MIN_TOKENS && r1 - r0 >= 4)
+        {
+            // Prefill: unpack the rows once, then run every token over the decoded tile.
+            let rb = w.row_bytes;
+            let rows = (r1 - r0) / 4 * 4;
+            tile.decode_rows(w.ty, &w.bytes[r0 * rb..(r0 + rows) * rb], rb, rows);
+            for t in 0..self.n {
+                let a = self.act.row(t);
+                for k in (0..rows).step_by(4) {
+                    let mut out = [0f32; 4];
+                    // SAFETY: the kernel set was detected on this CPU; the tile holds rows
+                    // k..k+4 over the same cols as the activations.
+                    unsafe { tk(tile, k, a, &mut out) };
+                    for (j, &v) in out.iter().enumerate() {
+                        emit(t, r0 + k + j, v);
+                    }
+                }
+            }
+            r += rows;
+        }
         if let Some(k4) = self.kernel4 {
             let rb = w.row_bytes;
             while r + 4 <= r1 {
@@ -145,6 +173,7 @@ pub fn matmul_jobs(
     let jobs = &*jobs;
     pool.run_aligned(total, ROW_TILE, |v0, v1| {
         let mut buf = Vec::new();
+        let mut tile = DecodedTile::default();
         for (ji, job) in jobs.iter().enumerate() {
             let (lo, hi) = (v0.max(starts[ji]), v1.min(starts[ji] + job.w.rows));
             if lo >= hi {
@@ -154,26 +183,31 @@ pub fn matmul_jobs(
             let dots = RowDots {
                 kernel: kernels.dot_for(job.w.ty),
                 kernel4: kernels.dot4_for(job.w.ty),
+                tile4: kernels.tile4_for(job.w.ty),
                 act,
                 x,
                 n,
             };
-            for tile in (lo..hi).step_by(ROW_TILE) {
-                let (t0, t1) = (tile - starts[ji], (tile + ROW_TILE).min(hi) - starts[ji]);
+            for tile0 in (lo..hi).step_by(ROW_TILE) {
+                let (t0, t1) = (tile0 - starts[ji], (tile0 + ROW_TILE).min(hi) - starts[ji]);
                 // SAFETY (all writes below): rows t0..t1 of this job's output belong to this
                 // worker alone, and t*rows + r < n*rows.
                 match job.epilogue {
-                    Epilogue::Store(bias) => dots.rows(job.w, t0, t1, &mut buf, |t, r, v| unsafe {
-                        dst.write(t * rows + r, v + bias.map_or(0.0, |b| b.data[r]))
-                    }),
-                    Epilogue::Add => dots.rows(job.w, t0, t1, &mut buf, |t, r, v| unsafe {
-                        *dst.0.add(t * rows + r) += v;
-                    }),
+                    Epilogue::Store(bias) => {
+                        dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, v| unsafe {
+                            dst.write(t * rows + r, v + bias.map_or(0.0, |b| b.data[r]))
+                        })
+                    }
+                    Epilogue::Add => {
+                        dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, v| unsafe {
+                            *dst.0.add(t * rows + r) += v;
+                        })
+                    }
                     Epilogue::SiluMul(up) => {
-                        dots.rows(job.w, t0, t1, &mut buf, |t, r, g| unsafe {
+                        dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, g| unsafe {
                             dst.write(t * rows + r, g / (1.0 + (-g).exp()))
                         });
-                        dots.rows(up, t0, t1, &mut buf, |t, r, u| unsafe {
+                        dots.rows(up, t0, t1, &mut buf, &mut tile, |t, r, u| unsafe {
                             *dst.0.add(t * rows + r) *= u;
                         });
                     }
