@@ -1,16 +1,13 @@
 //! Causal grouped-query attention over the KV cache.
 //! q (n, heads*hd), cache per kv head (n_ctx, hd) -> out (n, heads*hd)
 //!
-//! Work items are (token, kv head): the `group` query heads that share a kv head are done
-//! together, so every key and value row is loaded once for all of them. The cache stores
-//! each kv head's positions contiguously, so the scan over positions is sequential.
+//! Work items are (token, kv head): the query heads sharing a kv head run back to back over
+//! the same keys and values (hot in cache). The cache stores each kv head's positions
+//! contiguously, so every scan over positions is sequential.
 
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
 use crate::AttnShape;
-
-/// Query heads per kv head handled in registers at once (larger groups loop).
-const MAX_GROUP: usize = 8;
 
 /// `k`, `v`: one layer of the cache, laid out (kv_heads, n_ctx, hd).
 pub fn attention(
@@ -89,46 +86,79 @@ fn items(job: &Items, i0: usize, i1: usize) {
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
     let max_len = s.pos0 + s.n_tokens;
-    // Per-worker scratch: scores of up to MAX_GROUP heads over every position.
-    let mut scores = vec![0f32; MAX_GROUP * max_len];
-    let mut acc = vec![0f32; MAX_GROUP * hd];
+    // Per-worker scratch: one head's scores over every position, and its output.
+    let mut scores = vec![0f32; max_len];
+    let mut acc = vec![0f32; hd];
     for i in i0..i1 {
         let (t, kvh) = (i / s.n_kv_heads, i % s.n_kv_heads);
         let len = s.pos0 + t + 1;
         let kh = &k[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
         let vh = &v[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
-        for g0 in (0..group).step_by(MAX_GROUP) {
-            let g = (group - g0).min(MAX_GROUP);
-            let h0 = kvh * group + g0;
-            let qs = &q.data[t * q.cols + h0 * hd..t * q.cols + (h0 + g) * hd];
-            let sc = &mut scores[..g * len];
-            // scores[j][p] = q_j . k_p * scale
-            for (p, kp) in kh.chunks_exact(hd).enumerate() {
-                for j in 0..g {
-                    sc[j * len + p] = dot(&qs[j * hd..(j + 1) * hd], kp) * scale;
-                }
+        for j in 0..group {
+            let h = kvh * group + j;
+            let qh = &q.data[t * q.cols + h * hd..t * q.cols + (h + 1) * hd];
+            let o = &mut acc[..hd];
+            let sc = &mut scores[..len];
+            match hd {
+                64 => head::<64>(qh, kh, vh, scale, sc, o),
+                128 => head::<128>(qh, kh, vh, scale, sc, o),
+                _ => head_any(qh, kh, vh, scale, sc, o),
             }
-            for j in 0..g {
-                softmax(&mut sc[j * len..(j + 1) * len]);
+            let base = t * out_cols + h * hd;
+            for (e, &val) in o.iter().enumerate() {
+                // SAFETY: head h of token t is written by this work item only.
+                unsafe { dst.write(base + e, val) };
             }
-            // acc[j] = sum_p scores[j][p] * v_p
-            let a = &mut acc[..g * hd];
-            a.fill(0.0);
-            for (p, vp) in vh.chunks_exact(hd).enumerate() {
-                for j in 0..g {
-                    let w = sc[j * len + p];
-                    for (x, &y) in a[j * hd..(j + 1) * hd].iter_mut().zip(vp) {
-                        *x += w * y;
-                    }
-                }
+        }
+    }
+}
+
+/// One query head over `len` cached positions, head size known at compile time so the
+/// query and the output accumulator live in registers.
+#[inline(always)]
+fn head<const HD: usize>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+    sc: &mut [f32],
+    out: &mut [f32],
+) {
+    let q: &[f32; HD] = q.try_into().expect("head size");
+    for (s, kp) in sc.iter_mut().zip(k.chunks_exact(HD)) {
+        let kp: &[f32; HD] = kp.try_into().expect("head size");
+        let mut acc = [0f32; 8];
+        for c in 0..HD / 8 {
+            for l in 0..8 {
+                acc[l] += q[c * 8 + l] * kp[c * 8 + l];
             }
-            for (j, row) in a.chunks_exact(hd).enumerate() {
-                let base = t * out_cols + (h0 + j) * hd;
-                for (e, &val) in row.iter().enumerate() {
-                    // SAFETY: head h0+j of token t is written by this work item only.
-                    unsafe { dst.write(base + e, val) };
-                }
-            }
+        }
+        *s =
+            ((acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7])) * scale;
+    }
+    softmax(sc);
+    let mut o = [0f32; HD];
+    for (&w, vp) in sc.iter().zip(v.chunks_exact(HD)) {
+        let vp: &[f32; HD] = vp.try_into().expect("head size");
+        for e in 0..HD {
+            o[e] += w * vp[e];
+        }
+    }
+    out.copy_from_slice(&o);
+}
+
+/// Any head size.
+#[inline(always)]
+fn head_any(q: &[f32], k: &[f32], v: &[f32], scale: f32, sc: &mut [f32], out: &mut [f32]) {
+    let hd = q.len();
+    for (s, kp) in sc.iter_mut().zip(k.chunks_exact(hd)) {
+        *s = dot(q, kp) * scale;
+    }
+    softmax(sc);
+    out.fill(0.0);
+    for (&w, vp) in sc.iter().zip(v.chunks_exact(hd)) {
+        for (x, &y) in out.iter_mut().zip(vp) {
+            *x += w * y;
         }
     }
 }
