@@ -1,5 +1,6 @@
-//! `kiln`: run, chat, info, pull.
+//! `kiln`: run, chat, info, pull, bench.
 
+mod bench;
 mod info;
 mod llm_cmd;
 
@@ -41,6 +42,8 @@ enum Cmd {
     /// Fetch a catalog model into the cache ($KILN_HOME, default ~/.cache/kiln); no name
     /// lists the catalog.
     Pull { name: Option<String> },
+    /// Measure prompt processing and decode speed, reported like llama-bench.
+    Bench(bench::BenchArgs),
 }
 
 /// Options every LLM command shares.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Cmd::Chat(a) => llm_cmd::chat(a),
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
+        Cmd::Bench(a) => bench::bench(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

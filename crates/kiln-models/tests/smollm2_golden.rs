@@ -131,3 +131,15 @@ fn fast_path_logits_track_reference() {
         );
     }
 }
+
+#[test]
+fn weight_bytes_and_params_count_every_tensor_of_the_file() {
+    let g = model_file();
+    let b = CpuBackend::new(1);
+    let m = Llama::load(&b, &g).unwrap();
+    // The file's norms are f32, so stored bytes match the file tensor for tensor.
+    let bytes: u64 = g.tensors.iter().map(|t| t.n_bytes).sum();
+    let params: u64 = g.tensors.iter().map(|t| t.n_elements()).sum();
+    assert_eq!(m.weight_bytes(&b) as u64, bytes);
+    assert_eq!(m.n_params() as u64, params);
+}

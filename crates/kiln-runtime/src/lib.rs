@@ -4,6 +4,8 @@ mod llm;
 pub mod sampler;
 mod stop;
 
-pub use llm::{FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError};
+pub use llm::{
+    find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
+};
 pub use sampler::{Sampler, SamplerConfig};
 pub use stop::StopMatcher;

@@ -96,7 +96,8 @@ impl<B: Backend> Llm<B> {
     }
 }
 
-fn find_gguf(path: &Path) -> Result<PathBuf, RuntimeError> {
+/// `path` itself, or the only `.gguf` file in it when it is a directory.
+pub fn find_gguf(path: &Path) -> Result<PathBuf, RuntimeError> {
     if !path.is_dir() {
         return Ok(path.to_path_buf());
     }

@@ -122,6 +122,40 @@ impl<B: Backend> Llama<B> {
         })
     }
 
+    /// Every weight matrix once (a tied output projection is the embedding table).
+    fn matrices(&self) -> impl Iterator<Item = &B::Weight> {
+        let layers = self.layers.iter().flat_map(|l| {
+            let (a, m) = (&l.attn, &l.mlp);
+            [&a.q, &a.k, &a.v, &a.o, &m.gate, &m.up, &m.down]
+        });
+        std::iter::once(&self.embed)
+            .chain(layers)
+            .chain(self.output.as_ref())
+    }
+
+    /// Values held as f32 vectors: norms and biases.
+    fn vector_params(&self) -> usize {
+        let c = &self.cfg;
+        let bias = usize::from(c.qkv_bias) * (c.q_dim() + 2 * c.kv_dim());
+        let head_norm = usize::from(c.qk_norm) * 2 * c.head_dim;
+        c.n_layers * (2 * c.dim + bias + head_norm) + c.dim
+    }
+
+    /// Bytes of all weights: matrices in their stored format, norms and biases as f32.
+    pub fn weight_bytes(&self, b: &B) -> usize {
+        let matrices: usize = self.matrices().map(|w| b.weight_bytes(w)).sum();
+        matrices + 4 * self.vector_params()
+    }
+
+    /// Number of parameters (every matrix and vector element; a tied output counted once).
+    pub fn n_params(&self) -> usize {
+        let c = &self.cfg;
+        let attn = 2 * c.q_dim() * c.dim + 2 * c.kv_dim() * c.dim;
+        let mlp = 3 * c.ffn_dim * c.dim;
+        let tables = if self.output.is_some() { 2 } else { 1 };
+        tables * c.vocab_size * c.dim + c.n_layers * (attn + mlp) + self.vector_params()
+    }
+
     pub fn new_state(&self, b: &B, n_ctx: usize, max_batch: usize) -> LlamaState<B> {
         let c = &self.cfg;
         let max_batch = max_batch.max(1);

@@ -1,0 +1,509 @@
+//! `kiln bench`: prompt processing (`pp`) and decode (`tg`) throughput, reported like
+//! llama-bench (markdown table or JSON lines with its field names), with the effective memory
+//! bandwidth of decode and, on request, the machine's read bandwidth to compare it with.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Args;
+use kiln_backend::cpu::{default_threads, membw, CpuBackend, Pool};
+use kiln_backend::Backend;
+use kiln_formats::GgufFile;
+use kiln_models::llm::Llama;
+use serde_json::json;
+
+use crate::{resolve_model, DEFAULT_LLM};
+
+/// Tokens per forward call when processing a prompt (llama-bench's default `n_ubatch`).
+const UBATCH: usize = 512;
+/// Bytes `membw::read_bandwidth` streams per pass.
+const MEMBW_BYTES: usize = 1 << 30;
+/// Token ids are drawn from a fixed seed, so runs repeat.
+const SEED: u64 = 0x5eed;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Model to test (repeatable): a GGUF file, a directory, or a catalog name
+    /// [default: smollm2-135m-instruct, unless only --membw is asked for].
+    #[arg(short = 'm', long = "model")]
+    models: Vec<String>,
+    /// Prompt lengths, comma-separated: one `ppP` test each (0 skips).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    n_prompt: Vec<usize>,
+    /// Decode lengths, comma-separated: one `tgN` test each (0 skips).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
+    /// Timed repetitions of each test, after one untimed warm-up run.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    /// Thread counts, comma-separated (default: all CPUs).
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// One JSON object per line per test instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also measure the machine's memory read bandwidth per thread count.
+    #[arg(long)]
+    membw: bool,
+}
+
+#[derive(Clone, Copy)]
+enum Test {
+    /// One forward of `n` prompt tokens from position 0.
+    Prompt(usize),
+    /// `n` single-token decode steps from position 0.
+    Gen(usize),
+}
+
+impl Test {
+    fn name(self) -> String {
+        match self {
+            Test::Prompt(n) => format!("pp{n}"),
+            Test::Gen(n) => format!("tg{n}"),
+        }
+    }
+
+    fn tokens(self) -> usize {
+        match self {
+            Test::Prompt(n) | Test::Gen(n) => n,
+        }
+    }
+}
+
+/// A loaded model and what the report says about it.
+struct BenchModel {
+    file: PathBuf,
+    /// e.g. "llama 135M Q4_1": architecture, parameter count, the format holding most bytes.
+    desc: String,
+    model: Llama<CpuBackend>,
+    size: usize,
+    n_params: usize,
+    /// Weight bytes one decode step reads: every matrix but the embedding table (of which it
+    /// reads one row) unless the table is also the output projection; norms and biases.
+    decode_bytes: usize,
+    /// K and V bytes, f32, per cached position over all layers.
+    kv_bytes_per_pos: usize,
+}
+
+impl BenchModel {
+    fn load(file: &Path) -> anyhow::Result<Self> {
+        let load = || -> anyhow::Result<Self> {
+            let g = GgufFile::open(file)?;
+            // CPU weights do not depend on the thread pool: one load serves every thread count.
+            let b = CpuBackend::new(1);
+            let model = Llama::load(&b, &g)?;
+            let size = model.weight_bytes(&b);
+            let n_params = model.n_params();
+            let embed_unread = match model.output {
+                Some(_) => b.weight_bytes(&model.embed),
+                None => 0,
+            };
+            let c = &model.cfg;
+            let desc = format!(
+                "{} {} {}",
+                c.arch,
+                params_label(n_params),
+                dominant_type(&g)
+            );
+            let kv_bytes_per_pos = 2 * c.n_layers * c.kv_dim() * 4;
+            Ok(BenchModel {
+                file: file.to_path_buf(),
+                desc,
+                model,
+                size,
+                n_params,
+                decode_bytes: size - embed_unread,
+                kv_bytes_per_pos,
+            })
+        };
+        load().with_context(|| format!("loading {}", file.display()))
+    }
+
+    /// Effective bandwidth of a `tgN` run at `tps` tokens/s: weights plus the KV cache read
+    /// at the mean number of positions attended, (N + 1) / 2.
+    fn decode_gbps(&self, n: usize, tps: f64) -> f64 {
+        let kv = self.kv_bytes_per_pos as f64 * (n + 1) as f64 / 2.0;
+        (self.decode_bytes as f64 + kv) * tps / 1e9
+    }
+}
+
+/// Runs `test` once untimed, then `reps` times; returns each timed run's nanoseconds.
+fn run_test(m: &BenchModel, b: &CpuBackend, test: Test, reps: usize) -> anyhow::Result<Vec<u64>> {
+    let llama = &m.model;
+    let n = test.tokens();
+    let tokens = random_tokens(n, llama.cfg.vocab_size, SEED);
+    let max_batch = match test {
+        Test::Prompt(n) => n.min(UBATCH),
+        Test::Gen(_) => 1,
+    };
+    // Every run starts at position 0, so the cache left by the previous one is never read:
+    // one state serves as a fresh state for every run.
+    let mut st = llama.new_state(b, n, max_batch);
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        let t0 = Instant::now();
+        match test {
+            Test::Prompt(_) => {
+                llama.forward(b, &mut st, &tokens, 0, false)?;
+            }
+            Test::Gen(_) => {
+                for (pos, &tok) in tokens.iter().enumerate() {
+                    llama.forward(b, &mut st, &[tok], pos, false)?;
+                }
+            }
+        }
+        let ns = t0.elapsed().as_nanos() as u64;
+        if rep > 0 {
+            samples.push(ns.max(1));
+        }
+    }
+    Ok(samples)
+}
+
+/// One test's timed runs and what the report needs to describe them.
+struct Measured<'a> {
+    model: &'a BenchModel,
+    threads: usize,
+    test: Test,
+    samples_ns: Vec<u64>,
+    /// When the test started, RFC 3339.
+    test_time: String,
+}
+
+impl Measured<'_> {
+    fn samples_ts(&self) -> Vec<f64> {
+        let n = self.test.tokens() as f64;
+        self.samples_ns
+            .iter()
+            .map(|&ns| n * 1e9 / ns as f64)
+            .collect()
+    }
+
+    /// Effective GB/s of a decode test at its mean tokens/s.
+    fn gbps(&self, avg_ts: f64) -> Option<f64> {
+        match self.test {
+            Test::Gen(n) => Some(self.model.decode_gbps(n, avg_ts)),
+            Test::Prompt(_) => None,
+        }
+    }
+
+    fn table_row(&self) -> String {
+        let m = self.model;
+        let (avg_ts, sd_ts) = mean_sd(&self.samples_ts());
+        format!(
+            "| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:>8} | {:>20} | {:>8} |",
+            m.desc,
+            size_label(m.size),
+            n_params_label(m.n_params),
+            "CPU",
+            self.threads,
+            self.test.name(),
+            format!("{avg_ts:.2} ± {sd_ts:.2}"),
+            self.gbps(avg_ts)
+                .map_or(String::new(), |g| format!("{g:.2}")),
+        )
+    }
+
+    /// llama-bench's JSON fields, plus `peak_rss_bytes`, `effective_gbps` (decode) and
+    /// `kernels`.
+    fn json(&self, cpu_info: &str, kernels: &str) -> serde_json::Value {
+        let m = self.model;
+        let samples_ts = self.samples_ts();
+        let (avg_ts, sd_ts) = mean_sd(&samples_ts);
+        let ns: Vec<f64> = self.samples_ns.iter().map(|&n| n as f64).collect();
+        let (avg_ns, sd_ns) = mean_sd(&ns);
+        let (n_prompt, n_gen) = match self.test {
+            Test::Prompt(n) => (n, 0),
+            Test::Gen(n) => (0, n),
+        };
+        let mut o = json!({
+            "model_filename": m.file.display().to_string(),
+            "model_type": m.desc,
+            "model_size": m.size,
+            "model_n_params": m.n_params,
+            "backends": "CPU",
+            "n_threads": self.threads,
+            "n_prompt": n_prompt,
+            "n_gen": n_gen,
+            "avg_ns": avg_ns.round() as u64,
+            "stddev_ns": sd_ns.round() as u64,
+            "avg_ts": avg_ts,
+            "stddev_ts": sd_ts,
+            "samples_ns": self.samples_ns,
+            "samples_ts": samples_ts,
+            "test_time": self.test_time,
+            "build_commit": option_env!("KILN_GIT_HASH").unwrap_or("unknown"),
+            "cpu_info": cpu_info,
+            "kernels": kernels,
+        });
+        if let Some(rss) = peak_rss_bytes() {
+            o["peak_rss_bytes"] = rss.into();
+        }
+        if let Some(g) = self.gbps(avg_ts) {
+            o["effective_gbps"] = g.into();
+        }
+        o
+    }
+}
+
+pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.reps > 0, "-r/--repetitions must be at least 1");
+    let threads = match a.threads.is_empty() {
+        true => vec![default_threads()],
+        false => a.threads.clone(),
+    };
+    anyhow::ensure!(
+        !threads.contains(&0),
+        "-t/--threads: thread counts must be at least 1"
+    );
+    let names = match a.models.is_empty() && !a.membw {
+        true => vec![DEFAULT_LLM.to_string()],
+        false => a.models.clone(),
+    };
+    let tests: Vec<Test> = (a.n_prompt.iter().map(|&n| Test::Prompt(n)))
+        .chain(a.n_gen.iter().map(|&n| Test::Gen(n)))
+        .filter(|t| t.tokens() > 0)
+        .collect();
+    anyhow::ensure!(
+        names.is_empty() || !tests.is_empty(),
+        "nothing to measure: every -p and -n is 0"
+    );
+    // Resolve every model first, so a bad name fails before any measurement.
+    let files = names
+        .iter()
+        .map(|n| Ok(kiln_runtime::find_gguf(&resolve_model(n)?)?))
+        .collect::<anyhow::Result<Vec<PathBuf>>>()?;
+
+    // The header waits for the first row, so a model that fails to load prints only the error.
+    let mut header_due = !a.json;
+    let cpu = cpu_info();
+    for file in &files {
+        let m = BenchModel::load(file)?;
+        for &threads in &threads {
+            let b = CpuBackend::new(threads);
+            for &test in &tests {
+                let test_time = rfc3339_utc(SystemTime::now());
+                let samples_ns = run_test(&m, &b, test, a.reps)?;
+                let r = Measured {
+                    model: &m,
+                    threads,
+                    test,
+                    samples_ns,
+                    test_time,
+                };
+                if a.json {
+                    println!("{}", r.json(&cpu, b.kernels()));
+                    continue;
+                }
+                if std::mem::take(&mut header_due) {
+                    table_header(&[
+                        ("model", -30),
+                        ("size", 10),
+                        ("params", 10),
+                        ("backend", -7),
+                        ("threads", 7),
+                        ("test", 8),
+                        ("t/s", 20),
+                        ("GB/s", 8),
+                    ]);
+                }
+                println!("{}", r.table_row());
+            }
+        }
+    }
+    let table_printed = !a.json && !header_due;
+    if table_printed {
+        if let Some(rss) = peak_rss_bytes() {
+            println!("\npeak RSS: {}", size_label(rss as usize));
+        }
+    }
+
+    // After the models: the bandwidth probe's buffer would otherwise be their peak RSS.
+    if a.membw {
+        if !a.json {
+            if table_printed {
+                println!();
+            }
+            table_header(&[("test", -5), ("threads", 7), ("GB/s", 8)]);
+        }
+        for &t in &threads {
+            let gbps = membw::read_bandwidth(&Pool::new(t), MEMBW_BYTES, 5) / 1e9;
+            match a.json {
+                true => println!("{}", json!({"test": "membw", "n_threads": t, "gbps": gbps})),
+                false => println!("| {:<5} | {:>7} | {:>8.2} |", "membw", t, gbps),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prints a markdown header; a negative width aligns the column left.
+fn table_header(cols: &[(&str, i32)]) {
+    let mut names = String::from("|");
+    let mut rule = String::from("|");
+    for &(name, w) in cols {
+        let n = w.unsigned_abs() as usize;
+        if w < 0 {
+            names += &format!(" {name:<n$} |");
+            rule += &format!(" {} |", "-".repeat(n));
+        } else {
+            names += &format!(" {name:>n$} |");
+            rule += &format!(" {}: |", "-".repeat(n - 1));
+        }
+    }
+    println!("{names}\n{rule}");
+}
+
+/// The tensor format that holds the most bytes of the file, e.g. "Q4_1".
+fn dominant_type(g: &GgufFile) -> &'static str {
+    let mut bytes: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for t in &g.tensors {
+        *bytes.entry(t.ty.name()).or_default() += t.n_bytes;
+    }
+    bytes
+        .into_iter()
+        .max_by_key(|&(_, n)| n)
+        .map_or("?", |(name, _)| name)
+}
+
+/// "135M", "1.5B": a model's size class as model names give it.
+fn params_label(n: usize) -> String {
+    let n = n as f64;
+    match n < 1e9 {
+        true => format!("{:.0}M", n / 1e6),
+        false => format!("{:.1}B", n / 1e9),
+    }
+}
+
+/// The table's params column, as llama-bench prints it.
+fn n_params_label(n: usize) -> String {
+    let n = n as f64;
+    match n < 1e9 {
+        true => format!("{:.2} M", n / 1e6),
+        false => format!("{:.2} B", n / 1e9),
+    }
+}
+
+/// The table's size column, as llama-bench prints it.
+fn size_label(bytes: usize) -> String {
+    let b = bytes as f64;
+    match b < (1u64 << 30) as f64 {
+        true => format!("{:.2} MiB", b / (1u64 << 20) as f64),
+        false => format!("{:.2} GiB", b / (1u64 << 30) as f64),
+    }
+}
+
+/// Mean and sample standard deviation (0 for a single value).
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+/// `n` token ids uniform in `0..vocab` (splitmix64).
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e3779b97f4a7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+            ((z ^ (z >> 31)) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Peak resident set size (`VmHWM`); None where /proc is not there.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    let kb: u64 = kb.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The CPU's model name where /proc/cpuinfo gives it, else the architecture.
+fn cpu_info() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim() == "model name")
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// `t` as RFC 3339 UTC, e.g. "2025-01-31T12:00:00Z".
+fn rfc3339_utc(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, s) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant, "chrono-compatible date algorithms").
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        s / 3600,
+        s % 3600 / 60,
+        s % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_dates() {
+        let at = |s| rfc3339_utc(UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn labels_and_stats() {
+        assert_eq!(size_label(100 << 20), "100.00 MiB");
+        assert_eq!(size_label(3 << 29), "1.50 GiB");
+        assert_eq!(params_label(134_515_008), "135M");
+        assert_eq!(params_label(1_543_714_304), "1.5B");
+        assert_eq!(n_params_label(134_515_008), "134.52 M");
+        let (m, sd) = mean_sd(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
+        assert_eq!(m, 5.0);
+        assert!((sd - 2.138).abs() < 1e-3);
+        assert_eq!(mean_sd(&[3.0]), (3.0, 0.0));
+    }
+
+    #[test]
+    fn random_tokens_repeat_and_stay_in_vocab() {
+        let a = random_tokens(1000, 50, SEED);
+        assert_eq!(a, random_tokens(1000, 50, SEED));
+        assert!(a.iter().all(|&t| t < 50));
+        assert!(a.iter().collect::<std::collections::BTreeSet<_>>().len() > 40);
+    }
+}
