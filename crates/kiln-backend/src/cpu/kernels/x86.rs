@@ -556,7 +556,6 @@ unsafe fn q6_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
         let m4 = _mm256_set1_epi8(0x0F);
         let m2 = _mm256_set1_epi8(0x03);
         let mut acc = [_mm256_setzero_ps(); 2];
-        let mut corr = 0f32;
         for (i, x) in a.blocks.chunks_exact(8).enumerate().take(w.len() / 210) {
             let p = w.as_ptr().add(i * 210);
             let d = f16_at(p.add(208));
@@ -587,6 +586,7 @@ unsafe fn q6_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
                     ),
                 ];
+                let m32 = _mm256_set1_epi8(32);
                 for (k, q) in quants.into_iter().enumerate() {
                     let xb = &x[4 * n + k];
                     let xd = *a.d.get_unchecked(8 * i + 4 * n + k);
@@ -603,14 +603,15 @@ unsafe fn q6_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
                     );
                     let scale =
                         _mm256_mul_ps(_mm256_permutevar8x32_ps(s8, idx), _mm256_set1_ps(xd));
-                    let dot = _mm256_cvtepi32_ps(M::mul_sum(q, load_x(xb)));
-                    acc[k & 1] = _mm256_fmadd_ps(dot, scale, acc[k & 1]);
-                    let (s0, s1) = (*sc.add(2 * k) as f32, *sc.add(2 * k + 1) as f32);
-                    corr += d * xd * 32.0 * (s0 * xb.sums[0] as f32 + s1 * xb.sums[1] as f32);
+                    // Signed quants q - 32 as |q| x sign(x, q): no offset correction needed.
+                    let qs = _mm256_sub_epi8(q, m32);
+                    let xv = load_x(xb);
+                    let dot = M::mul_sum(_mm256_sign_epi8(qs, qs), _mm256_sign_epi8(xv, qs));
+                    acc[k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[k & 1]);
                 }
             }
         }
-        hsum(_mm256_add_ps(acc[0], acc[1])) - corr
+        hsum(_mm256_add_ps(acc[0], acc[1]))
     }
 }
 
