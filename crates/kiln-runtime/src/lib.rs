@@ -2,8 +2,10 @@
 
 mod llm;
 pub mod sampler;
+mod speculative;
 mod stop;
 
 pub use llm::{FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError};
 pub use sampler::{Sampler, SamplerConfig};
+pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;
