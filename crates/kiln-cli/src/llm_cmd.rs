@@ -6,7 +6,10 @@ use anyhow::Context;
 use clap::Args;
 use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_backend::Backend;
-use kiln_runtime::{GenerateOptions, GenerationStats, Llm, SamplerConfig};
+use kiln_runtime::{
+    DraftModel, Drafter, GenerateOptions, GenerationStats, Llm, LlmSession, PromptLookup,
+    RuntimeError, SamplerConfig,
+};
 use kiln_text::Message;
 
 use crate::{resolve_model, ModelArgs};
@@ -66,6 +69,54 @@ impl SamplingArgs {
     }
 }
 
+/// Speculative decoding: a drafter guesses tokens, the model checks them in one pass.
+#[derive(Args, Clone)]
+pub struct SpecArgs {
+    /// Draft by prompt lookup: the tokens that followed the latest earlier occurrence of the
+    /// last N tokens (N down to 1). Pays when the answer repeats the prompt (edits, code).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..), conflicts_with = "draft")]
+    pub lookup: Option<u16>,
+    /// Draft with a smaller model sharing the model's tokenizer (file, directory or catalog
+    /// name).
+    #[arg(long, value_name = "MODEL")]
+    pub draft: Option<String>,
+    /// Most tokens drafted per step.
+    #[arg(long = "draft-max", value_name = "K", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub draft_max: u16,
+}
+
+/// The draft model, loaded when asked for (it must outlive the drafter that borrows it).
+fn load_draft(spec: &SpecArgs, m: &ModelArgs) -> anyhow::Result<Option<Llm<CpuBackend>>> {
+    spec.draft.as_deref().map(|d| load(d, m)).transpose()
+}
+
+fn drafter<'a>(
+    spec: &SpecArgs,
+    llm: &Llm<CpuBackend>,
+    draft: Option<&'a Llm<CpuBackend>>,
+    n_ctx: usize,
+) -> anyhow::Result<Option<Box<dyn Drafter + 'a>>> {
+    let k = spec.draft_max as usize;
+    Ok(match (spec.lookup, draft) {
+        (Some(n), _) => Some(Box::new(PromptLookup::new(n as usize, k))),
+        (None, Some(d)) => Some(Box::new(DraftModel::new(llm, d, n_ctx, k)?)),
+        (None, None) => None,
+    })
+}
+
+fn generate(
+    session: &mut LlmSession<'_, CpuBackend>,
+    drafter: &mut Option<Box<dyn Drafter + '_>>,
+    ids: &[u32],
+    opts: &GenerateOptions,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<GenerationStats, RuntimeError> {
+    match drafter {
+        Some(d) => session.generate_speculative(ids, opts, d.as_mut(), on_text),
+        None => session.generate(ids, opts, on_text),
+    }
+}
+
 #[derive(Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -81,6 +132,8 @@ pub struct RunArgs {
     pub system: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 #[derive(Args)]
@@ -92,10 +145,13 @@ pub struct ChatArgs {
     pub system: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
-fn load(m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
-    let path = resolve_model(&m.model)?;
+/// Loads `model` with the backend options of `m`.
+fn load(model: &str, m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
+    let path = resolve_model(model)?;
     let backend = if m.reference {
         CpuBackend::reference()
     } else {
@@ -105,19 +161,35 @@ fn load(m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
 }
 
 fn stats_line(s: &GenerationStats) -> String {
+    let decode = if s.speculative {
+        format!(
+            "decode {:.1} tok/s ({:.1} passes/s) | drafts {}/{} accepted ({:.0}%)",
+            s.effective_decode_tps(),
+            s.decode_tps(),
+            s.accepted,
+            s.drafted,
+            100.0 * s.acceptance(),
+        )
+    } else {
+        format!("decode {:.1} tok/s", s.decode_tps())
+    };
     format!(
-        "prompt {} tok{} | ttft {:.0} ms | prefill {:.1} tok/s | decode {:.1} tok/s | {} tok generated",
+        "prompt {} tok{} | ttft {:.0} ms | prefill {:.1} tok/s | {decode} | {} tok generated",
         s.prompt_tokens,
-        if s.cached_tokens > 0 { format!(" (+{} cached)", s.cached_tokens) } else { String::new() },
+        if s.cached_tokens > 0 {
+            format!(" (+{} cached)", s.cached_tokens)
+        } else {
+            String::new()
+        },
         s.ttft_secs * 1e3,
         s.prefill_tps(),
-        s.decode_tps(),
         s.generated_tokens,
     )
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let llm = load(&a.model)?;
+    let llm = load(&a.model.model, &a.model)?;
+    let draft = load_draft(&a.spec, &a.model)?;
     let ids = if a.raw {
         llm.tokenize(&a.prompt, true)?
     } else {
@@ -129,8 +201,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         llm.tokenize(&llm.render_chat(&msgs)?, false)?
     };
     let mut session = llm.session(a.model.ctx_size, 512);
+    let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
     let mut out = std::io::stdout().lock();
-    let stats = session.generate(&ids, &a.sampling.options(), &mut |t| {
+    let opts = a.sampling.options();
+    let stats = generate(&mut session, &mut drafter, &ids, &opts, &mut |t| {
         // A closed stdout (e.g. `| head`) ends generation quietly.
         out.write_all(t.as_bytes())
             .and_then(|_| out.flush())
@@ -142,8 +216,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
-    let llm = load(&a.model)?;
+    let llm = load(&a.model.model, &a.model)?;
+    let draft = load_draft(&a.spec, &a.model)?;
     let mut session = llm.session(a.model.ctx_size, 512);
+    let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
     let mut msgs = Vec::new();
     if let Some(s) = &a.system {
         msgs.push(Message::new("system", s));
@@ -177,7 +253,7 @@ pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
         let ids = llm.tokenize(&llm.render_chat(&msgs)?, false)?;
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();
-        let res = session.generate(&ids, &opts, &mut |t| {
+        let res = generate(&mut session, &mut drafter, &ids, &opts, &mut |t| {
             reply.push_str(t);
             out.write_all(t.as_bytes())
                 .and_then(|_| out.flush())

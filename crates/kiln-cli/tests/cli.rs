@@ -14,6 +14,8 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+const DEFAULT: &str = "smollm2-135m-instruct";
+
 fn model() -> PathBuf {
     kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap()
 }
@@ -139,4 +141,60 @@ fn chat_keeps_the_conversation() {
     assert!(so.contains("Paris"), "second answer: {so}");
     // The second turn reuses the first turn's KV cache.
     assert!(se.contains("cached"), "no prefix reuse reported: {se}");
+}
+
+fn chat_with(args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("chat")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn speculative_decoding_changes_nothing_at_temp_0() {
+    model();
+    let p = "Rewrite this text, fixing the typos: Teh old lighthouse stood on the edge of the \
+             clif, its light sweeping acros the dark water every night.";
+    let args = ["run", "-p", p, "--temp", "0", "-n", "32"];
+    let plain = kiln(&args);
+    let spec = kiln(&[&args[..], &["--lookup", "3"]].concat());
+    assert!(spec.status.success(), "{}", text(&spec.stderr));
+    assert_eq!(text(&plain.stdout), text(&spec.stdout));
+    let stats = text(&spec.stderr);
+    assert!(
+        stats.contains("accepted") && stats.contains("tok/s"),
+        "{stats}"
+    );
+
+    // Chat with a draft model (here the model itself): two turns, the draft's cache kept.
+    let input = "What is the capital of Japan?\nAnd of France?\n/exit\n";
+    let plain = chat_with(&["--temp", "0", "-n", "24"], input);
+    let spec = chat_with(
+        &[
+            "--temp",
+            "0",
+            "-n",
+            "24",
+            "--draft",
+            DEFAULT,
+            "--draft-max",
+            "4",
+        ],
+        input,
+    );
+    assert!(spec.status.success(), "{}", text(&spec.stderr));
+    assert_eq!(text(&plain.stdout), text(&spec.stdout));
+    assert!(text(&spec.stderr).contains("accepted"));
+
+    let out = kiln(&["run", "-p", "hi", "--lookup", "3", "--draft", DEFAULT]);
+    assert!(!out.status.success());
 }

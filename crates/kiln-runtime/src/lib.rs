@@ -2,10 +2,12 @@
 
 mod llm;
 pub mod sampler;
+mod speculative;
 mod stop;
 
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };
 pub use sampler::{Sampler, SamplerConfig};
+pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;

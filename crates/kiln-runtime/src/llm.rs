@@ -33,6 +33,8 @@ pub enum RuntimeError {
     NoChatTemplate,
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("the draft model {} does not share the model's tokenizer: {what}", path.display())]
+    DraftMismatch { path: PathBuf, what: String },
 }
 
 pub struct Llm<B: Backend> {
@@ -154,7 +156,8 @@ pub struct GenerationStats {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub generated_tokens: usize,
-    /// Single-token forward passes after the first sampled token.
+    /// Forward passes after the first sampled token: one per token in plain decoding, one
+    /// per verified draft with speculation.
     pub decode_forwards: usize,
     pub prefill_secs: f64,
     pub decode_secs: f64,
@@ -162,6 +165,11 @@ pub struct GenerationStats {
     pub ttft_secs: f64,
     pub finish: FinishReason,
     pub tokens: Vec<u32>,
+    /// Whether a drafter guessed tokens for the model to verify (speculative decoding).
+    pub speculative: bool,
+    /// Draft tokens sent to the model for verification, and how many it accepted.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl GenerationStats {
@@ -169,17 +177,28 @@ impl GenerationStats {
         self.prompt_tokens as f64 / self.prefill_secs.max(1e-9)
     }
 
-    /// Decode speed: single-token forward passes per second.
+    /// Decode speed: forward passes per second (tokens per second without speculation).
     pub fn decode_tps(&self) -> f64 {
         self.decode_forwards as f64 / self.decode_secs.max(1e-9)
+    }
+
+    /// Tokens per second after the first one (which prefill produced), speculation included.
+    pub fn effective_decode_tps(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
+    }
+
+    /// Share of drafted tokens the model accepted (0 when nothing was drafted).
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
     }
 }
 
 /// One conversation: the KV cache and the tokens it holds.
 pub struct LlmSession<'a, B: Backend> {
-    llm: &'a Llm<B>,
-    state: LlamaState<B>,
-    tokens: Vec<u32>,
+    pub(crate) llm: &'a Llm<B>,
+    pub(crate) state: LlamaState<B>,
+    /// Tokens whose keys and values are in the cache, in position order.
+    pub(crate) tokens: Vec<u32>,
 }
 
 impl<B: Backend> LlmSession<'_, B> {
@@ -219,21 +238,14 @@ impl<B: Backend> LlmSession<'_, B> {
         Ok(())
     }
 
-    /// Generates after `prompt` (the whole conversation so far: tokens already in the cache
-    /// that match its start are reused). `on_text` receives text pieces as they complete and
-    /// returns false to stop.
-    pub fn generate(
-        &mut self,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        on_text: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<GenerationStats, RuntimeError> {
-        let t0 = Instant::now();
+    /// Feeds what the cache lacks of `prompt` (tokens already cached that match its start
+    /// are reused, but the last prompt token is always recomputed). Returns its logits
+    /// (vocab) and the number of reused tokens.
+    pub(crate) fn prefill(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, usize), RuntimeError> {
         self.check_fits(prompt.len())?;
         if prompt.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }
-        // Reuse the cached prefix, but always recompute at least the last prompt token.
         let common = self
             .tokens
             .iter()
@@ -247,34 +259,35 @@ impl<B: Backend> LlmSession<'_, B> {
         let logits = llm
             .model
             .forward(&llm.backend, &mut self.state, new, reuse, false)?;
-        let mut logits = logits.to_vec();
+        let logits = logits.to_vec();
         self.tokens.extend_from_slice(new);
+        Ok((logits, reuse))
+    }
+
+    /// Generates after `prompt` (the whole conversation so far: tokens already in the cache
+    /// that match its start are reused). `on_text` receives text pieces as they complete and
+    /// returns false to stop.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<GenerationStats, RuntimeError> {
+        let t0 = Instant::now();
+        let (mut logits, reuse) = self.prefill(prompt)?;
         let prefill_secs = t0.elapsed().as_secs_f64();
 
+        let llm = self.llm;
         let mut sampler = Sampler::new(opts.sampler.clone());
-        let mut stream = StreamDecoder::new(&llm.tokenizer, true);
-        let mut stops = StopMatcher::new(&opts.stop);
-        let mut generated = Vec::new();
-        let mut stop_hit = false;
-        let mut first: Option<Instant> = None;
+        let mut out = TextOut::new(&llm.tokenizer, &opts.stop, on_text);
         let mut decode_forwards = 0usize;
         let finish = loop {
-            if generated.len() >= opts.max_tokens {
+            if out.generated.len() >= opts.max_tokens {
                 break FinishReason::MaxTokens;
             }
             let next = sampler.sample(&logits, &self.tokens);
-            first.get_or_insert_with(Instant::now);
-            generated.push(next);
-            if llm.tokenizer.is_eog(next) {
-                break FinishReason::Stop;
-            }
-            let (text, hit) = stops.push(&stream.push(next)?);
-            if !text.is_empty() && !on_text(&text) {
-                break FinishReason::Cancelled;
-            }
-            if hit {
-                stop_hit = true;
-                break FinishReason::Stop;
+            if let Some(finish) = out.push(next)? {
+                break finish;
             }
             if self.tokens.len() >= self.state.n_ctx {
                 break FinishReason::ContextFull;
@@ -287,25 +300,95 @@ impl<B: Backend> LlmSession<'_, B> {
             self.tokens.push(next);
             decode_forwards += 1;
         };
-        if finish != FinishReason::Cancelled && !stop_hit {
-            let (text, hit) = stops.push(&stream.flush()?);
-            let tail = if hit { text } else { text + &stops.flush() };
+        let mut stats = out.finish(finish, t0)?;
+        stats.prompt_tokens = prompt.len() - reuse;
+        stats.cached_tokens = reuse;
+        stats.prefill_secs = prefill_secs;
+        stats.decode_forwards = decode_forwards;
+        Ok(stats)
+    }
+}
+
+/// Sampled tokens to streamed text: end-of-generation tokens, stop strings and the caller's
+/// callback, for every generation loop alike.
+pub(crate) struct TextOut<'t, 'f> {
+    tokenizer: &'t Tokenizer,
+    stream: StreamDecoder<'t>,
+    stops: StopMatcher,
+    on_text: &'f mut dyn FnMut(&str) -> bool,
+    pub generated: Vec<u32>,
+    stop_hit: bool,
+    first: Option<Instant>,
+}
+
+impl<'t, 'f> TextOut<'t, 'f> {
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        stop: &[String],
+        on_text: &'f mut dyn FnMut(&str) -> bool,
+    ) -> Self {
+        TextOut {
+            tokenizer,
+            stream: StreamDecoder::new(tokenizer, true),
+            stops: StopMatcher::new(stop),
+            on_text,
+            generated: Vec::new(),
+            stop_hit: false,
+            first: None,
+        }
+    }
+
+    /// Takes one sampled token; returns why generation ends here, if it does.
+    pub fn push(&mut self, t: u32) -> Result<Option<FinishReason>, RuntimeError> {
+        self.first.get_or_insert_with(Instant::now);
+        self.generated.push(t);
+        if self.tokenizer.is_eog(t) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        let (text, hit) = self.stops.push(&self.stream.push(t)?);
+        if !text.is_empty() && !(self.on_text)(&text) {
+            return Ok(Some(FinishReason::Cancelled));
+        }
+        if hit {
+            self.stop_hit = true;
+            return Ok(Some(FinishReason::Stop));
+        }
+        Ok(None)
+    }
+
+    /// Emits what is held back and returns the stats this part knows (tokens and timing;
+    /// the caller fills in prompt and forward counts). `t0`: when the call began.
+    pub fn finish(
+        mut self,
+        finish: FinishReason,
+        t0: Instant,
+    ) -> Result<GenerationStats, RuntimeError> {
+        if finish != FinishReason::Cancelled && !self.stop_hit {
+            let (text, hit) = self.stops.push(&self.stream.flush()?);
+            let tail = if hit {
+                text
+            } else {
+                text + &self.stops.flush()
+            };
             if !tail.is_empty() {
-                on_text(&tail);
+                (self.on_text)(&tail);
             }
         }
-        let ttft_secs = first.map_or(0.0, |f| (f - t0).as_secs_f64());
-        let decode_secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+        let ttft_secs = self.first.map_or(0.0, |f| (f - t0).as_secs_f64());
+        let decode_secs = self.first.map_or(0.0, |f| f.elapsed().as_secs_f64());
         Ok(GenerationStats {
-            prompt_tokens: new.len(),
-            cached_tokens: reuse,
-            generated_tokens: generated.len(),
-            prefill_secs,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            generated_tokens: self.generated.len(),
+            decode_forwards: 0,
+            prefill_secs: 0.0,
             decode_secs,
-            decode_forwards,
             ttft_secs,
             finish,
-            tokens: generated,
+            tokens: self.generated,
+            speculative: false,
+            drafted: 0,
+            accepted: 0,
         })
     }
 }

@@ -66,6 +66,19 @@ impl Sampler {
 
     /// Picks the next token from `logits` given the tokens so far (`history`).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        self.draw(logits, history, None)
+    }
+
+    /// Picks the token at a position for which a drafter guessed `draft` (speculative
+    /// decoding). Greedy: the argmax, as `sample`. Otherwise the guess is kept with its
+    /// probability p(draft), and when refused a token is drawn from p without it; the result
+    /// has `sample`'s distribution exactly (speculative sampling with a deterministic
+    /// drafter), though it draws from the random stream differently.
+    pub fn sample_draft(&mut self, logits: &[f32], history: &[u32], draft: u32) -> u32 {
+        self.draw(logits, history, Some(draft))
+    }
+
+    fn draw(&mut self, logits: &[f32], history: &[u32], draft: Option<u32>) -> u32 {
         self.cand.clear();
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
@@ -104,14 +117,34 @@ impl Sampler {
             .map(|&(l, _)| ((l - max) / c2.temperature).exp())
             .collect();
         let sum: f32 = weights.iter().sum();
-        let mut r = self.rng.next_f32() * sum;
+        let mut total = sum;
+        if let Some(d) = draft {
+            let w_d = cand
+                .iter()
+                .zip(&weights)
+                .find(|(c, _)| c.1 == d)
+                .map_or(0.0, |(_, &w)| w);
+            if self.rng.next_f32() * sum < w_d {
+                return d;
+            }
+            total = sum - w_d;
+        }
+        let mut r = self.rng.next_f32() * total;
         for (w, &(_, id)) in weights.iter().zip(cand.iter()) {
+            if Some(id) == draft {
+                continue;
+            }
             r -= w;
             if r <= 0.0 {
                 return id;
             }
         }
-        cand[cand.len() - 1].1
+        cand.iter()
+            .rev()
+            .map(|c| c.1)
+            .find(|&id| Some(id) != draft)
+            .or(draft)
+            .unwrap_or(cand[cand.len() - 1].1)
     }
 
     fn apply_penalties(&mut self, history: &[u32]) {
@@ -248,6 +281,37 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(s.sample(&logits, &[]), 0);
         }
+    }
+
+    #[test]
+    fn sampling_with_a_draft_keeps_the_distribution() {
+        // p = softmax([2, 1, 0, 1.5]); the draft is token 1, then a filtered-out token.
+        let logits = [2.0, 1.0, 0.0, 1.5];
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 3,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        let kept = [2.0f32, 1.0, f32::NEG_INFINITY, 1.5];
+        let z: f32 = kept.iter().map(|l| l.exp()).sum();
+        for draft in [1u32, 2] {
+            let mut s = Sampler::new(cfg.clone());
+            let n = 40_000;
+            let mut counts = [0usize; 4];
+            for _ in 0..n {
+                counts[s.sample_draft(&logits, &[], draft) as usize] += 1;
+            }
+            for (i, &c) in counts.iter().enumerate() {
+                let p = kept[i].exp() / z;
+                let f = c as f32 / n as f32;
+                assert!((f - p).abs() < 0.01, "draft {draft}: token {i} {f} vs {p}");
+            }
+        }
+        let mut g = Sampler::new(SamplerConfig::greedy());
+        assert_eq!(g.sample_draft(&logits, &[], 3), 0);
+        assert_eq!(g.sample_draft(&logits, &[], 0), 0);
     }
 
     #[test]
