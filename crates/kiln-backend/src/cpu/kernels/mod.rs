@@ -123,10 +123,9 @@ pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: ActRow, out: &mut [f3
 
 pub struct Kernels {
     pub name: &'static str,
-    /// Four rows of a decoded tile (prefill); `tile_q8` says whether Q8_0 tiles (unsigned
-    /// quants up to 255) are exact with this set's multiply-add.
-    pub tile4: tile::TileDotFn,
-    pub tile_q8: bool,
+    /// Four rows of a decoded tile (prefill), bit-identical to the four-row kernels; sets
+    /// without one unpack per token.
+    pub tile4: Option<tile::TileDotFn>,
     pub q4_0x4: Dot4Fn,
     pub q4_1x4: Dot4Fn,
     pub q8_0x4: Dot4Fn,
@@ -143,10 +142,9 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// The decoded-tile kernel for a weight format, if tiles pay and are exact for it.
+    /// The decoded-tile kernel for a weight format, if the set has one.
     pub fn tile4_for(&self, ty: GgmlType) -> Option<tile::TileDotFn> {
-        let ok = tile::can_decode(ty) && (ty != GgmlType::Q8_0 || self.tile_q8);
-        ok.then_some(self.tile4)
+        self.tile4.filter(|_| tile::can_decode(ty))
     }
 
     /// The four-row kernel for a weight format, if it has one.
@@ -181,8 +179,7 @@ impl Kernels {
 
 pub static SCALAR: Kernels = Kernels {
     name: "scalar",
-    tile4: tile::tile_dot4_scalar,
-    tile_q8: true,
+    tile4: None,
     q4_0x4: scalar::dot4::<{ scalar::Q4_0 }>,
     q4_1x4: scalar::dot4::<{ scalar::Q4_1 }>,
     q8_0x4: scalar::dot4::<{ scalar::Q8_0 }>,

@@ -1,9 +1,14 @@
 //! Weight tiles decoded for prefill: when many tokens share one weight row, unpacking its
 //! quants once per tile instead of once per token halves the work of the inner loop.
 //!
-//! Every 32-value block of the packed 32-value formats becomes 32 unsigned quants `q`, a
-//! scale `s` and an offset `o` with value_j = s * q_j + o, so a row . activation product is
-//! sum over blocks of d_x (s * sum_j q_j x_j + o * sum_j x_j).
+//! Every 32-value block of the packed 32-value formats becomes 32 quants `q` (unsigned, or
+//! signed for Q8_0), a scale `s` and an offset field `o` with value_j = s * q_j + c * o for
+//! the format's constant c, so a row . activation product is
+//! sum_blocks d_x s (q . x) + c * sum_blocks d_x o (sum x).
+//!
+//! The SIMD tile kernels reproduce the four-row kernels' arithmetic exactly (same products,
+//! same summation order), so a token's logits do not depend on how many tokens share the
+//! batch: speculative decoding and plain decoding agree bit for bit.
 
 use kiln_quant::GgmlType;
 
@@ -17,6 +22,10 @@ pub struct DecodedTile {
     /// rows x nb scales and offsets.
     pub s: Vec<f32>,
     pub o: Vec<f32>,
+    /// The format's offset constant (-8 for Q4_0, 1 for Q4_1, -16 for Q5_0, 1 for Q5_1, 0).
+    pub c: f32,
+    /// Quants are signed bytes (Q8_0).
+    pub signed: bool,
     pub nb: usize,
 }
 
@@ -34,6 +43,12 @@ impl DecodedTile {
         let bs = ty.type_size();
         let nb = row_bytes / bs;
         self.nb = nb;
+        (self.c, self.signed) = match ty {
+            GgmlType::Q4_0 => (-8.0, false),
+            GgmlType::Q5_0 => (-16.0, false),
+            GgmlType::Q8_0 => (0.0, true),
+            _ => (1.0, false),
+        };
         self.q.resize(rows * nb * 32, 0);
         self.s.resize(rows * nb, 0.0);
         self.o.resize(rows * nb, 0.0);
@@ -66,7 +81,7 @@ fn decode_block(ty: GgmlType, row: &[u8], nb: usize, i: usize, q: &mut [u8]) -> 
         GgmlType::Q4_0 => {
             let d = f16(row, 2 * i);
             nibbles(&row[2 * nb + 16 * i..2 * nb + 16 * i + 16], q);
-            (d, -8.0 * d)
+            (d, d)
         }
         GgmlType::Q4_1 => {
             nibbles(&row[4 * nb + 16 * i..4 * nb + 16 * i + 16], q);
@@ -85,22 +100,15 @@ fn decode_block(ty: GgmlType, row: &[u8], nb: usize, i: usize, q: &mut [u8]) -> 
             (
                 d,
                 if fields == 1 {
-                    -16.0 * d
+                    d
                 } else {
                     f16(row, 2 * (nb + i))
                 },
             )
         }
         GgmlType::Q8_0 => {
-            // Signed quants shifted to unsigned: w = d q = d (q + 128) - 128 d.
-            for (v, &b) in q
-                .iter_mut()
-                .zip(&row[2 * nb + 32 * i..2 * nb + 32 * i + 32])
-            {
-                *v = (b as i8 as i16 + 128) as u8;
-            }
-            let d = f16(row, 2 * i);
-            (d, -128.0 * d)
+            q.copy_from_slice(&row[2 * nb + 32 * i..2 * nb + 32 * i + 32]);
+            (f16(row, 2 * i), 0.0)
         }
         _ => unreachable!("can_decode is checked by callers"),
     }
@@ -108,23 +116,3 @@ fn decode_block(ty: GgmlType, row: &[u8], nb: usize, i: usize, q: &mut [u8]) -> 
 
 /// Rows r..r+4 of a decoded tile against one activation row.
 pub type TileDotFn = unsafe fn(tile: &DecodedTile, r: usize, a: ActRow, out: &mut [f32; 4]);
-
-/// The reference tile product.
-pub unsafe fn tile_dot4_scalar(tile: &DecodedTile, r: usize, a: ActRow, out: &mut [f32; 4]) {
-    let nb = tile.nb;
-    for (k, o) in out.iter_mut().enumerate() {
-        let row = r + k;
-        let mut sum = 0f32;
-        for (i, x) in a.blocks.iter().enumerate().take(nb) {
-            let q = &tile.q[(row * nb + i) * 32..(row * nb + i + 1) * 32];
-            let isum: i32 = q
-                .iter()
-                .zip(&x.qs)
-                .map(|(&q, &x)| q as i32 * x as i32)
-                .sum();
-            sum +=
-                x.d * (tile.s[row * nb + i] * isum as f32 + tile.o[row * nb + i] * x.sum() as f32);
-        }
-        *o = sum;
-    }
-}

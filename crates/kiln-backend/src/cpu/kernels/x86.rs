@@ -22,9 +22,7 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static AVX2: Kernels = Kernels {
     name: "avx2",
-    tile4: avx2::tile4,
-    // maddubs saturates on 255 x 127 pairs: Q8_0 tiles would not be exact.
-    tile_q8: false,
+    tile4: Some(avx2::tile4),
     q5_0: avx2::q5_0,
     q5_1: avx2::q5_1,
     q5_0x4: avx2::q5_0x4,
@@ -42,8 +40,7 @@ static AVX2: Kernels = Kernels {
 
 static VNNI: Kernels = Kernels {
     name: "avx512-vnni",
-    tile4: vnni::tile4,
-    tile_q8: true,
+    tile4: Some(vnni::tile4),
     q5_0: vnni::q5_0,
     q5_1: vnni::q5_1,
     q5_0x4: vnni::q5_0x4,
@@ -184,6 +181,37 @@ unsafe fn scaled_xsum(nb: usize, field: *const u8, a: ActRow) -> f32 {
     }
 }
 
+/// `scaled_xsum` for four rows (fields[r] -> the row's f16 field array), reduced together.
+#[inline(always)]
+unsafe fn scaled_xsum_x4(nb: usize, fields: [*const u8; 4], a: ActRow) -> [f32; 4] {
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 8 <= nb {
+            let xd = a.d.as_ptr().add(i);
+            let xs = _mm256_loadu_ps(a.sum.as_ptr().add(i));
+            for r in 0..4 {
+                acc[r] = _mm256_fmadd_ps(scales8(fields[r].add(2 * i), xd), xs, acc[r]);
+            }
+            i += 8;
+        }
+        let mut tail = [0f32; 4];
+        while i < nb {
+            for r in 0..4 {
+                tail[r] += f16_at(fields[r].add(2 * i)) * a.d[i] * a.sum[i];
+            }
+            i += 1;
+        }
+        let s = reduce4(acc);
+        [
+            s[0] + tail[0],
+            s[1] + tail[1],
+            s[2] + tail[2],
+            s[3] + tail[3],
+        ]
+    }
+}
+
 #[inline(always)]
 unsafe fn q4_0<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     unsafe {
@@ -288,8 +316,9 @@ unsafe fn q4_0x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) 
         let nb = (rb / 18).min(a.blocks.len());
         let p = rows4(w, rb);
         let dots = blocks32_x4::<M>(nb, p, a, |r, i, x| (nibbles(p[r].add(2 * nb + 16 * i)), x));
+        let offs = scaled_xsum_x4(nb, p, a);
         for r in 0..4 {
-            out[r] = dots[r] - 8.0 * scaled_xsum(nb, p[r], a);
+            out[r] = dots[r] + -8.0 * offs[r];
         }
     }
 }
@@ -300,8 +329,15 @@ unsafe fn q4_1x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) 
         let nb = (rb / 20).min(a.blocks.len());
         let p = rows4(w, rb);
         let dots = blocks32_x4::<M>(nb, p, a, |r, i, x| (nibbles(p[r].add(4 * nb + 16 * i)), x));
+        let m = [
+            p[0].add(2 * nb),
+            p[1].add(2 * nb),
+            p[2].add(2 * nb),
+            p[3].add(2 * nb),
+        ];
+        let offs = scaled_xsum_x4(nb, m, a);
         for r in 0..4 {
-            out[r] = dots[r] + scaled_xsum(nb, p[r].add(2 * nb), a);
+            out[r] = dots[r] + 1.0 * offs[r];
         }
     }
 }
@@ -378,8 +414,9 @@ unsafe fn q5_0x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) 
         let dots = blocks32_x4::<M>(nb, p, a, |r, i, x| {
             (q5_quants(p[r].add(2 * nb + 20 * i)), x)
         });
+        let offs = scaled_xsum_x4(nb, p, a);
         for r in 0..4 {
-            out[r] = dots[r] - 16.0 * scaled_xsum(nb, p[r], a);
+            out[r] = dots[r] + -16.0 * offs[r];
         }
     }
 }
@@ -392,14 +429,22 @@ unsafe fn q5_1x4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) 
         let dots = blocks32_x4::<M>(nb, p, a, |r, i, x| {
             (q5_quants(p[r].add(4 * nb + 20 * i)), x)
         });
+        let m = [
+            p[0].add(2 * nb),
+            p[1].add(2 * nb),
+            p[2].add(2 * nb),
+            p[3].add(2 * nb),
+        ];
+        let offs = scaled_xsum_x4(nb, m, a);
         for r in 0..4 {
-            out[r] = dots[r] + scaled_xsum(nb, p[r].add(2 * nb), a);
+            out[r] = dots[r] + 1.0 * offs[r];
         }
     }
 }
 
-/// Rows r..r+4 of a decoded tile (unsigned quants, f32 scales and offsets) against one
-/// activation row: the prefill inner loop, no unpacking.
+/// Rows r..r+4 of a decoded tile against one activation row: the prefill inner loop, no
+/// unpacking. Same products and summation order as `blocks32_x4` + `scaled_xsum_x4`, so the
+/// result equals the four-row kernels' bit for bit.
 #[inline(always)]
 unsafe fn tile4<M: MulSum>(tile: &DecodedTile, r: usize, a: ActRow, out: &mut [f32; 4]) {
     unsafe {
@@ -407,23 +452,32 @@ unsafe fn tile4<M: MulSum>(tile: &DecodedTile, r: usize, a: ActRow, out: &mut [f
         let tn = tile.nb;
         assert!(tile.s.len() >= (r + 4) * tn && tile.q.len() >= (r + 4) * tn * 32);
         let (q, s, o) = (tile.q.as_ptr(), tile.s.as_ptr(), tile.o.as_ptr());
+        let quants = |at: usize, x: __m256i| {
+            let qv = _mm256_loadu_si256(q.add(at * 32) as *const __m256i);
+            if tile.signed {
+                (_mm256_sign_epi8(qv, qv), _mm256_sign_epi8(x, qv))
+            } else {
+                (qv, x)
+            }
+        };
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut offs = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 8 <= nb {
             let xd = _mm256_loadu_ps(a.d.as_ptr().add(i));
-            let xs = _mm256_mul_ps(_mm256_loadu_ps(a.sum.as_ptr().add(i)), xd);
+            let xs = _mm256_loadu_ps(a.sum.as_ptr().add(i));
             let mut sc = [_mm256_setzero_ps(); 4];
             for k in 0..4 {
                 let at = (r + k) * tn + i;
                 sc[k] = _mm256_mul_ps(_mm256_loadu_ps(s.add(at)), xd);
-                offs[k] = _mm256_fmadd_ps(_mm256_loadu_ps(o.add(at)), xs, offs[k]);
+                let ov = _mm256_mul_ps(_mm256_loadu_ps(o.add(at)), xd);
+                offs[k] = _mm256_fmadd_ps(ov, xs, offs[k]);
             }
             for j in 0..8 {
                 let x = load_x(a.blocks.get_unchecked(i + j));
                 for k in 0..4 {
-                    let qp = q.add(((r + k) * tn + i + j) * 32) as *const __m256i;
-                    let dot = _mm256_cvtepi32_ps(M::mul_sum(_mm256_loadu_si256(qp), x));
+                    let (u, v) = quants((r + k) * tn + i + j, x);
+                    let dot = _mm256_cvtepi32_ps(M::mul_sum(u, v));
                     acc[k] = _mm256_fmadd_ps(dot, lane(sc[k], j as i32), acc[k]);
                 }
             }
@@ -432,20 +486,19 @@ unsafe fn tile4<M: MulSum>(tile: &DecodedTile, r: usize, a: ActRow, out: &mut [f
         let mut tail = [0f32; 4];
         while i < nb {
             let x = load_x(a.blocks.get_unchecked(i));
-            let (xd, xs) = (a.d[i], a.sum[i]);
             for k in 0..4 {
                 let at = (r + k) * tn + i;
-                let qp = q.add(at * 32) as *const __m256i;
-                let dot = _mm256_cvtepi32_ps(M::mul_sum(_mm256_loadu_si256(qp), x));
-                acc[k] = _mm256_fmadd_ps(dot, _mm256_set1_ps(*s.add(at) * xd), acc[k]);
-                tail[k] += *o.add(at) * xd * xs;
+                let (u, v) = quants(at, x);
+                let dot = _mm256_cvtepi32_ps(M::mul_sum(u, v));
+                acc[k] = _mm256_fmadd_ps(dot, _mm256_set1_ps(*s.add(at) * a.d[i]), acc[k]);
+                tail[k] += *o.add(at) * a.d[i] * a.sum[i];
             }
             i += 1;
         }
         let dots = reduce4(acc);
         let offs = reduce4(offs);
         for k in 0..4 {
-            out[k] = dots[k] + offs[k] + tail[k];
+            out[k] = dots[k] + tile.c * (offs[k] + tail[k]);
         }
     }
 }
