@@ -130,6 +130,9 @@ pub struct Kernels {
     pub q4_1x4: Dot4Fn,
     pub q8_0x4: Dot4Fn,
     pub q5_0x4: Dot4Fn,
+    /// Four-row K-quant kernels, where a set has them.
+    pub q4_kx4: Option<Dot4Fn>,
+    pub q6_kx4: Option<Dot4Fn>,
     pub q5_1x4: Dot4Fn,
     pub q5_0: DotFn,
     pub q5_1: DotFn,
@@ -156,7 +159,9 @@ impl Kernels {
             Q8_0 => Some(self.q8_0x4),
             Q5_0 => Some(self.q5_0x4),
             Q5_1 => Some(self.q5_1x4),
-            F32 | F16 | BF16 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => None,
+            Q4_K => self.q4_kx4,
+            Q6_K => self.q6_kx4,
+            F32 | F16 | BF16 | Q8_1 | Q2_K | Q3_K | Q5_K | Q8_K => None,
         }
     }
 
@@ -184,6 +189,8 @@ pub static SCALAR: Kernels = Kernels {
     q4_1x4: scalar::dot4::<{ scalar::Q4_1 }>,
     q8_0x4: scalar::dot4::<{ scalar::Q8_0 }>,
     q5_0x4: scalar::dot4::<{ scalar::Q5_0 }>,
+    q4_kx4: None,
+    q6_kx4: None,
     q5_1x4: scalar::dot4::<{ scalar::Q5_1 }>,
     q5_0: scalar::dot_q5_0,
     q5_1: scalar::dot_q5_1,

@@ -22,6 +22,8 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static AVX2: Kernels = Kernels {
     name: "avx2",
+    q4_kx4: Some(avx2::q4_kx4),
+    q6_kx4: Some(avx2::q6_kx4),
     tile4: Some(avx2::tile4),
     q5_0: avx2::q5_0,
     q5_1: avx2::q5_1,
@@ -40,6 +42,8 @@ static AVX2: Kernels = Kernels {
 
 static VNNI: Kernels = Kernels {
     name: "avx512-vnni",
+    q4_kx4: Some(vnni::q4_kx4),
+    q6_kx4: Some(vnni::q6_kx4),
     tile4: Some(vnni::tile4),
     q5_0: vnni::q5_0,
     q5_1: vnni::q5_1,
@@ -668,6 +672,111 @@ unsafe fn q6_k<M: MulSum>(w: &[u8], a: ActRow) -> f32 {
     }
 }
 
+/// Q4_K, four rows against the same activations.
+#[inline(always)]
+unsafe fn q4_kx4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let p = rows4(w, rb);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut mins = [_mm256_setzero_ps(); 4];
+        for (i, x) in a.blocks.chunks_exact(8).enumerate().take(rb / 144) {
+            let xd = _mm256_loadu_ps(a.d.as_ptr().add(8 * i));
+            let xs = _mm256_loadu_ps(a.sum.as_ptr().add(8 * i));
+            let mut s8 = [_mm256_setzero_ps(); 4];
+            for r in 0..4 {
+                let b = p[r].add(i * 144);
+                let (sc, m) = k4_scales(std::slice::from_raw_parts(b.add(4), 12));
+                let d = _mm256_set1_ps(f16_at(b));
+                s8[r] = _mm256_mul_ps(_mm256_mul_ps(d, u8x8_to_f32(&sc)), xd);
+                let dmin = _mm256_set1_ps(f16_at(b.add(2)));
+                let m8 = _mm256_mul_ps(_mm256_mul_ps(dmin, u8x8_to_f32(&m)), xd);
+                mins[r] = _mm256_fmadd_ps(m8, xs, mins[r]);
+            }
+            for j in 0..4 {
+                let (x0, x1) = (load_x(&x[2 * j]), load_x(&x[2 * j + 1]));
+                for r in 0..4 {
+                    let q = _mm256_loadu_si256(p[r].add(i * 144 + 16 + 32 * j) as *const __m256i);
+                    let lo = _mm256_and_si256(q, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    let d0 = _mm256_cvtepi32_ps(M::mul_sum(lo, x0));
+                    let d1 = _mm256_cvtepi32_ps(M::mul_sum(hi, x1));
+                    acc[r] = _mm256_fmadd_ps(d0, lane(s8[r], 2 * j as i32), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(d1, lane(s8[r], 2 * j as i32 + 1), acc[r]);
+                }
+            }
+        }
+        let dots = reduce4(acc);
+        let mins = reduce4(mins);
+        for r in 0..4 {
+            out[r] = dots[r] - mins[r];
+        }
+    }
+}
+
+/// Q6_K, four rows against the same activations.
+#[inline(always)]
+unsafe fn q6_kx4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(0x03);
+        let m32 = _mm256_set1_epi8(32);
+        let p = rows4(w, rb);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, x) in a.blocks.chunks_exact(8).enumerate().take(rb / 210) {
+            for n in 0..2 {
+                let xs: [__m256i; 4] = std::array::from_fn(|k| load_x(&x[4 * n + k]));
+                let xd: [f32; 4] = std::array::from_fn(|k| *a.d.get_unchecked(8 * i + 4 * n + k));
+                for r in 0..4 {
+                    let b = p[r].add(i * 210);
+                    let ql0 = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
+                    let ql1 = _mm256_loadu_si256(b.add(64 * n + 32) as *const __m256i);
+                    let qh = _mm256_loadu_si256(b.add(128 + 32 * n) as *const __m256i);
+                    let sc = b.add(192 + 8 * n) as *const __m128i;
+                    let s8 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(sc)));
+                    let s8 = _mm256_mul_ps(s8, _mm256_set1_ps(f16_at(b.add(208))));
+                    let quants = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql0, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql1, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                        ),
+                    ];
+                    for (k, q) in quants.into_iter().enumerate() {
+                        let idx = _mm256_setr_epi32(
+                            2 * k as i32,
+                            2 * k as i32,
+                            2 * k as i32,
+                            2 * k as i32,
+                            2 * k as i32 + 1,
+                            2 * k as i32 + 1,
+                            2 * k as i32 + 1,
+                            2 * k as i32 + 1,
+                        );
+                        let scale =
+                            _mm256_mul_ps(_mm256_permutevar8x32_ps(s8, idx), _mm256_set1_ps(xd[k]));
+                        let qs = _mm256_sub_epi8(q, m32);
+                        let dot = M::mul_sum(_mm256_sign_epi8(qs, qs), _mm256_sign_epi8(xs[k], qs));
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+                    }
+                }
+            }
+        }
+        *out = reduce4(acc);
+    }
+}
+
 macro_rules! instantiate {
     ($module:ident, $features:literal, $mul:ty) => {
         mod $module {
@@ -715,6 +824,14 @@ macro_rules! instantiate {
             #[target_feature(enable = $features)]
             pub unsafe fn tile4(t: &DecodedTile, r: usize, a: ActRow, out: &mut [f32; 4]) {
                 unsafe { super::tile4::<$mul>(t, r, a, out) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q4_kx4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+                unsafe { super::q4_kx4::<$mul>(w, rb, a, out) }
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn q6_kx4(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) {
+                unsafe { super::q6_kx4::<$mul>(w, rb, a, out) }
             }
             #[target_feature(enable = $features)]
             pub unsafe fn q4_k(w: &[u8], a: ActRow) -> f32 {
