@@ -2,6 +2,8 @@
 //! 8-bit blocks ([`BlockQ8`]), chosen once at run time: AVX-512 VNNI, AVX2, NEON dotprod, or
 //! the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod pack;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -184,12 +186,16 @@ pub fn available() -> Vec<&'static Kernels> {
     let mut v = vec![&SCALAR];
     #[cfg(target_arch = "x86_64")]
     v.extend(x86::available());
+    #[cfg(target_arch = "aarch64")]
+    v.extend(neon::available());
     v
 }
 
 fn detect() -> Option<&'static Kernels> {
     #[cfg(target_arch = "x86_64")]
     return x86::available().into_iter().next();
+    #[cfg(target_arch = "aarch64")]
+    return neon::available().into_iter().next();
     #[allow(unreachable_code)]
     None
 }
