@@ -8,7 +8,7 @@ targets=(aarch64-unknown-linux-gnu aarch64-apple-darwin)
 installed=$(rustup target list --installed)
 for t in "${targets[@]}"; do
     if ! grep -qx "$t" <<<"$installed"; then
-        rustup target add "$t" >/dev/null 2>&1 || rustup target add "$t"
+        rustup -q target add "$t"
     fi
 done
 
@@ -20,7 +20,15 @@ done
 if ((${#missing[@]})); then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
-        "${missing[@]}" >/dev/null
+    log=$(mktemp)
+    # Quiet unless it fails: then the whole apt log.
+    if ! { $sudo apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"; } \
+        >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        echo "setup-aarch64: installing ${missing[*]} failed" >&2
+        exit 1
+    fi
+    rm -f "$log"
 fi
