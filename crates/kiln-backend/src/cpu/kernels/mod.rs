@@ -1,6 +1,6 @@
 //! Integer dot products of quantized weight rows with activations quantized on the fly to
-//! 8-bit blocks ([`BlockQ8`]), chosen once at run time: AVX-512 VNNI, AVX2, NEON dotprod, or
-//! the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
+//! 8-bit blocks ([`BlockQ8`]), chosen once at run time: AVX-512 VNNI, AVX2, NEON dotprod,
+//! NEON, or the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
