@@ -258,3 +258,20 @@ fn decoded_tiles_equal_four_row_kernels_exactly() {
         }
     }
 }
+
+/// `KILN_REQUIRE_KERNELS=a,b` (CI sets it for the aarch64 run) fails unless those sets are
+/// available here, so a detection slip cannot leave a set untested.
+#[test]
+fn required_kernel_sets_are_available() {
+    let names: Vec<&str> = available().iter().map(|k| k.name).collect();
+    eprintln!("kernel sets: {names:?}");
+    #[cfg(target_arch = "aarch64")]
+    assert!(names.contains(&"neon"), "{names:?}");
+    let required = std::env::var("KILN_REQUIRE_KERNELS").unwrap_or_default();
+    for r in required.split(',').filter(|r| !r.is_empty()) {
+        assert!(
+            names.contains(&r),
+            "kernel set {r} required, available: {names:?}"
+        );
+    }
+}

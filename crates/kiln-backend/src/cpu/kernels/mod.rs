@@ -1,7 +1,9 @@
 //! Integer dot products of quantized weight rows with activations quantized on the fly to
-//! 8-bit blocks ([`BlockQ8`]), chosen once at run time: AVX-512 VNNI, AVX2, NEON dotprod, or
-//! the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
+//! 8-bit blocks ([`BlockQ8`]), chosen once at run time: AVX-512 VNNI, AVX2, NEON dotprod,
+//! NEON, or the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod pack;
 pub mod scalar;
 pub mod tile;
@@ -223,12 +225,16 @@ pub fn available() -> Vec<&'static Kernels> {
     let mut v = vec![&SCALAR];
     #[cfg(target_arch = "x86_64")]
     v.extend(x86::available());
+    #[cfg(target_arch = "aarch64")]
+    v.extend(neon::available());
     v
 }
 
 fn detect() -> Option<&'static Kernels> {
     #[cfg(target_arch = "x86_64")]
     return x86::available().into_iter().next();
+    #[cfg(target_arch = "aarch64")]
+    return neon::available().into_iter().next();
     #[allow(unreachable_code)]
     None
 }
