@@ -448,6 +448,34 @@ impl GgufFile {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
 
+    /// Tells the OS this process is done with the tensor's pages (after a backend has copied or
+    /// repacked them), so they stop counting in its resident memory. Reading the tensor again
+    /// faults them back in from the file: a hint, never a change of contents.
+    pub fn release(&self, info: &TensorInfo) {
+        #[cfg(unix)]
+        {
+            const PAGE: u64 = 4096;
+            let start = info.offset / PAGE * PAGE;
+            let end = (info.offset + info.n_bytes).div_ceil(PAGE) * PAGE;
+            let end = end.min(self.mmap.len() as u64);
+            if end > start {
+                // SAFETY: the map is a read-only view of a file; dropping its pages only makes
+                // the next read fault them in again with the same contents. `&self` hands out
+                // no borrow that outlives this call's caller's use (callers release a tensor
+                // once its bytes have been copied).
+                let _ = unsafe {
+                    self.mmap.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start as usize,
+                        (end - start) as usize,
+                    )
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = info;
+    }
+
     /// The tensor's bytes (bounds were checked when the file was opened).
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         &self.mmap[info.offset as usize..(info.offset + info.n_bytes) as usize]

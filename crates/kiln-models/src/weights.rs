@@ -66,10 +66,13 @@ impl<'a> WeightMap<'a> {
             cols,
             bytes: self.file.tensor_data(t),
         };
-        b.load_weight(data).map_err(|source| ModelError::Backend {
+        let w = b.load_weight(data).map_err(|source| ModelError::Backend {
             file: self.file.path().into(),
             source,
-        })
+        })?;
+        // The backend owns its copy now: the mapped pages need not stay resident.
+        self.file.release(t);
+        Ok(w)
     }
 
     /// A vector of `n` values, as f32.
