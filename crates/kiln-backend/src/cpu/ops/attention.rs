@@ -33,6 +33,7 @@ pub fn attention(
             dst,
             out_cols,
             scale,
+            avx2,
         };
         #[cfg(target_arch = "x86_64")]
         if avx2 {
@@ -53,6 +54,8 @@ struct Items<'a> {
     dst: SharedMut,
     out_cols: usize,
     scale: f32,
+    /// AVX2 and FMA are usable (the caller detected them).
+    avx2: bool,
 }
 
 fn simd_ok() -> bool {
@@ -82,6 +85,7 @@ fn items(job: &Items, i0: usize, i1: usize) {
         dst,
         out_cols,
         scale,
+        avx2,
     } = *job;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
@@ -100,8 +104,8 @@ fn items(job: &Items, i0: usize, i1: usize) {
             let o = &mut acc[..hd];
             let sc = &mut scores[..len];
             match hd {
-                64 => head::<64>(qh, kh, vh, scale, sc, o),
-                128 => head::<128>(qh, kh, vh, scale, sc, o),
+                64 => head::<64>(qh, kh, vh, scale, sc, o, avx2),
+                128 => head::<128>(qh, kh, vh, scale, sc, o, avx2),
                 _ => head_any(qh, kh, vh, scale, sc, o),
             }
             let base = t * out_cols + h * hd;
@@ -123,9 +127,29 @@ fn head<const HD: usize>(
     scale: f32,
     sc: &mut [f32],
     out: &mut [f32],
+    avx2: bool,
 ) {
     let q: &[f32; HD] = q.try_into().expect("head size");
-    for (s, kp) in sc.iter_mut().zip(k.chunks_exact(HD)) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // Eight positions at a time, their eight sums reduced together.
+        let n8 = sc.len() / 8 * 8;
+        for p in (0..n8).step_by(8) {
+            // SAFETY: AVX2/FMA were detected (avx2 is set only then); k holds sc.len() rows.
+            unsafe {
+                qk8::<HD>(
+                    q,
+                    k[p * HD..(p + 8) * HD].as_ptr(),
+                    scale,
+                    sc[p..p + 8].as_mut_ptr(),
+                )
+            };
+        }
+        done = n8;
+    }
+    let _ = avx2;
+    for (s, kp) in sc[done..].iter_mut().zip(k[done * HD..].chunks_exact(HD)) {
         let kp: &[f32; HD] = kp.try_into().expect("head size");
         let mut acc = [0f32; 8];
         for c in 0..HD / 8 {
@@ -145,6 +169,35 @@ fn head<const HD: usize>(
         }
     }
     out.copy_from_slice(&o);
+}
+
+/// Scores of 8 consecutive positions (k: 8 rows of HD) for query q, scaled, into out[0..8].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn qk8<const HD: usize>(q: &[f32; HD], k: *const f32, scale: f32, out: *mut f32) {
+    use std::arch::x86_64::*;
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in 0..HD / 8 {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(c * 8));
+            for (p, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(p * HD + c * 8)), *a);
+            }
+        }
+        // Transposed reduction: lane p of the result is the sum of acc[p].
+        let t0 = _mm256_hadd_ps(acc[0], acc[1]);
+        let t1 = _mm256_hadd_ps(acc[2], acc[3]);
+        let t2 = _mm256_hadd_ps(acc[4], acc[5]);
+        let t3 = _mm256_hadd_ps(acc[6], acc[7]);
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        let lo = _mm256_permute2f128_ps(u0, u1, 0x20);
+        let hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+        _mm256_storeu_ps(
+            out,
+            _mm256_mul_ps(_mm256_add_ps(lo, hi), _mm256_set1_ps(scale)),
+        );
+    }
 }
 
 /// Any head size.
@@ -174,7 +227,7 @@ fn softmax(x: &mut [f32]) {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let mut sum = 0f32;
     for v in x.iter_mut() {
-        *v = exp(*v - max);
+        *v = super::exp(*v - max);
         sum += *v;
     }
     let inv = 1.0 / sum;
@@ -183,35 +236,15 @@ fn softmax(x: &mut [f32]) {
     }
 }
 
-/// e^x for x <= 0 (softmax arguments), relative error ~1e-7, branch-free so loops over it
-/// vectorize: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact n ln2), then
-/// e^x = 2^n e^r with e^r from its Taylor series to r^6.
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.max(-87.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.0 / 720.0;
-    let p = p * r + 1.0 / 120.0;
-    let p = p * r + 1.0 / 24.0;
-    let p = p * r + 1.0 / 6.0;
-    let p = p * r + 0.5;
-    let p = p * r + 1.0;
-    let p = p * r + 1.0;
-    f32::from_bits(p.to_bits().wrapping_add(((n as i32) << 23) as u32))
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn fast_exp_is_accurate() {
         let mut worst = 0f64;
         let mut x = -87.0f32;
-        while x <= 0.0 {
+        while x <= 88.0 {
             let want = (x as f64).exp();
-            let got = super::exp(x) as f64;
+            let got = super::super::exp(x) as f64;
             worst = worst.max(((got - want) / want).abs());
             x += 0.001;
         }

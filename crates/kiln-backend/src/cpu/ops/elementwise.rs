@@ -4,7 +4,7 @@ use crate::cpu::CpuTensor;
 pub fn silu_mul(gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
     let len = n * gate.cols;
     for (g, &u) in gate.data[..len].iter_mut().zip(&up.data[..len]) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + super::exp(-*g)) * u;
     }
 }
 

@@ -208,7 +208,7 @@ pub fn matmul_jobs(
                     }
                     Epilogue::SiluMul(up) => {
                         dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, g| unsafe {
-                            dst.write(t * rows + r, g / (1.0 + (-g).exp()))
+                            dst.write(t * rows + r, g / (1.0 + super::exp(-g)))
                         });
                         dots.rows(up, t0, t1, &mut buf, &mut tile, |t, r, u| unsafe {
                             *dst.0.add(t * rows + r) *= u;
