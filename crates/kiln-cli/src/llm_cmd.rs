@@ -81,7 +81,7 @@ pub struct SpecArgs {
     #[arg(long, value_name = "MODEL")]
     pub draft: Option<String>,
     /// Most tokens drafted per step.
-    #[arg(long = "draft-max", value_name = "K", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long = "draft-max", value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub draft_max: u16,
 }
 
