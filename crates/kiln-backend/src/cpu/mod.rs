@@ -26,6 +26,8 @@ pub struct CpuBackend {
     kernels: &'static Kernels,
     /// Activations quantized for the integer kernels (reused across ops).
     act: Mutex<QuantAct>,
+    /// The last RoPE config's per-pair frequencies.
+    rope_freqs: Mutex<Option<(RopeConfig, Vec<f32>)>>,
 }
 
 /// f32 activations with room for `data.len() / cols` rows.
@@ -89,6 +91,7 @@ impl CpuBackend {
             pool: Pool::new(threads),
             kernels,
             act: Mutex::default(),
+            rope_freqs: Mutex::default(),
         }
     }
 
@@ -99,6 +102,7 @@ impl CpuBackend {
             pool: Pool::new(1),
             kernels: &kernels::SCALAR,
             act: Mutex::default(),
+            rope_freqs: Mutex::default(),
         }
     }
 
@@ -352,7 +356,13 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &mut CpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {
-        ops::rope::rope(x, rope, heads, pos0, n)
+        // Frequencies computed once per config (powf per pair is not free at decode rates).
+        let mut cache = self.rope_freqs.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.as_ref().is_none_or(|(c, _)| c != rope) {
+            *cache = Some((rope.clone(), rope.inv_freqs()));
+        }
+        let inv = &cache.as_ref().expect("filled above").1;
+        ops::rope::rope(x, rope, inv, heads, pos0, n)
     }
 
     fn kv_store(

@@ -76,6 +76,23 @@ unsafe fn items_avx2(job: &Items, i0: usize, i1: usize) {
 /// Work items i0..i1, each one (token, kv head).
 #[inline(always)]
 fn items(job: &Items, i0: usize, i1: usize) {
+    let (hd, max_len) = (job.s.head_dim, job.s.pos0 + job.s.n_tokens);
+    // Per-thread scratch, kept between calls (no allocation per token): one head's scores
+    // over every position, and its output.
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
+    }
+    SCRATCH.with(|cell| {
+        let mut guard = cell.borrow_mut();
+        let (scores, acc) = &mut *guard;
+        scores.resize(scores.len().max(max_len), 0.0);
+        acc.resize(acc.len().max(hd), 0.0);
+        items_with(job, i0, i1, scores, acc)
+    })
+}
+
+#[inline(always)]
+fn items_with(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32]) {
     let Items {
         q,
         k,
@@ -89,10 +106,6 @@ fn items(job: &Items, i0: usize, i1: usize) {
     } = *job;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
-    let max_len = s.pos0 + s.n_tokens;
-    // Per-worker scratch: one head's scores over every position, and its output.
-    let mut scores = vec![0f32; max_len];
-    let mut acc = vec![0f32; hd];
     for i in i0..i1 {
         let (t, kvh) = (i / s.n_kv_heads, i % s.n_kv_heads);
         let len = s.pos0 + t + 1;
