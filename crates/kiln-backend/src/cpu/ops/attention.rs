@@ -35,14 +35,26 @@ pub fn attention(
             scale,
             avx2,
         };
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: AVX2 and FMA were detected on this CPU.
-            return unsafe { items_avx2(&job, i0, i1) };
-        }
-        let _ = avx2;
-        items(&job, i0, i1)
+        // Per-thread scratch, kept between calls (no allocation per token): one head's
+        // scores over every position, and its output.
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            let (scores, acc) = &mut *guard;
+            scores.resize(scores.len().max(s.pos0 + s.n_tokens), 0.0);
+            acc.resize(acc.len().max(s.head_dim), 0.0);
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected on this CPU. (The feature boundary is
+                // this call: closures do not inherit target features.)
+                return unsafe { items_avx2(&job, i0, i1, scores, acc) };
+            }
+            items(&job, i0, i1, scores, acc)
+        })
     });
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
 }
 
 struct Items<'a> {
@@ -69,30 +81,13 @@ fn simd_ok() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn items_avx2(job: &Items, i0: usize, i1: usize) {
-    items(job, i0, i1)
+unsafe fn items_avx2(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32]) {
+    items(job, i0, i1, scores, acc)
 }
 
 /// Work items i0..i1, each one (token, kv head).
 #[inline(always)]
-fn items(job: &Items, i0: usize, i1: usize) {
-    let (hd, max_len) = (job.s.head_dim, job.s.pos0 + job.s.n_tokens);
-    // Per-thread scratch, kept between calls (no allocation per token): one head's scores
-    // over every position, and its output.
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
-    }
-    SCRATCH.with(|cell| {
-        let mut guard = cell.borrow_mut();
-        let (scores, acc) = &mut *guard;
-        scores.resize(scores.len().max(max_len), 0.0);
-        acc.resize(acc.len().max(hd), 0.0);
-        items_with(job, i0, i1, scores, acc)
-    })
-}
-
-#[inline(always)]
-fn items_with(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32]) {
+fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32]) {
     let Items {
         q,
         k,
