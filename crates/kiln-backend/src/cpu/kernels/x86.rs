@@ -725,8 +725,20 @@ unsafe fn q6_kx4<M: MulSum>(w: &[u8], rb: usize, a: ActRow, out: &mut [f32; 4]) 
         let mut acc = [_mm256_setzero_ps(); 4];
         for (i, x) in a.blocks.chunks_exact(8).enumerate().take(rb / 210) {
             for n in 0..2 {
-                let xs: [__m256i; 4] = std::array::from_fn(|k| load_x(&x[4 * n + k]));
-                let xd: [f32; 4] = std::array::from_fn(|k| *a.d.get_unchecked(8 * i + 4 * n + k));
+                // Plain arrays, not array::from_fn: a closure would not inherit this function's
+                // target features and the loads would become calls.
+                let xs = [
+                    load_x(&x[4 * n]),
+                    load_x(&x[4 * n + 1]),
+                    load_x(&x[4 * n + 2]),
+                    load_x(&x[4 * n + 3]),
+                ];
+                let xd = [
+                    *a.d.get_unchecked(8 * i + 4 * n),
+                    *a.d.get_unchecked(8 * i + 4 * n + 1),
+                    *a.d.get_unchecked(8 * i + 4 * n + 2),
+                    *a.d.get_unchecked(8 * i + 4 * n + 3),
+                ];
                 for r in 0..4 {
                     let b = p[r].add(i * 210);
                     let ql0 = _mm256_loadu_si256(b.add(64 * n) as *const __m256i);
