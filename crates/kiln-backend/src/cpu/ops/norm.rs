@@ -2,9 +2,14 @@
 
 use crate::cpu::CpuTensor;
 
-fn norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+/// 1 / sqrt(mean(x^2) + eps)
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / ((ss / x.len() as f64) + eps as f64).sqrt()) as f32;
+    (1.0 / ((ss / x.len() as f64) + eps as f64).sqrt()) as f32
+}
+
+fn norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let scale = inv_rms(x, eps);
     for ((o, &xv), &wv) in out.iter_mut().zip(x).zip(w) {
         *o = xv * scale * wv;
     }
@@ -25,9 +30,10 @@ pub fn rms_norm(x: &CpuTensor, w: &CpuTensor, eps: f32, n: usize, out: &mut CpuT
 /// x viewed as (n * heads, head_dim) with head_dim = w.len(), normalised per head, in place.
 pub fn rms_norm_heads(x: &mut CpuTensor, w: &CpuTensor, eps: f32, n: usize) {
     let hd = w.cols;
-    let mut tmp = vec![0f32; hd];
     for head in x.data[..n * x.cols].chunks_exact_mut(hd) {
-        norm_into(head, &w.data[..hd], eps, &mut tmp);
-        head.copy_from_slice(&tmp);
+        let scale = inv_rms(head, eps);
+        for (v, &wv) in head.iter_mut().zip(&w.data[..hd]) {
+            *v = *v * scale * wv;
+        }
     }
 }
