@@ -25,6 +25,7 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static NEON: Kernels = Kernels {
     name: "neon",
+    x8: None,
     // No decoded-tile prefill or four-row K-quant kernels on ARM yet: prefill unpacks per
     // token, K-quant rows run one at a time.
     tile4: None,
@@ -47,6 +48,7 @@ static NEON: Kernels = Kernels {
 
 static DOTPROD: Kernels = Kernels {
     name: "neon-dotprod",
+    x8: None,
     // No decoded-tile prefill or four-row K-quant kernels on ARM yet: prefill unpacks per
     // token, K-quant rows run one at a time.
     tile4: None,

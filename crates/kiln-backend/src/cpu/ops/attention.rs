@@ -156,7 +156,6 @@ fn head<const HD: usize>(
         }
         done = n8;
     }
-    let _ = avx2;
     for (s, kp) in sc[done..].iter_mut().zip(k[done * HD..].chunks_exact(HD)) {
         let kp: &[f32; HD] = kp.try_into().expect("head size");
         let mut acc = [0f32; 8];
@@ -172,8 +171,15 @@ fn head<const HD: usize>(
     let mut o = [0f32; HD];
     for (&w, vp) in sc.iter().zip(v.chunks_exact(HD)) {
         let vp: &[f32; HD] = vp.try_into().expect("head size");
-        for e in 0..HD {
-            o[e] += w * vp[e];
+        if avx2 {
+            // Fused (FMA was detected with AVX2); without FMA hardware mul_add is a call.
+            for e in 0..HD {
+                o[e] = w.mul_add(vp[e], o[e]);
+            }
+        } else {
+            for e in 0..HD {
+                o[e] += w * vp[e];
+            }
         }
     }
     out.copy_from_slice(&o);
@@ -229,15 +235,32 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     super::dot(a, b)
 }
 
-/// In-place softmax with a vectorizable exponential.
+/// In-place softmax; every pass vectorizes (8 lanes for the max and the sum).
 #[inline(always)]
 fn softmax(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut sum = 0f32;
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            m[l] = if c[l] > m[l] { c[l] } else { m[l] };
+        }
+    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&m)
+        .fold(f32::NEG_INFINITY, |a, &v| a.max(v));
     for v in x.iter_mut() {
         *v = super::exp(*v - max);
-        sum += *v;
     }
+    let mut s = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            s[l] += c[l];
+        }
+    }
+    let sum = s.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>();
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;

@@ -8,7 +8,8 @@
 
 use super::dot;
 use crate::cpu::kernels::tile::{DecodedTile, TileDotFn};
-use crate::cpu::kernels::{Dot4Fn, DotFn, Kernels, QuantAct};
+use crate::cpu::kernels::x8::{self, GemmFn};
+use crate::cpu::kernels::{ActRow, Dot4Fn, DotFn, Kernels, QuantAct};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::{CpuTensor, CpuWeight};
 
@@ -39,6 +40,8 @@ pub struct Job<'a> {
 
 /// Computes W[r] . x[t] for rows of W and all t, handing each value to `emit(t, r, v)`.
 struct RowDots<'a> {
+    /// The interleaved kernel (weights packed in groups of 8 rows) and its tokens per call.
+    x8: Option<(GemmFn, usize)>,
     kernel: Option<DotFn>,
     kernel4: Option<Dot4Fn>,
     tile4: Option<TileDotFn>,
@@ -58,6 +61,10 @@ impl RowDots<'_> {
         tile: &mut DecodedTile,
         mut emit: impl FnMut(usize, usize, f32),
     ) {
+        if w.x8 {
+            let (k, max_t) = self.x8.expect("x8 weights come with an x8 kernel set");
+            return self.rows_x8(k, max_t, w, r0, r1, emit);
+        }
         let mut r = r0;
         if let Some(tk) = self
             .tile4
@@ -102,6 +109,45 @@ impl RowDots<'_> {
         }
         for r in r..r1 {
             self.row(w, r, buf, |t, v| emit(t, r, v));
+        }
+    }
+
+    /// Rows r0..r1 (r0 a multiple of 8) of an interleaved weight, a group at a time; every
+    /// token runs over a group while its unpacked quants are at hand.
+    fn rows_x8(
+        &self,
+        k: GemmFn,
+        max_t: usize,
+        w: &CpuWeight,
+        r0: usize,
+        r1: usize,
+        mut emit: impl FnMut(usize, usize, f32),
+    ) {
+        debug_assert_eq!(r0 % x8::ROWS, 0);
+        let gb = x8::group_bytes(w.ty, w.cols);
+        let mut out = [[0f32; x8::ROWS]; 4];
+        let max_t = max_t.min(out.len());
+        for g0 in (r0..r1).step_by(x8::ROWS) {
+            let g = g0 / x8::ROWS;
+            // The next group while this one computes (one stream, ahead of the prefetcher).
+            prefetch(&w.bytes, (g + 1) * gb, gb);
+            let group = w.group(g);
+            let rows = (r1 - g0).min(x8::ROWS);
+            let mut t0 = 0;
+            while t0 < self.n {
+                let tn = (self.n - t0).min(max_t);
+                let acts: [ActRow; 4] =
+                    std::array::from_fn(|i| self.act.row((t0 + i).min(self.n - 1)));
+                // SAFETY: the kernel set was detected on this CPU; the group and the
+                // activation rows cover the same cols (the kernel checks lengths).
+                unsafe { k(group, w.cols, &acts[..tn], &mut out[..tn]) };
+                for (t, o) in out[..tn].iter().enumerate() {
+                    for (j, &v) in o[..rows].iter().enumerate() {
+                        emit(t0 + t, g0 + j, v);
+                    }
+                }
+                t0 += tn;
+            }
         }
     }
 
@@ -184,6 +230,9 @@ pub fn matmul_jobs(
             }
             let (dst, rows) = outs[ji];
             let dots = RowDots {
+                x8: kernels
+                    .x8_for(job.w.ty)
+                    .map(|k| (k, kernels.x8.map_or(1, |s| s.max_tokens))),
                 kernel: kernels.dot_for(job.w.ty),
                 kernel4: kernels.dot4_for(job.w.ty),
                 tile4: kernels.tile4_for(job.w.ty),
