@@ -27,9 +27,11 @@ impl Rng {
     }
 }
 
-const FORMATS: [GgmlType; 5] = [
+const FORMATS: [GgmlType; 7] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::Q6_K,

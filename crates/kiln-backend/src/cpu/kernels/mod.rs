@@ -291,9 +291,11 @@ pub static SCALAR: Kernels = Kernels {
     q6_k: scalar::dot_q6_k,
 };
 
-/// Whether `KILN_NO_SIMD` asks for the scalar kernels.
+/// Whether `KILN_NO_SIMD` asks for the scalar kernels (read once per process: the hot
+/// paths ask on every call).
 pub fn simd_disabled() -> bool {
-    std::env::var_os("KILN_NO_SIMD").is_some_and(|v| !v.is_empty() && v != "0")
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var_os("KILN_NO_SIMD").is_some_and(|v| !v.is_empty() && v != "0"))
 }
 
 /// The best kernels this CPU runs (detected once).

@@ -11,6 +11,9 @@
 //! - Q4_0 (144 B): d[8] f16, then chunks c = 0..4 of 8 x qs[4c..4c+4] (low nibble: value
 //!   4c+k, high nibble: value 16+4c+k).
 //! - Q4_1 (160 B): d[8], m[8], then the Q4_0 chunks.
+//! - Q5_0 (176 B): d[8], then h: 8 x 4 bytes whose byte k holds in bit c the fifth bit of
+//!   value 4c+k and in bit 4+c that of value 16+4c+k, then the Q4_0 chunks.
+//! - Q5_1 (192 B): d[8], m[8], h, then the Q4_0 chunks.
 //! - Q8_0 (272 B): d[8], then chunks c = 0..8 of 8 x (q[4c..4c+4] as u8 ^ 0x80), so the
 //!   quants are unsigned with value d * (u - 128).
 //! - Q4_K (1184 B): d[8], dmin[8] f16, sc[j][8] and m[j][8] u8 for the 8 sub-blocks
@@ -31,7 +34,13 @@ pub const ROWS: usize = 8;
 pub fn supports(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q6_K
     )
 }
 
@@ -40,6 +49,8 @@ fn block(ty: GgmlType) -> (usize, usize) {
     match ty {
         GgmlType::Q4_0 => (144, 32),
         GgmlType::Q4_1 => (160, 32),
+        GgmlType::Q5_0 => (176, 32),
+        GgmlType::Q5_1 => (192, 32),
         GgmlType::Q8_0 => (272, 32),
         GgmlType::Q4_K => (1184, 256),
         GgmlType::Q6_K => (1680, 256),
@@ -84,6 +95,28 @@ pub fn pack_group(ty: GgmlType, rows: &[&[u8]], cols: usize, dst: &mut [u8]) {
                     for c in 0..4 {
                         let at = q0 + 32 * c + 4 * r;
                         out[at..at + 4].copy_from_slice(&b[head + 4 * c..head + 4 * c + 4]);
+                    }
+                }
+                GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                    let head = if ty == GgmlType::Q5_0 { 2 } else { 4 };
+                    put_f16(out, 2 * r, b);
+                    if head == 4 {
+                        put_f16(out, 16 + 2 * r, &b[2..]);
+                    }
+                    let qh = u32::from_le_bytes([b[head], b[head + 1], b[head + 2], b[head + 3]]);
+                    let h0 = 8 * head;
+                    for k in 0..4 {
+                        let mut byte = 0u8;
+                        for c in 0..4 {
+                            byte |= ((qh >> (4 * c + k) & 1) as u8) << c;
+                            byte |= ((qh >> (16 + 4 * c + k) & 1) as u8) << (4 + c);
+                        }
+                        out[h0 + 4 * r + k] = byte;
+                    }
+                    for c in 0..4 {
+                        let at = h0 + 32 + 32 * c + 4 * r;
+                        let src = head + 4 + 4 * c;
+                        out[at..at + 4].copy_from_slice(&b[src..src + 4]);
                     }
                 }
                 GgmlType::Q8_0 => {
@@ -183,6 +216,28 @@ pub fn unpack_row(ty: GgmlType, group: &[u8], cols: usize, r: usize, dst: &mut [
                     b[head + 4 * c..head + 4 * c + 4].copy_from_slice(&g[at..at + 4]);
                 }
             }
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let head = if ty == GgmlType::Q5_0 { 2 } else { 4 };
+                b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
+                if head == 4 {
+                    b[2..4].copy_from_slice(&g[16 + 2 * r..16 + 2 * r + 2]);
+                }
+                let h0 = 8 * head;
+                let mut qh = 0u32;
+                for k in 0..4 {
+                    let byte = g[h0 + 4 * r + k] as u32;
+                    for c in 0..4 {
+                        qh |= (byte >> c & 1) << (4 * c + k);
+                        qh |= (byte >> (4 + c) & 1) << (16 + 4 * c + k);
+                    }
+                }
+                b[head..head + 4].copy_from_slice(&qh.to_le_bytes());
+                for c in 0..4 {
+                    let at = h0 + 32 + 32 * c + 4 * r;
+                    let dst = head + 4 + 4 * c;
+                    b[dst..dst + 4].copy_from_slice(&g[at..at + 4]);
+                }
+            }
             GgmlType::Q8_0 => {
                 b[0..2].copy_from_slice(&g[2 * r..2 * r + 2]);
                 for c in 0..8 {
@@ -263,6 +318,8 @@ pub struct X8Kernels {
     pub max_tokens: usize,
     pub q4_0: GemmFn,
     pub q4_1: GemmFn,
+    pub q5_0: GemmFn,
+    pub q5_1: GemmFn,
     pub q8_0: GemmFn,
     pub q4_k: GemmFn,
     pub q6_k: GemmFn,
@@ -274,10 +331,12 @@ impl X8Kernels {
         match ty {
             Q4_0 => Some(self.q4_0),
             Q4_1 => Some(self.q4_1),
+            Q5_0 => Some(self.q5_0),
+            Q5_1 => Some(self.q5_1),
             Q8_0 => Some(self.q8_0),
             Q4_K => Some(self.q4_k),
             Q6_K => Some(self.q6_k),
-            F32 | F16 | BF16 | Q5_0 | Q5_1 | Q8_1 | Q2_K | Q3_K | Q5_K | Q8_K => None,
+            F32 | F16 | BF16 | Q8_1 | Q2_K | Q3_K | Q5_K | Q8_K => None,
         }
     }
 }

@@ -94,7 +94,8 @@ unsafe fn xq(a: &ActRow, i: usize) -> *const i8 {
     unsafe { a.blocks.get_unchecked(i).qs.as_ptr() }
 }
 
-/// Q4_0 (F = 0), Q4_1 (F = 1), Q8_0 (F = 2) over `nb` blocks for T tokens.
+/// Q4_0 (F = 0), Q4_1 (F = 1), Q8_0 (F = 2), Q5_0 (F = 3), Q5_1 (F = 4) over `nb` blocks
+/// for T tokens.
 #[inline(always)]
 unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
     g: *const u8,
@@ -106,15 +107,22 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
         let (bb, c) = match F {
             0 => (144, -8.0),
             1 => (160, 1.0),
-            _ => (272, M::Q8_OFFSET),
+            2 => (272, M::Q8_OFFSET),
+            3 => (176, -16.0),
+            _ => (192, 1.0),
         };
+        let m10 = _mm256_set1_epi8(0x10);
         let m4 = _mm256_set1_epi8(0x0F);
         let mut f = [_mm256_setzero_ps(); T];
         let mut o = [_mm256_setzero_ps(); T];
         for i in 0..nb {
             let b = g.add(i * bb);
             let dw = f16x8(b);
-            let ow = if F == 1 { f16x8(b.add(16)) } else { dw };
+            let ow = if F == 1 || F == 4 {
+                f16x8(b.add(16))
+            } else {
+                dw
+            };
             let mut acc = [[_mm256_setzero_si256(); 2]; T];
             if F == 2 {
                 for ch in 0..8 {
@@ -125,11 +133,28 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
                     }
                 }
             } else {
-                let q0 = if F == 1 { 32 } else { 16 };
+                let q0 = match F {
+                    0 => 16,
+                    1 => 32,
+                    3 => 48,
+                    _ => 64,
+                };
+                // Q5: the fifth bits, bit c (low values) and 4 + c (high values) of each byte.
+                let h = if F >= 3 { load(b.add(q0 - 32)) } else { m4 };
                 for ch in 0..4 {
                     let v = load(b.add(q0 + 32 * ch));
-                    let lo = _mm256_and_si256(v, m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    let mut lo = _mm256_and_si256(v, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if F >= 3 {
+                        let (hl, hh) = match ch {
+                            0 => (_mm256_slli_epi16(h, 4), h),
+                            1 => (_mm256_slli_epi16(h, 3), _mm256_srli_epi16(h, 1)),
+                            2 => (_mm256_slli_epi16(h, 2), _mm256_srli_epi16(h, 2)),
+                            _ => (_mm256_slli_epi16(h, 1), _mm256_srli_epi16(h, 3)),
+                        };
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(hl, m10));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(hh, m10));
+                    }
                     for t in 0..T {
                         let x = xq(&a[t], i);
                         acc[t][0] = M::acc(acc[t][0], lo, bcast4(x, 4 * ch));
@@ -311,6 +336,8 @@ macro_rules! instantiate {
             gemm!($features, $m, q4_0, 32, 144, gemm_legacy, 0);
             gemm!($features, $m, q4_1, 32, 160, gemm_legacy, 1);
             gemm!($features, $m, q8_0, 32, 272, gemm_legacy, 2);
+            gemm!($features, $m, q5_0, 32, 176, gemm_legacy, 3);
+            gemm!($features, $m, q5_1, 32, 192, gemm_legacy, 4);
             gemm!($features, $m, q4_k, 256, 1184, gemm_q4_k);
             gemm!($features, $m, q6_k, 256, 1680, gemm_q6_k);
         }
@@ -324,6 +351,8 @@ pub static AVX2: X8Kernels = X8Kernels {
     max_tokens: Avx2::MAX_T,
     q4_0: avx2::q4_0,
     q4_1: avx2::q4_1,
+    q5_0: avx2::q5_0,
+    q5_1: avx2::q5_1,
     q8_0: avx2::q8_0,
     q4_k: avx2::q4_k,
     q6_k: avx2::q6_k,
@@ -333,6 +362,8 @@ pub static VNNI: X8Kernels = X8Kernels {
     max_tokens: Vnni::MAX_T,
     q4_0: vnni::q4_0,
     q4_1: vnni::q4_1,
+    q5_0: vnni::q5_0,
+    q5_1: vnni::q5_1,
     q8_0: vnni::q8_0,
     q4_k: vnni::q4_k,
     q6_k: vnni::q6_k,

@@ -129,8 +129,10 @@ impl RowDots<'_> {
         let max_t = max_t.min(out.len());
         for g0 in (r0..r1).step_by(x8::ROWS) {
             let g = g0 / x8::ROWS;
-            // The next group while this one computes (one stream, ahead of the prefetcher).
-            prefetch(&w.bytes, (g + 1) * gb, gb);
+            let pf = x8_prefetch();
+            if pf > 0 {
+                prefetch(&w.bytes, (g + 1) * gb, gb.min(pf));
+            }
             let group = w.group(g);
             let rows = (r1 - g0).min(x8::ROWS);
             let mut t0 = 0;
@@ -267,6 +269,18 @@ pub fn matmul_jobs(
             }
         }
     });
+}
+
+/// Bytes of the next group to prefetch in the interleaved path (`KILN_X8_PREFETCH`, default
+/// 0: a group is one contiguous stream, which the hardware prefetcher follows).
+fn x8_prefetch() -> usize {
+    static PF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PF.get_or_init(|| {
+        std::env::var("KILN_X8_PREFETCH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
 }
 
 /// Asks the cache for `len` bytes of `b` from `at` ahead of use (ignored past the end).
