@@ -118,6 +118,13 @@ fn interleaved_kernels_equal_scalar_reference_and_ignore_the_batch() {
     if std::is_x86_feature_detected!("avx2") {
         assert!(!sets.is_empty(), "AVX2 machine without interleaved kernels");
     }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("dotprod") {
+        assert!(
+            !sets.is_empty(),
+            "dotprod machine without interleaved kernels"
+        );
+    }
     for ty in FORMATS {
         for &cols in shapes(ty) {
             let nrows = 13;

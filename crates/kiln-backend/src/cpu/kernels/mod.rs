@@ -4,6 +4,8 @@
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_x8;
 pub mod pack;
 pub mod scalar;
 pub mod tile;

@@ -138,6 +138,7 @@ fn head<const HD: usize>(
     avx2: bool,
 ) {
     let q: &[f32; HD] = q.try_into().expect("head size");
+    #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if avx2 {
