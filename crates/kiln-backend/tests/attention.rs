@@ -18,6 +18,8 @@ fn attention_matches_naive() {
         (9, 3, 64, 7, 3),
         (16, 8, 128, 30, 1),
         (6, 1, 16, 0, 9),
+        (8, 2, 64, 40, 21),
+        (4, 2, 128, 0, 64),
     ] {
         for threads in [1, 2] {
             let b = CpuBackend::new(threads);
