@@ -196,7 +196,10 @@ impl Ct2File {
         let n_vars = r.u32(&|| "variable count".into())? as usize;
         // Each variable takes at least 8 bytes: a count beyond that is a corrupt header.
         if n_vars > map.len() / 8 {
-            return Err(invalid(format!("{n_vars} variables cannot fit in {} bytes", map.len())));
+            return Err(invalid(format!(
+                "{n_vars} variables cannot fit in {} bytes",
+                map.len()
+            )));
         }
         let mut vars = Vec::with_capacity(n_vars);
         let mut index = HashMap::with_capacity(n_vars);

@@ -66,7 +66,9 @@ fn every_truncation_and_corruption_is_an_error() {
     let full = sample();
     for cut in 0..full.len() {
         let p = write("cut.bin", &full[..cut]);
-        let e = Ct2File::open(&p).err().unwrap_or_else(|| panic!("cut at {cut} opened"));
+        let e = Ct2File::open(&p)
+            .err()
+            .unwrap_or_else(|| panic!("cut at {cut} opened"));
         let msg = e.to_string();
         assert!(msg.contains("cut.bin"), "{msg}");
     }
@@ -91,7 +93,11 @@ fn every_truncation_and_corruption_is_an_error() {
 #[test]
 fn real_whisper_tiny_en() {
     let dir = kiln_assets::resolve("whisper-tiny.en", &mut |_| {}).unwrap();
-    let dir = if dir.is_dir() { dir } else { dir.parent().unwrap().into() };
+    let dir = if dir.is_dir() {
+        dir
+    } else {
+        dir.parent().unwrap().into()
+    };
     let f = Ct2File::open(dir.join("model.bin")).unwrap();
     assert_eq!((f.version, f.spec.as_str()), (6, "WhisperSpec"));
     assert_eq!(f.vars.len(), 148);

@@ -17,7 +17,7 @@ use kernels::pack::{dequant_packed_row, pack_row};
 use kernels::{Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
-use crate::{AttnShape, Backend, BackendError, RopeConfig, WeightData};
+use crate::{AttnShape, Backend, BackendError, DenseAttnShape, RopeConfig, WeightData};
 pub use par::Pool;
 
 pub struct CpuBackend {
@@ -414,5 +414,52 @@ impl Backend for CpuBackend {
     fn copy_row(&self, src: &CpuTensor, src_row: usize, dst: &mut CpuTensor) {
         let c = src.cols;
         dst.data[..c].copy_from_slice(&src.data[src_row * c..(src_row + 1) * c]);
+    }
+
+    // ---- speech ops ----
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        gamma: &CpuTensor,
+        beta: &CpuTensor,
+        eps: f32,
+        n: usize,
+        out: &mut CpuTensor,
+    ) {
+        ops::layer_norm::layer_norm(x, gamma, beta, eps, n, out)
+    }
+
+    fn gelu(&self, x: &mut CpuTensor, n: usize) {
+        ops::gelu::gelu(x, n)
+    }
+
+    fn conv1d(
+        &self,
+        w: &CpuWeight,
+        bias: Option<&CpuTensor>,
+        x: &CpuTensor,
+        t_in: usize,
+        kernel: usize,
+        stride: usize,
+        pad: usize,
+        out: &mut CpuTensor,
+    ) -> usize {
+        let t_out = ops::conv1d::out_len(t_in, kernel, stride, pad);
+        let mut cols = self.tensor(t_out, x.cols * kernel);
+        ops::conv1d::im2col(x, t_in, kernel, stride, pad, &mut cols);
+        self.matmul(w, &cols, bias, t_out, out);
+        t_out
+    }
+
+    fn attention_dense(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        shape: DenseAttnShape,
+        out: &mut CpuTensor,
+    ) {
+        ops::attention_dense::attention_dense(&self.pool, q, k, v, shape, out)
     }
 }

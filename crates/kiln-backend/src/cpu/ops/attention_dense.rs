@@ -1,0 +1,134 @@
+//! Multi-head attention without a cache, for encoders and cross-attention:
+//! q (n_q, heads·hd), k and v (n_kv, heads·hd) -> out (n_q, heads·hd),
+//! out[t, h] = softmax(q[t, h] · k[·, h]ᵀ / √hd) · v[·, h], over every key (non-causal) or
+//! over keys 0..=t + n_kv − n_q (causal, the queries being the last n_q positions).
+//!
+//! Work items are (query, head), split over threads; scores live in per-thread scratch.
+
+use crate::cpu::par::{Pool, SharedMut};
+use crate::cpu::CpuTensor;
+use crate::DenseAttnShape as DenseShape;
+
+pub fn attention_dense(
+    pool: &Pool,
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    s: DenseShape,
+    out: &mut CpuTensor,
+) {
+    let d = s.heads * s.head_dim;
+    assert!(q.cols == d && k.cols == d && v.cols == d && out.cols == d);
+    assert!(k.data.len() >= s.n_kv * d && v.data.len() >= s.n_kv * d);
+    let dst = SharedMut(out.data.as_mut_ptr());
+    let avx2 = simd_ok();
+    pool.run(s.n_q * s.heads, |i0, i1| {
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            let scores: &mut Vec<f32> = &mut guard;
+            let want = scores.len().max(s.n_kv);
+            scores.resize(want, 0.0);
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected on this CPU.
+                return unsafe { items_avx2(q, k, v, s, dst, i0, i1, scores) };
+            }
+            let _ = avx2;
+            items(q, k, v, s, dst, i0, i1, scores)
+        })
+    });
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = Default::default();
+}
+
+fn simd_ok() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return !crate::cpu::kernels::simd_disabled()
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma");
+    #[allow(unreachable_code)]
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn items_avx2(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    s: DenseShape,
+    dst: SharedMut,
+    i0: usize,
+    i1: usize,
+    scores: &mut [f32],
+) {
+    items(q, k, v, s, dst, i0, i1, scores)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn items(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    s: DenseShape,
+    dst: SharedMut,
+    i0: usize,
+    i1: usize,
+    scores: &mut [f32],
+) {
+    let (hd, d) = (s.head_dim, s.heads * s.head_dim);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut acc = [0f32; 256];
+    for i in i0..i1 {
+        let (t, h) = (i / s.heads, i % s.heads);
+        let len = if s.causal {
+            (t + 1 + s.n_kv.saturating_sub(s.n_q)).min(s.n_kv)
+        } else {
+            s.n_kv
+        };
+        let qh = &q.data[t * d + h * hd..t * d + (h + 1) * hd];
+        let sc = &mut scores[..len];
+        let mut max = f32::NEG_INFINITY;
+        for (p, sv) in sc.iter_mut().enumerate() {
+            let kp = &k.data[p * d + h * hd..p * d + (h + 1) * hd];
+            *sv = super::dot(qh, kp) * scale;
+            max = max.max(*sv);
+        }
+        let mut sum = 0f32;
+        for sv in sc.iter_mut() {
+            *sv = super::exp(*sv - max);
+            sum += *sv;
+        }
+        let inv = 1.0 / sum;
+        let o = &mut acc[..hd.min(256)];
+        if hd <= 256 {
+            o.fill(0.0);
+            for (p, &w) in sc.iter().enumerate() {
+                let vp = &v.data[p * d + h * hd..p * d + (h + 1) * hd];
+                for (x, &y) in o.iter_mut().zip(vp) {
+                    *x += w * y;
+                }
+            }
+            let base = t * d + h * hd;
+            for (e, &val) in o.iter().enumerate() {
+                // SAFETY: head h of query t is written by this work item only.
+                unsafe { dst.write(base + e, val * inv) };
+            }
+        } else {
+            // Rare head sizes: accumulate straight into the output.
+            let base = t * d + h * hd;
+            for e in 0..hd {
+                let mut a = 0f32;
+                for (p, &w) in sc.iter().enumerate() {
+                    a += w * v.data[p * d + h * hd + e];
+                }
+                // SAFETY: as above.
+                unsafe { dst.write(base + e, a * inv) };
+            }
+        }
+    }
+}
