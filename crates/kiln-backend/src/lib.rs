@@ -205,4 +205,7 @@ pub trait Backend {
         shape: DenseAttnShape,
         out: &mut Self::Tensor,
     );
+    /// Copies positions `0..n` of every layer from `src` to `dst` (beam search forks a
+    /// sequence). Both caches have the same shape.
+    fn kv_copy(&self, src: &Self::KvCache, dst: &mut Self::KvCache, n: usize);
 }

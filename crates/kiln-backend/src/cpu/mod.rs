@@ -462,4 +462,20 @@ impl Backend for CpuBackend {
     ) {
         ops::attention_dense::attention_dense(&self.pool, q, k, v, shape, out)
     }
+
+    fn kv_copy(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize) {
+        assert!(
+            src.n_ctx == dst.n_ctx && src.kv_dim == dst.kv_dim && src.k.len() == dst.k.len(),
+            "kv_copy between caches of different shapes"
+        );
+        let (hd, n_ctx) = (src.head_dim, src.n_ctx);
+        let n = n.min(n_ctx);
+        for (layer, (sk, sv)) in src.k.iter().zip(&src.v).enumerate() {
+            for h in 0..src.kv_dim / hd {
+                let r = h * n_ctx * hd..(h * n_ctx + n) * hd;
+                dst.k[layer][r.clone()].copy_from_slice(&sk[r.clone()]);
+                dst.v[layer][r.clone()].copy_from_slice(&sv[r]);
+            }
+        }
+    }
 }

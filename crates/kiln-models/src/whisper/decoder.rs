@@ -64,6 +64,11 @@ pub struct DecoderState<B: Backend> {
 }
 
 impl<B: Backend> DecoderState<B> {
+    /// Takes over `other`'s first `n` positions (a beam forked from another).
+    pub fn copy_from(&mut self, b: &B, other: &Self, n: usize) {
+        b.kv_copy(&other.kv, &mut self.kv, n);
+    }
+
     pub fn new(b: &B, c: &WhisperConfig) -> Self {
         let (n, d) = (c.n_text_ctx, c.d_model);
         DecoderState {

@@ -22,6 +22,9 @@ pub fn attention_dense(
     assert!(k.data.len() >= s.n_kv * d && v.data.len() >= s.n_kv * d);
     let dst = SharedMut(out.data.as_mut_ptr());
     let avx2 = simd_ok();
+    if s.n_q >= BLOCKED_MIN_QUERIES {
+        return blocked(pool, q, k, v, s, dst, avx2);
+    }
     pool.run(s.n_q * s.heads, |i0, i1| {
         SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
@@ -41,6 +44,83 @@ pub fn attention_dense(
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = Default::default();
+    /// Blocked path: one head's values transposed (hd, n_kv), and a chunk's scores.
+    static BLOCK_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
+}
+
+/// From this many queries, attention runs as two block products per head (encoders).
+const BLOCKED_MIN_QUERIES: usize = 8;
+/// Queries per score block: QUERY_CHUNK x n_kv scores stay in L2.
+const QUERY_CHUNK: usize = 48;
+
+/// Per head: S = Q_h K_hᵀ / √hd by blocks of queries, softmax by rows, O_h = S V_h, both
+/// products by the register-blocked kernel (V_h transposed once per head). Work items are
+/// heads, so each writes its own columns of out.
+fn blocked(
+    pool: &Pool,
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    s: DenseShape,
+    dst: SharedMut,
+    avx2: bool,
+) {
+    let (hd, d, n_kv) = (s.head_dim, s.heads * s.head_dim, s.n_kv);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let shift = n_kv.saturating_sub(s.n_q);
+    pool.run(s.heads, |h0, h1| {
+        BLOCK_SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            let (vt, sc) = &mut *guard;
+            vt.resize(hd * n_kv, 0.0);
+            sc.resize(QUERY_CHUNK * n_kv, 0.0);
+            for h in h0..h1 {
+                for p in 0..n_kv {
+                    let row = &v.data[p * d + h * hd..p * d + (h + 1) * hd];
+                    for (e, &x) in row.iter().enumerate() {
+                        vt[e * n_kv + p] = x;
+                    }
+                }
+                for c0 in (0..s.n_q).step_by(QUERY_CHUNK) {
+                    let qc = QUERY_CHUNK.min(s.n_q - c0);
+                    // Keys any query of this chunk may see.
+                    let used = if s.causal {
+                        (c0 + qc + shift).min(n_kv)
+                    } else {
+                        n_kv
+                    };
+                    let qa = &q.data[c0 * d + h * hd..];
+                    let kb = &k.data[h * hd..];
+                    super::gemm::gemm_nt(qa, d, qc, kb, d, used, hd, avx2, &mut |i, j, x| {
+                        sc[i * n_kv + j] = x * scale
+                    });
+                    for i in 0..qc {
+                        let len = if s.causal {
+                            (c0 + i + 1 + shift).min(n_kv)
+                        } else {
+                            n_kv
+                        };
+                        let row = &mut sc[i * n_kv..i * n_kv + used];
+                        let max = row[..len].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                        let mut sum = 0f32;
+                        for x in row[..len].iter_mut() {
+                            *x = super::exp(*x - max);
+                            sum += *x;
+                        }
+                        let inv = 1.0 / sum;
+                        for x in row[..len].iter_mut() {
+                            *x *= inv;
+                        }
+                        row[len..].fill(0.0);
+                    }
+                    super::gemm::gemm_nt(sc, n_kv, qc, vt, n_kv, hd, used, avx2, &mut |i, e, x| {
+                        // SAFETY: head h's columns of out are written by this item only.
+                        unsafe { dst.write((c0 + i) * d + h * hd + e, x) }
+                    });
+                }
+            }
+        })
+    });
 }
 
 fn simd_ok() -> bool {
