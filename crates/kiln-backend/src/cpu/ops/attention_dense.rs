@@ -65,62 +65,116 @@ fn blocked(
     dst: SharedMut,
     avx2: bool,
 ) {
-    let (hd, d, n_kv) = (s.head_dim, s.heads * s.head_dim, s.n_kv);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let shift = n_kv.saturating_sub(s.n_q);
+    let n_kv = s.n_kv;
     pool.run(s.heads, |h0, h1| {
         BLOCK_SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
             let (vt, sc) = &mut *guard;
-            vt.resize(hd * n_kv, 0.0);
+            vt.resize(s.head_dim * n_kv, 0.0);
             sc.resize(QUERY_CHUNK * n_kv, 0.0);
-            for h in h0..h1 {
-                for p in 0..n_kv {
-                    let row = &v.data[p * d + h * hd..p * d + (h + 1) * hd];
-                    for (e, &x) in row.iter().enumerate() {
-                        vt[e * n_kv + p] = x;
-                    }
-                }
-                for c0 in (0..s.n_q).step_by(QUERY_CHUNK) {
-                    let qc = QUERY_CHUNK.min(s.n_q - c0);
-                    // Keys any query of this chunk may see.
-                    let used = if s.causal {
-                        (c0 + qc + shift).min(n_kv)
-                    } else {
-                        n_kv
-                    };
-                    let qa = &q.data[c0 * d + h * hd..];
-                    let kb = &k.data[h * hd..];
-                    super::gemm::gemm_nt(qa, d, qc, kb, d, used, hd, avx2, &mut |i, j, x| {
-                        sc[i * n_kv + j] = x * scale
-                    });
-                    for i in 0..qc {
-                        let len = if s.causal {
-                            (c0 + i + 1 + shift).min(n_kv)
-                        } else {
-                            n_kv
-                        };
-                        let row = &mut sc[i * n_kv..i * n_kv + used];
-                        let max = row[..len].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-                        let mut sum = 0f32;
-                        for x in row[..len].iter_mut() {
-                            *x = super::exp(*x - max);
-                            sum += *x;
-                        }
-                        let inv = 1.0 / sum;
-                        for x in row[..len].iter_mut() {
-                            *x *= inv;
-                        }
-                        row[len..].fill(0.0);
-                    }
-                    super::gemm::gemm_nt(sc, n_kv, qc, vt, n_kv, hd, used, avx2, &mut |i, e, x| {
-                        // SAFETY: head h's columns of out are written by this item only.
-                        unsafe { dst.write((c0 + i) * d + h * hd + e, x) }
-                    });
-                }
+            let job = Heads { q, k, v, s, dst };
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected on this CPU. (The feature boundary is
+                // this call: closures do not inherit target features.)
+                return unsafe { heads_avx2(&job, h0, h1, vt, sc) };
             }
+            heads(&job, h0, h1, vt, sc, false)
         })
     });
+}
+
+struct Heads<'a> {
+    q: &'a CpuTensor,
+    k: &'a CpuTensor,
+    v: &'a CpuTensor,
+    s: DenseShape,
+    dst: SharedMut,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn heads_avx2(job: &Heads, h0: usize, h1: usize, vt: &mut [f32], sc: &mut [f32]) {
+    heads(job, h0, h1, vt, sc, true)
+}
+
+/// Heads h0..h1, all queries.
+#[inline(always)]
+fn heads(job: &Heads, h0: usize, h1: usize, vt: &mut [f32], sc: &mut [f32], avx2: bool) {
+    let Heads { q, k, v, s, dst } = *job;
+    let (hd, d, n_kv) = (s.head_dim, s.heads * s.head_dim, s.n_kv);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let shift = n_kv.saturating_sub(s.n_q);
+    for h in h0..h1 {
+        for p in 0..n_kv {
+            let row = &v.data[p * d + h * hd..p * d + (h + 1) * hd];
+            for (e, &x) in row.iter().enumerate() {
+                vt[e * n_kv + p] = x;
+            }
+        }
+        for c0 in (0..s.n_q).step_by(QUERY_CHUNK) {
+            let qc = QUERY_CHUNK.min(s.n_q - c0);
+            // Keys any query of this chunk may see.
+            let used = if s.causal {
+                (c0 + qc + shift).min(n_kv)
+            } else {
+                n_kv
+            };
+            let qa = &q.data[c0 * d + h * hd..];
+            let kb = &k.data[h * hd..];
+            super::gemm::gemm_nt(qa, d, qc, kb, d, used, hd, avx2, &mut |i, j, x| {
+                sc[i * n_kv + j] = x * scale
+            });
+            for i in 0..qc {
+                let len = if s.causal {
+                    (c0 + i + 1 + shift).min(n_kv)
+                } else {
+                    n_kv
+                };
+                let row = &mut sc[i * n_kv..i * n_kv + used];
+                softmax8(&mut row[..len]);
+                row[len..].fill(0.0);
+            }
+            super::gemm::gemm_nt(sc, n_kv, qc, vt, n_kv, hd, used, avx2, &mut |i, e, x| {
+                // SAFETY: head h's columns of out are written by this item only.
+                unsafe { dst.write((c0 + i) * d + h * hd + e, x) }
+            });
+        }
+    }
+}
+
+/// In-place softmax whose max, exponentials and sum run 8 lanes wide (independent
+/// accumulators, so the loops vectorize).
+#[inline(always)]
+fn softmax8(x: &mut [f32]) {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let chunks = x.len() / 8 * 8;
+    for c in x[..chunks].chunks_exact(8) {
+        for l in 0..8 {
+            m[l] = m[l].max(c[l]);
+        }
+    }
+    let mut max = m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for &v in &x[chunks..] {
+        max = max.max(v);
+    }
+    for v in x.iter_mut() {
+        *v = super::exp(*v - max);
+    }
+    let mut s = [0f32; 8];
+    for c in x[..chunks].chunks_exact(8) {
+        for l in 0..8 {
+            s[l] += c[l];
+        }
+    }
+    let mut sum: f32 = s.iter().sum();
+    for &v in &x[chunks..] {
+        sum += v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
 }
 
 fn simd_ok() -> bool {
