@@ -25,6 +25,10 @@ pub fn gemm_nt<E: FnMut(usize, usize, f32)>(
     assert!(a.len() >= (m - 1) * lda + k && b.len() >= (n - 1) * ldb + k);
     #[cfg(target_arch = "x86_64")]
     if avx2 {
+        if avx512_ok() {
+            // SAFETY: AVX-512F was detected; bounds were checked above.
+            return unsafe { x86_512::gemm_nt(a, lda, m, b, ldb, n, k, emit) };
+        }
         // SAFETY: the caller detected AVX2 and FMA; bounds were checked above.
         return unsafe { x86::gemm_nt(a, lda, m, b, ldb, n, k, emit) };
     }
@@ -34,6 +38,25 @@ pub fn gemm_nt<E: FnMut(usize, usize, f32)>(
         for j in 0..n {
             emit(i, j, super::dot(ar, &b[j * ldb..j * ldb + k]));
         }
+    }
+}
+
+/// Whether the 16-lane AVX-512 kernel may run here (checked once, then cached).
+#[cfg(target_arch = "x86_64")]
+fn avx512_ok() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static OK: AtomicU8 = AtomicU8::new(2);
+    match OK.load(Ordering::Relaxed) {
+        2 => {
+            // KILN_NO_AVX512=1 keeps the AVX2 kernel (to test it on AVX-512 machines).
+            let off = std::env::var_os("KILN_NO_AVX512").is_some_and(|v| !v.is_empty() && v != "0");
+            let ok = !crate::cpu::kernels::simd_disabled()
+                && !off
+                && is_x86_feature_detected!("avx512f");
+            OK.store(ok as u8, Ordering::Relaxed);
+            ok
+        }
+        v => v == 1,
     }
 }
 
@@ -134,6 +157,92 @@ mod x86 {
                         v += *a.add((i0 + ii) * lda + q) * *b.add((j0 + jj) * ldb + q);
                     }
                     emit(i0 + ii, j0 + jj, v);
+                }
+            }
+        }
+    }
+}
+
+/// The same 3 x 4 register blocking, 16 lanes wide; the k tail runs through masked loads.
+#[cfg(target_arch = "x86_64")]
+mod x86_512 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_nt<E: FnMut(usize, usize, f32)>(
+        a: &[f32],
+        lda: usize,
+        m: usize,
+        b: &[f32],
+        ldb: usize,
+        n: usize,
+        k: usize,
+        emit: &mut E,
+    ) {
+        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        let mut i = 0;
+        while i < m {
+            let mi = (m - i).min(3);
+            let mut j = 0;
+            while j < n {
+                let nj = (n - j).min(4);
+                unsafe {
+                    match (mi, nj) {
+                        (3, 4) => block::<3, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (3, 3) => block::<3, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (3, 2) => block::<3, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (3, _) => block::<3, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (2, 4) => block::<2, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (2, 3) => block::<2, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (2, 2) => block::<2, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (2, _) => block::<2, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (_, 4) => block::<1, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (_, 3) => block::<1, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (_, 2) => block::<1, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
+                        (_, _) => block::<1, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
+                    }
+                }
+                j += nj;
+            }
+            i += mi;
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block<const MA: usize, const NB: usize, E: FnMut(usize, usize, f32)>(
+        a: *const f32,
+        lda: usize,
+        i0: usize,
+        b: *const f32,
+        ldb: usize,
+        j0: usize,
+        k: usize,
+        emit: &mut E,
+    ) {
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); NB]; MA];
+            let mut p = 0;
+            while p < k {
+                let rem = k - p;
+                let mask: __mmask16 = if rem >= 16 { 0xffff } else { (1u16 << rem) - 1 };
+                let mut bv = [_mm512_setzero_ps(); NB];
+                for (jj, v) in bv.iter_mut().enumerate() {
+                    *v = _mm512_maskz_loadu_ps(mask, b.add((j0 + jj) * ldb + p));
+                }
+                for (ii, row) in acc.iter_mut().enumerate() {
+                    let av = _mm512_maskz_loadu_ps(mask, a.add((i0 + ii) * lda + p));
+                    for (c, &v) in row.iter_mut().zip(&bv) {
+                        *c = _mm512_fmadd_ps(av, v, *c);
+                    }
+                }
+                p += 16;
+            }
+            for (ii, row) in acc.iter().enumerate() {
+                for (jj, c) in row.iter().enumerate() {
+                    emit(i0 + ii, j0 + jj, _mm512_reduce_add_ps(*c));
                 }
             }
         }
