@@ -44,7 +44,7 @@ pub fn attention_dense(
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = Default::default();
-    /// Blocked path: one head's values transposed (hd, n_kv), and a chunk's scores.
+    /// Blocked path: one head's keys transposed (hd, n_kv), and a chunk's scores and outputs.
     static BLOCK_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
 }
 
@@ -69,17 +69,17 @@ fn blocked(
     pool.run(s.heads, |h0, h1| {
         BLOCK_SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
-            let (vt, sc) = &mut *guard;
-            vt.resize(s.head_dim * n_kv, 0.0);
-            sc.resize(QUERY_CHUNK * n_kv, 0.0);
+            let (kt, sc) = &mut *guard;
+            kt.resize(s.head_dim * n_kv, 0.0);
+            sc.resize(QUERY_CHUNK * (n_kv + s.head_dim), 0.0);
             let job = Heads { q, k, v, s, dst };
             #[cfg(target_arch = "x86_64")]
             if avx2 {
                 // SAFETY: AVX2 and FMA were detected on this CPU. (The feature boundary is
                 // this call: closures do not inherit target features.)
-                return unsafe { heads_avx2(&job, h0, h1, vt, sc) };
+                return unsafe { heads_avx2(&job, h0, h1, kt, sc) };
             }
-            heads(&job, h0, h1, vt, sc, false)
+            heads(&job, h0, h1, kt, sc, false)
         })
     });
 }
@@ -94,22 +94,24 @@ struct Heads<'a> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn heads_avx2(job: &Heads, h0: usize, h1: usize, vt: &mut [f32], sc: &mut [f32]) {
-    heads(job, h0, h1, vt, sc, true)
+unsafe fn heads_avx2(job: &Heads, h0: usize, h1: usize, kt: &mut [f32], sc: &mut [f32]) {
+    heads(job, h0, h1, kt, sc, true)
 }
 
-/// Heads h0..h1, all queries.
+/// Heads h0..h1, all queries. `kt` holds one head's keys transposed (hd, n_kv); `sc` a chunk's
+/// scores (QUERY_CHUNK, n_kv) followed by its outputs (QUERY_CHUNK, hd).
 #[inline(always)]
-fn heads(job: &Heads, h0: usize, h1: usize, vt: &mut [f32], sc: &mut [f32], avx2: bool) {
+fn heads(job: &Heads, h0: usize, h1: usize, kt: &mut [f32], sc: &mut [f32], simd: bool) {
     let Heads { q, k, v, s, dst } = *job;
     let (hd, d, n_kv) = (s.head_dim, s.heads * s.head_dim, s.n_kv);
     let scale = 1.0 / (hd as f32).sqrt();
     let shift = n_kv.saturating_sub(s.n_q);
+    let (sc, o) = sc.split_at_mut(QUERY_CHUNK * n_kv);
     for h in h0..h1 {
         for p in 0..n_kv {
-            let row = &v.data[p * d + h * hd..p * d + (h + 1) * hd];
+            let row = &k.data[p * d + h * hd..p * d + (h + 1) * hd];
             for (e, &x) in row.iter().enumerate() {
-                vt[e * n_kv + p] = x;
+                kt[e * n_kv + p] = x;
             }
         }
         for c0 in (0..s.n_q).step_by(QUERY_CHUNK) {
@@ -120,11 +122,9 @@ fn heads(job: &Heads, h0: usize, h1: usize, vt: &mut [f32], sc: &mut [f32], avx2
             } else {
                 n_kv
             };
+            // S = Q_h K_hᵀ (scaled inside the softmax)
             let qa = &q.data[c0 * d + h * hd..];
-            let kb = &k.data[h * hd..];
-            super::gemm::gemm_nt(qa, d, qc, kb, d, used, hd, avx2, &mut |i, j, x| {
-                sc[i * n_kv + j] = x * scale
-            });
+            super::gemm::gemm_nn(qa, d, qc, kt, n_kv, used, hd, sc, n_kv, simd);
             for i in 0..qc {
                 let len = if s.causal {
                     (c0 + i + 1 + shift).min(n_kv)
@@ -132,21 +132,26 @@ fn heads(job: &Heads, h0: usize, h1: usize, vt: &mut [f32], sc: &mut [f32], avx2
                     n_kv
                 };
                 let row = &mut sc[i * n_kv..i * n_kv + used];
-                softmax8(&mut row[..len]);
+                softmax8(&mut row[..len], scale);
                 row[len..].fill(0.0);
             }
-            super::gemm::gemm_nt(sc, n_kv, qc, vt, n_kv, hd, used, avx2, &mut |i, e, x| {
-                // SAFETY: head h's columns of out are written by this item only.
-                unsafe { dst.write((c0 + i) * d + h * hd + e, x) }
-            });
+            // O_h = softmax(S) V_h
+            let vb = &v.data[h * hd..];
+            super::gemm::gemm_nn(sc, n_kv, qc, vb, d, hd, used, o, hd, simd);
+            for i in 0..qc {
+                for e in 0..hd {
+                    // SAFETY: head h's columns of out are written by this item only.
+                    unsafe { dst.write((c0 + i) * d + h * hd + e, o[i * hd + e]) }
+                }
+            }
         }
     }
 }
 
-/// In-place softmax whose max, exponentials and sum run 8 lanes wide (independent
-/// accumulators, so the loops vectorize).
+/// In-place softmax of `x * scale` (scale > 0) whose max, exponentials and sum run 8 lanes
+/// wide (independent accumulators, so the loops vectorize).
 #[inline(always)]
-fn softmax8(x: &mut [f32]) {
+fn softmax8(x: &mut [f32], scale: f32) {
     let mut m = [f32::NEG_INFINITY; 8];
     let chunks = x.len() / 8 * 8;
     for c in x[..chunks].chunks_exact(8) {
@@ -159,7 +164,7 @@ fn softmax8(x: &mut [f32]) {
         max = max.max(v);
     }
     for v in x.iter_mut() {
-        *v = super::exp(*v - max);
+        *v = super::exp((*v - max) * scale);
     }
     let mut s = [0f32; 8];
     for c in x[..chunks].chunks_exact(8) {
@@ -226,18 +231,12 @@ fn items(
         };
         let qh = &q.data[t * d + h * hd..t * d + (h + 1) * hd];
         let sc = &mut scores[..len];
-        let mut max = f32::NEG_INFINITY;
         for (p, sv) in sc.iter_mut().enumerate() {
             let kp = &k.data[p * d + h * hd..p * d + (h + 1) * hd];
             *sv = super::dot(qh, kp) * scale;
-            max = max.max(*sv);
         }
-        let mut sum = 0f32;
-        for sv in sc.iter_mut() {
-            *sv = super::exp(*sv - max);
-            sum += *sv;
-        }
-        let inv = 1.0 / sum;
+        softmax8(sc, 1.0);
+        let inv = 1.0;
         let o = &mut acc[..hd.min(256)];
         if hd <= 256 {
             o.fill(0.0);
