@@ -1,5 +1,10 @@
 pub mod attention;
+pub mod attention_dense;
+pub mod conv1d;
 pub mod elementwise;
+pub mod gelu;
+pub mod gemm;
+pub mod layer_norm;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
