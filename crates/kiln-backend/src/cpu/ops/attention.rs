@@ -23,6 +23,11 @@ pub fn attention(
     let dst = SharedMut(out.data.as_mut_ptr());
     let out_cols = out.cols;
     let (avx2, avx512) = simd_ok();
+    #[cfg(target_arch = "x86_64")]
+    if avx2 && super::attention_tiled::handles(s.head_dim) {
+        return super::attention_tiled::attention(pool, q, k, v, n_ctx, s, out, avx512);
+    }
+    let _ = avx512;
     pool.run(s.n_tokens * s.n_kv_heads, |i0, i1| {
         let job = Items {
             q,
@@ -34,7 +39,6 @@ pub fn attention(
             out_cols,
             scale,
             avx2,
-            avx512,
         };
         // Per-thread scratch, kept between calls (no allocation per token): one head's
         // scores over every position, and its output.
@@ -44,14 +48,9 @@ pub fn attention(
             scores.resize(scores.len().max(s.pos0 + s.n_tokens), 0.0);
             acc.resize(acc.len().max(s.head_dim), 0.0);
             #[cfg(target_arch = "x86_64")]
-            if avx512 {
-                // SAFETY: AVX-512F, AVX2 and FMA were detected on this CPU. (The feature
-                // boundary is this call: closures do not inherit target features.)
-                return unsafe { items_avx512(&job, i0, i1, scores, acc) };
-            }
-            #[cfg(target_arch = "x86_64")]
             if avx2 {
-                // SAFETY: AVX2 and FMA were detected on this CPU.
+                // SAFETY: AVX2 and FMA were detected on this CPU. (The feature boundary is
+                // this call: closures do not inherit target features.)
                 return unsafe { items_avx2(&job, i0, i1, scores, acc) };
             }
             items(&job, i0, i1, scores, acc)
@@ -74,8 +73,6 @@ struct Items<'a> {
     scale: f32,
     /// AVX2 and FMA are usable (the caller detected them).
     avx2: bool,
-    /// AVX-512F too.
-    avx512: bool,
 }
 
 /// (AVX2 + FMA, AVX-512F) usable, unless SIMD is disabled.
@@ -85,7 +82,7 @@ fn simd_ok() -> (bool, bool) {
         let avx2 = !crate::cpu::kernels::simd_disabled()
             && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma");
-        return (avx2, avx2 && is_x86_feature_detected!("avx512f"));
+        return (avx2, avx2 && crate::cpu::kernels::avx512_allowed());
     }
     #[allow(unreachable_code)]
     (false, false)
@@ -97,16 +94,10 @@ unsafe fn items_avx2(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc:
     items(job, i0, i1, scores, acc)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn items_avx512(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32]) {
-    items(job, i0, i1, scores, acc)
-}
-
 /// The token of work slot `u` of `n`: 0, n-1, 1, n-2, ... so that any contiguous range of
 /// slots (one thread's share) mixes short and long causal rows and costs about the same.
 #[inline(always)]
-fn zigzag(u: usize, n: usize) -> usize {
+pub(super) fn zigzag(u: usize, n: usize) -> usize {
     if u % 2 == 0 {
         u / 2
     } else {
@@ -127,7 +118,6 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
         out_cols,
         scale,
         avx2,
-        avx512,
     } = *job;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
@@ -142,12 +132,6 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
             let o = &mut acc[..hd];
             let sc = &mut scores[..len];
             match hd {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: avx512 is set only when AVX-512F/AVX2/FMA were detected.
-                64 if avx512 => unsafe { head512::<64>(qh, kh, vh, scale, sc, o) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                128 if avx512 => unsafe { head512::<128>(qh, kh, vh, scale, sc, o) },
                 64 => head::<64>(qh, kh, vh, scale, sc, o, avx2),
                 128 => head::<128>(qh, kh, vh, scale, sc, o, avx2),
                 _ => head_any(qh, kh, vh, scale, sc, o),
@@ -251,89 +235,6 @@ unsafe fn qk8<const HD: usize>(q: &[f32; HD], k: *const f32, scale: f32, out: *m
     }
 }
 
-/// `head` on 512-bit vectors: scores 8 positions at a time, and the weighted sum of values
-/// two positions at a time into two accumulator sets (for HD 64, one set of 4 would wait
-/// on the FMA latency).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn head512<const HD: usize>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    scale: f32,
-    sc: &mut [f32],
-    out: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    const { assert!(HD % 16 == 0 && HD <= 128) };
-    let len = sc.len();
-    assert!(q.len() == HD && out.len() == HD && k.len() >= len * HD && v.len() >= len * HD);
-    unsafe {
-        let (qp, kp, vp) = (q.as_ptr(), k.as_ptr(), v.as_ptr());
-        let n8 = len / 8 * 8;
-        for p in (0..n8).step_by(8) {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for c in 0..HD / 16 {
-                let qv = _mm512_loadu_ps(qp.add(16 * c));
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp.add((p + j) * HD + 16 * c)), *a);
-                }
-            }
-            // 8 x 16 lanes -> 8 x 8 lanes, then a transposed reduction: lane j = sum acc[j].
-            // (A loop, not array::from_fn: closures do not inherit target features.)
-            let mut h = [_mm256_setzero_ps(); 8];
-            for j in 0..8 {
-                h[j] = _mm256_add_ps(
-                    _mm512_castps512_ps256(acc[j]),
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1)),
-                );
-            }
-            let t0 = _mm256_hadd_ps(h[0], h[1]);
-            let t1 = _mm256_hadd_ps(h[2], h[3]);
-            let t2 = _mm256_hadd_ps(h[4], h[5]);
-            let t3 = _mm256_hadd_ps(h[6], h[7]);
-            let u0 = _mm256_hadd_ps(t0, t1);
-            let u1 = _mm256_hadd_ps(t2, t3);
-            let lo = _mm256_permute2f128_ps(u0, u1, 0x20);
-            let hi = _mm256_permute2f128_ps(u0, u1, 0x31);
-            let r = _mm256_mul_ps(_mm256_add_ps(lo, hi), _mm256_set1_ps(scale));
-            _mm256_storeu_ps(sc.as_mut_ptr().add(p), r);
-        }
-        for p in n8..len {
-            let mut a = _mm512_setzero_ps();
-            for c in 0..HD / 16 {
-                let qv = _mm512_loadu_ps(qp.add(16 * c));
-                a = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp.add(p * HD + 16 * c)), a);
-            }
-            sc[p] = _mm512_reduce_add_ps(a) * scale;
-        }
-        softmax(sc);
-        let mut o = [[_mm512_setzero_ps(); 8]; 2];
-        let mut p = 0;
-        while p + 2 <= len {
-            for (s, o) in o.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(sc[p + s]);
-                for c in 0..HD / 16 {
-                    o[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vp.add((p + s) * HD + 16 * c)), o[c]);
-                }
-            }
-            p += 2;
-        }
-        if p < len {
-            let w = _mm512_set1_ps(sc[p]);
-            for c in 0..HD / 16 {
-                o[0][c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vp.add(p * HD + 16 * c)), o[0][c]);
-            }
-        }
-        for c in 0..HD / 16 {
-            _mm512_storeu_ps(
-                out.as_mut_ptr().add(16 * c),
-                _mm512_add_ps(o[0][c], o[1][c]),
-            );
-        }
-    }
-}
-
 /// Any head size.
 #[inline(always)]
 fn head_any(q: &[f32], k: &[f32], v: &[f32], scale: f32, sc: &mut [f32], out: &mut [f32]) {
@@ -357,7 +258,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// In-place softmax; every pass vectorizes (8 lanes for the max and the sum).
 #[inline(always)]
-fn softmax(x: &mut [f32]) {
+pub(super) fn softmax(x: &mut [f32]) {
     let mut m = [f32::NEG_INFINITY; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {
