@@ -27,6 +27,7 @@ the larger-magnitude extreme is exact, q = round((w-bias)/scale) clipped; w = sc
 """
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -187,7 +188,20 @@ def f32_list(t):
     return [float(f"{v:.9g}") for v in t.reshape(-1).tolist()]
 
 
+def f32_config(cfg):
+    """A copy of `cfg` that builds f32 models (never the caller's object: transformers
+    records a model's dtype in its config)."""
+    cfg = copy.deepcopy(cfg)
+    for k in ("dtype", "torch_dtype"):
+        if hasattr(cfg, k):
+            setattr(cfg, k, torch.float32)
+    return cfg
+
+
 def reference_of(model, with_greedy=True):
+    # Every parameter and buffer in f32: the reference is f32 arithmetic.
+    for n, t in list(model.named_parameters()) + list(model.named_buffers()):
+        assert t.dtype == torch.float32, (n, t.dtype)
     r = {"prompts": PROMPTS, "logits": [f32_list(logits_of(model, p)) for p in PROMPTS]}
     if with_greedy:
         r["greedy"], r["margins"] = greedy(model, PROMPTS[0])
@@ -267,7 +281,8 @@ def save_mlx(model, src_dir, dst, group, bits, sdtype):
             os.remove(os.path.join(dst, f))
     tensors = {}
     sd = model.state_dict()
-    deq_model = AutoModelForCausalLM.from_config(model.config, attn_implementation="eager").eval()
+    deq_model = AutoModelForCausalLM.from_config(f32_config(model.config),
+                                                 attn_implementation="eager").eval()
     deq_model.load_state_dict(sd)
     with torch.no_grad():
         for name, p in deq_model.named_parameters():
@@ -310,7 +325,7 @@ def pick_seed(spec, min_margin):
     for seed in range(50):
         cfg = make_config(spec)
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+        model = AutoModelForCausalLM.from_config(f32_config(cfg), attn_implementation="eager").eval()
         randomize(model, seed)
         _, margins = greedy(model, PROMPTS[0])
         if min(margins) >= min_margin:
@@ -366,15 +381,17 @@ def main():
         models[name] = (reloaded, d)
         print(name, "seed", seed, "min margin", min(r["margins"]), flush=True)
 
-    # bf16 weights (saved as bf16; reference: those weights in f32 arithmetic).
+    # bf16 weights (saved as bf16; reference: those files loaded as f32, f32 arithmetic).
     m, d = models["qwen3"]
-    bf = AutoModelForCausalLM.from_config(m.config, attn_implementation="eager").eval()
+    bf = AutoModelForCausalLM.from_config(f32_config(m.config),
+                                          attn_implementation="eager").eval()
     bf.load_state_dict(m.state_dict())
     d_bf = os.path.join(root, "qwen3-bf16")
     save(bf.to(torch.bfloat16), d_bf)
     for fn in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
         shutil.copy(os.path.join(d, fn), d_bf)
-    bf = bf.float()
+    dkw = {"dtype": torch.float32} if MAJOR >= 5 else {"torch_dtype": torch.float32}
+    bf = AutoModelForCausalLM.from_pretrained(d_bf, attn_implementation="eager", **dkw).eval()
     ref["models"]["qwen3-bf16"] = reference_of(bf)
 
     for name, group, bits, sdtype, src in [

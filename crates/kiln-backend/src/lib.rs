@@ -8,7 +8,7 @@
 pub mod cpu;
 mod rope;
 
-use kiln_quant::{GgmlType, QuantError};
+use kiln_quant::{GgmlType, MlxLayout, QuantError};
 use thiserror::Error;
 
 pub use rope::{RopeConfig, RopeScaling, RopeStyle};
@@ -34,6 +34,73 @@ pub struct WeightData<'a> {
     pub bytes: &'a [u8],
 }
 
+/// A matrix in MLX's affine group-wise format (`kiln_quant::mlx`): `rows` rows of `cols`
+/// values; row r holds `layout.q_bytes(cols)` packed bytes of `q` and `layout.groups(cols)`
+/// scales and biases (w = scale * q + bias).
+#[derive(Debug, Clone, Copy)]
+pub struct MlxWeightData<'a> {
+    pub name: &'a str,
+    pub layout: MlxLayout,
+    pub rows: usize,
+    pub cols: usize,
+    pub q: &'a [u8],
+    pub scales: &'a [f32],
+    pub biases: &'a [f32],
+}
+
+impl MlxWeightData<'_> {
+    /// Errors unless the parts have the lengths the shape implies.
+    pub fn check(&self) -> Result<(), BackendError> {
+        let (qb, g) = (
+            self.layout.q_bytes(self.cols),
+            self.layout.groups(self.cols),
+        );
+        let ok = Some(self.q.len()) == qb.checked_mul(self.rows)
+            && Some(self.scales.len()) == g.checked_mul(self.rows)
+            && self.biases.len() == self.scales.len();
+        if ok {
+            return Ok(());
+        }
+        Err(BackendError::Weight {
+            name: self.name.to_string(),
+            what: format!(
+                "MLX {}-bit, groups of {}: {} x {} needs {} q bytes and {} scales/biases, got {}, {} and {}",
+                self.layout.bits,
+                self.layout.group,
+                self.rows,
+                self.cols,
+                qb * self.rows,
+                g * self.rows,
+                self.q.len(),
+                self.scales.len(),
+                self.biases.len()
+            ),
+        })
+    }
+
+    /// The matrix as f32, row-major.
+    pub fn dequantize(&self) -> Result<Vec<f32>, BackendError> {
+        self.check()?;
+        let (qb, g) = (
+            self.layout.q_bytes(self.cols),
+            self.layout.groups(self.cols),
+        );
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
+            let (s, b) = (
+                &self.scales[r * g..(r + 1) * g],
+                &self.biases[r * g..(r + 1) * g],
+            );
+            kiln_quant::mlx_dequantize_row(self.layout, &self.q[r * qb..(r + 1) * qb], s, b, row)
+                .map_err(|source| BackendError::Quant {
+                name: self.name.to_string(),
+                source,
+            })?;
+        }
+        Ok(out)
+    }
+}
+
 /// Shape of one attention step: `n_tokens` new tokens at positions `pos0..pos0 + n_tokens`.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
@@ -55,6 +122,19 @@ pub trait Backend {
     fn name(&self) -> String;
 
     fn load_weight(&self, w: WeightData) -> Result<Self::Weight, BackendError>;
+    /// An MLX affine-quantized matrix. Backends without a kernel for the format get it as
+    /// f32 (this default); the CPU backend keeps it packed and runs it natively.
+    fn load_weight_mlx(&self, w: MlxWeightData) -> Result<Self::Weight, BackendError> {
+        let f = w.dequantize()?;
+        let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.load_weight(WeightData {
+            name: w.name,
+            ty: GgmlType::F32,
+            rows: w.rows,
+            cols: w.cols,
+            bytes: &bytes,
+        })
+    }
     /// `rows` and `cols` of a weight.
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     /// Bytes the weight occupies in its stored format.

@@ -4,6 +4,8 @@
 
 mod error;
 pub mod gguf;
+pub mod safetensors;
 
 pub use error::FormatError;
 pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};
+pub use safetensors::{SafetensorsSet, StDtype, StTensor};

@@ -6,7 +6,7 @@ mod weights;
 use std::path::PathBuf;
 use thiserror::Error;
 
-pub use weights::WeightMap;
+pub use weights::{Source, WeightMap};
 
 #[derive(Debug, Error)]
 pub enum ModelError {

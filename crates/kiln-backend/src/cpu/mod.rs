@@ -17,7 +17,7 @@ use kernels::pack::{dequant_packed_row, pack_row};
 use kernels::{Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
-use crate::{AttnShape, Backend, BackendError, RopeConfig, WeightData};
+use crate::{AttnShape, Backend, BackendError, MlxWeightData, RopeConfig, WeightData};
 pub use par::Pool;
 
 pub struct CpuBackend {
@@ -43,13 +43,15 @@ impl CpuTensor {
 }
 
 /// A weight matrix: `bytes` holds `rows` rows of `ty.row_bytes(cols)` bytes, each in kiln's
-/// packed layout for the format (`kernels::pack`).
+/// packed layout for the format (`kernels::pack`) — or, when `mlx` is set, rows of MLX
+/// packed q (`ty` is then meaningless; `ops::mlx` runs such weights).
 pub struct CpuWeight {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
     pub bytes: Vec<u8>,
+    pub mlx: Option<Box<ops::mlx::MlxParts>>,
 }
 
 impl CpuWeight {
@@ -59,6 +61,9 @@ impl CpuWeight {
 
     /// Dequantizes row `r` into `out` (cols values).
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        if let Some(m) = &self.mlx {
+            return m.dequant_row(self.row_bytes_of(r), r, out);
+        }
         if self.ty == GgmlType::F32 {
             for (o, c) in out.iter_mut().zip(self.row_bytes_of(r).chunks_exact(4)) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -173,6 +178,7 @@ impl Backend for CpuBackend {
             cols: w.cols,
             row_bytes,
             bytes: vec![0u8; w.bytes.len()],
+            mlx: None,
         };
         if w.ty != GgmlType::F32 && w.rows > 0 {
             // Unsupported formats fail here, at load.
@@ -199,9 +205,27 @@ impl Backend for CpuBackend {
                 cols: w.cols,
                 row_bytes: w.cols * 4,
                 bytes: out,
+                mlx: None,
             };
         }
         Ok(weight)
+    }
+
+    fn load_weight_mlx(&self, w: MlxWeightData) -> Result<CpuWeight, BackendError> {
+        w.check()?;
+        if self.reference {
+            // The reference runs every format as f32 weights.
+            let f = w.dequantize()?;
+            let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+            return self.load_weight(WeightData {
+                name: w.name,
+                ty: GgmlType::F32,
+                rows: w.rows,
+                cols: w.cols,
+                bytes: &bytes,
+            });
+        }
+        Ok(ops::mlx::load(w))
     }
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
@@ -209,7 +233,7 @@ impl Backend for CpuBackend {
     }
 
     fn weight_bytes(&self, w: &CpuWeight) -> usize {
-        w.bytes.len()
+        w.bytes.len() + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {

@@ -1,6 +1,7 @@
 pub mod attention;
 pub mod elementwise;
 pub mod matmul;
+pub mod mlx;
 pub mod norm;
 pub mod rope;
 
