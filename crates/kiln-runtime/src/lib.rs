@@ -1,10 +1,12 @@
 //! Sessions, sampling and the generation loop: what turns a model into answers.
 
+mod generation;
 mod llm;
 pub mod sampler;
 mod speculative;
 mod stop;
 
+pub use generation::GenerationDefaults;
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };

@@ -5,11 +5,13 @@ use std::time::Instant;
 
 use kiln_backend::Backend;
 use kiln_formats::GgufFile;
-use kiln_models::llm::{Llama, LlamaState};
+use kiln_models::llm::{is_hf_dir, HfCheckpoint, Llama, LlamaState};
+use kiln_quant::GgmlType;
 use kiln_models::ModelError;
 use kiln_text::{ChatTemplate, Message, StreamDecoder, TextError, Tokenizer};
 use thiserror::Error;
 
+use crate::generation::GenerationDefaults;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::stop::StopMatcher;
 
@@ -43,15 +45,39 @@ pub struct Llm<B: Backend> {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub path: PathBuf,
+    /// The model's sampling defaults (Hugging Face `generation_config.json`; empty for GGUF).
+    pub generation: GenerationDefaults,
 }
 
 impl<B: Backend> Llm<B> {
-    /// Loads a GGUF file (or the only `.gguf` in a directory).
+    /// Loads a GGUF file (or the only `.gguf` in a directory), or a Hugging Face / MLX
+    /// directory (`config.json`, safetensors, `tokenizer.json`).
     pub fn load(backend: B, path: &Path) -> Result<Self, RuntimeError> {
-        let file = find_gguf(path)?;
-        let gguf = GgufFile::open(&file)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let model = Llama::load(&backend, &gguf)?;
+        Self::load_quantized(backend, path, None)
+    }
+
+    /// As `load`, every weight matrix requantized to `quant` at load.
+    pub fn load_quantized(
+        backend: B,
+        path: &Path,
+        quant: Option<GgmlType>,
+    ) -> Result<Self, RuntimeError> {
+        let (model, tokenizer, generation, file) = if is_hf_dir(path) {
+            let ck = HfCheckpoint::open(path)?;
+            let model = Llama::load_hf(&backend, &ck, quant)?;
+            let generation = GenerationDefaults::from_dir(path)?;
+            let mut tokenizer = Tokenizer::from_file(path)?;
+            for &id in &generation.eos_ids {
+                tokenizer.add_eog(id);
+            }
+            (model, tokenizer, generation, path.to_path_buf())
+        } else {
+            let file = find_gguf(path)?;
+            let gguf = GgufFile::open(&file)?;
+            let tokenizer = Tokenizer::from_gguf(&gguf)?;
+            let model = Llama::load_gguf(&backend, &gguf, quant)?;
+            (model, tokenizer, GenerationDefaults::default(), file)
+        };
         let template = match tokenizer.chat_template() {
             Some(src) => Some(ChatTemplate::new(
                 src,
@@ -66,7 +92,14 @@ impl<B: Backend> Llm<B> {
             tokenizer,
             template,
             path: file,
+            generation,
         })
+    }
+
+    /// Ids the sampler may pick: the model's rows that the tokenizer can decode (checkpoints
+    /// pad the embedding table past the vocabulary).
+    pub fn sample_vocab(&self) -> usize {
+        self.model.cfg.vocab_size.min(self.tokenizer.vocab_size())
     }
 
     /// Renders a conversation with the model's chat template, ready for the assistant's turn.
@@ -285,7 +318,7 @@ impl<B: Backend> LlmSession<'_, B> {
             if out.generated.len() >= opts.max_tokens {
                 break FinishReason::MaxTokens;
             }
-            let next = sampler.sample(&logits, &self.tokens);
+            let next = sampler.sample(&logits[..llm.sample_vocab()], &self.tokens);
             if let Some(finish) = out.push(next)? {
                 break finish;
             }
