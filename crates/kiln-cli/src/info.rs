@@ -202,7 +202,11 @@ fn info_hf(dir: &Path, all: bool) -> anyhow::Result<()> {
             t.vocab_size(),
             t.bos_token(),
             t.eos_token(),
-            if t.chat_template().is_some() { "yes" } else { "no" }
+            if t.chat_template().is_some() {
+                "yes"
+            } else {
+                "no"
+            }
         ),
         Err(e) => println!("tokenizer:     ({e})"),
     }
@@ -221,11 +225,21 @@ fn info_hf(dir: &Path, all: bool) -> anyhow::Result<()> {
         e.1 += t.n_bytes();
         params += t.n_elements();
     }
-    println!("\ntensors: {} ({:.1} M stored elements)", ck.tensors.len(), params as f64 / 1e6);
+    println!(
+        "\ntensors: {} ({:.1} M stored elements)",
+        ck.tensors.len(),
+        params as f64 / 1e6
+    );
     for (ty, (n, b)) in &by_type {
-        println!("  {ty:<6} {n:>5} tensors {:>10.1} MiB", *b as f64 / (1 << 20) as f64);
+        println!(
+            "  {ty:<6} {n:>5} tensors {:>10.1} MiB",
+            *b as f64 / (1 << 20) as f64
+        );
     }
-    println!("\n  {:<48} {:<6} {:<16} {:>10}", "NAME", "DTYPE", "SHAPE", "BYTES");
+    println!(
+        "\n  {:<48} {:<6} {:<16} {:>10}",
+        "NAME", "DTYPE", "SHAPE", "BYTES"
+    );
     let shown = if all { usize::MAX } else { 24 };
     for t in ck.tensors.tensors().take(shown) {
         println!(
@@ -237,7 +251,10 @@ fn info_hf(dir: &Path, all: bool) -> anyhow::Result<()> {
         );
     }
     if ck.tensors.len() > shown {
-        println!("  ... {} more (--all lists every tensor)", ck.tensors.len() - shown);
+        println!(
+            "  ... {} more (--all lists every tensor)",
+            ck.tensors.len() - shown
+        );
     }
     Ok(())
 }

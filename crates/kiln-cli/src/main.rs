@@ -1,8 +1,9 @@
-//! `kiln`: run, chat, info, pull, bench.
+//! `kiln`: run, chat, info, pull, bench, quantize.
 
 mod bench;
 mod info;
 mod llm_cmd;
+mod quantize;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +45,9 @@ enum Cmd {
     Pull { name: Option<String> },
     /// Measure prompt processing and decode speed, reported like llama-bench.
     Bench(bench::BenchArgs),
+    /// Write a GGUF file (for kiln or llama.cpp) from a Hugging Face / MLX directory or a
+    /// GGUF, its matrices quantized.
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// Options every LLM command shares.
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
         Cmd::Bench(a) => bench::bench(a),
+        Cmd::Quantize(a) => quantize::quantize(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -36,7 +36,11 @@ impl GenerationDefaults {
         let f = |k: &str| v.get(k).and_then(|x| x.as_f64()).map(|x| x as f32);
         let eos_ids = match v.get("eos_token_id") {
             Some(Json::Number(n)) => n.as_u64().map(|i| i as u32).into_iter().collect(),
-            Some(Json::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|i| i as u32).collect(),
+            Some(Json::Array(a)) => a
+                .iter()
+                .filter_map(|x| x.as_u64())
+                .map(|i| i as u32)
+                .collect(),
             _ => Vec::new(),
         };
         Ok(GenerationDefaults {

@@ -6,8 +6,8 @@ use std::time::Instant;
 use kiln_backend::Backend;
 use kiln_formats::GgufFile;
 use kiln_models::llm::{is_hf_dir, HfCheckpoint, Llama, LlamaState};
-use kiln_quant::GgmlType;
 use kiln_models::ModelError;
+use kiln_quant::GgmlType;
 use kiln_text::{ChatTemplate, Message, StreamDecoder, TextError, Tokenizer};
 use thiserror::Error;
 
