@@ -157,7 +157,7 @@ pub struct ChatArgs {
 }
 
 /// Loads `model` with the backend options of `m`.
-fn load(model: &str, m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
+pub fn load(model: &str, m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
     let path = resolve_model(model)?;
     let backend = if m.reference {
         CpuBackend::reference()

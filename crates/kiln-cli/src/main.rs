@@ -1,8 +1,9 @@
-//! `kiln`: run, chat, info, pull, bench, quantize.
+//! `kiln`: run, chat, info, pull, bench, quantize, perplexity.
 
 mod bench;
 mod info;
 mod llm_cmd;
+mod perplexity;
 mod quantize;
 
 use std::path::PathBuf;
@@ -48,6 +49,8 @@ enum Cmd {
     /// Write a GGUF file (for kiln or llama.cpp) from a Hugging Face / MLX directory or a
     /// GGUF, its matrices quantized.
     Quantize(quantize::QuantizeArgs),
+    /// Perplexity of a text file, computed and printed like llama-perplexity.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 /// Options every LLM command shares.
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Cmd::Pull { name } => pull(name),
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Quantize(a) => quantize::quantize(a),
+        Cmd::Perplexity(a) => perplexity::perplexity(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

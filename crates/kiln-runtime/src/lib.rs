@@ -2,6 +2,7 @@
 
 mod generation;
 mod llm;
+mod perplexity;
 pub mod sampler;
 mod speculative;
 mod stop;
@@ -10,6 +11,7 @@ pub use generation::GenerationDefaults;
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };
+pub use perplexity::{nll, Perplexity};
 pub use sampler::{Sampler, SamplerConfig};
 pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;

@@ -304,3 +304,95 @@ pub fn llama3_factors(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cfg(v: Json) -> Result<LlmConfig, ModelError> {
+        LlmConfig::from_hf(Path::new("config.json"), &v)
+    }
+
+    /// transformers 4.x keys, as Hugging Face's Llama 3.2 and Qwen configs have them.
+    #[test]
+    fn transformers_4_keys() {
+        let c = cfg(json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            "tie_word_embeddings": true, "hidden_act": "silu"
+        }))
+        .unwrap();
+        assert_eq!((c.head_dim, c.n_kv_heads, c.rope.theta), (64, 8, 500000.0));
+        assert!(c.tied_embeddings && !c.qkv_bias && !c.qk_norm);
+        let RopeScaling::Factors(f) = &c.rope.scaling else {
+            panic!("llama3 scaling")
+        };
+        // Short wavelengths untouched, long ones divided by the factor.
+        assert_eq!((f[0], f[31]), (1.0, 32.0));
+
+        let q = cfg(json!({
+            "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+            "vocab_size": 151936, "rope_theta": 1000000.0, "rope_scaling": null,
+            "use_sliding_window": false
+        }))
+        .unwrap();
+        assert!(q.qkv_bias && q.rope.scaling == RopeScaling::None && q.head_dim == 64);
+
+        let lin = cfg(json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 10,
+            "rope_scaling": {"type": "linear", "factor": 4.0}
+        }))
+        .unwrap();
+        assert_eq!(lin.rope.scaling, RopeScaling::Factors(vec![4.0; 8]));
+    }
+
+    #[test]
+    fn unsupported_settings_are_named() {
+        let base = json!({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 10});
+        let with = |k: &str, v: Json| {
+            let mut b = base.clone();
+            b[k] = v;
+            cfg(b).unwrap_err().to_string()
+        };
+        assert!(with("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0})).contains("yarn"));
+        assert!(with("hidden_act", json!("gelu")).contains("gelu"));
+        assert!(with("attention_bias", json!(true)).contains("attention_bias"));
+        assert!(with("num_key_value_heads", json!(3)).contains("kv heads"));
+        assert!(with("hidden_size", json!("big")).contains("hidden_size"));
+        let mut b = base.clone();
+        b.as_object_mut().unwrap().remove("intermediate_size");
+        assert!(cfg(b)
+            .unwrap_err()
+            .to_string()
+            .contains("missing 'intermediate_size'"));
+    }
+
+    #[test]
+    fn mlx_overrides() {
+        let q = mlx_quant(
+            Path::new("config.json"),
+            &json!({"quantization": {"group_size": 64, "bits": 4,
+                "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8},
+                "lm_head": false}}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(q.of("model.layers.1.mlp.down_proj"), Some((4, 64)));
+        assert_eq!(q.of("model.layers.0.mlp.down_proj"), Some((8, 32)));
+        assert_eq!(q.of("lm_head"), None);
+        let e = mlx_quant(
+            Path::new("config.json"),
+            &json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("mxfp4"));
+    }
+}
