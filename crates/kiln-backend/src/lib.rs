@@ -21,6 +21,54 @@ pub enum BackendError {
     Weight { name: String, what: String },
     #[error("token id {id} is outside the vocabulary ({vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error("KV cache type {ty}: {what}")]
+    KvType { ty: &'static str, what: String },
+}
+
+/// How a KV cache stores keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    #[default]
+    F32,
+    F16,
+    /// GGML's Q8_0 blocks of 32 per head row (head sizes a multiple of 32).
+    Q8_0,
+}
+
+impl KvType {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [KvType::F32, KvType::F16, KvType::Q8_0]
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+
+    /// The block format of one head row.
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            KvType::F32 => GgmlType::F32,
+            KvType::F16 => GgmlType::F16,
+            KvType::Q8_0 => GgmlType::Q8_0,
+        }
+    }
+
+    /// Errors unless rows of `head_dim` values fit the type's blocks.
+    pub fn check(self, head_dim: usize) -> Result<(), BackendError> {
+        self.ggml()
+            .row_bytes(head_dim)
+            .map(|_| ())
+            .map_err(|e| BackendError::KvType {
+                ty: self.name(),
+                what: format!("head size {head_dim}: {e}"),
+            })
+    }
 }
 
 /// A host view of a weight matrix as stored in a model file: `rows` rows of `cols` values,
@@ -154,6 +202,25 @@ pub trait Backend {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> Self::KvCache;
+    /// A KV cache storing keys and values as `ty`. This default holds f32 only.
+    fn kv_cache_typed(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: KvType,
+    ) -> Result<Self::KvCache, BackendError> {
+        match ty {
+            KvType::F32 => Ok(self.kv_cache(n_layers, n_ctx, n_kv_heads, head_dim)),
+            other => Err(BackendError::KvType {
+                ty: other.name(),
+                what: format!("not supported by the {} backend", self.name()),
+            }),
+        }
+    }
+    /// Bytes the cache holds (keys and values of every layer).
+    fn kv_cache_bytes(&self, cache: &Self::KvCache) -> usize;
 
     // ---- ops; `n` is the number of active rows (tokens) ----
 

@@ -164,8 +164,22 @@ pub fn load(model: &str, m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
     } else {
         CpuBackend::new(m.threads.unwrap_or_else(default_threads).max(1))
     };
-    Llm::load_quantized(backend, &path, m.quant)
-        .with_context(|| format!("loading {}", path.display()))
+    let mut llm = Llm::load_quantized(backend, &path, m.quant)
+        .with_context(|| format!("loading {}", path.display()))?;
+    llm.set_kv_type(m.kv_type)?;
+    Ok(llm)
+}
+
+/// Weights and KV cache sizes, printed at load.
+fn memory_line(llm: &Llm<CpuBackend>, s: &LlmSession<'_, CpuBackend>) -> String {
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    format!(
+        "memory: weights {:.1} MiB | KV cache {} x {} positions {:.1} MiB",
+        mib(llm.model.weight_bytes(&llm.backend)),
+        llm.kv_type().name(),
+        s.n_ctx(),
+        mib(s.kv_bytes())
+    )
 }
 
 fn stats_line(s: &GenerationStats) -> String {
@@ -209,6 +223,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         llm.tokenize(&llm.render_chat(&msgs)?, false)?
     };
     let mut session = llm.session(a.model.ctx_size, 512);
+    eprintln!("{}", memory_line(&llm, &session));
     let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
     let mut out = std::io::stdout().lock();
     let opts = a.sampling.options(&llm.generation);
@@ -227,6 +242,7 @@ pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
     let llm = load(&a.model.model, &a.model)?;
     let draft = load_draft(&a.spec, &a.model)?;
     let mut session = llm.session(a.model.ctx_size, 512);
+    eprintln!("{}", memory_line(&llm, &session));
     let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
     let mut msgs = Vec::new();
     if let Some(s) = &a.system {

@@ -72,6 +72,15 @@ pub struct ModelArgs {
     /// f16, bf16, f32 (rows the block does not divide fall back like llama.cpp's).
     #[arg(long, value_name = "TYPE", value_parser = parse_quant)]
     pub quant: Option<kiln_quant::GgmlType>,
+    /// How the KV cache stores keys and values: f32, f16, q8_0 (head sizes a multiple of
+    /// 32).
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f32", value_parser = parse_kv)]
+    pub kv_type: kiln_backend::KvType,
+}
+
+fn parse_kv(s: &str) -> Result<kiln_backend::KvType, String> {
+    kiln_backend::KvType::parse(s)
+        .ok_or_else(|| format!("unknown KV cache type '{s}' (f32, f16, q8_0)"))
 }
 
 /// A GGML type by its name (any case): q4_0, Q4_K, f16, ...

@@ -245,6 +245,35 @@ fn mlx_kernels_scalar_equals_simd() {
     assert!(err < 1e-3, "scalar MLX kernel: rel err {err:e}");
 }
 
+/// f16 and Q8_0 KV caches on the transformers fixtures (head size 32: Qwen3 and Llama 3).
+#[test]
+fn packed_kv_caches() {
+    use kiln_backend::KvType;
+    for dir in ["qwen3", "llama3"] {
+        let r = model_ref(dir);
+        let b = CpuBackend::new(2);
+        let m = load(&b, dir, None);
+        for (ty, bound) in [(KvType::F16, 2e-3), (KvType::Q8_0, 3e-2)] {
+            let (mut err, mut mag) = (0f32, 0f32);
+            for (p, want) in r.prompts.iter().zip(&r.logits) {
+                let mut st = m.new_state_kv(&b, 64, 16, ty).unwrap();
+                let got = m.forward(&b, &mut st, p, 0, true).unwrap();
+                for (g, w) in got.iter().zip(want) {
+                    err = err.max((g - w).abs());
+                    mag = mag.max(w.abs());
+                }
+            }
+            eprintln!("{dir} KV {}: rel err {:.2e}", ty.name(), err / mag);
+            assert!(
+                err / mag < bound,
+                "{dir} KV {}: rel err {:e}",
+                ty.name(),
+                err / mag
+            );
+        }
+    }
+}
+
 // ---- strictness: bad checkpoints are errors that name the tensor and file ----
 
 /// Copies a fixture directory, rewriting model.safetensors with `edit` applied to its

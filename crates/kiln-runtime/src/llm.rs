@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_backend::Backend;
+use kiln_backend::{Backend, KvType};
 use kiln_formats::GgufFile;
 use kiln_models::llm::{is_hf_dir, HfCheckpoint, Llama, LlamaState};
 use kiln_models::ModelError;
@@ -47,6 +47,8 @@ pub struct Llm<B: Backend> {
     pub path: PathBuf,
     /// The model's sampling defaults (Hugging Face `generation_config.json`; empty for GGUF).
     pub generation: GenerationDefaults,
+    /// How sessions' KV caches store keys and values (`set_kv_type`).
+    kv_type: KvType,
 }
 
 impl<B: Backend> Llm<B> {
@@ -93,7 +95,24 @@ impl<B: Backend> Llm<B> {
             template,
             path: file,
             generation,
+            kv_type: KvType::F32,
         })
+    }
+
+    /// Sessions from now on store keys and values as `ty` (errors when the model's head
+    /// size does not fit the type's blocks).
+    pub fn set_kv_type(&mut self, ty: KvType) -> Result<(), RuntimeError> {
+        ty.check(self.model.cfg.head_dim)
+            .map_err(|source| ModelError::Backend {
+                file: self.path.clone(),
+                source,
+            })?;
+        self.kv_type = ty;
+        Ok(())
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// Ids the sampler may pick: the model's rows that the tokenizer can decode (checkpoints
@@ -123,9 +142,14 @@ impl<B: Backend> Llm<B> {
         } else {
             n_ctx
         };
+        let state = self
+            .model
+            .new_state_kv(&self.backend, n_ctx, max_batch, self.kv_type)
+            // The type was checked against the model when it was set.
+            .expect("KV cache type checked by set_kv_type");
         LlmSession {
             llm: self,
-            state: self.model.new_state(&self.backend, n_ctx, max_batch),
+            state,
             tokens: Vec::new(),
         }
     }
@@ -237,6 +261,11 @@ pub struct LlmSession<'a, B: Backend> {
 impl<B: Backend> LlmSession<'_, B> {
     pub fn n_ctx(&self) -> usize {
         self.state.n_ctx
+    }
+
+    /// Bytes of this session's KV cache.
+    pub fn kv_bytes(&self) -> usize {
+        self.llm.model.kv_bytes(&self.llm.backend, &self.state)
     }
 
     /// Tokens in the KV cache.

@@ -17,7 +17,7 @@ use kernels::pack::{dequant_packed_row, pack_row};
 use kernels::{Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
-use crate::{AttnShape, Backend, BackendError, MlxWeightData, RopeConfig, WeightData};
+use crate::{AttnShape, Backend, BackendError, KvType, MlxWeightData, RopeConfig, WeightData};
 pub use par::Pool;
 
 pub struct CpuBackend {
@@ -81,6 +81,8 @@ pub struct CpuKvCache {
     head_dim: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    /// Keys and values stored as f16 or Q8_0 instead (then `k`, `v` are empty).
+    packed: Option<ops::kv_packed::PackedKv>,
 }
 
 impl CpuBackend {
@@ -267,6 +269,41 @@ impl Backend for CpuBackend {
             head_dim,
             k: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
             v: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
+            packed: None,
+        }
+    }
+
+    fn kv_cache_typed(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: KvType,
+    ) -> Result<CpuKvCache, BackendError> {
+        if ty == KvType::F32 {
+            return Ok(self.kv_cache(n_layers, n_ctx, n_kv_heads, head_dim));
+        }
+        ty.check(head_dim)?;
+        Ok(CpuKvCache {
+            n_ctx,
+            kv_dim: n_kv_heads * head_dim,
+            head_dim,
+            k: Vec::new(),
+            v: Vec::new(),
+            packed: Some(ops::kv_packed::PackedKv::new(
+                ty, n_layers, n_ctx, n_kv_heads, head_dim,
+            )),
+        })
+    }
+
+    fn kv_cache_bytes(&self, c: &CpuKvCache) -> usize {
+        match &c.packed {
+            Some(p) => p.bytes(),
+            None => {
+                4 * (c.k.iter().map(Vec::len).sum::<usize>()
+                    + c.v.iter().map(Vec::len).sum::<usize>())
+            }
         }
     }
 
@@ -403,6 +440,9 @@ impl Backend for CpuBackend {
             pos0 + n <= cache.n_ctx,
             "kv_store past the cache (caller checks the context)"
         );
+        if let Some(p) = &mut cache.packed {
+            return p.store(layer, k, v, pos0, n);
+        }
         // Cache layout per layer: (kv_heads, n_ctx, hd).
         for t in 0..n {
             for h in 0..d / hd {
@@ -423,6 +463,11 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         assert_eq!(shape.head_dim, cache.head_dim);
+        if let Some(p) = &cache.packed {
+            // Widened to f32 for the positions in use, then the f32 kernel.
+            let (k, v) = &mut *p.widened(layer, shape.pos0 + shape.n_tokens);
+            return ops::attention::attention(&self.pool, q, k, v, cache.n_ctx, shape, out);
+        }
         let (k, v) = (&cache.k[layer], &cache.v[layer]);
         ops::attention::attention(&self.pool, q, k, v, cache.n_ctx, shape, out)
     }

@@ -6,7 +6,7 @@
 //!                  x += Wdown · (silu(Wgate·norm(x)) * Wup·norm(x))
 //! logits = Wout · norm(x)
 
-use kiln_backend::{AttnShape, Backend};
+use kiln_backend::{AttnShape, Backend, KvType};
 use kiln_formats::GgufFile;
 use kiln_quant::GgmlType;
 
@@ -183,12 +183,40 @@ impl<B: Backend> Llama<B> {
     }
 
     pub fn new_state(&self, b: &B, n_ctx: usize, max_batch: usize) -> LlamaState<B> {
+        let kv = b.kv_cache(
+            self.cfg.n_layers,
+            n_ctx,
+            self.cfg.n_kv_heads,
+            self.cfg.head_dim,
+        );
+        self.state_with(b, n_ctx, max_batch, kv)
+    }
+
+    /// A state whose KV cache stores keys and values as `kv`.
+    pub fn new_state_kv(
+        &self,
+        b: &B,
+        n_ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<LlamaState<B>, ModelError> {
+        let c = &self.cfg;
+        let cache = b
+            .kv_cache_typed(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim, kv)
+            .map_err(|source| ModelError::Backend {
+                file: Default::default(),
+                source,
+            })?;
+        Ok(self.state_with(b, n_ctx, max_batch, cache))
+    }
+
+    fn state_with(&self, b: &B, n_ctx: usize, max_batch: usize, kv: B::KvCache) -> LlamaState<B> {
         let c = &self.cfg;
         let max_batch = max_batch.max(1);
         LlamaState {
             n_ctx,
             max_batch,
-            kv: b.kv_cache(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim),
+            kv,
             x: b.tensor(max_batch, c.dim),
             h: b.tensor(max_batch, c.dim),
             q: b.tensor(max_batch, c.q_dim()),
@@ -201,6 +229,11 @@ impl<B: Backend> Llama<B> {
             logits_host: vec![0.0; max_batch * c.vocab_size],
             trace: std::env::var_os("KILN_TRACE").is_some(),
         }
+    }
+
+    /// Bytes of the state's KV cache.
+    pub fn kv_bytes(&self, b: &B, st: &LlamaState<B>) -> usize {
+        b.kv_cache_bytes(&st.kv)
     }
 
     /// Runs `tokens` at positions `pos0..`, filling the KV cache. Returns the logits of the

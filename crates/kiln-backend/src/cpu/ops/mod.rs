@@ -1,5 +1,6 @@
 pub mod attention;
 pub mod elementwise;
+pub mod kv_packed;
 pub mod matmul;
 pub mod mlx;
 pub mod norm;
