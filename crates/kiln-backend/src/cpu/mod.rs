@@ -465,7 +465,7 @@ impl Backend for CpuBackend {
         assert_eq!(shape.head_dim, cache.head_dim);
         if let Some(p) = &cache.packed {
             // Widened to f32 for the positions in use, then the f32 kernel.
-            let (k, v) = &mut *p.widened(layer, shape.pos0 + shape.n_tokens);
+            let (k, v) = &mut *p.widened(&self.pool, layer, shape.pos0 + shape.n_tokens);
             return ops::attention::attention(&self.pool, q, k, v, cache.n_ctx, shape, out);
         }
         let (k, v) = (&cache.k[layer], &cache.v[layer]);

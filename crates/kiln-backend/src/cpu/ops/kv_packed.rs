@@ -7,6 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use kiln_quant::{dequantize_row, quantize_row, GgmlType};
 
+use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
 use crate::KvType;
 
@@ -82,27 +83,38 @@ impl PackedKv {
         }
     }
 
-    /// `layer`'s first `len` positions of every head, as f32 in the scratch.
-    pub fn widened(&self, layer: usize, len: usize) -> MutexGuard<'_, (Vec<f32>, Vec<f32>)> {
+    /// `layer`'s first `len` positions of every head, as f32 in the scratch, the rows split
+    /// over the pool's threads.
+    pub fn widened(
+        &self,
+        pool: &Pool,
+        layer: usize,
+        len: usize,
+    ) -> MutexGuard<'_, (Vec<f32>, Vec<f32>)> {
         let mut g = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let (hd, ty) = (self.head_dim, self.ty.ggml());
         let (ks, vs) = &mut *g;
-        for h in 0..self.kv_heads {
-            for p in 0..len {
+        let (kd, vd) = (SharedMut(ks.as_mut_ptr()), SharedMut(vs.as_mut_ptr()));
+        let (k, v) = (&self.k[layer], &self.v[layer]);
+        pool.run(self.kv_heads * len, |i0, i1| {
+            // The whole wrappers, not their pointer fields (closures capture fields).
+            let (kd, vd): (SharedMut, SharedMut) = (kd, vd);
+            for i in i0..i1 {
+                let (h, p) = (i / len, i % len);
                 let src = (h * self.n_ctx + p) * self.row;
                 let dst = (h * self.n_ctx + p) * hd;
-                widen_row(
-                    ty,
-                    &self.k[layer][src..src + self.row],
-                    &mut ks[dst..dst + hd],
-                );
-                widen_row(
-                    ty,
-                    &self.v[layer][src..src + self.row],
-                    &mut vs[dst..dst + hd],
-                );
+                // SAFETY: row (h, p) of the scratch is written by this worker alone, and
+                // dst + hd <= kv_heads * n_ctx * hd, the scratch's length.
+                let (ko, vo) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(kd.0.add(dst), hd),
+                        std::slice::from_raw_parts_mut(vd.0.add(dst), hd),
+                    )
+                };
+                widen_row(ty, &k[src..src + self.row], ko);
+                widen_row(ty, &v[src..src + self.row], vo);
             }
-        }
+        });
         g
     }
 }
