@@ -223,7 +223,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         llm.tokenize(&llm.render_chat(&msgs)?, false)?
     };
     let mut session = llm.session(a.model.ctx_size, 512);
-    eprintln!("{}", memory_line(&llm, &session));
+    let memory = memory_line(&llm, &session);
     let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
     let mut out = std::io::stdout().lock();
     let opts = a.sampling.options(&llm.generation);
@@ -234,6 +234,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
             .is_ok()
     })?;
     let _ = writeln!(out);
+    // After the answer, so a failed run stays one line on stderr.
+    eprintln!("{memory}");
     eprintln!("{}", stats_line(&stats));
     Ok(())
 }
