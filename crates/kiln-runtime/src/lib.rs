@@ -1,14 +1,18 @@
 //! Sessions, sampling and the generation loop: what turns a model into answers.
 
+mod generation;
 mod llm;
+mod perplexity;
 pub mod sampler;
 mod speculative;
 mod stop;
 pub mod whisper;
 
+pub use generation::GenerationDefaults;
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };
+pub use perplexity::{nll, Perplexity};
 pub use sampler::{Sampler, SamplerConfig};
 pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;

@@ -232,6 +232,9 @@ pub fn matmul_jobs(
     n: usize,
     jobs: &mut [Job],
 ) {
+    if jobs.iter().any(super::mlx::involves_mlx) {
+        return super::mlx::matmul_jobs(pool, kernels, act, x, n, jobs);
+    }
     let cols = x.cols;
     let mut quantized = false;
     for j in jobs.iter() {
