@@ -133,8 +133,9 @@ impl WhisperConfig {
     }
 }
 
-/// How to load: the format the decoder's linear weights and embeddings are quantized into
-/// at load (None keeps the file's format; the encoder always keeps it).
+/// How to load: the format the decoder's per-token weights (projections, MLP, embeddings)
+/// are quantized into at load (None keeps the file's format; the encoder and the
+/// cross-attention key/value projections, run once per window, always keep it).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
     pub quant: Option<GgmlType>,

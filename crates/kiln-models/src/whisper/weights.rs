@@ -120,7 +120,7 @@ impl<'a> Ct2Weights<'a> {
         let n_rows = rows.1 - rows.0;
         let target = self
             .quant
-            .filter(|q| quantize && cols % q.block_size() == 0);
+            .filter(|q| quantize && self.quant_on.get() && cols % q.block_size() == 0);
         let w = match target {
             None => b.load_weight(WeightData {
                 name,
