@@ -20,7 +20,7 @@
 #   DEST/src/                             the vendored llama.cpp source tree
 #   DEST/build/bin/llama-bench, llama-quantize, llama-completion
 #
-# Build flags: Release, GGML_NATIVE=ON (-march=native for this host's CPU),
+# Build flags: Release, GGML_NATIVE=ON (-march=native for this host's CPU) minus AMX,
 # static libraries, OpenMP on (llama.cpp's default), no network features.
 # Environment knobs: JOBS (default 2), NICE (default 10), CMAKE (default cmake).
 set -euo pipefail
@@ -62,9 +62,16 @@ if [ "$(cat "$DEST/src/.kiln-sdist" 2>/dev/null)" != "$VER" ]; then
     echo "$VER" > "$DEST/src/.kiln-sdist"
 fi
 
+# AMX off: on machines whose CPU reports AMX tiles that the kernel does not grant (seen
+# here on a Xeon VM), ggml's AMX matmul dies with SIGSEGV on every quantized model; with
+# explicit -mno-amx-* the rest of -march=native (AVX-512, VNNI, BF16) stays on. kiln does
+# not use AMX either.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 nice -n "$NICE" "$CMAKE" -S "$DEST/src" -B "$DEST/build" \
     -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$NO_AMX" \
+    -DCMAKE_CXX_FLAGS="$NO_AMX" \
     -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF \
     -DBUILD_SHARED_LIBS=OFF \

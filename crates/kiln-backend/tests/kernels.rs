@@ -2,7 +2,9 @@
 //! f32 arithmetic on dequantized weights, on random rows of awkward lengths.
 
 use kiln_backend::cpu::kernels::pack::{dequant_packed_row, pack_row, unpack_row};
-use kiln_backend::cpu::kernels::{available, quantize_act, BlockQ8, QuantAct, SCALAR};
+use kiln_backend::cpu::kernels::{
+    available, quantize_act, quantize_act_portable, BlockQ8, QuantAct, SCALAR,
+};
 use kiln_quant::{dequantize, quantize, GgmlType};
 
 struct Rng(u64);
@@ -170,6 +172,27 @@ fn activation_quantization_round_trips() {
         }
     }
     assert_eq!(a[3].d, 0.0);
+}
+
+/// The dispatched (SIMD) quantizer gives exactly the portable one's blocks.
+#[test]
+fn activation_quantization_is_the_same_everywhere() {
+    let mut rng = Rng(4242);
+    let mut x: Vec<f32> = (0..32 * 64).map(|_| rng.normal()).collect();
+    x[..32].fill(0.0);
+    x[40] = 1e-30;
+    x[100] = -3.5e4;
+    let mut a = vec![BlockQ8::default(); 64];
+    let mut b = vec![BlockQ8::default(); 64];
+    quantize_act(&x, &mut a);
+    quantize_act_portable(&x, &mut b);
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(
+            (a.d.to_bits(), a.sums, a.qs),
+            (b.d.to_bits(), b.sums, b.qs),
+            "block {i}"
+        );
+    }
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use kiln_quant::{dequantize_row, GgmlType};
 
 use kernels::pack::{dequant_packed_row, pack_row};
-use kernels::{Kernels, QuantAct};
+use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
 use crate::{AttnShape, Backend, BackendError, DenseAttnShape, RopeConfig, WeightData};
@@ -43,12 +43,14 @@ impl CpuTensor {
 }
 
 /// A weight matrix: `bytes` holds `rows` rows of `ty.row_bytes(cols)` bytes, each in kiln's
-/// packed layout for the format (`kernels::pack`).
+/// packed layout for the format (`kernels::pack`), or, when `x8`, groups of 8 interleaved
+/// rows (`kernels::x8`).
 pub struct CpuWeight {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
+    pub x8: bool,
     pub bytes: Vec<u8>,
 }
 
@@ -57,8 +59,20 @@ impl CpuWeight {
         &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
+    /// Group `g` of an interleaved weight.
+    pub fn group(&self, g: usize) -> &[u8] {
+        let gb = x8::group_bytes(self.ty, self.cols);
+        &self.bytes[g * gb..(g + 1) * gb]
+    }
+
     /// Dequantizes row `r` into `out` (cols values).
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        if self.x8 {
+            let group = self.group(r / x8::ROWS);
+            x8::dequant_row(self.ty, group, self.cols, r % x8::ROWS, out)
+                .expect("row length checked at load");
+            return;
+        }
         if self.ty == GgmlType::F32 {
             for (o, c) in out.iter_mut().zip(self.row_bytes_of(r).chunks_exact(4)) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -167,18 +181,39 @@ impl Backend for CpuBackend {
                 ),
             });
         }
-        let mut weight = CpuWeight {
-            ty: w.ty,
-            rows: w.rows,
-            cols: w.cols,
-            row_bytes,
-            bytes: vec![0u8; w.bytes.len()],
-        };
         if w.ty != GgmlType::F32 && w.rows > 0 {
             // Unsupported formats fail here, at load.
             let mut tmp = vec![0f32; w.cols];
             dequantize_row(w.ty, &w.bytes[..row_bytes], &mut tmp).map_err(quant)?;
         }
+        if !self.reference && self.kernels.x8_for(w.ty).is_some() && w.rows > 0 {
+            // Groups of 8 interleaved rows for kernels whose lanes are rows.
+            let gb = x8::group_bytes(w.ty, w.cols);
+            let mut bytes = vec![0u8; x8::matrix_bytes(w.ty, w.rows, w.cols)];
+            for (g, dst) in bytes.chunks_exact_mut(gb).enumerate() {
+                let r1 = (8 * g + 8).min(w.rows);
+                let rows: Vec<&[u8]> = (8 * g..r1)
+                    .map(|r| &w.bytes[r * row_bytes..(r + 1) * row_bytes])
+                    .collect();
+                x8::pack_group(w.ty, &rows, w.cols, dst);
+            }
+            return Ok(CpuWeight {
+                ty: w.ty,
+                rows: w.rows,
+                cols: w.cols,
+                row_bytes,
+                x8: true,
+                bytes,
+            });
+        }
+        let mut weight = CpuWeight {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            row_bytes,
+            x8: false,
+            bytes: vec![0u8; w.bytes.len()],
+        };
         for (src, dst) in w
             .bytes
             .chunks_exact(row_bytes.max(1))
@@ -198,6 +233,7 @@ impl Backend for CpuBackend {
                 rows: w.rows,
                 cols: w.cols,
                 row_bytes: w.cols * 4,
+                x8: false,
                 bytes: out,
             };
         }

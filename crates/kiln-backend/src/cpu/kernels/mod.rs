@@ -4,11 +4,16 @@
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_x8;
 pub mod pack;
 pub mod scalar;
 pub mod tile;
+pub mod x8;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_x8;
 
 use std::sync::OnceLock;
 
@@ -35,15 +40,76 @@ impl BlockQ8 {
 pub fn quantize_act(x: &[f32], out: &mut [BlockQ8]) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && !simd_disabled() {
-        // SAFETY: AVX2 was detected; the body is the same portable code, vectorized wider.
+        // SAFETY: AVX2 was detected.
         return unsafe { quantize_act_avx2(x, out) };
     }
     quantize_act_body(x, out)
 }
 
+/// `quantize_act_body` in AVX2: the same values (cvtps rounds to nearest, ties to even, as
+/// the portable shift does), 32 at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn quantize_act_avx2(x: &[f32], out: &mut [BlockQ8]) {
+    use std::arch::x86_64::*;
+    for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+        // SAFETY: xb holds 32 f32, b.qs 32 bytes; AVX2 was detected by the caller.
+        unsafe {
+            let p = xb.as_ptr();
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let sign = _mm256_set1_ps(-0.0);
+            let a = [
+                _mm256_andnot_ps(sign, v[0]),
+                _mm256_andnot_ps(sign, v[1]),
+                _mm256_andnot_ps(sign, v[2]),
+                _mm256_andnot_ps(sign, v[3]),
+            ];
+            let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+            let d = _mm_cvtss_f32(m) / 127.0;
+            let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            let q = [
+                _mm256_cvtps_epi32(_mm256_mul_ps(v[0], id)),
+                _mm256_cvtps_epi32(_mm256_mul_ps(v[1], id)),
+                _mm256_cvtps_epi32(_mm256_mul_ps(v[2], id)),
+                _mm256_cvtps_epi32(_mm256_mul_ps(v[3], id)),
+            ];
+            // i32 -> i16 -> i8 packs interleave 128-bit lanes; the permute restores order.
+            let w = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(b.qs.as_mut_ptr() as *mut __m256i, w);
+            // (A fn, not a closure: closures do not inherit target features.)
+            #[inline(always)]
+            unsafe fn hsum(v: __m256i) -> i32 {
+                unsafe {
+                    let s =
+                        _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+                    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+                    _mm_cvtsi128_si32(s)
+                }
+            }
+            let s0 = hsum(_mm256_add_epi32(q[0], q[1]));
+            let s1 = hsum(_mm256_add_epi32(q[2], q[3]));
+            b.d = d;
+            b.sums = [s0 as i16, s1 as i16];
+        }
+    }
+}
+
+/// The portable quantizer (what `quantize_act` runs without SIMD); tests hold the SIMD
+/// version to it exactly.
+pub fn quantize_act_portable(x: &[f32], out: &mut [BlockQ8]) {
     quantize_act_body(x, out)
 }
 
@@ -77,6 +143,10 @@ pub struct QuantAct {
     pub blocks: Vec<BlockQ8>,
     pub d: Vec<f32>,
     pub sum: Vec<f32>,
+    /// d * sum per block.
+    pub ds: Vec<f32>,
+    /// 32 * the sum of each 16-value half, two per block (Q6_K's offset).
+    pub h32: Vec<i32>,
     nb: usize,
 }
 
@@ -86,6 +156,8 @@ pub struct ActRow<'a> {
     pub blocks: &'a [BlockQ8],
     pub d: &'a [f32],
     pub sum: &'a [f32],
+    pub ds: &'a [f32],
+    pub h32: &'a [i32],
 }
 
 impl QuantAct {
@@ -96,12 +168,18 @@ impl QuantAct {
         self.blocks.resize(n * nb, BlockQ8::default());
         self.d.resize(n * nb, 0.0);
         self.sum.resize(n * nb, 0.0);
+        self.ds.resize(n * nb, 0.0);
+        self.h32.resize(2 * n * nb, 0);
         for t in 0..n {
             let blocks = &mut self.blocks[t * nb..(t + 1) * nb];
             quantize_act(&x[t * cols..(t + 1) * cols], blocks);
             for (i, b) in blocks.iter().enumerate() {
-                self.d[t * nb + i] = b.d;
-                self.sum[t * nb + i] = b.sum() as f32;
+                let at = t * nb + i;
+                self.d[at] = b.d;
+                self.sum[at] = b.sum() as f32;
+                self.ds[at] = b.d * b.sum() as f32;
+                self.h32[2 * at] = 32 * b.sums[0] as i32;
+                self.h32[2 * at + 1] = 32 * b.sums[1] as i32;
             }
         }
     }
@@ -111,7 +189,9 @@ impl QuantAct {
         ActRow {
             blocks: &self.blocks[r.clone()],
             d: &self.d[r.clone()],
-            sum: &self.sum[r],
+            sum: &self.sum[r.clone()],
+            ds: &self.ds[r],
+            h32: &self.h32[2 * t * self.nb..2 * (t + 1) * self.nb],
         }
     }
 }
@@ -125,6 +205,9 @@ pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: ActRow, out: &mut [f3
 
 pub struct Kernels {
     pub name: &'static str,
+    /// Kernels over the eight-row interleaved layouts, where a set has them: weights of
+    /// those formats are packed that way at load (`x8`).
+    pub x8: Option<&'static x8::X8Kernels>,
     /// Four rows of a decoded tile (prefill), bit-identical to the four-row kernels; sets
     /// without one unpack per token.
     pub tile4: Option<tile::TileDotFn>,
@@ -147,6 +230,11 @@ pub struct Kernels {
 }
 
 impl Kernels {
+    /// The interleaved kernel for a weight format, if the set has one.
+    pub fn x8_for(&self, ty: GgmlType) -> Option<x8::GemmFn> {
+        self.x8.and_then(|k| k.for_type(ty))
+    }
+
     /// The decoded-tile kernel for a weight format, if the set has one.
     pub fn tile4_for(&self, ty: GgmlType) -> Option<tile::TileDotFn> {
         self.tile4.filter(|_| tile::can_decode(ty))
@@ -186,6 +274,7 @@ impl Kernels {
 
 pub static SCALAR: Kernels = Kernels {
     name: "scalar",
+    x8: None,
     tile4: None,
     q4_0x4: scalar::dot4::<{ scalar::Q4_0 }>,
     q4_1x4: scalar::dot4::<{ scalar::Q4_1 }>,
@@ -204,9 +293,28 @@ pub static SCALAR: Kernels = Kernels {
     q6_k: scalar::dot_q6_k,
 };
 
-/// Whether `KILN_NO_SIMD` asks for the scalar kernels.
+/// Whether `KILN_NO_SIMD` asks for the scalar kernels (read once per process: the hot
+/// paths ask on every call).
 pub fn simd_disabled() -> bool {
-    std::env::var_os("KILN_NO_SIMD").is_some_and(|v| !v.is_empty() && v != "0")
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var_os("KILN_NO_SIMD").is_some_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Whether f32 code may use 512-bit vectors: AVX-512F is present, SIMD is on, and
+/// `KILN_NO_AVX512` does not ask for the AVX2 versions (to test them on AVX-512 machines).
+/// Read once per process.
+pub fn avx512_allowed() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        let off = std::env::var_os("KILN_NO_AVX512").is_some_and(|v| !v.is_empty() && v != "0");
+        #[cfg(target_arch = "x86_64")]
+        return !simd_disabled() && !off && std::is_x86_feature_detected!("avx512f");
+        #[allow(unreachable_code)]
+        {
+            let _ = off;
+            false
+        }
+    })
 }
 
 /// The best kernels this CPU runs (detected once).

@@ -25,6 +25,7 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static NEON: Kernels = Kernels {
     name: "neon",
+    x8: None,
     // No decoded-tile prefill or four-row K-quant kernels on ARM yet: prefill unpacks per
     // token, K-quant rows run one at a time.
     tile4: None,
@@ -47,6 +48,7 @@ static NEON: Kernels = Kernels {
 
 static DOTPROD: Kernels = Kernels {
     name: "neon-dotprod",
+    x8: Some(&super::neon_x8::DOTPROD),
     // No decoded-tile prefill or four-row K-quant kernels on ARM yet: prefill unpacks per
     // token, K-quant rows run one at a time.
     tile4: None,
@@ -119,7 +121,7 @@ unsafe fn reduce4(d: [int32x4_t; 4]) -> int32x4_t {
 /// 4 f16 at p -> 4 f32. FCVTL is base ARMv8 SIMD; its intrinsic needs a newer Rust than
 /// the workspace's minimum.
 #[inline(always)]
-unsafe fn f16x4(p: *const u8) -> float32x4_t {
+pub(super) unsafe fn f16x4(p: *const u8) -> float32x4_t {
     unsafe {
         let h = vreinterpret_u16_u8(vld1_u8(p));
         let r: float32x4_t;

@@ -22,6 +22,7 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static AVX2: Kernels = Kernels {
     name: "avx2",
+    x8: Some(&super::x86_x8::AVX2),
     q4_kx4: Some(avx2::q4_kx4),
     q6_kx4: Some(avx2::q6_kx4),
     tile4: Some(avx2::tile4),
@@ -42,6 +43,7 @@ static AVX2: Kernels = Kernels {
 
 static VNNI: Kernels = Kernels {
     name: "avx512-vnni",
+    x8: Some(&super::x86_x8::VNNI),
     q4_kx4: Some(vnni::q4_kx4),
     q6_kx4: Some(vnni::q6_kx4),
     tile4: Some(vnni::tile4),

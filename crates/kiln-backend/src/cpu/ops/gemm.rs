@@ -4,23 +4,10 @@
 //! or 12 rows x 16 for narrow C), so results need no horizontal sums. Also the fp16 row dot
 //! of decode-time products.
 
-/// Whether the 16-lane AVX-512 kernel may run here (checked once, then cached).
+/// Whether the 16-lane AVX-512 kernel may run here.
 #[cfg(target_arch = "x86_64")]
 fn avx512_ok() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static OK: AtomicU8 = AtomicU8::new(2);
-    match OK.load(Ordering::Relaxed) {
-        2 => {
-            // KILN_NO_AVX512=1 keeps the AVX2 kernel (to test it on AVX-512 machines).
-            let off = std::env::var_os("KILN_NO_AVX512").is_some_and(|v| !v.is_empty() && v != "0");
-            let ok = !crate::cpu::kernels::simd_disabled()
-                && !off
-                && is_x86_feature_detected!("avx512f");
-            OK.store(ok as u8, Ordering::Relaxed);
-            ok
-        }
-        v => v == 1,
-    }
+    crate::cpu::kernels::avx512_allowed()
 }
 
 /// Whether the AVX2 kernel may run here.

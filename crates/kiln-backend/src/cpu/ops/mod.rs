@@ -1,5 +1,7 @@
 pub mod attention;
 pub mod attention_dense;
+#[cfg(target_arch = "x86_64")]
+mod attention_tiled;
 pub mod conv1d;
 pub mod elementwise;
 pub mod gelu;
@@ -28,15 +30,18 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
-/// e^x for x in [-87, 88] (clamped outside), relative error ~1e-7, branch-free so loops over it
-/// vectorize: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact n ln2), then
-/// e^x = 2^n e^r with e^r from its Taylor series to r^6.
+/// e^x for x in [-87, 88] (clamped outside), relative error ~1e-7, branch-free and free of
+/// libm calls so loops over it vectorize: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two
+/// for an exact n ln2), then e^x = 2^n e^r with e^r from its Taylor series to r^6.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    // Adding 1.5 * 2^23 rounds to an integer (ties to even) held in the low mantissa bits.
+    const SHIFT: f32 = 12_582_912.0;
+    let x = x.max(-87.0).min(88.0);
+    let t = x * std::f32::consts::LOG2_E + SHIFT;
+    let n = t - SHIFT;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0 / 720.0;
     let p = p * r + 1.0 / 120.0;
@@ -45,8 +50,6 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 0.5;
     let p = p * r + 1.0;
     let p = p * r + 1.0;
-    // SAFETY: x is clamped above, so n lies in [-126, 127] (a plain convert, no NaN guard,
-    // keeps the loops over this function vectorized).
-    let ni: i32 = unsafe { n.to_int_unchecked() };
-    f32::from_bits(p.to_bits().wrapping_add((ni << 23) as u32))
+    let n = t.to_bits().wrapping_sub(SHIFT.to_bits());
+    f32::from_bits(p.to_bits().wrapping_add(n << 23))
 }

@@ -1,0 +1,335 @@
+//! x86-64 kernels over the eight-row interleaved layouts (`x8`): each 32-bit lane of a
+//! 256-bit vector is one row, so a u8 x i8 dot instruction against 4 broadcast activation
+//! bytes advances 8 rows, block scales of 8 rows are one vector, and no horizontal sums are
+//! needed. One call runs up to `MAX_T` tokens over a group, unpacking its quants once.
+//!
+//! Every token's arithmetic is the same sequence whatever the number of tokens per call, so
+//! a token's result does not depend on its batch (decode and prefill agree bit for bit).
+
+use std::arch::x86_64::*;
+
+use super::x8::{X8Kernels, ROWS};
+use super::ActRow;
+
+/// How a set sums u8 x i8 products into i32 lanes (4 adjacent bytes per lane).
+trait LaneDot {
+    /// Activation rows per call.
+    const MAX_T: usize;
+    /// The offset the Q8_0 kernel subtracts (its stored quants are q + 128).
+    const Q8_OFFSET: f32;
+    /// acc + sum of u x s per lane, for u <= 63.
+    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+    /// acc + sum of (u - 128) x s or u x s per lane (see `Q8_OFFSET`), for any u8.
+    unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+}
+
+struct Vnni;
+impl LaneDot for Vnni {
+    const MAX_T: usize = 4;
+    const Q8_OFFSET: f32 = -128.0;
+    #[inline(always)]
+    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(acc, u, s) }
+    }
+    #[inline(always)]
+    unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(acc, u, s) }
+    }
+}
+
+struct Avx2;
+impl LaneDot for Avx2 {
+    const MAX_T: usize = 2;
+    const Q8_OFFSET: f32 = 0.0;
+    #[inline(always)]
+    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        // Pairs of u8 x i8 -> i16 (|u| <= 63, |s| <= 127: no saturation), pairs -> i32.
+        unsafe {
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+            _mm256_add_epi32(acc, p)
+        }
+    }
+    #[inline(always)]
+    unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        // Back to signed quants, then |q| x sign(s, q): the products as u8 x i8.
+        unsafe {
+            let q = _mm256_xor_si256(u, _mm256_set1_epi8(-128));
+            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(s, q));
+            _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        }
+    }
+}
+
+/// Bytes at..at+4 of an activation block's quants in every lane.
+#[inline(always)]
+unsafe fn bcast4(x: *const i8, at: usize) -> __m256i {
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(x.add(at) as *const i32)) }
+}
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// 8 f16 at p -> 8 f32.
+#[inline(always)]
+unsafe fn f16x8(p: *const u8) -> __m256 {
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+}
+
+/// 8 u8 at p -> 8 f32.
+#[inline(always)]
+unsafe fn u8x8(p: *const u8) -> __m256 {
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+}
+
+/// 8 i8 at p -> 8 i32.
+#[inline(always)]
+unsafe fn i8x8(p: *const u8) -> __m256i {
+    unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
+}
+
+#[inline(always)]
+unsafe fn xq(a: &ActRow, i: usize) -> *const i8 {
+    unsafe { a.blocks.get_unchecked(i).qs.as_ptr() }
+}
+
+/// Q4_0 (F = 0), Q4_1 (F = 1), Q8_0 (F = 2), Q5_0 (F = 3), Q5_1 (F = 4) over `nb` blocks
+/// for T tokens.
+#[inline(always)]
+unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
+    g: *const u8,
+    nb: usize,
+    a: &[ActRow],
+    out: &mut [[f32; ROWS]],
+) {
+    unsafe {
+        let (bb, c) = match F {
+            0 => (144, -8.0),
+            1 => (160, 1.0),
+            2 => (272, M::Q8_OFFSET),
+            3 => (176, -16.0),
+            _ => (192, 1.0),
+        };
+        let m10 = _mm256_set1_epi8(0x10);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut f = [_mm256_setzero_ps(); T];
+        let mut o = [_mm256_setzero_ps(); T];
+        for i in 0..nb {
+            let b = g.add(i * bb);
+            let dw = f16x8(b);
+            let ow = if F == 1 || F == 4 {
+                f16x8(b.add(16))
+            } else {
+                dw
+            };
+            let mut acc = [[_mm256_setzero_si256(); 2]; T];
+            if F == 2 {
+                for ch in 0..8 {
+                    let w = load(b.add(16 + 32 * ch));
+                    for t in 0..T {
+                        let x = bcast4(xq(&a[t], i), 4 * ch);
+                        acc[t][ch & 1] = M::acc_q8(acc[t][ch & 1], w, x);
+                    }
+                }
+            } else {
+                let q0 = match F {
+                    0 => 16,
+                    1 => 32,
+                    3 => 48,
+                    _ => 64,
+                };
+                // Q5: the fifth bits, bit c (low values) and 4 + c (high values) of each byte.
+                let h = if F >= 3 { load(b.add(q0 - 32)) } else { m4 };
+                for ch in 0..4 {
+                    let v = load(b.add(q0 + 32 * ch));
+                    let mut lo = _mm256_and_si256(v, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if F >= 3 {
+                        let (hl, hh) = match ch {
+                            0 => (_mm256_slli_epi16(h, 4), h),
+                            1 => (_mm256_slli_epi16(h, 3), _mm256_srli_epi16(h, 1)),
+                            2 => (_mm256_slli_epi16(h, 2), _mm256_srli_epi16(h, 2)),
+                            _ => (_mm256_slli_epi16(h, 1), _mm256_srli_epi16(h, 3)),
+                        };
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(hl, m10));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(hh, m10));
+                    }
+                    for t in 0..T {
+                        let x = xq(&a[t], i);
+                        acc[t][0] = M::acc(acc[t][0], lo, bcast4(x, 4 * ch));
+                        acc[t][1] = M::acc(acc[t][1], hi, bcast4(x, 16 + 4 * ch));
+                    }
+                }
+            }
+            for t in 0..T {
+                let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[t][0], acc[t][1]));
+                let dx = _mm256_set1_ps(*a[t].d.get_unchecked(i));
+                f[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, dx), f[t]);
+                if c != 0.0 {
+                    let ds = _mm256_set1_ps(*a[t].ds.get_unchecked(i));
+                    o[t] = _mm256_fmadd_ps(ow, ds, o[t]);
+                }
+            }
+        }
+        for t in 0..T {
+            let r = _mm256_fmadd_ps(_mm256_set1_ps(c), o[t], f[t]);
+            _mm256_storeu_ps(out[t].as_mut_ptr(), r);
+        }
+    }
+}
+
+/// Q4_K over `ns` super-blocks for T tokens.
+#[inline(always)]
+unsafe fn gemm_q4_k<M: LaneDot, const T: usize>(
+    g: *const u8,
+    ns: usize,
+    a: &[ActRow],
+    out: &mut [[f32; ROWS]],
+) {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut f = [_mm256_setzero_ps(); T];
+        let mut mn = [_mm256_setzero_ps(); T];
+        for s in 0..ns {
+            let b = g.add(s * 1184);
+            let (d, dmin) = (f16x8(b), f16x8(b.add(16)));
+            for p in 0..4 {
+                let (j0, j1) = (8 * s + 2 * p, 8 * s + 2 * p + 1);
+                let mut acc = [[_mm256_setzero_si256(); 2]; T];
+                for ch in 0..8 {
+                    let v = load(b.add(160 + 256 * p + 32 * ch));
+                    let lo = _mm256_and_si256(v, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    for t in 0..T {
+                        acc[t][0] = M::acc(acc[t][0], lo, bcast4(xq(&a[t], j0), 4 * ch));
+                        acc[t][1] = M::acc(acc[t][1], hi, bcast4(xq(&a[t], j1), 4 * ch));
+                    }
+                }
+                let s0 = _mm256_mul_ps(d, u8x8(b.add(32 + 16 * p)));
+                let s1 = _mm256_mul_ps(d, u8x8(b.add(32 + 16 * p + 8)));
+                let m0 = _mm256_mul_ps(dmin, u8x8(b.add(96 + 16 * p)));
+                let m1 = _mm256_mul_ps(dmin, u8x8(b.add(96 + 16 * p + 8)));
+                for t in 0..T {
+                    let (dx0, dx1) = (*a[t].d.get_unchecked(j0), *a[t].d.get_unchecked(j1));
+                    let d0 = _mm256_cvtepi32_ps(acc[t][0]);
+                    let d1 = _mm256_cvtepi32_ps(acc[t][1]);
+                    f[t] = _mm256_fmadd_ps(d0, _mm256_mul_ps(s0, _mm256_set1_ps(dx0)), f[t]);
+                    f[t] = _mm256_fmadd_ps(d1, _mm256_mul_ps(s1, _mm256_set1_ps(dx1)), f[t]);
+                    let (ds0, ds1) = (*a[t].ds.get_unchecked(j0), *a[t].ds.get_unchecked(j1));
+                    mn[t] = _mm256_fmadd_ps(m0, _mm256_set1_ps(ds0), mn[t]);
+                    mn[t] = _mm256_fmadd_ps(m1, _mm256_set1_ps(ds1), mn[t]);
+                }
+            }
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_sub_ps(f[t], mn[t]));
+        }
+    }
+}
+
+/// Q6_K over `ns` super-blocks for T tokens.
+#[inline(always)]
+unsafe fn gemm_q6_k<M: LaneDot, const T: usize>(
+    g: *const u8,
+    ns: usize,
+    a: &[ActRow],
+    out: &mut [[f32; ROWS]],
+) {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let (k03, k0c, k30) = (
+            _mm256_set1_epi8(0x03),
+            _mm256_set1_epi8(0x0C),
+            _mm256_set1_epi8(0x30),
+        );
+        let mut f = [_mm256_setzero_ps(); T];
+        for s in 0..ns {
+            let sb = g.add(s * 1680);
+            let d = f16x8(sb);
+            for blk in 0..8 {
+                let i = 8 * s + blk;
+                let b = sb.add(16 + 208 * blk);
+                let h = [load(b.add(128)), load(b.add(160))];
+                let mut acc = [[_mm256_setzero_si256(); 2]; T];
+                for ch in 0..4 {
+                    let v = load(b.add(32 * ch));
+                    let h = h[ch / 2];
+                    let (hl, hh) = if ch % 2 == 0 {
+                        (
+                            _mm256_slli_epi16(_mm256_and_si256(h, k03), 4),
+                            _mm256_slli_epi16(_mm256_and_si256(h, k0c), 2),
+                        )
+                    } else {
+                        (
+                            _mm256_and_si256(h, k30),
+                            _mm256_and_si256(_mm256_srli_epi16(h, 2), k30),
+                        )
+                    };
+                    let lo = _mm256_or_si256(_mm256_and_si256(v, m4), hl);
+                    let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), hh);
+                    for t in 0..T {
+                        let x = xq(&a[t], i);
+                        acc[t][0] = M::acc(acc[t][0], lo, bcast4(x, 4 * ch));
+                        acc[t][1] = M::acc(acc[t][1], hi, bcast4(x, 16 + 4 * ch));
+                    }
+                }
+                let (sc0, sc1) = (i8x8(b.add(192)), i8x8(b.add(200)));
+                for t in 0..T {
+                    // (sum q x - 32 sum x) * sc per 16-value group, exact in i32.
+                    let h32 = a[t].h32.as_ptr().add(2 * i);
+                    let g0 = _mm256_sub_epi32(acc[t][0], _mm256_set1_epi32(*h32));
+                    let g1 = _mm256_sub_epi32(acc[t][1], _mm256_set1_epi32(*h32.add(1)));
+                    let isum =
+                        _mm256_add_epi32(_mm256_mullo_epi32(g0, sc0), _mm256_mullo_epi32(g1, sc1));
+                    let dx = _mm256_set1_ps(*a[t].d.get_unchecked(i));
+                    f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), f[t]);
+                }
+            }
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), f[t]);
+        }
+    }
+}
+
+macro_rules! instantiate {
+    ($module:ident, $features:literal, $m:ty) => {
+        mod $module {
+            use super::*;
+            use crate::cpu::kernels::x8::gemm_entry;
+            gemm_entry!($features, <$m>::MAX_T, q4_0, 32, 144, gemm_legacy, $m, 0);
+            gemm_entry!($features, <$m>::MAX_T, q4_1, 32, 160, gemm_legacy, $m, 1);
+            gemm_entry!($features, <$m>::MAX_T, q8_0, 32, 272, gemm_legacy, $m, 2);
+            gemm_entry!($features, <$m>::MAX_T, q5_0, 32, 176, gemm_legacy, $m, 3);
+            gemm_entry!($features, <$m>::MAX_T, q5_1, 32, 192, gemm_legacy, $m, 4);
+            gemm_entry!($features, <$m>::MAX_T, q4_k, 256, 1184, gemm_q4_k, $m);
+            gemm_entry!($features, <$m>::MAX_T, q6_k, 256, 1680, gemm_q6_k, $m);
+        }
+    };
+}
+
+instantiate!(avx2, "avx2,fma,f16c", Avx2);
+instantiate!(vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", Vnni);
+
+pub static AVX2: X8Kernels = X8Kernels {
+    max_tokens: Avx2::MAX_T,
+    q4_0: avx2::q4_0,
+    q4_1: avx2::q4_1,
+    q5_0: avx2::q5_0,
+    q5_1: avx2::q5_1,
+    q8_0: avx2::q8_0,
+    q4_k: avx2::q4_k,
+    q6_k: avx2::q6_k,
+};
+
+pub static VNNI: X8Kernels = X8Kernels {
+    max_tokens: Vnni::MAX_T,
+    q4_0: vnni::q4_0,
+    q4_1: vnni::q4_1,
+    q5_0: vnni::q5_0,
+    q5_1: vnni::q5_1,
+    q8_0: vnni::q8_0,
+    q4_k: vnni::q4_k,
+    q6_k: vnni::q6_k,
+};
