@@ -67,6 +67,8 @@ fn blocked(
     dst: SharedMut,
     avx2: bool,
 ) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx2;
     let n_kv = s.n_kv;
     pool.run(s.heads, |h0, h1| {
         BLOCK_SCRATCH.with(|cell| {
