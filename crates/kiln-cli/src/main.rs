@@ -3,9 +3,9 @@
 mod bench;
 mod info;
 mod llm_cmd;
-mod stt_cmd;
 mod perplexity;
 mod quantize;
+mod stt_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

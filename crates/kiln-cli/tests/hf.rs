@@ -212,3 +212,55 @@ fn bad_type_and_bad_directory_are_clean_errors() {
         "{err}"
     );
 }
+
+/// llama.cpp's quantizer and kiln's agree: the tiny Qwen3 fixture in f16 (written by kiln),
+/// quantized by llama-quantize b11312 (`tools/make_llama_cpp_quant_fixtures.sh`) and by
+/// `kiln quantize`, has the same bytes in every tensor both put in the same format, and
+/// kiln computes the same logits from llama.cpp's Q8_0 file as from its own.
+#[test]
+fn llama_cpp_quantized_files_read_alike() {
+    let f16 = scratch("qwen3-for-llama-cpp-f16.gguf");
+    quantize(&fixture("qwen3"), &f16, "f16");
+    let dir = fixture("../llama-cpp");
+    for ty in ["q8_0", "q4_0"] {
+        let ours = scratch(&format!("qwen3-from-f16-{ty}.gguf"));
+        quantize(&f16, &ours, ty);
+        let (a, b) = (
+            GgufFile::open(&ours).unwrap(),
+            GgufFile::open(dir.join(format!("qwen3-{ty}.gguf"))).unwrap(),
+        );
+        let mut same_format = 0;
+        for t in &a.tensors {
+            let u = b
+                .tensor(&t.name)
+                .unwrap_or_else(|| panic!("{ty}: {} missing", t.name));
+            assert_eq!(t.dims, u.dims, "{ty}: {}", t.name);
+            if t.ty != u.ty {
+                // llama.cpp keeps a tied embedding table at 8 bits in its Q4_0 recipe.
+                continue;
+            }
+            same_format += 1;
+            assert!(
+                a.tensor_data(t) == b.tensor_data(u),
+                "{ty}: {} ({}) differs from llama.cpp's",
+                t.name,
+                t.ty.name()
+            );
+        }
+        assert!(
+            same_format >= a.tensors.len() - 1,
+            "{ty}: {same_format} tensors compared"
+        );
+        if ty == "q8_0" {
+            let (prompts, _) = reference("qwen3");
+            let bk = CpuBackend::new(2);
+            let (ma, mb) = (Llama::load(&bk, &a).unwrap(), Llama::load(&bk, &b).unwrap());
+            for p in &prompts {
+                let (mut sa, mut sb) = (ma.new_state(&bk, 64, 16), mb.new_state(&bk, 64, 16));
+                let la = ma.forward(&bk, &mut sa, p, 0, true).unwrap().to_vec();
+                let lb = mb.forward(&bk, &mut sb, p, 0, true).unwrap();
+                assert!(la.iter().zip(lb).all(|(x, y)| x.to_bits() == y.to_bits()));
+            }
+        }
+    }
+}

@@ -18,8 +18,7 @@ use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
 use crate::{
-    AttnShape, Backend, BackendError, DenseAttnShape, KvType, MlxWeightData, RopeConfig,
-    WeightData,
+    AttnShape, Backend, BackendError, DenseAttnShape, KvType, MlxWeightData, RopeConfig, WeightData,
 };
 pub use par::Pool;
 
