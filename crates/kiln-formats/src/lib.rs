@@ -4,6 +4,10 @@
 
 mod error;
 pub mod gguf;
+pub mod npy;
+pub mod onnx;
 
 pub use error::FormatError;
 pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};
+pub use npy::{read_npy, read_npz, NpyArray};
+pub use onnx::{OnnxFile, OnnxNode, OnnxTensor, OnnxType};

@@ -1,8 +1,13 @@
 pub mod attention;
+pub mod conv1d;
 pub mod elementwise;
+pub mod lstm;
 pub mod matmul;
 pub mod norm;
+pub mod norm1d;
 pub mod rope;
+pub mod self_attention;
+pub mod signal;
 
 /// Dot product with 8 independent accumulators (vectorizes, stable order per length).
 #[inline(always)]
