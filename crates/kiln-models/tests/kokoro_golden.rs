@@ -1,5 +1,18 @@
-//! Kokoro-82M (int8 ONNX export) against ONNX Runtime's waveform for the same input ids,
-//! voice row and speed: same length, and close as audio (log-mel distance, correlation).
+//! Kokoro-82M (int8 ONNX export) against ONNX Runtime 1.32's waveform for the same input ids,
+//! voice row and speed (`../shared/assets/golden/kokoro_int8_jf_alpha_*`), with ORT's decoder
+//! inputs and durations from `tools/kokoro_reference.py` (`tests/fixtures/kokoro_jf_alpha_ort.npz`).
+//!
+//! Why not sample for sample: the int8 graph rounds every matmul / conv input to a per-tensor
+//! uint8 grid. kiln reproduces that rounding exactly (same scale, zero point and
+//! round-half-even: checked against ORT's own quantized tensors), but the float ops between the
+//! quantizers (softmax, layer norm, LSTM cells) differ from ORT's kernels in the last bits, and
+//! each such difference that lands on a rounding boundary moves a value by one whole step.
+//! Through PL-BERT's 12 layers these steps add up (layer 0 agrees to 3e-3 relative, layer 11
+//! to ~12%), then F0 differs by ~0.4%, and a 0.4% F0 error drifts the harmonic source's phase
+//! by radians within a second. So the end-to-end waveform is compared as a spectrogram and an
+//! energy envelope, with ORT's durations (two implementations can round a token whose
+//! duration sits near x.5 differently); the decoder, fed ORT's own inputs, is held to the
+//! waveform itself.
 
 use std::path::PathBuf;
 
@@ -47,8 +60,9 @@ fn case() -> Case {
     }
 }
 
-/// Log10 mel spectrogram (80 bands, n_fft 1024, hop 256, Hann), floor 1e-5.
-fn log_mel(x: &[f32]) -> Vec<Vec<f32>> {
+/// Log10 mel magnitude spectrogram (80 bands, n_fft 1024, hop 256, Hann), floored at
+/// `floor` (the caller puts it 60 dB below the reference's loudest band).
+fn log_mel(x: &[f32], floor: f64) -> Vec<Vec<f32>> {
     let (n_fft, hop, n_mels, sr) = (1024usize, 256usize, 80usize, 24000f64);
     let bins = n_fft / 2 + 1;
     let hz_to_mel = |f: f64| 2595.0 * (1.0 + f / 700.0).log10();
@@ -95,7 +109,7 @@ fn log_mel(x: &[f32]) -> Vec<Vec<f32>> {
                     };
                     s += wt * p;
                 }
-                (s.max(1e-10).sqrt().max(1e-5)).log10() as f32
+                s.sqrt().max(floor).log10() as f32
             })
             .collect();
         out.push(mel);
@@ -118,8 +132,14 @@ fn correlation(a: &[f32], b: &[f32]) -> f64 {
     sab / (saa * sbb).sqrt()
 }
 
+/// Mean |log10 mel(a) - log10 mel(b)| over frames and bands (1.0 = a factor of 10).
 fn mel_distance(a: &[f32], b: &[f32]) -> f64 {
-    let (ma, mb) = (log_mel(a), log_mel(b));
+    let peak = log_mel(b, 1e-12)
+        .iter()
+        .flatten()
+        .fold(f32::MIN, |m, &v| m.max(v));
+    let floor = 10f64.powf(peak as f64 - 3.0);
+    let (ma, mb) = (log_mel(a, floor), log_mel(b, floor));
     let mut s = 0.0;
     let mut n = 0;
     for (ra, rb) in ma.iter().zip(&mb) {
@@ -131,102 +151,157 @@ fn mel_distance(a: &[f32], b: &[f32]) -> f64 {
     s / n as f64
 }
 
-fn synthesize(b: &CpuBackend, c: &Case, trace: Option<&mut Trace>) -> Vec<f32> {
+/// Frame energies in dB (20 ms frames), floored 60 dB below the loudest.
+fn envelope(x: &[f32]) -> Vec<f32> {
+    let e: Vec<f64> = x
+        .chunks(480)
+        .map(|c| c.iter().map(|&v| (v * v) as f64).sum::<f64>() / c.len() as f64)
+        .collect();
+    let peak = e.iter().cloned().fold(1e-20, f64::max);
+    e.iter()
+        .map(|&v| (10.0 * (v.max(peak * 1e-6)).log10()) as f32)
+        .collect()
+}
+
+fn fixture() -> std::collections::HashMap<String, Vec<f32>> {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/kokoro_jf_alpha_ort.npz"
+    );
+    kiln_formats::read_npz(p)
+        .unwrap()
+        .into_iter()
+        .map(|(k, a)| (k, a.data))
+        .collect()
+}
+
+fn load(b: &CpuBackend) -> (Kokoro<CpuBackend>, Vec<f32>) {
+    let c = case();
     let dir = model_dir();
-    let mut m = Kokoro::load(
+    let m = Kokoro::load(
         b,
         &dir.join("kokoro-v1.0.int8.onnx"),
         &dir.join("config.json"),
     )
     .unwrap();
-    if std::env::var("KILN_KOKORO_F32").is_ok() {
-        m.quant = false;
-    }
     let voices = load_voices(&dir.join("voices.npz"), 256).unwrap();
     let v = voices.iter().find(|v| v.name == c.voice).unwrap();
-    let style = v.style(c.row + 1);
-    m.synthesize(b, &c.ids, style, c.speed, trace).unwrap()
+    (m, v.style(c.row + 1).to_vec())
 }
 
-#[test]
-fn jf_alpha_matches_onnx_runtime() {
-    let c = case();
-    let b = CpuBackend::new(kiln_backend::cpu::default_threads());
-    let mut trace = Trace::new();
-    let t0 = std::time::Instant::now();
-    let audio = synthesize(&b, &c, Some(&mut trace));
-    eprintln!("synthesis (with load) {:.2} s", t0.elapsed().as_secs_f64());
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| ((x - y) as f64).powi(2))
+        .sum();
+    let n: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (d / n).sqrt()
+}
+
+fn dump(trace: &Trace, audio: &[f32]) {
     if let Ok(dir) = std::env::var("KILN_KOKORO_DUMP") {
-        for (name, v) in &trace {
+        for (name, v) in trace
+            .iter()
+            .chain([("audio".to_string(), audio.to_vec())].iter())
+        {
             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
             std::fs::write(format!("{dir}/{name}.f32"), bytes).unwrap();
         }
-        let bytes: Vec<u8> = audio.iter().flat_map(|x| x.to_le_bytes()).collect();
-        std::fs::write(format!("{dir}/audio.f32"), bytes).unwrap();
     }
-    let dur = &trace.iter().find(|(n, _)| n == "durations").unwrap().1;
-    eprintln!("durations {dur:?}");
-    let n = audio.len().min(c.expected.len());
-    let corr = correlation(&audio[..n], &c.expected[..n]);
-    let dist = mel_distance(&audio[..n], &c.expected[..n]);
-    let rms = |x: &[f32]| (x.iter().map(|&v| (v * v) as f64).sum::<f64>() / x.len() as f64).sqrt();
-    eprintln!(
-        "len {} vs {}, correlation {corr:.4}, log-mel distance {dist:.4}, rms {:.4} vs {:.4}",
-        audio.len(),
-        c.expected.len(),
-        rms(&audio),
-        rms(&c.expected)
-    );
-    assert_eq!(audio.len(), c.expected.len(), "waveform length");
-    panic!("thresholds not set yet");
 }
 
-/// Debugging aid: the decoder fed ONNX Runtime's own decoder inputs (KILN_KOKORO_ORT_DIR).
+/// The decoder fed ORT's own decoder inputs (aligned text features, F0, N) must give ORT's
+/// waveform: the remaining differences are last-bit ones inside the decoder and the phase of
+/// near-silent STFT bins of the source (numerically arbitrary in both).
 #[test]
-fn decoder_on_reference_inputs() {
-    let Ok(ort) = std::env::var("KILN_KOKORO_ORT_DIR") else {
-        return;
-    };
-    let c = case();
-    let rd = |n: &str| {
-        kiln_formats::read_npy(format!("{ort}/{n}.npy"))
-            .unwrap()
-            .data
-    };
+fn decoder_matches_onnx_runtime_on_its_inputs() {
+    let (c, fx) = (case(), fixture());
     let b = CpuBackend::new(kiln_backend::cpu::default_threads());
-    let dir = model_dir();
-    let mut m = Kokoro::load(
-        &b,
-        &dir.join("kokoro-v1.0.int8.onnx"),
-        &dir.join("config.json"),
-    )
-    .unwrap();
-    if std::env::var("KILN_KOKORO_F32").is_ok() {
-        m.quant = false;
+    let (m, style) = load(&b);
+    let audio = m
+        .decode(&b, &fx["asr"], &fx["f0"], &fx["n"], &style, None)
+        .unwrap();
+    assert_eq!(audio.len(), c.expected.len(), "waveform length");
+    let corr = correlation(&audio, &c.expected);
+    let dist = mel_distance(&audio, &c.expected);
+    eprintln!("decoder: correlation {corr:.4}, log-mel distance {dist:.4}");
+    assert!(corr > 0.98, "waveform correlation {corr:.4}");
+    assert!(dist < 0.15, "log-mel distance {dist:.4}");
+}
+
+#[test]
+fn end_to_end_matches_onnx_runtime() {
+    let (c, fx) = (case(), fixture());
+    let b = CpuBackend::new(kiln_backend::cpu::default_threads());
+    let (m, style) = load(&b);
+
+    // Free-running: durations as predicted, compared before rounding.
+    let mut trace = Trace::new();
+    let t0 = std::time::Instant::now();
+    let free = m
+        .synthesize(&b, &c.ids, &style, c.speed, Some(&mut trace))
+        .unwrap();
+    eprintln!(
+        "synthesis {:.2} s for {:.2} s of audio",
+        t0.elapsed().as_secs_f64(),
+        free.len() as f64 / 24000.0
+    );
+    let logits = &trace.iter().find(|(n, _)| n == "dur_logits").unwrap().1;
+    let md = logits.len() / c.ids.len();
+    let sums: Vec<f32> = logits
+        .chunks_exact(md)
+        .map(|r| r.iter().map(|&v| 1.0 / (1.0 + (-v).exp())).sum())
+        .collect();
+    let worst = sums
+        .iter()
+        .zip(&fx["dur_sum"])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("duration sums: worst difference {worst:.3} frames");
+    assert!(worst < 0.25, "duration sums differ by up to {worst} frames");
+    let ours = &trace.iter().find(|(n, _)| n == "durations").unwrap().1;
+    for (t, ((&d, &r), &s)) in ours
+        .iter()
+        .zip(&fx["durations"])
+        .zip(&fx["dur_sum"])
+        .enumerate()
+    {
+        if (s - s.floor() - 0.5).abs() > 0.25 {
+            assert_eq!(d, r, "token {t}: {d} frames, ORT {r} (sum {s:.3})");
+        }
     }
-    let voices = load_voices(&dir.join("voices.npz"), 256).unwrap();
-    let v = voices.iter().find(|v| v.name == c.voice).unwrap();
+
+    // With ORT's durations: the same frames, so curves and audio line up.
+    let dur: Vec<usize> = fx["durations"].iter().map(|&v| v as usize).collect();
     let mut trace = Trace::new();
     let audio = m
-        .decode(
-            &b,
-            &rd("asr"),
-            &rd("f0"),
-            &rd("n"),
-            v.style(c.row + 1),
-            Some(&mut trace),
-        )
+        .synthesize_aligned(&b, &c.ids, &style, &dur, Some(&mut trace))
         .unwrap();
-    let dir = std::env::var("KILN_KOKORO_DUMP").unwrap();
-    for (name, v) in &trace {
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        std::fs::write(format!("{dir}/{name}.f32"), bytes).unwrap();
-    }
-    let n = audio.len().min(c.expected.len());
+    dump(&trace, &audio);
+    assert_eq!(audio.len(), c.expected.len(), "waveform length");
+    let f0 = &trace.iter().find(|(n, _)| n == "f0").unwrap().1;
+    let f0_err = rel(f0, &fx["f0"]);
+    let dist = mel_distance(&audio, &c.expected);
+    let env = correlation(&envelope(&audio), &envelope(&c.expected));
+    let wave = correlation(&audio, &c.expected);
     eprintln!(
-        "decoder only: len {} correlation {:.4} log-mel {:.4}",
-        audio.len(),
-        correlation(&audio[..n], &c.expected[..n]),
-        mel_distance(&audio[..n], &c.expected[..n])
+        "F0 relative error {f0_err:.4}, log-mel distance {dist:.4}, envelope correlation {env:.4}, waveform correlation {wave:.4}"
+    );
+    assert!(f0_err < 0.02, "F0 relative error {f0_err:.4}");
+    assert!(dist < 0.15, "log-mel distance {dist:.4}");
+    assert!(env > 0.99, "energy envelope correlation {env:.4}");
+
+    // The thresholds fail for audio that is merely close: ORT's own waveform 40 ms late.
+    let mut late = vec![0f32; 960];
+    late.extend_from_slice(&c.expected[..c.expected.len() - 960]);
+    let (d_late, e_late) = (
+        mel_distance(&late, &c.expected),
+        correlation(&envelope(&late), &envelope(&c.expected)),
+    );
+    eprintln!("negative control (40 ms late): log-mel {d_late:.4}, envelope {e_late:.4}");
+    assert!(
+        d_late > 0.15 || e_late < 0.99,
+        "the metrics cannot tell a 40 ms shift"
     );
 }

@@ -277,10 +277,6 @@ impl<B: Backend> Generator<B> {
         let mut har = b.tensor(self.n_fft + 2, har_frames);
         b.stft(&src, n_src, self.n_fft, self.hop, &mut har);
         cx.put("gen.har", &har, self.n_fft + 2, har_frames);
-        if let Ok(p) = std::env::var("KILN_DEBUG_HAR") {
-            let a = kiln_formats::read_npy(p).unwrap();
-            har = b.tensor_from(self.n_fft + 2, har_frames, &a.data);
-        }
 
         let mut x = {
             let c = self.ups[0].c_in;

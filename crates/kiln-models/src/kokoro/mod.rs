@@ -323,13 +323,44 @@ impl<B: Backend> Kokoro<B> {
             .collect()
     }
 
-    /// Waveform (24 kHz) of padded ids with a 256-wide style vector.
+    /// Waveform (24 kHz) of padded ids with a 256-wide style vector at `speed`.
     pub fn synthesize(
         &self,
         b: &B,
         ids: &[u32],
         style: &[f32],
         speed: f32,
+        trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.run(b, ids, style, speed, None, trace)
+    }
+
+    /// Like `synthesize`, with the frames per token given instead of predicted (an alignment
+    /// from elsewhere, or a reference's durations when comparing the rest of the model).
+    pub fn synthesize_aligned(
+        &self,
+        b: &B,
+        ids: &[u32],
+        style: &[f32],
+        durations: &[usize],
+        trace: Option<&mut Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        if durations.len() != ids.len() || durations.iter().sum::<usize>() == 0 {
+            return Err(ModelError::Config {
+                file: self.file.clone(),
+                what: format!("{} durations for {} tokens", durations.len(), ids.len()),
+            });
+        }
+        self.run(b, ids, style, 1.0, Some(durations), trace)
+    }
+
+    fn run(
+        &self,
+        b: &B,
+        ids: &[u32],
+        style: &[f32],
+        speed: f32,
+        forced: Option<&[usize]>,
         trace: Option<&mut Trace>,
     ) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.config;
@@ -380,7 +411,10 @@ impl<B: Backend> Kokoro<B> {
         put("dur_logits", &logits, n, md);
         let mut lv = vec![0f32; n * md];
         b.read(&logits, n, &mut lv);
-        let dur = self.durations(&lv, n, speed);
+        let dur = match forced {
+            Some(d) => d.to_vec(),
+            None => self.durations(&lv, n, speed),
+        };
         let frames: usize = dur.iter().sum();
         let durs: Vec<f32> = dur.iter().map(|&v| v as f32).collect();
         let dt = b.tensor_from(1, n, &durs);
