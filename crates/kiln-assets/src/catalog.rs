@@ -158,6 +158,21 @@ pub static CATALOG: &[Entry] = &[
         main: ".",
     },
     Entry {
+        name: "misaki-en-us",
+        kind: Kind::Tokenizer,
+        about: "misaki 0.9.4 American English G2P lexicons (word -> Kokoro phonemes), for kiln speak",
+        sources: &[pip(
+            "misaki==0.9.4",
+            "90e2eeb169786c014c429e5058d2ea6bcd02d651f2a24450ba6c9ffc0f8da15a",
+        )],
+        extract: &[
+            x(0, "misaki/data/us_gold.json", "us_gold.json"),
+            x(0, "misaki/data/us_silver.json", "us_silver.json"),
+        ],
+        file_sha256: &[],
+        main: ".",
+    },
+    Entry {
         name: "qwen3-tokenizer",
         kind: Kind::Tokenizer,
         about: "Qwen3 tokenizer.json + tokenizer_config.json",
