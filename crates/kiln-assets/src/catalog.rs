@@ -160,7 +160,8 @@ pub static CATALOG: &[Entry] = &[
     Entry {
         name: "misaki-en-us",
         kind: Kind::Tokenizer,
-        about: "misaki 0.9.4 American English G2P lexicons (word -> Kokoro phonemes), for kiln speak",
+        about:
+            "misaki 0.9.4 American English G2P lexicons (word -> Kokoro phonemes), for kiln speak",
         sources: &[pip(
             "misaki==0.9.4",
             "90e2eeb169786c014c429e5058d2ea6bcd02d651f2a24450ba6c9ffc0f8da15a",

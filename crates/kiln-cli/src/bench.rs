@@ -57,6 +57,13 @@ pub struct BenchArgs {
     /// Also measure the machine's memory read bandwidth per thread count.
     #[arg(long)]
     membw: bool,
+    /// Text-to-speech instead: time to first audio and real-time factor for this text
+    /// (`-m` then names the TTS model, default kokoro-82m).
+    #[arg(long)]
+    tts: Option<String>,
+    /// Voice for --tts.
+    #[arg(long, default_value = "jf_alpha")]
+    voice: String,
 }
 
 #[derive(Clone, Copy)]
@@ -268,6 +275,13 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         !threads.contains(&0),
         "-t/--threads: thread counts must be at least 1"
     );
+    if let Some(text) = &a.tts {
+        let model = a
+            .models
+            .first()
+            .map_or(crate::speak::DEFAULT_TTS, |m| m.as_str());
+        return crate::speak::bench(text, model, &a.voice, a.reps, &threads, a.json);
+    }
     let names = match a.models.is_empty() && !a.membw {
         true => vec![DEFAULT_LLM.to_string()],
         false => a.models.clone(),

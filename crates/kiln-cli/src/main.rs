@@ -1,8 +1,9 @@
-//! `kiln`: run, chat, info, pull, bench.
+//! `kiln`: run, chat, speak, info, pull, bench.
 
 mod bench;
 mod info;
 mod llm_cmd;
+mod speak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ enum Cmd {
     Run(llm_cmd::RunArgs),
     /// Interactive multi-turn chat.
     Chat(llm_cmd::ChatArgs),
+    /// Speak text (Kokoro-82M): WAV or raw PCM to a file or stdout, sentence by sentence.
+    Speak(speak::SpeakArgs),
     /// Describe a model file: format, architecture, hyper-parameters, tensors, tokenizer.
     Info {
         /// A model file, directory or catalog name.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Run(a) => llm_cmd::run(a),
         Cmd::Chat(a) => llm_cmd::chat(a),
+        Cmd::Speak(a) => speak::speak(a),
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
         Cmd::Bench(a) => bench::bench(a),

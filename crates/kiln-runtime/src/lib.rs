@@ -4,6 +4,7 @@ mod llm;
 pub mod sampler;
 mod speculative;
 mod stop;
+pub mod tts;
 
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,

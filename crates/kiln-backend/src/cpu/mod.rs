@@ -281,6 +281,9 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
+        if !self.reference && w.ty == GgmlType::F32 && n >= ops::conv1d::GEMM_MIN_ROWS {
+            return ops::conv1d::matmul_f32(&self.pool, w, x, bias, n, out);
+        }
         self.jobs(
             x,
             n,

@@ -316,33 +316,41 @@ fn tiled(
     let tile = tile_fn();
     let rows = Rows(out.as_mut_ptr());
     let out_len = out.len();
-    pool.run(nob, |a, b| {
+    // Threads take blocks of time steps; within a block every output-channel block reuses
+    // the same input window (in cache), the packed weights stay in L2.
+    const TB: usize = 8 * NR;
+    let nt = lo.div_ceil(TB);
+    pool.run(nt, |a, b| {
         let rows = rows;
-        for ob in a..b {
-            let wpb = &wp[ob * cin * kk * MR..(ob + 1) * cin * kk * MR];
-            let mut t0 = 0;
-            while t0 < lo {
-                let mut acc = [[0f32; NR]; MR];
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let o = ob * MR + r;
-                    if o < cout {
-                        a.fill(bias.map_or(0.0, |b| b.data[o]));
+        for tb in a..b {
+            let (ts, te) = (tb * TB, ((tb + 1) * TB).min(lo));
+            for ob in 0..nob {
+                let wpb = &wp[ob * cin * kk * MR..(ob + 1) * cin * kk * MR];
+                let mut t0 = ts;
+                while t0 < te {
+                    let mut acc = [[0f32; NR]; MR];
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let o = ob * MR + r;
+                        if o < cout {
+                            a.fill(bias.map_or(0.0, |b| b.data[o]));
+                        }
                     }
+                    tile(wpb, xp, xs, cin, kk, dil, t0, &mut acc);
+                    for (r, a) in acc.iter().enumerate() {
+                        let o = ob * MR + r;
+                        if o >= cout {
+                            break;
+                        }
+                        for (j, &v) in a.iter().enumerate().take((te - t0).min(NR)) {
+                            let idx = o * out_stride + (t0 + j) * out_step + out_off;
+                            assert!(idx < out_len);
+                            // SAFETY: time steps ts..te of every row belong to this thread
+                            // alone (disjoint across threads); idx is in bounds.
+                            unsafe { *rows.0.add(idx) = v };
+                        }
+                    }
+                    t0 += NR;
                 }
-                tile(wpb, xp, xs, cin, kk, dil, t0, &mut acc);
-                for (r, a) in acc.iter().enumerate() {
-                    let o = ob * MR + r;
-                    if o >= cout {
-                        break;
-                    }
-                    for (j, &v) in a.iter().enumerate().take((lo - t0).min(NR)) {
-                        let idx = o * out_stride + (t0 + j) * out_step + out_off;
-                        assert!(idx < out_len);
-                        // SAFETY: rows of block `ob` belong to this thread; idx is in bounds.
-                        unsafe { *rows.0.add(idx) = v };
-                    }
-                }
-                t0 += NR;
             }
         }
     });
@@ -396,6 +404,50 @@ pub fn conv1d(
         1,
         0,
     );
+}
+
+/// Below this many rows an f32 matmul stays on the row-dot path.
+pub const GEMM_MIN_ROWS: usize = 16;
+
+/// out (n, rows) = x (n, cols) @ W^T (+ bias) for an f32 weight, as the tiled product of a
+/// 1-tap convolution over x^T (tokens as time steps).
+pub fn matmul_f32(
+    pool: &Pool,
+    w: &crate::cpu::CpuWeight,
+    x: &CpuTensor,
+    bias: Option<&CpuTensor>,
+    n: usize,
+    out: &mut CpuTensor,
+) {
+    let (rows, cols) = (w.rows, w.cols);
+    assert!(
+        x.cols == cols && x.data.len() >= n * cols,
+        "matmul input shape"
+    );
+    assert!(
+        out.cols == rows && out.data.len() >= n * rows,
+        "matmul output shape"
+    );
+    let xs = n.next_multiple_of(NR);
+    let mut xp = vec![0f32; cols * xs];
+    for t in 0..n {
+        for (c, &v) in x.data[t * cols..(t + 1) * cols].iter().enumerate() {
+            xp[c * xs + t] = v;
+        }
+    }
+    let wf = |o: usize, i: usize, _k: usize| {
+        let b = &w.bytes[(o * cols + i) * 4..(o * cols + i) * 4 + 4];
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    };
+    let mut yt = vec![0f32; rows * n];
+    tiled(
+        pool, &xp, xs, cols, &wf, 1, 1, rows, n, bias, &mut yt, n, 1, 0,
+    );
+    for o in 0..rows {
+        for t in 0..n {
+            out.data[t * rows + o] = yt[o * n + t];
+        }
+    }
 }
 
 /// Transposed convolution as `stride` stride-1 phases: output P = q * stride + r (before the

@@ -58,8 +58,12 @@ pub fn fake_quant_u8(x: &mut CpuTensor, n: usize) {
         return;
     }
     let zp = (-lo / scale).round_ties_even().clamp(0.0, 255.0);
+    // Round half to even without a libm call: adding and removing 1.5 * 2^23 rounds any
+    // |v| < 2^22 to the nearest integer, ties to even (here |x / scale| <= 255).
+    const MAGIC: f32 = 12_582_912.0;
     for x in v.iter_mut() {
-        let q = ((*x / scale).round_ties_even() + zp).clamp(0.0, 255.0);
+        let r = (*x / scale + MAGIC) - MAGIC;
+        let q = (r + zp).clamp(0.0, 255.0);
         *x = (q - zp) * scale;
     }
 }
@@ -176,5 +180,31 @@ pub fn gelu_tanh(x: &mut CpuTensor, n: usize) {
     for v in &mut x.data[..n] {
         let u = *v;
         *v = 0.5 * u * (1.0 + (C * (u + 0.044715 * u * u * u)).tanh());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rounding matches round-half-even on the whole grid, ties included.
+    #[test]
+    fn fake_quant_rounds_half_to_even() {
+        let mut vals: Vec<f32> = (-600..=600).map(|i| i as f32 * 0.25).collect();
+        vals.push(-150.0); // min: scale = 300 / 255
+        vals.push(150.0);
+        let lo = -150f32;
+        let scale = 300f32 / 255.0;
+        let zp = (-lo / scale).round_ties_even();
+        let want: Vec<f32> = vals
+            .iter()
+            .map(|&x| (((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) - zp) * scale)
+            .collect();
+        let mut t = CpuTensor {
+            data: vals.clone(),
+            cols: vals.len(),
+        };
+        fake_quant_u8(&mut t, vals.len());
+        assert_eq!(t.data, want);
     }
 }
