@@ -64,6 +64,9 @@ pub struct BenchArgs {
     /// Voice for --tts.
     #[arg(long, default_value = "jf_alpha")]
     voice: String,
+    /// The --tts text is Kokoro phonemes (one utterance per line).
+    #[arg(long)]
+    phonemes: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -280,7 +283,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             .models
             .first()
             .map_or(crate::speak::DEFAULT_TTS, |m| m.as_str());
-        return crate::speak::bench(text, model, &a.voice, a.reps, &threads, a.json);
+        return crate::speak::bench(text, a.phonemes, model, &a.voice, a.reps, &threads, a.json);
     }
     let names = match a.models.is_empty() && !a.membw {
         true => vec![DEFAULT_LLM.to_string()],

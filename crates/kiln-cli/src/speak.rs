@@ -143,13 +143,19 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
 /// factor (synthesis time / audio duration), mean ± sd.
 pub fn bench(
     text: &str,
+    phonemes: bool,
     model: &str,
     voice: &str,
     reps: usize,
     threads: &[usize],
     json: bool,
 ) -> anyhow::Result<()> {
-    let phonemes = false;
+    // TEXT may name a file (one utterance per line with --phonemes).
+    let text = match std::fs::read_to_string(text) {
+        Ok(s) => s,
+        Err(_) => text.to_string(),
+    };
+    let text = text.as_str();
     for &t in threads {
         let tts = load(model, phonemes, Some(t))?;
         let mut sink = |_: &[f32]| Ok(());
