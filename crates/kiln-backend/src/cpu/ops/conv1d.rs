@@ -1,7 +1,7 @@
 //! 1-D convolution and transposed convolution over `(channels, len)` feature maps.
 //!
 //! Stride-1 convolutions (and transposed ones, split into stride-1 phases) run as a tiled
-//! product: 4 output channels x 16 time steps of accumulators, summed over (input channel,
+//! product: 8 output channels x 32 time steps of accumulators, summed over (input channel,
 //! tap) from a zero-padded copy of the input, so every window load is in bounds. The tile is
 //! plain Rust compiled for AVX-512 / AVX2+FMA (picked at run time) or the baseline (NEON on
 //! aarch64). Strided and grouped layers use the direct form (`*_direct`, also the reference
@@ -138,7 +138,7 @@ pub fn conv_transpose1d_direct(
     });
 }
 
-const MR: usize = 4;
+const MR: usize = 8;
 const NR: usize = 32;
 
 /// acc[r][j] += sum_{i, k} wp[(i * kk + k) * MR + r] * xp[i * xs + t0 + k * dil + j]
@@ -236,29 +236,31 @@ unsafe fn tile_avx2(
     use std::arch::x86_64::*;
     check_tile(wp, xp, xs, cin, kk, dil, t0);
     let (wp, xp) = (wp.as_ptr(), xp.as_ptr());
-    // Two halves of 16 time steps: 4 rows x 2 registers of accumulators each.
-    for h in 0..2 {
-        let mut c = [[_mm256_setzero_ps(); 2]; MR];
-        for r in 0..MR {
-            c[r][0] = _mm256_loadu_ps(acc[r].as_ptr().add(16 * h));
-            c[r][1] = _mm256_loadu_ps(acc[r].as_ptr().add(16 * h + 8));
-        }
-        for i in 0..cin {
-            let row = xp.add(i * xs + t0 + 16 * h);
-            let wr = wp.add(i * kk * MR);
-            for k in 0..kk {
-                let x0 = _mm256_loadu_ps(row.add(k * dil));
-                let x1 = _mm256_loadu_ps(row.add(k * dil + 8));
-                for r in 0..MR {
-                    let w = _mm256_set1_ps(*wr.add(k * MR + r));
-                    c[r][0] = _mm256_fmadd_ps(w, x0, c[r][0]);
-                    c[r][1] = _mm256_fmadd_ps(w, x1, c[r][1]);
+    // Rows in groups of 4, time in halves of 16: 4 rows x 2 registers of accumulators.
+    for g in 0..MR / 4 {
+        for h in 0..2 {
+            let mut c = [[_mm256_setzero_ps(); 2]; 4];
+            for r in 0..4 {
+                c[r][0] = _mm256_loadu_ps(acc[4 * g + r].as_ptr().add(16 * h));
+                c[r][1] = _mm256_loadu_ps(acc[4 * g + r].as_ptr().add(16 * h + 8));
+            }
+            for i in 0..cin {
+                let row = xp.add(i * xs + t0 + 16 * h);
+                let wr = wp.add(i * kk * MR + 4 * g);
+                for k in 0..kk {
+                    let x0 = _mm256_loadu_ps(row.add(k * dil));
+                    let x1 = _mm256_loadu_ps(row.add(k * dil + 8));
+                    for r in 0..4 {
+                        let w = _mm256_set1_ps(*wr.add(k * MR + r));
+                        c[r][0] = _mm256_fmadd_ps(w, x0, c[r][0]);
+                        c[r][1] = _mm256_fmadd_ps(w, x1, c[r][1]);
+                    }
                 }
             }
-        }
-        for r in 0..MR {
-            _mm256_storeu_ps(acc[r].as_mut_ptr().add(16 * h), c[r][0]);
-            _mm256_storeu_ps(acc[r].as_mut_ptr().add(16 * h + 8), c[r][1]);
+            for r in 0..4 {
+                _mm256_storeu_ps(acc[4 * g + r].as_mut_ptr().add(16 * h), c[r][0]);
+                _mm256_storeu_ps(acc[4 * g + r].as_mut_ptr().add(16 * h + 8), c[r][1]);
+            }
         }
     }
 }
