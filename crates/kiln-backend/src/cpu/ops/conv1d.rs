@@ -172,6 +172,7 @@ fn tile_body(
 }
 
 /// Bounds every tile reads, checked once before the unchecked SIMD loops.
+#[cfg(target_arch = "x86_64")]
 fn check_tile(wp: &[f32], xp: &[f32], xs: usize, cin: usize, kk: usize, dil: usize, t0: usize) {
     assert!(wp.len() >= cin * kk * MR, "tile weights");
     assert!(
