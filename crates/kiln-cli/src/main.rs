@@ -1,10 +1,11 @@
-//! `kiln`: run, chat, transcribe, info, pull, bench, quantize, perplexity.
+//! `kiln`: run, chat, transcribe, speak, info, pull, bench, quantize, perplexity.
 
 mod bench;
 mod info;
 mod llm_cmd;
 mod perplexity;
 mod quantize;
+mod speak;
 mod stt_cmd;
 
 use std::path::PathBuf;
@@ -36,6 +37,8 @@ enum Cmd {
     Chat(llm_cmd::ChatArgs),
     /// Speech to text with Whisper: txt, srt, vtt or json on stdout; stats to stderr.
     Transcribe(stt_cmd::TranscribeArgs),
+    /// Speak text (Kokoro-82M): WAV or raw PCM to a file or stdout, sentence by sentence.
+    Speak(speak::SpeakArgs),
     /// Describe a model file: format, architecture, hyper-parameters, tensors, tokenizer.
     Info {
         /// A model file, directory or catalog name.
@@ -104,6 +107,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => llm_cmd::run(a),
         Cmd::Chat(a) => llm_cmd::chat(a),
         Cmd::Transcribe(a) => stt_cmd::transcribe(a),
+        Cmd::Speak(a) => speak::speak(a),
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
         Cmd::Bench(a) => bench::bench(a),

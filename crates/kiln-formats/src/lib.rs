@@ -5,9 +5,13 @@
 pub mod ct2;
 mod error;
 pub mod gguf;
+pub mod npy;
+pub mod onnx;
 pub mod safetensors;
 
 pub use ct2::{Ct2Dtype, Ct2File, Ct2Var};
 pub use error::FormatError;
 pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};
+pub use npy::{read_npy, read_npz, NpyArray};
+pub use onnx::{OnnxFile, OnnxNode, OnnxTensor, OnnxType};
 pub use safetensors::{SafetensorsSet, StDtype, StTensor};

@@ -1,5 +1,6 @@
 //! Model architectures, written against `kiln_backend::Backend` and nothing below it.
 
+pub mod kokoro;
 pub mod llm;
 mod weights;
 pub mod whisper;

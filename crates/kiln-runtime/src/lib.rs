@@ -6,6 +6,7 @@ mod perplexity;
 pub mod sampler;
 mod speculative;
 mod stop;
+pub mod tts;
 pub mod whisper;
 
 pub use generation::GenerationDefaults;

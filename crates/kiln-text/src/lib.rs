@@ -9,6 +9,7 @@
 mod error;
 mod gguf_vocab;
 mod pyjson;
+pub mod speech;
 mod stream;
 mod template;
 mod tokenizer;

@@ -18,7 +18,8 @@ use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
 use crate::{
-    AttnShape, Backend, BackendError, DenseAttnShape, KvType, MlxWeightData, RopeConfig, WeightData,
+    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, LstmShape,
+    MlxWeightData, RopeConfig, WeightData,
 };
 pub use par::Pool;
 
@@ -381,6 +382,9 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
+        if !self.reference && w.ty == GgmlType::F32 && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
+            return ops::conv1d_nc::matmul_f32(&self.pool, w, x, bias, n, out);
+        }
         self.jobs(
             x,
             n,
@@ -585,5 +589,142 @@ impl Backend for CpuBackend {
                 dst.v[layer][r.clone()].copy_from_slice(&sv[r]);
             }
         }
+    }
+
+    // ---- Signal and sequence ops (Kokoro) ----
+
+    fn conv1d_nc(
+        &self,
+        x: &CpuTensor,
+        w: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        s: Conv1dShape,
+        out: &mut CpuTensor,
+    ) {
+        ops::conv1d_nc::conv1d(&self.pool, x, w, bias, s, out)
+    }
+
+    fn conv_transpose1d(
+        &self,
+        x: &CpuTensor,
+        w: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        s: Conv1dShape,
+        out: &mut CpuTensor,
+    ) {
+        ops::conv1d_nc::conv_transpose1d(&self.pool, x, w, bias, s, out)
+    }
+
+    fn lstm(
+        &self,
+        x: &CpuTensor,
+        w_ih: &CpuTensor,
+        w_hh: &CpuTensor,
+        bias: &CpuTensor,
+        s: LstmShape,
+        out: &mut CpuTensor,
+    ) {
+        ops::lstm::lstm(x, w_ih, w_hh, bias, s, out)
+    }
+
+    fn layer_norm_rows(
+        &self,
+        x: &mut CpuTensor,
+        w: Option<&CpuTensor>,
+        b: Option<&CpuTensor>,
+        eps: f32,
+        rows: usize,
+        cols: usize,
+    ) {
+        ops::norm1d::layer_norm(x, w, b, eps, rows, cols)
+    }
+
+    fn ada_in(&self, x: &mut CpuTensor, gamma_beta: &CpuTensor, c: usize, len: usize, eps: f32) {
+        ops::norm1d::ada_in(x, gamma_beta, c, len, eps)
+    }
+
+    fn ada_layer_norm(
+        &self,
+        x: &mut CpuTensor,
+        gamma_beta: &CpuTensor,
+        len: usize,
+        c: usize,
+        eps: f32,
+    ) {
+        ops::norm1d::ada_layer_norm(x, gamma_beta, len, c, eps)
+    }
+
+    fn snake(&self, x: &mut CpuTensor, alpha: &CpuTensor, c: usize, len: usize) {
+        ops::signal::snake(x, alpha, c, len)
+    }
+
+    fn leaky_relu(&self, x: &mut CpuTensor, slope: f32, n: usize) {
+        ops::signal::leaky_relu(x, slope, n)
+    }
+
+    fn scale(&self, x: &mut CpuTensor, s: f32, n: usize) {
+        ops::signal::scale(x, s, n)
+    }
+
+    fn transpose(&self, x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {
+        ops::signal::transpose(x, rows, cols, out)
+    }
+
+    fn copy_rows(
+        &self,
+        src: &CpuTensor,
+        src_row: usize,
+        dst: &mut CpuTensor,
+        dst_row: usize,
+        n_rows: usize,
+    ) {
+        ops::signal::copy_rows(src, src_row, dst, dst_row, n_rows)
+    }
+
+    fn fake_quant_u8(&self, x: &mut CpuTensor, n: usize) {
+        ops::signal::fake_quant_u8(x, n)
+    }
+
+    fn stft(&self, signal: &CpuTensor, len: usize, n_fft: usize, hop: usize, out: &mut CpuTensor) {
+        ops::signal::stft(signal, len, n_fft, hop, out)
+    }
+
+    fn istft(
+        &self,
+        spec: &CpuTensor,
+        frames: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut CpuTensor,
+    ) {
+        ops::signal::istft(spec, frames, n_fft, hop, out)
+    }
+
+    fn upsample_nearest(
+        &self,
+        x: &CpuTensor,
+        c: usize,
+        len: usize,
+        factor: usize,
+        out: &mut CpuTensor,
+    ) {
+        ops::signal::upsample_nearest(x, c, len, factor, out)
+    }
+
+    fn self_attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        heads: usize,
+        head_dim: usize,
+        len: usize,
+        out: &mut CpuTensor,
+    ) {
+        ops::self_attention::self_attention(q, k, v, heads, head_dim, len, out)
+    }
+
+    fn gelu_tanh(&self, x: &mut CpuTensor, n: usize) {
+        ops::signal::gelu_tanh(x, n)
     }
 }

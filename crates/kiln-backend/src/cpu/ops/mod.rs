@@ -3,15 +3,20 @@ pub mod attention_dense;
 #[cfg(target_arch = "x86_64")]
 mod attention_tiled;
 pub mod conv1d;
+pub mod conv1d_nc;
 pub mod elementwise;
 pub mod gelu;
 pub mod gemm;
 pub mod kv_packed;
 pub mod layer_norm;
+pub mod lstm;
 pub mod matmul;
 pub mod mlx;
 pub mod norm;
+pub mod norm1d;
 pub mod rope;
+pub mod self_attention;
+pub mod signal;
 
 /// Dot product with 8 independent accumulators (vectorizes, stable order per length).
 #[inline(always)]

@@ -1,0 +1,210 @@
+//! Element-wise signal ops (snake, leaky ReLU), layout moves, dynamic-quantization rounding,
+//! and the STFT / inverse STFT of iSTFTNet (small n_fft: direct DFT).
+
+use std::f64::consts::PI;
+
+use crate::cpu::CpuTensor;
+
+pub fn snake(x: &mut CpuTensor, alpha: &CpuTensor, c: usize, len: usize) {
+    for (ch, r) in x.data[..c * len].chunks_exact_mut(len).enumerate() {
+        let a = alpha.data[ch];
+        let inv = 1.0 / a;
+        for v in r.iter_mut() {
+            let s = (a * *v).sin();
+            *v += inv * s * s;
+        }
+    }
+}
+
+pub fn leaky_relu(x: &mut CpuTensor, slope: f32, n: usize) {
+    for v in &mut x.data[..n] {
+        if *v < 0.0 {
+            *v *= slope;
+        }
+    }
+}
+
+pub fn scale(x: &mut CpuTensor, s: f32, n: usize) {
+    for v in &mut x.data[..n] {
+        *v *= s;
+    }
+}
+
+pub fn transpose(x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {
+    assert!(
+        x.data.len() >= rows * cols && out.data.len() >= rows * cols,
+        "transpose shape"
+    );
+    for r in 0..rows {
+        for c in 0..cols {
+            out.data[c * rows + r] = x.data[r * cols + c];
+        }
+    }
+}
+
+pub fn copy_rows(src: &CpuTensor, sr: usize, dst: &mut CpuTensor, dr: usize, n: usize) {
+    let c = src.cols;
+    assert_eq!(c, dst.cols, "copy_rows: column counts differ");
+    dst.data[dr * c..(dr + n) * c].copy_from_slice(&src.data[sr * c..(sr + n) * c]);
+}
+
+/// DynamicQuantizeLinear's (scale, zero point) for values in [lo, hi], and the rounding.
+pub fn fake_quant_u8(x: &mut CpuTensor, n: usize) {
+    let v = &mut x.data[..n];
+    let lo = v.iter().fold(0f32, |a, &b| a.min(b));
+    let hi = v.iter().fold(0f32, |a, &b| a.max(b));
+    let scale = (hi - lo) / 255.0;
+    if scale == 0.0 {
+        return;
+    }
+    let zp = (-lo / scale).round_ties_even().clamp(0.0, 255.0);
+    // Round half to even without a libm call: adding and removing 1.5 * 2^23 rounds any
+    // |v| < 2^22 to the nearest integer, ties to even (here |x / scale| <= 255).
+    const MAGIC: f32 = 12_582_912.0;
+    for x in v.iter_mut() {
+        let r = (*x / scale + MAGIC) - MAGIC;
+        let q = (r + zp).clamp(0.0, 255.0);
+        *x = (q - zp) * scale;
+    }
+}
+
+fn hann(n_fft: usize) -> Vec<f64> {
+    (0..n_fft)
+        .map(|i| 0.5 - 0.5 * (2.0 * PI * i as f64 / n_fft as f64).cos())
+        .collect()
+}
+
+pub fn stft(signal: &CpuTensor, len: usize, n_fft: usize, hop: usize, out: &mut CpuTensor) {
+    let half = n_fft / 2;
+    let bins = half + 1;
+    let frames = len / hop + 1;
+    assert!(
+        out.cols == frames && out.data.len() >= 2 * bins * frames,
+        "stft output shape"
+    );
+    let x = &signal.data[..len];
+    // Reflect padding: index -i -> i, len - 1 + i -> len - 1 - i.
+    let at = |i: isize| -> f64 {
+        let n = len as isize;
+        let j = if i < 0 {
+            -i
+        } else if i >= n {
+            2 * (n - 1) - i
+        } else {
+            i
+        };
+        x[j.clamp(0, n - 1) as usize] as f64
+    };
+    let w = hann(n_fft);
+    let (cos, sin): (Vec<f64>, Vec<f64>) = (0..bins * n_fft)
+        .map(|i| {
+            let a = 2.0 * PI * ((i / n_fft) * (i % n_fft)) as f64 / n_fft as f64;
+            (a.cos(), a.sin())
+        })
+        .unzip();
+    let mut frame = vec![0f64; n_fft];
+    for f in 0..frames {
+        for (j, v) in frame.iter_mut().enumerate() {
+            *v = at((f * hop + j) as isize - half as isize) * w[j];
+        }
+        for k in 0..bins {
+            let (mut re, mut im) = (0f64, 0f64);
+            for (j, &v) in frame.iter().enumerate() {
+                re += v * cos[k * n_fft + j];
+                im -= v * sin[k * n_fft + j];
+            }
+            out.data[k * frames + f] = (re * re + im * im).sqrt() as f32;
+            out.data[(bins + k) * frames + f] = im.atan2(re) as f32;
+        }
+    }
+}
+
+pub fn istft(spec: &CpuTensor, frames: usize, n_fft: usize, hop: usize, out: &mut CpuTensor) {
+    let half = n_fft / 2;
+    let bins = half + 1;
+    let full = (frames - 1) * hop + n_fft;
+    let n_out = (frames - 1) * hop;
+    assert!(spec.data.len() >= 2 * bins * frames, "istft input shape");
+    assert!(out.data.len() >= n_out, "istft output shape");
+    let w = hann(n_fft);
+    let mut acc = vec![0f64; full];
+    let mut env = vec![0f64; full];
+    for f in 0..frames {
+        for j in 0..n_fft {
+            // Real inverse DFT of the one-sided spectrum at sample j of the frame.
+            let mut v = 0f64;
+            for k in 0..bins {
+                let mag = spec.data[k * frames + f] as f64;
+                let ph = spec.data[(bins + k) * frames + f] as f64;
+                let a = 2.0 * PI * (k * j) as f64 / n_fft as f64;
+                let term = mag * (ph.cos() * a.cos() - ph.sin() * a.sin());
+                let weight = if k == 0 || (n_fft % 2 == 0 && k == half) {
+                    1.0
+                } else {
+                    2.0
+                };
+                v += weight * term;
+            }
+            v /= n_fft as f64;
+            acc[f * hop + j] += v * w[j];
+            env[f * hop + j] += w[j] * w[j];
+        }
+    }
+    for (i, o) in out.data[..n_out].iter_mut().enumerate() {
+        let e = env[i + half];
+        *o = if e > 1e-11 {
+            (acc[i + half] / e) as f32
+        } else {
+            acc[i + half] as f32
+        };
+    }
+}
+
+pub fn upsample_nearest(x: &CpuTensor, c: usize, len: usize, factor: usize, out: &mut CpuTensor) {
+    assert!(
+        out.data.len() >= c * len * factor,
+        "upsample_nearest output shape"
+    );
+    for ch in 0..c {
+        let src = &x.data[ch * len..(ch + 1) * len];
+        let dst = &mut out.data[ch * len * factor..(ch + 1) * len * factor];
+        for (d, &v) in dst.chunks_exact_mut(factor).zip(src) {
+            d.fill(v);
+        }
+    }
+}
+
+/// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+pub fn gelu_tanh(x: &mut CpuTensor, n: usize) {
+    const C: f32 = 0.797_884_6;
+    for v in &mut x.data[..n] {
+        let u = *v;
+        *v = 0.5 * u * (1.0 + (C * (u + 0.044715 * u * u * u)).tanh());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rounding matches round-half-even on the whole grid, ties included.
+    #[test]
+    fn fake_quant_rounds_half_to_even() {
+        let mut vals: Vec<f32> = (-600..=600).map(|i| i as f32 * 0.25).collect();
+        vals.push(-150.0); // min: scale = 300 / 255
+        vals.push(150.0);
+        let lo = -150f32;
+        let scale = 300f32 / 255.0;
+        let zp = (-lo / scale).round_ties_even();
+        let want: Vec<f32> = vals
+            .iter()
+            .map(|&x| (((x / scale).round_ties_even() + zp).clamp(0.0, 255.0) - zp) * scale)
+            .collect();
+        let mut t = CpuTensor {
+            data: vals.clone(),
+            cols: vals.len(),
+        };
+        fake_quant_u8(&mut t, vals.len());
+        assert_eq!(t.data, want);
+    }
+}

@@ -1,0 +1,188 @@
+//! `kiln speak`: text (or phonemes) to 24 kHz speech, written as WAV or raw PCM, sentence by
+//! sentence as each is synthesized; `kiln bench --tts`: time to first audio, real-time factor.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use kiln_runtime::tts::{Tts, SAMPLE_RATE};
+
+pub const DEFAULT_TTS: &str = "kokoro-82m";
+pub const DEFAULT_LEXICON: &str = "misaki-en-us";
+
+#[derive(Args)]
+pub struct SpeakArgs {
+    /// Text to speak, or `-` to read it from stdin.
+    pub text: String,
+    /// TTS model: a directory or a catalog name.
+    #[arg(short = 'm', long, default_value = DEFAULT_TTS)]
+    pub model: String,
+    /// Voice name from the model's voice pack.
+    #[arg(long, default_value = "jf_alpha")]
+    pub voice: String,
+    /// Speaking rate (1.0 = the model's own).
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f32,
+    /// The input is Kokoro phonemes (skips normalisation and G2P).
+    #[arg(long)]
+    pub phonemes: bool,
+    /// Output file (`-` = stdout).
+    #[arg(short = 'o', long, default_value = "-")]
+    pub output: String,
+    /// Write raw 16-bit little-endian PCM (24 kHz mono) instead of WAV.
+    #[arg(long)]
+    pub raw: bool,
+    /// Threads (default: all CPUs).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+}
+
+/// WAV header for 16-bit mono PCM; `data_len` bytes of samples (u32::MAX-ish when streaming).
+fn wav_header(data_len: u32) -> Vec<u8> {
+    let mut h = Vec::with_capacity(44);
+    h.extend(b"RIFF");
+    h.extend(data_len.saturating_add(36).to_le_bytes());
+    h.extend(b"WAVEfmt ");
+    h.extend(16u32.to_le_bytes());
+    h.extend(1u16.to_le_bytes()); // PCM
+    h.extend(1u16.to_le_bytes()); // mono
+    h.extend(SAMPLE_RATE.to_le_bytes());
+    h.extend((SAMPLE_RATE * 2).to_le_bytes());
+    h.extend(2u16.to_le_bytes());
+    h.extend(16u16.to_le_bytes());
+    h.extend(b"data");
+    h.extend(data_len.to_le_bytes());
+    h
+}
+
+fn pcm16(samples: &[f32]) -> Vec<u8> {
+    samples
+        .iter()
+        .flat_map(|&s| ((s.clamp(-1.0, 1.0) * 32767.0).round() as i16).to_le_bytes())
+        .collect()
+}
+
+pub fn load(model: &str, phonemes_only: bool, threads: Option<usize>) -> anyhow::Result<Tts> {
+    let dir = crate::resolve_model(model)?;
+    let lex = if phonemes_only {
+        None
+    } else {
+        Some(crate::resolve_model(DEFAULT_LEXICON)?)
+    };
+    let threads = threads.unwrap_or_else(kiln_backend::cpu::default_threads);
+    anyhow::ensure!(threads > 0, "-t/--threads must be at least 1");
+    Ok(Tts::load(&dir, lex.as_deref(), threads)?)
+}
+
+fn read_text(text: &str) -> anyhow::Result<String> {
+    if text == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading text from stdin")?;
+        Ok(s)
+    } else {
+        Ok(text.to_string())
+    }
+}
+
+pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.speed > 0.0 && a.speed.is_finite() && a.speed <= 4.0,
+        "--speed {} must be in (0, 4]",
+        a.speed
+    );
+    let text = read_text(&a.text)?;
+    let tts = load(&a.model, a.phonemes, a.threads)?;
+    let mut written = 0u64;
+    let st = if a.output == "-" {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        if !a.raw {
+            out.write_all(&wav_header(u32::MAX - 36))?;
+        }
+        tts.speak(&text, a.phonemes, &a.voice, a.speed, &mut |s| {
+            let b = pcm16(s);
+            written += b.len() as u64;
+            out.write_all(&b)?;
+            out.flush()
+        })?
+    } else {
+        let path = PathBuf::from(&a.output);
+        let mut f =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        if !a.raw {
+            f.write_all(&wav_header(0))?;
+        }
+        let st = tts.speak(&text, a.phonemes, &a.voice, a.speed, &mut |s| {
+            let b = pcm16(s);
+            written += b.len() as u64;
+            f.write_all(&b)?;
+            f.flush()
+        })?;
+        if !a.raw {
+            let len = u32::try_from(written).context("audio longer than a WAV file holds")?;
+            f.seek(SeekFrom::Start(0))?;
+            f.write_all(&wav_header(len))?;
+        }
+        st
+    };
+    eprintln!(
+        "{:.2} s of audio in {} chunk(s): first audio after {:.2} s, total {:.2} s (real-time factor {:.3})",
+        st.audio_s,
+        st.chunks,
+        st.first_audio_s,
+        st.total_s,
+        st.total_s / st.audio_s.max(1e-9)
+    );
+    Ok(())
+}
+
+/// `kiln bench --tts TEXT`: warm-up, then `reps` timed runs: time to first audio and real-time
+/// factor (synthesis time / audio duration), mean ± sd.
+pub fn bench(
+    text: &str,
+    phonemes: bool,
+    model: &str,
+    voice: &str,
+    reps: usize,
+    threads: &[usize],
+    json: bool,
+) -> anyhow::Result<()> {
+    // TEXT may name a file (one utterance per line with --phonemes).
+    let text = match std::fs::read_to_string(text) {
+        Ok(s) => s,
+        Err(_) => text.to_string(),
+    };
+    let text = text.as_str();
+    for &t in threads {
+        let tts = load(model, phonemes, Some(t))?;
+        let mut sink = |_: &[f32]| Ok(());
+        tts.speak(text, phonemes, voice, 1.0, &mut sink)?;
+        let (mut first, mut rtf, mut audio) = (Vec::new(), Vec::new(), 0.0);
+        for _ in 0..reps {
+            let st = tts.speak(text, phonemes, voice, 1.0, &mut sink)?;
+            first.push(st.first_audio_s);
+            rtf.push(st.total_s / st.audio_s.max(1e-9));
+            audio = st.audio_s;
+        }
+        let ms = |v: &[f64]| {
+            let m = v.iter().sum::<f64>() / v.len() as f64;
+            let sd = (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64)
+                .sqrt();
+            (m, sd)
+        };
+        let ((f, fsd), (r, rsd)) = (ms(&first), ms(&rtf));
+        if json {
+            println!(
+                "{{\"model\":\"{model}\",\"voice\":\"{voice}\",\"threads\":{t},\"audio_s\":{audio:.3},\"first_audio_s\":{f:.4},\"first_audio_sd\":{fsd:.4},\"rtf\":{r:.4},\"rtf_sd\":{rsd:.4},\"reps\":{reps}}}"
+            );
+        } else {
+            println!(
+                "| {model} | {voice} | {t} threads | {audio:.2} s audio | first audio {f:.3} ± {fsd:.3} s | RTF {r:.3} ± {rsd:.3} |"
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! `kiln speak` as a user runs it: a WAV file of the right shape from phonemes and from text,
+//! and one clear line for bad input.
+
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln")
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("kiln-speak-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+#[test]
+fn speaks_phonemes_and_text_to_wav() {
+    kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
+    kiln_assets::resolve("misaki-en-us", &mut |_| {}).unwrap();
+    let wav = scratch("a.wav");
+    let out = kiln(&[
+        "speak",
+        "--phonemes",
+        "həlˈO wˈɜɹld.",
+        "-o",
+        wav.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("real-time factor"), "{err}");
+    let b = std::fs::read(&wav).unwrap();
+    assert_eq!(&b[..4], b"RIFF");
+    assert_eq!(&b[8..16], b"WAVEfmt ");
+    assert_eq!(u32::from_le_bytes(b[24..28].try_into().unwrap()), 24000);
+    let data = u32::from_le_bytes(b[40..44].try_into().unwrap()) as usize;
+    assert_eq!(data, b.len() - 44, "data chunk length patched");
+    // Kokoro makes 600 samples per frame; a short phrase is well under 3 s and not silent.
+    let samples: Vec<i16> = b[44..]
+        .chunks_exact(2)
+        .map(|c| i16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    assert!(
+        samples.len() % 600 == 0 && samples.len() > 12_000 && samples.len() < 72_000,
+        "{}",
+        samples.len()
+    );
+    assert!(
+        samples.iter().any(|&s| s.unsigned_abs() > 1000),
+        "silent output"
+    );
+
+    // Text through normalisation and the lexicons: two sentences, two chunks, raw PCM.
+    let pcm = scratch("b.pcm");
+    let out = kiln(&[
+        "speak",
+        "It is 5 o'clock. Hello world!",
+        "--raw",
+        "-o",
+        pcm.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("in 2 chunk(s)"), "{err}");
+    assert!(std::fs::metadata(&pcm).unwrap().len() > 48_000);
+}
+
+#[test]
+fn bad_input_is_one_line() {
+    kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
+    let o = scratch("c.wav");
+    let o = o.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec!["speak", "--phonemes", "hi", "--voice", "nobody", "-o", o],
+            "unknown voice 'nobody'",
+        ),
+        (
+            vec!["speak", "--phonemes", "hi", "--speed", "0", "-o", o],
+            "--speed",
+        ),
+        (
+            vec!["speak", "--phonemes", "həlˈO 中", "-o", o],
+            "not in Kokoro's vocabulary",
+        ),
+        (vec!["speak", "--phonemes", "  ", "-o", o], "nothing to say"),
+    ] {
+        let out = kiln(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "expected '{needle}' in: {err}");
+    }
+}

@@ -1,0 +1,192 @@
+//! NumPy `.npy` arrays (little-endian f32, C order) and `.npz` archives of them (zip, stored
+//! or deflated members are told apart; only stored members are read).
+
+use std::path::Path;
+
+use crate::FormatError;
+
+#[derive(Debug, Clone)]
+pub struct NpyArray {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+fn invalid(path: &Path, what: String) -> FormatError {
+    FormatError::Invalid {
+        path: path.to_path_buf(),
+        what,
+    }
+}
+
+/// Parses one `.npy` image; `what` names it in errors (a file or an archive member).
+pub fn parse_npy(path: &Path, what: &str, b: &[u8]) -> Result<NpyArray, FormatError> {
+    let bad = |why: &str| invalid(path, format!("{what}: {why}"));
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err(bad("not a .npy array (no magic)"));
+    }
+    let (hlen, start) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+        v => return Err(bad(&format!("unsupported .npy version {v}"))),
+    };
+    let header = b
+        .get(start..start + hlen)
+        .ok_or_else(|| bad("header runs past the end"))?;
+    let header = String::from_utf8_lossy(header);
+    let field = |key: &str| -> Option<String> {
+        let i = header.find(&format!("'{key}'"))?;
+        let rest = &header[i + key.len() + 2..];
+        let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+        Some(rest.to_string())
+    };
+    let descr = field("descr").ok_or_else(|| bad("header has no descr"))?;
+    if !descr.starts_with("'<f4'") {
+        return Err(bad(&format!(
+            "dtype {} (only little-endian float32 is read)",
+            descr.split(',').next().unwrap_or("")
+        )));
+    }
+    if field("fortran_order").is_some_and(|v| v.starts_with("True")) {
+        return Err(bad("Fortran-order arrays are not read"));
+    }
+    let shape_s = field("shape").ok_or_else(|| bad("header has no shape"))?;
+    let inner = shape_s
+        .strip_prefix('(')
+        .and_then(|s| s.split(')').next())
+        .ok_or_else(|| bad("malformed shape"))?;
+    let mut shape = Vec::new();
+    for d in inner.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        shape.push(
+            d.parse::<usize>()
+                .map_err(|_| bad(&format!("bad dimension '{d}'")))?,
+        );
+    }
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| bad("shape overflows"))?;
+    let body = &b[start + hlen..];
+    if body.len() != n * 4 {
+        return Err(bad(&format!(
+            "{} data bytes, shape {shape:?} of f32 needs {}",
+            body.len(),
+            n * 4
+        )));
+    }
+    let data = body
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(NpyArray { shape, data })
+}
+
+pub fn read_npy(path: impl AsRef<Path>) -> Result<NpyArray, FormatError> {
+    let path = path.as_ref();
+    let b = std::fs::read(path).map_err(|source| FormatError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_npy(path, "array", &b)
+}
+
+/// The members of an `.npz` archive: (name without `.npy`, array).
+pub fn read_npz(path: impl AsRef<Path>) -> Result<Vec<(String, NpyArray)>, FormatError> {
+    let path = path.as_ref();
+    let b = std::fs::read(path).map_err(|source| FormatError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    let u16_at = |p: usize| -> Option<usize> {
+        Some(u16::from_le_bytes([*b.get(p)?, *b.get(p + 1)?]) as usize)
+    };
+    let u32_at = |p: usize| -> Option<usize> {
+        Some(
+            u32::from_le_bytes([*b.get(p)?, *b.get(p + 1)?, *b.get(p + 2)?, *b.get(p + 3)?])
+                as usize,
+        )
+    };
+    // Local file headers (PK\x03\x04) in order, until the central directory.
+    while b.get(pos..pos + 4) == Some(b"PK\x03\x04") {
+        let trunc = || invalid(path, format!("zip entry at byte {pos} is truncated"));
+        let flags = u16_at(pos + 6).ok_or_else(trunc)?;
+        let method = u16_at(pos + 8).ok_or_else(trunc)?;
+        let mut csize = u32_at(pos + 18).ok_or_else(trunc)?;
+        let nlen = u16_at(pos + 26).ok_or_else(trunc)?;
+        let xlen = u16_at(pos + 28).ok_or_else(trunc)?;
+        let name_b = b.get(pos + 30..pos + 30 + nlen).ok_or_else(trunc)?;
+        let name = String::from_utf8_lossy(name_b).into_owned();
+        let extra = b
+            .get(pos + 30 + nlen..pos + 30 + nlen + xlen)
+            .ok_or_else(trunc)?;
+        // ZIP64: sizes in the extra field (id 1: uncompressed, compressed).
+        if csize == 0xffff_ffff {
+            let mut e = 0;
+            while e + 4 <= extra.len() {
+                let id = u16::from_le_bytes([extra[e], extra[e + 1]]);
+                let sz = u16::from_le_bytes([extra[e + 2], extra[e + 3]]) as usize;
+                if id == 1 && sz >= 16 && e + 4 + 16 <= extra.len() {
+                    let v = &extra[e + 12..e + 20];
+                    csize = u64::from_le_bytes(v.try_into().unwrap_or([0; 8])) as usize;
+                }
+                e += 4 + sz;
+            }
+        }
+        if flags & 8 != 0 {
+            return Err(invalid(
+                path,
+                format!("member '{name}': streamed sizes are not supported"),
+            ));
+        }
+        let data_at = pos + 30 + nlen + xlen;
+        let data = b
+            .get(data_at..data_at + csize)
+            .ok_or_else(|| invalid(path, format!("member '{name}' runs past the end")))?;
+        if method != 0 {
+            return Err(invalid(
+                path,
+                format!("member '{name}' is compressed (method {method}); save with np.savez, not savez_compressed"),
+            ));
+        }
+        let key = name.strip_suffix(".npy").unwrap_or(&name).to_string();
+        out.push((key, parse_npy(path, &name, data)?));
+        pos = data_at + csize;
+    }
+    if out.is_empty() {
+        return Err(invalid(path, "not an .npz archive (no zip entries)".into()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn npy(shape: &str, vals: &[f32]) -> Vec<u8> {
+        let mut h = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + h.len() + 1) % 64 != 0 {
+            h.push(' ');
+        }
+        h.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend((h.len() as u16).to_le_bytes());
+        b.extend(h.as_bytes());
+        b.extend(vals.iter().flat_map(|v| v.to_le_bytes()));
+        b
+    }
+
+    #[test]
+    fn parses_and_rejects() {
+        let p = Path::new("t.npy");
+        let a = parse_npy(p, "t", &npy("(2, 1, 2)", &[1., 2., 3., 4.])).unwrap();
+        assert_eq!(a.shape, vec![2, 1, 2]);
+        assert_eq!(a.data, vec![1., 2., 3., 4.]);
+        let e = parse_npy(p, "t", &npy("(2, 3)", &[1., 2.]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("data bytes"), "{e}");
+        let e = parse_npy(p, "t", b"garbage!!!!!").unwrap_err().to_string();
+        assert!(e.contains("magic"), "{e}");
+    }
+}

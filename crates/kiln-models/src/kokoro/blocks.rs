@@ -1,0 +1,505 @@
+//! Building blocks shared by Kokoro's encoders, prosody predictor and decoder: linear and
+//! convolution layers, the bidirectional LSTM, AdaIN and the two AdaIN residual blocks.
+//!
+//! Feature maps are `(channels, len)` tensors; sequences fed to linear layers and LSTMs are
+//! `(len, features)`. `Ctx::quant` reproduces the int8 export's activation arithmetic: the input
+//! of every integer matmul / convolution rounded to its per-tensor uint8 grid.
+
+use kiln_backend::{Backend, Conv1dShape, LstmShape, WeightData};
+use kiln_quant::GgmlType;
+
+use super::params::Params;
+use crate::ModelError;
+
+pub struct Ctx<'a, B: Backend> {
+    pub b: &'a B,
+    /// Round integer-op inputs as the int8 export's dynamic quantization does.
+    pub quant: bool,
+    /// Named activations, when tracing.
+    pub trace: Option<&'a std::cell::RefCell<super::Trace>>,
+}
+
+impl<B: Backend> Ctx<'_, B> {
+    /// Records x (rows, cols) under `name` when tracing.
+    pub fn put(&self, name: &str, x: &B::Tensor, rows: usize, cols: usize) {
+        if let Some(t) = self.trace {
+            let mut v = vec![0f32; rows * cols];
+            self.b.read(x, rows, &mut v);
+            t.borrow_mut().push((name.to_string(), v));
+        }
+    }
+
+    /// A copy of x (rows, cols), rounded to the uint8 grid when `quant` is on.
+    pub fn quantized(&self, x: &B::Tensor, rows: usize, cols: usize) -> B::Tensor {
+        let mut q = self.b.tensor(rows, cols);
+        self.b.copy_rows(x, 0, &mut q, 0, rows);
+        if self.quant {
+            self.b.fake_quant_u8(&mut q, rows * cols);
+        }
+        q
+    }
+}
+
+pub fn tensor<B: Backend>(
+    b: &B,
+    p: &Params,
+    name: &str,
+    shape: &[usize],
+) -> Result<B::Tensor, ModelError> {
+    let v = p.get(name, shape)?;
+    let cols = *v.shape.last().unwrap_or(&1);
+    Ok(b.tensor_from(v.data.len() / cols.max(1), cols, &v.data))
+}
+
+/// y = W x + b: W (out, in) (`<name>.weight`, `<name>.bias`).
+pub struct Linear<B: Backend> {
+    w: B::Weight,
+    bias: Option<B::Tensor>,
+    integer: bool,
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+impl<B: Backend> Linear<B> {
+    pub fn load(
+        b: &B,
+        p: &Params,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+    ) -> Result<Self, ModelError> {
+        let wn = format!("{name}.weight");
+        let w = p.get(&wn, &[n_out, n_in])?;
+        let bytes: Vec<u8> = w.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let w = b
+            .load_weight(WeightData {
+                name: &wn,
+                ty: GgmlType::F32,
+                rows: n_out,
+                cols: n_in,
+                bytes: &bytes,
+            })
+            .map_err(|source| ModelError::Backend {
+                file: wn.clone().into(),
+                source,
+            })?;
+        let bn = format!("{name}.bias");
+        let bias = if p.has(&bn) {
+            Some(tensor(b, p, &bn, &[n_out])?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            w,
+            bias,
+            integer: p.is_integer(&wn),
+            n_in,
+            n_out,
+        })
+    }
+
+    /// x (n, n_in) -> (n, n_out)
+    pub fn forward(&self, cx: &Ctx<B>, x: &B::Tensor, n: usize) -> B::Tensor {
+        let mut out = cx.b.tensor(n, self.n_out);
+        if self.integer && cx.quant {
+            let q = cx.quantized(x, n, self.n_in);
+            cx.b.matmul(&self.w, &q, self.bias.as_ref(), n, &mut out);
+        } else {
+            cx.b.matmul(&self.w, x, self.bias.as_ref(), n, &mut out);
+        }
+        out
+    }
+}
+
+/// Conv1d / ConvTranspose1d with PyTorch's hyper-parameters.
+pub struct Conv<B: Backend> {
+    w: B::Tensor,
+    bias: Option<B::Tensor>,
+    pub c_in: usize,
+    pub c_out: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    dilation: usize,
+    groups: usize,
+    output_pad: usize,
+    transposed: bool,
+    /// Whether the export runs this layer on integers (its input is quantized).
+    integer: bool,
+}
+
+pub struct ConvSpec {
+    pub k: usize,
+    pub stride: usize,
+    pub pad: usize,
+    pub dilation: usize,
+    pub groups: usize,
+    pub output_pad: usize,
+    pub transposed: bool,
+}
+
+impl ConvSpec {
+    pub fn same(k: usize, dilation: usize) -> Self {
+        ConvSpec {
+            k,
+            stride: 1,
+            pad: (k * dilation - dilation) / 2,
+            dilation,
+            groups: 1,
+            output_pad: 0,
+            transposed: false,
+        }
+    }
+}
+
+impl<B: Backend> Conv<B> {
+    pub fn load(
+        b: &B,
+        p: &Params,
+        name: &str,
+        c_in: usize,
+        c_out: usize,
+        s: ConvSpec,
+    ) -> Result<Self, ModelError> {
+        let shape = if s.transposed {
+            [c_in, c_out / s.groups, s.k]
+        } else {
+            [c_out, c_in / s.groups, s.k]
+        };
+        let w = tensor(b, p, &format!("{name}.weight"), &shape)?;
+        let bn = format!("{name}.bias");
+        let bias = if p.has(&bn) {
+            Some(tensor(b, p, &bn, &[c_out])?)
+        } else {
+            None
+        };
+        Ok(Conv {
+            w,
+            bias,
+            c_in,
+            c_out,
+            k: s.k,
+            stride: s.stride,
+            pad: s.pad,
+            dilation: s.dilation,
+            groups: s.groups,
+            output_pad: s.output_pad,
+            transposed: s.transposed,
+            integer: p.is_integer(&format!("{name}.weight")),
+        })
+    }
+
+    fn shape(&self, len: usize) -> Conv1dShape {
+        Conv1dShape {
+            c_in: self.c_in,
+            c_out: self.c_out,
+            len_in: len,
+            k: self.k,
+            stride: self.stride,
+            pad: self.pad,
+            dilation: self.dilation,
+            groups: self.groups,
+            output_pad: self.output_pad,
+        }
+    }
+
+    pub fn len_out(&self, len: usize) -> usize {
+        let s = self.shape(len);
+        if self.transposed {
+            s.len_out_transposed()
+        } else {
+            s.len_out()
+        }
+    }
+
+    /// x (c_in, len) -> (c_out, len_out)
+    pub fn forward(&self, cx: &Ctx<B>, x: &B::Tensor, len: usize) -> B::Tensor {
+        let s = self.shape(len);
+        let lo = self.len_out(len);
+        let mut out = cx.b.tensor(self.c_out, lo);
+        if self.transposed {
+            cx.b.conv_transpose1d(x, &self.w, self.bias.as_ref(), s, &mut out);
+        } else if self.integer && cx.quant {
+            let q = cx.quantized(x, self.c_in, len);
+            cx.b.conv1d_nc(&q, &self.w, self.bias.as_ref(), s, &mut out);
+        } else {
+            cx.b.conv1d_nc(x, &self.w, self.bias.as_ref(), s, &mut out);
+        }
+        out
+    }
+}
+
+/// Bidirectional single-layer LSTM (`weight_ih_l0`, `weight_hh_l0`, `bias_l0`, `*_reverse`).
+pub struct BiLstm<B: Backend> {
+    dirs: [[B::Tensor; 3]; 2],
+    n_in: usize,
+    pub hidden: usize,
+}
+
+impl<B: Backend> BiLstm<B> {
+    pub fn load(
+        b: &B,
+        p: &Params,
+        name: &str,
+        n_in: usize,
+        hidden: usize,
+    ) -> Result<Self, ModelError> {
+        let dir = |sfx: &str| -> Result<[B::Tensor; 3], ModelError> {
+            Ok([
+                tensor(
+                    b,
+                    p,
+                    &format!("{name}.weight_ih_l0{sfx}"),
+                    &[4 * hidden, n_in],
+                )?,
+                tensor(
+                    b,
+                    p,
+                    &format!("{name}.weight_hh_l0{sfx}"),
+                    &[4 * hidden, hidden],
+                )?,
+                tensor(b, p, &format!("{name}.bias_l0{sfx}"), &[4 * hidden])?,
+            ])
+        };
+        Ok(BiLstm {
+            dirs: [dir("")?, dir("_reverse")?],
+            n_in,
+            hidden,
+        })
+    }
+
+    /// x (len, n_in) -> (len, 2 hidden): [forward | backward]
+    pub fn forward(&self, cx: &Ctx<B>, x: &B::Tensor, len: usize) -> B::Tensor {
+        let q = cx.quantized(x, len, self.n_in);
+        let mut out = cx.b.tensor(len, 2 * self.hidden);
+        for (d, [wi, wh, bias]) in self.dirs.iter().enumerate() {
+            let s = LstmShape {
+                len,
+                n_in: self.n_in,
+                hidden: self.hidden,
+                reverse: d == 1,
+                out_col: d * self.hidden,
+            };
+            cx.b.lstm(&q, wi, wh, bias, s, &mut out);
+        }
+        out
+    }
+}
+
+/// AdaIN1d: instance norm, then a style-conditioned affine map `(1 + gamma) x + beta`.
+pub struct AdaIn<B: Backend> {
+    fc: Linear<B>,
+    c: usize,
+}
+
+impl<B: Backend> AdaIn<B> {
+    pub fn load(b: &B, p: &Params, name: &str, style: usize, c: usize) -> Result<Self, ModelError> {
+        Ok(AdaIn {
+            fc: Linear::load(b, p, &format!("{name}.fc"), style, 2 * c)?,
+            c,
+        })
+    }
+
+    /// x (c, len) in place; s (1, style)
+    pub fn forward(&self, cx: &Ctx<B>, x: &mut B::Tensor, s: &B::Tensor, len: usize) {
+        let gb = self.fc.forward(cx, s, 1);
+        cx.b.ada_in(x, &gb, self.c, len, 1e-5);
+    }
+}
+
+/// StyleTTS2's AdainResBlk1d: (AdaIN, LeakyReLU 0.2, [2x upsample], conv) x 2 on the
+/// residual path, [nearest 2x upsample and 1x1 conv] on the shortcut, sum / sqrt(2).
+pub struct AdainResBlk1d<B: Backend> {
+    norm1: AdaIn<B>,
+    norm2: AdaIn<B>,
+    conv1: Conv<B>,
+    conv2: Conv<B>,
+    conv1x1: Option<Conv<B>>,
+    /// Depthwise transposed conv doubling the length (`pool`), when upsampling.
+    pool: Option<Conv<B>>,
+    c_in: usize,
+    pub c_out: usize,
+}
+
+impl<B: Backend> AdainResBlk1d<B> {
+    pub fn load(
+        b: &B,
+        p: &Params,
+        name: &str,
+        c_in: usize,
+        c_out: usize,
+        style: usize,
+        upsample: bool,
+    ) -> Result<Self, ModelError> {
+        let conv1x1 = if c_in != c_out {
+            Some(Conv::load(
+                b,
+                p,
+                &format!("{name}.conv1x1"),
+                c_in,
+                c_out,
+                ConvSpec::same(1, 1),
+            )?)
+        } else {
+            None
+        };
+        let pool = if upsample {
+            let s = ConvSpec {
+                k: 3,
+                stride: 2,
+                pad: 1,
+                dilation: 1,
+                groups: c_in,
+                output_pad: 1,
+                transposed: true,
+            };
+            Some(Conv::load(b, p, &format!("{name}.pool"), c_in, c_in, s)?)
+        } else {
+            None
+        };
+        Ok(AdainResBlk1d {
+            norm1: AdaIn::load(b, p, &format!("{name}.norm1"), style, c_in)?,
+            norm2: AdaIn::load(b, p, &format!("{name}.norm2"), style, c_out)?,
+            conv1: Conv::load(
+                b,
+                p,
+                &format!("{name}.conv1"),
+                c_in,
+                c_out,
+                ConvSpec::same(3, 1),
+            )?,
+            conv2: Conv::load(
+                b,
+                p,
+                &format!("{name}.conv2"),
+                c_out,
+                c_out,
+                ConvSpec::same(3, 1),
+            )?,
+            conv1x1,
+            pool,
+            c_in,
+            c_out,
+        })
+    }
+
+    pub fn len_out(&self, len: usize) -> usize {
+        if self.pool.is_some() {
+            2 * len
+        } else {
+            len
+        }
+    }
+
+    /// x (c_in, len) -> (c_out, len_out)
+    pub fn forward(&self, cx: &Ctx<B>, x: &B::Tensor, s: &B::Tensor, len: usize) -> B::Tensor {
+        let b = cx.b;
+        let lo = self.len_out(len);
+        // Residual path.
+        let mut h = b.tensor(self.c_in, len);
+        b.copy_rows(x, 0, &mut h, 0, self.c_in);
+        self.norm1.forward(cx, &mut h, s, len);
+        b.leaky_relu(&mut h, 0.2, self.c_in * len);
+        if let Some(pool) = &self.pool {
+            h = pool.forward(cx, &h, len);
+        }
+        let mut h = self.conv1.forward(cx, &h, lo);
+        self.norm2.forward(cx, &mut h, s, lo);
+        b.leaky_relu(&mut h, 0.2, self.c_out * lo);
+        let mut h = self.conv2.forward(cx, &h, lo);
+        // Shortcut.
+        let sc = if self.pool.is_some() {
+            let mut up = b.tensor(self.c_in, lo);
+            b.upsample_nearest(x, self.c_in, len, 2, &mut up);
+            up
+        } else {
+            let mut c = b.tensor(self.c_in, len);
+            b.copy_rows(x, 0, &mut c, 0, self.c_in);
+            c
+        };
+        let sc = match &self.conv1x1 {
+            Some(c) => c.forward(cx, &sc, lo),
+            None => sc,
+        };
+        b.add(&mut h, &sc, self.c_out);
+        b.scale(&mut h, std::f32::consts::FRAC_1_SQRT_2, self.c_out * lo);
+        h
+    }
+}
+
+/// iSTFTNet's AdaINResBlock1: three (AdaIN, Snake, dilated conv, AdaIN, Snake, conv) residual
+/// units with dilations 1, 3, 5.
+pub struct AdaInResBlock1<B: Backend> {
+    units: Vec<ResUnit<B>>,
+    c: usize,
+}
+
+struct ResUnit<B: Backend> {
+    adain1: AdaIn<B>,
+    adain2: AdaIn<B>,
+    alpha1: B::Tensor,
+    alpha2: B::Tensor,
+    conv1: Conv<B>,
+    conv2: Conv<B>,
+}
+
+impl<B: Backend> AdaInResBlock1<B> {
+    pub fn load(
+        b: &B,
+        p: &Params,
+        name: &str,
+        c: usize,
+        k: usize,
+        dilations: &[usize],
+        style: usize,
+    ) -> Result<Self, ModelError> {
+        let mut units = Vec::new();
+        for (j, &d) in dilations.iter().enumerate() {
+            units.push(ResUnit {
+                adain1: AdaIn::load(b, p, &format!("{name}.adain1.{j}"), style, c)?,
+                adain2: AdaIn::load(b, p, &format!("{name}.adain2.{j}"), style, c)?,
+                alpha1: tensor(b, p, &format!("{name}.alpha1.{j}"), &[1, c, 1])?,
+                alpha2: tensor(b, p, &format!("{name}.alpha2.{j}"), &[1, c, 1])?,
+                conv1: Conv::load(
+                    b,
+                    p,
+                    &format!("{name}.convs1.{j}"),
+                    c,
+                    c,
+                    ConvSpec::same(k, d),
+                )?,
+                conv2: Conv::load(
+                    b,
+                    p,
+                    &format!("{name}.convs2.{j}"),
+                    c,
+                    c,
+                    ConvSpec::same(k, 1),
+                )?,
+            });
+        }
+        Ok(AdaInResBlock1 { units, c })
+    }
+
+    /// x (c, len) -> (c, len)
+    pub fn forward(&self, cx: &Ctx<B>, x: &B::Tensor, s: &B::Tensor, len: usize) -> B::Tensor {
+        let b = cx.b;
+        let mut x = {
+            let mut c = b.tensor(self.c, len);
+            b.copy_rows(x, 0, &mut c, 0, self.c);
+            c
+        };
+        for u in &self.units {
+            let mut t = b.tensor(self.c, len);
+            b.copy_rows(&x, 0, &mut t, 0, self.c);
+            u.adain1.forward(cx, &mut t, s, len);
+            b.snake(&mut t, &u.alpha1, self.c, len);
+            let mut t = u.conv1.forward(cx, &t, len);
+            u.adain2.forward(cx, &mut t, s, len);
+            b.snake(&mut t, &u.alpha2, self.c, len);
+            let t = u.conv2.forward(cx, &t, len);
+            b.add(&mut x, &t, self.c);
+        }
+        x
+    }
+}

@@ -1,0 +1,368 @@
+//! Kokoro's parameters under hexgrad's canonical names, read from the int8 ONNX export.
+//!
+//! The export names most tensors after their consumer nodes (`onnx::MatMul_6547_quantized`,
+//! `/encoder/F0.0/Mul_output_0_quantized`), so names come from the graph: the consumer's scope
+//! (`/encoder/bert/encoder/.../attention_3/query_3/MatMul_quant`) is the module path
+//! (`bert.encoder.albert_layer_groups.0.albert_layers.0.attention.query`). Int8 / uint8 weights
+//! are dequantized (`(q - zero_point) * scale`, per tensor or per output channel) into PyTorch
+//! layouts: Linear `(out, in)`, Conv1d `(out, in / groups, k)`, ConvTranspose1d
+//! `(in, out / groups, k)`, LSTM `weight_ih_l0 (4h, in)` in PyTorch's gate order (i, f, g, o).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use kiln_formats::{OnnxFile, OnnxNode, OnnxTensor};
+
+use crate::ModelError;
+
+#[derive(Debug, Clone)]
+pub struct Param {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+pub struct Params {
+    file: PathBuf,
+    map: BTreeMap<String, Param>,
+    /// Weights the export multiplies on integers (their inputs are dynamically quantized).
+    integer: BTreeSet<String>,
+    unused: RefCell<BTreeSet<String>>,
+}
+
+/// The module path of a node: its scope without the wrapper (`encoder`/`decoder`), with
+/// PyTorch's call suffixes (`query_3`) and repeated Sequential prefixes (`cnn.0/cnn.0.0`)
+/// folded; the predictor's F0/N/shared scopes gain their `predictor.` prefix.
+pub fn module_of(node: &str) -> String {
+    let comps: Vec<&str> = node.trim_start_matches('/').split('/').collect();
+    let comps = &comps[..comps.len().saturating_sub(1)];
+    let mut out: Vec<String> = Vec::new();
+    for c in comps {
+        let c = match c.rfind('_') {
+            Some(i) if i + 1 < c.len() && c[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &c[..i],
+            _ => c,
+        };
+        if let Some(last) = out.last_mut() {
+            if c.starts_with(&format!("{last}.")) {
+                *last = c.to_string();
+                continue;
+            }
+        }
+        out.push(c.to_string());
+    }
+    if out.is_empty() {
+        return String::new();
+    }
+    let wrapper = out.remove(0);
+    if wrapper == "encoder"
+        && !matches!(
+            out.first().map(|s| s.as_str()),
+            Some("bert" | "bert_encoder" | "text_encoder" | "predictor")
+        )
+    {
+        out.insert(0, "predictor".into());
+    }
+    out.join(".")
+}
+
+/// An initializer's canonical name: the wrapper prefix dropped (`decoder.decoder.x` -> `decoder.x`).
+fn strip_wrapper(name: &str) -> Option<&str> {
+    name.strip_prefix("encoder.")
+        .or_else(|| name.strip_prefix("decoder."))
+}
+
+struct Reader<'a> {
+    f: &'a OnnxFile,
+}
+
+impl<'a> Reader<'a> {
+    fn err(&self, what: String) -> ModelError {
+        ModelError::Config {
+            file: self.f.path().to_path_buf(),
+            what,
+        }
+    }
+
+    fn init(&self, name: &str, node: &OnnxNode) -> Result<&'a OnnxTensor, ModelError> {
+        self.f.initializer(name).ok_or_else(|| {
+            self.err(format!(
+                "node '{}' ({}) reads '{name}', which is not an initializer",
+                node.name, node.op_type
+            ))
+        })
+    }
+
+    fn input(&self, node: &OnnxNode, i: usize) -> Result<&'a OnnxTensor, ModelError> {
+        let name = node
+            .inputs
+            .get(i)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| {
+                self.err(format!(
+                    "node '{}' ({}) has no input {i}",
+                    node.name, node.op_type
+                ))
+            })?;
+        self.init(name, node)
+    }
+
+    fn f32s(&self, t: &OnnxTensor) -> Result<Vec<f32>, ModelError> {
+        Ok(self.f.f32s(t)?)
+    }
+
+    /// `(q - zp) * scale` with scale / zp per tensor or per slice along `axis` of `dims`.
+    fn dequant(
+        &self,
+        q: &OnnxTensor,
+        scale: &OnnxTensor,
+        zp: Option<&OnnxTensor>,
+        axis: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let v = self.f32s(q)?;
+        let s = self.f32s(scale)?;
+        let z = match zp {
+            Some(z) => self.f32s(z)?,
+            None => vec![0.0],
+        };
+        let dims: Vec<usize> = q.dims.iter().map(|&d| d as usize).collect();
+        let n_axis = dims.get(axis).copied().unwrap_or(1);
+        let inner: usize = dims.iter().skip(axis + 1).product();
+        let pick = |a: &[f32], i: usize, what: &str| -> Result<f32, ModelError> {
+            match a.len() {
+                1 => Ok(a[0]),
+                n if n == n_axis => Ok(a[i]),
+                n => Err(self.err(format!(
+                    "'{}': {what} has {n} values for {n_axis} channels",
+                    q.name
+                ))),
+            }
+        };
+        let mut out = Vec::with_capacity(v.len());
+        for (idx, &x) in v.iter().enumerate() {
+            let ch = (idx / inner.max(1)) % n_axis.max(1);
+            out.push((x - pick(&z, ch, "zero point")?) * pick(&s, ch, "scale")?);
+        }
+        Ok(out)
+    }
+
+    /// Scale initializer of a quantized weight `<base>_quantized`: `<base>_scale`.
+    fn scale_of(&self, q: &OnnxTensor, node: &OnnxNode) -> Result<&'a OnnxTensor, ModelError> {
+        let base = q.name.strip_suffix("_quantized").ok_or_else(|| {
+            self.err(format!(
+                "weight '{}' of '{}' is not a quantized initializer",
+                q.name, node.name
+            ))
+        })?;
+        self.init(&format!("{base}_scale"), node)
+    }
+}
+
+fn dims(t: &OnnxTensor) -> Vec<usize> {
+    t.dims.iter().map(|&d| d as usize).collect()
+}
+
+/// (rows, cols) row-major -> (cols, rows)
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; v.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = v[r * cols + c];
+        }
+    }
+    out
+}
+
+impl Params {
+    pub fn from_onnx(f: &OnnxFile) -> Result<Params, ModelError> {
+        let r = Reader { f };
+        let mut map: BTreeMap<String, Param> = BTreeMap::new();
+        let mut integer = BTreeSet::new();
+        let mut put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
+            map.entry(name).or_insert(Param { shape, data });
+        };
+        let producer: BTreeMap<&str, &OnnxNode> = f
+            .nodes
+            .iter()
+            .flat_map(|n| n.outputs.iter().map(move |o| (o.as_str(), n)))
+            .collect();
+        for n in &f.nodes {
+            let module = module_of(&n.name);
+            match n.op_type.as_str() {
+                "MatMulInteger" => {
+                    let Some(w) = n.inputs.get(1).and_then(|i| f.initializer(i)) else {
+                        continue;
+                    };
+                    let zp = r.input(n, 3).ok();
+                    let d = dims(w);
+                    if d.len() != 2 {
+                        return Err(r.err(format!("'{}': Linear weight dims {d:?}", w.name)));
+                    }
+                    let v = r.dequant(w, r.scale_of(w, n)?, zp, 1)?;
+                    integer.insert(format!("{module}.weight"));
+                    put(
+                        format!("{module}.weight"),
+                        vec![d[1], d[0]],
+                        transpose(&v, d[0], d[1]),
+                    );
+                }
+                "MatMul" => {
+                    let Some(w) = n.inputs.get(1).and_then(|i| f.initializer(i)) else {
+                        continue;
+                    };
+                    let d = dims(w);
+                    if d.len() != 2 {
+                        return Err(r.err(format!("'{}': Linear weight dims {d:?}", w.name)));
+                    }
+                    let v = r.f32s(w)?;
+                    put(
+                        format!("{module}.weight"),
+                        vec![d[1], d[0]],
+                        transpose(&v, d[0], d[1]),
+                    );
+                }
+                "ConvInteger" => {
+                    let w = r.input(n, 1)?;
+                    let zp = r.input(n, 3).ok();
+                    let v = r.dequant(w, r.scale_of(w, n)?, zp, 0)?;
+                    integer.insert(format!("{module}.weight"));
+                    put(format!("{module}.weight"), dims(w), v);
+                }
+                "Conv" | "ConvTranspose" => {
+                    let w = r.input(n, 1)?;
+                    put(format!("{module}.weight"), dims(w), r.f32s(w)?);
+                    if let Ok(b) = r.input(n, 2) {
+                        put(format!("{module}.bias"), dims(b), r.f32s(b)?);
+                    }
+                }
+                "DequantizeLinear" => {
+                    // Embedding tables: Gather(table_quantized, ids) -> DequantizeLinear.
+                    let Some(g) = n.inputs.first().and_then(|i| producer.get(i.as_str())) else {
+                        continue;
+                    };
+                    let Some(table) = g.inputs.first().and_then(|i| f.initializer(i)) else {
+                        continue;
+                    };
+                    let name = strip_wrapper(&table.name)
+                        .and_then(|s| s.strip_suffix("_quantized"))
+                        .ok_or_else(|| r.err(format!("embedding table '{}'", table.name)))?;
+                    let v = r.dequant(table, r.input(n, 1)?, r.input(n, 2).ok(), 0)?;
+                    put(name.to_string(), dims(table), v);
+                }
+                "DynamicQuantizeLSTM" => {
+                    let (w, rw, b) = (r.input(n, 1)?, r.input(n, 2)?, r.input(n, 3)?);
+                    let wv = r.dequant(w, r.input(n, 8)?, r.input(n, 9).ok(), 0)?;
+                    let rv = r.dequant(rw, r.input(n, 10)?, r.input(n, 11).ok(), 0)?;
+                    let bv = r.f32s(b)?;
+                    let (wd, rd) = (dims(w), dims(rw));
+                    if wd.len() != 3 || rd.len() != 3 || wd[0] != 2 || wd[2] % 4 != 0 {
+                        return Err(r.err(format!("LSTM '{}': weight dims {wd:?}, {rd:?}", n.name)));
+                    }
+                    let (n_in, h4) = (wd[1], wd[2]);
+                    let h = h4 / 4;
+                    if rd != [2, h, h4] || bv.len() != 2 * 2 * h4 {
+                        return Err(r.err(format!(
+                            "LSTM '{}': R dims {rd:?}, B {}",
+                            n.name,
+                            bv.len()
+                        )));
+                    }
+                    // ONNX gate blocks (i, o, f, c) -> PyTorch (i, f, g, o).
+                    const ORDER: [usize; 4] = [0, 2, 3, 1];
+                    let regate = |m: Vec<f32>, cols: usize| -> Vec<f32> {
+                        let mut out = Vec::with_capacity(m.len());
+                        for &g in &ORDER {
+                            out.extend_from_slice(&m[g * h * cols..(g + 1) * h * cols]);
+                        }
+                        out
+                    };
+                    for dir in 0..2 {
+                        let sfx = if dir == 0 { "" } else { "_reverse" };
+                        let wi = &wv[dir * n_in * h4..(dir + 1) * n_in * h4];
+                        let wh = &rv[dir * h * h4..(dir + 1) * h * h4];
+                        let bd = &bv[dir * 2 * h4..(dir + 1) * 2 * h4];
+                        let bias: Vec<f32> = (0..h4).map(|j| bd[j] + bd[h4 + j]).collect();
+                        let bias = regate(bias, 1);
+                        put(
+                            format!("{module}.weight_ih_l0{sfx}"),
+                            vec![h4, n_in],
+                            regate(transpose(wi, n_in, h4), n_in),
+                        );
+                        put(
+                            format!("{module}.weight_hh_l0{sfx}"),
+                            vec![h4, h],
+                            regate(transpose(wh, h, h4), h),
+                        );
+                        put(format!("{module}.bias_l0{sfx}"), vec![h4], bias);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Float parameters stored under their own names (biases, norms, Snake alphas).
+        for t in &f.initializers {
+            let Some(name) = strip_wrapper(&t.name) else {
+                continue;
+            };
+            if name.ends_with("_quantized")
+                || name.ends_with("_scale")
+                || name.ends_with("_zero_point")
+            {
+                continue;
+            }
+            if t.ty == kiln_formats::OnnxType::F32 {
+                put(name.to_string(), dims(t), r.f32s(t)?);
+            }
+        }
+        let unused = RefCell::new(map.keys().cloned().collect());
+        Ok(Params {
+            file: f.path().to_path_buf(),
+            map,
+            integer,
+            unused,
+        })
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = (&str, &[usize])> {
+        self.map
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.shape.as_slice()))
+    }
+
+    /// The parameter `name`, checked against `shape` (a `0` matches any size).
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<&Param, ModelError> {
+        let p = self
+            .map
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: self.file.clone(),
+                name: name.into(),
+            })?;
+        let ok = p.shape.len() == shape.len()
+            && p.shape.iter().zip(shape).all(|(&a, &b)| b == 0 || a == b);
+        if !ok {
+            return Err(ModelError::Shape {
+                file: self.file.clone(),
+                name: name.into(),
+                expected: shape.iter().map(|&v| v as u64).collect(),
+                got: p.shape.iter().map(|&v| v as u64).collect(),
+                ty: "f32",
+            });
+        }
+        self.unused.borrow_mut().remove(name);
+        Ok(p)
+    }
+
+    /// Whether the export runs the layer of weight `name` on integers.
+    pub fn is_integer(&self, name: &str) -> bool {
+        self.integer.contains(name)
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    /// Parameters nobody read.
+    pub fn unused(&self) -> Vec<String> {
+        self.unused.borrow().iter().cloned().collect()
+    }
+}

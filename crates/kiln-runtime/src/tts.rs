@@ -1,0 +1,141 @@
+//! Text-to-speech sessions: text -> sentences -> phonemes -> Kokoro audio, one sentence at a
+//! time, handed to the caller as soon as it is synthesized (streaming by sentence).
+
+use std::path::Path;
+
+use kiln_backend::cpu::CpuBackend;
+use kiln_models::kokoro::{load_voices, Kokoro, Voice};
+use kiln_models::ModelError;
+use kiln_text::speech::{chunk, normalize, sentences, G2p, G2pError};
+use thiserror::Error;
+
+pub use kiln_models::kokoro::SAMPLE_RATE;
+
+#[derive(Debug, Error)]
+pub enum TtsError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    G2p(#[from] G2pError),
+    #[error("unknown voice '{name}' (voices: {known})")]
+    UnknownVoice { name: String, known: String },
+    #[error("{0}")]
+    Input(String),
+    #[error("writing audio: {0}")]
+    Sink(String),
+}
+
+/// Kokoro's limit on phonemes per utterance (510 tokens plus the two pads).
+pub const MAX_PHONEMES: usize = 510;
+
+pub struct Tts {
+    backend: CpuBackend,
+    model: Kokoro<CpuBackend>,
+    voices: Vec<Voice>,
+    g2p: Option<G2p>,
+}
+
+/// Timing of one utterance.
+#[derive(Debug, Clone, Default)]
+pub struct TtsStats {
+    pub first_audio_s: f64,
+    pub total_s: f64,
+    pub audio_s: f64,
+    pub chunks: usize,
+}
+
+impl Tts {
+    /// `model_dir`: the kokoro-82m directory (model, config.json, voices.npz);
+    /// `lexicon_dir`: misaki's lexicons, or None for phoneme input only.
+    pub fn load(
+        model_dir: &Path,
+        lexicon_dir: Option<&Path>,
+        threads: usize,
+    ) -> Result<Tts, TtsError> {
+        let backend = CpuBackend::new(threads);
+        let model = Kokoro::load(
+            &backend,
+            &model_dir.join("kokoro-v1.0.int8.onnx"),
+            &model_dir.join("config.json"),
+        )?;
+        let voices = load_voices(&model_dir.join("voices.npz"), 2 * model.config.style_dim)?;
+        let g2p = match lexicon_dir {
+            Some(d) => Some(G2p::load(d)?),
+            None => None,
+        };
+        Ok(Tts {
+            backend,
+            model,
+            voices,
+            g2p,
+        })
+    }
+
+    pub fn voices(&self) -> impl Iterator<Item = &str> {
+        self.voices.iter().map(|v| v.name.as_str())
+    }
+
+    fn voice(&self, name: &str) -> Result<&Voice, TtsError> {
+        self.voices
+            .iter()
+            .find(|v| v.name == name)
+            .ok_or_else(|| TtsError::UnknownVoice {
+                name: name.into(),
+                known: self.voices().collect::<Vec<_>>().join(", "),
+            })
+    }
+
+    /// Phoneme chunks of `text` (each under the model's limit), sentence by sentence.
+    pub fn phonemes(&self, text: &str, is_phonemes: bool) -> Result<Vec<String>, TtsError> {
+        let mut out = Vec::new();
+        if is_phonemes {
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                out.extend(chunk(line.trim(), MAX_PHONEMES));
+            }
+        } else {
+            let g2p = self
+                .g2p
+                .as_ref()
+                .ok_or_else(|| TtsError::Input("no G2P lexicons loaded: pass --phonemes".into()))?;
+            for s in sentences(text) {
+                let p = g2p.phonemize(&normalize(&s))?;
+                out.extend(chunk(&p, MAX_PHONEMES));
+            }
+        }
+        if out.is_empty() {
+            return Err(TtsError::Input("nothing to say: the text is empty".into()));
+        }
+        Ok(out)
+    }
+
+    /// Synthesizes `text` chunk by chunk; `sink` gets each chunk's samples (24 kHz mono f32)
+    /// as soon as it is ready.
+    pub fn speak(
+        &self,
+        text: &str,
+        is_phonemes: bool,
+        voice: &str,
+        speed: f32,
+        sink: &mut dyn FnMut(&[f32]) -> std::io::Result<()>,
+    ) -> Result<TtsStats, TtsError> {
+        let t0 = std::time::Instant::now();
+        let v = self.voice(voice)?;
+        let chunks = self.phonemes(text, is_phonemes)?;
+        let mut st = TtsStats::default();
+        for p in &chunks {
+            let ids = self.model.ids(p)?;
+            let style = v.style(p.chars().count());
+            let audio = self
+                .model
+                .synthesize(&self.backend, &ids, style, speed, None)?;
+            if st.chunks == 0 {
+                st.first_audio_s = t0.elapsed().as_secs_f64();
+            }
+            st.chunks += 1;
+            st.audio_s += audio.len() as f64 / SAMPLE_RATE as f64;
+            sink(&audio).map_err(|e| TtsError::Sink(e.to_string()))?;
+        }
+        st.total_s = t0.elapsed().as_secs_f64();
+        Ok(st)
+    }
+}
