@@ -152,4 +152,14 @@ pub trait Backend {
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize);
     /// Copies row `src_row` of `src` into row 0 of `dst`.
     fn copy_row(&self, src: &Self::Tensor, src_row: usize, dst: &mut Self::Tensor);
+    /// Copies rows `src_row0..src_row0 + n` of `src` to rows `dst_row0..dst_row0 + n` of
+    /// `dst` (same cols): gathers one sequence's rows out of a batch and scatters them back.
+    fn copy_rows(
+        &self,
+        src: &Self::Tensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut Self::Tensor,
+        dst_row0: usize,
+    );
 }

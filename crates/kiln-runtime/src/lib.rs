@@ -2,6 +2,7 @@
 
 mod llm;
 pub mod sampler;
+pub mod scheduler;
 mod speculative;
 mod stop;
 
@@ -9,5 +10,9 @@ pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };
 pub use sampler::{Sampler, SamplerConfig};
+pub use scheduler::{
+    Completion, Event, EventSink, ModelInfo, Prompt, Request, Scheduler, SchedulerConfig,
+    SchedulerStats, SubmitError,
+};
 pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;

@@ -451,4 +451,18 @@ impl Backend for CpuBackend {
         let c = src.cols;
         dst.data[..c].copy_from_slice(&src.data[src_row * c..(src_row + 1) * c]);
     }
+
+    fn copy_rows(
+        &self,
+        src: &CpuTensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut CpuTensor,
+        dst_row0: usize,
+    ) {
+        let c = src.cols;
+        assert_eq!(c, dst.cols, "copy_rows between tensors of different widths");
+        dst.data[dst_row0 * c..(dst_row0 + n) * c]
+            .copy_from_slice(&src.data[src_row0 * c..(src_row0 + n) * c]);
+    }
 }

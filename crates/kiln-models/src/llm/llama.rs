@@ -12,6 +12,9 @@ use kiln_formats::GgufFile;
 use super::LlmConfig;
 use crate::{ModelError, WeightMap};
 
+mod batch;
+pub use batch::{LlamaBatch, SeqChunk};
+
 pub struct Attention<B: Backend> {
     pub q: B::Weight, // attn_q   (q_dim, dim)
     pub k: B::Weight, // attn_k   (kv_dim, dim)

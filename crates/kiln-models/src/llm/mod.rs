@@ -4,4 +4,4 @@ mod config;
 pub mod llama;
 
 pub use config::LlmConfig;
-pub use llama::{Llama, LlamaState};
+pub use llama::{Llama, LlamaBatch, LlamaState, SeqChunk};
