@@ -1,8 +1,9 @@
-//! `kiln`: run, chat, info, pull, bench.
+//! `kiln`: run, chat, serve, info, pull, bench.
 
 mod bench;
 mod info;
 mod llm_cmd;
+mod serve_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ enum Cmd {
     Run(llm_cmd::RunArgs),
     /// Interactive multi-turn chat.
     Chat(llm_cmd::ChatArgs),
+    /// OpenAI-compatible HTTP server with continuous batching.
+    Serve(serve_cmd::ServeArgs),
     /// Describe a model file: format, architecture, hyper-parameters, tensors, tokenizer.
     Info {
         /// A model file, directory or catalog name.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Run(a) => llm_cmd::run(a),
         Cmd::Chat(a) => llm_cmd::chat(a),
+        Cmd::Serve(a) => serve_cmd::serve(a),
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
         Cmd::Bench(a) => bench::bench(a),
