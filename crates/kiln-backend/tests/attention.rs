@@ -1,85 +1,10 @@
-//! Attention over the KV cache against a plain f64 computation, for grouped-query shapes,
-//! several tokens at once after a cached prefix, one and two threads.
+//! Attention against a plain f64 computation with the best kernels this CPU has.
 
-use kiln_backend::cpu::CpuBackend;
-use kiln_backend::{AttnShape, Backend};
-
-fn rnd(seed: &mut u64) -> f32 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    (*seed % 2001) as f32 / 1000.0 - 1.0
+mod common {
+    pub mod attention_check;
 }
 
 #[test]
 fn attention_matches_naive() {
-    for (heads, kv_heads, hd, pos0, n) in [
-        (4, 4, 8, 0, 5),
-        (9, 3, 64, 7, 3),
-        (16, 8, 128, 30, 1),
-        (6, 1, 16, 0, 9),
-    ] {
-        for threads in [1, 2] {
-            let b = CpuBackend::new(threads);
-            let n_ctx = 64;
-            let kv_dim = kv_heads * hd;
-            let mut cache = b.kv_cache(1, n_ctx, kv_heads, hd);
-            let mut seed = 0x2545f4914f6cdd1d_u64;
-            let total = pos0 + n;
-            let keys: Vec<f32> = (0..total * kv_dim).map(|_| rnd(&mut seed) * 2.0).collect();
-            let vals: Vec<f32> = (0..total * kv_dim).map(|_| rnd(&mut seed)).collect();
-            let qs: Vec<f32> = (0..n * heads * hd).map(|_| rnd(&mut seed) * 2.0).collect();
-            // The prefix in one store, the new tokens in another.
-            for (p0, cnt) in [(0, pos0), (pos0, n)] {
-                if cnt == 0 {
-                    continue;
-                }
-                let k = b.tensor_from(cnt, kv_dim, &keys[p0 * kv_dim..(p0 + cnt) * kv_dim]);
-                let v = b.tensor_from(cnt, kv_dim, &vals[p0 * kv_dim..(p0 + cnt) * kv_dim]);
-                b.kv_store(&mut cache, 0, &k, &v, p0, cnt);
-            }
-            let q = b.tensor_from(n, heads * hd, &qs);
-            let mut out = b.tensor(n, heads * hd);
-            let shape = AttnShape {
-                n_heads: heads,
-                n_kv_heads: kv_heads,
-                head_dim: hd,
-                pos0,
-                n_tokens: n,
-            };
-            b.attention(&q, &cache, 0, shape, &mut out);
-            let mut got = vec![0f32; n * heads * hd];
-            b.read(&out, n, &mut got);
-            for t in 0..n {
-                for h in 0..heads {
-                    let kvh = h / (heads / kv_heads);
-                    let len = pos0 + t + 1;
-                    let qv = &qs[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                    let sc: Vec<f64> = (0..len)
-                        .map(|p| {
-                            let kp = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-                            qv.iter()
-                                .zip(kp)
-                                .map(|(a, b)| *a as f64 * *b as f64)
-                                .sum::<f64>()
-                                / (hd as f64).sqrt()
-                        })
-                        .collect();
-                    let m = sc.iter().cloned().fold(f64::MIN, f64::max);
-                    let w: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
-                    let z: f64 = w.iter().sum();
-                    for e in 0..hd {
-                        let want: f64 = (0..len)
-                            .map(|p| w[p] / z * vals[p * kv_dim + kvh * hd + e] as f64)
-                            .sum();
-                        let g = got[(t * heads + h) * hd + e] as f64;
-                        assert!(
-                            (g - want).abs() < 1e-5,
-                            "shape {heads}/{kv_heads}x{hd} t{t} h{h} e{e}: {g} vs {want}"
-                        );
-                    }
-                }
-            }
-        }
-    }
+    common::attention_check::attention_matches_naive();
 }

@@ -57,6 +57,13 @@ pub struct BenchArgs {
     /// Also measure the machine's memory read bandwidth per thread count.
     #[arg(long)]
     membw: bool,
+    /// Speech to text instead: transcribe this audio file with a Whisper model (-m, default
+    /// whisper-tiny.en) and report encoder ms, decode ms/token and real-time factor.
+    #[arg(long)]
+    stt: Option<PathBuf>,
+    /// With --stt: quantize the linear weights at load.
+    #[arg(long, value_enum, default_value = "none")]
+    quant: crate::stt_cmd::Quant,
 }
 
 #[derive(Clone, Copy)]
@@ -260,6 +267,18 @@ impl Measured<'_> {
 
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.reps > 0, "-r/--repetitions must be at least 1");
+    if let Some(file) = &a.stt {
+        let m = crate::stt_cmd::SttModelArgs {
+            model: a
+                .models
+                .first()
+                .cloned()
+                .unwrap_or(crate::stt_cmd::DEFAULT_STT.into()),
+            threads: a.threads.first().copied(),
+            quant: a.quant,
+        };
+        return crate::stt_cmd::bench(file, &m, a.reps, a.json);
+    }
     let threads = match a.threads.is_empty() {
         true => vec![default_threads()],
         false => a.threads.clone(),

@@ -1,9 +1,10 @@
-//! `kiln`: run, chat, serve, info, pull, bench.
+//! `kiln`: run, chat, serve, transcribe, info, pull, bench.
 
 mod bench;
 mod info;
 mod llm_cmd;
 mod serve_cmd;
+mod stt_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +35,8 @@ enum Cmd {
     Chat(llm_cmd::ChatArgs),
     /// OpenAI-compatible HTTP server with continuous batching.
     Serve(serve_cmd::ServeArgs),
+    /// Speech to text with Whisper: txt, srt, vtt or json on stdout; stats to stderr.
+    Transcribe(stt_cmd::TranscribeArgs),
     /// Describe a model file: format, architecture, hyper-parameters, tensors, tokenizer.
     Info {
         /// A model file, directory or catalog name.
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => llm_cmd::run(a),
         Cmd::Chat(a) => llm_cmd::chat(a),
         Cmd::Serve(a) => serve_cmd::serve(a),
+        Cmd::Transcribe(a) => stt_cmd::transcribe(a),
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
         Cmd::Bench(a) => bench::bench(a),

@@ -2,8 +2,10 @@
 //! file's length before it touches the bytes, and reports a defect as a [`FormatError`] that
 //! names the file and the problem; nothing a file contains can make it panic.
 
+pub mod ct2;
 mod error;
 pub mod gguf;
 
+pub use ct2::{Ct2Dtype, Ct2File, Ct2Var};
 pub use error::FormatError;
 pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};

@@ -2,6 +2,7 @@
 
 pub mod llm;
 mod weights;
+pub mod whisper;
 
 use std::path::PathBuf;
 use thiserror::Error;
@@ -42,4 +43,6 @@ pub enum ModelError {
     },
     #[error("{}: {what}", file.display())]
     Config { file: PathBuf, what: String },
+    #[error("{0}")]
+    Input(String),
 }

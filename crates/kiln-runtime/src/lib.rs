@@ -5,6 +5,7 @@ pub mod sampler;
 pub mod scheduler;
 mod speculative;
 mod stop;
+pub mod whisper;
 
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,

@@ -17,7 +17,7 @@ use kernels::pack::{dequant_packed_row, pack_row};
 use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
-use crate::{AttnShape, Backend, BackendError, RopeConfig, WeightData};
+use crate::{AttnShape, Backend, BackendError, DenseAttnShape, RopeConfig, WeightData};
 pub use par::Pool;
 
 pub struct CpuBackend {
@@ -464,5 +464,68 @@ impl Backend for CpuBackend {
         assert_eq!(c, dst.cols, "copy_rows between tensors of different widths");
         dst.data[dst_row0 * c..(dst_row0 + n) * c]
             .copy_from_slice(&src.data[src_row0 * c..(src_row0 + n) * c]);
+    }
+
+    // ---- speech ops ----
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        gamma: &CpuTensor,
+        beta: &CpuTensor,
+        eps: f32,
+        n: usize,
+        out: &mut CpuTensor,
+    ) {
+        ops::layer_norm::layer_norm(x, gamma, beta, eps, n, out)
+    }
+
+    fn gelu(&self, x: &mut CpuTensor, n: usize) {
+        ops::gelu::gelu(x, n)
+    }
+
+    fn conv1d(
+        &self,
+        w: &CpuWeight,
+        bias: Option<&CpuTensor>,
+        x: &CpuTensor,
+        t_in: usize,
+        kernel: usize,
+        stride: usize,
+        pad: usize,
+        out: &mut CpuTensor,
+    ) -> usize {
+        let t_out = ops::conv1d::out_len(t_in, kernel, stride, pad);
+        let mut cols = self.tensor(t_out, x.cols * kernel);
+        ops::conv1d::im2col(x, t_in, kernel, stride, pad, &mut cols);
+        self.matmul(w, &cols, bias, t_out, out);
+        t_out
+    }
+
+    fn attention_dense(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        shape: DenseAttnShape,
+        out: &mut CpuTensor,
+    ) {
+        ops::attention_dense::attention_dense(&self.pool, q, k, v, shape, out)
+    }
+
+    fn kv_copy(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize) {
+        assert!(
+            src.n_ctx == dst.n_ctx && src.kv_dim == dst.kv_dim && src.k.len() == dst.k.len(),
+            "kv_copy between caches of different shapes"
+        );
+        let (hd, n_ctx) = (src.head_dim, src.n_ctx);
+        let n = n.min(n_ctx);
+        for (layer, (sk, sv)) in src.k.iter().zip(&src.v).enumerate() {
+            for h in 0..src.kv_dim / hd {
+                let r = h * n_ctx * hd..(h * n_ctx + n) * hd;
+                dst.k[layer][r.clone()].copy_from_slice(&sk[r.clone()]);
+                dst.v[layer][r.clone()].copy_from_slice(&sv[r]);
+            }
+        }
     }
 }

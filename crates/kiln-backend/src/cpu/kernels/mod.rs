@@ -300,6 +300,23 @@ pub fn simd_disabled() -> bool {
     *OFF.get_or_init(|| std::env::var_os("KILN_NO_SIMD").is_some_and(|v| !v.is_empty() && v != "0"))
 }
 
+/// Whether f32 code may use 512-bit vectors: AVX-512F is present, SIMD is on, and
+/// `KILN_NO_AVX512` does not ask for the AVX2 versions (to test them on AVX-512 machines).
+/// Read once per process.
+pub fn avx512_allowed() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        let off = std::env::var_os("KILN_NO_AVX512").is_some_and(|v| !v.is_empty() && v != "0");
+        #[cfg(target_arch = "x86_64")]
+        return !simd_disabled() && !off && std::is_x86_feature_detected!("avx512f");
+        #[allow(unreachable_code)]
+        {
+            let _ = off;
+            false
+        }
+    })
+}
+
 /// The best kernels this CPU runs (detected once).
 pub fn best() -> &'static Kernels {
     static BEST: OnceLock<&'static Kernels> = OnceLock::new();

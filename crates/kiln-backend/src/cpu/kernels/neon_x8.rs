@@ -322,49 +322,15 @@ unsafe fn gemm_q6_k<const T: usize>(
     }
 }
 
-#[inline(always)]
-fn check(group: &[u8], cols: usize, a: &[ActRow], out: &[[f32; ROWS]], per: usize, bytes: usize) {
-    assert!(group.len() >= cols / per * bytes && a.len() == out.len());
-    for x in a {
-        assert!(x.blocks.len() >= cols / 32 && x.d.len() >= cols / 32);
-        assert!(x.ds.len() >= cols / 32 && x.h32.len() >= cols / 16);
-    }
-}
+use super::x8::gemm_entry;
 
-/// One entry point: lengths checked, tokens in calls of at most MAX_T (no closures: they
-/// would not inherit the target features).
-macro_rules! gemm {
-    ($name:ident, $per:expr, $bytes:expr, $f:ident $(, $c:expr)?) => {
-        #[target_feature(enable = "neon,dotprod")]
-        pub unsafe fn $name(group: &[u8], cols: usize, a: &[ActRow], out: &mut [[f32; ROWS]]) {
-            check(group, cols, a, out, $per, $bytes);
-            let (g, n) = (group.as_ptr(), cols / $per);
-            let mut t = 0;
-            while t < a.len() {
-                let k = (a.len() - t).min(MAX_T);
-                let (x, o) = (&a[t..t + k], &mut out[t..t + k]);
-                // SAFETY: lengths checked above; the features were detected.
-                unsafe {
-                    match k {
-                        1 => $f::<$({ $c },)? 1>(g, n, x, o),
-                        2 => $f::<$({ $c },)? 2>(g, n, x, o),
-                        3 => $f::<$({ $c },)? 3>(g, n, x, o),
-                        _ => $f::<$({ $c },)? 4>(g, n, x, o),
-                    }
-                }
-                t += k;
-            }
-        }
-    };
-}
-
-gemm!(q4_0, 32, 144, gemm_legacy, 0);
-gemm!(q4_1, 32, 160, gemm_legacy, 1);
-gemm!(q8_0, 32, 272, gemm_legacy, 2);
-gemm!(q5_0, 32, 176, gemm_legacy, 3);
-gemm!(q5_1, 32, 192, gemm_legacy, 4);
-gemm!(q4_k, 256, 1184, gemm_q4_k);
-gemm!(q6_k, 256, 1680, gemm_q6_k);
+gemm_entry!("neon,dotprod", MAX_T, q4_0, 32, 144, gemm_legacy, 0);
+gemm_entry!("neon,dotprod", MAX_T, q4_1, 32, 160, gemm_legacy, 1);
+gemm_entry!("neon,dotprod", MAX_T, q8_0, 32, 272, gemm_legacy, 2);
+gemm_entry!("neon,dotprod", MAX_T, q5_0, 32, 176, gemm_legacy, 3);
+gemm_entry!("neon,dotprod", MAX_T, q5_1, 32, 192, gemm_legacy, 4);
+gemm_entry!("neon,dotprod", MAX_T, q4_k, 256, 1184, gemm_q4_k);
+gemm_entry!("neon,dotprod", MAX_T, q6_k, 256, 1680, gemm_q6_k);
 
 pub static DOTPROD: X8Kernels = X8Kernels {
     max_tokens: MAX_T,

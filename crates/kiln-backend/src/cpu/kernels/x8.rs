@@ -312,6 +312,59 @@ fn unpack_q6_k(g: &[u8], r: usize, b: &mut [u8]) {
 pub type GemmFn =
     unsafe fn(group: &[u8], cols: usize, acts: &[super::ActRow], out: &mut [[f32; ROWS]]);
 
+/// Panics unless `group` holds `cols / per` blocks of `bytes` and every activation row
+/// covers `cols` (what the SIMD entry points check before raw-pointer loops).
+#[inline(always)]
+pub fn check_args(
+    group: &[u8],
+    cols: usize,
+    a: &[super::ActRow],
+    out: &[[f32; ROWS]],
+    per: usize,
+    bytes: usize,
+) {
+    assert!(group.len() >= cols / per * bytes && a.len() == out.len());
+    for x in a {
+        assert!(x.blocks.len() >= cols / 32 && x.d.len() >= cols / 32);
+        assert!(x.ds.len() >= cols / 32 && x.h32.len() >= cols / 16);
+    }
+}
+
+/// A SIMD entry point (a [`GemmFn`]) over a body generic over the token count T: lengths
+/// checked, tokens in calls of at most `$max_t`. No closures inside: they would not inherit
+/// the target features. `$f::<$g.., T>` is the body.
+macro_rules! gemm_entry {
+    ($features:literal, $max_t:expr, $name:ident, $per:expr, $bytes:expr, $f:ident $(, $g:tt)*) => {
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name(
+            group: &[u8],
+            cols: usize,
+            a: &[$crate::cpu::kernels::ActRow],
+            out: &mut [[f32; $crate::cpu::kernels::x8::ROWS]],
+        ) {
+            $crate::cpu::kernels::x8::check_args(group, cols, a, out, $per, $bytes);
+            let (g, n) = (group.as_ptr(), cols / $per);
+            let mut t = 0;
+            while t < a.len() {
+                let k = (a.len() - t).min($max_t);
+                let (x, o) = (&a[t..t + k], &mut out[t..t + k]);
+                // SAFETY: lengths checked above; the features were detected.
+                unsafe {
+                    match k {
+                        1 => $f::<$($g,)* 1>(g, n, x, o),
+                        2 => $f::<$($g,)* 2>(g, n, x, o),
+                        3 => $f::<$($g,)* 3>(g, n, x, o),
+                        _ => $f::<$($g,)* 4>(g, n, x, o),
+                    }
+                }
+                t += k;
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use gemm_entry;
+
 /// The interleaved kernels of a kernel set.
 pub struct X8Kernels {
     /// Activation rows one call takes at most.

@@ -293,53 +293,18 @@ unsafe fn gemm_q6_k<M: LaneDot, const T: usize>(
     }
 }
 
-#[inline(always)]
-fn check(group: &[u8], cols: usize, a: &[ActRow], out: &[[f32; ROWS]], per: usize, bytes: usize) {
-    assert!(group.len() >= cols / per * bytes && a.len() == out.len());
-    for x in a {
-        assert!(x.blocks.len() >= cols / 32 && x.d.len() >= cols / 32);
-        assert!(x.ds.len() >= cols / 32 && x.h32.len() >= cols / 16);
-    }
-}
-
-/// One entry point: lengths checked, tokens in calls of at most MAX_T. No closures here:
-/// they would not inherit the target features.
-macro_rules! gemm {
-    ($features:literal, $m:ty, $name:ident, $per:expr, $bytes:expr, $f:ident $(, $c:expr)?) => {
-        #[target_feature(enable = $features)]
-        pub unsafe fn $name(group: &[u8], cols: usize, a: &[ActRow], out: &mut [[f32; ROWS]]) {
-            check(group, cols, a, out, $per, $bytes);
-            let (g, n) = (group.as_ptr(), cols / $per);
-            let mut t = 0;
-            while t < a.len() {
-                let k = (a.len() - t).min(<$m>::MAX_T);
-                let (x, o) = (&a[t..t + k], &mut out[t..t + k]);
-                // SAFETY: lengths checked above; the features were detected.
-                unsafe {
-                    match k {
-                        1 => $f::<$m, $({ $c },)? 1>(g, n, x, o),
-                        2 => $f::<$m, $({ $c },)? 2>(g, n, x, o),
-                        3 => $f::<$m, $({ $c },)? 3>(g, n, x, o),
-                        _ => $f::<$m, $({ $c },)? 4>(g, n, x, o),
-                    }
-                }
-                t += k;
-            }
-        }
-    };
-}
-
 macro_rules! instantiate {
     ($module:ident, $features:literal, $m:ty) => {
         mod $module {
             use super::*;
-            gemm!($features, $m, q4_0, 32, 144, gemm_legacy, 0);
-            gemm!($features, $m, q4_1, 32, 160, gemm_legacy, 1);
-            gemm!($features, $m, q8_0, 32, 272, gemm_legacy, 2);
-            gemm!($features, $m, q5_0, 32, 176, gemm_legacy, 3);
-            gemm!($features, $m, q5_1, 32, 192, gemm_legacy, 4);
-            gemm!($features, $m, q4_k, 256, 1184, gemm_q4_k);
-            gemm!($features, $m, q6_k, 256, 1680, gemm_q6_k);
+            use crate::cpu::kernels::x8::gemm_entry;
+            gemm_entry!($features, <$m>::MAX_T, q4_0, 32, 144, gemm_legacy, $m, 0);
+            gemm_entry!($features, <$m>::MAX_T, q4_1, 32, 160, gemm_legacy, $m, 1);
+            gemm_entry!($features, <$m>::MAX_T, q8_0, 32, 272, gemm_legacy, $m, 2);
+            gemm_entry!($features, <$m>::MAX_T, q5_0, 32, 176, gemm_legacy, $m, 3);
+            gemm_entry!($features, <$m>::MAX_T, q5_1, 32, 192, gemm_legacy, $m, 4);
+            gemm_entry!($features, <$m>::MAX_T, q4_k, 256, 1184, gemm_q4_k, $m);
+            gemm_entry!($features, <$m>::MAX_T, q6_k, 256, 1680, gemm_q6_k, $m);
         }
     };
 }

@@ -22,7 +22,12 @@ pub fn attention(
     let scale = 1.0 / (s.head_dim as f32).sqrt();
     let dst = SharedMut(out.data.as_mut_ptr());
     let out_cols = out.cols;
-    let avx2 = simd_ok();
+    let (avx2, avx512) = simd_ok();
+    #[cfg(target_arch = "x86_64")]
+    if avx2 && super::attention_tiled::handles(s.head_dim) {
+        return super::attention_tiled::attention(pool, q, k, v, n_ctx, s, out, avx512);
+    }
+    let _ = (avx2, avx512);
     pool.run(s.n_tokens * s.n_kv_heads, |i0, i1| {
         let job = Items {
             q,
@@ -33,7 +38,6 @@ pub fn attention(
             dst,
             out_cols,
             scale,
-            avx2,
         };
         // Per-thread scratch, kept between calls (no allocation per token): one head's
         // scores over every position, and its output.
@@ -66,23 +70,36 @@ struct Items<'a> {
     dst: SharedMut,
     out_cols: usize,
     scale: f32,
-    /// AVX2 and FMA are usable (the caller detected them).
-    avx2: bool,
 }
 
-fn simd_ok() -> bool {
+/// (AVX2 + FMA, AVX-512F) usable, unless SIMD is disabled.
+fn simd_ok() -> (bool, bool) {
     #[cfg(target_arch = "x86_64")]
-    return !crate::cpu::kernels::simd_disabled()
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma");
+    {
+        let avx2 = !crate::cpu::kernels::simd_disabled()
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma");
+        return (avx2, avx2 && crate::cpu::kernels::avx512_allowed());
+    }
     #[allow(unreachable_code)]
-    false
+    (false, false)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn items_avx2(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32]) {
     items(job, i0, i1, scores, acc)
+}
+
+/// The token of work slot `u` of `n`: 0, n-1, 1, n-2, ... so that any contiguous range of
+/// slots (one thread's share) mixes short and long causal rows and costs about the same.
+#[inline(always)]
+pub(super) fn zigzag(u: usize, n: usize) -> usize {
+    if u % 2 == 0 {
+        u / 2
+    } else {
+        n - 1 - u / 2
+    }
 }
 
 /// Work items i0..i1, each one (token, kv head).
@@ -97,12 +114,11 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
         dst,
         out_cols,
         scale,
-        avx2,
     } = *job;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
     for i in i0..i1 {
-        let (t, kvh) = (i / s.n_kv_heads, i % s.n_kv_heads);
+        let (t, kvh) = (zigzag(i / s.n_kv_heads, s.n_tokens), i % s.n_kv_heads);
         let len = s.pos0 + t + 1;
         let kh = &k[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
         let vh = &v[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
@@ -112,8 +128,8 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
             let o = &mut acc[..hd];
             let sc = &mut scores[..len];
             match hd {
-                64 => head::<64>(qh, kh, vh, scale, sc, o, avx2),
-                128 => head::<128>(qh, kh, vh, scale, sc, o, avx2),
+                64 => head::<64>(qh, kh, vh, scale, sc, o),
+                128 => head::<128>(qh, kh, vh, scale, sc, o),
                 _ => head_any(qh, kh, vh, scale, sc, o),
             }
             let base = t * out_cols + h * hd;
@@ -126,7 +142,8 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
 }
 
 /// One query head over `len` cached positions, head size known at compile time so the
-/// query and the output accumulator live in registers.
+/// query and the output accumulator live in registers (the portable path; x86 with AVX2
+/// takes `attention_tiled` for these sizes).
 #[inline(always)]
 fn head<const HD: usize>(
     q: &[f32],
@@ -135,29 +152,9 @@ fn head<const HD: usize>(
     scale: f32,
     sc: &mut [f32],
     out: &mut [f32],
-    avx2: bool,
 ) {
     let q: &[f32; HD] = q.try_into().expect("head size");
-    #[allow(unused_mut)]
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // Eight positions at a time, their eight sums reduced together.
-        let n8 = sc.len() / 8 * 8;
-        for p in (0..n8).step_by(8) {
-            // SAFETY: AVX2/FMA were detected (avx2 is set only then); k holds sc.len() rows.
-            unsafe {
-                qk8::<HD>(
-                    q,
-                    k[p * HD..(p + 8) * HD].as_ptr(),
-                    scale,
-                    sc[p..p + 8].as_mut_ptr(),
-                )
-            };
-        }
-        done = n8;
-    }
-    for (s, kp) in sc[done..].iter_mut().zip(k[done * HD..].chunks_exact(HD)) {
+    for (s, kp) in sc.iter_mut().zip(k.chunks_exact(HD)) {
         let kp: &[f32; HD] = kp.try_into().expect("head size");
         let mut acc = [0f32; 8];
         for c in 0..HD / 8 {
@@ -172,47 +169,11 @@ fn head<const HD: usize>(
     let mut o = [0f32; HD];
     for (&w, vp) in sc.iter().zip(v.chunks_exact(HD)) {
         let vp: &[f32; HD] = vp.try_into().expect("head size");
-        if avx2 {
-            // Fused (FMA was detected with AVX2); without FMA hardware mul_add is a call.
-            for e in 0..HD {
-                o[e] = w.mul_add(vp[e], o[e]);
-            }
-        } else {
-            for e in 0..HD {
-                o[e] += w * vp[e];
-            }
+        for e in 0..HD {
+            o[e] += w * vp[e];
         }
     }
     out.copy_from_slice(&o);
-}
-
-/// Scores of 8 consecutive positions (k: 8 rows of HD) for query q, scaled, into out[0..8].
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn qk8<const HD: usize>(q: &[f32; HD], k: *const f32, scale: f32, out: *mut f32) {
-    use std::arch::x86_64::*;
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for c in 0..HD / 8 {
-            let qv = _mm256_loadu_ps(q.as_ptr().add(c * 8));
-            for (p, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(p * HD + c * 8)), *a);
-            }
-        }
-        // Transposed reduction: lane p of the result is the sum of acc[p].
-        let t0 = _mm256_hadd_ps(acc[0], acc[1]);
-        let t1 = _mm256_hadd_ps(acc[2], acc[3]);
-        let t2 = _mm256_hadd_ps(acc[4], acc[5]);
-        let t3 = _mm256_hadd_ps(acc[6], acc[7]);
-        let u0 = _mm256_hadd_ps(t0, t1);
-        let u1 = _mm256_hadd_ps(t2, t3);
-        let lo = _mm256_permute2f128_ps(u0, u1, 0x20);
-        let hi = _mm256_permute2f128_ps(u0, u1, 0x31);
-        _mm256_storeu_ps(
-            out,
-            _mm256_mul_ps(_mm256_add_ps(lo, hi), _mm256_set1_ps(scale)),
-        );
-    }
 }
 
 /// Any head size.
@@ -238,7 +199,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// In-place softmax; every pass vectorizes (8 lanes for the max and the sum).
 #[inline(always)]
-fn softmax(x: &mut [f32]) {
+pub(super) fn softmax(x: &mut [f32]) {
     let mut m = [f32::NEG_INFINITY; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {

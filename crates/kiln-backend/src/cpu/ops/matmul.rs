@@ -48,6 +48,10 @@ struct RowDots<'a> {
     act: &'a QuantAct,
     x: &'a CpuTensor,
     n: usize,
+    /// The AVX2/FMA f32 block product may run.
+    avx2: bool,
+    /// The F16C half-precision dot may run.
+    f16c: bool,
 }
 
 impl RowDots<'_> {
@@ -64,6 +68,31 @@ impl RowDots<'_> {
         if w.x8 {
             let (k, max_t) = self.x8.expect("x8 weights come with an x8 kernel set");
             return self.rows_x8(k, max_t, w, r0, r1, emit);
+        }
+        if self.kernel.is_none()
+            && self.n >= TILE_MIN_TOKENS
+            && matches!(w.ty, kiln_quant::GgmlType::F16 | kiln_quant::GgmlType::BF16)
+        {
+            // Prefill over half-precision weights: decode the rows once, then one f32 block
+            // product against every token (the tokens stream past the decoded rows in L1).
+            let (rows, c) = (r1 - r0, w.cols);
+            buf.resize(rows * c, 0.0);
+            for r in 0..rows {
+                w.dequant_row(r0 + r, &mut buf[r * c..(r + 1) * c]);
+            }
+            let x = &self.x.data[..self.n * self.x.cols];
+            super::gemm::gemm_nt(
+                x,
+                self.x.cols,
+                self.n,
+                buf,
+                c,
+                rows,
+                c,
+                self.avx2,
+                &mut |t, j, v| emit(t, r0 + j, v),
+            );
+            return;
         }
         let mut r = r0;
         if let Some(tk) = self
@@ -170,6 +199,13 @@ impl RowDots<'_> {
                     emit(t, unsafe { k(bytes, self.act.row(t)) });
                 }
             }
+            None if w.ty == kiln_quant::GgmlType::F16 && self.f16c => {
+                let c = self.x.cols;
+                for t in 0..self.n {
+                    let xr = &self.x.data[t * c..(t + 1) * c];
+                    emit(t, super::gemm::dot_f16(bytes, xr, true));
+                }
+            }
             None => {
                 let row: &[f32] = if w.ty == kiln_quant::GgmlType::F32 {
                     f32_row(bytes)
@@ -219,6 +255,8 @@ pub fn matmul_jobs(
         }
     }
     let act = &*act;
+    let avx2 = super::gemm::avx2_ok();
+    let f16c = super::gemm::f16c_ok();
     assert!(jobs.len() <= MAX_JOBS);
     // Jobs laid end to end in one row space, split over threads in whole tiles.
     let mut outs = [(SharedMut(std::ptr::null_mut()), 0usize); MAX_JOBS];
@@ -249,6 +287,8 @@ pub fn matmul_jobs(
                 act,
                 x,
                 n,
+                avx2,
+                f16c,
             };
             for tile0 in (lo..hi).step_by(ROW_TILE) {
                 let (t0, t1) = (tile0 - starts[ji], (tile0 + ROW_TILE).min(hi) - starts[ji]);

@@ -1,5 +1,12 @@
 pub mod attention;
+pub mod attention_dense;
+#[cfg(target_arch = "x86_64")]
+mod attention_tiled;
+pub mod conv1d;
 pub mod elementwise;
+pub mod gelu;
+pub mod gemm;
+pub mod layer_norm;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

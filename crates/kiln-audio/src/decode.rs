@@ -1,0 +1,153 @@
+//! Container + codec decoding through symphonia, to interleaved f32.
+
+use std::path::Path;
+
+use symphonia::core::audio::{SampleBuffer, SignalSpec};
+use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::errors::Error as SymError;
+use symphonia::core::formats::FormatOptions;
+use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
+use symphonia::core::meta::MetadataOptions;
+use symphonia::core::probe::Hint;
+
+use crate::AudioError;
+
+/// Interleaved samples of `channels` channels at `rate` Hz.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    pub samples: Vec<f32>,
+    pub channels: usize,
+    pub rate: u32,
+}
+
+impl Decoded {
+    /// The mean of the channels, frame by frame.
+    pub fn mono(&self) -> Vec<f32> {
+        if self.channels <= 1 {
+            return self.samples.clone();
+        }
+        let inv = 1.0 / self.channels as f32;
+        self.samples
+            .chunks_exact(self.channels)
+            .map(|f| f.iter().sum::<f32>() * inv)
+            .collect()
+    }
+}
+
+pub fn decode_file(path: &Path) -> Result<Decoded, AudioError> {
+    let bytes = std::fs::read(path).map_err(|source| AudioError::Io {
+        path: path.into(),
+        source,
+    })?;
+    let ext = path.extension().and_then(|e| e.to_str());
+    decode_bytes(bytes, ext, path)
+}
+
+/// Decodes a whole file held in memory; `path` only names it in errors, `ext` hints the format.
+pub fn decode_bytes(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decoded, AudioError> {
+    if bytes.is_empty() {
+        return Err(AudioError::Empty { path: path.into() });
+    }
+    let not_audio = |why: String| AudioError::NotAudio {
+        path: path.into(),
+        why,
+    };
+    let corrupt = |why: String| AudioError::Corrupt {
+        path: path.into(),
+        why,
+    };
+    let mss = MediaSourceStream::new(
+        Box::new(std::io::Cursor::new(bytes)),
+        MediaSourceStreamOptions::default(),
+    );
+    let mut hint = Hint::new();
+    if let Some(e) = ext {
+        hint.with_extension(e);
+    }
+    let probed = symphonia::default::get_probe()
+        .format(
+            &hint,
+            mss,
+            &FormatOptions::default(),
+            &MetadataOptions::default(),
+        )
+        .map_err(|e| not_audio(e.to_string()))?;
+    let mut format = probed.format;
+    let track = format
+        .tracks()
+        .iter()
+        .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
+        .ok_or_else(|| not_audio("no audio track".into()))?;
+    let track_id = track.id;
+    let mut rate = track.codec_params.sample_rate.unwrap_or(0);
+    let mut channels = track.codec_params.channels.map_or(0, |c| c.count());
+    let mut decoder = symphonia::default::get_codecs()
+        .make(&track.codec_params, &DecoderOptions::default())
+        .map_err(|e| not_audio(format!("unsupported codec: {e}")))?;
+
+    let mut samples = Vec::new();
+    let mut buf: Option<(u64, SignalSpec, SampleBuffer<f32>)> = None;
+    let (mut good, mut bad) = (0usize, 0usize);
+    let mut last_err = String::new();
+    loop {
+        let packet = match format.next_packet() {
+            Ok(p) => p,
+            // End of stream (or of a truncated file: keep what decoded).
+            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(SymError::ResetRequired) => break,
+            Err(e) => {
+                if good == 0 {
+                    return Err(corrupt(e.to_string()));
+                }
+                break;
+            }
+        };
+        if packet.track_id() != track_id {
+            continue;
+        }
+        match decoder.decode(&packet) {
+            Ok(decoded) => {
+                let spec = *decoded.spec();
+                if decoded.frames() == 0 {
+                    continue;
+                }
+                rate = spec.rate;
+                channels = spec.channels.count();
+                let need = decoded.capacity() as u64;
+                let sb = match &mut buf {
+                    Some((cap, s, b)) if *cap >= need && *s == spec => b,
+                    _ => &mut buf.insert((need, spec, SampleBuffer::new(need, spec))).2,
+                };
+                sb.copy_interleaved_ref(decoded);
+                samples.extend_from_slice(sb.samples());
+                good += 1;
+            }
+            // A damaged packet: skip it, as players do, unless nothing decodes at all.
+            Err(SymError::DecodeError(e)) => {
+                bad += 1;
+                last_err = e.to_string();
+            }
+            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(corrupt(e.to_string())),
+        }
+    }
+    if good == 0 && bad > 0 {
+        return Err(corrupt(format!(
+            "no packet decodes ({bad} bad: {last_err})"
+        )));
+    }
+    if samples.is_empty() || channels == 0 {
+        return Err(AudioError::NoSamples { path: path.into() });
+    }
+    if rate == 0 {
+        return Err(corrupt("sample rate is 0".into()));
+    }
+    if samples.iter().any(|s| !s.is_finite()) {
+        return Err(corrupt("non-finite samples".into()));
+    }
+    Ok(Decoded {
+        samples,
+        channels,
+        rate,
+    })
+}

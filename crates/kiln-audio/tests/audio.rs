@@ -1,0 +1,293 @@
+//! Decoding, resampling and Whisper's log-mel against independent references: OpenAI's
+//! filterbanks (`mel_filters.npz`), a direct f64 DFT, and WAV files written here.
+
+use std::path::Path;
+
+use kiln_audio::{decode_bytes, load_16k, log_mel_spectrogram, mel_filters, AudioError};
+
+const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/assets");
+
+/// The arrays of an `.npz` (a zip of `.npy`), as f32 with their shapes.
+fn read_npz(path: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let f = std::fs::read(path).unwrap();
+    let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]) as usize;
+    let u32_at = |i: usize| u32::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3]]) as usize;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i + 30 <= f.len() && f[i..i + 4] == *b"PK\x03\x04" {
+        let (method, csize) = (u16_at(i + 8), u32_at(i + 18));
+        let (name_len, extra_len) = (u16_at(i + 26), u16_at(i + 28));
+        let name = String::from_utf8(f[i + 30..i + 30 + name_len].to_vec()).unwrap();
+        let start = i + 30 + name_len + extra_len;
+        let raw = &f[start..start + csize];
+        let npy = match method {
+            0 => raw.to_vec(),
+            8 => miniz_oxide::inflate::decompress_to_vec(raw).unwrap(),
+            m => panic!("zip method {m}"),
+        };
+        assert_eq!(&npy[..6], b"\x93NUMPY");
+        let (hlen, hstart) = if npy[6] == 1 {
+            (u16::from_le_bytes([npy[8], npy[9]]) as usize, 10)
+        } else {
+            (
+                u32::from_le_bytes([npy[8], npy[9], npy[10], npy[11]]) as usize,
+                12,
+            )
+        };
+        let header = std::str::from_utf8(&npy[hstart..hstart + hlen]).unwrap();
+        assert!(header.contains("'descr': '<f4'"), "{header}");
+        assert!(header.contains("'fortran_order': False"), "{header}");
+        let shape_s = header.split("'shape': (").nth(1).unwrap();
+        let shape: Vec<usize> = shape_s[..shape_s.find(')').unwrap()]
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.trim().parse().unwrap())
+            .collect();
+        let data: Vec<f32> = npy[hstart + hlen..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(data.len(), shape.iter().product::<usize>());
+        out.push((name.trim_end_matches(".npy").to_string(), shape, data));
+        i = start + csize;
+    }
+    out
+}
+
+#[test]
+fn mel_filterbanks_match_openai_whisper() {
+    let arrays = read_npz(&format!("{SHARED}/whisper/mel_filters.npz"));
+    assert_eq!(arrays.len(), 2);
+    for (name, shape, want) in arrays {
+        let n_mels: usize = name.trim_start_matches("mel_").parse().unwrap();
+        assert_eq!(shape, vec![n_mels, 201]);
+        let got = mel_filters(n_mels);
+        let peak = want.iter().fold(0f32, |m, &v| m.max(v));
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-6 * peak,
+            "{name}: max |diff| {worst} (peak {peak})"
+        );
+        // Same sparsity pattern: no filter leaks into bins the reference leaves at zero.
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(*a == 0.0, *b == 0.0, "{name}: zero pattern differs");
+        }
+    }
+}
+
+/// Log-mel by the definition, in f64, with a direct DFT (no FFT, explicit reflect padding).
+fn log_mel_direct(x: &[f32], n_mels: usize) -> Vec<f64> {
+    let n = x.len();
+    let padded: Vec<f64> = (-200..n as isize + 200)
+        .map(|j| {
+            let j = if j < 0 {
+                -j
+            } else if j >= n as isize {
+                2 * (n as isize - 1) - j
+            } else {
+                j
+            };
+            x[j as usize] as f64
+        })
+        .collect();
+    let n_frames = n / 160;
+    let filters = mel_filters(n_mels);
+    let mut mel = vec![0f64; n_mels * n_frames];
+    for t in 0..n_frames {
+        let frame = &padded[t * 160..t * 160 + 400];
+        let mut power = [0f64; 201];
+        for (k, p) in power.iter_mut().enumerate() {
+            let (mut re, mut im) = (0.0, 0.0);
+            for (i, &v) in frame.iter().enumerate() {
+                let w = 0.5 - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / 400.0).cos();
+                let ph = -2.0 * std::f64::consts::PI * (k * i) as f64 / 400.0;
+                re += v * w * ph.cos();
+                im += v * w * ph.sin();
+            }
+            *p = re * re + im * im;
+        }
+        for m in 0..n_mels {
+            let s: f64 = (0..201)
+                .map(|k| filters[m * 201 + k] as f64 * power[k])
+                .sum();
+            mel[m * n_frames + t] = s.max(1e-10).log10();
+        }
+    }
+    let max = mel.iter().cloned().fold(f64::MIN, f64::max);
+    mel.iter().map(|v| (v.max(max - 8.0) + 4.0) / 4.0).collect()
+}
+
+#[test]
+fn log_mel_matches_direct_dft_definition() {
+    // A chirp plus noise, 0.3 s: every bin and the reflect-padded edges get exercised.
+    let mut seed = 12345u64;
+    let x: Vec<f32> = (0..4800)
+        .map(|i| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.05;
+            let t = i as f32 / 16000.0;
+            (2.0 * std::f32::consts::PI * (200.0 + 6000.0 * t) * t).sin() * 0.5 + noise
+        })
+        .collect();
+    for n_mels in [80, 128] {
+        let got = log_mel_spectrogram(&x, n_mels, 0).unwrap();
+        assert_eq!(got.n_frames, 30);
+        let want = log_mel_direct(&x, n_mels);
+        let worst = got
+            .data
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0f64, f64::max);
+        assert!(worst < 2e-4, "{n_mels} bins: max |diff| {worst}");
+    }
+}
+
+#[test]
+fn jfk_log_mel_is_sane() {
+    let a = load_16k(Path::new(&format!("{SHARED}/audio/jfk.wav"))).unwrap();
+    assert_eq!(a.rate, 16_000);
+    assert_eq!(a.samples.len(), 176_000);
+    let mel = log_mel_spectrogram(&a.samples, 80, 480_000).unwrap();
+    assert_eq!((mel.n_mels, mel.n_frames), (80, 4100));
+    let max = mel.data.iter().cloned().fold(f32::MIN, f32::max);
+    let min = mel.data.iter().cloned().fold(f32::MAX, f32::min);
+    // Dynamic range clamped to 8 decades, scaled by 1/4.
+    assert!((max - min - 2.0).abs() < 1e-5, "range {min}..{max}");
+    // Speech (first 11 s) is louder on average than the zero padding (the floor).
+    let mean = |a: usize, b: usize| {
+        let mut s = 0f64;
+        for m in 0..80 {
+            for t in a..b {
+                s += mel.data[m * mel.n_frames + t] as f64;
+            }
+        }
+        s / (80 * (b - a)) as f64
+    };
+    assert!(mean(0, 1100) > mean(1200, 4000) + 0.5);
+    assert!((mean(1200, 4000) - min as f64).abs() < 1e-6);
+    // A 30 s window past the end is all floor.
+    let w = mel.window(4000, 3000, min);
+    assert_eq!(w.len(), 80 * 3000);
+}
+
+#[test]
+fn tone_peaks_in_its_mel_bin() {
+    let x: Vec<f32> = (0..16000)
+        .map(|i| (2.0 * std::f32::consts::PI * 1000.0 * i as f32 / 16000.0).sin())
+        .collect();
+    let mel = log_mel_spectrogram(&x, 80, 0).unwrap();
+    let t = 50;
+    let best = (0..80)
+        .max_by(|&a, &b| mel.data[a * 100 + t].total_cmp(&mel.data[b * 100 + t]))
+        .unwrap();
+    // Slaney scale: 1 kHz sits at mel 15 of 0..45.25, i.e. between filters 25 and 27 of 80.
+    assert!((25..=27).contains(&best), "peak at bin {best}");
+}
+
+/// A WAV file: `bits` 8/16/24/32 integer PCM, or 32 float (`float`), interleaved channels.
+fn wav(samples: &[f32], channels: u16, rate: u32, bits: u16, float: bool) -> Vec<u8> {
+    let mut data = Vec::new();
+    for &s in samples {
+        match (bits, float) {
+            (32, true) => data.extend(s.to_le_bytes()),
+            (8, false) => data.push(((s * 127.0).round() as i32 + 128) as u8),
+            (16, false) => data.extend(((s * 32767.0).round() as i16).to_le_bytes()),
+            (24, false) => data.extend(&((s * 8_388_607.0).round() as i32).to_le_bytes()[..3]),
+            (32, false) => data.extend(((s as f64 * 2_147_483_647.0).round() as i32).to_le_bytes()),
+            _ => unreachable!(),
+        }
+    }
+    let block = channels * bits / 8;
+    let mut f = Vec::new();
+    f.extend(b"RIFF");
+    f.extend((36 + data.len() as u32).to_le_bytes());
+    f.extend(b"WAVEfmt ");
+    f.extend(16u32.to_le_bytes());
+    f.extend((if float { 3u16 } else { 1u16 }).to_le_bytes());
+    f.extend(channels.to_le_bytes());
+    f.extend(rate.to_le_bytes());
+    f.extend((rate * block as u32).to_le_bytes());
+    f.extend(block.to_le_bytes());
+    f.extend(bits.to_le_bytes());
+    f.extend(b"data");
+    f.extend((data.len() as u32).to_le_bytes());
+    f.extend(data);
+    f
+}
+
+#[test]
+fn wav_formats_decode_to_the_same_signal() {
+    let n = 4410;
+    let left: Vec<f32> = (0..n).map(|i| (i as f32 * 0.01).sin() * 0.5).collect();
+    let right: Vec<f32> = (0..n).map(|i| (i as f32 * 0.013).cos() * 0.25).collect();
+    let inter: Vec<f32> = left
+        .iter()
+        .zip(&right)
+        .flat_map(|(&l, &r)| [l, r])
+        .collect();
+    let p = Path::new("test.wav");
+    for (bits, float, tol) in [
+        (8, false, 1.0 / 100.0),
+        (16, false, 1e-4),
+        (24, false, 1e-6),
+        (32, false, 1e-6),
+        (32, true, 1e-7),
+    ] {
+        let d = decode_bytes(wav(&inter, 2, 44_100, bits, float), Some("wav"), p).unwrap();
+        assert_eq!((d.channels, d.rate), (2, 44_100), "{bits}-bit");
+        assert_eq!(d.samples.len(), inter.len(), "{bits}-bit");
+        let worst = d
+            .samples
+            .iter()
+            .zip(&inter)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < tol, "{bits}-bit float={float}: max |diff| {worst}");
+        let a = kiln_audio::to_16k_mono(d).unwrap();
+        assert_eq!(a.rate, 16_000);
+        assert_eq!(a.samples.len(), 1600);
+    }
+}
+
+#[test]
+fn bad_input_is_one_clear_error() {
+    let p = Path::new("x.wav");
+    let e = decode_bytes(Vec::new(), Some("wav"), p).unwrap_err();
+    assert!(matches!(e, AudioError::Empty { .. }), "{e}");
+    let e = decode_bytes(b"hello, this is text, not audio\n".repeat(20), None, p).unwrap_err();
+    assert!(matches!(e, AudioError::NotAudio { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("x.wav: not a supported audio file"),
+        "{e}"
+    );
+    // A WAV cut inside its header, and one whose data chunk is empty.
+    let full = wav(&[0.1; 100], 1, 16_000, 16, false);
+    for cut in [12, 30, 44] {
+        let e = decode_bytes(full[..cut].to_vec(), Some("wav"), p).unwrap_err();
+        assert!(!e.to_string().is_empty());
+    }
+    // Cut inside the data: keeps what is there.
+    let d = decode_bytes(full[..44 + 100].to_vec(), Some("wav"), p).unwrap();
+    assert_eq!(d.samples.len(), 50);
+    // Random bytes with a RIFF header.
+    let mut junk = b"RIFF\x10\x00\x00\x00WAVEjunk".to_vec();
+    junk.extend((0..1000u32).map(|i| (i * 7919 % 251) as u8));
+    assert!(decode_bytes(junk, Some("wav"), p).is_err());
+    // Raw PCM.
+    assert!(kiln_audio::pcm_s16le(&[1, 2, 3], p).is_err());
+    assert!(kiln_audio::pcm_s16le(&[], p).is_err());
+    assert_eq!(
+        kiln_audio::pcm_s16le(&[0, 0x40, 0, 0xc0], p).unwrap(),
+        vec![0.5, -0.5]
+    );
+    let e = load_16k(Path::new("/nonexistent/file.wav")).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/file.wav"), "{e}");
+}

@@ -1,0 +1,311 @@
+//! Attention in tiles (x86 AVX2 / AVX-512): one work item is up to `TILE_TOKENS` tokens x
+//! the query heads sharing one kv head, and every block of keys or values is read once from
+//! the cache for all of the tile's queries (then from L1), where a query at a time streams
+//! the whole cache from L2 per query head.
+//!
+//! Per query, the arithmetic is the same sequence whatever the tile (scores in blocks of 8
+//! positions at absolute offsets, softmax, values accumulated in position order), so a
+//! token's output does not depend on the tokens computed with it: decode and prefill agree
+//! bit for bit.
+
+use std::arch::x86_64::*;
+
+use super::attention::{softmax, zigzag};
+use crate::cpu::par::{Pool, SharedMut};
+use crate::cpu::CpuTensor;
+use crate::AttnShape;
+
+/// Tokens per tile.
+const TILE_TOKENS: usize = 4;
+/// Positions per values block (their rows stay in L1 while every query of the tile uses
+/// them).
+const PV_BLOCK: usize = 32;
+
+/// Whether this path takes the shape (head sizes with compiled kernels).
+pub fn handles(hd: usize) -> bool {
+    matches!(hd, 64 | 128)
+}
+
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    /// Two accumulator sets per query (even and odd positions), HD each.
+    o: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
+}
+
+/// Causal grouped-query attention (see `attention::attention`), `avx512` choosing 512-bit
+/// vectors. The caller checked AVX2 + FMA (and AVX-512F when `avx512`) and `handles`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    pool: &Pool,
+    q: &CpuTensor,
+    k: &[f32],
+    v: &[f32],
+    n_ctx: usize,
+    s: AttnShape,
+    out: &mut CpuTensor,
+    avx512: bool,
+) {
+    let tiles = s.n_tokens.div_ceil(TILE_TOKENS);
+    let dst = SharedMut(out.data.as_mut_ptr());
+    let out_cols = out.cols;
+    let group = s.n_heads / s.n_kv_heads;
+    let m_max = TILE_TOKENS.min(s.n_tokens) * group;
+    pool.run(tiles * s.n_kv_heads, |i0, i1| {
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            let sc = &mut *guard;
+            let len = m_max * (s.pos0 + s.n_tokens);
+            sc.scores.resize(sc.scores.len().max(len), 0.0);
+            let olen = m_max * 2 * s.head_dim;
+            sc.o.resize(sc.o.len().max(olen), 0.0);
+            let job = Job {
+                q,
+                k,
+                v,
+                n_ctx,
+                s,
+                dst,
+                out_cols,
+                tiles,
+            };
+            // SAFETY: the caller detected the features (the boundary is here: closures do
+            // not inherit target features).
+            unsafe {
+                match (avx512, s.head_dim) {
+                    (true, 64) => tiles_avx512::<64>(&job, i0, i1, sc),
+                    (true, _) => tiles_avx512::<128>(&job, i0, i1, sc),
+                    (false, 64) => tiles_avx2::<64>(&job, i0, i1, sc),
+                    (false, _) => tiles_avx2::<128>(&job, i0, i1, sc),
+                }
+            }
+        })
+    });
+}
+
+struct Job<'a> {
+    q: &'a CpuTensor,
+    k: &'a [f32],
+    v: &'a [f32],
+    n_ctx: usize,
+    s: AttnShape,
+    dst: SharedMut,
+    out_cols: usize,
+    tiles: usize,
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tiles_avx512<const HD: usize>(job: &Job, i0: usize, i1: usize, sc: &mut Scratch) {
+    unsafe { tiles::<HD, true>(job, i0, i1, sc) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tiles_avx2<const HD: usize>(job: &Job, i0: usize, i1: usize, sc: &mut Scratch) {
+    unsafe { tiles::<HD, false>(job, i0, i1, sc) }
+}
+
+/// Work items i0..i1, each (tile of tokens, kv head).
+#[inline(always)]
+unsafe fn tiles<const HD: usize, const W512: bool>(
+    job: &Job,
+    i0: usize,
+    i1: usize,
+    scr: &mut Scratch,
+) {
+    let s = job.s;
+    let group = s.n_heads / s.n_kv_heads;
+    let scale = 1.0 / (HD as f32).sqrt();
+    for i in i0..i1 {
+        let (tile, kvh) = (zigzag(i / s.n_kv_heads, job.tiles), i % s.n_kv_heads);
+        let t0 = tile * TILE_TOKENS;
+        let t1 = (t0 + TILE_TOKENS).min(s.n_tokens);
+        let m_count = (t1 - t0) * group;
+        let max_len = s.pos0 + t1;
+        let kh = &job.k[kvh * job.n_ctx * HD..(kvh * job.n_ctx + max_len) * HD];
+        let vh = &job.v[kvh * job.n_ctx * HD..(kvh * job.n_ctx + max_len) * HD];
+        // Query m: token t0 + m / group, head kvh * group + m % group.
+        let query = |m: usize| {
+            let (t, h) = (t0 + m / group, kvh * group + m % group);
+            let at = t * job.q.cols + h * HD;
+            (&job.q.data[at..at + HD], s.pos0 + t + 1, t, h)
+        };
+        let scores = &mut scr.scores[..m_count * max_len];
+        for p0 in (0..max_len).step_by(8) {
+            for m in 0..m_count {
+                let (qm, len, _, _) = query(m);
+                let row = &mut scores[m * max_len..(m + 1) * max_len];
+                if p0 + 8 <= len {
+                    unsafe {
+                        score8::<HD, W512>(
+                            qm,
+                            &kh[p0 * HD..(p0 + 8) * HD],
+                            scale,
+                            &mut row[p0..p0 + 8],
+                        )
+                    };
+                } else {
+                    for p in p0..len {
+                        row[p] =
+                            unsafe { score1::<HD, W512>(qm, &kh[p * HD..(p + 1) * HD]) } * scale;
+                    }
+                }
+            }
+        }
+        for m in 0..m_count {
+            let len = query(m).1;
+            softmax(&mut scores[m * max_len..m * max_len + len]);
+        }
+        let o = &mut scr.o[..m_count * 2 * HD];
+        o.fill(0.0);
+        for p0 in (0..max_len).step_by(PV_BLOCK) {
+            for m in 0..m_count {
+                let len = query(m).1;
+                if p0 >= len {
+                    continue;
+                }
+                let p1 = (p0 + PV_BLOCK).min(len);
+                let w = &scores[m * max_len + p0..m * max_len + p1];
+                let om = &mut o[m * 2 * HD..(m + 1) * 2 * HD];
+                unsafe { pv::<HD, W512>(w, &vh[p0 * HD..p1 * HD], om) };
+            }
+        }
+        for m in 0..m_count {
+            let (_, _, t, h) = query(m);
+            let base = t * job.out_cols + h * HD;
+            let om = &o[m * 2 * HD..(m + 1) * 2 * HD];
+            for e in 0..HD {
+                // SAFETY: head h of token t is written by this work item only.
+                unsafe { job.dst.write(base + e, om[e] + om[HD + e]) };
+            }
+        }
+    }
+}
+
+/// Scores of 8 consecutive positions (k: 8 rows of HD) for q, times `scale`, into out.
+#[inline(always)]
+unsafe fn score8<const HD: usize, const W512: bool>(
+    q: &[f32],
+    k: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(q.len() == HD && k.len() == 8 * HD && out.len() == 8);
+    unsafe {
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        let mut h = [_mm256_setzero_ps(); 8];
+        if W512 {
+            let mut acc = [_mm512_setzero_ps(); 8];
+            for c in 0..HD / 16 {
+                let qv = _mm512_loadu_ps(qp.add(16 * c));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp.add(j * HD + 16 * c)), *a);
+                }
+            }
+            for j in 0..8 {
+                h[j] = _mm256_add_ps(
+                    _mm512_castps512_ps256(acc[j]),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1)),
+                );
+            }
+        } else {
+            for c in 0..HD / 8 {
+                let qv = _mm256_loadu_ps(qp.add(8 * c));
+                for (j, a) in h.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add(j * HD + 8 * c)), *a);
+                }
+            }
+        }
+        // Transposed reduction: lane j = sum of h[j].
+        let t0 = _mm256_hadd_ps(h[0], h[1]);
+        let t1 = _mm256_hadd_ps(h[2], h[3]);
+        let t2 = _mm256_hadd_ps(h[4], h[5]);
+        let t3 = _mm256_hadd_ps(h[6], h[7]);
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        let lo = _mm256_permute2f128_ps(u0, u1, 0x20);
+        let hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+        let r = _mm256_mul_ps(_mm256_add_ps(lo, hi), _mm256_set1_ps(scale));
+        _mm256_storeu_ps(out.as_mut_ptr(), r);
+    }
+}
+
+/// q . k for one position.
+#[inline(always)]
+unsafe fn score1<const HD: usize, const W512: bool>(q: &[f32], k: &[f32]) -> f32 {
+    assert!(q.len() == HD && k.len() == HD);
+    unsafe {
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        if W512 {
+            let mut a = _mm512_setzero_ps();
+            for c in 0..HD / 16 {
+                a = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(qp.add(16 * c)),
+                    _mm512_loadu_ps(kp.add(16 * c)),
+                    a,
+                );
+            }
+            _mm512_reduce_add_ps(a)
+        } else {
+            let mut a = _mm256_setzero_ps();
+            for c in 0..HD / 8 {
+                a = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(qp.add(8 * c)),
+                    _mm256_loadu_ps(kp.add(8 * c)),
+                    a,
+                );
+            }
+            let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+        }
+    }
+}
+
+/// o[set] += w[i] * v[i] over a block of positions (starting at an even position), set =
+/// the position's parity; `o` holds the two sets, HD each.
+#[inline(always)]
+unsafe fn pv<const HD: usize, const W512: bool>(w: &[f32], v: &[f32], o: &mut [f32]) {
+    assert!(v.len() == w.len() * HD && o.len() == 2 * HD);
+    unsafe {
+        let (vp, op) = (v.as_ptr(), o.as_mut_ptr());
+        if W512 {
+            let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+            for (s, a) in acc.iter_mut().enumerate() {
+                for c in 0..HD / 16 {
+                    a[c] = _mm512_loadu_ps(op.add(s * HD + 16 * c));
+                }
+            }
+            for (i, &wi) in w.iter().enumerate() {
+                let wv = _mm512_set1_ps(wi);
+                let a = &mut acc[i & 1];
+                for c in 0..HD / 16 {
+                    a[c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vp.add(i * HD + 16 * c)), a[c]);
+                }
+            }
+            for (s, a) in acc.iter().enumerate() {
+                for c in 0..HD / 16 {
+                    _mm512_storeu_ps(op.add(s * HD + 16 * c), a[c]);
+                }
+            }
+        } else {
+            // One set (the second stays zero): 16-lane sets would not fit 16 registers.
+            let mut acc = [_mm256_setzero_ps(); 16];
+            for c in 0..HD / 8 {
+                acc[c] = _mm256_loadu_ps(op.add(8 * c));
+            }
+            for (i, &wi) in w.iter().enumerate() {
+                let wv = _mm256_set1_ps(wi);
+                for c in 0..HD / 8 {
+                    acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(i * HD + 8 * c)), acc[c]);
+                }
+            }
+            for c in 0..HD / 8 {
+                _mm256_storeu_ps(op.add(8 * c), acc[c]);
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! `kiln transcribe` and `kiln bench --stt`: Whisper speech to text.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use kiln_backend::cpu::{default_threads, CpuBackend};
+use kiln_models::whisper::LoadOptions;
+use kiln_quant::GgmlType;
+use kiln_runtime::whisper::{output, Stt, TranscribeOptions};
+
+pub const DEFAULT_STT: &str = "whisper-tiny.en";
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Format {
+    Txt,
+    Srt,
+    Vtt,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Task {
+    Transcribe,
+    Translate,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub enum Quant {
+    /// Keep the file's weights (fp16 for the catalog model).
+    None,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+#[derive(Args)]
+pub struct SttModelArgs {
+    /// Whisper model: a CTranslate2 model directory or a catalog name.
+    #[arg(short = 'm', long, default_value = DEFAULT_STT)]
+    pub model: String,
+    /// Threads (default: all CPUs).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Quantize the linear weights at load (faster; "none" keeps the file's fp16).
+    #[arg(long, value_enum, default_value = "none")]
+    pub quant: Quant,
+}
+
+#[derive(Args)]
+pub struct TranscribeArgs {
+    /// Audio file (WAV, FLAC, MP3, OGG/Vorbis; any rate and channels), or `-` for raw
+    /// s16le 16 kHz mono PCM on stdin.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub model: SttModelArgs,
+    #[arg(long, value_enum, default_value = "txt")]
+    pub format: Format,
+    /// Beam size (1: greedy).
+    #[arg(long, default_value_t = 1)]
+    pub beam: usize,
+    /// Candidates sampled when falling back to temperature > 0.
+    #[arg(long, default_value_t = 5)]
+    pub best_of: usize,
+    /// Spoken language (multilingual models; default: detected).
+    #[arg(long)]
+    pub language: Option<String>,
+    #[arg(long, value_enum, default_value = "transcribe")]
+    pub task: Task,
+    /// Text that precedes the audio (names, spelling, style).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Do not predict timestamps (one segment per 30 s window).
+    #[arg(long)]
+    pub no_timestamps: bool,
+    /// Do not feed each window's text to the next as a prompt.
+    #[arg(long)]
+    pub no_condition: bool,
+    /// Only temperature 0 (no fallback on loops or low confidence).
+    #[arg(long)]
+    pub no_fallback: bool,
+    /// Seed for sampling at temperature > 0.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn load(m: &SttModelArgs) -> anyhow::Result<Stt<CpuBackend>> {
+    let path = crate::resolve_model(&m.model)?;
+    let threads = m.threads.unwrap_or_else(default_threads).max(1);
+    let quant = match m.quant {
+        Quant::None => None,
+        Quant::Q8_0 => Some(GgmlType::Q8_0),
+        Quant::Q4_0 => Some(GgmlType::Q4_0),
+    };
+    let dir = if path.is_dir() {
+        path
+    } else {
+        path.parent().map(Path::to_path_buf).unwrap_or(path)
+    };
+    Ok(Stt::load(
+        CpuBackend::new(threads),
+        &dir,
+        LoadOptions { quant },
+    )?)
+}
+
+pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
+    let mut o = TranscribeOptions::default();
+    o.decode.beam_size = a.beam.max(1);
+    o.decode.best_of = a.best_of.max(1);
+    o.decode.timestamps = !a.no_timestamps;
+    o.decode.seed = a.seed;
+    o.condition_on_previous_text = !a.no_condition;
+    o.initial_prompt = a.prompt.clone();
+    o.language = a.language.clone();
+    o.translate = matches!(a.task, Task::Translate);
+    if a.no_fallback {
+        o.temperatures = vec![0.0];
+    }
+    o
+}
+
+pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
+    let audio = kiln_audio::load_16k(&a.file)?;
+    let stt = load(&a.model)?;
+    let t = stt.transcribe(&audio.samples, &options(&a))?;
+    let out = match a.format {
+        Format::Txt => output::txt(&t),
+        Format::Srt => output::srt(&t),
+        Format::Vtt => output::vtt(&t),
+        Format::Json => output::json(&t),
+    };
+    print!("{out}");
+    let s = &t.stats;
+    eprintln!(
+        "audio {:.1} s | load {:.0} ms | mel {:.0} ms | encode {:.0} ms ({} windows) | decode {:.0} ms ({} tokens, {:.1} ms/token) | total {:.0} ms | RTF {:.3}",
+        s.audio_s,
+        stt.load_ms,
+        s.mel_ms,
+        s.encode_ms,
+        s.windows,
+        s.decode_ms,
+        s.decode_tokens,
+        s.decode_ms / s.decode_tokens.max(1) as f64,
+        s.total_ms,
+        s.total_ms / 1e3 / s.audio_s.max(1e-9)
+    );
+    Ok(())
+}
+
+/// `kiln bench --stt FILE`: encoder ms per window, decoder ms per token, real-time factor,
+/// over `reps` timed runs after a warm-up.
+pub fn bench(file: &Path, m: &SttModelArgs, reps: usize, json: bool) -> anyhow::Result<()> {
+    let audio = kiln_audio::load_16k(file)?;
+    let stt = load(m)?;
+    let mut o = TranscribeOptions::default();
+    o.temperatures = vec![0.0];
+    stt.transcribe(&audio.samples, &o).context("warm-up")?;
+    let (mut enc, mut tok, mut rtf) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        let t = stt.transcribe(&audio.samples, &o)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let s = &t.stats;
+        enc.push(s.encode_ms / s.windows.max(1) as f64);
+        tok.push(s.decode_ms / s.decode_tokens.max(1) as f64);
+        rtf.push(wall / s.audio_s.max(1e-9));
+    }
+    let ms = |v: &[f64]| {
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+        (mean, sd)
+    };
+    let (e, t, r) = (ms(&enc), ms(&tok), ms(&rtf));
+    let threads = m.threads.unwrap_or_else(default_threads);
+    let quant = match m.quant {
+        Quant::None => "file",
+        Quant::Q8_0 => "q8_0",
+        Quant::Q4_0 => "q4_0",
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "model": m.model, "weights": quant, "threads": threads,
+                "audio_s": audio.duration_s(), "reps": reps,
+                "encoder_ms_per_window": e.0, "encoder_ms_sd": e.1,
+                "decode_ms_per_token": t.0, "decode_ms_sd": t.1,
+                "rtf": r.0, "rtf_sd": r.1,
+            })
+        );
+    } else {
+        println!(
+            "| model | weights | threads | audio s | encoder ms/window | decode ms/token | RTF |"
+        );
+        println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+        println!(
+            "| {} | {} | {} | {:.1} | {:.1} ± {:.1} | {:.2} ± {:.2} | {:.4} ± {:.4} |",
+            m.model,
+            quant,
+            threads,
+            audio.duration_s(),
+            e.0,
+            e.1,
+            t.0,
+            t.1,
+            r.0,
+            r.1
+        );
+    }
+    Ok(())
+}

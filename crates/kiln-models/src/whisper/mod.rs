@@ -1,0 +1,246 @@
+//! Whisper (Radford et al., 2022): a log-mel spectrogram goes through a convolutional stem and
+//! a pre-norm transformer encoder once per 30 s window; a pre-norm transformer decoder then
+//! writes text tokens, attending to its own past (KV cache) and to the encoder's output
+//! (cross-attention keys/values computed once per window).
+//!
+//! audio:  x = gelu(conv2(gelu(conv1(mel)))) + sinusoids        (conv2 has stride 2)
+//!         for each layer:  x += attn(ln(x));  x += mlp(ln(x))    -> ln_post(x)
+//! text:   x = embed(tokens) + pos[positions]
+//!         for each layer:  x += self_attn(ln(x));  x += cross_attn(ln(x), audio);  x += mlp(ln(x))
+//!         logits = ln(x) · embedᵀ                                 (tied output projection)
+//!
+//! One implementation for every size (tiny .. large-v3), 80 or 128 mel bins, English-only or
+//! multilingual vocabularies; weights from a CTranslate2 `model.bin`.
+
+mod decoder;
+mod encoder;
+mod weights;
+
+use std::path::Path;
+
+use kiln_backend::Backend;
+use kiln_formats::Ct2File;
+use kiln_quant::GgmlType;
+
+pub use decoder::{CrossKv, Decoder, DecoderState};
+pub use encoder::{Encoder, EncoderState};
+pub use weights::Ct2Weights;
+
+use crate::ModelError;
+
+/// LayerNorm epsilon of every Whisper norm.
+pub const LN_EPS: f32 = 1e-5;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WhisperConfig {
+    pub n_mels: usize,
+    /// Encoder positions per window (1500 = 3000 mel frames / 2).
+    pub n_audio_ctx: usize,
+    pub n_audio_layers: usize,
+    pub n_audio_heads: usize,
+    pub d_model: usize,
+    pub ffn_dim: usize,
+    pub n_text_ctx: usize,
+    pub n_text_layers: usize,
+    pub n_text_heads: usize,
+    pub n_vocab: usize,
+}
+
+impl WhisperConfig {
+    /// Mel frames per window (the encoder halves them).
+    pub fn n_frames(&self) -> usize {
+        self.n_audio_ctx * 2
+    }
+
+    /// Read from the shapes and scalars of a CTranslate2 `WhisperSpec` file.
+    pub fn from_ct2(f: &Ct2File) -> Result<Self, ModelError> {
+        let cfg_err = |what: String| ModelError::Config {
+            file: f.path().into(),
+            what,
+        };
+        if !f.spec.is_empty() && f.spec != "WhisperSpec" {
+            return Err(ModelError::UnsupportedArch {
+                file: f.path().into(),
+                arch: f.spec.clone(),
+                supported: "WhisperSpec",
+            });
+        }
+        let shape = |name: &str| -> Result<Vec<usize>, ModelError> {
+            f.var(name)
+                .map(|v| v.shape.iter().map(|&d| d as usize).collect())
+                .ok_or_else(|| ModelError::MissingTensor {
+                    file: f.path().into(),
+                    name: name.into(),
+                })
+        };
+        let conv1 = shape("encoder/conv1/weight")?;
+        if conv1.len() != 3 || conv1[2] != 3 {
+            return Err(cfg_err(format!("encoder/conv1/weight has shape {conv1:?}")));
+        }
+        let (d_model, n_mels) = (conv1[0], conv1[1]);
+        let count = |prefix: &str| {
+            (0..)
+                .take_while(|i| {
+                    f.var(&format!("{prefix}/layer_{i}/ffn/linear_0/weight"))
+                        .is_some()
+                })
+                .count()
+        };
+        let emb = shape("decoder/embeddings/weight")?;
+        let n_text_ctx = shape("decoder/position_encodings/encodings")?[0];
+        let n_audio_ctx = match f.var("encoder/position_encodings/encodings") {
+            Some(v) => v.shape[0] as usize,
+            None => 1500,
+        };
+        let heads = |name: &str| -> Result<usize, ModelError> {
+            let h = f.scalar_i64(name)?;
+            usize::try_from(h)
+                .ok()
+                .filter(|&h| h > 0 && d_model % h == 0)
+                .ok_or_else(|| cfg_err(format!("{name} = {h} does not divide d_model {d_model}")))
+        };
+        let cfg = WhisperConfig {
+            n_mels,
+            n_audio_ctx,
+            n_audio_layers: count("encoder"),
+            n_audio_heads: heads("encoder/num_heads")?,
+            d_model,
+            ffn_dim: shape("encoder/layer_0/ffn/linear_0/weight")?[0],
+            n_text_ctx,
+            n_text_layers: count("decoder"),
+            n_text_heads: heads("decoder/num_heads")?,
+            n_vocab: emb[0],
+        };
+        if emb.get(1) != Some(&d_model) || cfg.n_audio_layers == 0 || cfg.n_text_layers == 0 {
+            return Err(cfg_err(format!("inconsistent shapes: {cfg:?}")));
+        }
+        // The decoder variant this implementation computes (CTranslate2 flags).
+        for (flag, want) in [
+            ("decoder/activation", 3), // GELU (erf)
+            ("decoder/pre_norm", 1),
+            ("decoder/scale_embeddings", 0),
+            ("decoder/alibi", 0),
+            ("decoder/start_from_zero_embedding", 0),
+        ] {
+            if f.var(flag).is_some() && f.scalar_i64(flag)? != want {
+                return Err(cfg_err(format!(
+                    "{flag} = {} (Whisper has {want})",
+                    f.scalar_i64(flag)?
+                )));
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// How to load: which linear weights to quantize at load (None keeps the file's format).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    pub quant: Option<GgmlType>,
+}
+
+pub struct Whisper<B: Backend> {
+    pub cfg: WhisperConfig,
+    pub encoder: Encoder<B>,
+    pub decoder: Decoder<B>,
+}
+
+impl<B: Backend> Whisper<B> {
+    pub fn load(b: &B, f: &Ct2File, opts: LoadOptions) -> Result<Self, ModelError> {
+        let cfg = WhisperConfig::from_ct2(f)?;
+        let w = Ct2Weights::new(f, opts.quant);
+        let encoder = Encoder::load(b, &w, &cfg)?;
+        let decoder = Decoder::load(b, &w, &cfg)?;
+        for s in [
+            "encoder/num_heads",
+            "decoder/num_heads",
+            "decoder/activation",
+            "decoder/pre_norm",
+            "decoder/scale_embeddings",
+            "decoder/alibi",
+            "decoder/start_from_zero_embedding",
+            // Cross-attention heads that align text to audio (word timestamps; unused here).
+            "decoder/alignment_heads",
+            "decoder/alignment_layer",
+        ] {
+            w.touch(s);
+        }
+        w.finish("whisper")?;
+        Ok(Whisper {
+            cfg,
+            encoder,
+            decoder,
+        })
+    }
+
+    /// Opens `dir/model.bin` (or a model.bin path) and loads it.
+    pub fn open(b: &B, path: &Path, opts: LoadOptions) -> Result<(Self, Ct2File), ModelError> {
+        let file = if path.is_dir() {
+            path.join("model.bin")
+        } else {
+            path.to_path_buf()
+        };
+        let f = Ct2File::open(&file)?;
+        let m = Self::load(b, &f, opts)?;
+        Ok((m, f))
+    }
+
+    pub fn encoder_state(&self, b: &B) -> EncoderState<B> {
+        EncoderState::new(b, &self.cfg)
+    }
+
+    /// Decoder state for one sequence of up to `n_text_ctx` tokens.
+    pub fn decoder_state(&self, b: &B) -> DecoderState<B> {
+        DecoderState::new(b, &self.cfg)
+    }
+
+    pub fn cross_kv(&self, b: &B) -> CrossKv<B> {
+        CrossKv::new(b, &self.cfg)
+    }
+
+    /// Encodes one window of `n_mels x n_frames()` log-mel values and fills `cross` with every
+    /// decoder layer's cross-attention keys and values over it.
+    pub fn encode(
+        &self,
+        b: &B,
+        mel: &[f32],
+        st: &mut EncoderState<B>,
+        cross: &mut CrossKv<B>,
+    ) -> Result<(), ModelError> {
+        self.encoder.forward(b, &self.cfg, mel, st)?;
+        self.decoder.cross_kv(b, &self.cfg, st.output(), cross);
+        Ok(())
+    }
+
+    /// Runs `tokens` at positions `pos0..` and returns the logits after the last one.
+    pub fn decode<'s>(
+        &self,
+        b: &B,
+        st: &'s mut DecoderState<B>,
+        cross: &CrossKv<B>,
+        tokens: &[u32],
+        pos0: usize,
+    ) -> Result<&'s [f32], ModelError> {
+        self.decoder.forward(b, &self.cfg, st, cross, tokens, pos0)
+    }
+
+    pub fn weight_bytes(&self, b: &B) -> usize {
+        self.encoder.weight_bytes(b) + self.decoder.weight_bytes(b)
+    }
+}
+
+/// Whisper's sinusoidal position table (positions x channels): sin of position · 10000^(-i/(c/2-1))
+/// in the first half of the channels, cos in the second.
+pub fn sinusoids(positions: usize, channels: usize) -> Vec<f32> {
+    let half = channels / 2;
+    let inc = (10000f64).ln() / (half.max(2) - 1) as f64;
+    let mut out = vec![0f32; positions * channels];
+    for p in 0..positions {
+        for i in 0..half {
+            let t = p as f64 * (-inc * i as f64).exp();
+            out[p * channels + i] = t.sin() as f32;
+            out[p * channels + half + i] = t.cos() as f32;
+        }
+    }
+    out
+}

@@ -1,0 +1,50 @@
+//! Transcript formats: plain text, SubRip (.srt), WebVTT (.vtt), JSON.
+
+use super::Transcript;
+
+/// `HH:MM:SS<sep>mmm`
+pub fn timestamp(seconds: f64, sep: char) -> String {
+    let ms = (seconds.max(0.0) * 1000.0).round() as u64;
+    let (h, m, s, ms) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
+    format!("{h:02}:{m:02}:{s:02}{sep}{ms:03}")
+}
+
+pub fn txt(t: &Transcript) -> String {
+    let mut out = String::new();
+    for s in &t.segments {
+        out.push_str(s.text.trim());
+        out.push('\n');
+    }
+    out
+}
+
+pub fn srt(t: &Transcript) -> String {
+    let mut out = String::new();
+    for (i, s) in t.segments.iter().enumerate() {
+        out.push_str(&format!(
+            "{}\n{} --> {}\n{}\n\n",
+            i + 1,
+            timestamp(s.start, ','),
+            timestamp(s.end, ','),
+            s.text.trim().replace("-->", "->")
+        ));
+    }
+    out
+}
+
+pub fn vtt(t: &Transcript) -> String {
+    let mut out = String::from("WEBVTT\n\n");
+    for s in &t.segments {
+        out.push_str(&format!(
+            "{} --> {}\n{}\n\n",
+            timestamp(s.start, '.'),
+            timestamp(s.end, '.'),
+            s.text.trim().replace("-->", "->")
+        ));
+    }
+    out
+}
+
+pub fn json(t: &Transcript) -> String {
+    serde_json::to_string_pretty(t).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}

@@ -1,0 +1,132 @@
+//! Whisper's special tokens, found in the vocabulary by name, and the tokens it never
+//! samples (non-speech symbols and control tokens).
+
+use kiln_text::Tokenizer;
+
+use super::WhisperError;
+
+/// Seconds per timestamp token step.
+pub const TIME_PRECISION: f64 = 0.02;
+
+#[derive(Debug, Clone)]
+pub struct SpecialTokens {
+    pub eot: u32,
+    pub sot: u32,
+    pub translate: u32,
+    pub transcribe: u32,
+    pub sot_lm: u32,
+    pub sot_prev: u32,
+    pub no_speech: u32,
+    pub no_timestamps: u32,
+    /// `<|0.00|>`: timestamp tokens run from here to the end of the model's vocabulary.
+    pub timestamp_begin: u32,
+    /// Language tokens `<|en|>`, `<|zh|>`, ... with their codes, in vocabulary order.
+    pub languages: Vec<(String, u32)>,
+    /// Whether the model was trained on many languages (else English-only, `.en`).
+    pub multilingual: bool,
+}
+
+impl SpecialTokens {
+    /// From the tokenizer's vocabulary; `n_vocab` is the model's (timestamps included).
+    pub fn from_tokenizer(tok: &Tokenizer, n_vocab: usize) -> Result<Self, WhisperError> {
+        let id = |names: &[&str]| -> Result<u32, WhisperError> {
+            names
+                .iter()
+                .find_map(|n| tok.token_id(n))
+                .ok_or_else(|| WhisperError::Vocabulary(format!("no {} token", names[0])))
+        };
+        let eot = id(&["<|endoftext|>"])?;
+        let sot = id(&["<|startoftranscript|>"])?;
+        let translate = id(&["<|translate|>"])?;
+        let transcribe = id(&["<|transcribe|>"])?;
+        let no_timestamps = id(&["<|notimestamps|>"])?;
+        let timestamp_begin = no_timestamps + 1;
+        if timestamp_begin as usize + 1500 >= n_vocab + 1 {
+            return Err(WhisperError::Vocabulary(format!(
+                "the model's {n_vocab} tokens leave no room for 1501 timestamp tokens after id {timestamp_begin}"
+            )));
+        }
+        let languages = (sot + 1..translate)
+            .filter_map(|i| {
+                let s = tok.token_str(i)?;
+                let code = s.strip_prefix("<|")?.strip_suffix("|>")?.to_string();
+                Some((code, i))
+            })
+            .collect::<Vec<_>>();
+        Ok(SpecialTokens {
+            eot,
+            sot,
+            translate,
+            transcribe,
+            sot_lm: id(&["<|startoflm|>"])?,
+            sot_prev: id(&["<|startofprev|>"])?,
+            no_speech: id(&["<|nospeech|>", "<|nocaptions|>"])?,
+            no_timestamps,
+            timestamp_begin,
+            // English-only vocabularies are one token shorter (51864 vs 51865+).
+            multilingual: n_vocab as u32 > timestamp_begin + 1501,
+            languages,
+        })
+    }
+
+    pub fn language(&self, code: &str) -> Option<u32> {
+        self.languages
+            .iter()
+            .find(|(c, _)| c == code)
+            .map(|&(_, id)| id)
+    }
+
+    pub fn is_timestamp(&self, t: u32) -> bool {
+        t >= self.timestamp_begin
+    }
+
+    /// Seconds of a timestamp token from its window's start.
+    pub fn time_of(&self, t: u32) -> f64 {
+        (t - self.timestamp_begin) as f64 * TIME_PRECISION
+    }
+}
+
+/// Tokens Whisper never samples: symbols that are not speech (so that it does not write
+/// speaker tags or music notes), and the control tokens. Found by encoding each symbol alone
+/// and after a space, keeping it where it is one token.
+pub fn suppressed_tokens(tok: &Tokenizer, sp: &SpecialTokens) -> Vec<u32> {
+    let mut symbols: Vec<String> = "\"#()*+/:;<=>@[\\]^_`{|}~「」『』"
+        .chars()
+        .map(String::from)
+        .collect();
+    symbols.extend(
+        "<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪"
+            .split(' ')
+            .map(String::from),
+    );
+    let misc = "♩♪♫♬♭♮♯";
+    symbols.extend(misc.chars().map(String::from));
+    let mut out = Vec::new();
+    let enc = |s: &str| tok.encode(s, false).unwrap_or_default();
+    // A dash or quote after a space at the start of a word is kept out too.
+    for s in [" -", " '"] {
+        if let Some(&t) = enc(s).first() {
+            out.push(t);
+        }
+    }
+    for s in &symbols {
+        for text in [s.clone(), format!(" {s}")] {
+            let ids = enc(&text);
+            let is_misc = s.chars().count() == 1 && misc.contains(s.as_str());
+            if ids.len() == 1 || (is_misc && !ids.is_empty()) {
+                out.push(ids[0]);
+            }
+        }
+    }
+    out.extend([
+        sp.translate,
+        sp.transcribe,
+        sp.sot,
+        sp.sot_prev,
+        sp.sot_lm,
+        sp.no_speech,
+    ]);
+    out.sort_unstable();
+    out.dedup();
+    out
+}

@@ -1,0 +1,348 @@
+//! Long-form transcription: 30 s windows moved along the audio by where the last complete
+//! segment ended (its timestamp), each decoded with temperature fallback; the previous
+//! windows' text conditions the next (switchable); windows judged silent are skipped.
+
+use std::time::Instant;
+
+use kiln_audio::mel::HOP;
+use kiln_audio::{log_mel_spectrogram, SAMPLE_RATE};
+use kiln_backend::Backend;
+
+use super::decode::{compression_ratio, DecodeOptions, WindowDecoder, WindowResult};
+use super::{Stt, WhisperError};
+
+#[derive(Debug, Clone)]
+pub struct TranscribeOptions {
+    pub decode: DecodeOptions,
+    /// Tried in order until a window's result passes the thresholds.
+    pub temperatures: Vec<f32>,
+    /// A result whose text compresses better than this (zlib) is a loop: retry hotter.
+    pub compression_ratio_threshold: Option<f64>,
+    /// A result whose mean logprob is below this is unsure: retry hotter.
+    pub logprob_threshold: Option<f64>,
+    /// A window whose no-speech probability exceeds this (and whose mean logprob is below
+    /// `logprob_threshold`) is silence: skipped.
+    pub no_speech_threshold: Option<f64>,
+    pub condition_on_previous_text: bool,
+    pub initial_prompt: Option<String>,
+    /// Language code (`en`, `de`, ...) for multilingual models; None detects it.
+    pub language: Option<String>,
+    pub translate: bool,
+}
+
+impl Default for TranscribeOptions {
+    fn default() -> Self {
+        TranscribeOptions {
+            decode: DecodeOptions::default(),
+            temperatures: vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+            compression_ratio_threshold: Some(2.4),
+            logprob_threshold: Some(-1.0),
+            no_speech_threshold: Some(0.6),
+            condition_on_previous_text: true,
+            initial_prompt: None,
+            language: None,
+            translate: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Segment {
+    pub id: usize,
+    /// Mel frame where this segment's window began.
+    pub seek: usize,
+    pub start: f64,
+    pub end: f64,
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub temperature: f32,
+    pub avg_logprob: f64,
+    pub compression_ratio: f64,
+    pub no_speech_prob: f64,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TranscribeStats {
+    pub audio_s: f64,
+    pub mel_ms: f64,
+    pub encode_ms: f64,
+    pub windows: usize,
+    pub decode_ms: f64,
+    /// Decoder forward calls of one token (prompt prefill excluded).
+    pub decode_tokens: usize,
+    pub total_ms: f64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Transcript {
+    pub text: String,
+    pub language: String,
+    pub segments: Vec<Segment>,
+    pub stats: TranscribeStats,
+}
+
+impl<B: Backend> Stt<B> {
+    /// The initial tokens of a window: `[<|startofprev|> prompt] <|startoftranscript|>
+    /// [<|lang|> <|task|>] [<|notimestamps|>]`.
+    fn initial_tokens(&self, prompt: &[u32], lang: Option<u32>, o: &TranscribeOptions) -> Vec<u32> {
+        let sp = &self.special;
+        let mut t = Vec::new();
+        if !prompt.is_empty() {
+            t.push(sp.sot_prev);
+            let keep = self.model.cfg.n_text_ctx / 2 - 1;
+            t.extend_from_slice(&prompt[prompt.len().saturating_sub(keep)..]);
+        }
+        t.push(sp.sot);
+        if sp.multilingual {
+            if let Some(l) = lang {
+                t.push(l);
+            }
+            t.push(if o.translate {
+                sp.translate
+            } else {
+                sp.transcribe
+            });
+        }
+        if !o.decode.timestamps {
+            t.push(sp.no_timestamps);
+        }
+        t
+    }
+
+    /// The most likely language token after `<|startoftranscript|>` (multilingual models).
+    fn detect_language(
+        &self,
+        dec: &mut WindowDecoder<B>,
+        cross: &kiln_models::whisper::CrossKv<B>,
+    ) -> Result<u32, WhisperError> {
+        let mut st = self.model.decoder_state(&self.backend);
+        let logits = self
+            .model
+            .decode(&self.backend, &mut st, cross, &[self.special.sot], 0)?;
+        let _ = dec;
+        let best = self
+            .special
+            .languages
+            .iter()
+            .max_by(|a, b| logits[a.1 as usize].total_cmp(&logits[b.1 as usize]))
+            .map(|&(_, id)| id)
+            .ok_or_else(|| WhisperError::Vocabulary("no language tokens".into()))?;
+        Ok(best)
+    }
+
+    /// Transcribes 16 kHz mono samples.
+    pub fn transcribe(
+        &self,
+        samples: &[f32],
+        o: &TranscribeOptions,
+    ) -> Result<Transcript, WhisperError> {
+        let t_start = Instant::now();
+        let (b, m, sp) = (&self.backend, &self.model, &self.special);
+        let n_frames = m.cfg.n_frames();
+        let n_samples = n_frames * HOP;
+        let mut stats = TranscribeStats {
+            audio_s: samples.len() as f64 / SAMPLE_RATE as f64,
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let mel = log_mel_spectrogram(samples, m.cfg.n_mels, n_samples)?;
+        stats.mel_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let content_frames = mel.n_frames.saturating_sub(n_frames);
+        let floor = mel.data.iter().cloned().fold(f32::INFINITY, f32::min);
+
+        let mut language_tok = match (&o.language, sp.multilingual) {
+            (Some(code), true) => Some(
+                sp.language(code)
+                    .ok_or_else(|| WhisperError::Input(format!("unknown language '{code}'")))?,
+            ),
+            (Some(code), false) if code != "en" => {
+                return Err(WhisperError::Input(format!(
+                    "this model is English-only; --language {code} needs a multilingual model"
+                )))
+            }
+            _ => None,
+        };
+        if o.translate && !sp.multilingual {
+            return Err(WhisperError::Input(
+                "this model is English-only; --task translate needs a multilingual model".into(),
+            ));
+        }
+        let blank = {
+            let mut v = self.encode(" ")?;
+            v.push(sp.eot);
+            v
+        };
+        let mut dec = WindowDecoder::new(b, m, sp, &self.suppress, blank, o.decode.seed);
+        let mut enc = m.encoder_state(b);
+        let mut cross = m.cross_kv(b);
+
+        let mut all_tokens: Vec<u32> = match &o.initial_prompt {
+            Some(p) if !p.trim().is_empty() => self.encode(&format!(" {}", p.trim()))?,
+            _ => Vec::new(),
+        };
+        let mut prompt_reset_since = 0;
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut seek = 0usize;
+        let input_stride = 2; // mel frames per encoder position
+        let frames_per_s = SAMPLE_RATE as f64 / HOP as f64;
+        while seek < content_frames {
+            let time_offset = seek as f64 / frames_per_s;
+            let segment_size = n_frames.min(content_frames - seek);
+            let segment_duration = segment_size as f64 / frames_per_s;
+            let window = mel.window(seek, n_frames, floor);
+            let te = Instant::now();
+            m.encode(b, &window, &mut enc, &mut cross)?;
+            stats.encode_ms += te.elapsed().as_secs_f64() * 1e3;
+            stats.windows += 1;
+            if sp.multilingual && language_tok.is_none() {
+                language_tok = Some(self.detect_language(&mut dec, &cross)?);
+            }
+            let prompt = if o.condition_on_previous_text || o.initial_prompt.is_some() {
+                &all_tokens[prompt_reset_since..]
+            } else {
+                &[][..]
+            };
+            let initial = self.initial_tokens(prompt, language_tok, o);
+            let td = Instant::now();
+            let r = self.decode_with_fallback(&mut dec, &cross, &initial, o)?;
+            stats.decode_ms += td.elapsed().as_secs_f64() * 1e3;
+            stats.decode_tokens += r.0.tokens.len() + 1;
+            let (r, ratio) = r;
+
+            if let Some(th) = o.no_speech_threshold {
+                let mut skip = r.no_speech_prob > th;
+                if o.logprob_threshold.is_some_and(|lt| r.avg_logprob > lt) {
+                    skip = false;
+                }
+                if skip {
+                    seek += segment_size;
+                    continue;
+                }
+            }
+            let tokens = &r.tokens;
+            let is_ts: Vec<bool> = tokens.iter().map(|&t| sp.is_timestamp(t)).collect();
+            let single_ending =
+                is_ts.len() >= 2 && !is_ts[is_ts.len() - 2] && is_ts[is_ts.len() - 1];
+            let mut consecutive: Vec<usize> = (1..is_ts.len())
+                .filter(|&i| is_ts[i - 1] && is_ts[i])
+                .collect();
+            let mut current: Vec<(f64, f64, Vec<u32>)> = Vec::new();
+            if !consecutive.is_empty() {
+                if single_ending {
+                    consecutive.push(tokens.len());
+                }
+                let mut last = 0;
+                for &cut in &consecutive {
+                    let s = &tokens[last..cut];
+                    let (a, z) = (s[0], s[s.len() - 1]);
+                    let start = time_offset
+                        + if sp.is_timestamp(a) {
+                            sp.time_of(a)
+                        } else {
+                            0.0
+                        };
+                    let end = time_offset
+                        + if sp.is_timestamp(z) {
+                            sp.time_of(z)
+                        } else {
+                            segment_duration
+                        };
+                    current.push((start, end, s.to_vec()));
+                    last = cut;
+                }
+                if single_ending {
+                    seek += segment_size;
+                } else {
+                    let last_ts = tokens[last - 1];
+                    let pos = (last_ts - sp.timestamp_begin) as usize;
+                    seek += (pos * input_stride).max(1);
+                }
+            } else {
+                let mut duration = segment_duration;
+                if let Some(&t) = tokens.iter().rev().find(|&&t| sp.is_timestamp(t)) {
+                    if t != sp.timestamp_begin {
+                        duration = sp.time_of(t);
+                    }
+                }
+                current.push((time_offset, time_offset + duration, tokens.clone()));
+                seek += segment_size;
+            }
+            for (start, end, toks) in current {
+                let text = self.text(&toks)?;
+                if start == end || text.trim().is_empty() {
+                    continue;
+                }
+                all_tokens.extend(toks.iter().copied());
+                segments.push(Segment {
+                    id: segments.len(),
+                    seek: seek.min(content_frames),
+                    start,
+                    end,
+                    text,
+                    tokens: toks,
+                    temperature: r.temperature,
+                    avg_logprob: r.avg_logprob,
+                    compression_ratio: ratio,
+                    no_speech_prob: r.no_speech_prob,
+                });
+            }
+            if !o.condition_on_previous_text || r.temperature > 0.5 {
+                prompt_reset_since = all_tokens.len();
+            }
+        }
+        let text = segments.iter().map(|s| s.text.as_str()).collect::<String>();
+        let language = match language_tok {
+            Some(t) => sp
+                .languages
+                .iter()
+                .find(|l| l.1 == t)
+                .map_or("?".into(), |l| l.0.clone()),
+            None => "en".into(),
+        };
+        stats.total_ms = t_start.elapsed().as_secs_f64() * 1e3;
+        Ok(Transcript {
+            text,
+            language,
+            segments,
+            stats,
+        })
+    }
+
+    /// Decodes a window at each temperature in turn until the result is neither a loop
+    /// (compression ratio) nor unsure (mean logprob), unless the window is silence.
+    fn decode_with_fallback(
+        &self,
+        dec: &mut WindowDecoder<B>,
+        cross: &kiln_models::whisper::CrossKv<B>,
+        initial: &[u32],
+        o: &TranscribeOptions,
+    ) -> Result<(WindowResult, f64), WhisperError> {
+        let temps = if o.temperatures.is_empty() {
+            &[0.0][..]
+        } else {
+            &o.temperatures[..]
+        };
+        let mut last = None;
+        for &t in temps {
+            let r = dec.decode(cross, initial, t, &o.decode)?;
+            let ratio = compression_ratio(&self.text(&r.tokens)?);
+            let mut fallback = false;
+            if o.compression_ratio_threshold.is_some_and(|th| ratio > th) {
+                fallback = true;
+            }
+            if o.logprob_threshold.is_some_and(|th| r.avg_logprob < th) {
+                fallback = true;
+            }
+            if o.no_speech_threshold
+                .is_some_and(|th| r.no_speech_prob > th)
+            {
+                fallback = false;
+            }
+            last = Some((r, ratio));
+            if !fallback {
+                break;
+            }
+        }
+        Ok(last.expect("at least one temperature"))
+    }
+}
