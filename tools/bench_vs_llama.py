@@ -30,6 +30,11 @@ MODELS = [
     ("Qwen3-0.6B-shape Q4_0", f"{HOME}/bench/qwen3-0.6b-shape-q4_0.gguf"),
     ("Qwen3-0.6B-shape Q8_0", f"{HOME}/bench/qwen3-0.6b-shape-q8_0.gguf"),
     ("Qwen3-0.6B-shape Q4_K_M", f"{HOME}/bench/qwen3-0.6b-shape-q4_k_m.gguf"),
+    # Written by make_bench_models.py --shapes qwen3-4b,llama3.2-3b (skipped when absent).
+    ("Qwen3-4B-shape Q4_0", f"{HOME}/bench/qwen3-4b-shape-q4_0.gguf"),
+    ("Qwen3-4B-shape Q4_K_M", f"{HOME}/bench/qwen3-4b-shape-q4_k_m.gguf"),
+    ("Llama-3.2-3B-shape Q4_0", f"{HOME}/bench/llama3.2-3b-shape-q4_0.gguf"),
+    ("Llama-3.2-3B-shape Q4_K_M", f"{HOME}/bench/llama3.2-3b-shape-q4_k_m.gguf"),
 ]
 
 

@@ -8,7 +8,7 @@
 pub mod cpu;
 mod rope;
 
-use kiln_quant::{GgmlType, QuantError};
+use kiln_quant::{GgmlType, MlxLayout, QuantError};
 use thiserror::Error;
 
 pub use rope::{RopeConfig, RopeScaling, RopeStyle};
@@ -21,6 +21,54 @@ pub enum BackendError {
     Weight { name: String, what: String },
     #[error("token id {id} is outside the vocabulary ({vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error("KV cache type {ty}: {what}")]
+    KvType { ty: &'static str, what: String },
+}
+
+/// How a KV cache stores keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    #[default]
+    F32,
+    F16,
+    /// GGML's Q8_0 blocks of 32 per head row (head sizes a multiple of 32).
+    Q8_0,
+}
+
+impl KvType {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [KvType::F32, KvType::F16, KvType::Q8_0]
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+
+    /// The block format of one head row.
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            KvType::F32 => GgmlType::F32,
+            KvType::F16 => GgmlType::F16,
+            KvType::Q8_0 => GgmlType::Q8_0,
+        }
+    }
+
+    /// Errors unless rows of `head_dim` values fit the type's blocks.
+    pub fn check(self, head_dim: usize) -> Result<(), BackendError> {
+        self.ggml()
+            .row_bytes(head_dim)
+            .map(|_| ())
+            .map_err(|e| BackendError::KvType {
+                ty: self.name(),
+                what: format!("head size {head_dim}: {e}"),
+            })
+    }
 }
 
 /// A host view of a weight matrix as stored in a model file: `rows` rows of `cols` values,
@@ -32,6 +80,73 @@ pub struct WeightData<'a> {
     pub rows: usize,
     pub cols: usize,
     pub bytes: &'a [u8],
+}
+
+/// A matrix in MLX's affine group-wise format (`kiln_quant::mlx`): `rows` rows of `cols`
+/// values; row r holds `layout.q_bytes(cols)` packed bytes of `q` and `layout.groups(cols)`
+/// scales and biases (w = scale * q + bias).
+#[derive(Debug, Clone, Copy)]
+pub struct MlxWeightData<'a> {
+    pub name: &'a str,
+    pub layout: MlxLayout,
+    pub rows: usize,
+    pub cols: usize,
+    pub q: &'a [u8],
+    pub scales: &'a [f32],
+    pub biases: &'a [f32],
+}
+
+impl MlxWeightData<'_> {
+    /// Errors unless the parts have the lengths the shape implies.
+    pub fn check(&self) -> Result<(), BackendError> {
+        let (qb, g) = (
+            self.layout.q_bytes(self.cols),
+            self.layout.groups(self.cols),
+        );
+        let ok = Some(self.q.len()) == qb.checked_mul(self.rows)
+            && Some(self.scales.len()) == g.checked_mul(self.rows)
+            && self.biases.len() == self.scales.len();
+        if ok {
+            return Ok(());
+        }
+        Err(BackendError::Weight {
+            name: self.name.to_string(),
+            what: format!(
+                "MLX {}-bit, groups of {}: {} x {} needs {} q bytes and {} scales/biases, got {}, {} and {}",
+                self.layout.bits,
+                self.layout.group,
+                self.rows,
+                self.cols,
+                qb * self.rows,
+                g * self.rows,
+                self.q.len(),
+                self.scales.len(),
+                self.biases.len()
+            ),
+        })
+    }
+
+    /// The matrix as f32, row-major.
+    pub fn dequantize(&self) -> Result<Vec<f32>, BackendError> {
+        self.check()?;
+        let (qb, g) = (
+            self.layout.q_bytes(self.cols),
+            self.layout.groups(self.cols),
+        );
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
+            let (s, b) = (
+                &self.scales[r * g..(r + 1) * g],
+                &self.biases[r * g..(r + 1) * g],
+            );
+            kiln_quant::mlx_dequantize_row(self.layout, &self.q[r * qb..(r + 1) * qb], s, b, row)
+                .map_err(|source| BackendError::Quant {
+                name: self.name.to_string(),
+                source,
+            })?;
+        }
+        Ok(out)
+    }
 }
 
 /// Shape of one attention step: `n_tokens` new tokens at positions `pos0..pos0 + n_tokens`.
@@ -67,6 +182,19 @@ pub trait Backend {
     fn name(&self) -> String;
 
     fn load_weight(&self, w: WeightData) -> Result<Self::Weight, BackendError>;
+    /// An MLX affine-quantized matrix. Backends without a kernel for the format get it as
+    /// f32 (this default); the CPU backend keeps it packed and runs it natively.
+    fn load_weight_mlx(&self, w: MlxWeightData) -> Result<Self::Weight, BackendError> {
+        let f = w.dequantize()?;
+        let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.load_weight(WeightData {
+            name: w.name,
+            ty: GgmlType::F32,
+            rows: w.rows,
+            cols: w.cols,
+            bytes: &bytes,
+        })
+    }
     /// `rows` and `cols` of a weight.
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     /// Bytes the weight occupies in its stored format.
@@ -86,6 +214,25 @@ pub trait Backend {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> Self::KvCache;
+    /// A KV cache storing keys and values as `ty`. This default holds f32 only.
+    fn kv_cache_typed(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: KvType,
+    ) -> Result<Self::KvCache, BackendError> {
+        match ty {
+            KvType::F32 => Ok(self.kv_cache(n_layers, n_ctx, n_kv_heads, head_dim)),
+            other => Err(BackendError::KvType {
+                ty: other.name(),
+                what: format!("not supported by the {} backend", self.name()),
+            }),
+        }
+    }
+    /// Bytes the cache holds (keys and values of every layer).
+    fn kv_cache_bytes(&self, cache: &Self::KvCache) -> usize;
 
     // ---- ops; `n` is the number of active rows (tokens) ----
 

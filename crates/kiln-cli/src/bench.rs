@@ -107,10 +107,19 @@ struct BenchModel {
 impl BenchModel {
     fn load(file: &Path) -> anyhow::Result<Self> {
         let load = || -> anyhow::Result<Self> {
-            let g = GgufFile::open(file)?;
             // CPU weights do not depend on the thread pool: one load serves every thread count.
             let b = CpuBackend::new(1);
-            let model = Llama::load(&b, &g)?;
+            let (model, dominant) = if kiln_models::llm::is_hf_dir(file) {
+                let ck = kiln_models::llm::HfCheckpoint::open(file)?;
+                let ty = match &ck.mlx {
+                    Some(q) => format!("MLX{}", q.bits),
+                    None => hf_dominant_dtype(&ck.tensors).to_string(),
+                };
+                (Llama::load_hf(&b, &ck, None)?, ty)
+            } else {
+                let g = GgufFile::open(file)?;
+                (Llama::load(&b, &g)?, dominant_type(&g).to_string())
+            };
             let size = model.weight_bytes(&b);
             let n_params = model.n_params();
             let embed_unread = match model.output {
@@ -118,12 +127,7 @@ impl BenchModel {
                 None => 0,
             };
             let c = &model.cfg;
-            let desc = format!(
-                "{} {} {}",
-                c.arch,
-                params_label(n_params),
-                dominant_type(&g)
-            );
+            let desc = format!("{} {} {}", c.arch, params_label(n_params), dominant);
             let kv_bytes_per_pos = 2 * c.n_layers * c.kv_dim() * 4;
             Ok(BenchModel {
                 file: file.to_path_buf(),
@@ -302,7 +306,13 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     // Resolve every model first, so a bad name fails before any measurement.
     let files = names
         .iter()
-        .map(|n| Ok(kiln_runtime::find_gguf(&resolve_model(n)?)?))
+        .map(|n| {
+            let p = resolve_model(n)?;
+            match kiln_models::llm::is_hf_dir(&p) {
+                true => Ok(p),
+                false => Ok(kiln_runtime::find_gguf(&p)?),
+            }
+        })
         .collect::<anyhow::Result<Vec<PathBuf>>>()?;
 
     // The header waits for the first row, so a model that fails to load prints only the error.
@@ -390,6 +400,18 @@ fn dominant_type(g: &GgufFile) -> &'static str {
     let mut bytes: BTreeMap<&'static str, u64> = BTreeMap::new();
     for t in &g.tensors {
         *bytes.entry(t.ty.name()).or_default() += t.n_bytes;
+    }
+    bytes
+        .into_iter()
+        .max_by_key(|&(_, n)| n)
+        .map_or("?", |(name, _)| name)
+}
+
+/// The dtype that holds the most bytes of a safetensors set, e.g. "BF16".
+fn hf_dominant_dtype(s: &kiln_formats::SafetensorsSet) -> &'static str {
+    let mut bytes: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for t in s.tensors() {
+        *bytes.entry(t.dtype.name()).or_default() += t.n_bytes();
     }
     bytes
         .into_iter()

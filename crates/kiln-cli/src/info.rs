@@ -7,6 +7,9 @@ use kiln_formats::GgufFile;
 use kiln_models::llm::LlmConfig;
 
 pub fn info(path: &Path, all: bool) -> anyhow::Result<()> {
+    if kiln_models::llm::is_hf_dir(path) {
+        return info_hf(path, all);
+    }
     let file = if path.is_dir() {
         let mut ggufs: Vec<_> = std::fs::read_dir(path)?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -136,4 +139,122 @@ fn summarize_big(v: &kiln_formats::Value) -> String {
         kiln_formats::Value::String(s) => format!("<{} chars>", s.len()),
         other => other.summary(),
     }
+}
+
+fn print_config(c: &LlmConfig) {
+    println!(
+        "hyper-params:  layers {}, dim {}, ffn {}, heads {} (kv {}), head dim {}, vocab {}, context {}",
+        c.n_layers, c.dim, c.ffn_dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.ctx_train
+    );
+    let scaling = match &c.rope.scaling {
+        kiln_backend::RopeScaling::None => "none".to_string(),
+        kiln_backend::RopeScaling::Llama3 { factor, .. } => format!("llama3 x{factor}"),
+        kiln_backend::RopeScaling::Factors(f) => format!(
+            "factors {:.3}..{:.3}",
+            f.iter().cloned().fold(f32::INFINITY, f32::min),
+            f.iter().cloned().fold(0f32, f32::max)
+        ),
+    };
+    println!(
+        "               rms eps {:e}, rope theta {} ({:?}, {} dims, scaling {scaling}), tied embeddings {}, qkv bias {}, qk norm {}",
+        c.norm_eps, c.rope.theta, c.rope.style, c.rope.dims, c.tied_embeddings, c.qkv_bias, c.qk_norm
+    );
+}
+
+/// A Hugging Face / MLX directory: config, weights (per dtype), tokenizer, generation defaults.
+fn info_hf(dir: &Path, all: bool) -> anyhow::Result<()> {
+    let ck = kiln_models::llm::HfCheckpoint::open(dir)?;
+    println!("directory:     {}", dir.display());
+    let files: Vec<_> = ck.tensors.paths().map(|p| p.to_path_buf()).collect();
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "format:        Hugging Face safetensors, {} file(s), {bytes} bytes",
+        files.len()
+    );
+    let class = ck
+        .config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(|v| v.as_str())
+        .unwrap_or("?");
+    println!("architecture:  {} ({class})", ck.cfg.arch);
+    match &ck.mlx {
+        Some(q) => println!(
+            "quantization:  MLX affine {}-bit, groups of {}{}",
+            q.bits,
+            q.group,
+            if q.overrides.is_empty() {
+                String::new()
+            } else {
+                format!(", {} per-module overrides", q.overrides.len())
+            }
+        ),
+        None => println!("quantization:  none"),
+    }
+    print_config(&ck.cfg);
+    match kiln_text::Tokenizer::from_file(dir) {
+        Ok(t) => println!(
+            "tokenizer:     tokenizer.json, {} tokens, bos {:?}, eos {:?}, chat template {}",
+            t.vocab_size(),
+            t.bos_token(),
+            t.eos_token(),
+            if t.chat_template().is_some() {
+                "yes"
+            } else {
+                "no"
+            }
+        ),
+        Err(e) => println!("tokenizer:     ({e})"),
+    }
+    let g = kiln_runtime::GenerationDefaults::from_dir(dir)?;
+    if g != Default::default() {
+        println!(
+            "generation:    do_sample {:?}, temperature {:?}, top_k {:?}, top_p {:?}, min_p {:?}, repetition_penalty {:?}, eos {:?}",
+            g.do_sample, g.temperature, g.top_k, g.top_p, g.min_p, g.repetition_penalty, g.eos_ids
+        );
+    }
+    let mut by_type: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let mut params = 0u64;
+    for t in ck.tensors.tensors() {
+        let e = by_type.entry(t.dtype.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes();
+        params += t.n_elements();
+    }
+    println!(
+        "\ntensors: {} ({:.1} M stored elements)",
+        ck.tensors.len(),
+        params as f64 / 1e6
+    );
+    for (ty, (n, b)) in &by_type {
+        println!(
+            "  {ty:<6} {n:>5} tensors {:>10.1} MiB",
+            *b as f64 / (1 << 20) as f64
+        );
+    }
+    println!(
+        "\n  {:<48} {:<6} {:<16} {:>10}",
+        "NAME", "DTYPE", "SHAPE", "BYTES"
+    );
+    let shown = if all { usize::MAX } else { 24 };
+    for t in ck.tensors.tensors().take(shown) {
+        println!(
+            "  {:<48} {:<6} {:<16} {:>10}",
+            t.name,
+            t.dtype.name(),
+            format!("{:?}", t.shape),
+            t.n_bytes()
+        );
+    }
+    if ck.tensors.len() > shown {
+        println!(
+            "  ... {} more (--all lists every tensor)",
+            ck.tensors.len() - shown
+        );
+    }
+    Ok(())
 }

@@ -7,33 +7,35 @@ use clap::Args;
 use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_backend::Backend;
 use kiln_runtime::{
-    DraftModel, Drafter, GenerateOptions, GenerationStats, Llm, LlmSession, PromptLookup,
-    RuntimeError, SamplerConfig,
+    DraftModel, Drafter, GenerateOptions, GenerationDefaults, GenerationStats, Llm, LlmSession,
+    PromptLookup, RuntimeError, SamplerConfig,
 };
 use kiln_text::Message;
 
 use crate::{resolve_model, ModelArgs};
 
+/// Sampling options. Left unset, a Hugging Face model's `generation_config.json` decides,
+/// then kiln's defaults (temp 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty 1).
 #[derive(Args, Clone)]
 pub struct SamplingArgs {
     /// Maximum tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
     pub n_predict: usize,
     /// Temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    pub temp: f32,
+    #[arg(long)]
+    pub temp: Option<f32>,
     /// Top-k (0 disables).
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
+    #[arg(long = "top-k")]
+    pub top_k: Option<usize>,
     /// Top-p (1 disables).
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
+    #[arg(long = "top-p")]
+    pub top_p: Option<f32>,
     /// Min-p (0 disables).
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
+    #[arg(long = "min-p")]
+    pub min_p: Option<f32>,
     /// Repetition penalty (1 disables).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
+    #[arg(long = "repeat-penalty")]
+    pub repeat_penalty: Option<f32>,
     /// Tokens the penalties look back over.
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
@@ -50,20 +52,25 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    fn options(&self) -> GenerateOptions {
+    /// The user's values over the model's defaults over kiln's.
+    fn options(&self, model: &GenerationDefaults) -> GenerateOptions {
+        let base = model.apply(&SamplerConfig {
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..SamplerConfig::default()
+        });
         GenerateOptions {
             max_tokens: self.n_predict,
             stop: self.stop.clone(),
             sampler: SamplerConfig {
-                temperature: self.temp,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                min_p: self.min_p,
-                repeat_penalty: self.repeat_penalty,
-                repeat_last_n: self.repeat_last_n,
-                presence_penalty: self.presence_penalty,
-                frequency_penalty: self.frequency_penalty,
-                seed: self.seed,
+                temperature: self.temp.unwrap_or(base.temperature),
+                top_k: self.top_k.unwrap_or(base.top_k),
+                top_p: self.top_p.unwrap_or(base.top_p),
+                min_p: self.min_p.unwrap_or(base.min_p),
+                repeat_penalty: self.repeat_penalty.unwrap_or(base.repeat_penalty),
+                ..base
             },
         }
     }
@@ -150,14 +157,29 @@ pub struct ChatArgs {
 }
 
 /// Loads `model` with the backend options of `m`.
-fn load(model: &str, m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
+pub fn load(model: &str, m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
     let path = resolve_model(model)?;
     let backend = if m.reference {
         CpuBackend::reference()
     } else {
         CpuBackend::new(m.threads.unwrap_or_else(default_threads).max(1))
     };
-    Llm::load(backend, &path).with_context(|| format!("loading {}", path.display()))
+    let mut llm = Llm::load_quantized(backend, &path, m.quant)
+        .with_context(|| format!("loading {}", path.display()))?;
+    llm.set_kv_type(m.kv_type)?;
+    Ok(llm)
+}
+
+/// Weights and KV cache sizes, printed at load.
+fn memory_line(llm: &Llm<CpuBackend>, s: &LlmSession<'_, CpuBackend>) -> String {
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    format!(
+        "memory: weights {:.1} MiB | KV cache {} x {} positions {:.1} MiB",
+        mib(llm.model.weight_bytes(&llm.backend)),
+        llm.kv_type().name(),
+        s.n_ctx(),
+        mib(s.kv_bytes())
+    )
 }
 
 fn stats_line(s: &GenerationStats) -> String {
@@ -201,9 +223,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         llm.tokenize(&llm.render_chat(&msgs)?, false)?
     };
     let mut session = llm.session(a.model.ctx_size, 512);
+    let memory = memory_line(&llm, &session);
     let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
     let mut out = std::io::stdout().lock();
-    let opts = a.sampling.options();
+    let opts = a.sampling.options(&llm.generation);
     let stats = generate(&mut session, &mut drafter, &ids, &opts, &mut |t| {
         // A closed stdout (e.g. `| head`) ends generation quietly.
         out.write_all(t.as_bytes())
@@ -211,6 +234,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
             .is_ok()
     })?;
     let _ = writeln!(out);
+    // After the answer, so a failed run stays one line on stderr.
+    eprintln!("{memory}");
     eprintln!("{}", stats_line(&stats));
     Ok(())
 }
@@ -219,12 +244,13 @@ pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
     let llm = load(&a.model.model, &a.model)?;
     let draft = load_draft(&a.spec, &a.model)?;
     let mut session = llm.session(a.model.ctx_size, 512);
+    eprintln!("{}", memory_line(&llm, &session));
     let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
     let mut msgs = Vec::new();
     if let Some(s) = &a.system {
         msgs.push(Message::new("system", s));
     }
-    let opts = a.sampling.options();
+    let opts = a.sampling.options(&llm.generation);
     eprintln!(
         "kiln chat — {} ({}); /reset clears, /exit or Ctrl-D quits",
         llm.path.display(),

@@ -1,8 +1,10 @@
-//! `kiln`: run, chat, serve, transcribe, info, pull, bench.
+//! `kiln`: run, chat, serve, transcribe, info, pull, bench, quantize, perplexity.
 
 mod bench;
 mod info;
 mod llm_cmd;
+mod perplexity;
+mod quantize;
 mod serve_cmd;
 mod stt_cmd;
 
@@ -50,6 +52,11 @@ enum Cmd {
     Pull { name: Option<String> },
     /// Measure prompt processing and decode speed, reported like llama-bench.
     Bench(bench::BenchArgs),
+    /// Write a GGUF file (for kiln or llama.cpp) from a Hugging Face / MLX directory or a
+    /// GGUF, its matrices quantized.
+    Quantize(quantize::QuantizeArgs),
+    /// Perplexity of a text file, computed and printed like llama-perplexity.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 /// Options every LLM command shares.
@@ -67,6 +74,31 @@ pub struct ModelArgs {
     /// Use the scalar reference path (weights dequantized to f32): slow, for checking.
     #[arg(long)]
     pub reference: bool,
+    /// Requantize every weight matrix at load: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k,
+    /// f16, bf16, f32 (rows the block does not divide fall back like llama.cpp's).
+    #[arg(long, value_name = "TYPE", value_parser = parse_quant)]
+    pub quant: Option<kiln_quant::GgmlType>,
+    /// How the KV cache stores keys and values: f32, f16, q8_0 (head sizes a multiple of
+    /// 32).
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f32", value_parser = parse_kv)]
+    pub kv_type: kiln_backend::KvType,
+}
+
+fn parse_kv(s: &str) -> Result<kiln_backend::KvType, String> {
+    kiln_backend::KvType::parse(s)
+        .ok_or_else(|| format!("unknown KV cache type '{s}' (f32, f16, q8_0)"))
+}
+
+/// A GGML type by its name (any case): q4_0, Q4_K, f16, ...
+pub fn parse_quant(s: &str) -> Result<kiln_quant::GgmlType, String> {
+    use kiln_quant::GgmlType::*;
+    let all = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K];
+    all.into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(s))
+        .ok_or_else(|| {
+            let names: Vec<String> = all.iter().map(|t| t.name().to_lowercase()).collect();
+            format!("unknown type '{s}' (one of {})", names.join(", "))
+        })
 }
 
 fn main() -> ExitCode {
@@ -79,6 +111,8 @@ fn main() -> ExitCode {
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
         Cmd::Bench(a) => bench::bench(a),
+        Cmd::Quantize(a) => quantize::quantize(a),
+        Cmd::Perplexity(a) => perplexity::perplexity(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,7 +5,9 @@
 pub mod ct2;
 mod error;
 pub mod gguf;
+pub mod safetensors;
 
 pub use ct2::{Ct2Dtype, Ct2File, Ct2Var};
 pub use error::FormatError;
 pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};
+pub use safetensors::{SafetensorsSet, StDtype, StTensor};

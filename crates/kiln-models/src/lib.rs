@@ -7,7 +7,7 @@ pub mod whisper;
 use std::path::PathBuf;
 use thiserror::Error;
 
-pub use weights::WeightMap;
+pub use weights::{Source, WeightMap};
 
 #[derive(Debug, Error)]
 pub enum ModelError {

@@ -1,15 +1,19 @@
 //! Sessions, sampling and the generation loop: what turns a model into answers.
 
+mod generation;
 mod llm;
+mod perplexity;
 pub mod sampler;
 pub mod scheduler;
 mod speculative;
 mod stop;
 pub mod whisper;
 
+pub use generation::GenerationDefaults;
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };
+pub use perplexity::{nll, Perplexity};
 pub use sampler::{Sampler, SamplerConfig};
 pub use scheduler::{
     Completion, Event, EventSink, ModelInfo, Prompt, Request, Scheduler, SchedulerConfig,

@@ -3,13 +3,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_backend::Backend;
+use kiln_backend::{Backend, KvType};
 use kiln_formats::GgufFile;
-use kiln_models::llm::{Llama, LlamaState};
+use kiln_models::llm::{is_hf_dir, HfCheckpoint, Llama, LlamaState};
 use kiln_models::ModelError;
+use kiln_quant::GgmlType;
 use kiln_text::{ChatTemplate, Message, StreamDecoder, TextError, Tokenizer};
 use thiserror::Error;
 
+use crate::generation::GenerationDefaults;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::stop::StopMatcher;
 
@@ -43,15 +45,41 @@ pub struct Llm<B: Backend> {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub path: PathBuf,
+    /// The model's sampling defaults (Hugging Face `generation_config.json`; empty for GGUF).
+    pub generation: GenerationDefaults,
+    /// How sessions' KV caches store keys and values (`set_kv_type`).
+    kv_type: KvType,
 }
 
 impl<B: Backend> Llm<B> {
-    /// Loads a GGUF file (or the only `.gguf` in a directory).
+    /// Loads a GGUF file (or the only `.gguf` in a directory), or a Hugging Face / MLX
+    /// directory (`config.json`, safetensors, `tokenizer.json`).
     pub fn load(backend: B, path: &Path) -> Result<Self, RuntimeError> {
-        let file = find_gguf(path)?;
-        let gguf = GgufFile::open(&file)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let model = Llama::load(&backend, &gguf)?;
+        Self::load_quantized(backend, path, None)
+    }
+
+    /// As `load`, every weight matrix requantized to `quant` at load.
+    pub fn load_quantized(
+        backend: B,
+        path: &Path,
+        quant: Option<GgmlType>,
+    ) -> Result<Self, RuntimeError> {
+        let (model, tokenizer, generation, file) = if is_hf_dir(path) {
+            let ck = HfCheckpoint::open(path)?;
+            let model = Llama::load_hf(&backend, &ck, quant)?;
+            let generation = GenerationDefaults::from_dir(path)?;
+            let mut tokenizer = Tokenizer::from_file(path)?;
+            for &id in &generation.eos_ids {
+                tokenizer.add_eog(id);
+            }
+            (model, tokenizer, generation, path.to_path_buf())
+        } else {
+            let file = find_gguf(path)?;
+            let gguf = GgufFile::open(&file)?;
+            let tokenizer = Tokenizer::from_gguf(&gguf)?;
+            let model = Llama::load_gguf(&backend, &gguf, quant)?;
+            (model, tokenizer, GenerationDefaults::default(), file)
+        };
         let template = match tokenizer.chat_template() {
             Some(src) => Some(ChatTemplate::new(
                 src,
@@ -66,7 +94,31 @@ impl<B: Backend> Llm<B> {
             tokenizer,
             template,
             path: file,
+            generation,
+            kv_type: KvType::F32,
         })
+    }
+
+    /// Sessions from now on store keys and values as `ty` (errors when the model's head
+    /// size does not fit the type's blocks).
+    pub fn set_kv_type(&mut self, ty: KvType) -> Result<(), RuntimeError> {
+        ty.check(self.model.cfg.head_dim)
+            .map_err(|source| ModelError::Backend {
+                file: self.path.clone(),
+                source,
+            })?;
+        self.kv_type = ty;
+        Ok(())
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// Ids the sampler may pick: the model's rows that the tokenizer can decode (checkpoints
+    /// pad the embedding table past the vocabulary).
+    pub fn sample_vocab(&self) -> usize {
+        self.model.cfg.vocab_size.min(self.tokenizer.vocab_size())
     }
 
     /// Renders a conversation with the model's chat template, ready for the assistant's turn.
@@ -90,9 +142,14 @@ impl<B: Backend> Llm<B> {
         } else {
             n_ctx
         };
+        let state = self
+            .model
+            .new_state_kv(&self.backend, n_ctx, max_batch, self.kv_type)
+            // The type was checked against the model when it was set.
+            .expect("KV cache type checked by set_kv_type");
         LlmSession {
             llm: self,
-            state: self.model.new_state(&self.backend, n_ctx, max_batch),
+            state,
             tokens: Vec::new(),
         }
     }
@@ -206,6 +263,11 @@ impl<B: Backend> LlmSession<'_, B> {
         self.state.n_ctx
     }
 
+    /// Bytes of this session's KV cache.
+    pub fn kv_bytes(&self) -> usize {
+        self.llm.model.kv_bytes(&self.llm.backend, &self.state)
+    }
+
     /// Tokens in the KV cache.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -285,7 +347,7 @@ impl<B: Backend> LlmSession<'_, B> {
             if out.generated.len() >= opts.max_tokens {
                 break FinishReason::MaxTokens;
             }
-            let next = sampler.sample(&logits, &self.tokens);
+            let next = sampler.sample(&logits[..llm.sample_vocab()], &self.tokens);
             if let Some(finish) = out.push(next)? {
                 break finish;
             }

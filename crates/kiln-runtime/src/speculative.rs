@@ -224,7 +224,7 @@ impl<B: Backend> LlmSession<'_, B> {
                     self.tokens.truncate(base + i);
                     break 'gen FinishReason::MaxTokens;
                 }
-                let row = &logits[i * vocab..(i + 1) * vocab];
+                let row = &logits[i * vocab..(i + 1) * vocab][..self.llm.sample_vocab()];
                 let history = &self.tokens[..base + i];
                 let t = match draft.get(i) {
                     Some(&d) => sampler.sample_draft(row, history, d),

@@ -237,3 +237,32 @@ fn truncated_model_and_bad_audio_are_clear_errors() {
     assert!(e.to_string().contains("empty"), "{e}");
     std::fs::remove_file(&p).ok();
 }
+
+#[test]
+fn special_tokens_come_from_the_vocabulary() {
+    let tok = kiln_text::Tokenizer::from_file(model_dir().join("tokenizer.json")).unwrap();
+    let en = kiln_runtime::whisper::SpecialTokens::from_tokenizer(&tok, 51864).unwrap();
+    assert!(!en.multilingual);
+    assert_eq!((en.eot, en.sot, en.no_timestamps), (50256, 50257, 50362));
+    assert_eq!(en.language("en"), Some(50258));
+    assert_eq!(en.language("de"), Some(50260));
+    assert_eq!(en.languages.len(), 99);
+    assert!((en.time_of(en.timestamp_begin + 150) - 3.0).abs() < 1e-9);
+    // One more id in the model's vocabulary: a multilingual model.
+    let multi = kiln_runtime::whisper::SpecialTokens::from_tokenizer(&tok, 51865).unwrap();
+    assert!(multi.multilingual);
+    // Too few ids for 1501 timestamps: an error, not a panic later.
+    assert!(kiln_runtime::whisper::SpecialTokens::from_tokenizer(&tok, 50400).is_err());
+}
+
+#[test]
+fn audio_shorter_than_a_frame_gives_an_empty_transcript() {
+    let t = stt()
+        .transcribe(&[0.0; 10], &TranscribeOptions::default())
+        .unwrap();
+    assert!(t.segments.is_empty() && t.text.is_empty());
+    let t = stt()
+        .transcribe(&[], &TranscribeOptions::default())
+        .unwrap();
+    assert!(t.segments.is_empty());
+}

@@ -208,6 +208,11 @@ impl Tokenizer {
         self.eog.contains(&id)
     }
 
+    /// Adds an end-of-generation id (e.g. from a `generation_config.json`).
+    pub fn add_eog(&mut self, id: u32) {
+        self.eog.insert(id);
+    }
+
     pub fn eog_ids(&self) -> impl Iterator<Item = u32> + '_ {
         self.eog.iter().copied()
     }

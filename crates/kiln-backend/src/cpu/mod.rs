@@ -17,7 +17,10 @@ use kernels::pack::{dequant_packed_row, pack_row};
 use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
-use crate::{AttnShape, Backend, BackendError, DenseAttnShape, RopeConfig, WeightData};
+use crate::{
+    AttnShape, Backend, BackendError, DenseAttnShape, KvType, MlxWeightData, RopeConfig,
+    WeightData,
+};
 pub use par::Pool;
 
 pub struct CpuBackend {
@@ -44,7 +47,8 @@ impl CpuTensor {
 
 /// A weight matrix: `bytes` holds `rows` rows of `ty.row_bytes(cols)` bytes, each in kiln's
 /// packed layout for the format (`kernels::pack`), or, when `x8`, groups of 8 interleaved
-/// rows (`kernels::x8`).
+/// rows (`kernels::x8`), or, when `mlx` is set, rows of MLX packed q (`ty` is then
+/// meaningless; `ops::mlx` runs such weights).
 pub struct CpuWeight {
     pub ty: GgmlType,
     pub rows: usize,
@@ -52,6 +56,7 @@ pub struct CpuWeight {
     pub row_bytes: usize,
     pub x8: bool,
     pub bytes: Vec<u8>,
+    pub mlx: Option<Box<ops::mlx::MlxParts>>,
 }
 
 impl CpuWeight {
@@ -73,6 +78,9 @@ impl CpuWeight {
                 .expect("row length checked at load");
             return;
         }
+        if let Some(m) = &self.mlx {
+            return m.dequant_row(self.row_bytes_of(r), r, out);
+        }
         if self.ty == GgmlType::F32 {
             for (o, c) in out.iter_mut().zip(self.row_bytes_of(r).chunks_exact(4)) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -90,6 +98,8 @@ pub struct CpuKvCache {
     head_dim: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    /// Keys and values stored as f16 or Q8_0 instead (then `k`, `v` are empty).
+    packed: Option<ops::kv_packed::PackedKv>,
 }
 
 impl CpuBackend {
@@ -204,6 +214,7 @@ impl Backend for CpuBackend {
                 row_bytes,
                 x8: true,
                 bytes,
+                mlx: None,
             });
         }
         let mut weight = CpuWeight {
@@ -213,6 +224,7 @@ impl Backend for CpuBackend {
             row_bytes,
             x8: false,
             bytes: vec![0u8; w.bytes.len()],
+            mlx: None,
         };
         for (src, dst) in w
             .bytes
@@ -235,9 +247,27 @@ impl Backend for CpuBackend {
                 row_bytes: w.cols * 4,
                 x8: false,
                 bytes: out,
+                mlx: None,
             };
         }
         Ok(weight)
+    }
+
+    fn load_weight_mlx(&self, w: MlxWeightData) -> Result<CpuWeight, BackendError> {
+        w.check()?;
+        if self.reference {
+            // The reference runs every format as f32 weights.
+            let f = w.dequantize()?;
+            let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+            return self.load_weight(WeightData {
+                name: w.name,
+                ty: GgmlType::F32,
+                rows: w.rows,
+                cols: w.cols,
+                bytes: &bytes,
+            });
+        }
+        Ok(ops::mlx::load(w))
     }
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
@@ -245,7 +275,7 @@ impl Backend for CpuBackend {
     }
 
     fn weight_bytes(&self, w: &CpuWeight) -> usize {
-        w.bytes.len()
+        w.bytes.len() + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
@@ -279,6 +309,41 @@ impl Backend for CpuBackend {
             head_dim,
             k: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
             v: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
+            packed: None,
+        }
+    }
+
+    fn kv_cache_typed(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: KvType,
+    ) -> Result<CpuKvCache, BackendError> {
+        if ty == KvType::F32 {
+            return Ok(self.kv_cache(n_layers, n_ctx, n_kv_heads, head_dim));
+        }
+        ty.check(head_dim)?;
+        Ok(CpuKvCache {
+            n_ctx,
+            kv_dim: n_kv_heads * head_dim,
+            head_dim,
+            k: Vec::new(),
+            v: Vec::new(),
+            packed: Some(ops::kv_packed::PackedKv::new(
+                ty, n_layers, n_ctx, n_kv_heads, head_dim,
+            )),
+        })
+    }
+
+    fn kv_cache_bytes(&self, c: &CpuKvCache) -> usize {
+        match &c.packed {
+            Some(p) => p.bytes(),
+            None => {
+                4 * (c.k.iter().map(Vec::len).sum::<usize>()
+                    + c.v.iter().map(Vec::len).sum::<usize>())
+            }
         }
     }
 
@@ -415,6 +480,9 @@ impl Backend for CpuBackend {
             pos0 + n <= cache.n_ctx,
             "kv_store past the cache (caller checks the context)"
         );
+        if let Some(p) = &mut cache.packed {
+            return p.store(layer, k, v, pos0, n);
+        }
         // Cache layout per layer: (kv_heads, n_ctx, hd).
         for t in 0..n {
             for h in 0..d / hd {
@@ -435,6 +503,11 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         assert_eq!(shape.head_dim, cache.head_dim);
+        if let Some(p) = &cache.packed {
+            // Widened to f32 for the positions in use, then the f32 kernel.
+            let (k, v) = &mut *p.widened(&self.pool, layer, shape.pos0 + shape.n_tokens);
+            return ops::attention::attention(&self.pool, q, k, v, cache.n_ctx, shape, out);
+        }
         let (k, v) = (&cache.k[layer], &cache.v[layer]);
         ops::attention::attention(&self.pool, q, k, v, cache.n_ctx, shape, out)
     }

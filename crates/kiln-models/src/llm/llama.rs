@@ -6,11 +6,12 @@
 //!                  x += Wdown · (silu(Wgate·norm(x)) * Wup·norm(x))
 //! logits = Wout · norm(x)
 
-use kiln_backend::{AttnShape, Backend};
+use kiln_backend::{AttnShape, Backend, KvType};
 use kiln_formats::GgufFile;
+use kiln_quant::GgmlType;
 
-use super::LlmConfig;
-use crate::{ModelError, WeightMap};
+use super::{HfCheckpoint, LayerParam, LlmConfig, Param};
+use crate::{ModelError, Source, WeightMap};
 
 mod batch;
 pub use batch::{LlamaBatch, SeqChunk};
@@ -68,51 +69,76 @@ pub struct LlamaState<B: Backend> {
 }
 
 impl<B: Backend> Llama<B> {
+    /// A GGUF model, weights in their stored formats.
     pub fn load(b: &B, g: &GgufFile) -> Result<Self, ModelError> {
+        Self::load_gguf(b, g, None)
+    }
+
+    /// A GGUF model; `quant` requantizes every matrix at load.
+    pub fn load_gguf(b: &B, g: &GgufFile, quant: Option<GgmlType>) -> Result<Self, ModelError> {
         let cfg = LlmConfig::from_gguf(g)?;
-        let w = WeightMap::new(g);
+        Self::from_weights(b, cfg, WeightMap::from_source(Source::Gguf(g), quant))
+    }
+
+    /// A Hugging Face (or MLX) checkpoint; `quant` requantizes every matrix at load.
+    pub fn load_hf(b: &B, ck: &HfCheckpoint, quant: Option<GgmlType>) -> Result<Self, ModelError> {
+        let src = Source::SafeTensors {
+            set: &ck.tensors,
+            dir: &ck.dir,
+            mlx: ck.mlx.as_ref(),
+        };
+        Self::from_weights(b, ck.cfg.clone(), WeightMap::from_source(src, quant))
+    }
+
+    /// Reads every parameter the config calls for, by canonical name.
+    pub fn from_weights(b: &B, cfg: LlmConfig, w: WeightMap) -> Result<Self, ModelError> {
+        use LayerParam as L;
         let (dim, q_dim, kv_dim, ffn) = (cfg.dim, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_dim);
-        let embed = w.matrix(b, "token_embd.weight", cfg.vocab_size, dim)?;
+        let embed = w.matrix(b, Param::TokenEmbd, cfg.vocab_size, dim)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let bias = |s: &str, len| -> Result<_, ModelError> {
-                cfg.qkv_bias.then(|| w.vector(b, &n(s), len)).transpose()
+            let p = |l| Param::Layer(i, l);
+            let bias = |l, len| -> Result<_, ModelError> {
+                cfg.qkv_bias.then(|| w.vector(b, p(l), len)).transpose()
             };
-            let head_norm = |s: &str| -> Result<_, ModelError> {
+            let head_norm = |l| -> Result<_, ModelError> {
                 cfg.qk_norm
-                    .then(|| w.vector(b, &n(s), cfg.head_dim))
+                    .then(|| w.vector(b, p(l), cfg.head_dim))
                     .transpose()
             };
             layers.push(Layer {
-                attn_norm: w.vector(b, &n("attn_norm.weight"), dim)?,
+                attn_norm: w.vector(b, p(L::AttnNorm), dim)?,
                 attn: Attention {
-                    q: w.matrix(b, &n("attn_q.weight"), q_dim, dim)?,
-                    k: w.matrix(b, &n("attn_k.weight"), kv_dim, dim)?,
-                    v: w.matrix(b, &n("attn_v.weight"), kv_dim, dim)?,
-                    o: w.matrix(b, &n("attn_output.weight"), dim, q_dim)?,
-                    q_bias: bias("attn_q.bias", q_dim)?,
-                    k_bias: bias("attn_k.bias", kv_dim)?,
-                    v_bias: bias("attn_v.bias", kv_dim)?,
-                    q_norm: head_norm("attn_q_norm.weight")?,
-                    k_norm: head_norm("attn_k_norm.weight")?,
+                    q: w.matrix(b, p(L::AttnQ), q_dim, dim)?,
+                    k: w.matrix(b, p(L::AttnK), kv_dim, dim)?,
+                    v: w.matrix(b, p(L::AttnV), kv_dim, dim)?,
+                    o: w.matrix(b, p(L::AttnOutput), dim, q_dim)?,
+                    q_bias: bias(L::AttnQBias, q_dim)?,
+                    k_bias: bias(L::AttnKBias, kv_dim)?,
+                    v_bias: bias(L::AttnVBias, kv_dim)?,
+                    q_norm: head_norm(L::AttnQNorm)?,
+                    k_norm: head_norm(L::AttnKNorm)?,
                 },
-                ffn_norm: w.vector(b, &n("ffn_norm.weight"), dim)?,
+                ffn_norm: w.vector(b, p(L::FfnNorm), dim)?,
                 mlp: Mlp {
-                    gate: w.matrix(b, &n("ffn_gate.weight"), ffn, dim)?,
-                    up: w.matrix(b, &n("ffn_up.weight"), ffn, dim)?,
-                    down: w.matrix(b, &n("ffn_down.weight"), dim, ffn)?,
+                    gate: w.matrix(b, p(L::FfnGate), ffn, dim)?,
+                    up: w.matrix(b, p(L::FfnUp), ffn, dim)?,
+                    down: w.matrix(b, p(L::FfnDown), dim, ffn)?,
                 },
             });
         }
-        let norm = w.vector(b, "output_norm.weight", dim)?;
+        let norm = w.vector(b, Param::OutputNorm, dim)?;
         let output = match cfg.tied_embeddings {
-            true => None,
-            false => Some(w.matrix(b, "output.weight", cfg.vocab_size, dim)?),
+            true => {
+                // Some exporters save the tied copy too; it is the embedding table.
+                w.skip(Param::Output);
+                None
+            }
+            false => Some(w.matrix(b, Param::Output, cfg.vocab_size, dim)?),
         };
         let mut cfg = cfg;
-        if w.has("rope_freqs.weight") {
-            let f = w.vector_host("rope_freqs.weight", cfg.rope.dims / 2)?;
+        if w.has(Param::RopeFreqs) {
+            let f = w.vector_host(Param::RopeFreqs, cfg.rope.dims / 2)?;
             cfg.rope.scaling = kiln_backend::RopeScaling::Factors(f);
         }
         w.finish(&cfg.arch)?;
@@ -160,12 +186,40 @@ impl<B: Backend> Llama<B> {
     }
 
     pub fn new_state(&self, b: &B, n_ctx: usize, max_batch: usize) -> LlamaState<B> {
+        let kv = b.kv_cache(
+            self.cfg.n_layers,
+            n_ctx,
+            self.cfg.n_kv_heads,
+            self.cfg.head_dim,
+        );
+        self.state_with(b, n_ctx, max_batch, kv)
+    }
+
+    /// A state whose KV cache stores keys and values as `kv`.
+    pub fn new_state_kv(
+        &self,
+        b: &B,
+        n_ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<LlamaState<B>, ModelError> {
+        let c = &self.cfg;
+        let cache = b
+            .kv_cache_typed(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim, kv)
+            .map_err(|source| ModelError::Backend {
+                file: Default::default(),
+                source,
+            })?;
+        Ok(self.state_with(b, n_ctx, max_batch, cache))
+    }
+
+    fn state_with(&self, b: &B, n_ctx: usize, max_batch: usize, kv: B::KvCache) -> LlamaState<B> {
         let c = &self.cfg;
         let max_batch = max_batch.max(1);
         LlamaState {
             n_ctx,
             max_batch,
-            kv: b.kv_cache(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim),
+            kv,
             x: b.tensor(max_batch, c.dim),
             h: b.tensor(max_batch, c.dim),
             q: b.tensor(max_batch, c.q_dim()),
@@ -178,6 +232,11 @@ impl<B: Backend> Llama<B> {
             logits_host: vec![0.0; max_batch * c.vocab_size],
             trace: std::env::var_os("KILN_TRACE").is_some(),
         }
+    }
+
+    /// Bytes of the state's KV cache.
+    pub fn kv_bytes(&self, b: &B, st: &LlamaState<B>) -> usize {
+        b.kv_cache_bytes(&st.kv)
     }
 
     /// Runs `tokens` at positions `pos0..`, filling the KV cache. Returns the logits of the

@@ -1,7 +1,11 @@
 //! Decoder-only language models.
 
 mod config;
+pub mod hf;
 pub mod llama;
+pub mod names;
 
 pub use config::LlmConfig;
+pub use hf::{is_hf_dir, HfCheckpoint, MlxQuant};
 pub use llama::{Llama, LlamaBatch, LlamaState, SeqChunk};
+pub use names::{LayerParam, Naming, Param};

@@ -98,6 +98,12 @@ impl<B: Backend> Decoder<B> {
             let ca = format!("{p}/attention");
             let qkv = format!("{sa}/linear_0");
             let kv = format!("{ca}/linear_1");
+            // Cross-attention keys/values are products over all audio positions, once per
+            // window (arithmetic-bound, like the encoder): they keep the file's format.
+            w.set_quantize(false);
+            let cross_k = Linear::load_part(b, w, &kv, 2 * d, d, (0, d))?;
+            let cross_v = Linear::load_part(b, w, &kv, 2 * d, d, (d, 2 * d))?;
+            w.set_quantize(true);
             layers.push(DecoderLayer {
                 self_ln: Norm::load(b, w, &format!("{sa}/layer_norm"), d)?,
                 q: Linear::load_part(b, w, &qkv, 3 * d, d, (0, d))?,
@@ -106,8 +112,8 @@ impl<B: Backend> Decoder<B> {
                 self_out: Linear::load(b, w, &format!("{sa}/linear_1"), d, d)?,
                 cross_ln: Norm::load(b, w, &format!("{ca}/layer_norm"), d)?,
                 cross_q: Linear::load(b, w, &format!("{ca}/linear_0"), d, d)?,
-                cross_k: Linear::load_part(b, w, &kv, 2 * d, d, (0, d))?,
-                cross_v: Linear::load_part(b, w, &kv, 2 * d, d, (d, 2 * d))?,
+                cross_k,
+                cross_v,
                 cross_out: Linear::load(b, w, &format!("{ca}/linear_2"), d, d)?,
                 mlp_ln: Norm::load(b, w, &format!("{p}/ffn/layer_norm"), d)?,
                 mlp: Mlp::load(b, w, &p, d, ffn)?,

@@ -133,7 +133,9 @@ impl WhisperConfig {
     }
 }
 
-/// How to load: which linear weights to quantize at load (None keeps the file's format).
+/// How to load: the format the decoder's per-token weights (projections, MLP, embeddings)
+/// are quantized into at load (None keeps the file's format; the encoder and the
+/// cross-attention key/value projections, run once per window, always keep it).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
     pub quant: Option<GgmlType>,
@@ -149,7 +151,12 @@ impl<B: Backend> Whisper<B> {
     pub fn load(b: &B, f: &Ct2File, opts: LoadOptions) -> Result<Self, ModelError> {
         let cfg = WhisperConfig::from_ct2(f)?;
         let w = Ct2Weights::new(f, opts.quant);
+        // Quantization applies to the decoder: it runs once per token and is bound by
+        // weight bytes. The encoder runs once per window and is bound by arithmetic, where
+        // the f32 block products over fp16 weights are the faster path.
+        w.set_quantize(false);
         let encoder = Encoder::load(b, &w, &cfg)?;
+        w.set_quantize(true);
         let decoder = Decoder::load(b, &w, &cfg)?;
         for s in [
             "encoder/num_heads",

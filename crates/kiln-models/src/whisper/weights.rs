@@ -15,6 +15,8 @@ pub struct Ct2Weights<'a> {
     unused: RefCell<BTreeSet<String>>,
     /// Format to quantize linear weights into at load (None: keep the file's).
     quant: Option<GgmlType>,
+    /// Whether `quant` applies to the matrices loaded now.
+    quant_on: std::cell::Cell<bool>,
 }
 
 impl<'a> Ct2Weights<'a> {
@@ -24,7 +26,13 @@ impl<'a> Ct2Weights<'a> {
             file,
             unused: RefCell::new(unused),
             quant,
+            quant_on: std::cell::Cell::new(true),
         }
+    }
+
+    /// Turns quantization at load on or off for the matrices read from now on.
+    pub fn set_quantize(&self, on: bool) {
+        self.quant_on.set(on);
     }
 
     fn err_backend(&self, source: BackendError) -> ModelError {
@@ -112,7 +120,7 @@ impl<'a> Ct2Weights<'a> {
         let n_rows = rows.1 - rows.0;
         let target = self
             .quant
-            .filter(|q| quantize && cols % q.block_size() == 0);
+            .filter(|q| quantize && self.quant_on.get() && cols % q.block_size() == 0);
         let w = match target {
             None => b.load_weight(WeightData {
                 name,

@@ -64,6 +64,8 @@ pub struct WindowDecoder<'m, B: Backend> {
     states: Vec<DecoderState<B>>,
     spare: Vec<DecoderState<B>>,
     rng: u64,
+    /// Decoder forward calls of one token so far (every beam, candidate and fallback).
+    pub steps: usize,
 }
 
 impl<'m, B: Backend> WindowDecoder<'m, B> {
@@ -84,6 +86,7 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
             states: vec![model.decoder_state(b)],
             spare: Vec::new(),
             rng: seed ^ 0x9E37_79B9_7F4A_7C15,
+            steps: 0,
         }
     }
 
@@ -203,6 +206,7 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
                 &mut self.states[0]
             };
             logits.copy_from_slice(m.decode(b, st, cross, &[next], pos)?);
+            self.steps += 1;
             pos += 1;
         }
         Ok((tokens, sum))
@@ -276,6 +280,7 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
                 let mut toks = beams[src].0.clone();
                 toks.push(t);
                 let logits = m.decode(b, &mut self.states[j], cross, &[t], pos)?.to_vec();
+                self.steps += 1;
                 new_beams.push((toks, score, logits));
             }
             beams = new_beams;

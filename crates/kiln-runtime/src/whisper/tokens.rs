@@ -41,7 +41,7 @@ impl SpecialTokens {
         let transcribe = id(&["<|transcribe|>"])?;
         let no_timestamps = id(&["<|notimestamps|>"])?;
         let timestamp_begin = no_timestamps + 1;
-        if timestamp_begin as usize + 1500 >= n_vocab + 1 {
+        if timestamp_begin as usize + 1500 > n_vocab {
             return Err(WhisperError::Vocabulary(format!(
                 "the model's {n_vocab} tokens leave no room for 1501 timestamp tokens after id {timestamp_begin}"
             )));

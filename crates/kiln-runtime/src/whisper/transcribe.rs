@@ -68,7 +68,8 @@ pub struct TranscribeStats {
     pub encode_ms: f64,
     pub windows: usize,
     pub decode_ms: f64,
-    /// Decoder forward calls of one token (prompt prefill excluded).
+    /// Decoder forward calls of one token (every beam, candidate and fallback; prompt
+    /// prefill excluded).
     pub decode_tokens: usize,
     pub total_ms: f64,
 }
@@ -206,7 +207,6 @@ impl<B: Backend> Stt<B> {
             let td = Instant::now();
             let r = self.decode_with_fallback(&mut dec, &cross, &initial, o)?;
             stats.decode_ms += td.elapsed().as_secs_f64() * 1e3;
-            stats.decode_tokens += r.0.tokens.len() + 1;
             let (r, ratio) = r;
 
             if let Some(th) = o.no_speech_threshold {
@@ -299,6 +299,7 @@ impl<B: Backend> Stt<B> {
                 .map_or("?".into(), |l| l.0.clone()),
             None => "en".into(),
         };
+        stats.decode_tokens = dec.steps;
         stats.total_ms = t_start.elapsed().as_secs_f64() * 1e3;
         Ok(Transcript {
             text,

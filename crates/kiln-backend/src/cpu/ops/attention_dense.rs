@@ -3,7 +3,9 @@
 //! out[t, h] = softmax(q[t, h] · k[·, h]ᵀ / √hd) · v[·, h], over every key (non-causal) or
 //! over keys 0..=t + n_kv − n_q (causal, the queries being the last n_q positions).
 //!
-//! Work items are (query, head), split over threads; scores live in per-thread scratch.
+//! A few queries (decoder cross-attention): work items are (query, head). From 8 queries on
+//! (encoders): work items are heads, each two block products (`gemm::gemm_nn`) by chunks of
+//! queries. Scores live in per-thread scratch.
 
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
@@ -65,6 +67,8 @@ fn blocked(
     dst: SharedMut,
     avx2: bool,
 ) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx2;
     let n_kv = s.n_kv;
     pool.run(s.heads, |h0, h1| {
         BLOCK_SCRATCH.with(|cell| {

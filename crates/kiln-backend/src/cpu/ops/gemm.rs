@@ -1,45 +1,8 @@
-//! f32 products of row-major blocks: C[i][j] = A[i] · B[j] ("NT": both operands by rows),
-//! for prefill-sized matrix products and attention over many positions.
-//!
-//! The AVX2 kernel holds a 3 x 4 block of C in registers: per 8 values of k it loads 3 rows
-//! of A and 4 of B and issues 12 FMAs, so each loaded value is used 3-4 times.
-
-/// Computes every C[i][j] = A[i][..k] · B[j][..k] for i < m, j < n and hands it to
-/// `emit(i, j, value)`. A's rows start `lda` apart, B's `ldb` apart.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub fn gemm_nt<E: FnMut(usize, usize, f32)>(
-    a: &[f32],
-    lda: usize,
-    m: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    k: usize,
-    avx2: bool,
-    emit: &mut E,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(a.len() >= (m - 1) * lda + k && b.len() >= (n - 1) * ldb + k);
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        if avx512_ok() {
-            // SAFETY: AVX-512F was detected; bounds were checked above.
-            return unsafe { x86_512::gemm_nt(a, lda, m, b, ldb, n, k, emit) };
-        }
-        // SAFETY: the caller detected AVX2 and FMA; bounds were checked above.
-        return unsafe { x86::gemm_nt(a, lda, m, b, ldb, n, k, emit) };
-    }
-    let _ = avx2;
-    for i in 0..m {
-        let ar = &a[i * lda..i * lda + k];
-        for j in 0..n {
-            emit(i, j, super::dot(ar, &b[j * ldb..j * ldb + k]));
-        }
-    }
-}
+//! f32 block products for prefill-sized matrix products and attention over many positions:
+//! C[i][..n] = Σ_p A[i][p] · B[p][..n] ("NN": B by rows of the k dimension). Each step
+//! broadcasts one value of A over vectors of C's row held in registers (6 rows x 32 columns,
+//! or 12 rows x 16 for narrow C), so results need no horizontal sums. Also the fp16 row dot
+//! of decode-time products.
 
 /// Whether the 16-lane AVX-512 kernel may run here.
 #[cfg(target_arch = "x86_64")]
@@ -55,185 +18,6 @@ pub fn avx2_ok() -> bool {
         && is_x86_feature_detected!("fma");
     #[allow(unreachable_code)]
     false
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm_nt<E: FnMut(usize, usize, f32)>(
-        a: &[f32],
-        lda: usize,
-        m: usize,
-        b: &[f32],
-        ldb: usize,
-        n: usize,
-        k: usize,
-        emit: &mut E,
-    ) {
-        let (ap, bp) = (a.as_ptr(), b.as_ptr());
-        let mut i = 0;
-        while i < m {
-            let mi = (m - i).min(3);
-            let mut j = 0;
-            while j < n {
-                let nj = (n - j).min(4);
-                unsafe {
-                    match (mi, nj) {
-                        (3, 4) => block::<3, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (3, 3) => block::<3, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (3, 2) => block::<3, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (3, _) => block::<3, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (2, 4) => block::<2, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (2, 3) => block::<2, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (2, 2) => block::<2, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (2, _) => block::<2, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (_, 4) => block::<1, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (_, 3) => block::<1, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (_, 2) => block::<1, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (_, _) => block::<1, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
-                    }
-                }
-                j += nj;
-            }
-            i += mi;
-        }
-    }
-
-    /// C[i0..i0+MA][j0..j0+NB], k split into 8-wide FMA steps and a scalar tail.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block<const MA: usize, const NB: usize, E: FnMut(usize, usize, f32)>(
-        a: *const f32,
-        lda: usize,
-        i0: usize,
-        b: *const f32,
-        ldb: usize,
-        j0: usize,
-        k: usize,
-        emit: &mut E,
-    ) {
-        unsafe {
-            let mut acc = [[_mm256_setzero_ps(); NB]; MA];
-            let k8 = k / 8 * 8;
-            let mut p = 0;
-            while p < k8 {
-                let mut bv = [_mm256_setzero_ps(); NB];
-                for (jj, v) in bv.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(b.add((j0 + jj) * ldb + p));
-                }
-                for (ii, row) in acc.iter_mut().enumerate() {
-                    let av = _mm256_loadu_ps(a.add((i0 + ii) * lda + p));
-                    for (c, &v) in row.iter_mut().zip(&bv) {
-                        *c = _mm256_fmadd_ps(av, v, *c);
-                    }
-                }
-                p += 8;
-            }
-            for (ii, row) in acc.iter().enumerate() {
-                for (jj, c) in row.iter().enumerate() {
-                    let hi = _mm256_extractf128_ps(*c, 1);
-                    let s = _mm_add_ps(_mm256_castps256_ps128(*c), hi);
-                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-                    let mut v = _mm_cvtss_f32(s);
-                    for q in k8..k {
-                        v += *a.add((i0 + ii) * lda + q) * *b.add((j0 + jj) * ldb + q);
-                    }
-                    emit(i0 + ii, j0 + jj, v);
-                }
-            }
-        }
-    }
-}
-
-/// The same 3 x 4 register blocking, 16 lanes wide; the k tail runs through masked loads.
-#[cfg(target_arch = "x86_64")]
-mod x86_512 {
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm_nt<E: FnMut(usize, usize, f32)>(
-        a: &[f32],
-        lda: usize,
-        m: usize,
-        b: &[f32],
-        ldb: usize,
-        n: usize,
-        k: usize,
-        emit: &mut E,
-    ) {
-        let (ap, bp) = (a.as_ptr(), b.as_ptr());
-        let mut i = 0;
-        while i < m {
-            let mi = (m - i).min(3);
-            let mut j = 0;
-            while j < n {
-                let nj = (n - j).min(4);
-                unsafe {
-                    match (mi, nj) {
-                        (3, 4) => block::<3, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (3, 3) => block::<3, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (3, 2) => block::<3, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (3, _) => block::<3, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (2, 4) => block::<2, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (2, 3) => block::<2, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (2, 2) => block::<2, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (2, _) => block::<2, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (_, 4) => block::<1, 4, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (_, 3) => block::<1, 3, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (_, 2) => block::<1, 2, E>(ap, lda, i, bp, ldb, j, k, emit),
-                        (_, _) => block::<1, 1, E>(ap, lda, i, bp, ldb, j, k, emit),
-                    }
-                }
-                j += nj;
-            }
-            i += mi;
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block<const MA: usize, const NB: usize, E: FnMut(usize, usize, f32)>(
-        a: *const f32,
-        lda: usize,
-        i0: usize,
-        b: *const f32,
-        ldb: usize,
-        j0: usize,
-        k: usize,
-        emit: &mut E,
-    ) {
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); NB]; MA];
-            let mut p = 0;
-            while p < k {
-                let rem = k - p;
-                let mask: __mmask16 = if rem >= 16 { 0xffff } else { (1u16 << rem) - 1 };
-                let mut bv = [_mm512_setzero_ps(); NB];
-                for (jj, v) in bv.iter_mut().enumerate() {
-                    *v = _mm512_maskz_loadu_ps(mask, b.add((j0 + jj) * ldb + p));
-                }
-                for (ii, row) in acc.iter_mut().enumerate() {
-                    let av = _mm512_maskz_loadu_ps(mask, a.add((i0 + ii) * lda + p));
-                    for (c, &v) in row.iter_mut().zip(&bv) {
-                        *c = _mm512_fmadd_ps(av, v, *c);
-                    }
-                }
-                p += 16;
-            }
-            for (ii, row) in acc.iter().enumerate() {
-                for (jj, c) in row.iter().enumerate() {
-                    emit(i0 + ii, j0 + jj, _mm512_reduce_add_ps(*c));
-                }
-            }
-        }
-    }
 }
 
 /// Whether the F16C half-precision dot may run here.
@@ -381,6 +165,29 @@ mod nn512 {
         let mut i = 0;
         while i < m {
             let mi = (m - i).min(6);
+            if n <= 16 {
+                // One vector of columns: twice the rows per block instead.
+                let m0: __mmask16 = if n >= 16 { 0xffff } else { (1u16 << n) - 1 };
+                let mi = (m - i).min(12);
+                unsafe {
+                    match mi {
+                        12 => narrow::<12>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        11 => narrow::<11>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        10 => narrow::<10>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        9 => narrow::<9>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        8 => narrow::<8>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        7 => narrow::<7>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        6 => narrow::<6>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        5 => narrow::<5>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        4 => narrow::<4>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        3 => narrow::<3>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        2 => narrow::<2>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                        _ => narrow::<1>(ap, lda, i, bp, ldb, k, cp, ldc, m0),
+                    }
+                }
+                i += mi;
+                continue;
+            }
             let mut j = 0;
             while j < n {
                 let rem = n - j;
@@ -405,6 +212,35 @@ mod nn512 {
                 j += 32;
             }
             i += mi;
+        }
+    }
+
+    /// MR rows x up to 16 columns (mask m0).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn narrow<const MR: usize>(
+        a: *const f32,
+        lda: usize,
+        i0: usize,
+        b: *const f32,
+        ldb: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+        m0: __mmask16,
+    ) {
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); MR];
+            for p in 0..k {
+                let b0 = _mm512_maskz_loadu_ps(m0, b.add(p * ldb));
+                for (r, x) in acc.iter_mut().enumerate() {
+                    *x = _mm512_fmadd_ps(_mm512_set1_ps(*a.add((i0 + r) * lda + p)), b0, *x);
+                }
+            }
+            for (r, x) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(c.add((i0 + r) * ldc), m0, *x);
+            }
         }
     }
 

@@ -73,25 +73,26 @@ impl RowDots<'_> {
             && self.n >= TILE_MIN_TOKENS
             && matches!(w.ty, kiln_quant::GgmlType::F16 | kiln_quant::GgmlType::BF16)
         {
-            // Prefill over half-precision weights: decode the rows once, then one f32 block
-            // product against every token (the tokens stream past the decoded rows in L1).
-            let (rows, c) = (r1 - r0, w.cols);
-            buf.resize(rows * c, 0.0);
+            // Prefill over half-precision weights: decode the rows once, transposed
+            // (cols x rows), then one f32 block product against every token; each step
+            // broadcasts one activation over a vector of rows (no horizontal sums).
+            let (rows, c, n) = (r1 - r0, w.cols, self.n);
+            buf.resize(2 * rows * c + n * rows, 0.0);
+            let (row, rest) = buf.split_at_mut(c);
+            let (wt, out) = rest.split_at_mut(rows * c);
             for r in 0..rows {
-                w.dequant_row(r0 + r, &mut buf[r * c..(r + 1) * c]);
+                w.dequant_row(r0 + r, row);
+                for (i, &v) in row.iter().enumerate() {
+                    wt[i * rows + r] = v;
+                }
             }
-            let x = &self.x.data[..self.n * self.x.cols];
-            super::gemm::gemm_nt(
-                x,
-                self.x.cols,
-                self.n,
-                buf,
-                c,
-                rows,
-                c,
-                self.avx2,
-                &mut |t, j, v| emit(t, r0 + j, v),
-            );
+            let x = &self.x.data[..n * self.x.cols];
+            super::gemm::gemm_nn(x, self.x.cols, n, wt, rows, rows, c, out, rows, self.avx2);
+            for t in 0..n {
+                for j in 0..rows {
+                    emit(t, r0 + j, out[t * rows + j]);
+                }
+            }
             return;
         }
         let mut r = r0;
@@ -232,6 +233,9 @@ pub fn matmul_jobs(
     n: usize,
     jobs: &mut [Job],
 ) {
+    if jobs.iter().any(super::mlx::involves_mlx) {
+        return super::mlx::matmul_jobs(pool, kernels, act, x, n, jobs);
+    }
     let cols = x.cols;
     let mut quantized = false;
     for j in jobs.iter() {

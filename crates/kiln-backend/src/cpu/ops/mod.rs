@@ -6,8 +6,10 @@ pub mod conv1d;
 pub mod elementwise;
 pub mod gelu;
 pub mod gemm;
+pub mod kv_packed;
 pub mod layer_norm;
 pub mod matmul;
+pub mod mlx;
 pub mod norm;
 pub mod rope;
 

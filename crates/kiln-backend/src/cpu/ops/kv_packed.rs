@@ -1,0 +1,182 @@
+//! KV caches stored as f16 or Q8_0 (`--kv-type`): each head row of keys and values is one
+//! row of the block format, written by `kv_store`; attention widens the positions in use of
+//! one layer into an f32 scratch (allocated with the cache) and runs the f32 kernel. Memory
+//! held: 1/2 (f16) or 34/128 (Q8_0) of f32, plus one layer in f32.
+
+use std::sync::{Mutex, MutexGuard};
+
+use kiln_quant::{dequantize_row, quantize_row, GgmlType};
+
+use crate::cpu::par::{Pool, SharedMut};
+use crate::cpu::CpuTensor;
+use crate::KvType;
+
+pub struct PackedKv {
+    ty: KvType,
+    n_ctx: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    /// Bytes of one head row.
+    row: usize,
+    /// Per layer: (kv_heads, n_ctx) rows.
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+    /// One layer's keys and values as f32, (kv_heads, n_ctx, hd).
+    scratch: Mutex<(Vec<f32>, Vec<f32>)>,
+}
+
+impl PackedKv {
+    /// `ty` was checked against `head_dim` (`KvType::check`).
+    pub fn new(
+        ty: KvType,
+        n_layers: usize,
+        n_ctx: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
+        let row = ty
+            .ggml()
+            .row_bytes(head_dim)
+            .expect("checked by KvType::check");
+        let layer = kv_heads * n_ctx * row;
+        PackedKv {
+            ty,
+            n_ctx,
+            kv_heads,
+            head_dim,
+            row,
+            k: (0..n_layers).map(|_| vec![0u8; layer]).collect(),
+            v: (0..n_layers).map(|_| vec![0u8; layer]).collect(),
+            scratch: Mutex::new((
+                vec![0.0; kv_heads * n_ctx * head_dim],
+                vec![0.0; kv_heads * n_ctx * head_dim],
+            )),
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        let packed: usize = self.k.iter().chain(&self.v).map(Vec::len).sum();
+        packed + 2 * 4 * self.kv_heads * self.n_ctx * self.head_dim
+    }
+
+    /// k, v (n x kv_dim) at positions pos0..pos0+n of `layer`.
+    pub fn store(&mut self, layer: usize, k: &CpuTensor, v: &CpuTensor, pos0: usize, n: usize) {
+        let (hd, ty) = (self.head_dim, self.ty.ggml());
+        for t in 0..n {
+            for h in 0..self.kv_heads {
+                let dst = (h * self.n_ctx + pos0 + t) * self.row;
+                let src = t * k.cols + h * hd;
+                // Lengths follow from the checked row size.
+                quantize_row(
+                    ty,
+                    &k.data[src..src + hd],
+                    &mut self.k[layer][dst..dst + self.row],
+                )
+                .expect("row size checked at creation");
+                quantize_row(
+                    ty,
+                    &v.data[src..src + hd],
+                    &mut self.v[layer][dst..dst + self.row],
+                )
+                .expect("row size checked at creation");
+            }
+        }
+    }
+
+    /// `layer`'s first `len` positions of every head, as f32 in the scratch, the rows split
+    /// over the pool's threads.
+    pub fn widened(
+        &self,
+        pool: &Pool,
+        layer: usize,
+        len: usize,
+    ) -> MutexGuard<'_, (Vec<f32>, Vec<f32>)> {
+        let mut g = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let (hd, ty) = (self.head_dim, self.ty.ggml());
+        let (ks, vs) = &mut *g;
+        let (kd, vd) = (SharedMut(ks.as_mut_ptr()), SharedMut(vs.as_mut_ptr()));
+        let (k, v) = (&self.k[layer], &self.v[layer]);
+        pool.run(self.kv_heads * len, |i0, i1| {
+            // The whole wrappers, not their pointer fields (closures capture fields).
+            let (kd, vd): (SharedMut, SharedMut) = (kd, vd);
+            for i in i0..i1 {
+                let (h, p) = (i / len, i % len);
+                let src = (h * self.n_ctx + p) * self.row;
+                let dst = (h * self.n_ctx + p) * hd;
+                // SAFETY: row (h, p) of the scratch is written by this worker alone, and
+                // dst + hd <= kv_heads * n_ctx * hd, the scratch's length.
+                let (ko, vo) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(kd.0.add(dst), hd),
+                        std::slice::from_raw_parts_mut(vd.0.add(dst), hd),
+                    )
+                };
+                widen_row(ty, &k[src..src + self.row], ko);
+                widen_row(ty, &v[src..src + self.row], vo);
+            }
+        });
+        g
+    }
+}
+
+/// One stored row back to f32: F16 with the CPU's conversion instructions where it has them,
+/// Q8_0 as d * q per block (vectorizes); the scalar reference decodes anything else.
+fn widen_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    match ty {
+        GgmlType::F16 => {
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {
+                // SAFETY: F16C and AVX were detected; lengths match (2 bytes per value).
+                return unsafe { widen_f16_f16c(src, dst) };
+            }
+            for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (o, b) in dst.chunks_exact_mut(32).zip(src.chunks_exact(34)) {
+                let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                for (x, &q) in o.iter_mut().zip(&b[2..]) {
+                    *x = q as i8 as f32 * d;
+                }
+            }
+        }
+        other => dequantize_row(other, src, dst).expect("row size checked at creation"),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn widen_f16_f16c(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = dst.len().min(src.len() / 2);
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        i += 8;
+    }
+    for j in i..n {
+        dst[j] = half::f16::from_le_bytes([src[2 * j], src[2 * j + 1]]).to_f32();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widening_equals_the_reference_decoder() {
+        let x: Vec<f32> = (0..128)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        for ty in [GgmlType::F16, GgmlType::Q8_0] {
+            let mut packed = vec![0u8; ty.row_bytes(128).unwrap()];
+            quantize_row(ty, &x, &mut packed).unwrap();
+            let (mut want, mut got) = (vec![0f32; 128], vec![0f32; 128]);
+            dequantize_row(ty, &packed, &mut want).unwrap();
+            widen_row(ty, &packed, &mut got);
+            assert_eq!(got, want, "{}", ty.name());
+        }
+    }
+}

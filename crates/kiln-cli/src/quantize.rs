@@ -1,0 +1,518 @@
+//! `kiln quantize IN OUT --type T`: a Hugging Face / MLX directory or a GGUF file to a GGUF v3
+//! file llama.cpp loads (llama/qwen2/qwen3 metadata keys, the tokenizer as
+//! `tokenizer.ggml.*`, the chat template), each matrix in the type the recipe gives it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_formats::{GgufFile, GgufWriter, SafetensorsSet, StDtype, Value};
+use kiln_models::llm::{is_hf_dir, HfCheckpoint, LayerParam, LlmConfig, Param};
+use kiln_quant::{dequantize_row, fallback_type, quantize_row, GgmlType};
+use serde_json::Value as Json;
+
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// A Hugging Face / MLX model directory or a GGUF file.
+    pub input: String,
+    /// The GGUF file to write.
+    pub output: String,
+    /// q4_0, q4_1, q8_0, q4_k, q6_k, f16, or the mix q4_k_m (attn_v, ffn_down and output in
+    /// Q6_K, the rest Q4_K).
+    #[arg(long = "type", value_name = "T", value_parser = parse_recipe)]
+    pub ty: Recipe,
+}
+
+/// Which type each tensor gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipe {
+    Pure(GgmlType),
+    Q4KM,
+}
+
+fn parse_recipe(s: &str) -> Result<Recipe, String> {
+    use GgmlType::*;
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "q4_0" => Recipe::Pure(Q4_0),
+        "q4_1" => Recipe::Pure(Q4_1),
+        "q8_0" => Recipe::Pure(Q8_0),
+        "q4_k" | "q4_k_s" => Recipe::Pure(Q4_K),
+        "q6_k" => Recipe::Pure(Q6_K),
+        "f16" => Recipe::Pure(F16),
+        "q4_k_m" => Recipe::Q4KM,
+        _ => {
+            return Err(format!(
+                "unknown type '{s}' (one of q4_0, q4_1, q8_0, q4_k, q4_k_m, q6_k, f16)"
+            ))
+        }
+    })
+}
+
+impl Recipe {
+    /// The type for a matrix named `name` (GGUF naming) of rows of `cols` values.
+    pub fn type_for(self, name: &str, cols: usize) -> GgmlType {
+        use GgmlType::*;
+        let ty = match self {
+            Recipe::Pure(t) if name == "output.weight" && matches!(t, Q4_0 | Q4_1 | Q4_K) => Q6_K,
+            Recipe::Pure(t) => t,
+            Recipe::Q4KM => {
+                let more_bits = name == "output.weight"
+                    || name.ends_with(".attn_v.weight")
+                    || name.ends_with(".ffn_down.weight");
+                if more_bits {
+                    Q6_K
+                } else {
+                    Q4_K
+                }
+            }
+        };
+        fallback_type(ty, cols)
+    }
+
+    /// llama.cpp's `general.file_type` (LLAMA_FTYPE_*).
+    fn file_type(self) -> u32 {
+        use GgmlType::*;
+        match self {
+            Recipe::Pure(F16) => 1,
+            Recipe::Pure(Q4_0) => 2,
+            Recipe::Pure(Q4_1) => 3,
+            Recipe::Pure(Q8_0) => 7,
+            Recipe::Pure(Q4_K) => 14,
+            Recipe::Q4KM => 15,
+            Recipe::Pure(Q6_K) => 18,
+            Recipe::Pure(_) => 0,
+        }
+    }
+}
+
+pub fn quantize(a: QuantizeArgs) -> anyhow::Result<()> {
+    let input = Path::new(&a.input);
+    let mut w = GgufWriter::new();
+    let n = if is_hf_dir(input) {
+        from_hf(input, a.ty, &mut w)?
+    } else {
+        from_gguf(input, a.ty, &mut w)?
+    };
+    w.write(&a.output)
+        .with_context(|| format!("writing {}", a.output))?;
+    let bytes = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "wrote {} ({n} tensors, {:.1} MiB)",
+        a.output,
+        bytes as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+fn bar(n: usize) -> ProgressBar {
+    let b = ProgressBar::new(n as u64);
+    b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("quantizing [{bar:30}] {pos}/{len} {msg} {elapsed}")
+    {
+        b.set_style(style.progress_chars("=> "));
+    }
+    b.enable_steady_tick(Duration::from_millis(200));
+    b
+}
+
+/// Rows of `cols` f32 values re-encoded as `ty`.
+fn encode(rows: &[f32], cols: usize, ty: GgmlType, name: &str) -> anyhow::Result<Vec<u8>> {
+    if ty == GgmlType::F32 {
+        return Ok(rows.iter().flat_map(|v| v.to_le_bytes()).collect());
+    }
+    let rb = ty.row_bytes(cols).map_err(|e| anyhow!("{name}: {e}"))?;
+    let mut out = vec![0u8; rows.len() / cols.max(1) * rb];
+    for (src, dst) in rows.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
+        quantize_row(ty, src, dst).map_err(|e| anyhow!("{name}: {e}"))?;
+    }
+    Ok(out)
+}
+
+// ---- from a GGUF file ----
+
+fn from_gguf(path: &Path, recipe: Recipe, w: &mut GgufWriter) -> anyhow::Result<usize> {
+    let g = GgufFile::open(path)?;
+    for (k, v) in &g.metadata {
+        if k != "general.file_type" {
+            w.meta(k, v.clone());
+        }
+    }
+    w.meta("general.file_type", Value::U32(recipe.file_type()));
+    let pb = bar(g.tensors.len());
+    for t in &g.tensors {
+        pb.set_message(t.name.clone());
+        let cols = t.dims.first().copied().unwrap_or(1) as usize;
+        let n = t.n_elements() as usize;
+        let mut f = vec![0f32; n];
+        dequantize_row(t.ty, g.tensor_data(t), &mut f)
+            .map_err(|e| anyhow!("{}: tensor '{}': {e}", path.display(), t.name))?;
+        let ty = if t.dims.len() == 2 && t.name.ends_with(".weight") {
+            recipe.type_for(&t.name, cols)
+        } else {
+            GgmlType::F32
+        };
+        w.tensor(&t.name, &t.dims, ty, encode(&f, cols, ty, &t.name)?);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(g.tensors.len())
+}
+
+// ---- from a Hugging Face directory ----
+
+fn from_hf(dir: &Path, recipe: Recipe, w: &mut GgufWriter) -> anyhow::Result<usize> {
+    let ck = HfCheckpoint::open(dir)?;
+    let c = &ck.cfg;
+    let arch = c.arch.as_str();
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| arch.into());
+    w.meta("general.architecture", Value::String(arch.into()));
+    w.meta("general.name", Value::String(name));
+    w.meta("general.file_type", Value::U32(recipe.file_type()));
+    w.meta("general.quantization_version", Value::U32(2));
+    let k = |s: &str| format!("{arch}.{s}");
+    let u = |v: usize| Value::U32(v as u32);
+    w.meta(&k("vocab_size"), u(c.vocab_size));
+    w.meta(&k("context_length"), u(c.ctx_train));
+    w.meta(&k("embedding_length"), u(c.dim));
+    w.meta(&k("block_count"), u(c.n_layers));
+    w.meta(&k("feed_forward_length"), u(c.ffn_dim));
+    w.meta(&k("attention.head_count"), u(c.n_heads));
+    w.meta(&k("attention.head_count_kv"), u(c.n_kv_heads));
+    w.meta(&k("attention.key_length"), u(c.head_dim));
+    w.meta(&k("attention.value_length"), u(c.head_dim));
+    w.meta(&k("rope.dimension_count"), u(c.rope.dims));
+    w.meta(&k("rope.freq_base"), Value::F32(c.rope.theta));
+    w.meta(
+        &k("attention.layer_norm_rms_epsilon"),
+        Value::F32(c.norm_eps),
+    );
+    tokenizer_meta(dir, c, w)?;
+
+    // Tensors in llama.cpp's order: embeddings, layers, output norm, output.
+    let mut params = vec![Param::TokenEmbd];
+    for i in 0..c.n_layers {
+        use LayerParam::*;
+        let mut l = vec![AttnNorm, AttnQ, AttnK, AttnV, AttnOutput];
+        if c.qkv_bias {
+            l.extend([AttnQBias, AttnKBias, AttnVBias]);
+        }
+        if c.qk_norm {
+            l.extend([AttnQNorm, AttnKNorm]);
+        }
+        l.extend([FfnNorm, FfnGate, FfnUp, FfnDown]);
+        params.extend(l.into_iter().map(|p| Param::Layer(i, p)));
+    }
+    params.push(Param::OutputNorm);
+    if !c.tied_embeddings {
+        params.push(Param::Output);
+    }
+    let pb = bar(params.len());
+    let mut n = 0;
+    if let kiln_backend::RopeScaling::Factors(f) = &c.rope.scaling {
+        if f.iter().all(|&x| x == f[0]) {
+            // Linear scaling: one factor.
+            w.meta(&k("rope.scaling.type"), Value::String("linear".into()));
+            w.meta(&k("rope.scaling.factor"), Value::F32(f[0]));
+        } else if arch == "llama" {
+            // Llama 3's rule as llama.cpp reads it: per-pair frequency divisors.
+            let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+            w.tensor("rope_freqs.weight", &[f.len() as u64], GgmlType::F32, bytes);
+            n += 1;
+        } else {
+            bail!(
+                "{}: per-frequency RoPE scaling has no GGUF form for {arch}",
+                dir.display()
+            );
+        }
+    }
+    for p in params {
+        let hf = p
+            .hf()
+            .ok_or_else(|| anyhow!("{p:?} has no Hugging Face name"))?;
+        let gguf = p.gguf();
+        pb.set_message(gguf.clone());
+        let (rows, cols) = shape_of(c, p);
+        let mut f = read_f32(&ck, &hf, rows, cols)?;
+        if arch == "llama" {
+            // GGUF Llama rotates interleaved pairs: permute q/k rows from rotate-half order.
+            match p {
+                Param::Layer(_, LayerParam::AttnQ) => f = permute(&f, c.n_heads, cols),
+                Param::Layer(_, LayerParam::AttnK) => f = permute(&f, c.n_kv_heads, cols),
+                _ => {}
+            }
+        }
+        let (dims, ty) = if p.is_matrix() {
+            (vec![cols as u64, rows as u64], recipe.type_for(&gguf, cols))
+        } else {
+            (vec![(rows * cols) as u64], GgmlType::F32)
+        };
+        w.tensor(&gguf, &dims, ty, encode(&f, cols, ty, &gguf)?);
+        n += 1;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(n)
+}
+
+/// (rows, cols) of a parameter; vectors are one row.
+fn shape_of(c: &LlmConfig, p: Param) -> (usize, usize) {
+    use LayerParam::*;
+    let (q, kv) = (c.q_dim(), c.kv_dim());
+    match p {
+        Param::TokenEmbd | Param::Output => (c.vocab_size, c.dim),
+        Param::OutputNorm => (1, c.dim),
+        Param::RopeFreqs => (1, c.rope.dims / 2),
+        Param::Layer(_, l) => match l {
+            AttnNorm | FfnNorm => (1, c.dim),
+            AttnQ => (q, c.dim),
+            AttnK | AttnV => (kv, c.dim),
+            AttnOutput => (c.dim, q),
+            AttnQBias => (1, q),
+            AttnKBias | AttnVBias => (1, kv),
+            AttnQNorm | AttnKNorm => (1, c.head_dim),
+            FfnGate | FfnUp => (c.ffn_dim, c.dim),
+            FfnDown => (c.dim, c.ffn_dim),
+        },
+    }
+}
+
+/// Rows of each head reordered from (half, pair) to (pair, half): rotate-half -> interleaved.
+fn permute(w: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let hd = w.len() / cols / heads;
+    let mut out = vec![0f32; w.len()];
+    for h in 0..heads {
+        for j in 0..hd / 2 {
+            for k in 0..2 {
+                let src = (h * hd + k * hd / 2 + j) * cols;
+                let dst = (h * hd + 2 * j + k) * cols;
+                out[dst..dst + cols].copy_from_slice(&w[src..src + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// A tensor as f32 (float dtypes, or an MLX triple dequantized).
+fn read_f32(ck: &HfCheckpoint, name: &str, rows: usize, cols: usize) -> anyhow::Result<Vec<f32>> {
+    let set: &SafetensorsSet = &ck.tensors;
+    let t = set
+        .tensor(name)
+        .ok_or_else(|| anyhow!("{}: missing tensor '{name}'", ck.dir.display()))?;
+    let file = set.path_of(t).display().to_string();
+    let float = |t: &kiln_formats::StTensor| -> anyhow::Result<Vec<f32>> {
+        let ty = match t.dtype {
+            StDtype::F32 => GgmlType::F32,
+            StDtype::F16 => GgmlType::F16,
+            StDtype::BF16 => GgmlType::BF16,
+            d => bail!("{file}: tensor '{}' is {}", t.name, d.name()),
+        };
+        let mut f = vec![0f32; t.n_elements() as usize];
+        dequantize_row(ty, set.data(t), &mut f).map_err(|e| anyhow!("{file}: {}: {e}", t.name))?;
+        Ok(f)
+    };
+    let base = name.strip_suffix(".weight").unwrap_or(name);
+    if let (Some(q), Some(s), Some(b)) = (
+        ck.mlx.as_ref().and_then(|m| m.of(base)),
+        set.tensor(&format!("{base}.scales")),
+        set.tensor(&format!("{base}.biases")),
+    ) {
+        let layout =
+            kiln_quant::MlxLayout::new(q.0, q.1, cols).map_err(|e| anyhow!("{name}: {e}"))?;
+        let (scales, biases) = (float(s)?, float(b)?);
+        let (qb, g) = (layout.q_bytes(cols), layout.groups(cols));
+        let packed = set.data(t);
+        if packed.len() != rows * qb || scales.len() != rows * g || biases.len() != rows * g {
+            bail!("{file}: MLX tensor '{name}' does not hold {rows} x {cols} values");
+        }
+        let mut out = vec![0f32; rows * cols];
+        for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+            kiln_quant::mlx_dequantize_row(
+                layout,
+                &packed[r * qb..(r + 1) * qb],
+                &scales[r * g..(r + 1) * g],
+                &biases[r * g..(r + 1) * g],
+                row,
+            )
+            .map_err(|e| anyhow!("{name}: {e}"))?;
+        }
+        return Ok(out);
+    }
+    if t.n_elements() as usize != rows * cols {
+        bail!(
+            "{file}: tensor '{name}' has shape {:?}, expected {} values",
+            t.shape,
+            rows * cols
+        );
+    }
+    float(t)
+}
+
+// ---- tokenizer.json -> tokenizer.ggml.* ----
+
+fn tokenizer_meta(dir: &Path, c: &LlmConfig, w: &mut GgufWriter) -> anyhow::Result<()> {
+    let path = dir.join("tokenizer.json");
+    let read = |p: &Path| -> anyhow::Result<Json> {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))
+    };
+    let tj = read(&path)?;
+    let model = &tj["model"];
+    if model["type"].as_str() != Some("BPE") {
+        bail!(
+            "{}: only BPE tokenizers are written to GGUF (this one is {})",
+            path.display(),
+            model["type"]
+        );
+    }
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| anyhow!("{}: model.vocab is not an object", path.display()))?;
+    let n = c.vocab_size;
+    let mut tokens: Vec<Option<String>> = vec![None; n];
+    let mut types = vec![1i32; n];
+    let mut put = |id: u64, s: &str, ty: i32| -> anyhow::Result<()> {
+        let slot = tokens
+            .get_mut(id as usize)
+            .ok_or_else(|| anyhow!("{}: token id {id} is past vocab_size {n}", path.display()))?;
+        *slot = Some(s.to_string());
+        types[id as usize] = ty;
+        Ok(())
+    };
+    for (s, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| anyhow!("{}: id of '{s}'", path.display()))?;
+        put(id, s, 1)?;
+    }
+    for t in tj["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(s)) = (t["id"].as_u64(), t["content"].as_str()) else {
+            continue;
+        };
+        // Special tokens are control tokens; other added tokens user-defined.
+        let ty = if t["special"].as_bool() == Some(true) {
+            3
+        } else {
+            4
+        };
+        put(id, s, ty)?;
+    }
+    let mut names = Vec::with_capacity(n);
+    for (i, t) in tokens.into_iter().enumerate() {
+        match t {
+            Some(s) => names.push(Value::String(s)),
+            None => {
+                // Rows past the vocabulary (padded embeddings), as llama.cpp's converter pads.
+                names.push(Value::String(format!("[PAD{i}]")));
+                types[i] = 5;
+            }
+        }
+    }
+    let merges: Vec<Value> = model["merges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| match m {
+            Json::String(s) => Some(s.clone()),
+            Json::Array(p) => Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?)),
+            _ => None,
+        })
+        .map(Value::String)
+        .collect();
+    let pre = match c.arch.as_str() {
+        "qwen2" | "qwen3" => "qwen2",
+        _ => "llama-bpe",
+    };
+    w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.meta("tokenizer.ggml.pre", Value::String(pre.into()));
+    w.meta("tokenizer.ggml.tokens", Value::Array(names.clone()));
+    w.meta(
+        "tokenizer.ggml.token_type",
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    );
+    w.meta("tokenizer.ggml.merges", Value::Array(merges));
+    let id_of = |s: &str| {
+        names
+            .iter()
+            .position(|v| matches!(v, Value::String(x) if x == s))
+    };
+    let cfg_path = dir.join("tokenizer_config.json");
+    let cfg = if cfg_path.is_file() {
+        Some(read(&cfg_path)?)
+    } else {
+        None
+    };
+    let special = |key: &str| -> Option<String> {
+        let v = cfg.as_ref()?.get(key)?;
+        v.as_str()
+            .map(String::from)
+            .or_else(|| v.get("content")?.as_str().map(String::from))
+    };
+    let gen = kiln_runtime::GenerationDefaults::from_dir(dir)?;
+    let bos = special("bos_token").and_then(|s| id_of(&s));
+    let eos = special("eos_token")
+        .and_then(|s| id_of(&s))
+        .or(gen.eos_ids.first().map(|&i| i as usize));
+    if let Some(b) = bos {
+        w.meta("tokenizer.ggml.bos_token_id", Value::U32(b as u32));
+    }
+    if let Some(e) = eos {
+        w.meta("tokenizer.ggml.eos_token_id", Value::U32(e as u32));
+    }
+    if let Some(p) = special("pad_token").and_then(|s| id_of(&s)) {
+        w.meta("tokenizer.ggml.padding_token_id", Value::U32(p as u32));
+    }
+    let add_bos = cfg
+        .as_ref()
+        .and_then(|c| c.get("add_bos_token"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    w.meta(
+        "tokenizer.ggml.add_bos_token",
+        Value::Bool(add_bos && bos.is_some()),
+    );
+    let template = match cfg.as_ref().and_then(|c| c.get("chat_template")) {
+        Some(Json::String(s)) => Some(s.clone()),
+        Some(Json::Array(list)) => list
+            .iter()
+            .find(|t| t["name"].as_str() == Some("default"))
+            .and_then(|t| t["template"].as_str())
+            .map(String::from),
+        _ => std::fs::read_to_string(dir.join("chat_template.jinja")).ok(),
+    };
+    if let Some(t) = template {
+        w.meta("tokenizer.chat_template", Value::String(t));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipes() {
+        let m = Recipe::Q4KM;
+        assert_eq!(m.type_for("blk.0.attn_v.weight", 512), GgmlType::Q6_K);
+        assert_eq!(m.type_for("blk.0.ffn_down.weight", 512), GgmlType::Q6_K);
+        assert_eq!(m.type_for("blk.0.attn_q.weight", 512), GgmlType::Q4_K);
+        assert_eq!(m.type_for("blk.0.attn_q.weight", 96), GgmlType::Q5_0);
+        assert_eq!(m.type_for("output.weight", 160), GgmlType::Q8_0);
+        assert_eq!(
+            Recipe::Pure(GgmlType::Q8_0).type_for("output.weight", 64),
+            GgmlType::Q8_0
+        );
+    }
+
+    #[test]
+    fn permute_interleaves_halves() {
+        // One head of 4 rows (cols 1): rotate-half rows [a0 a1 b0 b1] -> [a0 b0 a1 b1].
+        assert_eq!(permute(&[0., 1., 2., 3.], 1, 1), vec![0., 2., 1., 3.]);
+    }
+}

@@ -1,0 +1,398 @@
+//! Hugging Face checkpoints of the Llama family: a directory with `config.json`
+//! (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) and safetensors weights (f32, f16,
+//! bf16, or MLX affine 4/8-bit with a `quantization` entry in the config).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use kiln_backend::{RopeConfig, RopeScaling, RopeStyle};
+use kiln_formats::SafetensorsSet;
+use serde_json::Value as Json;
+
+use super::LlmConfig;
+use crate::ModelError;
+
+/// MLX quantization of a checkpoint: defaults and per-module overrides (`false`: kept in
+/// floating point).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlxQuant {
+    pub bits: u32,
+    pub group: usize,
+    pub overrides: BTreeMap<String, Option<(u32, usize)>>,
+}
+
+impl MlxQuant {
+    /// Bits and group size of the module at `path` (a tensor name without `.weight`).
+    pub fn of(&self, path: &str) -> Option<(u32, usize)> {
+        match self.overrides.get(path) {
+            Some(o) => *o,
+            None => Some((self.bits, self.group)),
+        }
+    }
+}
+
+/// A Hugging Face model directory, opened: hyper-parameters and mapped weights.
+pub struct HfCheckpoint {
+    pub dir: PathBuf,
+    pub cfg: LlmConfig,
+    /// `config.json` as read.
+    pub config: Json,
+    pub mlx: Option<MlxQuant>,
+    pub tensors: SafetensorsSet,
+}
+
+impl HfCheckpoint {
+    pub fn open(dir: &Path) -> Result<Self, ModelError> {
+        let path = dir.join("config.json");
+        let config = read_json(&path)?;
+        let cfg = LlmConfig::from_hf(&path, &config)?;
+        let mlx = mlx_quant(&path, &config)?;
+        let tensors = SafetensorsSet::open_dir(dir)?;
+        Ok(HfCheckpoint {
+            dir: dir.into(),
+            cfg,
+            config,
+            mlx,
+            tensors,
+        })
+    }
+}
+
+/// Whether `dir` looks like a Hugging Face model directory.
+pub fn is_hf_dir(dir: &Path) -> bool {
+    dir.is_dir() && dir.join("config.json").is_file()
+}
+
+pub fn read_json(path: &Path) -> Result<Json, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::Config {
+        file: path.into(),
+        what: format!("cannot read: {e}"),
+    })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        file: path.into(),
+        what: format!("not valid JSON: {e}"),
+    })
+}
+
+fn mlx_quant(file: &Path, c: &Json) -> Result<Option<MlxQuant>, ModelError> {
+    let Some(q) = c.get("quantization").or_else(|| {
+        // MLX writes both; a transformers `quantization_config` without bits/group_size is
+        // some other scheme (rejected below by the tensors it brings).
+        c.get("quantization_config")
+            .filter(|q| q.get("group_size").is_some() && q.get("bits").is_some())
+    }) else {
+        return Ok(None);
+    };
+    let bad = |what: String| ModelError::Config {
+        file: file.into(),
+        what,
+    };
+    if let Some(mode) = q.get("mode").and_then(|m| m.as_str()) {
+        if mode != "affine" {
+            return Err(bad(format!(
+                "MLX quantization mode '{mode}' is not supported (affine is)"
+            )));
+        }
+    }
+    let pair = |v: &Json, what: &str| -> Result<(u32, usize), ModelError> {
+        let bits = v.get("bits").and_then(|b| b.as_u64());
+        let group = v.get("group_size").and_then(|g| g.as_u64());
+        match (bits, group) {
+            (Some(b), Some(g)) => Ok((b as u32, g as usize)),
+            _ => Err(bad(format!(
+                "{what}: needs integer 'bits' and 'group_size'"
+            ))),
+        }
+    };
+    let (bits, group) = pair(q, "quantization")?;
+    let mut overrides = BTreeMap::new();
+    if let Some(obj) = q.as_object() {
+        for (k, v) in obj {
+            match v {
+                Json::Object(_) => {
+                    overrides.insert(k.clone(), Some(pair(v, &format!("quantization.{k}"))?));
+                }
+                Json::Bool(false) => {
+                    overrides.insert(k.clone(), None);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(Some(MlxQuant {
+        bits,
+        group,
+        overrides,
+    }))
+}
+
+impl LlmConfig {
+    /// Hyper-parameters from a Hugging Face `config.json` (transformers 4.x keys, and 5.x's
+    /// `rope_parameters`).
+    pub fn from_hf(file: &Path, c: &Json) -> Result<Self, ModelError> {
+        let bad = |what: String| ModelError::Config {
+            file: file.into(),
+            what,
+        };
+        let model_type = c.get("model_type").and_then(|v| v.as_str());
+        let class = c
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(|v| v.as_str());
+        let arch = match (model_type, class) {
+            (Some("llama"), _) | (None, Some("LlamaForCausalLM")) => "llama",
+            (Some("qwen2"), _) | (None, Some("Qwen2ForCausalLM")) => "qwen2",
+            (Some("qwen3"), _) | (None, Some("Qwen3ForCausalLM")) => "qwen3",
+            _ => {
+                return Err(ModelError::UnsupportedArch {
+                    file: file.into(),
+                    arch: model_type.or(class).unwrap_or("(none given)").to_string(),
+                    supported:
+                        "llama, qwen2, qwen3 (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                })
+            }
+        };
+        let num = |k: &str| -> Result<Option<usize>, ModelError> {
+            match c.get(k) {
+                None | Some(Json::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .filter(|&v| v > 0 && v < (1 << 31))
+                    .map(|v| Some(v as usize))
+                    .ok_or_else(|| bad(format!("'{k}' = {v} is not a positive integer"))),
+            }
+        };
+        let need = |k: &str| -> Result<usize, ModelError> {
+            num(k)?.ok_or_else(|| bad(format!("missing '{k}'")))
+        };
+        let float = |v: Option<&Json>, k: &str| -> Result<Option<f64>, ModelError> {
+            match v {
+                None | Some(Json::Null) => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| bad(format!("'{k}' = {v} is not a number"))),
+            }
+        };
+        let flag = |k: &str| c.get(k).and_then(|v| v.as_bool());
+        let dim = need("hidden_size")?;
+        let n_layers = need("num_hidden_layers")?;
+        let n_heads = need("num_attention_heads")?;
+        let n_kv_heads = num("num_key_value_heads")?.unwrap_or(n_heads);
+        let head_dim = num("head_dim")?.unwrap_or(dim / n_heads);
+        let ffn_dim = need("intermediate_size")?;
+        let vocab_size = need("vocab_size")?;
+        let ctx_train = num("max_position_embeddings")?.unwrap_or(4096);
+        let norm_eps = float(c.get("rms_norm_eps"), "rms_norm_eps")?.unwrap_or(1e-6) as f32;
+        if let Some(act) = c.get("hidden_act").and_then(|v| v.as_str()) {
+            if act != "silu" {
+                return Err(bad(format!(
+                    "hidden_act '{act}' is not supported (silu is)"
+                )));
+            }
+        }
+        if n_heads % n_kv_heads != 0 {
+            return Err(bad(format!(
+                "{n_heads} heads is not a multiple of {n_kv_heads} kv heads"
+            )));
+        }
+        if head_dim % 2 != 0 {
+            return Err(bad(format!("head_dim {head_dim} is odd")));
+        }
+        if flag("mlp_bias") == Some(true) {
+            return Err(bad("mlp_bias is not supported".into()));
+        }
+        let qkv_bias = match arch {
+            // Qwen2's q/k/v projections always carry biases (and o_proj none).
+            "qwen2" => true,
+            _ if flag("attention_bias") == Some(true) => return Err(bad(
+                "attention_bias (biases on q, k, v and o) is not supported for this architecture"
+                    .into(),
+            )),
+            _ => false,
+        };
+        if flag("use_sliding_window") == Some(true) {
+            return Err(bad("use_sliding_window is not supported".into()));
+        }
+        // transformers 5 folds theta and scaling into `rope_parameters`; 4.x has
+        // `rope_theta` and `rope_scaling`.
+        let rp = c.get("rope_parameters").filter(|v| v.is_object());
+        let theta = float(
+            rp.and_then(|p| p.get("rope_theta")).or(c.get("rope_theta")),
+            "rope_theta",
+        )?
+        .unwrap_or(10000.0) as f32;
+        let scaling_obj = c.get("rope_scaling").filter(|v| v.is_object()).or(rp);
+        let rope_type = scaling_obj
+            .and_then(|s| s.get("rope_type").or(s.get("type")))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        let sf = |k: &str| -> Result<f64, ModelError> {
+            float(scaling_obj.and_then(|s| s.get(k)), k)?
+                .ok_or_else(|| bad(format!("rope scaling '{rope_type}' needs '{k}'")))
+        };
+        let dims = head_dim;
+        let scaling = match rope_type {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Factors(vec![sf("factor")? as f32; dims / 2]),
+            "llama3" => RopeScaling::Factors(llama3_factors(
+                theta,
+                dims,
+                sf("factor")?,
+                sf("low_freq_factor")?,
+                sf("high_freq_factor")?,
+                sf("original_max_position_embeddings")?,
+            )),
+            other => {
+                return Err(bad(format!(
+                    "rope scaling '{other}' is not supported (linear and llama3 are)"
+                )))
+            }
+        };
+        let tied_embeddings = flag("tie_word_embeddings").unwrap_or(false);
+        Ok(LlmConfig {
+            arch: arch.into(),
+            n_layers,
+            dim,
+            ffn_dim,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            ctx_train,
+            norm_eps,
+            // Hugging Face q/k weights are laid out for rotate-half RoPE (GGUF conversion
+            // permutes Llama's into interleaved pairs; here they stay as trained).
+            rope: RopeConfig {
+                style: RopeStyle::Neox,
+                dims,
+                head_dim,
+                theta,
+                scaling,
+            },
+            qkv_bias,
+            qk_norm: arch == "qwen3",
+            tied_embeddings,
+        })
+    }
+}
+
+/// Llama 3's frequency rule as per-pair divisors of the base frequencies: wavelengths
+/// shorter than `orig / high` keep their frequency, longer than `orig / low` are divided by
+/// `factor`, and those between blend the two.
+pub fn llama3_factors(
+    theta: f32,
+    dims: usize,
+    factor: f64,
+    low: f64,
+    high: f64,
+    orig: f64,
+) -> Vec<f32> {
+    let (low_wavelen, high_wavelen) = (orig / low, orig / high);
+    (0..dims / 2)
+        .map(|i| {
+            let freq = 1.0 / (theta as f64).powf(2.0 * i as f64 / dims as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor as f32
+            } else {
+                let smooth = (orig / wavelen - low) / (high - low);
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cfg(v: Json) -> Result<LlmConfig, ModelError> {
+        LlmConfig::from_hf(Path::new("config.json"), &v)
+    }
+
+    /// transformers 4.x keys, as Hugging Face's Llama 3.2 and Qwen configs have them.
+    #[test]
+    fn transformers_4_keys() {
+        let c = cfg(json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            "tie_word_embeddings": true, "hidden_act": "silu"
+        }))
+        .unwrap();
+        assert_eq!((c.head_dim, c.n_kv_heads, c.rope.theta), (64, 8, 500000.0));
+        assert!(c.tied_embeddings && !c.qkv_bias && !c.qk_norm);
+        let RopeScaling::Factors(f) = &c.rope.scaling else {
+            panic!("llama3 scaling")
+        };
+        // Short wavelengths untouched, long ones divided by the factor.
+        assert_eq!((f[0], f[31]), (1.0, 32.0));
+
+        let q = cfg(json!({
+            "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+            "vocab_size": 151936, "rope_theta": 1000000.0, "rope_scaling": null,
+            "use_sliding_window": false
+        }))
+        .unwrap();
+        assert!(q.qkv_bias && q.rope.scaling == RopeScaling::None && q.head_dim == 64);
+
+        let lin = cfg(json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 10,
+            "rope_scaling": {"type": "linear", "factor": 4.0}
+        }))
+        .unwrap();
+        assert_eq!(lin.rope.scaling, RopeScaling::Factors(vec![4.0; 8]));
+    }
+
+    #[test]
+    fn unsupported_settings_are_named() {
+        let base = json!({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 10});
+        let with = |k: &str, v: Json| {
+            let mut b = base.clone();
+            b[k] = v;
+            cfg(b).unwrap_err().to_string()
+        };
+        assert!(with("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0})).contains("yarn"));
+        assert!(with("hidden_act", json!("gelu")).contains("gelu"));
+        assert!(with("attention_bias", json!(true)).contains("attention_bias"));
+        assert!(with("num_key_value_heads", json!(3)).contains("kv heads"));
+        assert!(with("hidden_size", json!("big")).contains("hidden_size"));
+        let mut b = base.clone();
+        b.as_object_mut().unwrap().remove("intermediate_size");
+        assert!(cfg(b)
+            .unwrap_err()
+            .to_string()
+            .contains("missing 'intermediate_size'"));
+    }
+
+    #[test]
+    fn mlx_overrides() {
+        let q = mlx_quant(
+            Path::new("config.json"),
+            &json!({"quantization": {"group_size": 64, "bits": 4,
+                "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8},
+                "lm_head": false}}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(q.of("model.layers.1.mlp.down_proj"), Some((4, 64)));
+        assert_eq!(q.of("model.layers.0.mlp.down_proj"), Some((8, 32)));
+        assert_eq!(q.of("lm_head"), None);
+        let e = mlx_quant(
+            Path::new("config.json"),
+            &json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("mxfp4"));
+    }
+}

@@ -1,0 +1,202 @@
+//! The Llama family's parameters under one canonical naming, and their names in each source
+//! format: GGUF (`blk.N.attn_q.weight`) and Hugging Face / MLX (`model.layers.N.self_attn.
+//! q_proj.weight`).
+
+/// A parameter of one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LayerParam {
+    AttnNorm,
+    AttnQ,
+    AttnK,
+    AttnV,
+    AttnOutput,
+    AttnQBias,
+    AttnKBias,
+    AttnVBias,
+    AttnQNorm,
+    AttnKNorm,
+    FfnNorm,
+    FfnGate,
+    FfnUp,
+    FfnDown,
+}
+
+/// (parameter, GGUF suffix after `blk.N.`, Hugging Face suffix after `model.layers.N.`)
+const LAYER: [(LayerParam, &str, &str); 14] = [
+    (
+        LayerParam::AttnNorm,
+        "attn_norm.weight",
+        "input_layernorm.weight",
+    ),
+    (
+        LayerParam::AttnQ,
+        "attn_q.weight",
+        "self_attn.q_proj.weight",
+    ),
+    (
+        LayerParam::AttnK,
+        "attn_k.weight",
+        "self_attn.k_proj.weight",
+    ),
+    (
+        LayerParam::AttnV,
+        "attn_v.weight",
+        "self_attn.v_proj.weight",
+    ),
+    (
+        LayerParam::AttnOutput,
+        "attn_output.weight",
+        "self_attn.o_proj.weight",
+    ),
+    (
+        LayerParam::AttnQBias,
+        "attn_q.bias",
+        "self_attn.q_proj.bias",
+    ),
+    (
+        LayerParam::AttnKBias,
+        "attn_k.bias",
+        "self_attn.k_proj.bias",
+    ),
+    (
+        LayerParam::AttnVBias,
+        "attn_v.bias",
+        "self_attn.v_proj.bias",
+    ),
+    (
+        LayerParam::AttnQNorm,
+        "attn_q_norm.weight",
+        "self_attn.q_norm.weight",
+    ),
+    (
+        LayerParam::AttnKNorm,
+        "attn_k_norm.weight",
+        "self_attn.k_norm.weight",
+    ),
+    (
+        LayerParam::FfnNorm,
+        "ffn_norm.weight",
+        "post_attention_layernorm.weight",
+    ),
+    (
+        LayerParam::FfnGate,
+        "ffn_gate.weight",
+        "mlp.gate_proj.weight",
+    ),
+    (LayerParam::FfnUp, "ffn_up.weight", "mlp.up_proj.weight"),
+    (
+        LayerParam::FfnDown,
+        "ffn_down.weight",
+        "mlp.down_proj.weight",
+    ),
+];
+
+/// A parameter of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Param {
+    /// Token embeddings (vocab, dim).
+    TokenEmbd,
+    /// Final RMSNorm (dim).
+    OutputNorm,
+    /// Output projection (vocab, dim), absent when tied to the embeddings.
+    Output,
+    /// Llama 3 RoPE frequency factors (GGUF only; Hugging Face configs give the rule).
+    RopeFreqs,
+    Layer(usize, LayerParam),
+}
+
+/// Where a checkpoint's names come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    Gguf,
+    HuggingFace,
+}
+
+impl Param {
+    /// The parameter's name in `naming`, or `None` when that format has no such tensor.
+    pub fn name(self, naming: Naming) -> Option<String> {
+        match naming {
+            Naming::Gguf => Some(self.gguf()),
+            Naming::HuggingFace => self.hf(),
+        }
+    }
+
+    /// GGUF name (llama.cpp's, shared by the llama, qwen2 and qwen3 architectures).
+    pub fn gguf(self) -> String {
+        match self {
+            Param::TokenEmbd => "token_embd.weight".into(),
+            Param::OutputNorm => "output_norm.weight".into(),
+            Param::Output => "output.weight".into(),
+            Param::RopeFreqs => "rope_freqs.weight".into(),
+            Param::Layer(i, p) => format!("blk.{i}.{}", layer_entry(p).1),
+        }
+    }
+
+    /// Hugging Face name (transformers' Llama/Qwen2/Qwen3 modules; MLX keeps them).
+    pub fn hf(self) -> Option<String> {
+        Some(match self {
+            Param::TokenEmbd => "model.embed_tokens.weight".into(),
+            Param::OutputNorm => "model.norm.weight".into(),
+            Param::Output => "lm_head.weight".into(),
+            Param::RopeFreqs => return None,
+            Param::Layer(i, p) => format!("model.layers.{i}.{}", layer_entry(p).2),
+        })
+    }
+
+    /// The parameter a Hugging Face name denotes.
+    pub fn from_hf(name: &str) -> Option<Param> {
+        match name {
+            "model.embed_tokens.weight" => return Some(Param::TokenEmbd),
+            "model.norm.weight" => return Some(Param::OutputNorm),
+            "lm_head.weight" => return Some(Param::Output),
+            _ => {}
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (i, suffix) = rest.split_once('.')?;
+        let i: usize = i.parse().ok()?;
+        LAYER
+            .iter()
+            .find(|e| e.2 == suffix)
+            .map(|e| Param::Layer(i, e.0))
+    }
+
+    /// Whether the parameter is a matrix (quantizable) rather than a norm or bias vector.
+    pub fn is_matrix(self) -> bool {
+        use LayerParam::*;
+        match self {
+            Param::TokenEmbd | Param::Output => true,
+            Param::OutputNorm | Param::RopeFreqs => false,
+            Param::Layer(_, p) => matches!(
+                p,
+                AttnQ | AttnK | AttnV | AttnOutput | FfnGate | FfnUp | FfnDown
+            ),
+        }
+    }
+}
+
+fn layer_entry(p: LayerParam) -> &'static (LayerParam, &'static str, &'static str) {
+    LAYER
+        .iter()
+        .find(|e| e.0 == p)
+        .expect("every LayerParam has a table entry")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for e in LAYER {
+            let p = Param::Layer(3, e.0);
+            assert_eq!(Param::from_hf(&p.hf().unwrap()), Some(p));
+            assert!(p.gguf().starts_with("blk.3."));
+        }
+        assert_eq!(
+            Param::Layer(0, LayerParam::AttnQ).hf().unwrap(),
+            "model.layers.0.self_attn.q_proj.weight"
+        );
+        assert_eq!(Param::from_hf("model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(Param::from_hf("model.layers.1.mlp.up_proj.scales"), None);
+    }
+}
