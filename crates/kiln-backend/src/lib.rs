@@ -353,6 +353,16 @@ pub trait Backend {
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize);
     /// Copies row `src_row` of `src` into row 0 of `dst`.
     fn copy_row(&self, src: &Self::Tensor, src_row: usize, dst: &mut Self::Tensor);
+    /// Copies rows `src_row0..src_row0 + n` of `src` to rows `dst_row0..dst_row0 + n` of
+    /// `dst` (same cols): gathers one sequence's rows out of a batch and scatters them back.
+    fn copy_rows(
+        &self,
+        src: &Self::Tensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut Self::Tensor,
+        dst_row0: usize,
+    );
 
     // ---- speech ops (Whisper): layer norm, GELU, conv1d, attention without a cache ----
 
@@ -467,15 +477,6 @@ pub trait Backend {
     fn scale(&self, x: &mut Self::Tensor, s: f32, n: usize);
     /// out (cols, rows) = x (rows, cols) transposed.
     fn transpose(&self, x: &Self::Tensor, rows: usize, cols: usize, out: &mut Self::Tensor);
-    /// Copies `n_rows` rows of `src` from `src_row` into `dst` at `dst_row` (same columns).
-    fn copy_rows(
-        &self,
-        src: &Self::Tensor,
-        src_row: usize,
-        dst: &mut Self::Tensor,
-        dst_row: usize,
-        n_rows: usize,
-    );
     /// Rounds the first `n` values of x to the uint8 grid that per-tensor dynamic quantization
     /// (ONNX DynamicQuantizeLinear) gives them, in place: the activation arithmetic of int8
     /// exports, reproduced for comparison with them.

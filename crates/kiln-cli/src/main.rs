@@ -1,10 +1,11 @@
-//! `kiln`: run, chat, transcribe, speak, info, pull, bench, quantize, perplexity.
+//! `kiln`: run, chat, serve, transcribe, speak, info, pull, bench, quantize, perplexity.
 
 mod bench;
 mod info;
 mod llm_cmd;
 mod perplexity;
 mod quantize;
+mod serve_cmd;
 mod speak;
 mod stt_cmd;
 
@@ -35,6 +36,8 @@ enum Cmd {
     Run(llm_cmd::RunArgs),
     /// Interactive multi-turn chat.
     Chat(llm_cmd::ChatArgs),
+    /// OpenAI-compatible HTTP server with continuous batching.
+    Serve(serve_cmd::ServeArgs),
     /// Speech to text with Whisper: txt, srt, vtt or json on stdout; stats to stderr.
     Transcribe(stt_cmd::TranscribeArgs),
     /// Speak text (Kokoro-82M): WAV or raw PCM to a file or stdout, sentence by sentence.
@@ -106,6 +109,7 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Run(a) => llm_cmd::run(a),
         Cmd::Chat(a) => llm_cmd::chat(a),
+        Cmd::Serve(a) => serve_cmd::serve(a),
         Cmd::Transcribe(a) => stt_cmd::transcribe(a),
         Cmd::Speak(a) => speak::speak(a),
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),

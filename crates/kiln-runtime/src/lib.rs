@@ -4,6 +4,7 @@ mod generation;
 mod llm;
 mod perplexity;
 pub mod sampler;
+pub mod scheduler;
 mod speculative;
 mod stop;
 pub mod tts;
@@ -15,5 +16,9 @@ pub use llm::{
 };
 pub use perplexity::{nll, Perplexity};
 pub use sampler::{Sampler, SamplerConfig};
+pub use scheduler::{
+    Completion, Event, EventSink, ModelInfo, Prompt, Request, Scheduler, SchedulerConfig,
+    SchedulerStats, SubmitError,
+};
 pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;

@@ -528,6 +528,20 @@ impl Backend for CpuBackend {
         dst.data[..c].copy_from_slice(&src.data[src_row * c..(src_row + 1) * c]);
     }
 
+    fn copy_rows(
+        &self,
+        src: &CpuTensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut CpuTensor,
+        dst_row0: usize,
+    ) {
+        let c = src.cols;
+        assert_eq!(c, dst.cols, "copy_rows between tensors of different widths");
+        dst.data[dst_row0 * c..(dst_row0 + n) * c]
+            .copy_from_slice(&src.data[src_row0 * c..(src_row0 + n) * c]);
+    }
+
     // ---- speech ops ----
 
     fn layer_norm(
@@ -668,17 +682,6 @@ impl Backend for CpuBackend {
 
     fn transpose(&self, x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {
         ops::signal::transpose(x, rows, cols, out)
-    }
-
-    fn copy_rows(
-        &self,
-        src: &CpuTensor,
-        src_row: usize,
-        dst: &mut CpuTensor,
-        dst_row: usize,
-        n_rows: usize,
-    ) {
-        ops::signal::copy_rows(src, src_row, dst, dst_row, n_rows)
     }
 
     fn fake_quant_u8(&self, x: &mut CpuTensor, n: usize) {

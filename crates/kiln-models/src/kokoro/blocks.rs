@@ -32,7 +32,7 @@ impl<B: Backend> Ctx<'_, B> {
     /// A copy of x (rows, cols), rounded to the uint8 grid when `quant` is on.
     pub fn quantized(&self, x: &B::Tensor, rows: usize, cols: usize) -> B::Tensor {
         let mut q = self.b.tensor(rows, cols);
-        self.b.copy_rows(x, 0, &mut q, 0, rows);
+        self.b.copy_rows(x, 0, rows, &mut q, 0);
         if self.quant {
             self.b.fake_quant_u8(&mut q, rows * cols);
         }
@@ -397,7 +397,7 @@ impl<B: Backend> AdainResBlk1d<B> {
         let lo = self.len_out(len);
         // Residual path.
         let mut h = b.tensor(self.c_in, len);
-        b.copy_rows(x, 0, &mut h, 0, self.c_in);
+        b.copy_rows(x, 0, self.c_in, &mut h, 0);
         self.norm1.forward(cx, &mut h, s, len);
         b.leaky_relu(&mut h, 0.2, self.c_in * len);
         if let Some(pool) = &self.pool {
@@ -414,7 +414,7 @@ impl<B: Backend> AdainResBlk1d<B> {
             up
         } else {
             let mut c = b.tensor(self.c_in, len);
-            b.copy_rows(x, 0, &mut c, 0, self.c_in);
+            b.copy_rows(x, 0, self.c_in, &mut c, 0);
             c
         };
         let sc = match &self.conv1x1 {
@@ -486,12 +486,12 @@ impl<B: Backend> AdaInResBlock1<B> {
         let b = cx.b;
         let mut x = {
             let mut c = b.tensor(self.c, len);
-            b.copy_rows(x, 0, &mut c, 0, self.c);
+            b.copy_rows(x, 0, self.c, &mut c, 0);
             c
         };
         for u in &self.units {
             let mut t = b.tensor(self.c, len);
-            b.copy_rows(&x, 0, &mut t, 0, self.c);
+            b.copy_rows(&x, 0, self.c, &mut t, 0);
             u.adain1.forward(cx, &mut t, s, len);
             b.snake(&mut t, &u.alpha1, self.c, len);
             let mut t = u.conv1.forward(cx, &t, len);

@@ -75,9 +75,9 @@ impl<B: Backend> Decoder<B> {
         let nd = self.n_conv.forward(cx, n, 2 * frames);
         let asr_res = self.asr_res.forward(cx, asr, frames);
         let mut x = b.tensor(d + 2, frames);
-        b.copy_rows(asr, 0, &mut x, 0, d);
-        b.copy_rows(&f0d, 0, &mut x, d, 1);
-        b.copy_rows(&nd, 0, &mut x, d + 1, 1);
+        b.copy_rows(asr, 0, d, &mut x, 0);
+        b.copy_rows(&f0d, 0, 1, &mut x, d);
+        b.copy_rows(&nd, 0, 1, &mut x, d + 1);
         let mut x = self.encode.forward(cx, &x, s, frames);
         cx.put("dec.encode", &x, 1024, frames);
         let mut len = frames;
@@ -86,10 +86,10 @@ impl<B: Backend> Decoder<B> {
             if res {
                 let c = 1024;
                 let mut cat = b.tensor(c + 66, len);
-                b.copy_rows(&x, 0, &mut cat, 0, c);
-                b.copy_rows(&asr_res, 0, &mut cat, c, 64);
-                b.copy_rows(&f0d, 0, &mut cat, c + 64, 1);
-                b.copy_rows(&nd, 0, &mut cat, c + 65, 1);
+                b.copy_rows(&x, 0, c, &mut cat, 0);
+                b.copy_rows(&asr_res, 0, 64, &mut cat, c);
+                b.copy_rows(&f0d, 0, 1, &mut cat, c + 64);
+                b.copy_rows(&nd, 0, 1, &mut cat, c + 65);
                 x = cat;
             }
             x = blk.forward(cx, &x, s, len);
@@ -281,7 +281,7 @@ impl<B: Backend> Generator<B> {
         let mut x = {
             let c = self.ups[0].c_in;
             let mut t = b.tensor(c, frames);
-            b.copy_rows(x, 0, &mut t, 0, c);
+            b.copy_rows(x, 0, c, &mut t, 0);
             t
         };
         let mut len = frames;

@@ -429,8 +429,8 @@ impl<B: Backend> Kokoro<B> {
         let mut f = 0;
         for (tok, &k) in dur.iter().enumerate() {
             for _ in 0..k {
-                b.copy_rows(&enc, tok, &mut en, f, 1);
-                b.copy_rows(&t_en_t, tok, &mut asr_t, f, 1);
+                b.copy_rows(&enc, tok, 1, &mut en, f);
+                b.copy_rows(&t_en_t, tok, 1, &mut asr_t, f);
                 f += 1;
             }
         }

@@ -84,8 +84,8 @@ impl<B: Backend> Prosody<B> {
         let mut xt = b.tensor(d + sty, n);
         let mut tmp = b.tensor(d, n);
         b.transpose(d_en, n, d, &mut tmp);
-        b.copy_rows(&tmp, 0, &mut xt, 0, d);
-        b.copy_rows(s_rows, 0, &mut xt, d, sty);
+        b.copy_rows(&tmp, 0, d, &mut xt, 0);
+        b.copy_rows(s_rows, 0, sty, &mut xt, d);
         let mut x = b.tensor(n, d + sty);
         for (lstm, fc) in &self.enc_lstms {
             b.transpose(&xt, d + sty, n, &mut x);
@@ -93,7 +93,7 @@ impl<B: Backend> Prosody<B> {
             let gb = fc.forward(cx, s, 1);
             b.ada_layer_norm(&mut h, &gb, n, d, 1e-5);
             b.transpose(&h, n, d, &mut tmp);
-            b.copy_rows(&tmp, 0, &mut xt, 0, d);
+            b.copy_rows(&tmp, 0, d, &mut xt, 0);
         }
         b.transpose(&xt, d + sty, n, &mut x);
         x

@@ -13,6 +13,9 @@ use kiln_quant::GgmlType;
 use super::{HfCheckpoint, LayerParam, LlmConfig, Param};
 use crate::{ModelError, Source, WeightMap};
 
+mod batch;
+pub use batch::{LlamaBatch, SeqChunk};
+
 pub struct Attention<B: Backend> {
     pub q: B::Weight, // attn_q   (q_dim, dim)
     pub k: B::Weight, // attn_k   (kv_dim, dim)

@@ -7,5 +7,5 @@ pub mod names;
 
 pub use config::LlmConfig;
 pub use hf::{is_hf_dir, HfCheckpoint, MlxQuant};
-pub use llama::{Llama, LlamaState};
+pub use llama::{Llama, LlamaBatch, LlamaState, SeqChunk};
 pub use names::{LayerParam, Naming, Param};

@@ -42,12 +42,6 @@ pub fn transpose(x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {
     }
 }
 
-pub fn copy_rows(src: &CpuTensor, sr: usize, dst: &mut CpuTensor, dr: usize, n: usize) {
-    let c = src.cols;
-    assert_eq!(c, dst.cols, "copy_rows: column counts differ");
-    dst.data[dr * c..(dr + n) * c].copy_from_slice(&src.data[sr * c..(sr + n) * c]);
-}
-
 /// DynamicQuantizeLinear's (scale, zero point) for values in [lo, hi], and the rounding.
 pub fn fake_quant_u8(x: &mut CpuTensor, n: usize) {
     let v = &mut x.data[..n];

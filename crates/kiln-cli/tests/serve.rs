@@ -1,0 +1,87 @@
+//! `kiln serve` as a user starts it, driven by the official `openai` Python client
+//! (tools/openai_client_test.py). The client is installed with pip when missing; failing to
+//! get it fails the test (it is never skipped).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn python_has_openai() -> bool {
+    Command::new("python3")
+        .args(["-c", "import openai"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn openai_python_client_against_kiln_serve() {
+    kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap();
+    if !python_has_openai() {
+        let st = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .status()
+            .expect("run python3 -m pip");
+        assert!(st.success(), "pip install openai failed");
+        assert!(
+            python_has_openai(),
+            "openai still not importable after pip install"
+        );
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "-c",
+            "1024",
+            "--parallel",
+            "2",
+            "--api-key",
+            "k3y",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kiln serve");
+    let stderr = child.stderr.take().unwrap();
+    let server = Server(child);
+    // "kiln serve: listening on http://127.0.0.1:PORT"
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("kiln serve exited before listening")
+            .unwrap();
+        if let Some(u) = line.split("listening on ").nth(1) {
+            break u.trim().to_string();
+        }
+    };
+    // Keep draining the server's stderr so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/openai_client_test.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--base-url", &format!("{url}/v1"), "--api-key", "k3y"])
+        .output()
+        .expect("run the openai client test");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "openai client test failed:\n{so}\n{se}"
+    );
+    assert!(so.contains("unknown model: ok"), "{so}");
+    eprintln!("{}", so.trim());
+    drop(server);
+}

@@ -1,0 +1,644 @@
+//! Continuous batching: one engine thread owns the model and decodes every running request
+//! together, one batched forward per step.
+//!
+//! Requests arrive over a channel and join between steps. Each step feeds every decoding
+//! sequence its next token and the prefilling ones a chunk of their prompt (a long prompt
+//! is spread over several steps so running streams keep flowing), all in one
+//! [`Llama::forward_batch`]. Each sequence has its own KV cache slot, sampler and stop
+//! strings. A finished sequence leaves its tokens in its slot: the next request whose
+//! prompt starts the same way (system prompt, earlier turns) reuses that prefix (prefix
+//! cache). A request whose receiver is gone frees its slot before the next step.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kiln_backend::Backend;
+use kiln_models::llm::{LlamaBatch, LlamaState, SeqChunk};
+use kiln_text::{Message, StreamDecoder};
+
+use crate::llm::{FinishReason, GenerateOptions, Llm, RuntimeError};
+use crate::sampler::Sampler;
+use crate::stop::StopMatcher;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Sequences decoded together (KV cache slots).
+    pub slots: usize,
+    /// Context of each slot, in tokens (0: the model's, capped at 4096).
+    pub n_ctx: usize,
+    /// Prompt tokens prefilled per step, over all prefilling sequences.
+    pub prefill_chunk: usize,
+    /// Requests waiting for a slot before new ones are refused.
+    pub max_queue: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            slots: 4,
+            n_ctx: 0,
+            prefill_chunk: 128,
+            max_queue: 64,
+        }
+    }
+}
+
+/// What to generate after.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// A conversation, rendered with the model's chat template.
+    Chat(Vec<Message>),
+    /// Text sent as is (BOS added when the vocabulary asks for it).
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// What a request hears back, in order: `Text` pieces, then one `Done` or one `Error`.
+#[derive(Debug)]
+pub enum Event {
+    Text(String),
+    Done(Completion),
+    Error(RuntimeError),
+}
+
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub finish: FinishReason,
+    /// Tokens of the prompt, and how many of them came from the prefix cache.
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    /// Sampled tokens (an end-of-generation token included).
+    pub completion_tokens: usize,
+    pub tokens: Vec<u32>,
+    /// From submission to the first sampled token, and to the end.
+    pub ttft_secs: f64,
+    pub total_secs: f64,
+}
+
+/// Where a request's events go.
+pub trait EventSink: Send {
+    /// Delivers an event; false when the receiver is gone.
+    fn send(&mut self, e: Event) -> bool;
+    /// Whether the receiver is gone (checked before every step).
+    fn closed(&self) -> bool;
+}
+
+impl EventSink for Sender<Event> {
+    fn send(&mut self, e: Event) -> bool {
+        Sender::send(self, e).is_ok()
+    }
+    fn closed(&self) -> bool {
+        false
+    }
+}
+
+pub struct Request {
+    pub prompt: Prompt,
+    pub opts: GenerateOptions,
+    pub sink: Box<dyn EventSink>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    /// `max_queue` requests are already waiting.
+    QueueFull,
+    /// The engine thread has stopped.
+    Stopped,
+}
+
+/// What the engine learnt when it loaded the model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub path: std::path::PathBuf,
+    pub backend: String,
+    /// Context of each slot.
+    pub n_ctx: usize,
+    pub slots: usize,
+}
+
+/// Counters the engine keeps up to date (read by the server's metrics).
+#[derive(Debug, Default)]
+pub struct SchedulerStats {
+    /// Submitted requests not yet in a slot.
+    pub queued: AtomicUsize,
+    /// Requests in a slot.
+    pub running: AtomicUsize,
+    /// Batched forward passes.
+    pub steps: AtomicUsize,
+}
+
+/// The handle to the engine thread; cheap to share (`submit` takes `&self`).
+pub struct Scheduler {
+    tx: Option<Sender<Request>>,
+    stats: Arc<SchedulerStats>,
+    max_queue: usize,
+    info: ModelInfo,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Scheduler {
+    /// Starts the engine thread, which loads the model with `load` and owns it from then on.
+    pub fn spawn<B, F>(cfg: SchedulerConfig, load: F) -> Result<Scheduler, RuntimeError>
+    where
+        B: Backend + 'static,
+        F: FnOnce() -> Result<Llm<B>, RuntimeError> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let (info_tx, info_rx) = mpsc::channel();
+        let stats = Arc::new(SchedulerStats::default());
+        let st = stats.clone();
+        let cfg2 = cfg.clone();
+        let thread = std::thread::Builder::new()
+            .name("kiln-engine".into())
+            .spawn(move || {
+                let llm = match load() {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = info_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let mut engine = Engine::new(&llm, &cfg2, st);
+                let _ = info_tx.send(Ok(ModelInfo {
+                    path: llm.path.clone(),
+                    backend: llm.backend.name(),
+                    n_ctx: engine.n_ctx,
+                    slots: engine.slots.len(),
+                }));
+                engine.run(rx);
+            })
+            .map_err(|e| RuntimeError::Path {
+                path: "kiln-engine".into(),
+                what: format!("cannot start the engine thread: {e}"),
+            })?;
+        let info = match info_rx.recv() {
+            Ok(r) => r?,
+            Err(_) => {
+                let _ = thread.join();
+                return Err(RuntimeError::Path {
+                    path: "kiln-engine".into(),
+                    what: "the engine thread stopped while loading".into(),
+                });
+            }
+        };
+        Ok(Scheduler {
+            tx: Some(tx),
+            stats,
+            max_queue: cfg.max_queue,
+            info,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn stats(&self) -> &SchedulerStats {
+        &self.stats
+    }
+
+    /// Queues a request; its events go to `req.sink`.
+    pub fn submit(&self, req: Request) -> Result<(), SubmitError> {
+        let q = &self.stats.queued;
+        if q.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            q.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull);
+        }
+        let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
+        tx.send(req).map_err(|_| {
+            q.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::Stopped
+        })
+    }
+}
+
+impl Drop for Scheduler {
+    /// Closes the channel; the engine finishes the running requests and exits.
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A request admitted to a slot.
+struct Seq<'t> {
+    sink: Box<dyn EventSink>,
+    opts: GenerateOptions,
+    prompt: Vec<u32>,
+    cached: usize,
+    sampler: Sampler,
+    stream: StreamDecoder<'t>,
+    stops: StopMatcher,
+    generated: Vec<u32>,
+    stop_hit: bool,
+    /// The sampled token to feed next (decoding), or None while prefilling.
+    next: Option<u32>,
+    t0: Instant,
+    first: Option<Instant>,
+}
+
+struct Slot<'t, B: Backend> {
+    state: LlamaState<B>,
+    /// Tokens whose keys and values are in the cache, in position order.
+    tokens: Vec<u32>,
+    last_used: u64,
+    seq: Option<Seq<'t>>,
+}
+
+/// A request waiting for a slot, its prompt tokenized.
+struct Waiting {
+    req: Request,
+    prompt: Vec<u32>,
+    t0: Instant,
+}
+
+struct Engine<'m, B: Backend> {
+    llm: &'m Llm<B>,
+    slots: Vec<Slot<'m, B>>,
+    batch: LlamaBatch<B>,
+    waiting: VecDeque<Waiting>,
+    n_ctx: usize,
+    chunk: usize,
+    clock: u64,
+    stats: Arc<SchedulerStats>,
+}
+
+impl<'m, B: Backend> Engine<'m, B> {
+    fn new(llm: &'m Llm<B>, cfg: &SchedulerConfig, stats: Arc<SchedulerStats>) -> Self {
+        let n_ctx = match cfg.n_ctx {
+            0 => llm.model.cfg.ctx_train.min(4096),
+            n => n,
+        };
+        let n_slots = cfg.slots.max(1);
+        let chunk = cfg.prefill_chunk.max(1);
+        let slots = (0..n_slots)
+            .map(|_| Slot {
+                state: llm.model.new_state(&llm.backend, n_ctx, 1),
+                tokens: Vec::new(),
+                last_used: 0,
+                seq: None,
+            })
+            .collect();
+        Engine {
+            llm,
+            slots,
+            batch: llm.model.new_batch(&llm.backend, n_slots + chunk, n_slots),
+            waiting: VecDeque::new(),
+            n_ctx,
+            chunk,
+            clock: 0,
+            stats,
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.waiting.is_empty() || self.slots.iter().any(|s| s.seq.is_some())
+    }
+
+    fn run(&mut self, rx: Receiver<Request>) {
+        let mut open = true;
+        loop {
+            // New requests join between steps; block only when there is nothing to do.
+            while open {
+                let r = if self.busy() {
+                    rx.try_recv().map_err(|e| match e {
+                        TryRecvError::Empty => None,
+                        TryRecvError::Disconnected => Some(()),
+                    })
+                } else {
+                    rx.recv_timeout(Duration::from_secs(3600))
+                        .map_err(|e| match e {
+                            RecvTimeoutError::Timeout => None,
+                            RecvTimeoutError::Disconnected => Some(()),
+                        })
+                };
+                match r {
+                    Ok(req) => self.admit(req),
+                    Err(None) if self.busy() => break,
+                    Err(None) => continue,
+                    Err(Some(())) => open = false,
+                }
+            }
+            if !open && !self.busy() {
+                return;
+            }
+            let res = catch_unwind(AssertUnwindSafe(|| self.step()));
+            if res.is_err() {
+                // A bug, not bad input: fail the running requests, keep serving.
+                for i in 0..self.slots.len() {
+                    let e = RuntimeError::Path {
+                        path: "kiln-engine".into(),
+                        what: "internal error during generation (see the server log)".into(),
+                    };
+                    self.fail(i, e);
+                    self.slots[i].tokens.clear();
+                }
+            }
+        }
+    }
+
+    /// Tokenizes and checks a new request: errors are answered at once, the rest wait.
+    fn admit(&mut self, mut req: Request) {
+        let t0 = Instant::now();
+        self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+        match self.tokenize(&req.prompt) {
+            Ok(prompt) => {
+                self.stats.queued.fetch_add(1, Ordering::SeqCst);
+                self.waiting.push_back(Waiting { req, prompt, t0 });
+            }
+            Err(e) => {
+                req.sink.send(Event::Error(e));
+            }
+        }
+    }
+
+    fn tokenize(&self, p: &Prompt) -> Result<Vec<u32>, RuntimeError> {
+        let llm = self.llm;
+        let ids = match p {
+            Prompt::Chat(m) => llm.tokenize(&llm.render_chat(m)?, false)?,
+            Prompt::Text(t) => llm.tokenize(t, true)?,
+            Prompt::Tokens(t) => {
+                let vocab = llm.model.cfg.vocab_size;
+                if let Some(&id) = t.iter().find(|&&id| id as usize >= vocab) {
+                    return Err(RuntimeError::Model(kiln_models::ModelError::Backend {
+                        file: Default::default(),
+                        source: kiln_backend::BackendError::TokenOutOfRange { id, vocab },
+                    }));
+                }
+                t.clone()
+            }
+        };
+        if ids.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        if ids.len() > self.n_ctx {
+            return Err(RuntimeError::PromptTooLong {
+                tokens: ids.len(),
+                n_ctx: self.n_ctx,
+                ctx_train: llm.model.cfg.ctx_train,
+            });
+        }
+        Ok(ids)
+    }
+
+    /// Moves waiting requests into free slots, each to the free slot holding the longest
+    /// start of its prompt (least recently used on ties).
+    fn assign(&mut self) {
+        // Requests whose client left while waiting are dropped here.
+        let before = self.waiting.len();
+        self.waiting.retain(|w| !w.req.sink.closed());
+        let gone = before - self.waiting.len();
+        self.stats.queued.fetch_sub(gone, Ordering::SeqCst);
+        while !self.waiting.is_empty() {
+            let w = &self.waiting[0];
+            let best = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.seq.is_none())
+                .map(|(i, s)| (common_prefix(&s.tokens, &w.prompt), s.last_used, i))
+                .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            let Some((common, _, i)) = best else {
+                return;
+            };
+            let w = self.waiting.pop_front().expect("checked non-empty");
+            self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+            self.stats.running.fetch_add(1, Ordering::SeqCst);
+            // The last prompt token is always recomputed: its logits start the answer.
+            let reuse = common.min(w.prompt.len() - 1);
+            let tok = &self.llm.tokenizer;
+            let slot = &mut self.slots[i];
+            slot.tokens.truncate(reuse);
+            slot.seq = Some(Seq {
+                sampler: Sampler::new(w.req.opts.sampler.clone()),
+                stream: StreamDecoder::new(tok, true),
+                stops: StopMatcher::new(&w.req.opts.stop),
+                sink: w.req.sink,
+                opts: w.req.opts,
+                prompt: w.prompt,
+                cached: reuse,
+                generated: Vec::new(),
+                stop_hit: false,
+                next: None,
+                t0: w.t0,
+                first: None,
+            });
+        }
+    }
+
+    /// One batched forward: every decoding sequence's next token and prompt chunks of the
+    /// prefilling ones; then sampling.
+    fn step(&mut self) {
+        for i in 0..self.slots.len() {
+            if self.slots[i].seq.as_ref().is_some_and(|s| s.sink.closed()) {
+                self.release(i);
+            }
+        }
+        self.assign();
+        // Rows of this step: (slot, start, len) into the slot's pending tokens.
+        let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.slots.len());
+        let mut budget = self.chunk;
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(seq) = &s.seq {
+                if seq.next.is_some() {
+                    plan.push((i, 0, 1));
+                }
+            }
+        }
+        // Prefill: oldest request first, within the step's chunk.
+        let mut pre: Vec<(Instant, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let seq = s.seq.as_ref()?;
+                (seq.next.is_none()).then_some((seq.t0, i))
+            })
+            .collect();
+        pre.sort();
+        for (_, i) in pre {
+            if budget == 0 {
+                break;
+            }
+            let s = &self.slots[i];
+            let seq = s.seq.as_ref().expect("filtered");
+            let at = s.tokens.len();
+            let n = (seq.prompt.len() - at).min(budget);
+            budget -= n;
+            plan.push((i, at, n));
+        }
+        if plan.is_empty() {
+            return;
+        }
+        plan.sort_by_key(|p| p.0);
+
+        let llm = self.llm;
+        // Each slot's tokens for this step.
+        let feeds: Vec<Vec<u32>> = plan
+            .iter()
+            .map(|&(i, at, n)| {
+                let seq = self.slots[i].seq.as_ref().expect("planned");
+                match seq.next {
+                    Some(t) => vec![t],
+                    None => seq.prompt[at..at + n].to_vec(),
+                }
+            })
+            .collect();
+        let res = {
+            let mut chunks: Vec<SeqChunk<'_, B>> = Vec::with_capacity(plan.len());
+            let mut rest: &mut [Slot<'m, B>] = &mut self.slots;
+            let mut base = 0;
+            for (&(i, _, _), feed) in plan.iter().zip(&feeds) {
+                let (head, tail) = rest.split_at_mut(i - base + 1);
+                let slot = &mut head[i - base];
+                rest = tail;
+                base = i + 1;
+                chunks.push(SeqChunk {
+                    pos0: slot.tokens.len(),
+                    tokens: feed,
+                    state: &mut slot.state,
+                });
+            }
+            llm.model
+                .forward_batch(&llm.backend, &mut self.batch, &mut chunks)
+                .map(|l| l.to_vec())
+        };
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        let logits = match res {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = e.to_string();
+                for &(i, _, _) in &plan {
+                    self.fail(
+                        i,
+                        RuntimeError::Path {
+                            path: "forward".into(),
+                            what: msg.clone(),
+                        },
+                    );
+                    self.slots[i].tokens.clear();
+                }
+                return;
+            }
+        };
+        let vocab = llm.model.cfg.vocab_size;
+        self.clock += 1;
+        for (j, (&(i, _, _), feed)) in plan.iter().zip(&feeds).enumerate() {
+            let slot = &mut self.slots[i];
+            slot.tokens.extend_from_slice(feed);
+            slot.last_used = self.clock;
+            let seq = slot.seq.as_mut().expect("planned");
+            if seq.next.is_none() && slot.tokens.len() < seq.prompt.len() {
+                continue; // more prompt to prefill
+            }
+            let finish = sample(seq, &slot.tokens, &logits[j * vocab..(j + 1) * vocab], llm);
+            let finish = match finish {
+                Ok(f) => f,
+                Err(e) => {
+                    self.fail(i, e);
+                    continue;
+                }
+            };
+            let finish = finish.or_else(|| {
+                (slot.tokens.len() >= slot.state.n_ctx).then_some(FinishReason::ContextFull)
+            });
+            if let Some(f) = finish {
+                self.finish(i, f);
+            }
+        }
+    }
+
+    /// Ends slot `i`'s request: the held-back text, then `Done`.
+    fn finish(&mut self, i: usize, finish: FinishReason) {
+        let slot = &mut self.slots[i];
+        let Some(seq) = slot.seq.as_mut() else {
+            return;
+        };
+        if finish != FinishReason::Cancelled {
+            let tail = match flush(seq) {
+                Ok(t) => t,
+                Err(e) => return self.fail(i, e),
+            };
+            if !tail.is_empty() {
+                seq.sink.send(Event::Text(tail));
+            }
+        }
+        let now = Instant::now();
+        let done = Completion {
+            finish,
+            prompt_tokens: seq.prompt.len(),
+            cached_tokens: seq.cached,
+            completion_tokens: seq.generated.len(),
+            tokens: seq.generated.clone(),
+            ttft_secs: seq.first.map_or(0.0, |f| (f - seq.t0).as_secs_f64()),
+            total_secs: (now - seq.t0).as_secs_f64(),
+        };
+        seq.sink.send(Event::Done(done));
+        self.release(i);
+    }
+
+    fn fail(&mut self, i: usize, e: RuntimeError) {
+        if let Some(seq) = self.slots[i].seq.as_mut() {
+            seq.sink.send(Event::Error(e));
+            self.release(i);
+        }
+    }
+
+    /// Frees slot `i`; its cached tokens stay for the prefix cache.
+    fn release(&mut self, i: usize) {
+        if self.slots[i].seq.take().is_some() {
+            self.stats.running.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Samples the sequence's next token from `logits` (history: the slot's tokens) and emits
+/// its text; returns why generation ends here, if it does. The order of checks is
+/// [`crate::LlmSession::generate`]'s, so a request gets the tokens it would get alone.
+fn sample<B: Backend>(
+    seq: &mut Seq<'_>,
+    history: &[u32],
+    logits: &[f32],
+    llm: &Llm<B>,
+) -> Result<Option<FinishReason>, RuntimeError> {
+    if seq.generated.len() >= seq.opts.max_tokens {
+        return Ok(Some(FinishReason::MaxTokens));
+    }
+    let next = seq.sampler.sample(logits, history);
+    seq.first.get_or_insert_with(Instant::now);
+    seq.generated.push(next);
+    seq.next = Some(next);
+    if llm.tokenizer.is_eog(next) {
+        return Ok(Some(FinishReason::Stop));
+    }
+    let (text, hit) = seq.stops.push(&seq.stream.push(next)?);
+    if !text.is_empty() && !seq.sink.send(Event::Text(text)) {
+        return Ok(Some(FinishReason::Cancelled));
+    }
+    if hit {
+        seq.stop_hit = true;
+        return Ok(Some(FinishReason::Stop));
+    }
+    Ok(None)
+}
+
+/// What the decoder and the stop matcher still hold, at the end (nothing after a stop).
+fn flush(seq: &mut Seq<'_>) -> Result<String, RuntimeError> {
+    if seq.stop_hit {
+        return Ok(String::new());
+    }
+    let (text, hit) = seq.stops.push(&seq.stream.flush()?);
+    Ok(if hit { text } else { text + &seq.stops.flush() })
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}

@@ -1,0 +1,301 @@
+//! Continuous batching against one request at a time on SmolLM2-135M-Instruct: at
+//! temperature 0 (and at temperature 0.9 with a seed) every request of a batch gets exactly
+//! the tokens `LlmSession::generate` gives it alone, whether it joins with the others, later,
+//! or with a prompt prefilled over several steps; the prefix cache reuses a shared start;
+//! a dropped receiver frees its slot; a full queue and bad prompts are refused cleanly.
+
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kiln_backend::cpu::{default_threads, CpuBackend};
+use kiln_runtime::{
+    Completion, Event, EventSink, FinishReason, GenerateOptions, Llm, Prompt, Request,
+    RuntimeError, SamplerConfig, Scheduler, SchedulerConfig, SubmitError,
+};
+use kiln_text::Message;
+
+const N_CTX: usize = 1024;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn load() -> Result<Llm<CpuBackend>, RuntimeError> {
+    let path = kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap();
+    Llm::load(CpuBackend::new(default_threads()), &path)
+}
+
+const QUESTIONS: [&str; 8] = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 12?",
+    "Who wrote Romeo and Juliet?",
+    "Give me a synonym for happy.",
+    "Why is the sky blue? Answer in one sentence.",
+    "List the first five prime numbers.",
+];
+
+fn chat(q: &str) -> Vec<Message> {
+    vec![Message::new("user", q)]
+}
+
+fn opts(max_tokens: usize, sampler: SamplerConfig) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampler,
+        stop: Vec::new(),
+    }
+}
+
+/// What one request gets alone, through the plain generation loop.
+fn alone(llm: &Llm<CpuBackend>, prompt: &[u32], o: &GenerateOptions) -> (Vec<u32>, String) {
+    let mut s = llm.session(N_CTX, 512);
+    let mut text = String::new();
+    let st = s
+        .generate(prompt, o, &mut |t| {
+            text.push_str(t);
+            true
+        })
+        .unwrap();
+    (st.tokens, text)
+}
+
+fn submit(s: &Scheduler, prompt: Prompt, o: GenerateOptions) -> Receiver<Event> {
+    let (tx, rx) = channel();
+    s.submit(Request {
+        prompt,
+        opts: o,
+        sink: Box::new(tx),
+    })
+    .unwrap();
+    rx
+}
+
+/// All text, then the completion (panics on an error event).
+fn collect(rx: &Receiver<Event>) -> (String, Completion) {
+    let mut text = String::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(c) => return (text, c),
+            Event::Error(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
+fn scheduler(slots: usize, chunk: usize) -> Scheduler {
+    Scheduler::spawn(
+        SchedulerConfig {
+            slots,
+            n_ctx: N_CTX,
+            prefill_chunk: chunk,
+            max_queue: 64,
+        },
+        load,
+    )
+    .unwrap()
+}
+
+#[test]
+fn batched_requests_match_single_requests() {
+    let _g = serial();
+    let llm = load().unwrap();
+    let prompts: Vec<Vec<u32>> = QUESTIONS
+        .iter()
+        .map(|q| {
+            llm.tokenize(&llm.render_chat(&chat(q)).unwrap(), false)
+                .unwrap()
+        })
+        .collect();
+    let seeded = SamplerConfig {
+        temperature: 0.9,
+        seed: 7,
+        ..Default::default()
+    };
+    let mut cases = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        // Half greedy, half seeded sampling; lengths differ so sequences leave at different steps.
+        let sampler = if i % 2 == 0 {
+            SamplerConfig::greedy()
+        } else {
+            seeded.clone()
+        };
+        let o = opts(24 + 4 * i, sampler);
+        let want = alone(&llm, p, &o);
+        cases.push((p.clone(), o, want));
+    }
+    drop(llm);
+    // 8 slots, prompts prefilled 16 tokens per step over all of them: requests share steps
+    // while some still prefill.
+    let s = scheduler(8, 16);
+    let rxs: Vec<_> = cases
+        .iter()
+        .map(|(p, o, _)| submit(&s, Prompt::Tokens(p.clone()), o.clone()))
+        .collect();
+    for ((_, _, (tokens, text)), rx) in cases.iter().zip(&rxs) {
+        let (got_text, c) = collect(rx);
+        assert_eq!(
+            &c.tokens, tokens,
+            "batched tokens differ from the single run"
+        );
+        assert_eq!(&got_text, text);
+        assert_eq!(c.completion_tokens, tokens.len());
+    }
+    assert!(
+        s.stats().steps.load(std::sync::atomic::Ordering::Relaxed) < 80,
+        "requests were not batched"
+    );
+    // Fewer slots than requests: the rest wait, then join between steps.
+    let s = scheduler(3, 64);
+    let rxs: Vec<_> = cases
+        .iter()
+        .map(|(p, o, _)| submit(&s, Prompt::Tokens(p.clone()), o.clone()))
+        .collect();
+    for ((_, _, (tokens, _)), rx) in cases.iter().zip(&rxs) {
+        assert_eq!(&collect(rx).1.tokens, tokens);
+    }
+}
+
+#[test]
+fn prefix_cache_and_stop_strings() {
+    let _g = serial();
+    let s = scheduler(2, 64);
+    let system = "You are a concise assistant. Answer in one short sentence, without any \
+        preamble, and never ask a question back.";
+    let conv = |q: &str| {
+        Prompt::Chat(vec![
+            Message::new("system", system),
+            Message::new("user", q),
+        ])
+    };
+    let o = opts(16, SamplerConfig::greedy());
+    let (a, c1) = collect(&submit(
+        &s,
+        conv("What is the capital of France?"),
+        o.clone(),
+    ));
+    assert!(a.contains("Paris"), "answer: {a}");
+    assert_eq!(c1.cached_tokens, 0);
+    // The slot holding the longest start of the prompt takes it: the system prompt is reused.
+    let (b, c2) = collect(&submit(
+        &s,
+        conv("What is the capital of Italy?"),
+        o.clone(),
+    ));
+    assert!(
+        c2.cached_tokens >= 20,
+        "the system prompt was not reused: {c2:?}"
+    );
+    // The same request again: all but the last prompt token come from the cache, same answer.
+    let (b3, c3) = collect(&submit(
+        &s,
+        conv("What is the capital of Italy?"),
+        o.clone(),
+    ));
+    assert_eq!(b3, b);
+    assert_eq!(c3.cached_tokens, c3.prompt_tokens - 1);
+    // A stop string cuts the answer before it.
+    let stop = GenerateOptions {
+        stop: vec!["Paris".into()],
+        ..o.clone()
+    };
+    let (a4, c4) = collect(&submit(&s, conv("What is the capital of France?"), stop));
+    assert_eq!(c4.finish, FinishReason::Stop);
+    assert!(
+        !a4.contains("Paris") && a.starts_with(&a4),
+        "{a4:?} vs {a:?}"
+    );
+    let (_, c5) = collect(&submit(&s, Prompt::Text("Once upon a time".into()), o));
+    assert_eq!(c5.finish, FinishReason::MaxTokens);
+    assert_eq!(c5.completion_tokens, 16);
+}
+
+/// A sink whose receiver is gone as soon as `closed` is set.
+struct Dropping(std::sync::Arc<std::sync::atomic::AtomicBool>);
+impl EventSink for Dropping {
+    fn send(&mut self, _: Event) -> bool {
+        !self.closed()
+    }
+    fn closed(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn disconnects_free_slots_and_bad_requests_are_refused() {
+    let _g = serial();
+    let s = Scheduler::spawn(
+        SchedulerConfig {
+            slots: 1,
+            n_ctx: 64,
+            prefill_chunk: 32,
+            max_queue: 2,
+        },
+        load,
+    )
+    .unwrap();
+    let long = opts(100_000, SamplerConfig::greedy());
+    // A request whose client leaves at once: its slot serves the next one.
+    let gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    s.submit(Request {
+        prompt: Prompt::Text("Count to a thousand:".into()),
+        opts: long.clone(),
+        sink: Box::new(Dropping(gone.clone())),
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    gone.store(true, std::sync::atomic::Ordering::SeqCst);
+    let t = Instant::now();
+    let (_, c) = collect(&submit(
+        &s,
+        Prompt::Text("Hello".into()),
+        opts(4, SamplerConfig::greedy()),
+    ));
+    assert_eq!(c.completion_tokens, 4);
+    assert!(t.elapsed() < Duration::from_secs(20));
+    // The context fills: finish reason ContextFull.
+    let (_, c) = collect(&submit(
+        &s,
+        Prompt::Text("Count to a thousand:".into()),
+        long.clone(),
+    ));
+    assert_eq!(c.finish, FinishReason::ContextFull);
+    assert_eq!(c.prompt_tokens + c.completion_tokens, 64 + 1);
+    // Bad prompts: one error event each.
+    let too_long = Prompt::Text("word ".repeat(100));
+    for (p, what) in [
+        (too_long, "context holds 64"),
+        (Prompt::Tokens(vec![]), "empty"),
+        (Prompt::Tokens(vec![u32::MAX]), "outside the vocabulary"),
+    ] {
+        match submit(&s, p, long.clone()).recv().unwrap() {
+            Event::Error(e) => assert!(e.to_string().contains(what), "{e}"),
+            e => panic!("expected an error, got {e:?}"),
+        }
+    }
+    // The queue holds two waiting requests: a third is refused.
+    let busy: Vec<_> = (0..3)
+        .map(|_| {
+            let (tx, rx) = channel();
+            let r = s.submit(Request {
+                prompt: Prompt::Text("Count to a thousand:".into()),
+                opts: opts(40, SamplerConfig::greedy()),
+                sink: Box::new(tx),
+            });
+            (r, rx)
+        })
+        .collect();
+    let refused = busy
+        .iter()
+        .filter(|(r, _)| *r == Err(SubmitError::QueueFull))
+        .count();
+    assert!(refused >= 1, "a full queue must refuse");
+    for (r, rx) in &busy {
+        if r.is_ok() {
+            collect(rx);
+        }
+    }
+}

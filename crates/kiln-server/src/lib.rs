@@ -1,0 +1,570 @@
+//! `kiln serve`: an OpenAI-compatible HTTP server over the continuous-batching scheduler.
+//!
+//! HTTP only: requests become [`kiln_runtime::Request`]s for the engine thread (which owns
+//! the model and batches every running request into one forward per step), and its events
+//! become JSON or server-sent events. Routes:
+//!
+//! - `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /metrics` (Prometheus)
+//! - `POST /v1/chat/completions`, `POST /v1/completions` (streamed with `"stream": true`)
+//!
+//! Audio routes (transcriptions, speech, voice chat) will join [`router`] as their own
+//! modules once the Whisper and Kokoro pipelines are in the runtime.
+
+mod api;
+mod error;
+mod metrics;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::StreamExt;
+use kiln_runtime::{
+    Completion, Event, EventSink, FinishReason, GenerateOptions, Prompt, Request, Scheduler,
+    SubmitError,
+};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+pub use error::ApiError;
+use metrics::Metrics;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The name clients use in `model` (and that `/v1/models` lists).
+    pub model_id: String,
+    /// When set, every route wants `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes (larger: 413).
+    pub max_body: usize,
+}
+
+pub struct AppState {
+    sched: Scheduler,
+    cfg: ServerConfig,
+    metrics: Metrics,
+    created: u64,
+    counter: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(sched: Scheduler, cfg: ServerConfig) -> Arc<Self> {
+        Arc::new(AppState {
+            sched,
+            cfg,
+            metrics: Metrics::default(),
+            created: unix_now(),
+            counter: AtomicU64::new(0),
+        })
+    }
+
+    fn next_id(&self, prefix: &str) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:04x}", self.created)
+    }
+
+    /// A seed for requests that give none: different per request.
+    fn seed(&self) -> u64 {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ self.counter.fetch_add(1, Ordering::Relaxed).rotate_left(32)
+    }
+
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            None => Ok(()),
+            Some(m) if m == self.cfg.model_id => Ok(()),
+            Some(m) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!(
+                    "the model '{m}' does not exist (this server serves '{}')",
+                    self.cfg.model_id
+                ),
+            )
+            .param("model")
+            .code("model_not_found")),
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The routes, behind the API key check and the request counter.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// Serves `state` on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}
+
+/// Route names for metrics (unknown paths share one label).
+fn route_label(path: &str) -> &'static str {
+    match path {
+        "/health" => "/health",
+        "/v1/models" => "/v1/models",
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}",
+        "/metrics" => "/metrics",
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        _ => "other",
+    }
+}
+
+/// API key check on every route, then the request counted by route and status.
+async fn guard(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let route = route_label(req.uri().path());
+    let ok = match &st.cfg.api_key {
+        None => true,
+        Some(key) => bearer(req.headers()).is_some_and(|k| same(k.as_bytes(), key.as_bytes())),
+    };
+    let resp = if ok {
+        next.run(req).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "missing or wrong API key (send 'Authorization: Bearer KEY')",
+        )
+        .code("invalid_api_key")
+        .into_response()
+    };
+    st.metrics.request(route, resp.status().as_u16());
+    resp
+}
+
+fn bearer(h: &HeaderMap) -> Option<&str> {
+    let v = h.get(header::AUTHORIZATION)?.to_str().ok()?;
+    v.strip_prefix("Bearer ").map(str::trim)
+}
+
+/// Equality whose time does not depend on where the inputs differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no route {}", uri.path()),
+    )
+    .code("not_found")
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let s = st.sched.stats();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "status": "ok",
+            "model": st.cfg.model_id,
+            "slots": st.sched.info().slots,
+            "running": s.running.load(Ordering::SeqCst),
+            "queued": s.queued.load(Ordering::SeqCst),
+        }),
+    )
+}
+
+fn model_object(st: &AppState) -> Value {
+    json!({
+        "id": st.cfg.model_id,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "kiln",
+        "context_length": st.sched.info().n_ctx,
+    })
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [model_object(&st)]}),
+    )
+}
+
+async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match st.check_model(Some(&id)) {
+        Ok(()) => json_response(StatusCode::OK, &model_object(&st)),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(st.sched.stats()),
+    )
+        .into_response()
+}
+
+/// Bodies past this are not even drained before the 413 (the connection closes instead).
+const DRAIN_MAX: usize = 64 << 20;
+
+/// The body, up to `limit` bytes. A larger one is read to its end (up to `DRAIN_MAX`), so
+/// the client is reading when the 413 comes, then refused.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than {limit} bytes"),
+        )
+        .code("request_too_large")
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > DRAIN_MAX) {
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the body: {e}")))?;
+        total += chunk.len();
+        if total <= limit {
+            buf.extend_from_slice(&chunk);
+        } else if total > DRAIN_MAX {
+            break;
+        }
+    }
+    if total > limit {
+        return Err(too_large());
+    }
+    Ok(buf.into())
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "the body is not valid JSON"
+        } else {
+            "the body does not match the request schema"
+        };
+        ApiError::invalid(format!("{what}: {e}"))
+    })
+}
+
+async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let res = async {
+        let bytes = read_body(&headers, body, st.cfg.max_body).await?;
+        let req: api::ChatRequest = parse(&bytes)?;
+        st.check_model(req.model.as_deref())?;
+        let prompt = Prompt::Chat(req.messages()?);
+        let opts = req.sampling.options(st.seed())?;
+        let stream = req.stream.unwrap_or(false);
+        let usage = api::include_usage(&req.stream_options);
+        generate(st.clone(), Kind::Chat, prompt, opts, stream, usage).await
+    };
+    res.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let res = async {
+        let bytes = read_body(&headers, body, st.cfg.max_body).await?;
+        let req: api::CompletionRequest = parse(&bytes)?;
+        st.check_model(req.model.as_deref())?;
+        let prompt = req.prompt()?;
+        let opts = req.sampling.options(st.seed())?;
+        let stream = req.stream.unwrap_or(false);
+        let usage = api::include_usage(&req.stream_options);
+        generate(st.clone(), Kind::Completion, prompt, opts, stream, usage).await
+    };
+    res.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Events for one request; the engine sees the receiver drop (a client gone) at once.
+struct ChannelSink(mpsc::UnboundedSender<Event>);
+
+impl EventSink for ChannelSink {
+    fn send(&mut self, e: Event) -> bool {
+        self.0.send(e).is_ok()
+    }
+    fn closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+        FinishReason::MaxTokens | FinishReason::ContextFull => "length",
+    }
+}
+
+fn usage(c: &Completion) -> Value {
+    json!({
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+    })
+}
+
+fn engine_gone() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "the generation engine has stopped",
+    )
+}
+
+/// Submits a request and answers it: one JSON body, or server-sent events. Errors the
+/// engine finds before the first token (a prompt too long for the context) are still
+/// status codes; later ones arrive as an `error` event.
+async fn generate(
+    st: Arc<AppState>,
+    kind: Kind,
+    prompt: Prompt,
+    opts: GenerateOptions,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let req = Request {
+        prompt,
+        opts,
+        sink: Box::new(ChannelSink(tx)),
+    };
+    st.sched.submit(req).map_err(|e| match e {
+        SubmitError::QueueFull => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "the server's queue is full; retry later",
+        )
+        .code("queue_full"),
+        SubmitError::Stopped => engine_gone(),
+    })?;
+    let first = rx.recv().await.ok_or_else(engine_gone)?;
+    if let Event::Error(e) = first {
+        return Err(e.into());
+    }
+    let (prefix, object) = match kind {
+        Kind::Chat => ("chatcmpl", "chat.completion"),
+        Kind::Completion => ("cmpl", "text_completion"),
+    };
+    let head = Head {
+        id: st.next_id(prefix),
+        created: unix_now(),
+        model: st.cfg.model_id.clone(),
+        kind,
+    };
+    if stream {
+        return Ok(sse(st, head, first, rx, include_usage));
+    }
+    let mut text = String::new();
+    let mut ev = first;
+    let done = loop {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(c) => break c,
+            Event::Error(e) => return Err(e.into()),
+        }
+        ev = rx.recv().await.ok_or_else(engine_gone)?;
+    };
+    st.metrics.generation(&done);
+    let choice = match kind {
+        Kind::Chat => json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": null,
+            "finish_reason": finish_reason(done.finish),
+        }),
+        Kind::Completion => json!({
+            "index": 0,
+            "text": text,
+            "logprobs": null,
+            "finish_reason": finish_reason(done.finish),
+        }),
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "id": head.id,
+            "object": object,
+            "created": head.created,
+            "model": head.model,
+            "choices": [choice],
+            "usage": usage(&done),
+        }),
+    ))
+}
+
+/// What every chunk of one response repeats.
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+}
+
+impl Head {
+    /// One `data:` event with one choice: a content delta / text, or the finish.
+    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>, usage: bool) -> String {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Kind::Completion => json!({
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "logprobs": null,
+                "finish_reason": finish,
+            }),
+        };
+        let mut v = self.object(vec![choice]);
+        if usage {
+            v["usage"] = Value::Null;
+        }
+        data(&v)
+    }
+
+    fn object(&self, choices: Vec<Value>) -> Value {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+}
+
+fn data(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+struct SseState {
+    st: Arc<AppState>,
+    head: Head,
+    first: Option<Event>,
+    rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+    role_sent: bool,
+    ended: bool,
+}
+
+/// Server-sent events: `data: {chunk}` per text piece, a finishing chunk, the usage chunk
+/// when asked for (`stream_options.include_usage`), then `data: [DONE]`.
+fn sse(
+    st: Arc<AppState>,
+    head: Head,
+    first: Event,
+    rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+) -> Response {
+    let state = SseState {
+        st,
+        head,
+        first: Some(first),
+        rx,
+        include_usage,
+        role_sent: false,
+        ended: false,
+    };
+    let events = futures_util::stream::unfold(state, |mut s| async move {
+        if s.ended {
+            return None;
+        }
+        let ev = match s.first.take() {
+            Some(e) => Some(e),
+            None => s.rx.recv().await,
+        };
+        let mut out = String::new();
+        let role = s.head.kind == Kind::Chat && !s.role_sent;
+        s.role_sent = true;
+        let u = s.include_usage;
+        match ev {
+            Some(Event::Text(t)) => out.push_str(&s.head.chunk(Some(&t), role, None, u)),
+            Some(Event::Done(c)) => {
+                s.st.metrics.generation(&c);
+                let fin = finish_reason(c.finish);
+                out.push_str(&s.head.chunk(None, role, Some(fin), u));
+                if u {
+                    let mut v = s.head.object(Vec::new());
+                    v["usage"] = usage(&c);
+                    out.push_str(&data(&v));
+                }
+                out.push_str("data: [DONE]\n\n");
+                s.ended = true;
+            }
+            Some(Event::Error(e)) => {
+                out.push_str(&data(&ApiError::from(e).body()));
+                out.push_str("data: [DONE]\n\n");
+                s.ended = true;
+            }
+            None => {
+                out.push_str(&data(&engine_gone().body()));
+                s.ended = true;
+            }
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(out)), s))
+    });
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response()
+}

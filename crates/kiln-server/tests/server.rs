@@ -1,0 +1,585 @@
+//! The server over real HTTP on an ephemeral port, with SmolLM2-135M-Instruct: chat and
+//! completions (streamed and not) answer with the right content, usage and SSE framing;
+//! 8 concurrent streamed chats each get exactly what they get alone; bad requests get a
+//! 4xx error JSON and the server keeps serving; a client that leaves frees its slot; a full
+//! queue answers 429; the API key guards every route.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use kiln_backend::cpu::{default_threads, CpuBackend};
+use kiln_runtime::{Llm, RuntimeError, Scheduler, SchedulerConfig};
+use kiln_server::{AppState, ServerConfig};
+use serde_json::{json, Value};
+
+const MODEL: &str = "smollm2-135m-instruct";
+const SYSTEM: &str = "You are a helpful assistant.";
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn load() -> Result<Llm<CpuBackend>, RuntimeError> {
+    let path = kiln_assets::resolve(MODEL, &mut |_| {}).unwrap();
+    Llm::load(CpuBackend::new(default_threads()), &path)
+}
+
+fn spawn(sched: SchedulerConfig, cfg: ServerConfig) -> SocketAddr {
+    let state = AppState::new(Scheduler::spawn(sched, load).unwrap(), cfg);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            kiln_server::serve(l, state).await.unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// The shared server: 8 slots of 512 tokens, bodies up to 64 KiB, no key.
+fn server() -> SocketAddr {
+    static S: OnceLock<SocketAddr> = OnceLock::new();
+    *S.get_or_init(|| {
+        spawn(
+            SchedulerConfig {
+                slots: 8,
+                n_ctx: 512,
+                prefill_chunk: 64,
+                max_queue: 64,
+            },
+            ServerConfig {
+                model_id: MODEL.into(),
+                api_key: None,
+                max_body: 64 << 10,
+            },
+        )
+    })
+}
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// An OpenAI-style error with this status.
+    fn assert_error(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        let v = self.json();
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+        v
+    }
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s
+}
+
+fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    // The server may answer (413) before it has read everything: a short write is fine.
+    let _ = s.write_all(body);
+}
+
+/// One HTTP/1.1 exchange on a fresh connection (chunked bodies decoded).
+fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    let mut s = connect(addr);
+    send(&mut s, method, path, headers, body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    parse_reply(&raw)
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .expect("a complete response head");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Reply {
+        status,
+        headers: head.to_string(),
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s.split_once("\r\n").expect("chunk size line");
+        let n = usize::from_str_radix(size.trim(), 16).expect("hex chunk size");
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+}
+
+fn post(path: &str, body: &Value) -> Reply {
+    http(server(), "POST", path, &[], body.to_string().as_bytes())
+}
+
+fn chat_body(q: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "stream_options": {"include_usage": stream},
+    })
+}
+
+/// Server-sent events: every event one `data: ` line then a blank line, `[DONE]` last.
+/// Returns the JSON events before `[DONE]`.
+fn sse_events(body: &str) -> Vec<Value> {
+    assert!(
+        body.ends_with("data: [DONE]\n\n"),
+        "no [DONE] at the end: {body:?}"
+    );
+    let events: Vec<&str> = body.split_terminator("\n\n").collect();
+    let mut out = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let payload = e
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("event without 'data: ': {e:?}"));
+        assert!(!payload.contains('\n'), "multi-line event: {e:?}");
+        if i + 1 == events.len() {
+            assert_eq!(payload, "[DONE]");
+        } else {
+            out.push(serde_json::from_str(payload).expect("JSON event"));
+        }
+    }
+    out
+}
+
+/// Content of a streamed chat, its finish reason, and the usage chunk.
+fn stream_content(events: &[Value]) -> (String, String, Option<Value>) {
+    let mut text = String::new();
+    let mut finish = String::new();
+    let mut usage = None;
+    for e in events {
+        assert_eq!(e["object"], "chat.completion.chunk", "{e}");
+        let choices = e["choices"].as_array().unwrap();
+        if choices.is_empty() {
+            usage = Some(e["usage"].clone());
+            continue;
+        }
+        let c = &choices[0];
+        if let Some(t) = c["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish, usage)
+}
+
+fn check_usage(u: &Value) -> (u64, u64) {
+    let (p, c, t) = (
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["completion_tokens"].as_u64().unwrap(),
+        u["total_tokens"].as_u64().unwrap(),
+    );
+    assert!(p > 0 && c > 0 && t == p + c, "{u}");
+    assert!(
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            < p
+    );
+    (p, c)
+}
+
+#[test]
+fn chat_streamed_and_not_answer_paris() {
+    let _g = serial();
+    let r = post(
+        "/v1/chat/completions",
+        &chat_body("What is the capital of France?", 32, false),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.headers.to_ascii_lowercase().contains("application/json"));
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], MODEL);
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["role"], "assistant");
+    let answer = msg["content"].as_str().unwrap().to_string();
+    assert!(answer.contains("Paris"), "answer: {answer}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let (p, c) = check_usage(&v["usage"]);
+
+    let r = post(
+        "/v1/chat/completions",
+        &chat_body("What is the capital of France?", 32, true),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.headers.to_ascii_lowercase().contains("text/event-stream"));
+    let events = sse_events(&r.body);
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let (text, finish, usage) = stream_content(&events);
+    assert_eq!(text, answer, "streamed and whole answers differ");
+    assert_eq!(finish, "stop");
+    let usage = usage.expect("include_usage asks for a usage chunk");
+    assert_eq!(check_usage(&usage), (p, c));
+
+    // max_tokens cuts: finish_reason "length", exactly that many tokens.
+    let r = post(
+        "/v1/chat/completions",
+        &chat_body("Tell me a long story.", 5, false),
+    );
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    // A stop string (one, or a list) ends the answer before it.
+    let mut b = chat_body("What is the capital of France?", 32, false);
+    b["stop"] = json!(["Paris"]);
+    let v = post("/v1/chat/completions", &b).json();
+    let cut = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer.starts_with(cut) && !cut.contains("Paris"), "{cut:?}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    b["stop"] = json!("capital");
+    let v = post("/v1/chat/completions", &b).json();
+    assert!(!v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("capital"));
+}
+
+#[test]
+fn completions_streamed_and_not() {
+    let _g = serial();
+    let body = json!({"model": MODEL, "prompt": "The capital of France is", "temperature": 0,
+        "max_tokens": 6, "seed": 1, "top_p": 0.9, "presence_penalty": 0.1, "frequency_penalty": 0.1});
+    let r = post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(text.contains("Paris"), "{text}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(check_usage(&v["usage"]).1, 6);
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let r = post("/v1/completions", &sb);
+    assert_eq!(r.status, 200);
+    let events = sse_events(&r.body);
+    let streamed: String = events
+        .iter()
+        .map(|e| {
+            assert_eq!(e["object"], "text_completion");
+            e["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    // No include_usage: no usage chunk.
+    assert!(events
+        .iter()
+        .all(|e| !e["choices"].as_array().unwrap().is_empty()));
+}
+
+#[test]
+fn models_health_and_metrics() {
+    let _g = serial();
+    let addr = server();
+    let v = http(addr, "GET", "/v1/models", &[], b"").json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], MODEL);
+    assert_eq!(v["data"][0]["object"], "model");
+    let r = http(addr, "GET", &format!("/v1/models/{MODEL}"), &[], b"");
+    assert_eq!(r.json()["id"], MODEL);
+    http(addr, "GET", "/v1/models/nope", &[], b"").assert_error(404);
+    let h = http(addr, "GET", "/health", &[], b"");
+    assert_eq!(h.status, 200);
+    assert_eq!(h.json()["status"], "ok");
+    post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    let m = http(addr, "GET", "/metrics", &[], b"").body;
+    for k in [
+        "kiln_requests_total{route=\"/v1/completions\",status=\"200\"}",
+        "kiln_requests_total{route=\"/health\",status=\"200\"} ",
+        "kiln_prompt_tokens_total ",
+        "kiln_generated_tokens_total ",
+        "kiln_queue_depth ",
+        "kiln_time_to_first_token_seconds_bucket{le=\"+Inf\"} ",
+        "kiln_request_duration_seconds_count ",
+    ] {
+        assert!(m.contains(k), "metrics lack {k}:\n{m}");
+    }
+    let generated: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("kiln_generated_tokens_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(generated >= 2);
+}
+
+fn metric(name: &str) -> u64 {
+    let m = http(server(), "GET", "/metrics", &[], b"").body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+const QUESTIONS: [&str; 8] = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 12?",
+    "Who wrote Romeo and Juliet?",
+    "Give me a synonym for happy.",
+    "Why is the sky blue?",
+    "List the first five prime numbers.",
+];
+
+#[test]
+fn eight_concurrent_streams_equal_their_single_runs() {
+    let _g = serial();
+    let body = |q: &str| {
+        let mut b = chat_body(q, 40, true);
+        b["messages"] = json!([{"role": "user", "content": q}]);
+        b
+    };
+    let alone: Vec<(String, Value)> = QUESTIONS
+        .iter()
+        .map(|q| {
+            let (t, _, u) =
+                stream_content(&sse_events(&post("/v1/chat/completions", &body(q)).body));
+            (t, u.unwrap()["completion_tokens"].clone())
+        })
+        .collect();
+    let steps0 = metric("kiln_batch_steps_total");
+    let t = Instant::now();
+    let handles: Vec<_> = QUESTIONS
+        .iter()
+        .map(|q| {
+            let b = body(q);
+            std::thread::spawn(move || post("/v1/chat/completions", &b))
+        })
+        .collect();
+    let together: Vec<Reply> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let steps = metric("kiln_batch_steps_total") - steps0;
+    let mut tokens = 0;
+    for ((q, (text, n)), r) in QUESTIONS.iter().zip(&alone).zip(&together) {
+        assert_eq!(r.status, 200, "{}", r.body);
+        let (t, _, u) = stream_content(&sse_events(&r.body));
+        assert_eq!(
+            &t, text,
+            "'{q}': concurrent answer differs from the single one"
+        );
+        assert_eq!(&u.unwrap()["completion_tokens"], n);
+        tokens += n.as_u64().unwrap();
+    }
+    // Batched: far fewer forward passes than tokens generated.
+    assert!(
+        steps * 2 < tokens,
+        "{steps} steps for {tokens} tokens: not batched ({:?})",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn bad_requests_get_error_json_and_the_server_keeps_serving() {
+    let _g = serial();
+    let addr = server();
+    let chat = "/v1/chat/completions";
+    http(addr, "POST", chat, &[], b"{\"messages\": [").assert_error(400);
+    http(addr, "POST", chat, &[], b"not json at all").assert_error(400);
+    post(chat, &json!({"messages": "hello"})).assert_error(400);
+    post(chat, &json!({"messages": []})).assert_error(400);
+    let v = post(
+        chat,
+        &json!({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .assert_error(404);
+    assert_eq!(v["error"]["code"], "model_not_found");
+    let big = json!({"messages": [{"role": "user", "content": "x".repeat(100 << 10)}]});
+    http(addr, "POST", chat, &[], big.to_string().as_bytes()).assert_error(413);
+    let long = json!({"messages": [{"role": "user", "content": "word ".repeat(600)}]});
+    let v = post(chat, &long).assert_error(400);
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let v = post(
+        "/v1/completions",
+        &json!({"prompt": "word ".repeat(600), "stream": true}),
+    )
+    .assert_error(400);
+    assert!(v["error"]["message"].as_str().unwrap().contains("context"));
+    for bad in [
+        json!({"n": 2}),
+        json!({"temperature": 7}),
+        json!({"max_tokens": 0}),
+        json!({"top_p": -1}),
+        json!({"stop": 5}),
+    ] {
+        let mut b = json!({"messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in bad.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        post(chat, &b).assert_error(400);
+    }
+    post("/v1/completions", &json!({"prompt": [999999999u32]})).assert_error(400);
+    http(addr, "GET", "/v1/nothing", &[], b"").assert_error(404);
+    // Still serving.
+    let r = post(
+        chat,
+        &chat_body("What is the capital of France?", 16, false),
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("Paris"));
+}
+
+/// Reads from a streamed response until the first event has arrived.
+fn read_first_event(s: &mut TcpStream) {
+    let mut buf = Vec::new();
+    let mut b = [0u8; 4096];
+    while !String::from_utf8_lossy(&buf).contains("data: ") {
+        let n = s.read(&mut b).unwrap();
+        assert!(n > 0, "closed before the first event");
+        buf.extend_from_slice(&b[..n]);
+    }
+}
+
+#[test]
+fn api_key_queue_full_and_disconnects() {
+    let _g = serial();
+    let addr = spawn(
+        SchedulerConfig {
+            slots: 1,
+            n_ctx: 2048,
+            prefill_chunk: 64,
+            max_queue: 1,
+        },
+        ServerConfig {
+            model_id: MODEL.into(),
+            api_key: Some("sesame".into()),
+            max_body: 1 << 20,
+        },
+    );
+    let auth = [("Authorization", "Bearer sesame")];
+    let body = json!({"prompt": "Count from one to one thousand: one, two,", "max_tokens": 1500,
+        "temperature": 0, "stream": true})
+    .to_string();
+    for (path, method) in [
+        ("/health", "GET"),
+        ("/v1/models", "GET"),
+        ("/metrics", "GET"),
+    ] {
+        http(addr, method, path, &[], b"").assert_error(401);
+        http(
+            addr,
+            method,
+            path,
+            &[("Authorization", "Bearer wrong")],
+            b"",
+        )
+        .assert_error(401);
+        assert_eq!(http(addr, method, path, &auth, b"").status, 200);
+    }
+    http(addr, "POST", "/v1/completions", &[], body.as_bytes()).assert_error(401);
+
+    // A takes the only slot; B waits in the queue (of one); C is refused.
+    let mut a = connect(addr);
+    send(&mut a, "POST", "/v1/completions", &auth, body.as_bytes());
+    read_first_event(&mut a);
+    let short = json!({"prompt": "Hello", "max_tokens": 3}).to_string();
+    let b = std::thread::spawn(move || {
+        http(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[("Authorization", "Bearer sesame")],
+            short.as_bytes(),
+        )
+    });
+    let t = Instant::now();
+    loop {
+        let h = http(addr, "GET", "/health", &auth, b"").json();
+        if h["queued"] == 1 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "B never queued: {h}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let c = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        &auth,
+        br#"{"prompt": "Hi", "max_tokens": 2}"#,
+    );
+    assert_eq!(c.assert_error(429)["error"]["code"], "queue_full");
+    // A's client leaves: its slot goes to B at once, long before A's 1500 tokens.
+    drop(a);
+    let t = Instant::now();
+    let b = b.join().unwrap();
+    assert_eq!(b.status, 200, "{}", b.body);
+    assert_eq!(b.json()["usage"]["completion_tokens"], 3);
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "slot freed late: {:?}",
+        t.elapsed()
+    );
+    let h = http(addr, "GET", "/health", &auth, b"").json();
+    assert_eq!(
+        (h["running"].as_u64(), h["queued"].as_u64()),
+        (Some(0), Some(0)),
+        "{h}"
+    );
+}
