@@ -7,26 +7,10 @@ use kiln_backend::cpu::kernels::{
 };
 use kiln_quant::{dequantize, quantize, GgmlType};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Roughly normal, with occasional outliers (as activations have).
-    fn normal(&mut self) -> f32 {
-        let s: f32 = (0..4)
-            .map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0)
-            .sum();
-        if self.next() % 97 == 0 {
-            s * 20.0
-        } else {
-            s
-        }
-    }
+mod common {
+    pub mod rng;
 }
+use common::rng::Rng;
 
 /// A random row in format `ty`: quantized from random floats, or (Q5_K, which kiln does not
 /// quantize) random bytes with sane f16 scales.

@@ -7,25 +7,10 @@ use kiln_backend::cpu::kernels::x8::{self, ROWS};
 use kiln_backend::cpu::kernels::{available, ActRow, QuantAct, SCALAR};
 use kiln_quant::{dequantize, quantize, GgmlType};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn normal(&mut self) -> f32 {
-        let s: f32 = (0..4)
-            .map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0)
-            .sum();
-        if self.next() % 97 == 0 {
-            s * 20.0
-        } else {
-            s
-        }
-    }
+mod common {
+    pub mod rng;
 }
+use common::rng::Rng;
 
 const FORMATS: [GgmlType; 7] = [
     GgmlType::Q4_0,
