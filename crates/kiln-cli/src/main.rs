@@ -1,4 +1,4 @@
-//! `kiln`: run, chat, serve, transcribe, speak, info, pull, bench, quantize, perplexity.
+//! `kiln`: run, chat, serve, transcribe, speak, voice, info, pull, bench, quantize, perplexity.
 
 mod bench;
 mod info;
@@ -8,6 +8,7 @@ mod quantize;
 mod serve_cmd;
 mod speak;
 mod stt_cmd;
+mod voice_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,9 @@ enum Cmd {
     Transcribe(stt_cmd::TranscribeArgs),
     /// Speak text (Kokoro-82M): WAV or raw PCM to a file or stdout, sentence by sentence.
     Speak(speak::SpeakArgs),
+    /// One spoken turn: speech in -> Whisper -> LLM -> Kokoro -> a reply WAV, streamed by
+    /// sentence; prints the transcript, the reply and the stage latencies.
+    Voice(voice_cmd::VoiceArgs),
     /// Describe a model file: format, architecture, hyper-parameters, tensors, tokenizer.
     Info {
         /// A model file, directory or catalog name.
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => serve_cmd::serve(a),
         Cmd::Transcribe(a) => stt_cmd::transcribe(a),
         Cmd::Speak(a) => speak::speak(a),
+        Cmd::Voice(a) => voice_cmd::voice(a),
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
         Cmd::Bench(a) => bench::bench(a),

@@ -4,8 +4,11 @@ use anyhow::Context;
 use clap::Args;
 use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_runtime::{Llm, Scheduler, SchedulerConfig};
-use kiln_server::{AppState, ServerConfig};
+use kiln_server::{AppState, AudioModels, ServerConfig};
+use std::sync::{Arc, Mutex};
 
+use crate::speak::{DEFAULT_TTS, DEFAULT_VOICE};
+use crate::stt_cmd::{Quant, SttModelArgs, DEFAULT_STT};
 use crate::{resolve_model, ModelArgs};
 
 #[derive(Args)]
@@ -34,6 +37,39 @@ pub struct ServeArgs {
     /// Largest request body in bytes (larger: 413).
     #[arg(long = "max-body", value_name = "BYTES", default_value_t = 1 << 20)]
     pub max_body: usize,
+    /// Whisper model for /v1/audio/transcriptions and /v1/audio/chat (default:
+    /// whisper-tiny.en, skipped with a warning when it cannot be had).
+    #[arg(long, value_name = "MODEL")]
+    pub stt: Option<String>,
+    /// Kokoro model for /v1/audio/speech and /v1/audio/chat (default: kokoro-82m, skipped
+    /// with a warning when it cannot be had).
+    #[arg(long, value_name = "MODEL")]
+    pub tts: Option<String>,
+    /// Serve the LLM only: no speech models, no audio routes.
+    #[arg(long = "no-audio", conflicts_with_all = ["stt", "tts"])]
+    pub no_audio: bool,
+    /// Largest audio upload in bytes (larger: 413).
+    #[arg(long = "max-upload", value_name = "BYTES", default_value_t = 25 << 20)]
+    pub max_upload: usize,
+}
+
+/// Loads a speech model: an explicit one must load; the default one is skipped (with a
+/// warning) when it cannot be had.
+fn optional<T>(
+    given: &Option<String>,
+    default: &str,
+    what: &str,
+    load: impl FnOnce(&str) -> anyhow::Result<T>,
+) -> anyhow::Result<Option<(String, T)>> {
+    let name = given.as_deref().unwrap_or(default);
+    match load(name) {
+        Ok(m) => Ok(Some((name.to_string(), m))),
+        Err(e) if given.is_none() => {
+            eprintln!("kiln serve: warning: no {what} ({name}: {e:#}); its routes answer 404");
+            Ok(None)
+        }
+        Err(e) => Err(e.context(format!("loading the {what} model {name}"))),
+    }
 }
 
 /// The model's name for clients: a catalog name as given, else the file's stem.
@@ -68,13 +104,48 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     })
     .with_context(|| format!("loading {}", file.display()))?;
     let info = sched.info().clone();
-    let state = AppState::new(
+    let mut audio = AudioModels {
+        max_upload: a.max_upload,
+        ..Default::default()
+    };
+    if !a.no_audio {
+        let stt_threads = threads;
+        audio.stt = optional(&a.stt, DEFAULT_STT, "speech-to-text", |m| {
+            crate::stt_cmd::load(&SttModelArgs {
+                model: m.to_string(),
+                threads: stt_threads,
+                quant: Quant::None,
+            })
+        })?
+        .map(|(id, m)| (id, Arc::new(Mutex::new(m))));
+        audio.tts = optional(&a.tts, DEFAULT_TTS, "text-to-speech", |m| {
+            crate::speak::load(m, false, threads)
+        })?
+        .map(|(id, m)| {
+            let mut voices: Vec<String> = m.voices().map(str::to_string).collect();
+            // The CLI's default voice first: it is the server's default too.
+            if let Some(i) = voices.iter().position(|v| v == DEFAULT_VOICE) {
+                voices[..=i].rotate_right(1);
+            }
+            (id, Arc::new(Mutex::new(m)), voices)
+        });
+    }
+    for (what, id) in [
+        ("speech-to-text", audio.stt.as_ref().map(|s| &s.0)),
+        ("text-to-speech", audio.tts.as_ref().map(|t| &t.0)),
+    ] {
+        if let Some(id) = id {
+            eprintln!("kiln serve: {what}: {id}");
+        }
+    }
+    let state = AppState::with_audio(
         sched,
         ServerConfig {
             model_id: id.clone(),
             api_key: a.api_key.clone(),
             max_body: a.max_body,
         },
+        audio,
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -6,10 +6,12 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use kiln_runtime::tts::{Tts, SAMPLE_RATE};
+use kiln_runtime::tts::{pcm16, wav_header, Tts};
 
 pub const DEFAULT_TTS: &str = "kokoro-82m";
 pub const DEFAULT_LEXICON: &str = "misaki-en-us";
+/// A voice of the catalog's voice pack.
+pub const DEFAULT_VOICE: &str = "jf_alpha";
 
 #[derive(Args)]
 pub struct SpeakArgs {
@@ -19,7 +21,7 @@ pub struct SpeakArgs {
     #[arg(short = 'm', long, default_value = DEFAULT_TTS)]
     pub model: String,
     /// Voice name from the model's voice pack.
-    #[arg(long, default_value = "jf_alpha")]
+    #[arg(long, default_value = DEFAULT_VOICE)]
     pub voice: String,
     /// Speaking rate (1.0 = the model's own).
     #[arg(long, default_value_t = 1.0)]
@@ -36,31 +38,6 @@ pub struct SpeakArgs {
     /// Threads (default: all CPUs).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-}
-
-/// WAV header for 16-bit mono PCM; `data_len` bytes of samples (u32::MAX-ish when streaming).
-fn wav_header(data_len: u32) -> Vec<u8> {
-    let mut h = Vec::with_capacity(44);
-    h.extend(b"RIFF");
-    h.extend(data_len.saturating_add(36).to_le_bytes());
-    h.extend(b"WAVEfmt ");
-    h.extend(16u32.to_le_bytes());
-    h.extend(1u16.to_le_bytes()); // PCM
-    h.extend(1u16.to_le_bytes()); // mono
-    h.extend(SAMPLE_RATE.to_le_bytes());
-    h.extend((SAMPLE_RATE * 2).to_le_bytes());
-    h.extend(2u16.to_le_bytes());
-    h.extend(16u16.to_le_bytes());
-    h.extend(b"data");
-    h.extend(data_len.to_le_bytes());
-    h
-}
-
-fn pcm16(samples: &[f32]) -> Vec<u8> {
-    samples
-        .iter()
-        .flat_map(|&s| ((s.clamp(-1.0, 1.0) * 32767.0).round() as i16).to_le_bytes())
-        .collect()
 }
 
 pub fn load(model: &str, phonemes_only: bool, threads: Option<usize>) -> anyhow::Result<Tts> {

@@ -1,4 +1,5 @@
-//! Sessions, sampling and the generation loop: what turns a model into answers.
+//! Sessions, sampling and the generation loop: what turns a model into answers; the voice
+//! pipeline (speech in, speech out) over them.
 
 mod generation;
 mod llm;
@@ -8,6 +9,7 @@ pub mod scheduler;
 mod speculative;
 mod stop;
 pub mod tts;
+pub mod voice;
 pub mod whisper;
 
 pub use generation::GenerationDefaults;

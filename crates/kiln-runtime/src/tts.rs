@@ -139,3 +139,47 @@ impl Tts {
         Ok(st)
     }
 }
+
+/// WAV header for 24 kHz mono 16-bit PCM followed by `data_len` bytes of samples. A stream
+/// whose length is unknown uses `u32::MAX - 36` (as OpenAI's streamed WAV does).
+pub fn wav_header(data_len: u32) -> [u8; 44] {
+    let mut h = [0u8; 44];
+    let mut put = |at: usize, b: &[u8]| h[at..at + b.len()].copy_from_slice(b);
+    put(0, b"RIFF");
+    put(4, &data_len.saturating_add(36).to_le_bytes());
+    put(8, b"WAVEfmt ");
+    put(16, &16u32.to_le_bytes());
+    put(20, &1u16.to_le_bytes()); // PCM
+    put(22, &1u16.to_le_bytes()); // mono
+    put(24, &SAMPLE_RATE.to_le_bytes());
+    put(28, &(SAMPLE_RATE * 2).to_le_bytes());
+    put(32, &2u16.to_le_bytes()); // bytes per frame
+    put(34, &16u16.to_le_bytes()); // bits per sample
+    put(36, b"data");
+    put(40, &data_len.to_le_bytes());
+    h
+}
+
+/// Samples in [-1, 1] as 16-bit little-endian PCM.
+pub fn pcm16(samples: &[f32]) -> Vec<u8> {
+    samples
+        .iter()
+        .flat_map(|&s| ((s.clamp(-1.0, 1.0) * 32767.0).round() as i16).to_le_bytes())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wav_header_fields() {
+        let h = wav_header(48_000);
+        assert_eq!(&h[..4], b"RIFF");
+        assert_eq!(u32::from_le_bytes(h[4..8].try_into().unwrap()), 48_036);
+        assert_eq!(u32::from_le_bytes(h[24..28].try_into().unwrap()), 24_000);
+        assert_eq!(u16::from_le_bytes(h[34..36].try_into().unwrap()), 16);
+        assert_eq!(u32::from_le_bytes(h[40..44].try_into().unwrap()), 48_000);
+        assert_eq!(pcm16(&[0.0, 1.0, -2.0]), [0, 0, 0xff, 0x7f, 0x01, 0x80]);
+    }
+}

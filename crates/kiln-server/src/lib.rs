@@ -6,11 +6,11 @@
 //!
 //! - `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /metrics` (Prometheus)
 //! - `POST /v1/chat/completions`, `POST /v1/completions` (streamed with `"stream": true`)
-//!
-//! Audio routes (transcriptions, speech, voice chat) will join [`router`] as their own
-//! modules once the Whisper and Kokoro pipelines are in the runtime.
+//! - `POST /v1/audio/transcriptions`, `POST /v1/audio/speech`, `POST /v1/audio/chat`
+//!   (speech in, speech out), in [`audio`], when the server has the speech models
 
 mod api;
+mod audio;
 mod error;
 mod metrics;
 
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -34,6 +34,7 @@ use kiln_runtime::{
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+pub use audio::AudioModels;
 pub use error::ApiError;
 use metrics::Metrics;
 
@@ -51,16 +52,23 @@ pub struct AppState {
     sched: Scheduler,
     cfg: ServerConfig,
     metrics: Metrics,
+    audio: AudioModels,
     created: u64,
     counter: AtomicU64,
 }
 
 impl AppState {
     pub fn new(sched: Scheduler, cfg: ServerConfig) -> Arc<Self> {
+        Self::with_audio(sched, cfg, AudioModels::default())
+    }
+
+    /// A server with speech models beside the LLM (the audio routes).
+    pub fn with_audio(sched: Scheduler, cfg: ServerConfig, audio: AudioModels) -> Arc<Self> {
         Arc::new(AppState {
             sched,
             cfg,
             metrics: Metrics::default(),
+            audio,
             created: unix_now(),
             counter: AtomicU64::new(0),
         })
@@ -112,7 +120,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/audio/transcriptions", post(audio::transcriptions))
+        .route("/v1/audio/speech", post(audio::speech))
+        .route("/v1/audio/chat", post(audio::chat))
         .fallback(not_found)
+        // Bodies are read (and limited) by the handlers themselves.
+        .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
@@ -131,6 +144,9 @@ fn route_label(path: &str) -> &'static str {
         "/metrics" => "/metrics",
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
+        "/v1/audio/transcriptions" => "/v1/audio/transcriptions",
+        "/v1/audio/speech" => "/v1/audio/speech",
+        "/v1/audio/chat" => "/v1/audio/chat",
         _ => "other",
     }
 }
@@ -213,17 +229,36 @@ fn model_object(st: &AppState) -> Value {
     })
 }
 
+/// Every model served: the LLM, then the speech models.
+fn model_objects(st: &AppState) -> Vec<Value> {
+    let mut v = vec![model_object(st)];
+    let audio = [
+        st.audio.stt.as_ref().map(|s| (&s.0, "speech-to-text")),
+        st.audio.tts.as_ref().map(|t| (&t.0, "text-to-speech")),
+    ];
+    for (id, kind) in audio.into_iter().flatten() {
+        v.push(json!({"id": id, "object": "model", "created": st.created, "owned_by": "kiln", "kind": kind}));
+    }
+    v
+}
+
 async fn models(State(st): State<Arc<AppState>>) -> Response {
     json_response(
         StatusCode::OK,
-        &json!({"object": "list", "data": [model_object(&st)]}),
+        &json!({"object": "list", "data": model_objects(&st)}),
     )
 }
 
 async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match st.check_model(Some(&id)) {
-        Ok(()) => json_response(StatusCode::OK, &model_object(&st)),
-        Err(e) => e.into_response(),
+    match model_objects(&st)
+        .into_iter()
+        .find(|m| m["id"] == id.as_str())
+    {
+        Some(m) => json_response(StatusCode::OK, &m),
+        None => st.check_model(Some(&id)).err().map_or_else(
+            || json_response(StatusCode::OK, &model_object(&st)),
+            IntoResponse::into_response,
+        ),
     }
 }
 

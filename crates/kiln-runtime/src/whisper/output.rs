@@ -48,3 +48,50 @@ pub fn vtt(t: &Transcript) -> String {
 pub fn json(t: &Transcript) -> String {
     serde_json::to_string_pretty(t).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
+
+/// OpenAI's `verbose_json` transcription object: task, language, duration, text, segments.
+pub fn openai_verbose(t: &Transcript, task: &str) -> serde_json::Value {
+    let segments: Vec<serde_json::Value> = t
+        .segments
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "id": s.id,
+                "seek": s.seek,
+                "start": s.start,
+                "end": s.end,
+                "text": s.text,
+                "tokens": s.tokens,
+                "temperature": s.temperature,
+                "avg_logprob": s.avg_logprob,
+                "compression_ratio": s.compression_ratio,
+                "no_speech_prob": s.no_speech_prob,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "task": task,
+        "language": language_name(&t.language),
+        "duration": t.stats.audio_s,
+        "text": t.text.trim(),
+        "segments": segments,
+    })
+}
+
+/// OpenAI names languages in full ("english"); codes it does not know stay codes.
+fn language_name(code: &str) -> &str {
+    match code {
+        "en" => "english",
+        "de" => "german",
+        "fr" => "french",
+        "es" => "spanish",
+        "it" => "italian",
+        "pt" => "portuguese",
+        "nl" => "dutch",
+        "ja" => "japanese",
+        "zh" => "chinese",
+        "ru" => "russian",
+        "ko" => "korean",
+        other => other,
+    }
+}

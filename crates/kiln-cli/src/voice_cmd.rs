@@ -1,0 +1,220 @@
+//! `kiln voice`: one spoken turn. Speech in -> Whisper -> the LLM (through the scheduler,
+//! streamed) -> Kokoro, sentence by sentence -> a reply WAV written as each sentence is
+//! synthesized; the transcript, the reply and the stage latencies are printed.
+
+use std::io::{Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use anyhow::Context;
+use clap::Args;
+use kiln_backend::cpu::{default_threads, CpuBackend};
+use kiln_runtime::tts::{pcm16, wav_header};
+use kiln_runtime::voice::{Voice, VoiceEvent, VoiceOptions, VoiceStats};
+use kiln_runtime::whisper::TranscribeOptions;
+use kiln_runtime::{GenerateOptions, Llm, SamplerConfig, Scheduler, SchedulerConfig};
+
+use crate::speak::{DEFAULT_TTS, DEFAULT_VOICE};
+use crate::stt_cmd::{Quant, SttModelArgs, DEFAULT_STT};
+use crate::{resolve_model, DEFAULT_LLM};
+
+#[derive(Args)]
+pub struct VoiceArgs {
+    /// What the user says: an audio file (WAV, FLAC, MP3, OGG/Vorbis; any rate).
+    pub input: PathBuf,
+    /// The spoken reply (24 kHz mono 16-bit WAV).
+    #[arg(short = 'o', long, default_value = "reply.wav")]
+    pub output: PathBuf,
+    /// LLM: a GGUF file, a directory or a catalog name.
+    #[arg(short = 'm', long, default_value = DEFAULT_LLM)]
+    pub model: String,
+    /// Whisper model: a CTranslate2 directory or a catalog name.
+    #[arg(long, default_value = DEFAULT_STT)]
+    pub stt: String,
+    /// Kokoro model: a directory or a catalog name.
+    #[arg(long, default_value = DEFAULT_TTS)]
+    pub tts: String,
+    /// Voice from the TTS model's voice pack.
+    #[arg(long, default_value = DEFAULT_VOICE)]
+    pub voice: String,
+    /// System prompt (default: answer in a few short spoken sentences).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Speaking rate (1.0 = the model's own).
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f32,
+    /// Reply tokens at most.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Threads per model (default: all CPUs).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Speak whole sentences only (by default the first clause is spoken on its own, for
+    /// earlier first audio).
+    #[arg(long)]
+    pub whole_sentences: bool,
+    /// Run the turn this many times (the models stay loaded) and report each run and the
+    /// mean; the WAV holds the last run's reply.
+    #[arg(short = 'r', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub reps: u16,
+}
+
+pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.speed > 0.0 && a.speed.is_finite() && a.speed <= 4.0,
+        "--speed {} must be in (0, 4]",
+        a.speed
+    );
+    anyhow::ensure!(
+        (0.0..=2.0).contains(&a.temp),
+        "--temp {} must be in [0, 2]",
+        a.temp
+    );
+    anyhow::ensure!(a.max_tokens > 0, "--max-tokens must be at least 1");
+    let threads = a.threads.unwrap_or_else(default_threads);
+    anyhow::ensure!(threads > 0, "-t/--threads must be at least 1");
+    let audio = kiln_audio::load_16k(&a.input)?;
+
+    let llm_path = resolve_model(&a.model)?;
+    let file = kiln_runtime::find_gguf(&llm_path)?;
+    let load_path = file.clone();
+    let sched = Scheduler::spawn(
+        SchedulerConfig {
+            slots: 1,
+            n_ctx: 2048,
+            ..Default::default()
+        },
+        move || Llm::load(CpuBackend::new(threads), &load_path),
+    )
+    .with_context(|| format!("loading {}", file.display()))?;
+    let stt = crate::stt_cmd::load(&SttModelArgs {
+        model: a.stt.clone(),
+        threads: Some(threads),
+        quant: Quant::None,
+    })?;
+    let tts = crate::speak::load(&a.tts, false, Some(threads))?;
+    anyhow::ensure!(
+        tts.voices().any(|v| v == a.voice),
+        "unknown voice '{}' (voices: {})",
+        a.voice,
+        tts.voices().collect::<Vec<_>>().join(", ")
+    );
+    let (stt, tts) = (Mutex::new(stt), Mutex::new(tts));
+    let pipeline = Voice {
+        stt: &stt,
+        llm: &sched,
+        tts: &tts,
+    };
+    let opts = VoiceOptions {
+        system: a.system.clone(),
+        voice: a.voice.clone(),
+        speed: a.speed,
+        generate: GenerateOptions {
+            max_tokens: a.max_tokens,
+            stop: Vec::new(),
+            sampler: SamplerConfig {
+                temperature: a.temp,
+                seed: a.seed,
+                ..Default::default()
+            },
+        },
+        transcribe: TranscribeOptions::default(),
+        first_clause: !a.whole_sentences,
+    };
+
+    let mut runs = Vec::new();
+    for rep in 0..a.reps {
+        let last = rep + 1 == a.reps;
+        let st = turn(&pipeline, &audio.samples, &opts, &a.output, last)?;
+        if a.reps > 1 {
+            eprintln!("run {}: {}", rep + 1, latencies(&st));
+        }
+        runs.push(st);
+    }
+    let st = runs.last().expect("one run at least");
+    if a.reps > 1 {
+        let mean = |f: fn(&VoiceStats) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
+        eprintln!(
+            "mean of {} runs: STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms | total {:.0} ms",
+            runs.len(),
+            mean(|s| s.stt_ms),
+            mean(|s| s.ttft_ms),
+            mean(|s| s.first_sentence_ms),
+            mean(|s| s.first_audio_ms),
+            mean(|s| s.total_ms),
+        );
+    } else {
+        eprintln!("{}", latencies(st));
+    }
+    eprintln!(
+        "{:.2} s of speech in {} sentence(s), {} reply tokens -> {}",
+        st.audio_s,
+        st.sentences,
+        st.completion_tokens,
+        a.output.display()
+    );
+    Ok(())
+}
+
+fn latencies(st: &VoiceStats) -> String {
+    format!(
+        "STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms | total {:.0} ms",
+        st.stt_ms, st.ttft_ms, st.first_sentence_ms, st.first_audio_ms, st.total_ms
+    )
+}
+
+/// One turn; `print`: show the transcript and stream the reply text to stdout.
+fn turn(
+    pipeline: &Voice<'_>,
+    samples: &[f32],
+    opts: &VoiceOptions,
+    output: &std::path::Path,
+    print: bool,
+) -> anyhow::Result<VoiceStats> {
+    let mut f =
+        std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    f.write_all(&wav_header(0))?;
+    let mut written = 0u64;
+    let mut io_err: Option<std::io::Error> = None;
+    let stdout = std::io::stdout();
+    let st = pipeline.converse(samples, opts, &mut |ev| {
+        let res = match ev {
+            VoiceEvent::Transcript(t) if print => {
+                let mut o = stdout.lock();
+                writeln!(o, "transcript: {t}").and_then(|_| write!(o, "reply: "))
+            }
+            VoiceEvent::Text(t) if print => {
+                let mut o = stdout.lock();
+                write!(o, "{t}").and_then(|_| o.flush())
+            }
+            VoiceEvent::Audio(s) => {
+                let b = pcm16(s);
+                written += b.len() as u64;
+                f.write_all(&b).and_then(|_| f.flush())
+            }
+            _ => Ok(()),
+        };
+        match res {
+            Ok(()) => true,
+            Err(e) => {
+                io_err = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = io_err {
+        return Err(e).context("writing the reply");
+    }
+    if print {
+        println!();
+    }
+    let len = u32::try_from(written).context("reply longer than a WAV file holds")?;
+    f.seek(SeekFrom::Start(0))?;
+    f.write_all(&wav_header(len))?;
+    Ok(st)
+}

@@ -1,0 +1,621 @@
+//! The audio routes: `POST /v1/audio/transcriptions` (Whisper), `POST /v1/audio/speech`
+//! (Kokoro, streamed sentence by sentence) and `POST /v1/audio/chat` (speech in, speech out:
+//! [`kiln_runtime::voice`]'s pipeline, streamed).
+//!
+//! Whisper and Kokoro run on tokio's blocking threads behind their mutexes (one request at
+//! a time per model); audio leaves through a bounded channel as each sentence is ready, so
+//! the async workers only move bytes.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Multipart, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kiln_runtime::tts::{pcm16, wav_header, Tts, TtsError};
+use kiln_runtime::voice::{lock, SttModel, Voice, VoiceError, VoiceEvent, VoiceOptions};
+use kiln_runtime::whisper::{output, TranscribeOptions, WhisperError};
+use kiln_runtime::{GenerateOptions, SamplerConfig};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::{json_response, parse, read_body, ApiError, AppState};
+
+/// Speech models beside the LLM; either may be absent (its routes then answer 404).
+pub struct AudioModels {
+    /// Whisper: the id clients name, the model.
+    pub stt: Option<(String, Arc<Mutex<SttModel>>)>,
+    /// Kokoro: the id, the model, its voices (the first is the default).
+    pub tts: Option<(String, Arc<Mutex<Tts>>, Vec<String>)>,
+    /// Largest upload (multipart body) in bytes for the audio-in routes.
+    pub max_upload: usize,
+}
+
+impl Default for AudioModels {
+    fn default() -> Self {
+        AudioModels {
+            stt: None,
+            tts: None,
+            max_upload: 25 << 20,
+        }
+    }
+}
+
+/// OpenAI's names for its own models, accepted in `model` as the loaded one.
+const STT_ALIASES: &[&str] = &["whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"];
+const TTS_ALIASES: &[&str] = &["tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
+/// OpenAI's voices: they name the server's default voice.
+const OPENAI_VOICES: &[&str] = &[
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+];
+/// Longest `input` of a speech request, in characters (OpenAI's limit).
+const MAX_INPUT: usize = 4096;
+
+fn no_model(what: &str, flag: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("this server has no {what} model (start kiln serve with {flag} MODEL)"),
+    )
+    .param("model")
+    .code("model_not_found")
+}
+
+fn check_model(given: Option<&str>, id: &str, aliases: &[&str]) -> Result<(), ApiError> {
+    match given {
+        None => Ok(()),
+        Some(m) if m == id || aliases.contains(&m) => Ok(()),
+        Some(m) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("the model '{m}' does not exist (this route serves '{id}')"),
+        )
+        .param("model")
+        .code("model_not_found")),
+    }
+}
+
+impl AppState {
+    fn stt(&self) -> Result<(&str, Arc<Mutex<SttModel>>), ApiError> {
+        let (id, m) = self
+            .audio
+            .stt
+            .as_ref()
+            .ok_or_else(|| no_model("speech-to-text", "--stt"))?;
+        Ok((id, m.clone()))
+    }
+
+    fn tts(&self) -> Result<(&str, Arc<Mutex<Tts>>), ApiError> {
+        let (id, m, _) = self
+            .audio
+            .tts
+            .as_ref()
+            .ok_or_else(|| no_model("text-to-speech", "--tts"))?;
+        Ok((id, m.clone()))
+    }
+
+    /// A voice the TTS model has: one of its own, an OpenAI name (the default), or none given
+    /// (the default).
+    fn voice(&self, name: Option<&str>) -> Result<String, ApiError> {
+        let voices = self.audio.tts.as_ref().map_or(&[][..], |t| &t.2[..]);
+        let default = voices.first().cloned().unwrap_or_default();
+        match name {
+            None => Ok(default),
+            Some(v) if voices.iter().any(|k| k == v) => Ok(v.to_string()),
+            Some(v) if OPENAI_VOICES.contains(&v) => Ok(default),
+            Some(v) => Err(ApiError::invalid(format!(
+                "unknown voice '{v}' (voices: {})",
+                voices.join(", ")
+            ))
+            .param("voice")),
+        }
+    }
+}
+
+/// A multipart form: its text fields and its `file`.
+struct Form {
+    fields: Vec<(String, String)>,
+    file: Option<(String, Bytes)>,
+}
+
+impl Form {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn number<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, ApiError> {
+        self.get(name)
+            .map(|v| {
+                v.parse().map_err(|_| {
+                    ApiError::invalid(format!("{name} must be a number, got '{v}'")).param(name)
+                })
+            })
+            .transpose()
+    }
+
+    fn file(&self) -> Result<(&str, &Bytes), ApiError> {
+        match &self.file {
+            Some((n, b)) => Ok((n, b)),
+            None => {
+                Err(ApiError::invalid("the form has no 'file' field (the audio)").param("file"))
+            }
+        }
+    }
+}
+
+/// Reads a multipart/form-data body of at most `limit` bytes.
+async fn read_form(req: axum::extract::Request, limit: usize) -> Result<Form, ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(&parts.headers, body, limit).await?;
+    let req = axum::extract::Request::from_parts(parts, Body::from(bytes));
+    let mut mp = Multipart::from_request(req, &()).await.map_err(|e| {
+        ApiError::invalid(format!(
+            "expected a multipart/form-data body (as OpenAI's audio routes take): {e}"
+        ))
+    })?;
+    let bad = |e: axum::extract::multipart::MultipartError| {
+        ApiError::invalid(format!("reading the form: {}", e.body_text()))
+    };
+    let mut form = Form {
+        fields: Vec::new(),
+        file: None,
+    };
+    while let Some(f) = mp.next_field().await.map_err(bad)? {
+        let name = f.name().unwrap_or("").to_string();
+        if name == "file" {
+            let fname = f.file_name().unwrap_or("upload").to_string();
+            form.file = Some((fname, f.bytes().await.map_err(bad)?));
+        } else {
+            let v = f.text().await.map_err(bad)?;
+            form.fields.push((name, v));
+        }
+    }
+    Ok(form)
+}
+
+/// 16 kHz mono samples of an uploaded file (`name` hints the format and names errors).
+fn decode_upload(name: &str, bytes: &[u8]) -> Result<Vec<f32>, kiln_audio::AudioError> {
+    let ext = Path::new(name).extension().and_then(|e| e.to_str());
+    let d = kiln_audio::decode_bytes(bytes.to_vec(), ext, Path::new(name))?;
+    Ok(kiln_audio::to_16k_mono(d)?.samples)
+}
+
+fn internal(msg: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        msg.to_string(),
+    )
+}
+
+impl From<WhisperError> for ApiError {
+    fn from(e: WhisperError) -> Self {
+        match e {
+            WhisperError::Audio(a) => ApiError::invalid(a.to_string()).param("file"),
+            WhisperError::Input(m) => ApiError::invalid(m),
+            e => internal(e),
+        }
+    }
+}
+
+impl From<TtsError> for ApiError {
+    fn from(e: TtsError) -> Self {
+        match e {
+            TtsError::UnknownVoice { .. } => ApiError::invalid(e.to_string()).param("voice"),
+            TtsError::Input(_) | TtsError::G2p(_) => {
+                ApiError::invalid(e.to_string()).param("input")
+            }
+            e => internal(e),
+        }
+    }
+}
+
+impl From<VoiceError> for ApiError {
+    fn from(e: VoiceError) -> Self {
+        match e {
+            VoiceError::Stt(e) => e.into(),
+            VoiceError::NoSpeech => ApiError::invalid(e.to_string()).param("file"),
+            VoiceError::Llm(e) => e.into(),
+            VoiceError::Tts(e) => e.into(),
+            VoiceError::QueueFull => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                e.to_string(),
+            )
+            .code("queue_full"),
+            VoiceError::EngineStopped => crate::engine_gone(),
+        }
+    }
+}
+
+/// Runs `f` on a blocking thread; a panic there is a 500, not a dead server.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(internal(format!("internal error: {e}"))))
+}
+
+pub async fn transcriptions(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+) -> Response {
+    let res = async {
+        let (id, stt) = st.stt()?;
+        let form = read_form(req, st.audio.max_upload).await?;
+        check_model(form.get("model"), id, STT_ALIASES)?;
+        let format = form.get("response_format").unwrap_or("json").to_string();
+        if !["json", "text", "srt", "vtt", "verbose_json"].contains(&format.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "response_format '{format}' is not supported (json, text, srt, vtt, verbose_json)"
+            ))
+            .param("response_format"));
+        }
+        let mut o = TranscribeOptions {
+            language: form.get("language").map(str::to_string),
+            initial_prompt: form.get("prompt").map(str::to_string),
+            ..Default::default()
+        };
+        match form.number::<f32>("temperature")? {
+            Some(t) if !(0.0..=1.0).contains(&t) => {
+                return Err(ApiError::invalid(format!(
+                    "temperature must be between 0 and 1, got {t}"
+                ))
+                .param("temperature"))
+            }
+            // 0: greedy with fallback to higher temperatures (OpenAI's meaning).
+            Some(t) if t > 0.0 => o.temperatures = vec![t],
+            _ => {}
+        }
+        let (name, bytes) = form.file()?;
+        let (name, bytes) = (name.to_string(), bytes.clone());
+        let t = blocking(move || {
+            let samples = decode_upload(&name, &bytes)
+                .map_err(|e| ApiError::invalid(e.to_string()).param("file"))?;
+            Ok(lock(&stt).transcribe(&samples, &o)?)
+        })
+        .await?;
+        let text = |body: String, ty: &'static str| {
+            (StatusCode::OK, [(header::CONTENT_TYPE, ty)], body).into_response()
+        };
+        Ok(match format.as_str() {
+            "text" => text(format!("{}\n", t.text.trim()), "text/plain; charset=utf-8"),
+            "srt" => text(output::srt(&t), "text/plain; charset=utf-8"),
+            "vtt" => text(output::vtt(&t), "text/vtt; charset=utf-8"),
+            "verbose_json" => {
+                json_response(StatusCode::OK, &output::openai_verbose(&t, "transcribe"))
+            }
+            _ => json_response(StatusCode::OK, &json!({"text": t.text.trim()})),
+        })
+    };
+    res.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Debug, Deserialize)]
+struct SpeechRequest {
+    model: Option<String>,
+    input: String,
+    voice: Option<String>,
+    speed: Option<f32>,
+    response_format: Option<String>,
+}
+
+/// Audio out: WAV (24 kHz mono 16-bit, the length unknown while streaming) or raw PCM.
+#[derive(Clone, Copy)]
+enum AudioFormat {
+    Wav,
+    Pcm,
+}
+
+fn audio_format(f: Option<&str>) -> Result<AudioFormat, ApiError> {
+    match f {
+        None | Some("wav") => Ok(AudioFormat::Wav),
+        Some("pcm") => Ok(AudioFormat::Pcm),
+        Some(f) => Err(ApiError::invalid(format!(
+            "response_format '{f}' is not supported (wav, pcm: 24 kHz mono 16-bit)"
+        ))
+        .param("response_format")),
+    }
+}
+
+fn speed(s: Option<f32>) -> Result<f32, ApiError> {
+    match s {
+        None => Ok(1.0),
+        Some(s) if (0.25..=4.0).contains(&s) => Ok(s),
+        Some(s) => Err(
+            ApiError::invalid(format!("speed must be between 0.25 and 4, got {s}")).param("speed"),
+        ),
+    }
+}
+
+/// What a synthesis thread sends the response: audio bytes as each sentence is ready.
+enum Msg {
+    Transcript(String),
+    Text,
+    Audio(Vec<u8>),
+    Done(Box<kiln_runtime::voice::VoiceStats>),
+    Error(ApiError),
+}
+
+/// A streamed audio body: the WAV header (for WAV), `first`, then what `rx` brings. An
+/// error after the first bytes ends the body early (the client sees a cut stream).
+fn audio_body(
+    format: AudioFormat,
+    first: Vec<u8>,
+    rx: mpsc::Receiver<Msg>,
+    t0: Instant,
+    route: &'static str,
+) -> Body {
+    let mut head = match format {
+        AudioFormat::Wav => wav_header(u32::MAX - 36).to_vec(),
+        AudioFormat::Pcm => Vec::new(),
+    };
+    head.extend_from_slice(&first);
+    let stream = futures_util::stream::unfold((Some(head), rx), move |(head, mut rx)| async move {
+        if let Some(h) = head {
+            return Some((Ok(Bytes::from(h)), (None, rx)));
+        }
+        loop {
+            match rx.recv().await? {
+                Msg::Audio(b) => return Some((Ok(Bytes::from(b)), (None, rx))),
+                Msg::Done(s) => {
+                    eprintln!(
+                        "kiln serve: {route}: STT {:.0} ms | TTFT {:.0} ms | first audio {:.0} ms | total {:.0} ms ({:.0} ms in all) | {:.2} s of speech, {} sentence(s) | heard {:?} | said {:?}",
+                        s.stt_ms, s.ttft_ms, s.first_audio_ms, s.total_ms,
+                        t0.elapsed().as_secs_f64() * 1e3, s.audio_s, s.sentences,
+                        s.transcript, s.reply
+                    );
+                }
+                Msg::Error(e) => {
+                    eprintln!("kiln serve: {route}: failed mid-stream: {}", e.message);
+                    return Some((Err(std::io::Error::other(e.message)), (None, rx)));
+                }
+                Msg::Transcript(_) | Msg::Text => {}
+            }
+        }
+    });
+    Body::from_stream(stream)
+}
+
+fn content_type(f: AudioFormat) -> &'static str {
+    match f {
+        AudioFormat::Wav => "audio/wav",
+        AudioFormat::Pcm => "audio/pcm",
+    }
+}
+
+pub async fn speech(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let res = async {
+        let (id, tts) = st.tts()?;
+        let bytes = read_body(&headers, body, st.cfg.max_body).await?;
+        let req: SpeechRequest = parse(&bytes)?;
+        check_model(req.model.as_deref(), id, TTS_ALIASES)?;
+        let format = audio_format(req.response_format.as_deref())?;
+        let speed = speed(req.speed)?;
+        let voice = st.voice(req.voice.as_deref())?;
+        let n = req.input.chars().count();
+        if req.input.trim().is_empty() {
+            return Err(ApiError::invalid("input must not be empty").param("input"));
+        }
+        if n > MAX_INPUT {
+            return Err(ApiError::invalid(format!(
+                "input is {n} characters; at most {MAX_INPUT} are allowed"
+            ))
+            .param("input"));
+        }
+        let t0 = Instant::now();
+        let (tx, mut rx) = mpsc::channel::<Msg>(8);
+        let input = req.input;
+        tokio::task::spawn_blocking(move || {
+            let tts = lock(&tts);
+            let res = tts.speak(&input, false, &voice, speed, &mut |s| {
+                tx.blocking_send(Msg::Audio(pcm16(s)))
+                    .map_err(|_| std::io::Error::other("the client left"))
+            });
+            if let Err(e) = res {
+                let _ = tx.blocking_send(Msg::Error(e.into()));
+            }
+        });
+        let first = match rx.recv().await {
+            Some(Msg::Audio(b)) => b,
+            Some(Msg::Error(e)) => return Err(e),
+            _ => return Err(internal("speech synthesis stopped before any audio")),
+        };
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let mut resp = Response::new(audio_body(format, first, rx, t0, "/v1/audio/speech"));
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(content_type(format)),
+        );
+        put(h, "x-kiln-first-audio-ms", &format!("{ms:.0}"));
+        Ok(resp)
+    };
+    res.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn put(h: &mut HeaderMap, name: &'static str, v: &str) {
+    if let Ok(v) = HeaderValue::from_str(v) {
+        h.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// Percent-encodes what a header value cannot hold (non-ASCII, controls, `%`).
+fn header_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `POST /v1/audio/chat`: a multipart form with `file` (the user's speech) and optional
+/// `system`, `voice`, `speed`, `response_format` (wav, pcm), `max_tokens`, `temperature`,
+/// `model` (the LLM). Answers with streamed speech; headers carry the transcript
+/// (`x-kiln-transcript`, percent-encoded) and the STT, time-to-first-token and
+/// first-audio latencies; the server logs the whole turn when it ends.
+pub async fn chat(State(st): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
+    let res = async {
+        let (_, stt) = st.stt()?;
+        let (_, tts) = st.tts()?;
+        let form = read_form(req, st.audio.max_upload).await?;
+        st.check_model(form.get("model"))?;
+        let format = audio_format(form.get("response_format"))?;
+        let voice = st.voice(form.get("voice"))?;
+        let speed = speed(form.number("speed")?)?;
+        let max_tokens = match form.number::<i64>("max_tokens")? {
+            None => 128,
+            Some(n) if n >= 1 => n as usize,
+            Some(n) => {
+                return Err(
+                    ApiError::invalid(format!("max_tokens must be at least 1, got {n}"))
+                        .param("max_tokens"),
+                )
+            }
+        };
+        let temperature = match form.number::<f32>("temperature")? {
+            None => 0.0,
+            Some(t) if (0.0..=2.0).contains(&t) => t,
+            Some(t) => {
+                return Err(ApiError::invalid(format!(
+                    "temperature must be between 0 and 2, got {t}"
+                ))
+                .param("temperature"))
+            }
+        };
+        let opts = VoiceOptions {
+            system: form.get("system").map(str::to_string),
+            voice,
+            speed,
+            generate: GenerateOptions {
+                max_tokens,
+                stop: Vec::new(),
+                sampler: SamplerConfig {
+                    temperature,
+                    seed: st.seed(),
+                    ..Default::default()
+                },
+            },
+            transcribe: TranscribeOptions::default(),
+            first_clause: true,
+        };
+        let (name, bytes) = form.file()?;
+        let (name, bytes) = (name.to_string(), bytes.clone());
+        let t0 = Instant::now();
+        let (tx, mut rx) = mpsc::channel::<Msg>(8);
+        let state = st.clone();
+        tokio::task::spawn_blocking(move || {
+            let samples = match decode_upload(&name, &bytes) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx
+                        .blocking_send(Msg::Error(ApiError::invalid(e.to_string()).param("file")));
+                    return;
+                }
+            };
+            let pipeline = Voice {
+                stt: &stt,
+                llm: &state.sched,
+                tts: &tts,
+            };
+            let mut first_text = true;
+            let res = pipeline.converse(&samples, &opts, &mut |ev| {
+                let m = match ev {
+                    VoiceEvent::Transcript(t) => Msg::Transcript(t.to_string()),
+                    VoiceEvent::Text(_) if first_text => {
+                        first_text = false;
+                        Msg::Text
+                    }
+                    VoiceEvent::Audio(s) => Msg::Audio(pcm16(s)),
+                    VoiceEvent::Text(_) | VoiceEvent::Sentence(_) => return true,
+                };
+                tx.blocking_send(m).is_ok()
+            });
+            let _ = tx.blocking_send(match res {
+                Ok(s) => Msg::Done(Box::new(s)),
+                Err(e) => Msg::Error(e.into()),
+            });
+        });
+        // The head waits for the first audio: errors before it are still status codes.
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let (mut transcript, mut stt_ms, mut ttft_ms) = (String::new(), 0.0, 0.0);
+        let mut done = None;
+        let first = loop {
+            match rx.recv().await {
+                Some(Msg::Transcript(t)) => {
+                    stt_ms = ms(t0);
+                    transcript = t;
+                }
+                Some(Msg::Text) => ttft_ms = ms(t0),
+                Some(Msg::Audio(b)) => break b,
+                Some(Msg::Done(s)) => {
+                    done = Some(s);
+                    break Vec::new();
+                }
+                Some(Msg::Error(e)) => return Err(e),
+                None => return Err(internal("the voice pipeline stopped before any audio")),
+            }
+        };
+        let first_audio_ms = ms(t0);
+        let mut resp = if let Some(s) = done {
+            // A reply with nothing to say: an empty stream.
+            eprintln!(
+                "kiln serve: /v1/audio/chat: no speech in the reply {:?}",
+                s.reply
+            );
+            let mut b = match format {
+                AudioFormat::Wav => wav_header(0).to_vec(),
+                AudioFormat::Pcm => Vec::new(),
+            };
+            b.extend_from_slice(&first);
+            Response::new(Body::from(b))
+        } else {
+            Response::new(audio_body(format, first, rx, t0, "/v1/audio/chat"))
+        };
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(content_type(format)),
+        );
+        put(h, "x-kiln-transcript", &header_text(&transcript));
+        put(h, "x-kiln-stt-ms", &format!("{stt_ms:.0}"));
+        put(h, "x-kiln-ttft-ms", &format!("{ttft_ms:.0}"));
+        put(h, "x-kiln-first-audio-ms", &format!("{first_audio_ms:.0}"));
+        Ok(resp)
+    };
+    res.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_text_escapes() {
+        assert_eq!(header_text("ask not, 100%"), "ask not, 100%25");
+        assert_eq!(header_text("café\n"), "caf%C3%A9%0A");
+    }
+
+    #[test]
+    fn formats_and_speed() {
+        assert!(matches!(audio_format(None), Ok(AudioFormat::Wav)));
+        assert!(matches!(audio_format(Some("pcm")), Ok(AudioFormat::Pcm)));
+        let e = audio_format(Some("mp3")).err().unwrap();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("'mp3'"), "{}", e.message);
+        assert_eq!(speed(Some(4.0)).unwrap(), 4.0);
+        assert!(speed(Some(0.1)).is_err() && speed(Some(f32::NAN)).is_err());
+    }
+}
