@@ -1,5 +1,6 @@
-//! `kiln serve` as a user starts it, driven by the official `openai` Python client
-//! (tools/openai_client_test.py). The client is installed with pip when missing; failing to
+//! `kiln serve` as a user starts it (LLM, Whisper and Kokoro), driven by the official
+//! `openai` Python client (tools/openai_client_test.py): chat, completions, transcriptions
+//! of jfk.wav in every format, speech transcribed back. The client is installed with pip when missing; failing to
 //! get it fails the test (it is never skipped).
 
 use std::io::{BufRead, BufReader};
@@ -25,7 +26,16 @@ fn python_has_openai() -> bool {
 
 #[test]
 fn openai_python_client_against_kiln_serve() {
-    kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap();
+    for m in [
+        "smollm2-135m-instruct",
+        "whisper-tiny.en",
+        "kokoro-82m",
+        "misaki-en-us",
+    ] {
+        kiln_assets::resolve(m, &mut |_| {}).unwrap();
+    }
+    let jfk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/assets/audio/jfk.wav");
+    assert!(jfk.is_file(), "{} is missing", jfk.display());
     if !python_has_openai() {
         let st = Command::new("python3")
             .args(["-m", "pip", "install", "--quiet", "openai"])
@@ -48,6 +58,10 @@ fn openai_python_client_against_kiln_serve() {
             "2",
             "--api-key",
             "k3y",
+            "--stt",
+            "whisper-tiny.en",
+            "--tts",
+            "kokoro-82m",
         ])
         .stderr(Stdio::piped())
         .spawn()
@@ -71,6 +85,8 @@ fn openai_python_client_against_kiln_serve() {
     let out = Command::new("python3")
         .arg(&script)
         .args(["--base-url", &format!("{url}/v1"), "--api-key", "k3y"])
+        .arg("--audio")
+        .arg(&jfk)
         .output()
         .expect("run the openai client test");
     let (so, se) = (
@@ -82,6 +98,7 @@ fn openai_python_client_against_kiln_serve() {
         "openai client test failed:\n{so}\n{se}"
     );
     assert!(so.contains("unknown model: ok"), "{so}");
+    assert!(so.contains("speech wav -> transcription: ok"), "{so}");
     eprintln!("{}", so.trim());
     drop(server);
 }

@@ -1,0 +1,127 @@
+//! `kiln voice` as a user runs it: jfk.wav in, a reply WAV out, the transcript, the reply
+//! and the four stage latencies printed; bad input is one line and a failure exit.
+
+use std::process::{Command, Output};
+
+const JFK: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/assets/audio/jfk.wav"
+);
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln")
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("kiln-voice-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// The number after `label ` and before ` ms` in `line`.
+fn ms(text: &str, label: &str) -> f64 {
+    let at = text
+        .find(&format!("{label} "))
+        .unwrap_or_else(|| panic!("no '{label}' in {text}"));
+    let rest = &text[at + label.len() + 1..];
+    let num = rest.split(" ms").next().unwrap();
+    num.parse()
+        .unwrap_or_else(|_| panic!("'{label}' is not followed by 'N ms' in {text}"))
+}
+
+#[test]
+fn voice_turn_on_jfk() {
+    for m in [
+        "smollm2-135m-instruct",
+        "whisper-tiny.en",
+        "kokoro-82m",
+        "misaki-en-us",
+    ] {
+        kiln_assets::resolve(m, &mut |_| {}).unwrap();
+    }
+    let wav = scratch("reply.wav");
+    let out = kiln(&["voice", JFK, "-o", wav.to_str().unwrap(), "-n", "40"]);
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    let transcript = so
+        .lines()
+        .find_map(|l| l.strip_prefix("transcript: "))
+        .unwrap_or_else(|| panic!("no transcript line: {so}"));
+    assert!(
+        transcript
+            .to_lowercase()
+            .contains("ask not what your country can do for you"),
+        "{transcript}"
+    );
+    let reply = so
+        .lines()
+        .find_map(|l| l.strip_prefix("reply: "))
+        .unwrap_or_else(|| panic!("no reply line: {so}"));
+    assert!(reply.chars().any(char::is_alphabetic), "empty reply: {so}");
+
+    // The stages happen in order: STT, first token, first audio, the end.
+    let (stt, ttft, first, total) = (
+        ms(&se, "STT"),
+        ms(&se, "TTFT"),
+        ms(&se, "first audio"),
+        ms(&se, "total"),
+    );
+    assert!(
+        0.0 < stt && stt <= ttft && ttft <= first && first <= total,
+        "{se}"
+    );
+
+    let b = std::fs::read(&wav).unwrap();
+    assert_eq!(&b[..4], b"RIFF");
+    assert_eq!(u32::from_le_bytes(b[24..28].try_into().unwrap()), 24000);
+    let data = u32::from_le_bytes(b[40..44].try_into().unwrap()) as usize;
+    assert_eq!(data, b.len() - 44, "data chunk length patched");
+    let secs = data as f64 / 48000.0;
+    assert!(secs > 0.5 && secs < 60.0, "{secs} s of reply");
+    let loud = b[44..]
+        .chunks_exact(2)
+        .filter(|c| i16::from_le_bytes([c[0], c[1]]).unsigned_abs() > 1000)
+        .count();
+    assert!(loud > 1000, "a near-silent reply ({loud} loud samples)");
+}
+
+#[test]
+fn voice_bad_input_is_one_line() {
+    let not_audio = scratch("notes.txt");
+    std::fs::write(&not_audio, "not audio").unwrap();
+    let o = scratch("x.wav");
+    for (args, needle) in [
+        (
+            vec![
+                "voice",
+                not_audio.to_str().unwrap(),
+                "-o",
+                o.to_str().unwrap(),
+            ],
+            "not a supported audio file",
+        ),
+        (
+            vec!["voice", JFK, "--speed", "0", "-o", o.to_str().unwrap()],
+            "--speed 0 must be in (0, 4]",
+        ),
+        (
+            vec!["voice", "/no/such.wav", "-o", o.to_str().unwrap()],
+            "/no/such.wav",
+        ),
+    ] {
+        let out = kiln(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("kiln: error:") && err.contains(needle),
+            "{err}"
+        );
+    }
+}
