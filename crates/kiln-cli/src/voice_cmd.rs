@@ -58,6 +58,10 @@ pub struct VoiceArgs {
     /// earlier first audio).
     #[arg(long)]
     pub whole_sentences: bool,
+    /// End the first spoken piece after N words when no sentence or clause has ended by
+    /// then (earlier first audio, a pause inside the first sentence; 0: off).
+    #[arg(long = "first-words", value_name = "N", default_value_t = 0)]
+    pub first_words: usize,
     /// Run the turn this many times (the models stay loaded) and report each run and the
     /// mean; the WAV holds the last run's reply.
     #[arg(short = 'r', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=100))]
@@ -125,6 +129,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         },
         transcribe: TranscribeOptions::default(),
         first_clause: !a.whole_sentences,
+        first_words: a.first_words,
     };
 
     let mut runs = Vec::new();

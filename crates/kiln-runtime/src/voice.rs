@@ -53,6 +53,10 @@ pub struct VoiceOptions {
     /// Speak the reply's first clause (up to a comma after a few words) on its own, so the
     /// first audio comes sooner.
     pub first_clause: bool,
+    /// When > 0, the first piece also ends after this many words (at a word boundary) if no
+    /// sentence or clause has ended by then: earlier first audio, at the cost of a pause
+    /// inside the first sentence.
+    pub first_words: usize,
 }
 
 /// What the pipeline hands its caller, in order: the transcript, then reply text pieces
@@ -144,7 +148,7 @@ impl Voice<'_> {
                 SubmitError::Stopped => VoiceError::EngineStopped,
             })?;
 
-        let mut split = SentenceStream::new(o.first_clause);
+        let mut split = SentenceStream::new(o.first_clause).first_words(o.first_words);
         loop {
             let ev = rx.recv().map_err(|_| VoiceError::EngineStopped)?;
             let done = match ev {
@@ -256,6 +260,7 @@ pub fn speakable(s: &str) -> String {
 pub struct SentenceStream {
     buf: String,
     first_clause: bool,
+    first_words: usize,
     emitted: usize,
 }
 
@@ -269,8 +274,16 @@ impl SentenceStream {
         SentenceStream {
             buf: String::new(),
             first_clause,
+            first_words: 0,
             emitted: 0,
         }
+    }
+
+    /// The first piece ends after `n` words at most (0: no limit); a word counts once the
+    /// space after it has arrived.
+    pub fn first_words(mut self, n: usize) -> Self {
+        self.first_words = n;
+        self
     }
 
     pub fn push(&mut self, text: &str) -> Vec<String> {
@@ -291,10 +304,12 @@ impl SentenceStream {
                 self.buf.push(' ');
             }
         }
-        if self.first_clause && self.emitted == 0 && out.is_empty() {
-            if let Some(end) = clause_end(&self.buf) {
-                let clause: String = self.buf.drain(..end).collect();
-                out.push(clause.trim().to_string());
+        if self.emitted == 0 && out.is_empty() {
+            let clause = self.first_clause.then(|| clause_end(&self.buf)).flatten();
+            let end = clause.or_else(|| words_end(&self.buf, self.first_words));
+            if let Some(end) = end {
+                let piece: String = self.buf.drain(..end).collect();
+                out.push(piece.trim().to_string());
             }
         }
         self.emitted += out.len();
@@ -316,6 +331,29 @@ fn clause_end(s: &str) -> Option<usize> {
         let ends = matches!(b[i], b',' | b';' | b':') && b[i + 1].is_ascii_whitespace();
         (ends && s[..i].split_whitespace().count() >= CLAUSE_MIN_WORDS).then_some(i + 1)
     })
+}
+
+/// Byte offset of the whitespace after the `n`-th word, when a word follows it (n > 0).
+fn words_end(s: &str, n: usize) -> Option<usize> {
+    if n == 0 {
+        return None;
+    }
+    let mut words = 0;
+    let mut in_word = false;
+    for (i, c) in s.char_indices() {
+        if c.is_whitespace() {
+            if in_word {
+                words += 1;
+                if words == n {
+                    return s[i..].trim_start().chars().next().map(|_| i);
+                }
+            }
+            in_word = false;
+        } else {
+            in_word = true;
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -375,6 +413,33 @@ mod tests {
         // Numbers with commas are not clauses.
         let (pushed, _) = stream("It costs 1,000 dollars and more. Yes.", 1, true);
         assert_eq!(pushed, ["It costs 1,000 dollars and more."]);
+    }
+
+    #[test]
+    fn first_words_cap() {
+        let mut ss = SentenceStream::new(true).first_words(3);
+        let mut got = Vec::new();
+        for piece in [
+            "I'm",
+            " glad",
+            " you",
+            "'re",
+            " happy",
+            " with it.",
+            " Yes",
+            ".",
+        ] {
+            got.extend(ss.push(piece));
+        }
+        got.extend(ss.finish());
+        assert_eq!(got, ["I'm glad you're", "happy with it.", "Yes."]);
+        // A sentence that ends first wins.
+        let (pushed, rest) = {
+            let mut ss = SentenceStream::new(false).first_words(5);
+            (ss.push("Hi there. How are you doing today? "), ss.finish())
+        };
+        assert_eq!(pushed, ["Hi there."]);
+        assert_eq!(rest, ["How are you doing today?"]);
     }
 
     #[test]

@@ -463,7 +463,7 @@ fn header_text(s: &str) -> String {
 
 /// `POST /v1/audio/chat`: a multipart form with `file` (the user's speech) and optional
 /// `system`, `voice`, `speed`, `response_format` (wav, pcm), `max_tokens`, `temperature`,
-/// `model` (the LLM). Answers with streamed speech; headers carry the transcript
+/// `first_words` (see [`VoiceOptions::first_words`]), `model` (the LLM). Answers with streamed speech; headers carry the transcript
 /// (`x-kiln-transcript`, percent-encoded) and the STT, time-to-first-token and
 /// first-audio latencies; the server logs the whole turn when it ends.
 pub async fn chat(State(st): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
@@ -510,6 +510,7 @@ pub async fn chat(State(st): State<Arc<AppState>>, req: axum::extract::Request) 
             },
             transcribe: TranscribeOptions::default(),
             first_clause: true,
+            first_words: form.number("first_words")?.unwrap_or(0),
         };
         let (name, bytes) = form.file()?;
         let (name, bytes) = (name.to_string(), bytes.clone());
