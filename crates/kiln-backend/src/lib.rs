@@ -347,6 +347,18 @@ pub trait Backend {
         shape: AttnShape,
         out: &mut Self::Tensor,
     );
+    /// Attention of several sequences in one op: their tokens' rows are stacked in `q` in
+    /// the order of `seqs`; each (its cache, its shape) attends over its own cache and
+    /// writes the same rows of `out`. Each sequence gets exactly what `attention` gives it.
+    fn attention_batch<'c, I>(
+        &self,
+        q: &Self::Tensor,
+        seqs: I,
+        layer: usize,
+        out: &mut Self::Tensor,
+    ) where
+        I: Iterator<Item = (&'c Self::KvCache, AttnShape)>,
+        Self::KvCache: 'c;
     /// gate[t] = silu(gate[t]) * up[t], in place.
     fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, n: usize);
     /// x[t] += y[t]

@@ -8,3 +8,8 @@ mod common {
 fn attention_matches_naive() {
     common::attention_check::attention_matches_naive();
 }
+
+#[test]
+fn attention_batch_matches_each() {
+    common::attention_check::attention_batch_matches_each();
+}

@@ -11,3 +11,9 @@ fn avx2_attention_matches_naive() {
     assert!(!kiln_backend::cpu::kernels::avx512_allowed());
     common::attention_check::attention_matches_naive();
 }
+
+#[test]
+fn avx2_attention_batch_matches_each() {
+    std::env::set_var("KILN_NO_AVX512", "1");
+    common::attention_check::attention_batch_matches_each();
+}

@@ -515,6 +515,59 @@ impl Backend for CpuBackend {
         ops::attention::attention(&self.pool, q, k, v, cache.n_ctx, shape, out)
     }
 
+    fn attention_batch<'c, I>(&self, q: &CpuTensor, seqs: I, layer: usize, out: &mut CpuTensor)
+    where
+        I: Iterator<Item = (&'c CpuKvCache, AttnShape)>,
+    {
+        use ops::attention::{attention_segs, Seg, MAX_SEGS};
+        const NONE: Seg<'static> = Seg {
+            k: &[],
+            v: &[],
+            n_ctx: 0,
+            s: AttnShape {
+                n_heads: 0,
+                n_kv_heads: 0,
+                head_dim: 0,
+                pos0: 0,
+                n_tokens: 0,
+            },
+            row0: 0,
+        };
+        // f32 caches gather into one call (one pool job); a packed cache runs alone on its
+        // widened copy.
+        let mut segs = [NONE; MAX_SEGS];
+        let (mut n, mut row0) = (0, 0);
+        for (cache, shape) in seqs {
+            assert_eq!(shape.head_dim, cache.head_dim);
+            if let Some(p) = &cache.packed {
+                let (k, v) = &mut *p.widened(&self.pool, layer, shape.pos0 + shape.n_tokens);
+                let seg = Seg {
+                    k,
+                    v,
+                    n_ctx: cache.n_ctx,
+                    s: shape,
+                    row0,
+                };
+                attention_segs(&self.pool, q, &[seg], out);
+            } else {
+                if n == MAX_SEGS {
+                    attention_segs(&self.pool, q, &segs[..n], out);
+                    n = 0;
+                }
+                segs[n] = Seg {
+                    k: &cache.k[layer],
+                    v: &cache.v[layer],
+                    n_ctx: cache.n_ctx,
+                    s: shape,
+                    row0,
+                };
+                n += 1;
+            }
+            row0 += shape.n_tokens;
+        }
+        attention_segs(&self.pool, q, &segs[..n], out);
+    }
+
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
         ops::elementwise::silu_mul(gate, up, n)
     }

@@ -107,3 +107,77 @@ pub fn attention_matches_naive() {
         }
     }
 }
+
+/// `attention_batch` over sequences of different lengths and offsets (one of them in a
+/// packed q8_0 or f16 cache) gives every sequence bit for bit what `attention` gives it alone.
+#[allow(dead_code)]
+pub fn attention_batch_matches_each() {
+    use kiln_backend::KvType;
+    for (heads, kv_heads, hd) in [(9, 3, 64), (4, 2, 16), (8, 2, 128)] {
+        for threads in [1, 2] {
+            let b = CpuBackend::new(threads);
+            let (n_ctx, kv_dim, q_dim) = (48, kv_heads * hd, heads * hd);
+            let mut seed = 0x9e3779b97f4a7c15_u64;
+            // (pos0, new tokens, cache type)
+            let seqs = [
+                (5, 1, KvType::F32),
+                (0, 4, KvType::F32),
+                (17, 3, KvType::F32),
+                (
+                    9,
+                    2,
+                    if hd % 32 == 0 {
+                        KvType::Q8_0
+                    } else {
+                        KvType::F16
+                    },
+                ),
+                (30, 1, KvType::F32),
+            ];
+            let mut caches = Vec::new();
+            for &(pos0, n, ty) in &seqs {
+                let mut c = b.kv_cache_typed(2, n_ctx, kv_heads, hd, ty).unwrap();
+                let total = pos0 + n;
+                let keys: Vec<f32> = (0..total * kv_dim).map(|_| rnd(&mut seed) * 2.0).collect();
+                let vals: Vec<f32> = (0..total * kv_dim).map(|_| rnd(&mut seed)).collect();
+                let k = b.tensor_from(total, kv_dim, &keys);
+                let v = b.tensor_from(total, kv_dim, &vals);
+                b.kv_store(&mut c, 1, &k, &v, 0, total);
+                caches.push(c);
+            }
+            let rows: usize = seqs.iter().map(|s| s.1).sum();
+            let qs: Vec<f32> = (0..rows * q_dim).map(|_| rnd(&mut seed) * 2.0).collect();
+            let shape = |pos0, n_tokens| AttnShape {
+                n_heads: heads,
+                n_kv_heads: kv_heads,
+                head_dim: hd,
+                pos0,
+                n_tokens,
+            };
+            let q = b.tensor_from(rows, q_dim, &qs);
+            let mut out = b.tensor(rows, q_dim);
+            let it = seqs
+                .iter()
+                .zip(&caches)
+                .map(|(&(pos0, n, _), c)| (c, shape(pos0, n)));
+            b.attention_batch(&q, it, 1, &mut out);
+            let mut got = vec![0f32; rows * q_dim];
+            b.read(&out, rows, &mut got);
+            let mut r0 = 0;
+            for (&(pos0, n, ty), c) in seqs.iter().zip(&caches) {
+                let qi = b.tensor_from(n, q_dim, &qs[r0 * q_dim..(r0 + n) * q_dim]);
+                let mut oi = b.tensor(n, q_dim);
+                b.attention(&qi, c, 1, shape(pos0, n), &mut oi);
+                let mut want = vec![0f32; n * q_dim];
+                b.read(&oi, n, &mut want);
+                let g = &got[r0 * q_dim..(r0 + n) * q_dim];
+                let same = g.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{heads}/{kv_heads}x{hd}, {threads} threads, sequence at pos {pos0} ({ty:?}): batched != alone"
+                );
+                r0 += n;
+            }
+        }
+    }
+}

@@ -19,42 +19,85 @@ pub fn attention(
     s: AttnShape,
     out: &mut CpuTensor,
 ) {
-    let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let dst = SharedMut(out.data.as_mut_ptr());
-    let out_cols = out.cols;
+    let seg = Seg {
+        k,
+        v,
+        n_ctx,
+        s,
+        row0: 0,
+    };
+    attention_segs(pool, q, &[seg], out)
+}
+
+/// Sequences one batched call takes at most (callers split larger batches).
+pub const MAX_SEGS: usize = 64;
+
+/// One sequence of a batched attention: its layer of its cache (`k`, `v` laid out
+/// (kv_heads, n_ctx, hd)), its shape, and where its tokens' rows start in q and out.
+#[derive(Clone, Copy)]
+pub struct Seg<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub n_ctx: usize,
+    pub s: AttnShape,
+    pub row0: usize,
+}
+
+/// Attention of every sequence of `segs` (at most `MAX_SEGS`, disjoint rows): with the
+/// tiled kernel one pool job for all of them; each query's arithmetic is the one it gets
+/// alone.
+pub fn attention_segs(pool: &Pool, q: &CpuTensor, segs: &[Seg<'_>], out: &mut CpuTensor) {
+    assert!(
+        segs.len() <= MAX_SEGS,
+        "at most {MAX_SEGS} sequences per call"
+    );
+    if segs.is_empty() {
+        return;
+    }
     let (avx2, avx512) = simd_ok();
     #[cfg(target_arch = "x86_64")]
-    if avx2 && super::attention_tiled::handles(s.head_dim) {
-        return super::attention_tiled::attention(pool, q, k, v, n_ctx, s, out, avx512);
+    if avx2
+        && segs
+            .iter()
+            .all(|g| super::attention_tiled::handles(g.s.head_dim))
+    {
+        return super::attention_tiled::attention(pool, q, segs, out, avx512);
     }
     let _ = (avx2, avx512);
-    pool.run(s.n_tokens * s.n_kv_heads, |i0, i1| {
-        let job = Items {
-            q,
-            k,
-            v,
-            n_ctx,
-            s,
-            dst,
-            out_cols,
-            scale,
-        };
-        // Per-thread scratch, kept between calls (no allocation per token): one head's
-        // scores over every position, and its output.
-        SCRATCH.with(|cell| {
-            let mut guard = cell.borrow_mut();
-            let (scores, acc) = &mut *guard;
-            scores.resize(scores.len().max(s.pos0 + s.n_tokens), 0.0);
-            acc.resize(acc.len().max(s.head_dim), 0.0);
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: AVX2 and FMA were detected on this CPU. (The feature boundary is
-                // this call: closures do not inherit target features.)
-                return unsafe { items_avx2(&job, i0, i1, scores, acc) };
-            }
-            items(&job, i0, i1, scores, acc)
-        })
-    });
+    let dst = SharedMut(out.data.as_mut_ptr());
+    let out_cols = out.cols;
+    for g in segs {
+        let s = g.s;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        pool.run(s.n_tokens * s.n_kv_heads, |i0, i1| {
+            let job = Items {
+                q,
+                k: g.k,
+                v: g.v,
+                n_ctx: g.n_ctx,
+                s,
+                row0: g.row0,
+                dst,
+                out_cols,
+                scale,
+            };
+            // Per-thread scratch, kept between calls (no allocation per token): one head's
+            // scores over every position, and its output.
+            SCRATCH.with(|cell| {
+                let mut guard = cell.borrow_mut();
+                let (scores, acc) = &mut *guard;
+                scores.resize(scores.len().max(s.pos0 + s.n_tokens), 0.0);
+                acc.resize(acc.len().max(s.head_dim), 0.0);
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: AVX2 and FMA were detected on this CPU. (The feature boundary
+                    // is this call: closures do not inherit target features.)
+                    return unsafe { items_avx2(&job, i0, i1, scores, acc) };
+                }
+                items(&job, i0, i1, scores, acc)
+            })
+        });
+    }
 }
 
 thread_local! {
@@ -67,6 +110,8 @@ struct Items<'a> {
     v: &'a [f32],
     n_ctx: usize,
     s: AttnShape,
+    /// The sequence's first row in q and out.
+    row0: usize,
     dst: SharedMut,
     out_cols: usize,
     scale: f32,
@@ -111,6 +156,7 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
         v,
         n_ctx,
         s,
+        row0,
         dst,
         out_cols,
         scale,
@@ -124,7 +170,8 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
         let vh = &v[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
         for j in 0..group {
             let h = kvh * group + j;
-            let qh = &q.data[t * q.cols + h * hd..t * q.cols + (h + 1) * hd];
+            let qr = (row0 + t) * q.cols;
+            let qh = &q.data[qr + h * hd..qr + (h + 1) * hd];
             let o = &mut acc[..hd];
             let sc = &mut scores[..len];
             match hd {
@@ -132,7 +179,7 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
                 128 => head::<128>(qh, kh, vh, scale, sc, o),
                 _ => head_any(qh, kh, vh, scale, sc, o),
             }
-            let base = t * out_cols + h * hd;
+            let base = (row0 + t) * out_cols + h * hd;
             for (e, &val) in o.iter().enumerate() {
                 // SAFETY: head h of token t is written by this work item only.
                 unsafe { dst.write(base + e, val) };

@@ -10,10 +10,9 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{softmax, zigzag};
+use super::attention::{softmax, zigzag, Seg, MAX_SEGS};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
-use crate::AttnShape;
 
 /// Tokens per tile.
 const TILE_TOKENS: usize = 4;
@@ -37,46 +36,43 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
 }
 
-/// Causal grouped-query attention (see `attention::attention`), `avx512` choosing 512-bit
-/// vectors. The caller checked AVX2 + FMA (and AVX-512F when `avx512`) and `handles`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    pool: &Pool,
-    q: &CpuTensor,
-    k: &[f32],
-    v: &[f32],
-    n_ctx: usize,
-    s: AttnShape,
-    out: &mut CpuTensor,
-    avx512: bool,
-) {
-    let tiles = s.n_tokens.div_ceil(TILE_TOKENS);
+/// Causal grouped-query attention of every sequence in `segs` (see
+/// `attention::attention_segs`) as one pool job, `avx512` choosing 512-bit vectors. The
+/// caller checked AVX2 + FMA (and AVX-512F when `avx512`), `handles` for every head size,
+/// and that `segs` is not empty.
+pub fn attention(pool: &Pool, q: &CpuTensor, segs: &[Seg<'_>], out: &mut CpuTensor, avx512: bool) {
     let dst = SharedMut(out.data.as_mut_ptr());
     let out_cols = out.cols;
-    let group = s.n_heads / s.n_kv_heads;
-    let m_max = TILE_TOKENS.min(s.n_tokens) * group;
-    pool.run(tiles * s.n_kv_heads, |i0, i1| {
+    let hd = segs[0].s.head_dim;
+    // Work items of sequence j: starts[j]..starts[j + 1] (tiles x kv heads each).
+    let mut starts = [0usize; MAX_SEGS + 1];
+    let (mut score_len, mut o_len) = (0, 0);
+    for (j, g) in segs.iter().enumerate() {
+        let s = g.s;
+        let group = s.n_heads / s.n_kv_heads;
+        let m_max = TILE_TOKENS.min(s.n_tokens) * group;
+        score_len = score_len.max(m_max * (s.pos0 + s.n_tokens));
+        o_len = o_len.max(m_max * 2 * s.head_dim);
+        starts[j + 1] = starts[j] + s.n_tokens.div_ceil(TILE_TOKENS) * s.n_kv_heads;
+    }
+    let starts = &starts[..segs.len() + 1];
+    pool.run(starts[segs.len()], |i0, i1| {
         SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
             let sc = &mut *guard;
-            let len = m_max * (s.pos0 + s.n_tokens);
-            sc.scores.resize(sc.scores.len().max(len), 0.0);
-            let olen = m_max * 2 * s.head_dim;
-            sc.o.resize(sc.o.len().max(olen), 0.0);
+            sc.scores.resize(sc.scores.len().max(score_len), 0.0);
+            sc.o.resize(sc.o.len().max(o_len), 0.0);
             let job = Job {
                 q,
-                k,
-                v,
-                n_ctx,
-                s,
+                segs,
+                starts,
                 dst,
                 out_cols,
-                tiles,
             };
             // SAFETY: the caller detected the features (the boundary is here: closures do
             // not inherit target features).
             unsafe {
-                match (avx512, s.head_dim) {
+                match (avx512, hd) {
                     (true, 64) => tiles_avx512::<64>(&job, i0, i1, sc),
                     (true, _) => tiles_avx512::<128>(&job, i0, i1, sc),
                     (false, 64) => tiles_avx2::<64>(&job, i0, i1, sc),
@@ -89,13 +85,10 @@ pub fn attention(
 
 struct Job<'a> {
     q: &'a CpuTensor,
-    k: &'a [f32],
-    v: &'a [f32],
-    n_ctx: usize,
-    s: AttnShape,
+    segs: &'a [Seg<'a>],
+    starts: &'a [usize],
     dst: SharedMut,
     out_cols: usize,
-    tiles: usize,
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -108,7 +101,7 @@ unsafe fn tiles_avx2<const HD: usize>(job: &Job, i0: usize, i1: usize, sc: &mut 
     unsafe { tiles::<HD, false>(job, i0, i1, sc) }
 }
 
-/// Work items i0..i1, each (tile of tokens, kv head).
+/// Work items i0..i1, each (sequence, tile of its tokens, kv head).
 #[inline(always)]
 unsafe fn tiles<const HD: usize, const W512: bool>(
     job: &Job,
@@ -116,21 +109,34 @@ unsafe fn tiles<const HD: usize, const W512: bool>(
     i1: usize,
     scr: &mut Scratch,
 ) {
-    let s = job.s;
-    let group = s.n_heads / s.n_kv_heads;
     let scale = 1.0 / (HD as f32).sqrt();
+    // The sequence of item i0, then walk forward.
+    let mut j = job.starts.partition_point(|&st| st <= i0) - 1;
     for i in i0..i1 {
-        let (tile, kvh) = (zigzag(i / s.n_kv_heads, job.tiles), i % s.n_kv_heads);
+        while job.starts[j + 1] <= i {
+            j += 1;
+        }
+        let Seg {
+            k,
+            v,
+            n_ctx,
+            s,
+            row0,
+        } = job.segs[j];
+        let group = s.n_heads / s.n_kv_heads;
+        let tiles = s.n_tokens.div_ceil(TILE_TOKENS);
+        let local = i - job.starts[j];
+        let (tile, kvh) = (zigzag(local / s.n_kv_heads, tiles), local % s.n_kv_heads);
         let t0 = tile * TILE_TOKENS;
         let t1 = (t0 + TILE_TOKENS).min(s.n_tokens);
         let m_count = (t1 - t0) * group;
         let max_len = s.pos0 + t1;
-        let kh = &job.k[kvh * job.n_ctx * HD..(kvh * job.n_ctx + max_len) * HD];
-        let vh = &job.v[kvh * job.n_ctx * HD..(kvh * job.n_ctx + max_len) * HD];
-        // Query m: token t0 + m / group, head kvh * group + m % group.
+        let kh = &k[kvh * n_ctx * HD..(kvh * n_ctx + max_len) * HD];
+        let vh = &v[kvh * n_ctx * HD..(kvh * n_ctx + max_len) * HD];
+        // Query m: token t0 + m / group, head kvh * group + m % group (row row0 + token).
         let query = |m: usize| {
             let (t, h) = (t0 + m / group, kvh * group + m % group);
-            let at = t * job.q.cols + h * HD;
+            let at = (row0 + t) * job.q.cols + h * HD;
             (&job.q.data[at..at + HD], s.pos0 + t + 1, t, h)
         };
         let scores = &mut scr.scores[..m_count * max_len];
@@ -175,10 +181,11 @@ unsafe fn tiles<const HD: usize, const W512: bool>(
         }
         for m in 0..m_count {
             let (_, _, t, h) = query(m);
-            let base = t * job.out_cols + h * HD;
+            let base = (row0 + t) * job.out_cols + h * HD;
             let om = &o[m * 2 * HD..(m + 1) * 2 * HD];
             for e in 0..HD {
-                // SAFETY: head h of token t is written by this work item only.
+                // SAFETY: head h of token t of this sequence is written by this work item
+                // only (sequences own disjoint rows).
                 unsafe { job.dst.write(base + e, om[e] + om[HD + e]) };
             }
         }

@@ -1,8 +1,8 @@
 //! Several sequences in one forward pass (continuous batching).
 //!
 //! The rows of every sequence are stacked, so each weight matrix is read once per step for
-//! all of them; only RoPE, the KV store and attention run per sequence, on that sequence's
-//! rows against its own cache and positions. Every op is row-wise, so a sequence's logits
+//! all of them; only RoPE and the KV store run per sequence, on that sequence's rows at its
+//! own positions; attention is one op over every sequence, each against its own cache. Every op is row-wise, so a sequence's logits
 //! are the ones [`Llama::forward`] gives it alone.
 
 use kiln_backend::{AttnShape, Backend};
@@ -22,11 +22,10 @@ pub struct LlamaBatch<B: Backend> {
     v: B::Tensor,
     attn: B::Tensor,
     gate: B::Tensor,
-    // One sequence's rows, gathered for RoPE, the KV store and attention.
+    // One sequence's rows, gathered for RoPE and the KV store.
     sq: B::Tensor,
     sk: B::Tensor,
     sv: B::Tensor,
-    sattn: B::Tensor,
     // The last row of each sequence.
     last: B::Tensor,
     last_h: B::Tensor,
@@ -59,7 +58,6 @@ impl<B: Backend> Llama<B> {
             sq: b.tensor(r, c.q_dim()),
             sk: b.tensor(r, c.kv_dim()),
             sv: b.tensor(r, c.kv_dim()),
-            sattn: b.tensor(r, c.q_dim()),
             last: b.tensor(s, c.dim),
             last_h: b.tensor(s, c.dim),
             logits: b.tensor(s, c.vocab_size),
@@ -114,6 +112,8 @@ impl<B: Backend> Llama<B> {
                 b.rms_norm_heads(&mut bt.q, qn, c.norm_eps, n);
                 b.rms_norm_heads(&mut bt.k, kn, c.norm_eps, n);
             }
+            // RoPE and the KV store per sequence (its own positions and cache), on its rows
+            // gathered and put back; then one attention over every sequence.
             let mut r0 = 0;
             for s in seqs.iter_mut() {
                 let (ns, pos0) = (s.tokens.len(), s.pos0);
@@ -123,17 +123,20 @@ impl<B: Backend> Llama<B> {
                 b.rope(&mut bt.sq, &c.rope, c.n_heads, pos0, ns);
                 b.rope(&mut bt.sk, &c.rope, c.n_kv_heads, pos0, ns);
                 b.kv_store(&mut s.state.kv, il, &bt.sk, &bt.sv, pos0, ns);
+                b.copy_rows(&bt.sq, 0, ns, &mut bt.q, r0);
+                r0 += ns;
+            }
+            let shapes = seqs.iter().map(|s| {
                 let shape = AttnShape {
                     n_heads: c.n_heads,
                     n_kv_heads: c.n_kv_heads,
                     head_dim: c.head_dim,
-                    pos0,
-                    n_tokens: ns,
+                    pos0: s.pos0,
+                    n_tokens: s.tokens.len(),
                 };
-                b.attention(&bt.sq, &s.state.kv, il, shape, &mut bt.sattn);
-                b.copy_rows(&bt.sattn, 0, ns, &mut bt.attn, r0);
-                r0 += ns;
-            }
+                (&s.state.kv, shape)
+            });
+            b.attention_batch(&bt.q, shapes, il, &mut bt.attn);
             b.matmul_add(&a.o, &bt.attn, n, &mut bt.x); // x += Wo attn
 
             b.rms_norm(&bt.x, &layer.ffn_norm, c.norm_eps, n, &mut bt.h);
