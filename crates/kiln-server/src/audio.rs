@@ -18,6 +18,7 @@ use kiln_runtime::tts::{pcm16, wav_header, Tts, TtsError};
 use kiln_runtime::voice::{lock, SttModel, Voice, VoiceError, VoiceEvent, VoiceOptions};
 use kiln_runtime::whisper::{output, TranscribeOptions, WhisperError};
 use kiln_runtime::{GenerateOptions, SamplerConfig};
+use kiln_text::speech::sentences;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -414,13 +415,31 @@ pub async fn speech(State(st): State<Arc<AppState>>, headers: HeaderMap, body: B
         let t0 = Instant::now();
         let (tx, mut rx) = mpsc::channel::<Msg>(8);
         let input = req.input;
+        // Sentence by sentence, the model locked for one sentence at a time (other requests
+        // interleave) and never while waiting on a slow client.
         tokio::task::spawn_blocking(move || {
-            let tts = lock(&tts);
-            let res = tts.speak(&input, false, &voice, speed, &mut |s| {
-                tx.blocking_send(Msg::Audio(pcm16(s)))
-                    .map_err(|_| std::io::Error::other("the client left"))
-            });
-            if let Err(e) = res {
+            let mut spoken = false;
+            for sentence in sentences(&input) {
+                let mut pcm = Vec::new();
+                let res = lock(&tts).speak(&sentence, false, &voice, speed, &mut |s| {
+                    pcm.extend(pcm16(s));
+                    Ok(())
+                });
+                match res {
+                    Ok(_) => spoken = true,
+                    // Nothing to pronounce in this sentence (symbols only).
+                    Err(TtsError::Input(_)) => continue,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Msg::Error(e.into()));
+                        return;
+                    }
+                }
+                if tx.blocking_send(Msg::Audio(pcm)).is_err() {
+                    return; // the client left
+                }
+            }
+            if !spoken {
+                let e = TtsError::Input("nothing to say: the input has no words".into());
                 let _ = tx.blocking_send(Msg::Error(e.into()));
             }
         });

@@ -265,6 +265,12 @@ fn speech_checks_input_and_streams_by_sentence() {
     .assert_error(400);
     assert_eq!(e["param"], "input");
     post_json(path, &json!({"input": "   \n "})).assert_error(400);
+    // Symbols only: nothing to pronounce.
+    let e = post_json(path, &json!({"input": "*** ### ***"})).assert_error(400);
+    assert!(
+        e["message"].as_str().unwrap().contains("nothing to say"),
+        "{e}"
+    );
     let e = post_json(path, &json!({"input": "Hi.", "voice": "nobody"})).assert_error(400);
     assert!(e["message"].as_str().unwrap().contains("jf_alpha"), "{e}");
     let e = post_json(path, &json!({"input": "Hi.", "response_format": "mp3"})).assert_error(400);
