@@ -38,11 +38,11 @@ pub struct ServeArgs {
     #[arg(long = "max-body", value_name = "BYTES", default_value_t = 1 << 20)]
     pub max_body: usize,
     /// Whisper model for /v1/audio/transcriptions and /v1/audio/chat (default:
-    /// whisper-tiny.en, skipped with a warning when it cannot be had).
+    /// whisper-tiny.en, skipped with a warning when it cannot be had; `none`: no STT).
     #[arg(long, value_name = "MODEL")]
     pub stt: Option<String>,
     /// Kokoro model for /v1/audio/speech and /v1/audio/chat (default: kokoro-82m, skipped
-    /// with a warning when it cannot be had).
+    /// with a warning when it cannot be had; `none`: no TTS).
     #[arg(long, value_name = "MODEL")]
     pub tts: Option<String>,
     /// Serve the LLM only: no speech models, no audio routes.
@@ -62,6 +62,9 @@ fn optional<T>(
     load: impl FnOnce(&str) -> anyhow::Result<T>,
 ) -> anyhow::Result<Option<(String, T)>> {
     let name = given.as_deref().unwrap_or(default);
+    if name == "none" {
+        return Ok(None);
+    }
     match load(name) {
         Ok(m) => Ok(Some((name.to_string(), m))),
         Err(e) if given.is_none() => {
