@@ -102,3 +102,21 @@ fn openai_python_client_against_kiln_serve() {
     eprintln!("{}", so.trim());
     drop(server);
 }
+
+/// A speech model named on the command line must load: a one-line error, not a server
+/// without it.
+#[test]
+fn a_named_speech_model_that_cannot_load_is_an_error() {
+    kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--port", "0", "--stt", "/no/such/whisper"])
+        .output()
+        .expect("run kiln serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let last = err.trim().lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("kiln: error: loading the speech-to-text model /no/such/whisper"),
+        "{err}"
+    );
+}
