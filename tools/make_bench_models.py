@@ -352,13 +352,15 @@ def main() -> int:
                     help="llama-quantize types for the random-weight shapes")
     ap.add_argument("--force", action="store_true", help="rewrite files that exist")
     ap.add_argument("--no-verify", action="store_true", help="skip the llama-bench smoke runs")
+    ap.add_argument("--no-smollm2", action="store_true",
+                    help="only the random-weight shapes (no SmolLM2 requantizations)")
     a = ap.parse_args()
 
     for tool in [a.llama_quantize] + ([] if a.no_verify else [a.llama_bench]):
         if not os.access(tool, os.X_OK):
             raise SystemExit(f"{tool} is not executable: run tools/build-llama-cpp.sh "
                              "or pass --llama-quantize/--llama-bench")
-    if not a.smollm2.exists():
+    if not a.no_smollm2 and not a.smollm2.exists():
         raise SystemExit(f"{a.smollm2} missing: run `cargo test --release -p kiln-assets` "
                          "(or the kiln CLI fetch) first")
     a.out_dir.mkdir(parents=True, exist_ok=True)
@@ -378,8 +380,9 @@ def main() -> int:
             write_shape_f16(f16, shape, a.seed)
             print(f"  {time.time() - t0:.0f} s", flush=True)
         outputs.append(f16)
-        jobs.append((f16, f"{shape}-shape", False, a.quants.split(",")))
-    jobs.append((a.smollm2, "smollm2-135m", True, QUANTS))
+        jobs.append((f16, f"{shape}-shape", False, [q for q in a.quants.split(",") if q]))
+    if not a.no_smollm2:
+        jobs.append((a.smollm2, "smollm2-135m", True, QUANTS))
     for src, stem, requant, quants in jobs:
         for q in quants:
             dst = a.out_dir / f"{stem}-{q.lower()}.gguf"

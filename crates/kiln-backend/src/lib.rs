@@ -376,6 +376,103 @@ pub trait Backend {
         dst_row0: usize,
     );
 
+    // ---- fused forms of the ops above: the defaults compose them; a backend whose per-op
+    // cost matters (GPUs) overrides them with one kernel each. `h` is scratch the default
+    // writes and an override may leave untouched.
+
+    /// `matmul3(ws, biases, rms_norm(x, norm_w))`.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_matmul3(
+        &self,
+        x: &Self::Tensor,
+        norm_w: &Self::Tensor,
+        eps: f32,
+        ws: [&Self::Weight; 3],
+        biases: [Option<&Self::Tensor>; 3],
+        n: usize,
+        h: &mut Self::Tensor,
+        outs: [&mut Self::Tensor; 3],
+    ) {
+        self.rms_norm(x, norm_w, eps, n, h);
+        self.matmul3(ws, biases, h, n, outs);
+    }
+    /// `gate_up_silu(gate, up, rms_norm(x, norm_w))`.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_gate_up_silu(
+        &self,
+        x: &Self::Tensor,
+        norm_w: &Self::Tensor,
+        eps: f32,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        n: usize,
+        h: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) {
+        self.rms_norm(x, norm_w, eps, n, h);
+        self.gate_up_silu(gate, up, h, n, out);
+    }
+    /// The attention input side for tokens at `pos0..pos0 + n`: per-head RMSNorm of q and k
+    /// when `qk_norm` is given (Qwen3), RoPE on both, then k and v stored in `layer` of the
+    /// cache. `heads`/`kv_heads` are q's and k's head counts.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope_store(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        v: &Self::Tensor,
+        qk_norm: Option<(&Self::Tensor, &Self::Tensor, f32)>,
+        rope: &RopeConfig,
+        heads: usize,
+        kv_heads: usize,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        if let Some((qn, kn, eps)) = qk_norm {
+            self.rms_norm_heads(q, qn, eps, n);
+            self.rms_norm_heads(k, kn, eps, n);
+        }
+        self.rope(q, rope, heads, pos0, n);
+        self.rope(k, rope, kv_heads, pos0, n);
+        self.kv_store(cache, layer, k, v, pos0, n);
+    }
+    /// Index of the largest of the first `cols` values of each of the first `n` rows (the
+    /// first such index on ties): greedy sampling without copying logits to the host.
+    fn argmax_rows(&self, x: &Self::Tensor, n: usize, cols: usize) -> Vec<u32> {
+        let mut v = vec![0f32; n * cols];
+        self.read(x, n, &mut v);
+        v.chunks_exact(cols.max(1))
+            .map(|r| {
+                let mut best = 0;
+                for (i, &x) in r.iter().enumerate() {
+                    if x > r[best] {
+                        best = i;
+                    }
+                }
+                best as u32
+            })
+            .collect()
+    }
+
+    /// Runs one step: every op `f` enqueues, for `tokens` at positions `pos0..`. A backend
+    /// that replays recorded work (a CUDA graph) records `f`'s ops the first time it sees
+    /// `key` and replays the recording afterwards, with the step's token ids and positions as
+    /// its only inputs; so for one key, `f` must enqueue the same ops on the same buffers,
+    /// for the same number of tokens, every time. Keys are never reused for other buffers
+    /// (the caller makes them unique per model state). The default runs `f`.
+    fn step(
+        &self,
+        key: u64,
+        tokens: &[u32],
+        pos0: usize,
+        f: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        let _ = (key, tokens, pos0);
+        f()
+    }
+
     // ---- speech ops (Whisper): layer norm, GELU, conv1d, attention without a cache ----
 
     /// out[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma + beta

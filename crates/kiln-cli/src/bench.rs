@@ -74,6 +74,9 @@ pub struct BenchArgs {
     /// The --tts text is Kokoro phonemes (one utterance per line).
     #[arg(long)]
     phonemes: bool,
+    /// Where the LLM runs: cpu, or cuda (a build with `--features cuda` and an NVIDIA GPU).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: crate::Device,
 }
 
 #[derive(Clone, Copy)]
@@ -100,11 +103,11 @@ impl Test {
 }
 
 /// A loaded model and what the report says about it.
-struct BenchModel {
+struct BenchModel<B: Backend> {
     file: PathBuf,
     /// e.g. "llama 135M Q4_1": architecture, parameter count, the format holding most bytes.
     desc: String,
-    model: Llama<CpuBackend>,
+    model: Llama<B>,
     size: usize,
     n_params: usize,
     /// Weight bytes one decode step reads: every matrix but the embedding table (of which it
@@ -114,23 +117,23 @@ struct BenchModel {
     kv_bytes_per_pos: usize,
 }
 
-impl BenchModel {
-    fn load(file: &Path) -> anyhow::Result<Self> {
+impl<B: Backend> BenchModel<B> {
+    /// Loads `file` with `b` (CPU weights do not depend on the thread pool: one load serves
+    /// every thread count).
+    fn load(file: &Path, b: &B) -> anyhow::Result<Self> {
         let load = || -> anyhow::Result<Self> {
-            // CPU weights do not depend on the thread pool: one load serves every thread count.
-            let b = CpuBackend::new(1);
             let (model, dominant) = if kiln_models::llm::is_hf_dir(file) {
                 let ck = kiln_models::llm::HfCheckpoint::open(file)?;
                 let ty = match &ck.mlx {
                     Some(q) => format!("MLX{}", q.bits),
                     None => hf_dominant_dtype(&ck.tensors).to_string(),
                 };
-                (Llama::load_hf(&b, &ck, None)?, ty)
+                (Llama::load_hf(b, &ck, None)?, ty)
             } else {
                 let g = GgufFile::open(file)?;
-                (Llama::load(&b, &g)?, dominant_type(&g).to_string())
+                (Llama::load(b, &g)?, dominant_type(&g).to_string())
             };
-            let size = model.weight_bytes(&b);
+            let size = model.weight_bytes(b);
             let n_params = model.n_params();
             let embed_unread = match model.output {
                 Some(_) => b.weight_bytes(&model.embed),
@@ -161,7 +164,12 @@ impl BenchModel {
 }
 
 /// Runs `test` once untimed, then `reps` times; returns each timed run's nanoseconds.
-fn run_test(m: &BenchModel, b: &CpuBackend, test: Test, reps: usize) -> anyhow::Result<Vec<u64>> {
+fn run_test<B: Backend>(
+    m: &BenchModel<B>,
+    b: &B,
+    test: Test,
+    reps: usize,
+) -> anyhow::Result<Vec<u64>> {
     let llama = &m.model;
     let n = test.tokens();
     let tokens = random_tokens(n, llama.cfg.vocab_size, SEED);
@@ -180,8 +188,10 @@ fn run_test(m: &BenchModel, b: &CpuBackend, test: Test, reps: usize) -> anyhow::
                 llama.forward(b, &mut st, &tokens, 0, false)?;
             }
             Test::Gen(_) => {
+                // Each step ends with a greedy pick (as decoding does), so a device backend
+                // is timed to the token on the host, not to the queueing of its work.
                 for (pos, &tok) in tokens.iter().enumerate() {
-                    llama.forward(b, &mut st, &[tok], pos, false)?;
+                    llama.forward_argmax(b, &mut st, &[tok], pos)?;
                 }
             }
         }
@@ -194,8 +204,9 @@ fn run_test(m: &BenchModel, b: &CpuBackend, test: Test, reps: usize) -> anyhow::
 }
 
 /// One test's timed runs and what the report needs to describe them.
-struct Measured<'a> {
-    model: &'a BenchModel,
+struct Measured<'a, B: Backend> {
+    model: &'a BenchModel<B>,
+    backend: &'a str,
     threads: usize,
     test: Test,
     samples_ns: Vec<u64>,
@@ -203,7 +214,7 @@ struct Measured<'a> {
     test_time: String,
 }
 
-impl Measured<'_> {
+impl<B: Backend> Measured<'_, B> {
     fn samples_ts(&self) -> Vec<f64> {
         let n = self.test.tokens() as f64;
         self.samples_ns
@@ -228,7 +239,7 @@ impl Measured<'_> {
             m.desc,
             size_label(m.size),
             n_params_label(m.n_params),
-            "CPU",
+            self.backend,
             self.threads,
             self.test.name(),
             format!("{avg_ts:.2} ± {sd_ts:.2}"),
@@ -254,7 +265,7 @@ impl Measured<'_> {
             "model_type": m.desc,
             "model_size": m.size,
             "model_n_params": m.n_params,
-            "backends": "CPU",
+            "backends": self.backend,
             "n_threads": self.threads,
             "n_prompt": n_prompt,
             "n_gen": n_gen,
@@ -335,37 +346,29 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     // The header waits for the first row, so a model that fails to load prints only the error.
     let mut header_due = !a.json;
     let cpu = cpu_info();
-    for file in &files {
-        let m = BenchModel::load(file)?;
-        for &threads in &threads {
-            let b = CpuBackend::new(threads);
-            for &test in &tests {
-                let test_time = rfc3339_utc(SystemTime::now());
-                let samples_ns = run_test(&m, &b, test, a.reps)?;
-                let r = Measured {
-                    model: &m,
-                    threads,
-                    test,
-                    samples_ns,
-                    test_time,
-                };
-                if a.json {
-                    println!("{}", r.json(&cpu, b.kernels()));
-                    continue;
+    let run = Run {
+        tests: &tests,
+        reps: a.reps,
+        json: a.json,
+        cpu: &cpu,
+    };
+    match a.device {
+        crate::Device::Cpu => {
+            let load_b = CpuBackend::new(1);
+            let backends: Vec<(usize, CpuBackend)> =
+                threads.iter().map(|&t| (t, CpuBackend::new(t))).collect();
+            for file in &files {
+                let m = BenchModel::load(file, &load_b)?;
+                for (t, b) in &backends {
+                    run.model(&m, b, *t, "CPU", b.kernels(), &mut header_due)?;
                 }
-                if std::mem::take(&mut header_due) {
-                    table_header(&[
-                        ("model", -30),
-                        ("size", 10),
-                        ("params", 10),
-                        ("backend", -7),
-                        ("threads", 7),
-                        ("test", 8),
-                        ("t/s", 20),
-                        ("GB/s", 8),
-                    ]);
-                }
-                println!("{}", r.table_row());
+            }
+        }
+        crate::Device::Cuda => {
+            let b = crate::cuda_backend()?;
+            for file in &files {
+                let m = BenchModel::load(file, &b)?;
+                run.model(&m, &b, 1, "CUDA", "cuda", &mut header_due)?;
             }
         }
     }
@@ -393,6 +396,58 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The tests and output options of one `kiln bench` invocation.
+struct Run<'a> {
+    tests: &'a [Test],
+    reps: usize,
+    json: bool,
+    cpu: &'a str,
+}
+
+impl Run<'_> {
+    /// Every test on one model and backend, one output row each.
+    fn model<B: Backend>(
+        &self,
+        m: &BenchModel<B>,
+        b: &B,
+        threads: usize,
+        backend: &str,
+        kernels: &str,
+        header_due: &mut bool,
+    ) -> anyhow::Result<()> {
+        for &test in self.tests {
+            let test_time = rfc3339_utc(SystemTime::now());
+            let samples_ns = run_test(m, b, test, self.reps)?;
+            let r = Measured {
+                model: m,
+                backend,
+                threads,
+                test,
+                samples_ns,
+                test_time,
+            };
+            if self.json {
+                println!("{}", r.json(self.cpu, kernels));
+                continue;
+            }
+            if std::mem::take(header_due) {
+                table_header(&[
+                    ("model", -30),
+                    ("size", 10),
+                    ("params", 10),
+                    ("backend", -7),
+                    ("threads", 7),
+                    ("test", 8),
+                    ("t/s", 20),
+                    ("GB/s", 8),
+                ]);
+            }
+            println!("{}", r.table_row());
+        }
+        Ok(())
+    }
 }
 
 /// Prints a markdown header; a negative width aligns the column left.

@@ -20,6 +20,25 @@ use kiln_assets::Progress;
 
 pub const DEFAULT_LLM: &str = "smollm2-135m-instruct";
 
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+/// The CUDA backend on the first GPU, or why there is none.
+#[cfg(feature = "cuda")]
+pub fn cuda_backend() -> anyhow::Result<kiln_cuda::CudaBackend> {
+    Ok(kiln_cuda::CudaBackend::new()?)
+}
+
+/// This build has no CUDA backend.
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_backend() -> anyhow::Result<kiln_backend::cpu::CpuBackend> {
+    anyhow::bail!("--device cuda: this kiln was built without CUDA (build with `cargo build --release -p kiln-cli --features cuda`)")
+}
+
 #[derive(Parser)]
 #[command(
     name = "kiln",

@@ -66,7 +66,12 @@ pub struct LlamaState<B: Backend> {
     logits: B::Tensor,
     logits_host: Vec<f32>,
     trace: bool,
+    /// Unique per state: the key under which a backend may record this state's decode step.
+    step_key: u64,
 }
+
+/// Source of [`LlamaState::step_key`]: never reused within a process.
+static NEXT_STEP_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl<B: Backend> Llama<B> {
     /// A GGUF model, weights in their stored formats.
@@ -231,6 +236,7 @@ impl<B: Backend> Llama<B> {
             logits: b.tensor(max_batch, c.vocab_size),
             logits_host: vec![0.0; max_batch * c.vocab_size],
             trace: std::env::var_os("KILN_TRACE").is_some(),
+            step_key: NEXT_STEP_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -250,20 +256,69 @@ impl<B: Backend> Llama<B> {
         pos0: usize,
         all_logits: bool,
     ) -> Result<&'s [f32], ModelError> {
+        let n_out = self.forward_device(b, st, tokens, pos0, all_logits)?;
+        let vocab = self.cfg.vocab_size;
+        b.read(&st.logits, n_out, &mut st.logits_host[..n_out * vocab]);
+        Ok(&st.logits_host[..n_out * vocab])
+    }
+
+    /// Like [`Self::forward`] for the last token only, returning its greedy (argmax) token
+    /// without copying the logits to the host.
+    pub fn forward_argmax(
+        &self,
+        b: &B,
+        st: &mut LlamaState<B>,
+        tokens: &[u32],
+        pos0: usize,
+    ) -> Result<u32, ModelError> {
+        self.forward_device(b, st, tokens, pos0, false)?;
+        Ok(b.argmax_rows(&st.logits, 1, self.cfg.vocab_size)[0])
+    }
+
+    /// Runs the forward pass leaving the logits on the device; returns their row count.
+    fn forward_device(
+        &self,
+        b: &B,
+        st: &mut LlamaState<B>,
+        tokens: &[u32],
+        pos0: usize,
+        all_logits: bool,
+    ) -> Result<usize, ModelError> {
         assert!(
             pos0 + tokens.len() <= st.n_ctx,
             "caller checks the context length"
         );
         assert!(!all_logits || tokens.len() <= st.max_batch);
+        let vocab = self.cfg.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::Backend {
+                file: Default::default(),
+                source: kiln_backend::BackendError::TokenOutOfRange { id, vocab },
+            });
+        }
+        if tokens.len() == 1 && !all_logits && !st.trace {
+            // One decode step: the same ops on the same buffers every time, so a backend may
+            // record it once and replay it.
+            let key = st.step_key;
+            let mut res = Ok(0);
+            b.step(key, tokens, pos0, &mut || {
+                res = self.forward_chunk(b, st, tokens, pos0, false);
+                Ok(())
+            })
+            .map_err(|source| ModelError::Backend {
+                file: Default::default(),
+                source,
+            })?;
+            res?;
+            return Ok(1);
+        }
         let mut pos = pos0;
         let mut n_out = 0;
         for chunk in tokens.chunks(st.max_batch) {
             n_out = self.forward_chunk(b, st, chunk, pos, all_logits)?;
             pos += chunk.len();
         }
-        let vocab = self.cfg.vocab_size;
-        b.read(&st.logits, n_out, &mut st.logits_host[..n_out * vocab]);
-        Ok(&st.logits_host[..n_out * vocab])
+        Ok(n_out)
     }
 
     fn forward_chunk(
@@ -290,27 +345,47 @@ impl<B: Backend> Llama<B> {
         };
         for (il, layer) in self.layers.iter().enumerate() {
             let a = &layer.attn;
-            b.rms_norm(&st.x, &layer.attn_norm, c.norm_eps, n, &mut st.h);
-            b.matmul3(
+            b.rms_norm_matmul3(
+                &st.x,
+                &layer.attn_norm,
+                c.norm_eps,
                 [&a.q, &a.k, &a.v],
                 [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
-                &st.h,
                 n,
+                &mut st.h,
                 [&mut st.q, &mut st.k, &mut st.v],
             );
-            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-                b.rms_norm_heads(&mut st.q, qn, c.norm_eps, n);
-                b.rms_norm_heads(&mut st.k, kn, c.norm_eps, n);
-            }
-            b.rope(&mut st.q, &c.rope, c.n_heads, pos0, n);
-            b.rope(&mut st.k, &c.rope, c.n_kv_heads, pos0, n);
-            b.kv_store(&mut st.kv, il, &st.k, &st.v, pos0, n);
+            let qk_norm = match (&a.q_norm, &a.k_norm) {
+                (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
+                _ => None,
+            };
+            b.qk_norm_rope_store(
+                &mut st.q,
+                &mut st.k,
+                &st.v,
+                qk_norm,
+                &c.rope,
+                c.n_heads,
+                c.n_kv_heads,
+                &mut st.kv,
+                il,
+                pos0,
+                n,
+            );
             b.attention(&st.q, &st.kv, il, shape, &mut st.attn);
             self.trace(b, st.trace, "attn", il, &st.attn, n, c.q_dim());
             b.matmul_add(&a.o, &st.attn, n, &mut st.x); // x += Wo attn
 
-            b.rms_norm(&st.x, &layer.ffn_norm, c.norm_eps, n, &mut st.h);
-            b.gate_up_silu(&layer.mlp.gate, &layer.mlp.up, &st.h, n, &mut st.gate);
+            b.rms_norm_gate_up_silu(
+                &st.x,
+                &layer.ffn_norm,
+                c.norm_eps,
+                &layer.mlp.gate,
+                &layer.mlp.up,
+                n,
+                &mut st.h,
+                &mut st.gate,
+            );
             b.matmul_add(&layer.mlp.down, &st.gate, n, &mut st.x); // x += Wdown mlp
             self.trace(b, st.trace, "residual", il, &st.x, n, c.dim);
         }

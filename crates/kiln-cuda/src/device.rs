@@ -1,0 +1,275 @@
+//! The device side: the CUDA context and stream, device buffers, the kernel module (compiled
+//! by NVRTC once per source and architecture, the PTX cached on disk) and launches.
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaModule, CudaStream, DriverError};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+const SOURCE: &str = include_str!("kernels.cu");
+
+/// Why the CUDA backend could not start.
+#[derive(Debug)]
+pub struct CudaInitError(pub String);
+
+impl std::fmt::Display for CudaInitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CudaInitError {}
+
+fn init_err(what: &str, e: impl std::fmt::Debug) -> CudaInitError {
+    CudaInitError(format!("CUDA: {what}: {e:?}"))
+}
+
+/// Bytes of device memory, freed on drop.
+pub struct DevBuf {
+    pub ptr: sys::CUdeviceptr,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    pub fn alloc(bytes: usize) -> DevBuf {
+        // A zero-byte allocation is an error in CUDA: keep one word so every buffer has an
+        // address.
+        let n = bytes.max(4);
+        let ptr = unsafe { result::malloc_sync(n) }
+            .unwrap_or_else(|e| panic!("CUDA: allocating {n} bytes of device memory: {e:?}"));
+        DevBuf { ptr, bytes }
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = result::free_sync(self.ptr);
+        }
+    }
+}
+
+/// Kernel names of kernels.cu.
+pub const KERNELS: &[&str] = &[
+    "matvec",
+    "embed",
+    "rms_norm",
+    "heads",
+    "attn_split_1",
+    "attn_split_2",
+    "attn_split_3",
+    "attn_split_4",
+    "attn_split_5",
+    "attn_split_6",
+    "attn_split_7",
+    "attn_split_8",
+    "attn_combine",
+    "add",
+    "silu_mul",
+    "scale",
+    "kv_store",
+    "im2col",
+    "argmax",
+    "dequant_f16",
+    "rows_f16",
+    "add_bias",
+];
+
+pub struct Device {
+    #[allow(dead_code)] // keeps the context alive
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    pub funcs: Vec<sys::CUfunction>,
+    pub num_sms: usize,
+    pub name: String,
+}
+
+/// Where compiled PTX is kept: `$KILN_HOME/cuda` (KILN_HOME defaults to ~/.cache/kiln).
+fn cache_dir() -> Option<PathBuf> {
+    let home = std::env::var_os("KILN_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln")))?;
+    Some(home.join("cuda"))
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn arch_for(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (m, _) if m >= 10 => "compute_90",
+        (9, _) => "compute_90",
+        (8, 9) => "compute_89",
+        (8, 6..) => "compute_86",
+        (8, _) => "compute_80",
+        (7, 5..) => "compute_75",
+        _ => "compute_70",
+    }
+}
+
+impl Device {
+    pub fn new(ordinal: usize) -> Result<Device, CudaInitError> {
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaInitError(
+                "CUDA: the driver library (libcuda) is not installed on this machine".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| init_err("opening the device", e))?;
+        ctx.bind_to_thread()
+            .map_err(|e| init_err("making the context current", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| init_err("reading the compute capability", e))?;
+        let num_sms =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| init_err("reading the multiprocessor count", e))? as usize;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let arch = arch_for(major, minor);
+        let ptx = load_or_compile(arch)?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| init_err("loading the kernels", e))?;
+        let mut funcs = Vec::new();
+        for k in KERNELS {
+            let f = module
+                .load_function(k)
+                .map_err(|e| init_err(&format!("kernel {k}"), e))?;
+            funcs.push(f.cu_function());
+        }
+        // matvec quantizes up to 4 tokens of a row into shared memory: allow past 48 KiB.
+        unsafe {
+            sys::cuFuncSetAttribute(
+                funcs[0],
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                160 * 1024,
+            )
+            .result()
+            .map_err(|e| init_err("raising matvec's shared memory", e))?;
+        }
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| init_err("creating a stream", e))?;
+        Ok(Device {
+            ctx,
+            stream,
+            _module: module,
+            funcs,
+            num_sms,
+            name,
+        })
+    }
+
+    pub fn func(&self, name: &str) -> sys::CUfunction {
+        let i = KERNELS
+            .iter()
+            .position(|k| *k == name)
+            .expect("kernel name");
+        self.funcs[i]
+    }
+
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// Launches `f` on the stream; `args` are pointers to each argument's value.
+    pub fn launch(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) {
+        unsafe { result::launch_kernel(f, grid, block, smem, self.cu_stream(), args) }
+            .unwrap_or_else(|e| panic!("CUDA: kernel launch failed: {e:?}"));
+    }
+
+    pub fn htod<T: Copy>(&self, dst: sys::CUdeviceptr, src: &[T]) {
+        if src.is_empty() {
+            return;
+        }
+        // Pageable host memory: the call returns once the data is staged, so `src` may go.
+        unsafe { result::memcpy_htod_async(dst, src, self.cu_stream()) }
+            .unwrap_or_else(|e| panic!("CUDA: copy to the device failed: {e:?}"));
+    }
+
+    pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: sys::CUdeviceptr) {
+        if dst.is_empty() {
+            return;
+        }
+        unsafe {
+            result::memcpy_dtoh_async(dst, src, self.cu_stream())
+                .and_then(|_| result::stream::synchronize(self.cu_stream()))
+        }
+        .unwrap_or_else(|e| panic!("CUDA: copy from the device failed: {e:?}"));
+    }
+
+    pub fn dtod(&self, dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.cu_stream()) }
+            .unwrap_or_else(|e| panic!("CUDA: device copy failed: {e:?}"));
+    }
+
+    pub fn memset_u32(&self, dst: sys::CUdeviceptr, v: u32, n: usize) {
+        unsafe { sys::cuMemsetD32Async(dst, v, n, self.cu_stream()).result() }
+            .unwrap_or_else(|e| panic!("CUDA: memset failed: {e:?}"));
+    }
+
+    pub fn sync(&self) -> Result<(), DriverError> {
+        unsafe { result::stream::synchronize(self.cu_stream()) }
+    }
+}
+
+fn load_or_compile(arch: &'static str) -> Result<Ptx, CudaInitError> {
+    let key = format!("kernels-{:016x}-{arch}.ptx", fnv1a(SOURCE));
+    let cached = cache_dir().map(|d| d.join(&key));
+    if let Some(p) = &cached {
+        if let Ok(src) = std::fs::read_to_string(p) {
+            return Ok(Ptx::from_src(src));
+        }
+    }
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
+        .map_err(|e| init_err("compiling the kernels with NVRTC", e))?;
+    if let Some(p) = &cached {
+        // A cache that cannot be written only costs the next start a compile.
+        let _ = std::fs::create_dir_all(p.parent().unwrap_or(p));
+        let _ = std::fs::write(p, ptx.to_src());
+    }
+    Ok(ptx)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kernels compile for every architecture kiln targets, where NVRTC can be loaded
+    /// (a GPU machine, or libnvrtc from the `nvidia-cuda-nvrtc` wheel on LD_LIBRARY_PATH).
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("libnvrtc not found: kernel compilation not checked");
+            return;
+        }
+        for arch in ["compute_75", "compute_80", "compute_90"] {
+            let opts = cudarc::nvrtc::CompileOptions {
+                arch: Some(arch),
+                options: vec!["--std=c++17".into()],
+                ..Default::default()
+            };
+            if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(super::SOURCE, opts) {
+                panic!("{arch}: {e:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,823 @@
+// kiln's CUDA kernels, compiled at run time with NVRTC. No headers: f16 conversions and the
+// integer dot products are PTX.
+//
+// Weights arrive repacked by pack.rs: every quantized format is cut into blocks of 32
+// values whose 4-bit parts sit in one 16-byte vector (byte j holds values j and j + 16, low
+// nibble first) and whose 8-bit parts sit in two; scales live in arrays of their own. A
+// matrix-vector product is one warp per row, each lane one block at a time; the block's
+// prologue quantizes the activations (after the RMSNorm it may fuse) to int8 blocks in
+// shared memory, and products are dp4a.
+//
+// Positions and token ids are read from `params` (device memory: params[0] = first
+// position, params[2 + t] = token t), so that a recorded graph stays valid from step to step.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_Q4_0 2
+#define FMT_Q4_1 3
+#define FMT_Q8_0 4
+#define FMT_Q4_K 5
+#define FMT_Q6_K 6
+
+#define MODE_STORE 0
+#define MODE_ADD 1
+#define MODE_GATE_UP 2
+
+#define MAX_TOK 4
+#define WARPS 8
+#define QV 12
+#define Q6K_REC 20
+#define KINF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+// Unsigned bytes of a times signed bytes of b, summed into c.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int dp4a_ss(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// Spreads 4 two-bit fields (bits 0..7 of t) into bits 4..5 of 4 bytes.
+__device__ __forceinline__ u32 spread2(u32 t) {
+    u32 b = (t & 0x03) | ((t & 0x0c) << 6) | ((t & 0x30) << 12) | ((t & 0xc0) << 18);
+    return b << 4;
+}
+
+// The scale and minimum of sub-block j (0..7) from a Q4_K super-block's 12 packed bytes.
+__device__ __forceinline__ void q4k_scale_min(const u8* sc, int j, int* d, int* m) {
+    if (j < 4) {
+        *d = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *d = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+// ---- matrices as the kernels see them ---------------------------------------------------
+
+struct Mat {
+    const u8* q;   // packed values (F32/F16: the values themselves)
+    const u8* s;   // per-block data: Q4_0/Q8_0 f16 scale; Q4_1 f16 (d, m); Q6_K high bits
+    const u8* s2;  // per-super-block data: Q4_K 16-byte header; Q6_K 20-byte record
+    const float* bias;
+    float* out;
+    int rows;
+    int fmt;
+    int ld_out;  // values between output rows (tokens)
+};
+
+struct Mats {
+    Mat m[3];
+    int n_mats;
+    int row0[4];  // mat i owns output rows row0[i]..row0[i + 1] of the launch
+};
+
+// Block-quantized activations of up to MAX_TOK tokens in shared memory.
+struct XQ {
+    const int* q;      // [tok][cols / 4]: 4 int8 values per int
+    const float* d;    // [tok][cols / 32]
+    const short* sum;  // [tok][cols / 16]: sums of each half block's values
+    const float* inv;  // [tok]: the fused RMSNorm's 1 / rms (1 when not fused)
+};
+
+// Adds block b of row r of m, dotted with the activations of ntok tokens, to acc.
+__device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, const XQ& x,
+                                          int ntok, float* acc) {
+    const int nb = cols / 32;
+    const size_t blk = (size_t)r * nb + b;
+    if (m.fmt == FMT_Q8_0) {
+        const uint4 wa = __ldg((const uint4*)m.q + 2 * blk);
+        const uint4 wb = __ldg((const uint4*)m.q + 2 * blk + 1);
+        const float ws = h2f(((const u16*)m.s)[blk]);
+#pragma unroll
+        for (int t = 0; t < MAX_TOK; t++) {
+            if (t >= ntok) break;
+            const int* xq = x.q + (size_t)t * (cols / 4) + b * 8;
+            int a = dp4a_ss((int)wa.x, xq[0], 0);
+            a = dp4a_ss((int)wa.y, xq[1], a);
+            a = dp4a_ss((int)wa.z, xq[2], a);
+            a = dp4a_ss((int)wa.w, xq[3], a);
+            a = dp4a_ss((int)wb.x, xq[4], a);
+            a = dp4a_ss((int)wb.y, xq[5], a);
+            a = dp4a_ss((int)wb.z, xq[6], a);
+            a = dp4a_ss((int)wb.w, xq[7], a);
+            acc[t] += ws * x.d[t * nb + b] * (float)a;
+        }
+        return;
+    }
+    // Formats with 4-bit low parts: q = lo (+ hi bits for Q6_K), value =
+    // s_lo * q + m_lo over the first 16 values, s_hi * q + m_hi over the last 16.
+    const uint4 w4 = __ldg((const uint4*)m.q + blk);
+    u32 lo4[4] = {w4.x & 0x0f0f0f0fu, w4.y & 0x0f0f0f0fu, w4.z & 0x0f0f0f0fu,
+                  w4.w & 0x0f0f0f0fu};
+    u32 hi4[4] = {(w4.x >> 4) & 0x0f0f0f0fu, (w4.y >> 4) & 0x0f0f0f0fu,
+                  (w4.z >> 4) & 0x0f0f0f0fu, (w4.w >> 4) & 0x0f0f0f0fu};
+    float s_lo, s_hi, m_lo, m_hi;
+    switch (m.fmt) {
+    case FMT_Q4_0: {
+        const float d = h2f(((const u16*)m.s)[blk]);
+        s_lo = s_hi = d;
+        m_lo = m_hi = -8.0f * d;
+        break;
+    }
+    case FMT_Q4_1: {
+        const u32 dm = ((const u32*)m.s)[blk];
+        s_lo = s_hi = h2f(dm & 0xffff);
+        m_lo = m_hi = h2f(dm >> 16);
+        break;
+    }
+    case FMT_Q4_K: {
+        const u8* hdr = m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16;
+        const float d = h2f(*(const u16*)hdr), dmin = h2f(*(const u16*)(hdr + 2));
+        int sc, mn;
+        q4k_scale_min(hdr + 4, b % 8, &sc, &mn);
+        s_lo = s_hi = d * (float)sc;
+        m_lo = m_hi = -dmin * (float)mn;
+        break;
+    }
+    default: {  // FMT_Q6_K
+        const uint2 h = ((const uint2*)m.s)[blk];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo4[i] |= spread2(h.x >> (8 * i));
+            hi4[i] |= spread2(h.y >> (8 * i));
+        }
+        const u8* rec = m.s2 + ((size_t)r * (nb / 8) + b / 8) * Q6K_REC;
+        const float d = h2f(*(const u16*)(rec + 16));
+        s_lo = d * (float)(i8)rec[2 * (b % 8)];
+        s_hi = d * (float)(i8)rec[2 * (b % 8) + 1];
+        m_lo = -32.0f * s_lo;
+        m_hi = -32.0f * s_hi;
+        break;
+    }
+    }
+#pragma unroll
+    for (int t = 0; t < MAX_TOK; t++) {
+        if (t >= ntok) break;
+        const int* xq = x.q + (size_t)t * (cols / 4) + b * 8;
+        int a = 0, c = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            a = dp4a_us(lo4[i], xq[i], a);
+            c = dp4a_us(hi4[i], xq[4 + i], c);
+        }
+        const short* sm = x.sum + (size_t)t * (cols / 16) + 2 * b;
+        acc[t] += x.d[t * nb + b] * (s_lo * (float)a + m_lo * (float)sm[0] +
+                                     s_hi * (float)c + m_hi * (float)sm[1]);
+    }
+}
+
+// Dot of NR consecutive rows r.. of m with the activations of ntok tokens; the lanes of a
+// warp split the blocks (each lane's partial sums in acc[row][token]). The NR rows' loads
+// are independent, so a lane has NR of them in flight.
+template <int NR>
+__device__ __forceinline__ void rows_dot(const Mat& m, int r, int cols, const XQ& x, int ntok,
+                                         const float* xf, const float* norm_w,
+                                         float (*acc)[MAX_TOK]) {
+    const int lane = threadIdx.x & 31;
+    const int nb = cols / 32;
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+#pragma unroll
+        for (int t = 0; t < MAX_TOK; t++) acc[i][t] = 0.0f;
+    if (m.fmt == FMT_F32 || m.fmt == FMT_F16) {
+        for (int c = lane; c < cols; c += 32) {
+            const float nw = norm_w ? norm_w[c] : 1.0f;
+#pragma unroll
+            for (int i = 0; i < NR; i++) {
+                const size_t o = (size_t)(r + i) * cols + c;
+                const float w = m.fmt == FMT_F32 ? ((const float*)m.q)[o] : h2f(((const u16*)m.q)[o]);
+#pragma unroll
+                for (int t = 0; t < MAX_TOK; t++)
+                    if (t < ntok) acc[i][t] += w * (xf[(size_t)t * cols + c] * x.inv[t] * nw);
+            }
+        }
+        return;
+    }
+    for (int b = lane; b < nb; b += 32) {
+#pragma unroll
+        for (int i = 0; i < NR; i++) block_dot(m, r + i, b, cols, x, ntok, acc[i]);
+    }
+}
+
+// Quantizes ntok rows of x (normalised by an RMSNorm with weights norm_w first, when given)
+// into shared memory. Every thread of the block takes part.
+__device__ void quantize_x(const float* x, int cols, int ntok, const float* norm_w, float eps,
+                           u8* smem, XQ* out) {
+    // Layout (pack.rs's matvec_smem computes the same size): q ntok*cols bytes, d ntok*nb
+    // floats, sums ntok*cols/16 shorts, inv ntok floats, WARPS floats of scratch.
+    const int nb = cols / 32;
+    int* q = (int*)smem;
+    float* d = (float*)(smem + (size_t)ntok * cols);
+    short* sum = (short*)(d + ntok * nb);
+    float* inv = (float*)(sum + ntok * (cols / 16));
+    float* red = inv + ntok;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // A warp owns blocks warp, warp + WARPS, ...: with at most QV of them (rows up to
+    // QV * WARPS * 32 values), every load of the row is issued at once into registers.
+    const bool regs = cols % 32 == 0 && nb <= QV * WARPS;
+    for (int t = 0; t < ntok; t++) {
+        const float* xt = x + (size_t)t * cols;
+        float v[QV], w[QV];
+        if (regs) {
+#pragma unroll
+            for (int i = 0; i < QV; i++) {
+                const int b = warp + i * WARPS;
+                v[i] = b < nb ? xt[b * 32 + lane] : 0.0f;
+                w[i] = (b < nb && norm_w) ? norm_w[b * 32 + lane] : 1.0f;
+            }
+        }
+        float r = 1.0f;
+        if (norm_w) {
+            float ss = 0.0f;
+            if (regs) {
+#pragma unroll
+                for (int i = 0; i < QV; i++) ss += v[i] * v[i];
+            } else {
+                for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xt[c] * xt[c];
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) red[warp] = ss;
+            __syncthreads();
+            if (warp == 0) {
+                float u = lane < WARPS ? red[lane] : 0.0f;
+                u = warp_sum(u);
+                if (lane == 0) inv[t] = rsqrtf(u / (float)cols + eps);
+            }
+            __syncthreads();
+            r = inv[t];
+        } else if (threadIdx.x == 0) {
+            inv[t] = 1.0f;
+        }
+        if (cols % 32 != 0) continue;  // float formats only: no quantized copy
+#pragma unroll
+        for (int i = 0; i < QV; i++) {
+            const int b = warp + i * WARPS;
+            if (!regs && b >= nb) break;
+            if (regs && b >= nb) break;
+            float val;
+            if (regs) {
+                val = v[i] * r * w[i];
+            } else {
+                val = xt[b * 32 + lane];
+                if (norm_w) val = val * r * norm_w[b * 32 + lane];
+            }
+            const float amax = warp_max(fabsf(val));
+            const float dd = amax / 127.0f;
+            const int qi = dd == 0.0f ? 0 : (int)rintf(val / dd);
+            ((i8*)(q + (size_t)t * (cols / 4)))[b * 32 + lane] = (i8)qi;
+            float hs = (float)qi;
+            for (int o = 8; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
+            if (lane == 0) d[t * nb + b] = dd;
+            if (lane == 0 || lane == 16) sum[t * (cols / 16) + 2 * b + lane / 16] = (short)hs;
+        }
+        if (!regs) {
+            // Rows too long for the registers: the remaining blocks one at a time.
+            for (int b = warp + QV * WARPS; b < nb; b += WARPS) {
+                float val = xt[b * 32 + lane];
+                if (norm_w) val = val * r * norm_w[b * 32 + lane];
+                const float amax = warp_max(fabsf(val));
+                const float dd = amax / 127.0f;
+                const int qi = dd == 0.0f ? 0 : (int)rintf(val / dd);
+                ((i8*)(q + (size_t)t * (cols / 4)))[b * 32 + lane] = (i8)qi;
+                float hs = (float)qi;
+                for (int o = 8; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
+                if (lane == 0) d[t * nb + b] = dd;
+                if (lane == 0 || lane == 16) sum[t * (cols / 16) + 2 * b + lane / 16] = (short)hs;
+            }
+        }
+    }
+    __syncthreads();
+    out->q = q;
+    out->d = d;
+    out->sum = sum;
+    out->inv = inv;
+}
+
+// out = W x (+ bias), out += W x, or out = silu(W0 x) * (W1 x), for the matrices of `ms`
+// over ntok tokens of x (cols values each, optionally RMS-normalised with norm_w first).
+// Block b covers output rows b * rows_per_block.. of the launch, one warp per row.
+extern "C" __global__ void matvec(Mats ms, const float* x, int cols, int ntok,
+                                  const float* norm_w, float eps, int mode, int rows_per_block,
+                                  int group) {
+    extern __shared__ __align__(16) u8 smem[];
+    XQ xq;
+    quantize_x(x, cols, ntok, norm_w, eps, smem, &xq);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
+    const int r0 = blockIdx.x * rows_per_block;
+    const int r1 = min(total, r0 + rows_per_block);
+    if (mode == MODE_GATE_UP) {
+        for (int row = r0 + warp; row < r1; row += WARPS) {
+            float acc[2][MAX_TOK];
+            rows_dot<1>(ms.m[0], row, cols, xq, ntok, x, norm_w, acc);
+            rows_dot<1>(ms.m[1], row, cols, xq, ntok, x, norm_w, acc + 1);
+#pragma unroll
+            for (int t = 0; t < MAX_TOK; t++) {
+                const float g = warp_sum(acc[0][t]), u = warp_sum(acc[1][t]);
+                if (lane == 0 && t < ntok) ms.m[0].out[(size_t)t * ms.m[0].ld_out + row] = silu(g) * u;
+            }
+        }
+        return;
+    }
+    // Groups of NR consecutive rows of one matrix per warp; a row at a matrix's edge alone.
+    const int NR = 4;
+    const int nr_max = group == 4 ? NR : 1;
+    for (int row = r0 + warp * nr_max; row < r1; row += WARPS * nr_max) {
+        const int last = min(row + nr_max, r1);
+        for (int rg = row; rg < last;) {
+            const int mi = (ms.n_mats > 1 && rg >= ms.row0[1]) + (ms.n_mats > 2 && rg >= ms.row0[2]);
+            // A copy by value: a run-time index into the parameter array would move it
+            // (and everything indexed with it) to local memory.
+            const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+            const int rr = rg - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+            const int seg_end = mi == 0 ? ms.row0[1] : (mi == 1 ? ms.row0[2] : ms.row0[3]);
+            float acc[NR][MAX_TOK];
+            int nr;
+            if (nr_max == NR && rg == row && last - rg == NR && seg_end >= last) {
+                rows_dot<NR>(m, rr, cols, xq, ntok, x, norm_w, acc);
+                nr = NR;
+            } else {
+                rows_dot<1>(m, rr, cols, xq, ntok, x, norm_w, acc);
+                nr = 1;
+            }
+#pragma unroll
+            for (int i = 0; i < NR; i++) {
+                if (i >= nr) break;
+#pragma unroll
+                for (int t = 0; t < MAX_TOK; t++) {
+                    if (t >= ntok) break;
+                    const float v = warp_sum(acc[i][t]);
+                    if (lane == 0) {
+                        float* o = m.out + (size_t)t * m.ld_out + rr + i;
+                        const float bv = m.bias ? m.bias[rr + i] : 0.0f;
+                        if (mode == MODE_ADD) *o += v + bv;
+                        else *o = v + bv;
+                    }
+                }
+            }
+            rg += nr;
+        }
+    }
+}
+
+// Value c of row r of a packed matrix.
+__device__ float packed_value(const Mat& m, int r, int cols, int c) {
+    const int nb = cols / 32, b = c / 32, j = c % 32;
+    const size_t blk = (size_t)r * nb + b;
+    switch (m.fmt) {
+    case FMT_F32: return ((const float*)m.q)[(size_t)r * cols + c];
+    case FMT_F16: return h2f(((const u16*)m.q)[(size_t)r * cols + c]);
+    case FMT_Q8_0: return h2f(((const u16*)m.s)[blk]) * (float)((const i8*)m.q)[blk * 32 + j];
+    default: break;
+    }
+    const u8 byte = m.q[blk * 16 + (j % 16)];
+    int q = j < 16 ? (byte & 15) : (byte >> 4);
+    switch (m.fmt) {
+    case FMT_Q4_0: return h2f(((const u16*)m.s)[blk]) * (float)(q - 8);
+    case FMT_Q4_1: {
+        const u32 dm = ((const u32*)m.s)[blk];
+        return h2f(dm & 0xffff) * (float)q + h2f(dm >> 16);
+    }
+    case FMT_Q4_K: {
+        const u8* hdr = m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16;
+        int sc, mn;
+        q4k_scale_min(hdr + 4, b % 8, &sc, &mn);
+        return h2f(*(const u16*)hdr) * (float)sc * (float)q -
+               h2f(*(const u16*)(hdr + 2)) * (float)mn;
+    }
+    default: {  // FMT_Q6_K
+        const uint2 h = ((const uint2*)m.s)[blk];
+        const u32 hb = j < 16 ? (h.x >> (2 * j)) & 3 : (h.y >> (2 * (j - 16))) & 3;
+        q |= (int)(hb << 4);
+        const u8* rec = m.s2 + ((size_t)r * (nb / 8) + b / 8) * Q6K_REC;
+        return h2f(*(const u16*)(rec + 16)) * (float)(i8)rec[2 * (b % 8) + j / 16] *
+               (float)(q - 32);
+    }
+    }
+}
+
+// out[t] = row params[2 + t] of the table (ntok tokens).
+extern "C" __global__ void embed(Mat m, int cols, const u32* params, float* out) {
+    const int t = blockIdx.y;
+    const u32 id = params[2 + t];
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+        out[(size_t)t * cols + c] = packed_value(m, (int)id, cols, c);
+}
+
+// out[r] = x[r] / rms(x[r]) * w, one block per row.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, int cols,
+                                    float* out) {
+    __shared__ float red[32];
+    const float* xr = x + (size_t)blockIdx.x * cols;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = rsqrtf(v / (float)cols + eps);
+    }
+    __syncthreads();
+    const float r = red[0];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        out[(size_t)blockIdx.x * cols + c] = xr[c] * r * w[c];
+}
+
+// ---- per-head work: q/k RMSNorm, RoPE, KV-cache store ----------------------------------
+
+struct HeadGroup {
+    float* x;             // (ntok, heads * head_dim), rewritten in place
+    const float* norm_w;  // per-head RMSNorm weights (head_dim) or null
+    u16* cache;           // this layer's (heads, n_ctx, head_dim) f16 plane, or null
+    int heads;
+    int rope;             // 1: rotate
+};
+
+struct HeadGroups {
+    HeadGroup g[3];
+    int n;
+    int row0[4];
+};
+
+// One warp per (token, head): grid.x covers the head rows of all groups in WARPS-row blocks,
+// grid.y the tokens. inv_freq has rope_dims / 2 values; neox selects (i, i + dims/2) pairs
+// over (2i, 2i + 1).
+extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const float* inv_freq,
+                                 int rope_dims, int neox, int n_ctx, const u32* params) {
+    __shared__ float row[WARPS][256];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int hr = blockIdx.x * WARPS + warp;
+    const int t = blockIdx.y;
+    if (hr >= hg.row0[hg.n]) return;
+    const int gi = (hg.n > 1 && hr >= hg.row0[1]) + (hg.n > 2 && hr >= hg.row0[2]);
+    const HeadGroup g = gi == 0 ? hg.g[0] : (gi == 1 ? hg.g[1] : hg.g[2]);
+    const int h = hr - (gi == 0 ? hg.row0[0] : (gi == 1 ? hg.row0[1] : hg.row0[2]));
+    const int pos = (int)params[0] + t;
+    float* xr = g.x + ((size_t)t * g.heads + h) * head_dim;
+    float* sr = row[warp];
+    float ss = 0.0f;
+    for (int e = lane; e < head_dim; e += 32) {
+        const float v = xr[e];
+        sr[e] = v;
+        ss += v * v;
+    }
+    if (g.norm_w) {
+        const float r = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+        for (int e = lane; e < head_dim; e += 32) sr[e] = sr[e] * r * g.norm_w[e];
+    }
+    __syncwarp();
+    float out[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int e = lane + 32 * i;
+        if (e >= head_dim) break;
+        float v = sr[e];
+        if (g.rope && e < rope_dims) {
+            const int half = rope_dims / 2;
+            int fi, partner;
+            float sign;
+            if (neox) {
+                fi = e < half ? e : e - half;
+                partner = e < half ? e + half : e - half;
+                sign = e < half ? -1.0f : 1.0f;
+            } else {
+                fi = e / 2;
+                partner = e ^ 1;
+                sign = (e & 1) ? 1.0f : -1.0f;
+            }
+            // The f32 angle, as the CPU backend rounds it.
+            float sn, cs;
+            sincosf((float)pos * inv_freq[fi], &sn, &cs);
+            v = v * cs + sign * sr[partner] * sn;
+        }
+        out[i] = v;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int e = lane + 32 * i;
+        if (e >= head_dim) break;
+        xr[e] = out[i];
+        if (g.cache) g.cache[((size_t)h * n_ctx + pos) * head_dim + e] = f2h(out[i]);
+    }
+}
+
+// ---- attention over the f16 cache: split over keys, then combined ----------------------
+
+#define ATT_WARPS 4
+#define ATT_WCHUNK 32
+#define MAX_GROUP 8
+
+// grid (kv_heads, splits, ntok); each warp of a block owns ATT_WCHUNK consecutive keys and
+// every query head of its kv head. A lane scores one key against the query heads (q from
+// shared memory, the key row by 16-byte loads), the warp takes one softmax step per 32 keys,
+// then accumulates V rows (lanes split head_dim) weighted by the broadcast probabilities;
+// each warp writes its softmax partial (max, sum, weighted V) for attn_combine.
+template <int EPL>
+__device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, int n_ctx,
+                                int heads, int kv_heads, int hd, float scale,
+                                const u32* params, float* part_acc, float* part_ml) {
+    __shared__ float qs[MAX_GROUP * EPL * 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kvh = blockIdx.x, t = blockIdx.z;
+    const int ws = blockIdx.y * ATT_WARPS + warp, n_ws = gridDim.y * ATT_WARPS;
+    const int g = heads / kv_heads;
+    const int len = (int)params[0] + t + 1;
+    const int k0 = ws * ATT_WCHUNK, k1 = min(len, k0 + ATT_WCHUNK);
+    for (int i = threadIdx.x; i < g * hd; i += blockDim.x)
+        qs[i] = q[((size_t)t * heads + kvh * g) * hd + i] * scale;
+    __syncthreads();
+    float acc[MAX_GROUP][EPL], mx[MAX_GROUP], l[MAX_GROUP];
+#pragma unroll
+    for (int i = 0; i < MAX_GROUP; i++) {
+        mx[i] = -KINF;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) acc[i][e] = 0.0f;
+    }
+    const u16* kp = kc + (size_t)kvh * n_ctx * hd;
+    const u16* vp = vc + (size_t)kvh * n_ctx * hd;
+    for (int base = k0; base < k1; base += 32) {
+        const int p = base + lane;
+        const bool valid = p < k1;
+        float sc[MAX_GROUP];
+#pragma unroll
+        for (int i = 0; i < MAX_GROUP; i++) sc[i] = 0.0f;
+        if (valid) {
+            const uint4* kr = (const uint4*)(kp + (size_t)p * hd);
+            for (int d8 = 0; d8 < hd / 8; d8++) {
+                const uint4 k4 = kr[d8];
+                const u32 kw[4] = {k4.x, k4.y, k4.z, k4.w};
+                float kf[8];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    kf[2 * j] = h2f((u16)(kw[j] & 0xffff));
+                    kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
+                }
+#pragma unroll
+                for (int i = 0; i < MAX_GROUP; i++) {
+                    if (i >= g) break;
+                    const float* qi = qs + i * hd + d8 * 8;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) sc[i] += qi[j] * kf[j];
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MAX_GROUP; i++) {
+            if (i >= g) break;
+            const float si = valid ? sc[i] : -KINF;
+            const float mn = fmaxf(mx[i], warp_max(si));
+            const float pe = valid ? expf(si - mn) : 0.0f;
+            const float corr = expf(mx[i] - mn);
+            l[i] = l[i] * corr + warp_sum(pe);
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[i][e] *= corr;
+            mx[i] = mn;
+            sc[i] = pe;
+        }
+        const int nk = min(32, k1 - base);
+        for (int j = 0; j < nk; j++) {
+            const u16* vr = vp + (size_t)(base + j) * hd;
+            float vv[EPL];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                const int d = lane * EPL + e;
+                vv[e] = d < hd ? h2f(vr[d]) : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < MAX_GROUP; i++) {
+                if (i >= g) break;
+                const float pj = __shfl_sync(0xffffffffu, sc[i], j);
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[i][e] += pj * vv[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MAX_GROUP; i++) {
+        if (i >= g) break;
+        const size_t slot = ((size_t)t * heads + kvh * g + i) * n_ws + ws;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            const int d = lane * EPL + e;
+            if (d < hd) part_acc[slot * hd + d] = acc[i][e];
+        }
+        if (lane == 0) {
+            part_ml[2 * slot] = mx[i];
+            part_ml[2 * slot + 1] = l[i];
+        }
+    }
+}
+
+extern "C" __global__ void attn_split_1(const float* q, const u16* kc, const u16* vc,
+                                          int n_ctx, int heads, int kv_heads, int hd,
+                                          float scale, const u32* params, float* pa,
+                                          float* pml) {
+    attn_split_impl<1>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
+}
+extern "C" __global__ void attn_split_2(const float* q, const u16* kc, const u16* vc,
+                                          int n_ctx, int heads, int kv_heads, int hd,
+                                          float scale, const u32* params, float* pa,
+                                          float* pml) {
+    attn_split_impl<2>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
+}
+extern "C" __global__ void attn_split_3(const float* q, const u16* kc, const u16* vc,
+                                          int n_ctx, int heads, int kv_heads, int hd,
+                                          float scale, const u32* params, float* pa,
+                                          float* pml) {
+    attn_split_impl<3>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
+}
+extern "C" __global__ void attn_split_4(const float* q, const u16* kc, const u16* vc,
+                                          int n_ctx, int heads, int kv_heads, int hd,
+                                          float scale, const u32* params, float* pa,
+                                          float* pml) {
+    attn_split_impl<4>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
+}
+extern "C" __global__ void attn_split_5(const float* q, const u16* kc, const u16* vc,
+                                          int n_ctx, int heads, int kv_heads, int hd,
+                                          float scale, const u32* params, float* pa,
+                                          float* pml) {
+    attn_split_impl<5>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
+}
+extern "C" __global__ void attn_split_6(const float* q, const u16* kc, const u16* vc,
+                                          int n_ctx, int heads, int kv_heads, int hd,
+                                          float scale, const u32* params, float* pa,
+                                          float* pml) {
+    attn_split_impl<6>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
+}
+extern "C" __global__ void attn_split_7(const float* q, const u16* kc, const u16* vc,
+                                          int n_ctx, int heads, int kv_heads, int hd,
+                                          float scale, const u32* params, float* pa,
+                                          float* pml) {
+    attn_split_impl<7>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
+}
+extern "C" __global__ void attn_split_8(const float* q, const u16* kc, const u16* vc,
+                                          int n_ctx, int heads, int kv_heads, int hd,
+                                          float scale, const u32* params, float* pa,
+                                          float* pml) {
+    attn_split_impl<8>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
+}
+
+// grid (ntok * heads), block head_dim threads: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+extern "C" __global__ void attn_combine(const float* part_acc, const float* part_ml, int n_ws,
+                                        int head_dim, float* out) {
+    const size_t th = blockIdx.x;
+    const float* ml = part_ml + th * n_ws * 2;
+    float m = -KINF;
+    for (int s = 0; s < n_ws; s++) m = fmaxf(m, ml[2 * s]);
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < n_ws; s++) {
+        const float ms = ml[2 * s];
+        if (ms == -KINF) continue;
+        const float w = expf(ms - m);
+        den += w * ml[2 * s + 1];
+        num += w * part_acc[(th * n_ws + s) * head_dim + threadIdx.x];
+    }
+    out[th * head_dim + threadIdx.x] = num / den;
+}
+
+// ---- elementwise ------------------------------------------------------------------------
+
+extern "C" __global__ void add(float* x, const float* y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+extern "C" __global__ void silu_mul(float* g, const float* u, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        g[i] = silu(g[i]) * u[i];
+}
+
+extern "C" __global__ void scale(float* x, float s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+// Rows t of (n, cols) f32 to f16 cache positions pos0 + t of each head plane:
+// x row t is (heads, head_dim); cache (heads, n_ctx, head_dim).
+extern "C" __global__ void kv_store(const float* x, u16* cache, int heads, int head_dim,
+                                    int n_ctx, const u32* params) {
+    const int t = blockIdx.y, pos = (int)params[0] + t;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < heads * head_dim;
+         i += gridDim.x * blockDim.x) {
+        const int h = i / head_dim, e = i % head_dim;
+        cache[((size_t)h * n_ctx + pos) * head_dim + e] = f2h(x[(size_t)t * heads * head_dim + i]);
+    }
+}
+
+// out (t_out, c_in * k): column c * k + j of row t is x[t * stride + j - pad][c].
+extern "C" __global__ void im2col(const float* x, int t_in, int c_in, int k, int stride, int pad,
+                                  int t_out, float* out) {
+    const size_t n = (size_t)t_out * c_in * k;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int col = (int)(i % ((size_t)c_in * k));
+        const int t = (int)(i / ((size_t)c_in * k));
+        const int c = col / k, j = col % k;
+        const int src = t * stride + j - pad;
+        out[i] = (src >= 0 && src < t_in) ? x[(size_t)src * c_in + c] : 0.0f;
+    }
+}
+
+// out[r] = the first index of the largest value of row r: blocks (grid.x) split a row
+// (grid.y), each folds its part into one 64-bit key, max'ed atomically into best[r]
+// (zeroed first): the value's order-preserving bits above ~index, so ties go to the first.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+    u32 b = __float_as_uint(v);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long)b << 32) | (u32)(~(u32)i);
+}
+
+extern "C" __global__ void argmax(const float* x, int cols, unsigned long long* best) {
+    const float* xr = x + (size_t)blockIdx.y * cols;
+    unsigned long long k = 0;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        const float y = xr[c];
+        if (y == y) {  // NaN never wins
+            const unsigned long long ky = argmax_key(y, c);
+            k = ky > k ? ky : k;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long ok = __shfl_xor_sync(0xffffffffu, k, o);
+        k = ok > k ? ok : k;
+    }
+    if ((threadIdx.x & 31) == 0 && k != 0) atomicMax(best + blockIdx.y, k);
+}
+
+// ---- prefill: f16 operands for cuBLAS's tensor-core GEMM --------------------------------
+
+// out (rows, cols) f16 = the packed matrix's values.
+extern "C" __global__ void dequant_f16(Mat m, int rows, int cols, u16* out) {
+    const size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = f2h(packed_value(m, (int)(i / cols), cols, (int)(i % cols)));
+}
+
+// out row r (f16) = x row r, RMS-normalised with norm_w first when given; a block per row.
+extern "C" __global__ void rows_f16(const float* x, int cols, const float* norm_w, float eps,
+                                    u16* out) {
+    __shared__ float red[32];
+    const float* xr = x + (size_t)blockIdx.x * cols;
+    float r = 1.0f;
+    if (norm_w) {
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+            v = warp_sum(v);
+            if (threadIdx.x == 0) red[0] = rsqrtf(v / (float)cols + eps);
+        }
+        __syncthreads();
+        r = red[0];
+    }
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        out[(size_t)blockIdx.x * cols + c] = f2h(xr[c] * r * (norm_w ? norm_w[c] : 1.0f));
+}
+
+// out[t * ld + r] += bias[r] for t < n, r < rows.
+extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int ld, int n) {
+    const size_t total = (size_t)rows * n;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[(i / rows) * ld + i % rows] += bias[i % rows];
+}

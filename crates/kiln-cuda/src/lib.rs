@@ -1,0 +1,1381 @@
+//! kiln's CUDA backend.
+//!
+//! The driver API is loaded at run time through `cudarc` and the kernels (kernels.cu) are
+//! compiled by NVRTC on first use (PTX cached under `$KILN_HOME/cuda`), so building needs no
+//! CUDA toolkit and a machine without a GPU gets a clear error from [`CudaBackend::new`].
+//!
+//! What runs on the GPU: the whole LLM path — embedding lookup, RMSNorm fused into the
+//! matrix products that follow it, matrix-vector products for F32, F16, Q4_0, Q4_1, Q8_0,
+//! Q4_K and Q6_K (other formats widened to f32 at load), per-head q/k norm + RoPE + KV-cache
+//! store in one kernel, split-K attention over an f16 KV cache, SwiGLU, residual adds fused
+//! into the producing product, greedy argmax — and one decode step is recorded as a CUDA
+//! graph the second time it runs and replayed afterwards ([`Backend::step`]); positions and
+//! token ids are read from device memory, so the graph stays valid from token to token.
+//!
+//! The speech ops (Whisper's layer norm, GELU, dense attention; Kokoro's signal ops) run on
+//! the CPU backend for now: inputs are copied to the host, the CPU op runs, outputs are
+//! copied back. Whisper's conv1d runs on the GPU (im2col + the matrix product).
+
+mod device;
+pub mod pack;
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+use kiln_backend::cpu::CpuBackend;
+use kiln_backend::{
+    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, LstmShape, RopeConfig,
+    RopeStyle, WeightData,
+};
+
+pub use device::CudaInitError;
+use device::{DevBuf, Device};
+use pack::{FMT_F16, FMT_F32};
+
+/// Tokens one matvec launch takes (kernels.cu MAX_TOK).
+const MAX_TOK: usize = 4;
+/// Warps per matvec block (kernels.cu WARPS).
+const WARPS: usize = 8;
+/// Token ids the step parameters hold.
+const MAX_IDS: usize = 4096;
+/// Keys per attention warp and warps per block (kernels.cu ATT_WCHUNK, ATT_WARPS).
+const ATT_WCHUNK: usize = 32;
+const ATT_WARPS: usize = 4;
+/// Query heads per KV head the attention kernel holds (kernels.cu MAX_GROUP).
+const MAX_GROUP: usize = 8;
+
+pub struct CudaTensor {
+    buf: DevBuf,
+    rows: usize,
+    cols: usize,
+}
+
+pub struct CudaWeight {
+    fmt: i32,
+    rows: usize,
+    cols: usize,
+    stored_bytes: usize,
+    q: DevBuf,
+    s: DevBuf,
+    s2: DevBuf,
+}
+
+/// Keys and values as f16, laid out (layer, kv head, position, head_dim).
+pub struct CudaKvCache {
+    k: DevBuf,
+    v: DevBuf,
+    n_layers: usize,
+    n_ctx: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl CudaKvCache {
+    fn plane(&self, layer: usize) -> usize {
+        layer * self.kv_heads * self.n_ctx * self.head_dim * 2
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Mat {
+    q: u64,
+    s: u64,
+    s2: u64,
+    bias: u64,
+    out: u64,
+    rows: i32,
+    fmt: i32,
+    ld_out: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Mats {
+    m: [Mat; 3],
+    n_mats: i32,
+    row0: [i32; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct HeadGroup {
+    x: u64,
+    norm_w: u64,
+    cache: u64,
+    heads: i32,
+    rope: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct HeadGroups {
+    g: [HeadGroup; 3],
+    n: i32,
+    row0: [i32; 4],
+}
+
+/// Kernel arguments: each value boxed so its address is stable until the launch.
+#[derive(Default)]
+struct Args(Vec<Box<dyn Any>>);
+
+impl Args {
+    fn a<T: 'static>(mut self, v: T) -> Self {
+        self.0.push(Box::new(v));
+        self
+    }
+    fn ptrs(&mut self) -> Vec<*mut c_void> {
+        self.0
+            .iter_mut()
+            .map(|b| (&mut **b) as *mut dyn Any as *mut c_void)
+            .collect()
+    }
+}
+
+const MODE_STORE: i32 = 0;
+const MODE_ADD: i32 = 1;
+const MODE_GATE_UP: i32 = 2;
+
+/// Buffers sized on demand (outside graph recording: a step runs eagerly once first).
+#[derive(Default)]
+struct Scratch {
+    w16: Option<DevBuf>,
+    x16: Option<DevBuf>,
+    tmp: Option<DevBuf>,
+    attn_acc: Option<DevBuf>,
+    attn_ml: Option<DevBuf>,
+    argmax: Option<DevBuf>,
+    im2col: Option<DevBuf>,
+}
+
+fn ensure(slot: &mut Option<DevBuf>, bytes: usize) -> u64 {
+    if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
+        *slot = Some(DevBuf::alloc(bytes));
+    }
+    slot.as_ref().unwrap().ptr
+}
+
+struct Graph {
+    exec: sys::CUgraphExec,
+    graph: sys::CUgraph,
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = sys::cuGraphExecDestroy(self.exec);
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+pub struct CudaBackend {
+    /// Step parameters on the device: [pos0, n, ids...]; `params_host` mirrors them.
+    params: DevBuf,
+    params_host: RefCell<Option<(u32, Vec<u32>)>>,
+    recording: Cell<bool>,
+    graphs: RefCell<HashMap<u64, Graph>>,
+    seen: RefCell<HashSet<u64>>,
+    use_graphs: bool,
+    rope: RefCell<Option<(RopeConfig, DevBuf)>>,
+    scratch: RefCell<Scratch>,
+    /// cuBLAS, for prompt-sized products (None where libcublas is missing).
+    blas: Option<Blas>,
+    cpu: CpuBackend,
+    /// Last: everything above holds device memory or graphs of this context.
+    dev: Device,
+}
+
+struct Blas(cudarc::cublas::sys::cublasHandle_t);
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = cudarc::cublas::result::destroy_handle(self.0);
+        }
+    }
+}
+
+/// Tokens from which a product goes through cuBLAS instead of the matvec kernel.
+const GEMM_MIN_TOKENS: usize = 16;
+
+impl CudaBackend {
+    /// The first GPU. Errors (one line) when no driver or device is there.
+    pub fn new() -> Result<Self, CudaInitError> {
+        Self::with_device(0)
+    }
+
+    pub fn with_device(ordinal: usize) -> Result<Self, CudaInitError> {
+        let dev = Device::new(ordinal)?;
+        let params = DevBuf::alloc(4 * (2 + MAX_IDS));
+        dev.memset_u32(params.ptr, 0, 2 + MAX_IDS);
+        let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
+            cudarc::cublas::result::create_handle().ok().map(|h| {
+                unsafe {
+                    let _ = cudarc::cublas::result::set_stream(h, dev.cu_stream() as _);
+                }
+                Blas(h)
+            })
+        } else {
+            None
+        };
+        Ok(CudaBackend {
+            blas,
+            dev,
+            params,
+            params_host: RefCell::new(None),
+            recording: Cell::new(false),
+            graphs: RefCell::default(),
+            seen: RefCell::default(),
+            use_graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            rope: RefCell::new(None),
+            scratch: RefCell::default(),
+            cpu: CpuBackend::new(1),
+        })
+    }
+
+    /// Every step launched op by op (no graph recording): for comparisons.
+    pub fn without_graphs(mut self) -> Self {
+        self.use_graphs = false;
+        self
+    }
+
+    /// Waits for all queued work; errors of earlier kernels surface here.
+    pub fn synchronize(&self) -> Result<(), String> {
+        self.dev.sync().map_err(|e| format!("CUDA: {e:?}"))
+    }
+
+    /// Makes the device's step parameters hold `pos0` and `ids` (when given).
+    fn set_params(&self, pos0: usize, ids: Option<&[u32]>) {
+        let mut cur = self.params_host.borrow_mut();
+        let same = match (&*cur, ids) {
+            (Some((p, _)), None) => *p == pos0 as u32,
+            (Some((p, have)), Some(ids)) => *p == pos0 as u32 && have.as_slice() == ids,
+            (None, _) => false,
+        };
+        if same {
+            return;
+        }
+        assert!(
+            !self.recording.get(),
+            "a recorded step changed its positions or tokens"
+        );
+        let mut v = vec![pos0 as u32, ids.map_or(0, |i| i.len() as u32)];
+        let have = match (ids, &*cur) {
+            (Some(ids), _) => ids.to_vec(),
+            (None, Some((_, have))) => have.clone(),
+            (None, None) => Vec::new(),
+        };
+        v.extend_from_slice(&have);
+        self.dev.htod(self.params.ptr, &v);
+        *cur = Some((pos0 as u32, have));
+    }
+
+    fn mat(&self, w: &CudaWeight, bias: Option<&CudaTensor>, out: &CudaTensor) -> Mat {
+        Mat {
+            q: w.q.ptr,
+            s: w.s.ptr,
+            s2: w.s2.ptr,
+            bias: bias.map_or(0, |b| b.buf.ptr),
+            out: out.buf.ptr,
+            rows: w.rows as i32,
+            fmt: w.fmt,
+            ld_out: out.cols as i32,
+        }
+    }
+
+    /// One matvec launch per MAX_TOK tokens over the matrices of `mats`.
+    #[allow(clippy::too_many_arguments)]
+    fn matvec(
+        &self,
+        mut mats: Mats,
+        x: (u64, usize),
+        cols: usize,
+        n: usize,
+        norm: Option<(&CudaTensor, f32)>,
+        mode: i32,
+    ) {
+        if n >= GEMM_MIN_TOKENS && self.blas.is_some() && !self.recording.get() {
+            return self.gemm(&mats, x, cols, n, norm, mode);
+        }
+        let total = if mode == MODE_GATE_UP {
+            mats.m[0].rows as usize
+        } else {
+            mats.row0[mats.n_mats as usize] as usize
+        };
+        // A warp takes rows 4 at a time when that still leaves two blocks per
+        // multiprocessor, else one at a time; about four blocks per multiprocessor.
+        let group = if total >= self.dev.num_sms * 2 * WARPS * 4 {
+            4
+        } else {
+            1
+        };
+        let target_blocks = self.dev.num_sms * 4;
+        let unit = WARPS * group;
+        let rpb = total.div_ceil(target_blocks).div_ceil(unit).max(1) * unit;
+        let blocks = total.div_ceil(rpb) as u32;
+        let outs: Vec<u64> = mats.m.iter().map(|m| m.out).collect();
+        let mut t0 = 0;
+        while t0 < n {
+            let nt = (n - t0).min(MAX_TOK);
+            for (i, m) in mats.m.iter_mut().enumerate() {
+                m.out = outs[i] + (t0 * m.ld_out as usize * 4) as u64;
+            }
+            let smem = pack::matvec_smem(cols, nt) as u32;
+            let mut a = Args::default()
+                .a(mats)
+                .a(x.0 + (t0 * x.1 * 4) as u64)
+                .a(cols as i32)
+                .a(nt as i32)
+                .a(norm.map_or(0u64, |(w, _)| w.buf.ptr))
+                .a(norm.map_or(0f32, |(_, e)| e))
+                .a(mode)
+                .a(rpb as i32)
+                .a(group as i32);
+            self.dev.launch(
+                self.dev.func("matvec"),
+                (blocks, 1, 1),
+                (32 * WARPS as u32, 1, 1),
+                smem,
+                &mut a.ptrs(),
+            );
+            t0 += nt;
+        }
+    }
+
+    /// The products of `mats` for n tokens through cuBLAS: each matrix widened to f16 (the
+    /// activations too, after the fused RMSNorm), f32 accumulation on the tensor cores.
+    fn gemm(
+        &self,
+        mats: &Mats,
+        x: (u64, usize),
+        cols: usize,
+        n: usize,
+        norm: Option<(&CudaTensor, f32)>,
+        mode: i32,
+    ) {
+        use cudarc::cublas::sys as cb;
+        let h = self.blas.as_ref().unwrap().0;
+        let max_rows = mats.m[..mats.n_mats as usize]
+            .iter()
+            .map(|m| m.rows as usize)
+            .max()
+            .unwrap_or(0);
+        let (w16, x16, tmp) = {
+            let mut sc = self.scratch.borrow_mut();
+            (
+                ensure(&mut sc.w16, max_rows * cols * 2),
+                ensure(&mut sc.x16, n * cols * 2),
+                ensure(&mut sc.tmp, n * max_rows * 4),
+            )
+        };
+        assert_eq!(x.1, cols, "gemm: activations of {} columns for {cols}", x.1);
+        let mut a = Args::default()
+            .a(x.0)
+            .a(cols as i32)
+            .a(norm.map_or(0u64, |(w, _)| w.buf.ptr))
+            .a(norm.map_or(0f32, |(_, e)| e))
+            .a(x16);
+        self.dev.launch(
+            self.dev.func("rows_f16"),
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        for (i, m) in mats.m[..mats.n_mats as usize].iter().enumerate() {
+            let rows = m.rows as usize;
+            let wp = if m.fmt == FMT_F16 {
+                m.q
+            } else {
+                let mut a = Args::default().a(*m).a(rows as i32).a(cols as i32).a(w16);
+                self.elementwise_n_args("dequant_f16", &mut a, rows * cols);
+                w16
+            };
+            let gate_up_second = mode == MODE_GATE_UP && i == 1;
+            let (out, ld) = match gate_up_second {
+                true => (tmp, rows),
+                false => (m.out, m.ld_out as usize),
+            };
+            let alpha = 1f32;
+            let beta = if mode == MODE_ADD { 1f32 } else { 0f32 };
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    h,
+                    cb::cublasOperation_t::CUBLAS_OP_T,
+                    cb::cublasOperation_t::CUBLAS_OP_N,
+                    rows as i32,
+                    n as i32,
+                    cols as i32,
+                    &alpha as *const f32 as *const c_void,
+                    wp as *const c_void,
+                    cb::cudaDataType_t::CUDA_R_16F,
+                    cols as i32,
+                    x16 as *const c_void,
+                    cb::cudaDataType_t::CUDA_R_16F,
+                    cols as i32,
+                    &beta as *const f32 as *const c_void,
+                    out as *mut c_void,
+                    cb::cudaDataType_t::CUDA_R_32F,
+                    ld as i32,
+                    cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .unwrap_or_else(|e| panic!("cuBLAS GEMM failed: {e:?}"));
+            if m.bias != 0 {
+                let mut a = Args::default()
+                    .a(out)
+                    .a(m.bias)
+                    .a(rows as i32)
+                    .a(ld as i32)
+                    .a(n as i32);
+                self.elementwise_n_args("add_bias", &mut a, rows * n);
+            }
+        }
+        if mode == MODE_GATE_UP {
+            // out = silu(gate) * up, both (n, rows) with the output's row stride = rows.
+            let m = &mats.m[0];
+            assert_eq!(m.ld_out, m.rows, "gate/up output rows are the FFN width");
+            let a = Args::default().a(m.out).a(tmp);
+            self.elementwise("silu_mul", a, n * m.rows as usize);
+        }
+    }
+
+    fn elementwise_n_args(&self, name: &str, args: &mut Args, n: usize) {
+        let blocks = n.div_ceil(256).clamp(1, 65535 * 4) as u32;
+        self.dev.launch(
+            self.dev.func(name),
+            (blocks, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut args.ptrs(),
+        );
+    }
+
+    fn mats(&self, list: &[(&CudaWeight, Option<&CudaTensor>, &CudaTensor)]) -> Mats {
+        let mut m = Mats {
+            n_mats: list.len() as i32,
+            ..Default::default()
+        };
+        let mut r = 0;
+        for (i, (w, b, o)) in list.iter().enumerate() {
+            m.m[i] = self.mat(w, *b, o);
+            m.row0[i] = r;
+            r += w.rows as i32;
+        }
+        m.row0[list.len()] = r;
+        m
+    }
+
+    fn rope_table(&self, rope: &RopeConfig) -> u64 {
+        let mut slot = self.rope.borrow_mut();
+        if slot.as_ref().is_none_or(|(c, _)| c != rope) {
+            assert!(
+                !self.recording.get(),
+                "RoPE table changed inside a recorded step"
+            );
+            let f = rope.inv_freqs();
+            let buf = DevBuf::alloc(4 * f.len());
+            self.dev.htod(buf.ptr, &f);
+            *slot = Some((rope.clone(), buf));
+        }
+        slot.as_ref().unwrap().1.ptr
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn heads_launch(
+        &self,
+        groups: &[HeadGroup],
+        head_dim: usize,
+        eps: f32,
+        rope: Option<&RopeConfig>,
+        n_ctx: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        assert!(head_dim <= 256, "head size {head_dim} > 256");
+        self.set_params(pos0, None);
+        let mut hg = HeadGroups {
+            n: groups.len() as i32,
+            ..Default::default()
+        };
+        let mut r = 0;
+        for (i, g) in groups.iter().enumerate() {
+            hg.g[i] = *g;
+            hg.row0[i] = r;
+            r += g.heads;
+        }
+        hg.row0[groups.len()] = r;
+        let (table, dims, neox) = match rope {
+            Some(c) => (
+                self.rope_table(c),
+                c.dims as i32,
+                (c.style == RopeStyle::Neox) as i32,
+            ),
+            None => (0u64, 0, 0),
+        };
+        let mut a = Args::default()
+            .a(hg)
+            .a(head_dim as i32)
+            .a(eps)
+            .a(table)
+            .a(dims)
+            .a(neox)
+            .a(n_ctx as i32)
+            .a(self.params.ptr);
+        self.dev.launch(
+            self.dev.func("heads"),
+            ((r as usize).div_ceil(WARPS) as u32, n as u32, 1),
+            (32 * WARPS as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
+    fn elementwise(&self, name: &str, args: Args, n: usize) {
+        let mut args = args.a(n);
+        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+        self.dev.launch(
+            self.dev.func(name),
+            (blocks, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut args.ptrs(),
+        );
+    }
+
+    // ---- CPU fallback for the ops without a kernel yet ----
+
+    fn to_cpu(&self, t: &CudaTensor) -> kiln_backend::cpu::CpuTensor {
+        let mut v = vec![0f32; t.rows * t.cols];
+        self.dev.dtoh(&mut v, t.buf.ptr);
+        self.cpu.tensor_from(t.rows, t.cols, &v)
+    }
+
+    fn from_cpu(&self, c: &kiln_backend::cpu::CpuTensor, t: &mut CudaTensor) {
+        let n = (c.data.len()).min(t.rows * t.cols);
+        self.dev.htod(t.buf.ptr, &c.data[..n]);
+    }
+}
+
+fn dev_vec(dev: &Device, bytes: &[u8]) -> DevBuf {
+    let b = DevBuf::alloc(bytes.len());
+    dev.htod(b.ptr, bytes);
+    b
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+    type KvCache = CudaKvCache;
+
+    fn name(&self) -> String {
+        format!("CUDA ({})", self.dev.name)
+    }
+
+    fn load_weight(&self, w: WeightData) -> Result<CudaWeight, BackendError> {
+        let p =
+            pack::pack(w.ty, w.rows, w.cols, w.bytes).map_err(|source| BackendError::Quant {
+                name: w.name.to_string(),
+                source,
+            })?;
+        if p.fmt != FMT_F32 && p.fmt != FMT_F16 && w.cols % 32 != 0 {
+            return Err(BackendError::Weight {
+                name: w.name.into(),
+                what: format!("{} columns: not a multiple of 32", w.cols),
+            });
+        }
+        let stored_bytes = w.bytes.len();
+        let q = dev_vec(&self.dev, &p.q);
+        let s = dev_vec(&self.dev, &p.s);
+        let s2 = dev_vec(&self.dev, &p.s2);
+        self.dev.sync().map_err(|e| BackendError::Weight {
+            name: w.name.into(),
+            what: format!("CUDA upload: {e:?}"),
+        })?;
+        Ok(CudaWeight {
+            fmt: p.fmt,
+            rows: w.rows,
+            cols: w.cols,
+            stored_bytes,
+            q,
+            s,
+            s2,
+        })
+    }
+
+    fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn weight_bytes(&self, w: &CudaWeight) -> usize {
+        w.stored_bytes
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> CudaTensor {
+        let buf = DevBuf::alloc(rows * cols * 4);
+        self.dev.memset_u32(buf.ptr, 0, (rows * cols).max(1));
+        CudaTensor { buf, rows, cols }
+    }
+
+    fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> CudaTensor {
+        let t = self.tensor(rows, cols);
+        let n = data.len().min(rows * cols);
+        self.dev.htod(t.buf.ptr, &data[..n]);
+        t
+    }
+
+    fn read(&self, t: &CudaTensor, rows: usize, out: &mut [f32]) {
+        let n = (rows * t.cols).min(out.len()).min(t.rows * t.cols);
+        self.dev.dtoh(&mut out[..n], t.buf.ptr);
+    }
+
+    fn kv_cache(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> CudaKvCache {
+        // The CUDA cache holds f16 keys and values whatever the default type is.
+        let bytes = n_layers * n_ctx * n_kv_heads * head_dim * 2;
+        let (k, v) = (DevBuf::alloc(bytes), DevBuf::alloc(bytes));
+        self.dev.memset_u32(k.ptr, 0, bytes.div_ceil(4).max(1));
+        self.dev.memset_u32(v.ptr, 0, bytes.div_ceil(4).max(1));
+        CudaKvCache {
+            k,
+            v,
+            n_layers,
+            n_ctx,
+            kv_heads: n_kv_heads,
+            head_dim,
+        }
+    }
+
+    fn kv_cache_typed(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: KvType,
+    ) -> Result<CudaKvCache, BackendError> {
+        match ty {
+            KvType::F32 | KvType::F16 => Ok(self.kv_cache(n_layers, n_ctx, n_kv_heads, head_dim)),
+            other => Err(BackendError::KvType {
+                ty: other.name(),
+                what: "the CUDA backend stores keys and values as f16".into(),
+            }),
+        }
+    }
+
+    fn kv_cache_bytes(&self, c: &CudaKvCache) -> usize {
+        c.k.bytes + c.v.bytes
+    }
+
+    fn embed(
+        &self,
+        table: &CudaWeight,
+        ids: &[u32],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.rows) {
+            return Err(BackendError::TokenOutOfRange {
+                id,
+                vocab: table.rows,
+            });
+        }
+        for (c, chunk) in ids.chunks(MAX_IDS).enumerate() {
+            let pos = self
+                .params_host
+                .borrow()
+                .as_ref()
+                .map_or(0, |p| p.0 as usize);
+            self.set_params(pos, Some(chunk));
+            let m = Mat {
+                q: table.q.ptr,
+                s: table.s.ptr,
+                s2: table.s2.ptr,
+                rows: table.rows as i32,
+                fmt: table.fmt,
+                ..Default::default()
+            };
+            let dst = out.buf.ptr + (c * MAX_IDS * out.cols * 4) as u64;
+            let mut a = Args::default()
+                .a(m)
+                .a(table.cols as i32)
+                .a(self.params.ptr)
+                .a(dst);
+            let bx = table.cols.div_ceil(256).min(64) as u32;
+            self.dev.launch(
+                self.dev.func("embed"),
+                (bx, chunk.len() as u32, 1),
+                (256, 1, 1),
+                0,
+                &mut a.ptrs(),
+            );
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32, n: usize, out: &mut CudaTensor) {
+        let mut a = Args::default()
+            .a(x.buf.ptr)
+            .a(w.buf.ptr)
+            .a(eps)
+            .a(x.cols as i32)
+            .a(out.buf.ptr);
+        self.dev.launch(
+            self.dev.func("rms_norm"),
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
+    fn rms_norm_heads(&self, x: &mut CudaTensor, w: &CudaTensor, eps: f32, n: usize) {
+        let head_dim = w.cols;
+        let g = HeadGroup {
+            x: x.buf.ptr,
+            norm_w: w.buf.ptr,
+            heads: (x.cols / head_dim) as i32,
+            ..Default::default()
+        };
+        let pos = self
+            .params_host
+            .borrow()
+            .as_ref()
+            .map_or(0, |p| p.0 as usize);
+        self.heads_launch(&[g], head_dim, eps, None, 0, pos, n);
+    }
+
+    fn matmul(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        n: usize,
+        out: &mut CudaTensor,
+    ) {
+        let m = self.mats(&[(w, bias, out)]);
+        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_STORE);
+    }
+
+    fn matmul_add(&self, w: &CudaWeight, x: &CudaTensor, n: usize, out: &mut CudaTensor) {
+        let m = self.mats(&[(w, None, out)]);
+        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_ADD);
+    }
+
+    fn matmul3(
+        &self,
+        ws: [&CudaWeight; 3],
+        biases: [Option<&CudaTensor>; 3],
+        x: &CudaTensor,
+        n: usize,
+        outs: [&mut CudaTensor; 3],
+    ) {
+        let m = self.mats(&[
+            (ws[0], biases[0], &*outs[0]),
+            (ws[1], biases[1], &*outs[1]),
+            (ws[2], biases[2], &*outs[2]),
+        ]);
+        self.matvec(m, (x.buf.ptr, x.cols), ws[0].cols, n, None, MODE_STORE);
+    }
+
+    fn gate_up_silu(
+        &self,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: &CudaTensor,
+        n: usize,
+        out: &mut CudaTensor,
+    ) {
+        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
+        self.matvec(m, (x.buf.ptr, x.cols), gate.cols, n, None, MODE_GATE_UP);
+    }
+
+    fn rms_norm_matmul3(
+        &self,
+        x: &CudaTensor,
+        norm_w: &CudaTensor,
+        eps: f32,
+        ws: [&CudaWeight; 3],
+        biases: [Option<&CudaTensor>; 3],
+        n: usize,
+        _h: &mut CudaTensor,
+        outs: [&mut CudaTensor; 3],
+    ) {
+        let m = self.mats(&[
+            (ws[0], biases[0], &*outs[0]),
+            (ws[1], biases[1], &*outs[1]),
+            (ws[2], biases[2], &*outs[2]),
+        ]);
+        self.matvec(
+            m,
+            (x.buf.ptr, x.cols),
+            ws[0].cols,
+            n,
+            Some((norm_w, eps)),
+            MODE_STORE,
+        );
+    }
+
+    fn rms_norm_gate_up_silu(
+        &self,
+        x: &CudaTensor,
+        norm_w: &CudaTensor,
+        eps: f32,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        n: usize,
+        _h: &mut CudaTensor,
+        out: &mut CudaTensor,
+    ) {
+        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
+        self.matvec(
+            m,
+            (x.buf.ptr, x.cols),
+            gate.cols,
+            n,
+            Some((norm_w, eps)),
+            MODE_GATE_UP,
+        );
+    }
+
+    fn qk_norm_rope_store(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        v: &CudaTensor,
+        qk_norm: Option<(&CudaTensor, &CudaTensor, f32)>,
+        rope: &RopeConfig,
+        heads: usize,
+        kv_heads: usize,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        let hd = cache.head_dim;
+        let plane = cache.plane(layer) as u64;
+        let (qn, kn, eps) = match qk_norm {
+            Some((a, b, e)) => (a.buf.ptr, b.buf.ptr, e),
+            None => (0, 0, 0.0),
+        };
+        let groups = [
+            HeadGroup {
+                x: q.buf.ptr,
+                norm_w: qn,
+                cache: 0,
+                heads: heads as i32,
+                rope: 1,
+            },
+            HeadGroup {
+                x: k.buf.ptr,
+                norm_w: kn,
+                cache: cache.k.ptr + plane,
+                heads: kv_heads as i32,
+                rope: 1,
+            },
+            HeadGroup {
+                x: v.buf.ptr,
+                norm_w: 0,
+                cache: cache.v.ptr + plane,
+                heads: kv_heads as i32,
+                rope: 0,
+            },
+        ];
+        self.heads_launch(&groups, hd, eps, Some(rope), cache.n_ctx, pos0, n);
+    }
+
+    fn rope(&self, x: &mut CudaTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {
+        let g = HeadGroup {
+            x: x.buf.ptr,
+            heads: heads as i32,
+            rope: 1,
+            ..Default::default()
+        };
+        self.heads_launch(&[g], rope.head_dim, 0.0, Some(rope), 0, pos0, n);
+    }
+
+    fn kv_store(
+        &self,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        pos0: usize,
+        n: usize,
+    ) {
+        self.set_params(pos0, None);
+        let plane = cache.plane(layer) as u64;
+        for (src, dst) in [(k, cache.k.ptr + plane), (v, cache.v.ptr + plane)] {
+            let mut a = Args::default()
+                .a(src.buf.ptr)
+                .a(dst)
+                .a(cache.kv_heads as i32)
+                .a(cache.head_dim as i32)
+                .a(cache.n_ctx as i32)
+                .a(self.params.ptr);
+            let bx = (cache.kv_heads * cache.head_dim).div_ceil(256) as u32;
+            self.dev.launch(
+                self.dev.func("kv_store"),
+                (bx, n as u32, 1),
+                (256, 1, 1),
+                0,
+                &mut a.ptrs(),
+            );
+        }
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        layer: usize,
+        s: AttnShape,
+        out: &mut CudaTensor,
+    ) {
+        let g = s.n_heads / s.n_kv_heads;
+        assert!(
+            g <= MAX_GROUP && s.n_heads % s.n_kv_heads == 0,
+            "{} query heads per KV head: at most {MAX_GROUP}",
+            g
+        );
+        assert!(
+            s.head_dim % 8 == 0 && s.head_dim <= 256,
+            "CUDA attention: head size {} (a multiple of 8, at most 256)",
+            s.head_dim
+        );
+        let name = format!("attn_split_{}", s.head_dim.div_ceil(32));
+        self.set_params(s.pos0, None);
+        // A grid that covers the whole cache, so one recording serves every position.
+        let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
+        let n_ws = splits * ATT_WARPS;
+        let slots = s.n_tokens * s.n_heads * n_ws;
+        let (acc, ml) = {
+            let mut sc = self.scratch.borrow_mut();
+            (
+                ensure(&mut sc.attn_acc, slots * s.head_dim * 4),
+                ensure(&mut sc.attn_ml, slots * 2 * 4),
+            )
+        };
+        let plane = cache.plane(layer) as u64;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let mut a = Args::default()
+            .a(q.buf.ptr)
+            .a(cache.k.ptr + plane)
+            .a(cache.v.ptr + plane)
+            .a(cache.n_ctx as i32)
+            .a(s.n_heads as i32)
+            .a(s.n_kv_heads as i32)
+            .a(s.head_dim as i32)
+            .a(scale)
+            .a(self.params.ptr)
+            .a(acc)
+            .a(ml);
+        self.dev.launch(
+            self.dev.func(&name),
+            (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
+            (32 * ATT_WARPS as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        let mut a = Args::default()
+            .a(acc)
+            .a(ml)
+            .a(n_ws as i32)
+            .a(s.head_dim as i32)
+            .a(out.buf.ptr);
+        self.dev.launch(
+            self.dev.func("attn_combine"),
+            ((s.n_tokens * s.n_heads) as u32, 1, 1),
+            (s.head_dim as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
+    fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor, n: usize) {
+        let a = Args::default().a(gate.buf.ptr).a(up.buf.ptr);
+        self.elementwise("silu_mul", a, n * gate.cols);
+    }
+
+    fn add(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) {
+        let a = Args::default().a(x.buf.ptr).a(y.buf.ptr);
+        self.elementwise("add", a, n * x.cols);
+    }
+
+    fn copy_row(&self, src: &CudaTensor, src_row: usize, dst: &mut CudaTensor) {
+        self.dev.dtod(
+            dst.buf.ptr,
+            src.buf.ptr + (src_row * src.cols * 4) as u64,
+            src.cols * 4,
+        );
+    }
+
+    fn copy_rows(
+        &self,
+        src: &CudaTensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut CudaTensor,
+        dst_row0: usize,
+    ) {
+        self.dev.dtod(
+            dst.buf.ptr + (dst_row0 * dst.cols * 4) as u64,
+            src.buf.ptr + (src_row0 * src.cols * 4) as u64,
+            n * src.cols * 4,
+        );
+    }
+
+    fn argmax_rows(&self, x: &CudaTensor, n: usize, cols: usize) -> Vec<u32> {
+        let out = ensure(&mut self.scratch.borrow_mut().argmax, 8 * n.max(1));
+        self.dev.memset_u32(out, 0, 2 * n.max(1));
+        let mut a = Args::default().a(x.buf.ptr).a(cols as i32).a(out);
+        let bx = cols.div_ceil(256 * 8).clamp(1, 256) as u32;
+        self.dev.launch(
+            self.dev.func("argmax"),
+            (bx, n as u32, 1),
+            (256, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        let mut v = vec![0u64; n];
+        self.dev.dtoh(&mut v, out);
+        // Low word: !index; a row of NaNs only leaves 0 (index 0).
+        v.iter()
+            .map(|&k| if k == 0 { 0 } else { !(k as u32) })
+            .collect()
+    }
+
+    fn step(
+        &self,
+        key: u64,
+        tokens: &[u32],
+        pos0: usize,
+        f: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        if !self.use_graphs || self.recording.get() || tokens.len() > MAX_IDS {
+            return f();
+        }
+        self.set_params(pos0, Some(tokens));
+        if let Some(g) = self.graphs.borrow().get(&key) {
+            unsafe { sys::cuGraphLaunch(g.exec, self.dev.cu_stream()).result() }
+                .unwrap_or_else(|e| panic!("CUDA: graph launch failed: {e:?}"));
+            return Ok(());
+        }
+        if self.seen.borrow_mut().insert(key) {
+            // First time: run eagerly, so that every buffer the step needs gets allocated
+            // before anything is recorded.
+            return f();
+        }
+        let s = self.dev.cu_stream();
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                s,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .result()
+        }
+        .unwrap_or_else(|e| panic!("CUDA: starting a graph capture failed: {e:?}"));
+        self.recording.set(true);
+        let r = f();
+        self.recording.set(false);
+        let mut graph = std::ptr::null_mut();
+        unsafe { sys::cuStreamEndCapture(s, &mut graph).result() }
+            .unwrap_or_else(|e| panic!("CUDA: ending a graph capture failed: {e:?}"));
+        r?;
+        let mut exec = std::ptr::null_mut();
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result() }
+            .unwrap_or_else(|e| panic!("CUDA: instantiating the step graph failed: {e:?}"));
+        let g = Graph { exec, graph };
+        unsafe { sys::cuGraphLaunch(g.exec, s).result() }
+            .unwrap_or_else(|e| panic!("CUDA: graph launch failed: {e:?}"));
+        let mut graphs = self.graphs.borrow_mut();
+        if graphs.len() >= 64 {
+            // Keys are never reused; an old state's recording is only memory.
+            graphs.clear();
+        }
+        graphs.insert(key, g);
+        Ok(())
+    }
+
+    // ---- speech ops ----
+
+    fn layer_norm(
+        &self,
+        x: &CudaTensor,
+        gamma: &CudaTensor,
+        beta: &CudaTensor,
+        eps: f32,
+        n: usize,
+        out: &mut CudaTensor,
+    ) {
+        let (cx, cg, cb) = (self.to_cpu(x), self.to_cpu(gamma), self.to_cpu(beta));
+        let mut co = self.to_cpu(out);
+        self.cpu.layer_norm(&cx, &cg, &cb, eps, n, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn gelu(&self, x: &mut CudaTensor, n: usize) {
+        let mut c = self.to_cpu(x);
+        self.cpu.gelu(&mut c, n);
+        self.from_cpu(&c, x);
+    }
+
+    fn conv1d(
+        &self,
+        w: &CudaWeight,
+        bias: Option<&CudaTensor>,
+        x: &CudaTensor,
+        t_in: usize,
+        kernel: usize,
+        stride: usize,
+        pad: usize,
+        out: &mut CudaTensor,
+    ) -> usize {
+        let c_in = x.cols;
+        let t_out = (t_in + 2 * pad - kernel) / stride + 1;
+        let cols_buf = ensure(
+            &mut self.scratch.borrow_mut().im2col,
+            t_out * c_in * kernel * 4,
+        );
+        let a = Args::default()
+            .a(x.buf.ptr)
+            .a(t_in as i32)
+            .a(c_in as i32)
+            .a(kernel as i32)
+            .a(stride as i32)
+            .a(pad as i32)
+            .a(t_out as i32)
+            .a(cols_buf);
+        self.elementwise_n("im2col", a, t_out * c_in * kernel);
+        let m = self.mats(&[(w, bias, &*out)]);
+        self.matvec(
+            m,
+            (cols_buf, c_in * kernel),
+            w.cols,
+            t_out,
+            None,
+            MODE_STORE,
+        );
+        t_out
+    }
+
+    fn attention_dense(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: DenseAttnShape,
+        out: &mut CudaTensor,
+    ) {
+        let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+        let mut co = self.to_cpu(out);
+        self.cpu.attention_dense(&cq, &ck, &cv, shape, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn kv_copy(&self, src: &CudaKvCache, dst: &mut CudaKvCache, n: usize) {
+        let row = src.head_dim * 2;
+        for l in 0..src.n_layers {
+            for h in 0..src.kv_heads {
+                let off = (src.plane(l) + h * src.n_ctx * row) as u64;
+                self.dev.dtod(dst.k.ptr + off, src.k.ptr + off, n * row);
+                self.dev.dtod(dst.v.ptr + off, src.v.ptr + off, n * row);
+            }
+        }
+    }
+
+    fn conv1d_nc(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        s: Conv1dShape,
+        out: &mut CudaTensor,
+    ) {
+        let (cx, cw) = (self.to_cpu(x), self.to_cpu(w));
+        let cb = bias.map(|b| self.to_cpu(b));
+        let mut co = self.to_cpu(out);
+        self.cpu.conv1d_nc(&cx, &cw, cb.as_ref(), s, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn conv_transpose1d(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        s: Conv1dShape,
+        out: &mut CudaTensor,
+    ) {
+        let (cx, cw) = (self.to_cpu(x), self.to_cpu(w));
+        let cb = bias.map(|b| self.to_cpu(b));
+        let mut co = self.to_cpu(out);
+        self.cpu.conv_transpose1d(&cx, &cw, cb.as_ref(), s, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn lstm(
+        &self,
+        x: &CudaTensor,
+        w_ih: &CudaTensor,
+        w_hh: &CudaTensor,
+        bias: &CudaTensor,
+        s: LstmShape,
+        out: &mut CudaTensor,
+    ) {
+        let (cx, ci, ch, cb) = (
+            self.to_cpu(x),
+            self.to_cpu(w_ih),
+            self.to_cpu(w_hh),
+            self.to_cpu(bias),
+        );
+        let mut co = self.to_cpu(out);
+        self.cpu.lstm(&cx, &ci, &ch, &cb, s, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn layer_norm_rows(
+        &self,
+        x: &mut CudaTensor,
+        w: Option<&CudaTensor>,
+        b: Option<&CudaTensor>,
+        eps: f32,
+        rows: usize,
+        cols: usize,
+    ) {
+        let mut cx = self.to_cpu(x);
+        let (cw, cb) = (w.map(|t| self.to_cpu(t)), b.map(|t| self.to_cpu(t)));
+        self.cpu
+            .layer_norm_rows(&mut cx, cw.as_ref(), cb.as_ref(), eps, rows, cols);
+        self.from_cpu(&cx, x);
+    }
+
+    fn ada_in(&self, x: &mut CudaTensor, gb: &CudaTensor, c: usize, len: usize, eps: f32) {
+        let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
+        self.cpu.ada_in(&mut cx, &cg, c, len, eps);
+        self.from_cpu(&cx, x);
+    }
+
+    fn ada_layer_norm(&self, x: &mut CudaTensor, gb: &CudaTensor, len: usize, c: usize, eps: f32) {
+        let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
+        self.cpu.ada_layer_norm(&mut cx, &cg, len, c, eps);
+        self.from_cpu(&cx, x);
+    }
+
+    fn snake(&self, x: &mut CudaTensor, alpha: &CudaTensor, c: usize, len: usize) {
+        let (mut cx, ca) = (self.to_cpu(x), self.to_cpu(alpha));
+        self.cpu.snake(&mut cx, &ca, c, len);
+        self.from_cpu(&cx, x);
+    }
+
+    fn leaky_relu(&self, x: &mut CudaTensor, slope: f32, n: usize) {
+        let mut cx = self.to_cpu(x);
+        self.cpu.leaky_relu(&mut cx, slope, n);
+        self.from_cpu(&cx, x);
+    }
+
+    fn scale(&self, x: &mut CudaTensor, s: f32, n: usize) {
+        let a = Args::default().a(x.buf.ptr).a(s);
+        self.elementwise("scale", a, n);
+    }
+
+    fn transpose(&self, x: &CudaTensor, rows: usize, cols: usize, out: &mut CudaTensor) {
+        let cx = self.to_cpu(x);
+        let mut co = self.to_cpu(out);
+        self.cpu.transpose(&cx, rows, cols, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn fake_quant_u8(&self, x: &mut CudaTensor, n: usize) {
+        let mut cx = self.to_cpu(x);
+        self.cpu.fake_quant_u8(&mut cx, n);
+        self.from_cpu(&cx, x);
+    }
+
+    fn stft(
+        &self,
+        signal: &CudaTensor,
+        len: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut CudaTensor,
+    ) {
+        let cs = self.to_cpu(signal);
+        let mut co = self.to_cpu(out);
+        self.cpu.stft(&cs, len, n_fft, hop, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn istft(
+        &self,
+        spec: &CudaTensor,
+        frames: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut CudaTensor,
+    ) {
+        let cs = self.to_cpu(spec);
+        let mut co = self.to_cpu(out);
+        self.cpu.istft(&cs, frames, n_fft, hop, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn upsample_nearest(
+        &self,
+        x: &CudaTensor,
+        c: usize,
+        len: usize,
+        factor: usize,
+        out: &mut CudaTensor,
+    ) {
+        let cx = self.to_cpu(x);
+        let mut co = self.to_cpu(out);
+        self.cpu.upsample_nearest(&cx, c, len, factor, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn self_attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        heads: usize,
+        head_dim: usize,
+        len: usize,
+        out: &mut CudaTensor,
+    ) {
+        let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+        let mut co = self.to_cpu(out);
+        self.cpu
+            .self_attention(&cq, &ck, &cv, heads, head_dim, len, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn gelu_tanh(&self, x: &mut CudaTensor, n: usize) {
+        let mut cx = self.to_cpu(x);
+        self.cpu.gelu_tanh(&mut cx, n);
+        self.from_cpu(&cx, x);
+    }
+}
+
+impl CudaBackend {
+    fn elementwise_n(&self, name: &str, mut args: Args, n: usize) {
+        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+        self.dev.launch(
+            self.dev.func(name),
+            (blocks, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut args.ptrs(),
+        );
+    }
+}

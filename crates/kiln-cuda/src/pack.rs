@@ -1,0 +1,252 @@
+//! Host-side repacking of GGML blocks into the layouts the kernels read (kernels.cu).
+//!
+//! Every quantized format becomes blocks of 32 values; per block, 4-bit parts sit in one
+//! 16-byte vector (byte j holds values j and j + 16, low nibble first) so one 128-bit load
+//! brings a block, and scales move to arrays of their own so those loads stay aligned:
+//!
+//! | format | `q` per block            | `s` per block             | `s2` per 256-value super-block |
+//! |--------|--------------------------|---------------------------|--------------------------------|
+//! | Q4_0   | 16 B nibbles             | f16 d                     | -                              |
+//! | Q4_1   | 16 B nibbles             | f16 d, f16 m              | -                              |
+//! | Q8_0   | 32 B int8                | f16 d                     | -                              |
+//! | Q4_K   | 16 B nibbles             | -                         | 16 B: f16 d, f16 dmin, 12 B scales |
+//! | Q6_K   | 16 B low nibbles         | 8 B: 2 high bits x 32     | 20 B: 16 int8 scales, f16 d, pad |
+//!
+//! Q6_K's high bits: word 0 holds values 0..15, word 1 values 16..31, value e at bits 2e.
+//! F32 and F16 stay as they are; BF16 and every other format (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K,
+//! ...) are dequantized to F32 (exact: no value changes).
+
+use kiln_quant::{GgmlType, QuantError, QK_K};
+
+pub const FMT_F32: i32 = 0;
+pub const FMT_F16: i32 = 1;
+pub const FMT_Q4_0: i32 = 2;
+pub const FMT_Q4_1: i32 = 3;
+pub const FMT_Q8_0: i32 = 4;
+pub const FMT_Q4_K: i32 = 5;
+pub const FMT_Q6_K: i32 = 6;
+
+/// Bytes of one Q6_K super-block record in `s2`.
+pub const Q6K_REC: usize = 20;
+
+/// A matrix in kernel layout, on the host.
+#[derive(Debug, Default)]
+pub struct Packed {
+    pub fmt: i32,
+    pub q: Vec<u8>,
+    pub s: Vec<u8>,
+    pub s2: Vec<u8>,
+}
+
+fn f16_at(b: &[u8], i: usize) -> [u8; 2] {
+    [b[i], b[i + 1]]
+}
+
+/// Repacks `rows` rows of `cols` values stored as `ty` (`bytes` holds them contiguously).
+pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Packed, QuantError> {
+    let row_bytes = ty.row_bytes(cols)?;
+    if bytes.len() != row_bytes * rows {
+        return Err(QuantError::WrongByteLength {
+            ty: ty.name(),
+            n: rows * cols,
+            expected: row_bytes * rows,
+            got: bytes.len(),
+        });
+    }
+    let mut p = Packed::default();
+    match ty {
+        GgmlType::F32 => {
+            p.fmt = FMT_F32;
+            p.q = bytes.to_vec();
+        }
+        GgmlType::F16 => {
+            p.fmt = FMT_F16;
+            p.q = bytes.to_vec();
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+            let (fmt, hdr, qlen) = match ty {
+                GgmlType::Q4_0 => (FMT_Q4_0, 2, 16),
+                GgmlType::Q4_1 => (FMT_Q4_1, 4, 16),
+                _ => (FMT_Q8_0, 2, 32),
+            };
+            p.fmt = fmt;
+            for b in bytes.chunks_exact(hdr + qlen) {
+                p.s.extend_from_slice(&b[..hdr]);
+                p.q.extend_from_slice(&b[hdr..]);
+            }
+        }
+        GgmlType::Q4_K => {
+            p.fmt = FMT_Q4_K;
+            for b in bytes.chunks_exact(144) {
+                p.s2.extend_from_slice(&b[..16]);
+                let qs = &b[16..144];
+                for g in 0..8 {
+                    let (c, shift) = (g / 2, 4 * (g % 2));
+                    let v = |l: usize| (qs[32 * c + l] >> shift) & 0x0f;
+                    for j in 0..16 {
+                        p.q.push(v(j) | (v(j + 16) << 4));
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            p.fmt = FMT_Q6_K;
+            for b in bytes.chunks_exact(210) {
+                let q = q6k_values(b);
+                for g in 0..8 {
+                    let v = &q[32 * g..32 * g + 32];
+                    for j in 0..16 {
+                        p.q.push((v[j] & 0x0f) | ((v[j + 16] & 0x0f) << 4));
+                    }
+                    for half in 0..2 {
+                        let mut w = 0u32;
+                        for e in 0..16 {
+                            w |= ((v[16 * half + e] >> 4) as u32 & 3) << (2 * e);
+                        }
+                        p.s.extend_from_slice(&w.to_le_bytes());
+                    }
+                }
+                p.s2.extend_from_slice(&b[192..208]);
+                p.s2.extend_from_slice(&f16_at(b, 208));
+                p.s2.extend_from_slice(&[0, 0]);
+            }
+        }
+        other => {
+            // Exact as f32: BF16 and the formats without a kernel of their own.
+            let v = kiln_quant::dequantize(other, bytes, rows * cols)?;
+            p.fmt = FMT_F32;
+            p.q = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        }
+    }
+    Ok(p)
+}
+
+/// The 256 unsigned 6-bit values (0..64) of a Q6_K super-block, in value order.
+fn q6k_values(b: &[u8]) -> [u8; QK_K] {
+    let (ql, qh) = (&b[0..128], &b[128..192]);
+    let mut q = [0u8; QK_K];
+    for h in 0..2 {
+        for t in 0..4 {
+            for l in 0..32 {
+                let e = 128 * h + 32 * t + l;
+                let low = (ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 0x0f;
+                let high = (qh[32 * h + l] >> (2 * t)) & 3;
+                q[e] = low | (high << 4);
+            }
+        }
+    }
+    q
+}
+
+/// Bytes of dynamic shared memory the matvec kernel needs for `ntok` tokens of `cols`.
+pub fn matvec_smem(cols: usize, ntok: usize) -> usize {
+    let nb = cols / 32;
+    let bytes = ntok * cols + ntok * nb * 4 + ntok * (cols / 16) * 2 + ntok * 4 + 8 * 4;
+    bytes.div_ceil(16) * 16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    fn h(b: &[u8], i: usize) -> f32 {
+        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    }
+
+    /// Value c of row r of a packed matrix: the kernels' `packed_value`, on the host.
+    fn value(p: &Packed, cols: usize, r: usize, c: usize) -> f32 {
+        let (nb, b, j) = (cols / 32, c / 32, c % 32);
+        let blk = r * nb + b;
+        match p.fmt {
+            FMT_F32 => {
+                let i = 4 * (r * cols + c);
+                f32::from_le_bytes(p.q[i..i + 4].try_into().unwrap())
+            }
+            FMT_F16 => h(&p.q, 2 * (r * cols + c)),
+            FMT_Q8_0 => h(&p.s, 2 * blk) * p.q[blk * 32 + j] as i8 as f32,
+            _ => {
+                let byte = p.q[blk * 16 + j % 16];
+                let mut q = if j < 16 { byte & 15 } else { byte >> 4 } as i32;
+                match p.fmt {
+                    FMT_Q4_0 => h(&p.s, 2 * blk) * (q - 8) as f32,
+                    FMT_Q4_1 => h(&p.s, 4 * blk) * q as f32 + h(&p.s, 4 * blk + 2),
+                    FMT_Q4_K => {
+                        let hdr = &p.s2[(r * (nb / 8) + b / 8) * 16..][..16];
+                        let (sc, mn) = scale_min(&hdr[4..], b % 8);
+                        h(hdr, 0) * sc as f32 * q as f32 - h(hdr, 2) * mn as f32
+                    }
+                    FMT_Q6_K => {
+                        let w = |k: usize| {
+                            u32::from_le_bytes(p.s[8 * blk + 4 * k..][..4].try_into().unwrap())
+                        };
+                        let hb = if j < 16 {
+                            (w(0) >> (2 * j)) & 3
+                        } else {
+                            (w(1) >> (2 * (j - 16))) & 3
+                        };
+                        q |= (hb << 4) as i32;
+                        let rec = &p.s2[(r * (nb / 8) + b / 8) * Q6K_REC..][..Q6K_REC];
+                        h(rec, 16) * rec[2 * (b % 8) + j / 16] as i8 as f32 * (q - 32) as f32
+                    }
+                    _ => unreachable!(),
+                }
+            }
+        }
+    }
+
+    fn scale_min(sc: &[u8], j: usize) -> (u8, u8) {
+        if j < 4 {
+            (sc[j] & 63, sc[j + 4] & 63)
+        } else {
+            (
+                (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4),
+                (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
+            )
+        }
+    }
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+            })
+            .collect()
+    }
+
+    /// Every packed value equals the format's own dequantization, for each format the
+    /// kernels read and for one that is widened to f32.
+    #[test]
+    fn packed_values_equal_dequantization() {
+        let (rows, cols) = (3, 512);
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q5_0,
+            GgmlType::F16,
+        ] {
+            let x = random(rows * cols, 7 + ty.id() as u64);
+            let bytes = kiln_quant::quantize(ty, &x).unwrap();
+            let want = kiln_quant::dequantize(ty, &bytes, rows * cols).unwrap();
+            let p = pack(ty, rows, cols, &bytes).unwrap();
+            for r in 0..rows {
+                for c in 0..cols {
+                    let got = value(&p, cols, r, c);
+                    assert_eq!(got, want[r * cols + c], "{ty:?} row {r} col {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_length_is_an_error() {
+        assert!(pack(GgmlType::Q4_0, 2, 64, &[0u8; 71]).is_err());
+    }
+}

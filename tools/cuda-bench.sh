@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# kiln's CUDA backend beside llama.cpp's, on an NVIDIA GPU machine, in one sitting.
+#
+# Usage (from the repository root, on the GPU machine):
+#   tools/cuda-bench.sh KILN LLAMA_SRC_TGZ TOKENIZERS_TGZ GGUF_WHEEL [SHAPES] [QUANTS]
+#
+#   KILN            a kiln binary built with `cargo build --release -p kiln-cli --features cuda`
+#   LLAMA_SRC_TGZ   llama.cpp's source (tools/build-llama-cpp.sh unpacks the pinned one:
+#                   tar czf llama-src.tgz -C /work/peers/llama.cpp src)
+#   TOKENIZERS_TGZ  $KILN_HOME/models/{qwen3-tokenizer,llama3.2-tokenizer} as a tarball
+#                   (tools/make_bench_models.py embeds them)
+#   GGUF_WHEEL      the `gguf` Python package's wheel (pip download gguf==0.19.0)
+#   SHAPES          shapes in order, each with its types after a colon, space-separated
+#                   (default "qwen3-0.6b:Q4_0,Q8_0,Q4_K_M"; also qwen3-4b, llama3.2-3b)
+#
+# llama.cpp is built with CUDA for sm_90 (GGML_CUDA=ON, CMAKE_CUDA_ARCHITECTURES=90) and run
+# with flash attention on and every layer on the GPU (-fa 1 -ngl 99); both engines run
+# pp512 and tg128, 3 repetitions after a warm-up, on the same GGUF files (random weights of
+# the exact shapes, written by tools/make_bench_models.py and quantized by llama-quantize).
+# Results: markdown tables on stdout and, with $OUT set, JSON lines in $OUT.
+set -euo pipefail
+KILN="$1"; SRC="$2"; TOK="$3"; WHEEL="$4"
+SHAPES="${5:-qwen3-0.6b:Q4_0,Q8_0,Q4_K_M}"
+JOBS="$(nproc)"
+export KILN_HOME="${KILN_HOME:-/tmp/kiln-home}"
+WORK="${WORK:-/tmp/kiln-cuda-bench}"
+OUT="${OUT:-$WORK/out}"
+mkdir -p "$WORK" "$OUT" "$KILN_HOME/models"
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+
+if [ ! -x "$WORK/lc/build/bin/llama-bench" ]; then
+    mkdir -p "$WORK/lc" && tar xzf "$SRC" -C "$WORK/lc"
+    t0=$(date +%s)
+    cmake -S "$WORK/lc/src" -B "$WORK/lc/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_NUMBER=11312 -DLLAMA_BUILD_COMMIT=0c1e57098 > "$WORK/cmake.log"
+    cmake --build "$WORK/lc/build" -j "$JOBS" --target llama-bench llama-quantize > "$WORK/build.log"
+    echo "llama.cpp CUDA build: $(( $(date +%s) - t0 )) s"
+fi
+LB="$WORK/lc/build/bin/llama-bench"
+"$LB" --version 2>&1 | head -2
+
+python3 -m pip install -q --no-index --no-deps --target "$WORK/site" "$WHEEL"
+tar xzf "$TOK" -C "$KILN_HOME/models"
+# One shape at a time, each benchmarked as soon as its files exist (a long sitting that is
+# cut short keeps what it measured).
+for spec in $SHAPES; do
+    s="${spec%%:*}"; QUANTS="${spec#*:}"
+    t0=$(date +%s)
+    PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py "$KILN_HOME/bench" \
+        --llama-quantize "$WORK/lc/build/bin/llama-quantize" --no-verify --no-smollm2 \
+        --shapes "$s" --quants "$QUANTS" >> "$WORK/models.log"
+    echo "$s: models written in $(( $(date +%s) - t0 )) s"
+    rm -f "$KILN_HOME/bench/$s-shape-f16.gguf"
+    for q in ${QUANTS//,/ }; do
+        f="$KILN_HOME/bench/$s-shape-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
+        "$LB" -m "$f" -p 512 -n 128 -r 3 -fa 1 -ngl 99 -o jsonl 2>/dev/null >> "$OUT/llama-cpp.jsonl" \
+            || echo "llama-bench failed on $f"
+        "$KILN" bench --device cuda -m "$f" -p 512 -n 128 -r 3 --json >> "$OUT/kiln.jsonl" \
+            || echo "kiln failed on $f"
+    done
+done
+# The side-by-side table.
+python3 - "$OUT/llama-cpp.jsonl" "$OUT/kiln.jsonl" <<'PY'
+import json, os, sys
+def rows(p):
+    out = {}
+    for line in open(p):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        out[(os.path.basename(r["model_filename"]), test)] = (r["avg_ts"], r["stddev_ts"])
+    return out
+lc, kn = rows(sys.argv[1]), rows(sys.argv[2])
+print("| model file | test | llama.cpp CUDA t/s | kiln CUDA t/s | kiln / llama.cpp |")
+print("|---|---|---:|---:|---:|")
+for key in sorted(set(lc) | set(kn)):
+    a, b = lc.get(key), kn.get(key)
+    ratio = f"{b[0] / a[0]:.2f}x" if a and b else ""
+    fa = f"{a[0]:.1f} ± {a[1]:.1f}" if a else "-"
+    fb = f"{b[0]:.1f} ± {b[1]:.1f}" if b else "-"
+    print(f"| {key[0]} | {key[1]} | {fa} | {fb} | {ratio} |")
+PY
