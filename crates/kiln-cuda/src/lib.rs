@@ -941,64 +941,25 @@ impl Backend for CudaBackend {
         s: AttnShape,
         out: &mut CudaTensor,
     ) {
-        let g = s.n_heads / s.n_kv_heads;
-        assert!(
-            g <= MAX_GROUP && s.n_heads % s.n_kv_heads == 0,
-            "{} query heads per KV head: at most {MAX_GROUP}",
-            g
-        );
-        assert!(
-            s.head_dim % 8 == 0 && s.head_dim <= 256,
-            "CUDA attention: head size {} (a multiple of 8, at most 256)",
-            s.head_dim
-        );
-        let name = format!("attn_split_{}", s.head_dim.div_ceil(32));
-        self.set_params(s.pos0, None);
-        // A grid that covers the whole cache, so one recording serves every position.
-        let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
-        let n_ws = splits * ATT_WARPS;
-        let slots = s.n_tokens * s.n_heads * n_ws;
-        let (acc, ml) = {
-            let mut sc = self.scratch.borrow_mut();
-            (
-                ensure(&mut sc.attn_acc, slots * s.head_dim * 4),
-                ensure(&mut sc.attn_ml, slots * 2 * 4),
-            )
-        };
-        let plane = cache.plane(layer) as u64;
-        let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let mut a = Args::default()
-            .a(q.buf.ptr)
-            .a(cache.k.ptr + plane)
-            .a(cache.v.ptr + plane)
-            .a(cache.n_ctx as i32)
-            .a(s.n_heads as i32)
-            .a(s.n_kv_heads as i32)
-            .a(s.head_dim as i32)
-            .a(scale)
-            .a(self.params.ptr)
-            .a(acc)
-            .a(ml);
-        self.dev.launch(
-            self.dev.func(&name),
-            (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
-            (32 * ATT_WARPS as u32, 1, 1),
-            0,
-            &mut a.ptrs(),
-        );
-        let mut a = Args::default()
-            .a(acc)
-            .a(ml)
-            .a(n_ws as i32)
-            .a(s.head_dim as i32)
-            .a(out.buf.ptr);
-        self.dev.launch(
-            self.dev.func("attn_combine"),
-            ((s.n_tokens * s.n_heads) as u32, 1, 1),
-            (s.head_dim as u32, 1, 1),
-            0,
-            &mut a.ptrs(),
-        );
+        self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr);
+    }
+
+    fn attention_batch<'c, I>(
+        &self,
+        q: &CudaTensor,
+        seqs: I,
+        layer: usize,
+        out: &mut CudaTensor,
+    ) where
+        I: Iterator<Item = (&'c CudaKvCache, AttnShape)>,
+    {
+        // One launch pair per sequence (each has its own positions).
+        let mut row = 0;
+        for (cache, s) in seqs {
+            let off = (row * q.cols * 4) as u64;
+            self.attention_at(q.buf.ptr + off, cache, layer, s, out.buf.ptr + off);
+            row += s.n_tokens;
+        }
     }
 
     fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor, n: usize) {
@@ -1368,6 +1329,76 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// Attention of the rows at `q_ptr` over `cache` (positions from the step parameters),
+    /// into the rows at `out_ptr`.
+    fn attention_at(
+        &self,
+        q_ptr: u64,
+        cache: &CudaKvCache,
+        layer: usize,
+        s: AttnShape,
+        out_ptr: u64,
+    ) {
+        let g = s.n_heads / s.n_kv_heads;
+        assert!(
+            g <= MAX_GROUP && s.n_heads % s.n_kv_heads == 0,
+            "{} query heads per KV head: at most {MAX_GROUP}",
+            g
+        );
+        assert!(
+            s.head_dim % 8 == 0 && s.head_dim <= 256,
+            "CUDA attention: head size {} (a multiple of 8, at most 256)",
+            s.head_dim
+        );
+        let name = format!("attn_split_{}", s.head_dim.div_ceil(32));
+        self.set_params(s.pos0, None);
+        // A grid that covers the whole cache, so one recording serves every position.
+        let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
+        let n_ws = splits * ATT_WARPS;
+        let slots = s.n_tokens * s.n_heads * n_ws;
+        let (acc, ml) = {
+            let mut sc = self.scratch.borrow_mut();
+            (
+                ensure(&mut sc.attn_acc, slots * s.head_dim * 4),
+                ensure(&mut sc.attn_ml, slots * 2 * 4),
+            )
+        };
+        let plane = cache.plane(layer) as u64;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let mut a = Args::default()
+            .a(q_ptr)
+            .a(cache.k.ptr + plane)
+            .a(cache.v.ptr + plane)
+            .a(cache.n_ctx as i32)
+            .a(s.n_heads as i32)
+            .a(s.n_kv_heads as i32)
+            .a(s.head_dim as i32)
+            .a(scale)
+            .a(self.params.ptr)
+            .a(acc)
+            .a(ml);
+        self.dev.launch(
+            self.dev.func(&name),
+            (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
+            (32 * ATT_WARPS as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        let mut a = Args::default()
+            .a(acc)
+            .a(ml)
+            .a(n_ws as i32)
+            .a(s.head_dim as i32)
+            .a(out_ptr);
+        self.dev.launch(
+            self.dev.func("attn_combine"),
+            ((s.n_tokens * s.n_heads) as u32, 1, 1),
+            (s.head_dim as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
     fn elementwise_n(&self, name: &str, mut args: Args, n: usize) {
         let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
         self.dev.launch(
