@@ -944,13 +944,8 @@ impl Backend for CudaBackend {
         self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr);
     }
 
-    fn attention_batch<'c, I>(
-        &self,
-        q: &CudaTensor,
-        seqs: I,
-        layer: usize,
-        out: &mut CudaTensor,
-    ) where
+    fn attention_batch<'c, I>(&self, q: &CudaTensor, seqs: I, layer: usize, out: &mut CudaTensor)
+    where
         I: Iterator<Item = (&'c CudaKvCache, AttnShape)>,
     {
         // One launch pair per sequence (each has its own positions).
