@@ -1,6 +1,7 @@
 //! `kiln`: run, chat, serve, transcribe, speak, info, pull, bench, quantize, perplexity.
 
 mod bench;
+mod calibrate;
 mod info;
 mod llm_cmd;
 mod perplexity;

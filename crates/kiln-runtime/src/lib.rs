@@ -1,7 +1,9 @@
 //! Sessions, sampling and the generation loop: what turns a model into answers.
 
+pub mod calibrate;
 mod generation;
 mod llm;
+pub mod mix;
 mod perplexity;
 pub mod sampler;
 pub mod scheduler;
@@ -10,10 +12,12 @@ mod stop;
 pub mod tts;
 pub mod whisper;
 
+pub use calibrate::{CalibOptions, Choice, SensitivityTable, TensorSensitivity};
 pub use generation::GenerationDefaults;
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };
+pub use mix::{choose_mix, mix_bpw, Mix, MixError};
 pub use perplexity::{nll, Perplexity};
 pub use sampler::{Sampler, SamplerConfig};
 pub use scheduler::{
