@@ -38,7 +38,7 @@ pub struct CalibArgs {
     #[arg(
         long,
         value_name = "T,T,..",
-        default_value = "q4_0,q4_k,q5_0,q6_k,q8_0",
+        default_value = "q4_0,q4_k,q5_0,q5_k,q6_k,q8_0",
         value_delimiter = ','
     )]
     pub candidates: Vec<String>,

@@ -20,8 +20,8 @@ pub struct QuantizeArgs {
     pub input: String,
     /// The GGUF file to write.
     pub output: String,
-    /// q4_0, q4_1, q8_0, q4_k, q6_k, f16, or the mix q4_k_m (attn_v, ffn_down and output in
-    /// Q6_K, the rest Q4_K).
+    /// q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, f16, or the mix q4_k_m (attn_v,
+    /// ffn_down and output in Q6_K, the rest Q4_K).
     #[arg(long = "type", value_name = "T", value_parser = parse_recipe, required_unless_present = "calibrate", conflicts_with = "calibrate")]
     pub ty: Option<Recipe>,
     #[command(flatten)]
@@ -42,12 +42,15 @@ fn parse_recipe(s: &str) -> Result<Recipe, String> {
         "q4_1" => Recipe::Pure(Q4_1),
         "q8_0" => Recipe::Pure(Q8_0),
         "q4_k" | "q4_k_s" => Recipe::Pure(Q4_K),
+        "q5_0" => Recipe::Pure(Q5_0),
+        "q5_1" => Recipe::Pure(Q5_1),
+        "q5_k" | "q5_k_s" => Recipe::Pure(Q5_K),
         "q6_k" => Recipe::Pure(Q6_K),
         "f16" => Recipe::Pure(F16),
         "q4_k_m" => Recipe::Q4KM,
         _ => {
             return Err(format!(
-                "unknown type '{s}' (one of q4_0, q4_1, q8_0, q4_k, q4_k_m, q6_k, f16)"
+                "unknown type '{s}' (one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q4_k_m, q5_k, q6_k, f16)"
             ))
         }
     })
@@ -58,7 +61,11 @@ impl Recipe {
     pub fn type_for(self, name: &str, cols: usize) -> GgmlType {
         use GgmlType::*;
         let ty = match self {
-            Recipe::Pure(t) if name == "output.weight" && matches!(t, Q4_0 | Q4_1 | Q4_K) => Q6_K,
+            Recipe::Pure(t)
+                if name == "output.weight" && matches!(t, Q4_0 | Q4_1 | Q4_K | Q5_K) =>
+            {
+                Q6_K
+            }
             Recipe::Pure(t) => t,
             Recipe::Q4KM => {
                 let more_bits = name == "output.weight"
@@ -85,6 +92,7 @@ impl Recipe {
             Recipe::Pure(Q5_0) => 8,
             Recipe::Pure(Q5_1) => 9,
             Recipe::Pure(Q4_K) => 14,
+            Recipe::Pure(Q5_K) => 16,
             Recipe::Q4KM => 15,
             Recipe::Pure(Q6_K) => 18,
             Recipe::Pure(_) => 0,
