@@ -29,7 +29,13 @@ fn gate_up_silu_with_mixed_formats() {
         .map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0)
         .collect();
     for b in [CpuBackend::new(2), CpuBackend::reference()] {
-        for (tg, tu) in [(Q4_0, Q8_0), (Q8_0, Q4_K), (Q6_K, Q4_1), (F16, Q5_0)] {
+        for (tg, tu) in [
+            (Q4_0, Q8_0),
+            (Q8_0, Q4_K),
+            (Q6_K, Q4_1),
+            (F16, Q5_0),
+            (Q5_K, Q4_0),
+        ] {
             let (gb, ub) = (encode(tg, &g, cols), encode(tu, &u, cols));
             let load = |ty, bytes: &[u8]| {
                 b.load_weight(WeightData {

@@ -134,6 +134,14 @@ pub fn calibrate(input: &str, output: &str, a: &CalibArgs) -> anyhow::Result<()>
     };
     let mix = choose_mix(&table, target)?;
     print_mix(&table, &mix, target, a.verbose);
+    if !a.no_eval {
+        // The additive estimate against the mix measured whole (one more pass).
+        let kl = llm.mix_kl(&tokens, add_bos, &opts, &mix.types)?;
+        println!(
+            "measured: KL {kl:.5} nats/token on the calibration tokens with the whole mix applied (estimate {:.5})",
+            mix.loss
+        );
+    }
 
     let types: HashMap<String, GgmlType> = table
         .tensors

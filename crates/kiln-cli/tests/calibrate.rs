@@ -96,6 +96,7 @@ fn calibrated_mix_is_written_and_reported() {
         .unwrap();
     assert!(bpw <= 6.0 && bpw > 4.5, "{size}");
     assert!(stdout.contains("perplexity of"), "{stdout}");
+    assert!(stdout.contains("measured: KL"), "{stdout}");
 
     // The file holds the reported mix, matrices only; it loads back.
     let g = GgufFile::open(&out).unwrap();

@@ -143,16 +143,15 @@ impl<B: Backend> Llm<B> {
         Ok(())
     }
 
-    /// Measures every weight matrix's sensitivity to each candidate type on `tokens` (the
-    /// tokenized calibration text). `on_step(done, total, tensor)` reports progress. The
-    /// model is left as it was loaded.
-    pub fn sensitivities(
-        &mut self,
+    /// Checks the options, cuts the calibration chunks and runs the reference over them:
+    /// (chunks, reference log-probabilities per position, a state sized for one chunk).
+    #[allow(clippy::type_complexity)]
+    fn reference(
+        &self,
         tokens: &[u32],
         add_bos: bool,
         opts: &CalibOptions,
-        on_step: &mut dyn FnMut(usize, usize, &str),
-    ) -> Result<SensitivityTable, RuntimeError> {
+    ) -> Result<(Vec<Vec<u32>>, Vec<f32>, kiln_models::llm::LlamaState<B>), RuntimeError> {
         let err = |what: String| RuntimeError::Path {
             path: self.path.clone(),
             what,
@@ -187,20 +186,56 @@ impl<B: Backend> Llm<B> {
             log_softmax(row, &mut ref_lp[i * vocab..(i + 1) * vocab])
         })?;
 
+        Ok((chunks, ref_lp, st))
+    }
+
+    /// The measured KL of a whole mix on the calibration tokens: every matrix in its type of
+    /// `types` (in `Llama::matrix_params` order) at once, against the model as loaded. What
+    /// the sum of single-tensor KLs estimates.
+    pub fn mix_kl(
+        &mut self,
+        tokens: &[u32],
+        add_bos: bool,
+        opts: &CalibOptions,
+        types: &[GgmlType],
+    ) -> Result<f64, RuntimeError> {
+        let params = self.model.matrix_params();
+        if types.len() != params.len() {
+            return Err(RuntimeError::Path {
+                path: self.path.clone(),
+                what: format!(
+                    "a mix of {} types for {} matrices",
+                    types.len(),
+                    params.len()
+                ),
+            });
+        }
+        let (chunks, ref_lp, mut st) = self.reference(tokens, add_bos, opts)?;
         let path = self.path.clone();
-        let gguf;
-        let ck;
-        let src = if is_hf_dir(&path) {
-            ck = HfCheckpoint::open(&path)?;
-            Source::SafeTensors {
-                set: &ck.tensors,
-                dir: &ck.dir,
-                mlx: ck.mlx.as_ref(),
-            }
-        } else {
-            gguf = GgufFile::open(&path)?;
-            Source::Gguf(&gguf)
-        };
+        let opened = Opened::open(&path)?;
+        let src = opened.source();
+        let swaps: Vec<(Param, usize, usize, GgmlType)> = params
+            .iter()
+            .zip(types)
+            .map(|(&(p, r, c), &t)| (p, r, c, fallback_type(t, c)))
+            .collect();
+        self.kl_with(src, &mut st, &chunks, &ref_lp, &swaps)
+    }
+
+    /// Measures every weight matrix's sensitivity to each candidate type on `tokens` (the
+    /// tokenized calibration text). `on_step(done, total, tensor)` reports progress. The
+    /// model is left as it was loaded.
+    pub fn sensitivities(
+        &mut self,
+        tokens: &[u32],
+        add_bos: bool,
+        opts: &CalibOptions,
+        on_step: &mut dyn FnMut(usize, usize, &str),
+    ) -> Result<SensitivityTable, RuntimeError> {
+        let (chunks, ref_lp, mut st) = self.reference(tokens, add_bos, opts)?;
+        let path = self.path.clone();
+        let opened = Opened::open(&path)?;
+        let src = opened.source();
 
         let params = self.model.matrix_params();
         let plan: Vec<Vec<GgmlType>> = params
@@ -215,7 +250,7 @@ impl<B: Backend> Llm<B> {
             let mut choices = Vec::with_capacity(types.len());
             for &ty in types {
                 on_step(done, total, &name);
-                let kl = self.kl_with(src, &mut st, &chunks, &ref_lp, p, rows, cols, ty)?;
+                let kl = self.kl_with(src, &mut st, &chunks, &ref_lp, &[(p, rows, cols, ty)])?;
                 choices.push(Choice { ty, kl });
                 done += 1;
             }
@@ -233,38 +268,82 @@ impl<B: Backend> Llm<B> {
         })
     }
 
-    /// Mean KL over the calibration positions with `p` alone re-encoded as `ty`.
-    #[allow(clippy::too_many_arguments)]
+    /// Mean KL over the calibration positions with each (p, rows, cols, ty) of `swaps`
+    /// re-encoded as its type; the originals are put back.
     fn kl_with(
         &mut self,
         src: Source,
         st: &mut kiln_models::llm::LlamaState<B>,
         chunks: &[Vec<u32>],
         ref_lp: &[f32],
-        p: Param,
-        rows: usize,
-        cols: usize,
-        ty: GgmlType,
+        swaps: &[(Param, usize, usize, GgmlType)],
     ) -> Result<f64, RuntimeError> {
-        let w = WeightMap::from_source(src, Some(ty)).matrix(&self.backend, p, rows, cols)?;
-        let slot = self.model.weight_mut(p).ok_or_else(|| RuntimeError::Path {
-            path: self.path.clone(),
-            what: format!("{} is not a weight matrix of the model", p.gguf()),
-        })?;
-        let original = std::mem::replace(slot, w);
+        let mut originals = Vec::with_capacity(swaps.len());
+        let mut res = Ok(());
+        for &(p, rows, cols, ty) in swaps {
+            let w = match WeightMap::from_source(src, Some(ty)).matrix(&self.backend, p, rows, cols)
+            {
+                Ok(w) => w,
+                Err(e) => {
+                    res = Err(e.into());
+                    break;
+                }
+            };
+            match self.model.weight_mut(p) {
+                Some(slot) => originals.push((p, std::mem::replace(slot, w))),
+                None => {
+                    res = Err(RuntimeError::Path {
+                        path: self.path.clone(),
+                        what: format!("{} is not a weight matrix of the model", p.gguf()),
+                    });
+                    break;
+                }
+            }
+        }
         let vocab = self.model.cfg.vocab_size;
         let mut sum = 0f64;
         let mut n = 0usize;
-        let res = self.run_chunks(st, chunks, &mut |i, row| {
-            sum += kl_from_logits(&ref_lp[i * vocab..(i + 1) * vocab], row);
-            n += 1;
-        });
-        // Put the original back whatever happened.
-        if let Some(slot) = self.model.weight_mut(p) {
-            *slot = original;
+        if res.is_ok() {
+            res = self.run_chunks(st, chunks, &mut |i, row| {
+                sum += kl_from_logits(&ref_lp[i * vocab..(i + 1) * vocab], row);
+                n += 1;
+            });
+        }
+        // Put the originals back whatever happened.
+        for (p, w) in originals {
+            if let Some(slot) = self.model.weight_mut(p) {
+                *slot = w;
+            }
         }
         res?;
         Ok(sum / n.max(1) as f64)
+    }
+}
+
+/// The model's source opened again (a GGUF file or a Hugging Face directory).
+enum Opened {
+    Gguf(GgufFile),
+    Hf(HfCheckpoint),
+}
+
+impl Opened {
+    fn open(path: &Path) -> Result<Self, RuntimeError> {
+        Ok(if is_hf_dir(path) {
+            Opened::Hf(HfCheckpoint::open(path)?)
+        } else {
+            Opened::Gguf(GgufFile::open(path)?)
+        })
+    }
+
+    fn source(&self) -> Source<'_> {
+        match self {
+            Opened::Gguf(g) => Source::Gguf(g),
+            Opened::Hf(ck) => Source::SafeTensors {
+                set: &ck.tensors,
+                dir: &ck.dir,
+                mlx: ck.mlx.as_ref(),
+            },
+        }
     }
 }
 

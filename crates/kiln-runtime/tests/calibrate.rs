@@ -129,6 +129,30 @@ fn chooser_meets_the_budget_and_never_loses_with_more_bits() {
 }
 
 #[test]
+fn measured_mix_kl_follows_the_budget() {
+    let (mut llm, table) = measure();
+    let t = tokens(48);
+    let kl = |llm: &mut Llm<CpuBackend>, types: &[GgmlType]| {
+        llm.mix_kl(&t, false, &opts(48), types).unwrap()
+    };
+    let n = table.tensors.len();
+    let all_q8 = kl(&mut llm, &vec![Q8_0; n]);
+    let (lo, hi) = (kl(&mut llm, &vec![Q4_0; n]), all_q8);
+    assert!(hi < lo, "all Q8_0 {hi} vs all Q4_0 {lo}");
+    let (m5, m7) = (
+        choose_mix(&table, 5.0).unwrap(),
+        choose_mix(&table, 7.0).unwrap(),
+    );
+    let (k5, k7) = (kl(&mut llm, &m5.types), kl(&mut llm, &m7.types));
+    assert!(
+        k7 < k5 && k5 < lo,
+        "measured: 5 bpw {k5}, 7 bpw {k7}, all Q4_0 {lo}"
+    );
+    // A wrong length is an error.
+    assert!(llm.mix_kl(&t, false, &opts(48), &[Q4_0]).is_err());
+}
+
+#[test]
 fn budget_and_text_errors() {
     let (mut llm, table) = measure();
     assert!(matches!(
