@@ -17,6 +17,19 @@ for b in 4.5 5.0 5.5 6.0; do
     --target-bpw $b --candidates $CAND --table "$OUT/smollm2-table.json" --no-eval -t 2 \
     > "$OUT/mix-$b.txt"
 done
+# Without the source's own format (Q4_1): the same measurements less that column.
+python3 - "$OUT" <<'PY'
+import json, sys
+t = json.load(open(f"{sys.argv[1]}/smollm2-table.json"))
+for x in t["tensors"]:
+    x["choices"] = [c for c in x["choices"] if c["type"] != "Q4_1"]
+json.dump(t, open(f"{sys.argv[1]}/smollm2-table-noq41.json", "w"), indent=1)
+PY
+for b in 5.0 5.5 6.0; do
+  $L $KILN quantize "$M" "$OUT/mixnoq41-$b.gguf" --calibrate tools/text/calibration_en.txt \
+    --target-bpw $b --candidates ${CAND/q4_1,/} --table "$OUT/smollm2-table-noq41.json" \
+    --eval tools/text/eval_en.txt -t 2 > "$OUT/mixnoq41-$b.txt"
+done
 for t in q4_0 q4_1 q4_k q4_k_m q5_0 q5_1 q8_0; do
   $L $KILN quantize "$M" "$OUT/plain-$t.gguf" --type $t 2>/dev/null
 done
@@ -28,10 +41,10 @@ t = [x for x in r.tensors if len(x.shape) == 2]
 print(f"{8 * sum(int(x.n_bytes) for x in t) / sum(int(x.n_elements) for x in t):.4f}")
 PY
 }
-ppl() { $L "$@" 2>/dev/null | grep -o 'Final estimate: PPL = [0-9.]* +/- [0-9.]*' | sed 's/Final estimate: PPL = //'; }
+ppl() { $L "$@" 2>&1 | grep -o 'Final estimate: PPL = [0-9.]* +/- [0-9.]*' | sed 's/Final estimate: PPL = //'; }
 echo "| file | bpw | kiln PPL | llama-perplexity PPL |"
 echo "|---|---|---|---|"
-for f in "$M" "$OUT"/plain-*.gguf "$OUT"/mix-*.gguf; do
+for f in "$M" "$OUT"/plain-*.gguf "$OUT"/mix-*.gguf "$OUT"/mixnoq41-*.gguf; do
   k=$(ppl $KILN perplexity -m "$f" -f tools/text/eval_en.txt -c 512 -t 2)
   l=$( [ -x "$LLAMA/llama-perplexity" ] && ppl "$LLAMA/llama-perplexity" -m "$f" -f tools/text/eval_en.txt -c 512 -t 2 || echo n/a)
   echo "| $(basename "$f") | $(bpw "$f") | $k | $l |"

@@ -61,6 +61,10 @@ pub struct CalibArgs {
     /// Threads (default: all CPUs).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Measure on the scalar reference path (f32 arithmetic, no 8-bit activations): slower,
+    /// but a swap's KL is then the weights' alone, not also the change of kernel rounding.
+    #[arg(long)]
+    pub reference: bool,
 }
 
 fn parse_candidates(names: &[String]) -> anyhow::Result<Vec<GgmlType>> {
@@ -94,8 +98,15 @@ pub fn calibrate(input: &str, output: &str, a: &CalibArgs) -> anyhow::Result<()>
         .unwrap_or_else(kiln_backend::cpu::default_threads)
         .max(1);
     let path = crate::resolve_model(input)?;
-    let mut llm = Llm::load(CpuBackend::new(threads), &path)
-        .with_context(|| format!("loading {}", path.display()))?;
+    let backend = || {
+        if a.reference {
+            CpuBackend::reference()
+        } else {
+            CpuBackend::new(threads)
+        }
+    };
+    let mut llm =
+        Llm::load(backend(), &path).with_context(|| format!("loading {}", path.display()))?;
 
     // The budget against the sizes alone, before anything is measured.
     let skeleton = skeleton(&llm, &candidates);
@@ -162,8 +173,8 @@ pub fn calibrate(input: &str, output: &str, a: &CalibArgs) -> anyhow::Result<()>
     let eval_text = std::fs::read_to_string(eval_file)
         .with_context(|| format!("reading the evaluation text {eval_file}"))?;
     let ppl_src = ppl(&llm, &eval_text, a.eval_ctx)?;
-    let quant = Llm::load(CpuBackend::new(threads), Path::new(output))
-        .with_context(|| format!("loading {output}"))?;
+    let quant =
+        Llm::load(backend(), Path::new(output)).with_context(|| format!("loading {output}"))?;
     let ppl_q = ppl(&quant, &eval_text, a.eval_ctx)?;
     println!(
         "perplexity of {eval_file} (n_ctx {}, {} chunks): source {:.4} +/- {:.5} | {:.2} bpw mix {:.4} +/- {:.5} ({:+.2}%)",

@@ -125,6 +125,14 @@ fn calibrated_mix_is_written_and_reported() {
     };
     assert!(loss(&stdout2) <= loss(&stdout));
     assert!(!stdout2.contains("perplexity of"));
+
+    // The reference path measures too (f32 arithmetic).
+    let out3 = scratch("mix3.gguf").to_string_lossy().into_owned();
+    let mut args = calib_args(&out3, &txt, "6");
+    args[1] = &fx;
+    args.push("--reference");
+    let (stdout3, _) = ok(&kiln(&args));
+    assert!(stdout3.contains("measured: KL"), "{stdout3}");
 }
 
 #[test]
