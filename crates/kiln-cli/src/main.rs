@@ -1,6 +1,7 @@
 //! `kiln`: run, chat, serve, transcribe, speak, voice, info, pull, bench, quantize, perplexity.
 
 mod bench;
+mod calibrate;
 mod info;
 mod llm_cmd;
 mod perplexity;
@@ -100,7 +101,7 @@ pub struct ModelArgs {
     /// Use the scalar reference path (weights dequantized to f32): slow, for checking.
     #[arg(long)]
     pub reference: bool,
-    /// Requantize every weight matrix at load: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k,
+    /// Requantize every weight matrix at load: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k,
     /// f16, bf16, f32 (rows the block does not divide fall back like llama.cpp's).
     #[arg(long, value_name = "TYPE", value_parser = parse_quant)]
     pub quant: Option<kiln_quant::GgmlType>,
@@ -118,7 +119,9 @@ fn parse_kv(s: &str) -> Result<kiln_backend::KvType, String> {
 /// A GGML type by its name (any case): q4_0, Q4_K, f16, ...
 pub fn parse_quant(s: &str) -> Result<kiln_quant::GgmlType, String> {
     use kiln_quant::GgmlType::*;
-    let all = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K];
+    let all = [
+        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+    ];
     all.into_iter()
         .find(|t| t.name().eq_ignore_ascii_case(s))
         .ok_or_else(|| {

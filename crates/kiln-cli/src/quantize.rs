@@ -2,6 +2,7 @@
 //! file llama.cpp loads (llama/qwen2/qwen3 metadata keys, the tokenizer as
 //! `tokenizer.ggml.*`, the chat template), each matrix in the type the recipe gives it.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,10 +20,12 @@ pub struct QuantizeArgs {
     pub input: String,
     /// The GGUF file to write.
     pub output: String,
-    /// q4_0, q4_1, q8_0, q4_k, q6_k, f16, or the mix q4_k_m (attn_v, ffn_down and output in
-    /// Q6_K, the rest Q4_K).
-    #[arg(long = "type", value_name = "T", value_parser = parse_recipe)]
-    pub ty: Recipe,
+    /// q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, f16, or the mix q4_k_m (attn_v,
+    /// ffn_down and output in Q6_K, the rest Q4_K).
+    #[arg(long = "type", value_name = "T", value_parser = parse_recipe, required_unless_present = "calibrate", conflicts_with = "calibrate")]
+    pub ty: Option<Recipe>,
+    #[command(flatten)]
+    pub calib: crate::calibrate::CalibArgs,
 }
 
 /// Which type each tensor gets.
@@ -39,12 +42,15 @@ fn parse_recipe(s: &str) -> Result<Recipe, String> {
         "q4_1" => Recipe::Pure(Q4_1),
         "q8_0" => Recipe::Pure(Q8_0),
         "q4_k" | "q4_k_s" => Recipe::Pure(Q4_K),
+        "q5_0" => Recipe::Pure(Q5_0),
+        "q5_1" => Recipe::Pure(Q5_1),
+        "q5_k" | "q5_k_s" => Recipe::Pure(Q5_K),
         "q6_k" => Recipe::Pure(Q6_K),
         "f16" => Recipe::Pure(F16),
         "q4_k_m" => Recipe::Q4KM,
         _ => {
             return Err(format!(
-                "unknown type '{s}' (one of q4_0, q4_1, q8_0, q4_k, q4_k_m, q6_k, f16)"
+                "unknown type '{s}' (one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q4_k_m, q5_k, q6_k, f16)"
             ))
         }
     })
@@ -55,7 +61,11 @@ impl Recipe {
     pub fn type_for(self, name: &str, cols: usize) -> GgmlType {
         use GgmlType::*;
         let ty = match self {
-            Recipe::Pure(t) if name == "output.weight" && matches!(t, Q4_0 | Q4_1 | Q4_K) => Q6_K,
+            Recipe::Pure(t)
+                if name == "output.weight" && matches!(t, Q4_0 | Q4_1 | Q4_K | Q5_K) =>
+            {
+                Q6_K
+            }
             Recipe::Pure(t) => t,
             Recipe::Q4KM => {
                 let more_bits = name == "output.weight"
@@ -72,14 +82,17 @@ impl Recipe {
     }
 
     /// llama.cpp's `general.file_type` (LLAMA_FTYPE_*).
-    fn file_type(self) -> u32 {
+    pub fn file_type(self) -> u32 {
         use GgmlType::*;
         match self {
             Recipe::Pure(F16) => 1,
             Recipe::Pure(Q4_0) => 2,
             Recipe::Pure(Q4_1) => 3,
             Recipe::Pure(Q8_0) => 7,
+            Recipe::Pure(Q5_0) => 8,
+            Recipe::Pure(Q5_1) => 9,
             Recipe::Pure(Q4_K) => 14,
+            Recipe::Pure(Q5_K) => 16,
             Recipe::Q4KM => 15,
             Recipe::Pure(Q6_K) => 18,
             Recipe::Pure(_) => 0,
@@ -87,20 +100,55 @@ impl Recipe {
     }
 }
 
+/// The type of every matrix: a recipe, or one chosen per tensor (GGUF names).
+pub enum Plan {
+    Recipe(Recipe),
+    PerTensor {
+        types: HashMap<String, GgmlType>,
+        file_type: u32,
+    },
+}
+
+impl Plan {
+    fn type_for(&self, name: &str, cols: usize) -> anyhow::Result<GgmlType> {
+        match self {
+            Plan::Recipe(r) => Ok(r.type_for(name, cols)),
+            Plan::PerTensor { types, .. } => types
+                .get(name)
+                .map(|&t| fallback_type(t, cols))
+                .ok_or_else(|| anyhow!("matrix '{name}' has no type in the calibrated mix")),
+        }
+    }
+
+    fn file_type(&self) -> u32 {
+        match self {
+            Plan::Recipe(r) => r.file_type(),
+            Plan::PerTensor { file_type, .. } => *file_type,
+        }
+    }
+}
+
 pub fn quantize(a: QuantizeArgs) -> anyhow::Result<()> {
-    let input = Path::new(&a.input);
+    match a.ty {
+        Some(r) => write_gguf(&a.input, &a.output, &Plan::Recipe(r)),
+        None => crate::calibrate::calibrate(&a.input, &a.output, &a.calib),
+    }
+}
+
+/// `input` (a Hugging Face / MLX directory or a GGUF) to the GGUF file `output`.
+pub fn write_gguf(input: &str, output: &str, plan: &Plan) -> anyhow::Result<()> {
+    let path = Path::new(input);
     let mut w = GgufWriter::new();
-    let n = if is_hf_dir(input) {
-        from_hf(input, a.ty, &mut w)?
+    let n = if is_hf_dir(path) {
+        from_hf(path, plan, &mut w)?
     } else {
-        from_gguf(input, a.ty, &mut w)?
+        from_gguf(path, plan, &mut w)?
     };
-    w.write(&a.output)
-        .with_context(|| format!("writing {}", a.output))?;
-    let bytes = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
+    w.write(output)
+        .with_context(|| format!("writing {output}"))?;
+    let bytes = std::fs::metadata(output).map(|m| m.len()).unwrap_or(0);
     eprintln!(
-        "wrote {} ({n} tensors, {:.1} MiB)",
-        a.output,
+        "wrote {output} ({n} tensors, {:.1} MiB)",
         bytes as f64 / (1 << 20) as f64
     );
     Ok(())
@@ -133,7 +181,7 @@ fn encode(rows: &[f32], cols: usize, ty: GgmlType, name: &str) -> anyhow::Result
 
 // ---- from a GGUF file ----
 
-fn from_gguf(path: &Path, recipe: Recipe, w: &mut GgufWriter) -> anyhow::Result<usize> {
+fn from_gguf(path: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usize> {
     let g = GgufFile::open(path)?;
     for (k, v) in &g.metadata {
         if k != "general.file_type" {
@@ -150,7 +198,7 @@ fn from_gguf(path: &Path, recipe: Recipe, w: &mut GgufWriter) -> anyhow::Result<
         dequantize_row(t.ty, g.tensor_data(t), &mut f)
             .map_err(|e| anyhow!("{}: tensor '{}': {e}", path.display(), t.name))?;
         let ty = if t.dims.len() == 2 && t.name.ends_with(".weight") {
-            recipe.type_for(&t.name, cols)
+            recipe.type_for(&t.name, cols)?
         } else {
             GgmlType::F32
         };
@@ -163,7 +211,7 @@ fn from_gguf(path: &Path, recipe: Recipe, w: &mut GgufWriter) -> anyhow::Result<
 
 // ---- from a Hugging Face directory ----
 
-fn from_hf(dir: &Path, recipe: Recipe, w: &mut GgufWriter) -> anyhow::Result<usize> {
+fn from_hf(dir: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usize> {
     let ck = HfCheckpoint::open(dir)?;
     let c = &ck.cfg;
     let arch = c.arch.as_str();
@@ -248,7 +296,10 @@ fn from_hf(dir: &Path, recipe: Recipe, w: &mut GgufWriter) -> anyhow::Result<usi
             }
         }
         let (dims, ty) = if p.is_matrix() {
-            (vec![cols as u64, rows as u64], recipe.type_for(&gguf, cols))
+            (
+                vec![cols as u64, rows as u64],
+                recipe.type_for(&gguf, cols)?,
+            )
         } else {
             (vec![(rows * cols) as u64], GgmlType::F32)
         };

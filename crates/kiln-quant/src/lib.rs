@@ -6,7 +6,7 @@
 //!
 //! - `dequantize_row` reads every type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //!   Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
-//! - `quantize_row` writes all but Q2_K, Q3_K and Q5_K, with GGML's reference algorithms.
+//! - `quantize_row` writes all but Q2_K and Q3_K, with GGML's reference algorithms.
 //! - `mlx`: MLX's affine group-wise 4/8-bit format (scalar dequantize and quantize).
 
 mod bits;

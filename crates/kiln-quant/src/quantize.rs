@@ -21,9 +21,10 @@ fn block_fn(ty: GgmlType) -> Option<QuantBlock> {
         Q8_0 => legacy::quant_q8_0,
         Q8_1 => legacy::quant_q8_1,
         Q4_K => k_quants::quant_q4_k,
+        Q5_K => k_quants::quant_q5_k,
         Q6_K => k_quants::quant_q6_k,
         Q8_K => k_quants::quant_q8_k,
-        Q2_K | Q3_K | Q5_K => return None,
+        Q2_K | Q3_K => return None,
     })
 }
 

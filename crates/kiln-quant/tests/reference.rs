@@ -339,7 +339,12 @@ fn k_quant_round_trip_bounds() {
     // Super-blocks whose sub-blocks share one scale: the usual case for weights.
     let mut rng = Rng(11);
     let x: Vec<f32> = (0..64 * QK_K).map(|_| rng.normal()).collect();
-    for (ty, max_rel_rms) in [(GgmlType::Q4_K, 0.08), (GgmlType::Q6_K, 0.02)] {
+    let mut rels = Vec::new();
+    for (ty, max_rel_rms) in [
+        (GgmlType::Q4_K, 0.08),
+        (GgmlType::Q5_K, 0.04),
+        (GgmlType::Q6_K, 0.02),
+    ] {
         let y = round_trip(ty, &x);
         let err2: f64 = x
             .iter()
@@ -349,7 +354,13 @@ fn k_quant_round_trip_bounds() {
         let sig2: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
         let rel = (err2 / sig2).sqrt();
         assert!(rel < max_rel_rms, "{}: relative RMS error {rel}", ty.name());
+        rels.push(rel);
     }
+    // Each extra bit about halves the error.
+    assert!(
+        rels[1] < 0.6 * rels[0] && rels[2] < 0.6 * rels[1],
+        "{rels:?}"
+    );
 
     // Mixed scales within a super-block: bounded by a step of the largest sub-block.
     let x = test_data(13, 64 * QK_K);
@@ -359,6 +370,13 @@ fn k_quant_round_trip_bounds() {
             .iter()
             .fold((0f32, 0f32), |(l, h), &v| (l.min(v), h.max(v)));
         (hi - lo) / 15.0 * 1.1 + 1e-30
+    });
+    let y = round_trip(GgmlType::Q5_K, &x);
+    check_blocks(GgmlType::Q5_K, &x, &y, QK_K, |b| {
+        let (lo, hi) = b
+            .iter()
+            .fold((0f32, 0f32), |(l, h), &v| (l.min(v), h.max(v)));
+        (hi - lo) / 31.0 * 1.1 + 1e-30
     });
     let y = round_trip(GgmlType::Q6_K, &x);
     check_blocks(GgmlType::Q6_K, &x, &y, QK_K, |b| {
@@ -373,7 +391,12 @@ fn k_quants_on_awkward_rows() {
     let fx = load("q8_0");
     let rows = fx.cases[0].input.as_ref().unwrap();
     assert_eq!(rows[0].len() % QK_K, 0);
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_K] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_K,
+    ] {
         for x in rows {
             let y = round_trip(ty, x);
             assert!(
@@ -486,7 +509,7 @@ fn supported_types() {
         .filter(|&&t| !can_quantize(t))
         .map(|t| t.name())
         .collect();
-    assert_eq!(no_quant, ["Q2_K", "Q3_K", "Q5_K"]);
+    assert_eq!(no_quant, ["Q2_K", "Q3_K"]);
 }
 
 // ------------------------------------------------------------------ errors
@@ -564,7 +587,7 @@ fn absurd_counts_are_errors_not_overflow() {
 
 #[test]
 fn unsupported_quantization() {
-    for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K] {
+    for ty in [GgmlType::Q2_K, GgmlType::Q3_K] {
         let x = vec![0.0; QK_K];
         let want = QuantError::Unsupported {
             ty: ty.name(),

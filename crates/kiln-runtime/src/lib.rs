@@ -1,8 +1,10 @@
 //! Sessions, sampling and the generation loop: what turns a model into answers; the voice
 //! pipeline (speech in, speech out) over them.
 
+pub mod calibrate;
 mod generation;
 mod llm;
+pub mod mix;
 mod perplexity;
 pub mod sampler;
 pub mod scheduler;
@@ -12,10 +14,12 @@ pub mod tts;
 pub mod voice;
 pub mod whisper;
 
+pub use calibrate::{CalibOptions, Choice, SensitivityTable, TensorSensitivity};
 pub use generation::GenerationDefaults;
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };
+pub use mix::{choose_mix, mix_bpw, Mix, MixError};
 pub use perplexity::{nll, Perplexity};
 pub use sampler::{Sampler, SamplerConfig};
 pub use scheduler::{

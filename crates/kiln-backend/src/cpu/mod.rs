@@ -448,6 +448,31 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
+        if gate.ty != up.ty || gate.x8 != up.x8 {
+            // Mixed formats (per-tensor quantization mixes): the fused epilogue runs one
+            // kernel over both rows, so the two products go separately, then silu(g) * u.
+            let mut u = CpuTensor {
+                data: vec![0.0; n * up.rows],
+                cols: up.rows,
+            };
+            self.jobs(
+                x,
+                n,
+                &mut [
+                    Job {
+                        w: gate,
+                        out,
+                        epilogue: Epilogue::Store(None),
+                    },
+                    Job {
+                        w: up,
+                        out: &mut u,
+                        epilogue: Epilogue::Store(None),
+                    },
+                ],
+            );
+            return ops::elementwise::silu_mul(out, &u, n);
+        }
         self.jobs(
             x,
             n,

@@ -167,6 +167,61 @@ impl<B: Backend> Llama<B> {
             .chain(self.output.as_ref())
     }
 
+    /// Every weight matrix once, as (parameter, rows, cols), in GGUF file order (a tied output
+    /// projection is the embedding table).
+    pub fn matrix_params(&self) -> Vec<(Param, usize, usize)> {
+        use LayerParam as L;
+        let c = &self.cfg;
+        let (dim, q, kv, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let mut v = vec![(Param::TokenEmbd, c.vocab_size, dim)];
+        for i in 0..self.layers.len() {
+            v.extend([
+                (Param::Layer(i, L::AttnQ), q, dim),
+                (Param::Layer(i, L::AttnK), kv, dim),
+                (Param::Layer(i, L::AttnV), kv, dim),
+                (Param::Layer(i, L::AttnOutput), dim, q),
+                (Param::Layer(i, L::FfnGate), ffn, dim),
+                (Param::Layer(i, L::FfnUp), ffn, dim),
+                (Param::Layer(i, L::FfnDown), dim, ffn),
+            ]);
+        }
+        if self.output.is_some() {
+            v.push((Param::Output, c.vocab_size, dim));
+        }
+        v
+    }
+
+    /// The weight matrix of `p`, to swap in another copy (`None` for vectors, an absent
+    /// output projection or a layer past the last).
+    pub fn weight_mut(&mut self, p: Param) -> Option<&mut B::Weight> {
+        use LayerParam as L;
+        match p {
+            Param::TokenEmbd => Some(&mut self.embed),
+            Param::Output => self.output.as_mut(),
+            Param::OutputNorm | Param::RopeFreqs => None,
+            Param::Layer(i, l) => {
+                let layer = self.layers.get_mut(i)?;
+                let (a, m) = (&mut layer.attn, &mut layer.mlp);
+                match l {
+                    L::AttnQ => Some(&mut a.q),
+                    L::AttnK => Some(&mut a.k),
+                    L::AttnV => Some(&mut a.v),
+                    L::AttnOutput => Some(&mut a.o),
+                    L::FfnGate => Some(&mut m.gate),
+                    L::FfnUp => Some(&mut m.up),
+                    L::FfnDown => Some(&mut m.down),
+                    L::AttnNorm
+                    | L::FfnNorm
+                    | L::AttnQBias
+                    | L::AttnKBias
+                    | L::AttnVBias
+                    | L::AttnQNorm
+                    | L::AttnKNorm => None,
+                }
+            }
+        }
+    }
+
     /// Values held as f32 vectors: norms and biases.
     fn vector_params(&self) -> usize {
         let c = &self.cfg;
