@@ -222,6 +222,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         msgs.push(Message::new("user", &a.prompt));
         llm.tokenize(&llm.render_chat(&msgs)?, false)?
     };
+    llm.check_kv_memory(a.model.ctx_size, 1)?;
     let mut session = llm.session(a.model.ctx_size, 512);
     let memory = memory_line(&llm, &session);
     let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
@@ -243,6 +244,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
 pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
     let llm = load(&a.model.model, &a.model)?;
     let draft = load_draft(&a.spec, &a.model)?;
+    llm.check_kv_memory(a.model.ctx_size, 1)?;
     let mut session = llm.session(a.model.ctx_size, 512);
     eprintln!("{}", memory_line(&llm, &session));
     let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;

@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// streams keep flowing).
     #[arg(long = "prefill-chunk", value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub prefill_chunk: u32,
+    /// A request still generating this many seconds after it arrived ends there (finish
+    /// reason "length"); 0: no limit.
+    #[arg(long = "timeout", value_name = "SECS", default_value_t = 600)]
+    pub timeout: u64,
     /// Largest request body in bytes (larger: 413).
     #[arg(long = "max-body", value_name = "BYTES", default_value_t = 1 << 20)]
     pub max_body: usize,
@@ -95,15 +99,19 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         n_ctx: a.model.ctx_size,
         prefill_chunk: a.prefill_chunk as usize,
         max_queue: a.max_queue,
+        timeout: (a.timeout > 0).then(|| std::time::Duration::from_secs(a.timeout)),
     };
     let load_path = file.clone();
+    let (n_ctx, slots) = (cfg.n_ctx, cfg.slots);
     let sched = Scheduler::spawn(cfg, move || {
         let backend = if reference {
             CpuBackend::reference()
         } else {
             CpuBackend::new(threads.unwrap_or_else(default_threads).max(1))
         };
-        Llm::load(backend, &load_path)
+        let llm = Llm::load(backend, &load_path)?;
+        llm.check_kv_memory(n_ctx, slots)?;
+        Ok(llm)
     })
     .with_context(|| format!("loading {}", file.display()))?;
     let info = sched.info().clone();

@@ -198,3 +198,29 @@ fn speculative_decoding_changes_nothing_at_temp_0() {
     let out = kiln(&["run", "-p", "hi", "--lookup", "3", "--draft", DEFAULT]);
     assert!(!out.status.success());
 }
+
+/// A model or a KV cache that does not fit in memory is refused before loading, saying how
+/// much it needs (KILN_MEMORY_LIMIT stands in for a small machine).
+#[test]
+fn model_that_does_not_fit_is_refused_before_loading() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    let run = |limit: &str, extra: &[&str]| {
+        let mut args = vec!["run", "-m", m, "-p", "hi", "-n", "2"];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(&args)
+            .env("KILN_MEMORY_LIMIT", limit)
+            .output()
+            .expect("run kiln")
+    };
+    // The weights: ~92 MiB against 48 MiB.
+    let out = run("50000000", &[]);
+    assert_clean_error(&out, "needs 92 MiB of memory but 48 MiB is available");
+    // The weights fit, a 32768-position f32 KV cache (1.4 GiB) does not.
+    let out = run("400000000", &["-c", "32768"]);
+    assert_clean_error(&out, "the KV cache (1 x 32768 positions) needs 1.4 GiB");
+    // Enough memory: it answers.
+    let out = run("100000000000", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

@@ -4,6 +4,7 @@
 pub mod calibrate;
 mod generation;
 mod llm;
+pub mod memory;
 pub mod mix;
 mod perplexity;
 pub mod sampler;

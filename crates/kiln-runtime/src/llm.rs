@@ -37,6 +37,8 @@ pub enum RuntimeError {
     EmptyPrompt,
     #[error("the draft model {} does not share the model's tokenizer: {what}", path.display())]
     DraftMismatch { path: PathBuf, what: String },
+    #[error("{what} needs {} of memory but {} is available (KILN_NO_MEMORY_CHECK=1 tries anyway)", crate::memory::size_label(*need), crate::memory::size_label(*have))]
+    OutOfMemory { what: String, need: u64, have: u64 },
 }
 
 pub struct Llm<B: Backend> {
@@ -76,6 +78,20 @@ impl<B: Backend> Llm<B> {
         } else {
             let file = find_gguf(path)?;
             let gguf = GgufFile::open(&file)?;
+            // The weights are copied out of the mapping (repacked for the kernels): about the
+            // file's size, or each matrix at `quant`'s bytes per value when requantized.
+            let need: u64 = gguf
+                .tensors
+                .iter()
+                .map(|t| {
+                    let n = t.n_elements();
+                    match quant {
+                        Some(q) if t.dims.len() == 2 => q.checked_bytes(n).unwrap_or(t.n_bytes),
+                        _ => t.n_bytes,
+                    }
+                })
+                .sum();
+            crate::memory::check_fits(need, &format!("{}", file.display()))?;
             let tokenizer = Tokenizer::from_gguf(&gguf)?;
             let model = Llama::load_gguf(&backend, &gguf, quant)?;
             (model, tokenizer, GenerationDefaults::default(), file)
@@ -135,6 +151,38 @@ impl<B: Backend> Llm<B> {
 
     /// A session with a KV cache of `n_ctx` positions (0: the model's trained context, capped
     /// at 4096) and prefill batches of up to `max_batch` tokens.
+    /// Bytes of the KV cache of a session of `n_ctx` positions (0: the default context), in
+    /// the sessions' type.
+    pub fn kv_bytes_for(&self, n_ctx: usize) -> u64 {
+        let c = &self.model.cfg;
+        let n_ctx = if n_ctx == 0 {
+            c.ctx_train.min(4096)
+        } else {
+            n_ctx
+        };
+        let row = self
+            .kv_type
+            .ggml()
+            .row_bytes(c.head_dim)
+            .unwrap_or(4 * c.head_dim) as u64;
+        2 * (c.n_layers * n_ctx * c.n_kv_heads) as u64 * row
+    }
+
+    /// Errors when `sessions` sessions of `n_ctx` positions would not fit in memory.
+    pub fn check_kv_memory(&self, n_ctx: usize, sessions: usize) -> Result<(), RuntimeError> {
+        crate::memory::check_fits(
+            self.kv_bytes_for(n_ctx) * sessions as u64,
+            &format!(
+                "the KV cache ({sessions} x {} positions)",
+                if n_ctx == 0 {
+                    self.model.cfg.ctx_train.min(4096)
+                } else {
+                    n_ctx
+                }
+            ),
+        )
+    }
+
     pub fn session(&self, n_ctx: usize, max_batch: usize) -> LlmSession<'_, B> {
         let ctx_train = self.model.cfg.ctx_train;
         let n_ctx = if n_ctx == 0 {

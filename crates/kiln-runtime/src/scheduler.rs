@@ -35,6 +35,9 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Requests waiting for a slot before new ones are refused.
     pub max_queue: usize,
+    /// A request still generating this long after it arrived ends there (finish reason
+    /// `MaxTokens`, "length" to OpenAI clients), so one request cannot hold a slot forever.
+    pub timeout: Option<Duration>,
 }
 
 impl Default for SchedulerConfig {
@@ -44,6 +47,7 @@ impl Default for SchedulerConfig {
             n_ctx: 0,
             prefill_chunk: 128,
             max_queue: 64,
+            timeout: None,
         }
     }
 }
@@ -268,6 +272,7 @@ struct Engine<'m, B: Backend> {
     n_ctx: usize,
     chunk: usize,
     clock: u64,
+    timeout: Option<Duration>,
     stats: Arc<SchedulerStats>,
 }
 
@@ -295,6 +300,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             n_ctx,
             chunk,
             clock: 0,
+            timeout: cfg.timeout,
             stats,
         }
     }
@@ -547,9 +553,15 @@ impl<'m, B: Backend> Engine<'m, B> {
                     continue;
                 }
             };
-            let finish = finish.or_else(|| {
-                (slot.tokens.len() >= slot.state.n_ctx).then_some(FinishReason::ContextFull)
-            });
+            let finish = finish
+                .or_else(|| {
+                    (slot.tokens.len() >= slot.state.n_ctx).then_some(FinishReason::ContextFull)
+                })
+                .or_else(|| {
+                    let seq = slot.seq.as_ref()?;
+                    let late = self.timeout.is_some_and(|t| seq.t0.elapsed() >= t);
+                    late.then_some(FinishReason::MaxTokens)
+                });
             if let Some(f) = finish {
                 self.finish(i, f);
             }

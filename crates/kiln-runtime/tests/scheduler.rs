@@ -93,6 +93,7 @@ fn scheduler(slots: usize, chunk: usize) -> Scheduler {
             n_ctx: N_CTX,
             prefill_chunk: chunk,
             max_queue: 64,
+            timeout: None,
         },
         load,
     )
@@ -233,6 +234,7 @@ fn disconnects_free_slots_and_bad_requests_are_refused() {
             n_ctx: 64,
             prefill_chunk: 32,
             max_queue: 2,
+            timeout: None,
         },
         load,
     )
@@ -298,4 +300,32 @@ fn disconnects_free_slots_and_bad_requests_are_refused() {
             collect(rx);
         }
     }
+}
+
+/// A request that outlives the scheduler's timeout ends there, as if out of tokens, and the
+/// slot serves the next request.
+#[test]
+fn a_request_past_its_timeout_ends() {
+    let _g = serial();
+    let s = Scheduler::spawn(
+        SchedulerConfig {
+            slots: 1,
+            n_ctx: N_CTX,
+            prefill_chunk: 32,
+            max_queue: 4,
+            timeout: Some(Duration::from_millis(300)),
+        },
+        load,
+    )
+    .unwrap();
+    let o = opts(200, SamplerConfig::greedy());
+    let long = Prompt::Text("Once upon a time".into());
+    let t0 = std::time::Instant::now();
+    let (_, c) = collect(&submit(&s, long.clone(), o.clone()));
+    assert_eq!(c.finish, FinishReason::MaxTokens);
+    assert!(c.completion_tokens < 200, "{} tokens", c.completion_tokens);
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    // The slot is free again.
+    let (_, c2) = collect(&submit(&s, long, opts(2, SamplerConfig::greedy())));
+    assert_eq!(c2.completion_tokens, 2);
 }

@@ -55,6 +55,7 @@ fn server() -> SocketAddr {
                 n_ctx: 512,
                 prefill_chunk: 64,
                 max_queue: 64,
+                timeout: None,
             },
             ServerConfig {
                 model_id: MODEL.into(),
@@ -505,6 +506,7 @@ fn api_key_queue_full_and_disconnects() {
             n_ctx: 2048,
             prefill_chunk: 64,
             max_queue: 1,
+            timeout: None,
         },
         ServerConfig {
             model_id: MODEL.into(),

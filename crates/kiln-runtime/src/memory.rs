@@ -1,0 +1,55 @@
+//! Will it fit? Models are refused before loading when the machine lacks the memory they
+//! need, with a message that says how much that is.
+
+use crate::RuntimeError;
+
+/// Bytes a new allocation can have now: `KILN_MEMORY_LIMIT` (bytes) when set, else Linux's
+/// MemAvailable; `None` where neither is known (then nothing is refused).
+pub fn available_bytes() -> Option<u64> {
+    if let Some(v) = std::env::var("KILN_MEMORY_LIMIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return Some(v);
+    }
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Errors when `need` bytes (for `what`) exceed what is available.
+/// `KILN_NO_MEMORY_CHECK=1` skips the check.
+pub fn check_fits(need: u64, what: &str) -> Result<(), RuntimeError> {
+    if std::env::var_os("KILN_NO_MEMORY_CHECK").is_some_and(|v| v != "0") {
+        return Ok(());
+    }
+    match available_bytes() {
+        Some(have) if need > have => Err(RuntimeError::OutOfMemory {
+            what: what.to_string(),
+            need,
+            have,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// "1.5 GiB", "340 MiB".
+pub fn size_label(bytes: u64) -> String {
+    let mib = bytes as f64 / (1u64 << 20) as f64;
+    match mib >= 1024.0 {
+        true => format!("{:.1} GiB", mib / 1024.0),
+        false => format!("{mib:.0} MiB"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        assert_eq!(size_label(340 << 20), "340 MiB");
+        assert_eq!(size_label(3 << 29), "1.5 GiB");
+    }
+}
