@@ -641,54 +641,22 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
     }
 }
 
-extern "C" __global__ void attn_split_1(const float* q, const u16* kc, const u16* vc,
-                                          int n_ctx, int heads, int kv_heads, int hd,
-                                          float scale, const u32* params, float* pa,
-                                          float* pml) {
-    attn_split_impl<1>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
-}
-extern "C" __global__ void attn_split_2(const float* q, const u16* kc, const u16* vc,
-                                          int n_ctx, int heads, int kv_heads, int hd,
-                                          float scale, const u32* params, float* pa,
-                                          float* pml) {
-    attn_split_impl<2>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
-}
-extern "C" __global__ void attn_split_3(const float* q, const u16* kc, const u16* vc,
-                                          int n_ctx, int heads, int kv_heads, int hd,
-                                          float scale, const u32* params, float* pa,
-                                          float* pml) {
-    attn_split_impl<3>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
-}
-extern "C" __global__ void attn_split_4(const float* q, const u16* kc, const u16* vc,
-                                          int n_ctx, int heads, int kv_heads, int hd,
-                                          float scale, const u32* params, float* pa,
-                                          float* pml) {
-    attn_split_impl<4>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
-}
-extern "C" __global__ void attn_split_5(const float* q, const u16* kc, const u16* vc,
-                                          int n_ctx, int heads, int kv_heads, int hd,
-                                          float scale, const u32* params, float* pa,
-                                          float* pml) {
-    attn_split_impl<5>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
-}
-extern "C" __global__ void attn_split_6(const float* q, const u16* kc, const u16* vc,
-                                          int n_ctx, int heads, int kv_heads, int hd,
-                                          float scale, const u32* params, float* pa,
-                                          float* pml) {
-    attn_split_impl<6>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
-}
-extern "C" __global__ void attn_split_7(const float* q, const u16* kc, const u16* vc,
-                                          int n_ctx, int heads, int kv_heads, int hd,
-                                          float scale, const u32* params, float* pa,
-                                          float* pml) {
-    attn_split_impl<7>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
-}
-extern "C" __global__ void attn_split_8(const float* q, const u16* kc, const u16* vc,
-                                          int n_ctx, int heads, int kv_heads, int hd,
-                                          float scale, const u32* params, float* pa,
-                                          float* pml) {
-    attn_split_impl<8>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);
-}
+// One entry point per EPL (head_dim / 32, rounded up); lib.rs picks attn_split_<EPL>.
+#define ATTN_SPLIT(E)                                                                     \
+    extern "C" __global__ void attn_split_##E(const float* q, const u16* kc, const u16* vc, \
+                                              int n_ctx, int heads, int kv_heads, int hd,   \
+                                              float scale, const u32* params, float* pa,    \
+                                              float* pml) {                                 \
+        attn_split_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);  \
+    }
+ATTN_SPLIT(1)
+ATTN_SPLIT(2)
+ATTN_SPLIT(3)
+ATTN_SPLIT(4)
+ATTN_SPLIT(5)
+ATTN_SPLIT(6)
+ATTN_SPLIT(7)
+ATTN_SPLIT(8)
 
 // grid (ntok * heads), block head_dim threads: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 extern "C" __global__ void attn_combine(const float* part_acc, const float* part_ml, int n_ws,
