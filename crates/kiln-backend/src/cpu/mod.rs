@@ -57,6 +57,9 @@ pub struct CpuWeight {
     pub x8: bool,
     pub bytes: Vec<u8>,
     pub mlx: Option<Box<ops::mlx::MlxParts>>,
+    /// A second copy in AMX tile order (bf16) for products over many rows, made when the
+    /// model marks the weight as such ([`Backend::prefer_batches`]) and the CPU has AMX.
+    pub amx: Option<Box<kernels::amx::PackedB>>,
 }
 
 impl CpuWeight {
@@ -215,6 +218,7 @@ impl Backend for CpuBackend {
                 x8: true,
                 bytes,
                 mlx: None,
+                amx: None,
             });
         }
         let mut weight = CpuWeight {
@@ -225,6 +229,7 @@ impl Backend for CpuBackend {
             x8: false,
             bytes: vec![0u8; w.bytes.len()],
             mlx: None,
+            amx: None,
         };
         for (src, dst) in w
             .bytes
@@ -248,6 +253,7 @@ impl Backend for CpuBackend {
                 x8: false,
                 bytes: out,
                 mlx: None,
+                amx: None,
             };
         }
         Ok(weight)
@@ -270,12 +276,23 @@ impl Backend for CpuBackend {
         Ok(ops::mlx::load(w))
     }
 
+    fn prefer_batches(&self, w: &mut CpuWeight) {
+        if self.reference || w.mlx.is_some() || w.rows == 0 || !kernels::amx::available() {
+            return;
+        }
+        let (rows, cols) = (w.rows, w.cols);
+        let packed = kernels::amx::PackedB::from_rows(rows, cols, |r, out| w.dequant_row(r, out));
+        w.amx = Some(Box::new(packed));
+    }
+
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
         (w.rows, w.cols)
     }
 
     fn weight_bytes(&self, w: &CpuWeight) -> usize {
-        w.bytes.len() + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
+        w.bytes.len()
+            + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
+            + w.amx.as_ref().map_or(0, |p| p.bytes())
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
@@ -382,7 +399,11 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        if !self.reference && w.ty == GgmlType::F32 && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
+        if !self.reference
+            && w.ty == GgmlType::F32
+            && w.amx.is_none()
+            && n >= ops::conv1d_nc::GEMM_MIN_ROWS
+        {
             return ops::conv1d_nc::matmul_f32(&self.pool, w, x, bias, n, out);
         }
         self.jobs(

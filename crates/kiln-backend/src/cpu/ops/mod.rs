@@ -11,6 +11,7 @@ pub mod kv_packed;
 pub mod layer_norm;
 pub mod lstm;
 pub mod matmul;
+pub mod matmul_amx;
 pub mod mlx;
 pub mod norm;
 pub mod norm1d;
