@@ -23,6 +23,9 @@ pub fn attention_dense(
     assert!(q.cols == d && k.cols == d && v.cols == d && out.cols == d);
     assert!(k.data.len() >= s.n_kv * d && v.data.len() >= s.n_kv * d);
     let dst = SharedMut(out.data.as_mut_ptr());
+    if super::attention_amx::applies(&s) {
+        return super::attention_amx::attention(pool, q, k, v, s, dst);
+    }
     let avx2 = simd_ok();
     if s.n_q >= BLOCKED_MIN_QUERIES {
         return blocked(pool, q, k, v, s, dst, avx2);

@@ -1,4 +1,5 @@
 pub mod attention;
+pub mod attention_amx;
 pub mod attention_dense;
 #[cfg(target_arch = "x86_64")]
 mod attention_tiled;
