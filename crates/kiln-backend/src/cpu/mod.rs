@@ -574,11 +574,11 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        ops::layer_norm::layer_norm(x, gamma, beta, eps, n, out)
+        ops::layer_norm::layer_norm(&self.pool, x, gamma, beta, eps, n, out)
     }
 
     fn gelu(&self, x: &mut CpuTensor, n: usize) {
-        ops::gelu::gelu(x, n)
+        ops::gelu::gelu(&self.pool, x, n)
     }
 
     fn conv1d(
