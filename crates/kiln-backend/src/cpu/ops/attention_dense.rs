@@ -37,6 +37,10 @@ pub fn attention_dense(
             let want = scores.len().max(s.n_kv);
             scores.resize(want, 0.0);
             #[cfg(target_arch = "x86_64")]
+            if super::attention_few::handles(&s) {
+                return super::attention_few::items(q, k, v, s, dst, i0, i1, scores);
+            }
+            #[cfg(target_arch = "x86_64")]
             if avx2 {
                 // SAFETY: AVX2 and FMA were detected on this CPU.
                 return unsafe { items_avx2(q, k, v, s, dst, i0, i1, scores) };
@@ -158,7 +162,7 @@ fn heads(job: &Heads, h0: usize, h1: usize, kt: &mut [f32], sc: &mut [f32], simd
 /// In-place softmax of `x * scale` (scale > 0) whose max, exponentials and sum run 8 lanes
 /// wide (independent accumulators, so the loops vectorize).
 #[inline(always)]
-fn softmax8(x: &mut [f32], scale: f32) {
+pub(super) fn softmax8(x: &mut [f32], scale: f32) {
     let mut m = [f32::NEG_INFINITY; 8];
     let chunks = x.len() / 8 * 8;
     for c in x[..chunks].chunks_exact(8) {

@@ -2,6 +2,8 @@ pub mod attention;
 pub mod attention_amx;
 pub mod attention_dense;
 #[cfg(target_arch = "x86_64")]
+mod attention_few;
+#[cfg(target_arch = "x86_64")]
 mod attention_tiled;
 pub mod conv1d;
 pub mod conv1d_nc;
