@@ -113,17 +113,82 @@ fn head(
 /// values (so that P·V / Σ weighs exactly the values multiplied).
 fn softmax_bf16(x: &[f32], scale: f32, p: &mut [u16]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::kernels::avx512_allowed() {
-        // SAFETY: AVX-512F was detected.
+    if bf16_vectors() {
+        // SAFETY: AVX-512F, BF16 and VL were detected.
         return unsafe { softmax_bf16_512(x, scale, p) };
     }
     softmax_bf16_body(x, scale, p)
 }
 
+/// `softmax_bf16_body` with explicit vectors: the exp of `super::exp` 16 lanes wide and
+/// the hardware's round-to-nearest-even bf16 conversion (the same bits as `amx::bf16`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl")]
+unsafe fn softmax_bf16_512(x: &[f32], scale: f32, p: &mut [u16]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    assert!(p.len() >= n);
+    unsafe {
+        let xp = x.as_ptr();
+        let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i < n {
+            let k: __mmask16 = if n - i >= 16 {
+                0xffff
+            } else {
+                (1u16 << (n - i)) - 1
+            };
+            mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(mv, k, xp.add(i)));
+            i += 16;
+        }
+        let max = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+        let sv = _mm512_set1_ps(scale);
+        let mut sum = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let k: __mmask16 = if n - i >= 16 {
+                0xffff
+            } else {
+                (1u16 << (n - i)) - 1
+            };
+            let v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xp.add(i)), max), sv);
+            let e = exp512(v);
+            let b: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(e));
+            _mm256_mask_storeu_epi16(p.as_mut_ptr().add(i) as *mut i16, k, b);
+            let back = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(b)));
+            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, back));
+            i += 16;
+        }
+        p[n..].fill(0);
+        1.0 / _mm512_reduce_add_ps(sum)
+    }
+}
+
+/// e^x, 16 lanes: `super::exp`'s range reduction and polynomial.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn softmax_bf16_512(x: &[f32], scale: f32, p: &mut [u16]) -> f32 {
-    softmax_bf16_body(x, scale, p)
+#[inline]
+unsafe fn exp512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    const SHIFT: f32 = 12_582_912.0;
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
+        _mm512_set1_ps(88.0),
+    );
+    let shift = _mm512_set1_ps(SHIFT);
+    let t = _mm512_fmadd_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), shift);
+    let n = _mm512_sub_ps(t, shift);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let e = _mm512_slli_epi32::<23>(_mm512_sub_epi32(
+        _mm512_castps_si512(t),
+        _mm512_set1_epi32(SHIFT.to_bits() as i32),
+    ));
+    _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e))
 }
 
 #[inline(always)]
@@ -156,4 +221,11 @@ fn softmax_bf16_body(x: &[f32], scale: f32, p: &mut [u16]) -> f32 {
     }
     p[x.len()..].fill(0);
     1.0 / sum
+}
+
+#[cfg(target_arch = "x86_64")]
+fn bf16_vectors() -> bool {
+    crate::cpu::kernels::avx512_allowed()
+        && std::is_x86_feature_detected!("avx512bf16")
+        && std::is_x86_feature_detected!("avx512vl")
 }
