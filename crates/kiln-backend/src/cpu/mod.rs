@@ -31,6 +31,8 @@ pub struct CpuBackend {
     act: Mutex<QuantAct>,
     /// The last RoPE config's per-pair frequencies.
     rope_freqs: Mutex<Option<(RopeConfig, Vec<f32>)>>,
+    /// conv1d's receptive fields (im2col), kept between calls.
+    conv_cols: Mutex<CpuTensor>,
 }
 
 /// f32 activations with room for `data.len() / cols` rows.
@@ -119,6 +121,10 @@ impl CpuBackend {
             kernels,
             act: Mutex::default(),
             rope_freqs: Mutex::default(),
+            conv_cols: Mutex::new(CpuTensor {
+                data: Vec::new(),
+                cols: 0,
+            }),
         }
     }
 
@@ -130,6 +136,10 @@ impl CpuBackend {
             kernels: &kernels::SCALAR,
             act: Mutex::default(),
             rope_freqs: Mutex::default(),
+            conv_cols: Mutex::new(CpuTensor {
+                data: Vec::new(),
+                cols: 0,
+            }),
         }
     }
 
@@ -593,7 +603,12 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) -> usize {
         let t_out = ops::conv1d::out_len(t_in, kernel, stride, pad);
-        let mut cols = self.tensor(t_out, x.cols * kernel);
+        let mut cols = self.conv_cols.lock().unwrap_or_else(|p| p.into_inner());
+        let width = x.cols * kernel;
+        cols.cols = width;
+        if cols.data.len() < t_out * width {
+            cols.data.resize(t_out * width, 0.0);
+        }
         ops::conv1d::im2col(x, t_in, kernel, stride, pad, &mut cols);
         self.matmul(w, &cols, bias, t_out, out);
         t_out
