@@ -142,6 +142,26 @@ impl PackedB {
         }
     }
 
+    /// Packs B from its rows: `row(r)` holds B[r][..n] (r < k), reusing this allocation.
+    pub fn pack_k_rows<'x>(&mut self, k: usize, n: usize, row: impl Fn(usize) -> &'x [f32]) {
+        let (kp, np) = (round_up(k.max(1), TK), round_up(n.max(1), NB));
+        let nkb = kp / TK;
+        self.data.clear();
+        self.data.resize(np * kp, 0);
+        (self.k, self.n, self.kp, self.np) = (k, n, kp, np);
+        for r in 0..k {
+            let src = &row(r)[..n];
+            let (kb, k2, e) = (r / TK, (r % TK) / 2, r % 2);
+            for (nb, chunk) in src.chunks(TN).enumerate() {
+                let base = ((nb * nkb + kb) * 16 + k2) * 2 * TN + e;
+                let dst = &mut self.data[base..base + 2 * TN - e];
+                for (jj, &v) in chunk.iter().enumerate() {
+                    dst[2 * jj] = bf16(v);
+                }
+            }
+        }
+    }
+
     /// A weight W (n rows of k) as B = Wᵀ, its rows given by `row(j, buf)`.
     pub fn from_rows(n: usize, k: usize, mut row: impl FnMut(usize, &mut [f32])) -> Self {
         let mut w = vec![0f32; n * k];
