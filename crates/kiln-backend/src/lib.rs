@@ -238,6 +238,14 @@ pub trait Backend {
         })
     }
     /// `rows` and `cols` of a weight.
+    /// A hint: `w` mostly multiplies many rows at once (an encoder's weights, run once per
+    /// window over every position), so the backend may keep a layout for block products
+    /// beside the one for single rows. Results stay those of `matmul` up to the block
+    /// product's rounding. Default: nothing.
+    fn prefer_batches(&self, w: &mut Self::Weight) {
+        let _ = w;
+    }
+
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     /// Bytes the weight occupies in its stored format.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;

@@ -2,6 +2,7 @@
 //! paths they lean on, against plain f64 computations on random odd shapes, 1 and 2 threads,
 //! with and without SIMD kernels where the op has them.
 
+use kiln_backend::cpu::kernels::amx;
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{AttnShape, Backend, DenseAttnShape, WeightData};
 use kiln_quant::GgmlType;
@@ -144,6 +145,76 @@ fn fp16_matmul_prefill_and_decode_match_naive() {
     }
 }
 
+/// Weights marked `prefer_batches` (AMX bf16 tiles from 32 rows of x where the CPU has them,
+/// the usual kernels below that or without AMX): store with bias, residual add, three jobs.
+#[test]
+fn batched_weights_match_naive() {
+    let mut seed = 23u64;
+    for (rows, cols, n) in [
+        (37, 40, 33),
+        (64, 240, 100),
+        (17, 1152, 64),
+        (50, 384, 9),
+        (96, 64, 1),
+    ] {
+        let w = vec_of(rows * cols, &mut seed, 1.0);
+        let x = vec_of(n * cols, &mut seed, 1.0);
+        let bias = vec_of(rows, &mut seed, 1.0);
+        let wr = f16_round(&w);
+        let dot = |t: usize, r: usize| -> f64 {
+            (0..cols)
+                .map(|i| wr[r * cols + i] as f64 * x[t * cols + i] as f64)
+                .sum()
+        };
+        let tiles = n >= 32 && amx::available();
+        // bf16 inputs: 2^-9 relative per operand, random signs over cols terms.
+        let tol = if tiles {
+            4e-3 * (cols as f64).sqrt()
+        } else {
+            1e-5 * (cols as f64).sqrt()
+        };
+        for threads in [1, 2] {
+            let b = CpuBackend::new(threads);
+            let mut ws: Vec<_> = (0..3).map(|_| f16_weight(&b, &w, rows, cols)).collect();
+            let plain = b.weight_bytes(&ws[0]);
+            for wt in ws.iter_mut() {
+                b.prefer_batches(wt);
+            }
+            assert_eq!(
+                b.weight_bytes(&ws[0]) > plain,
+                amx::available(),
+                "tile copy made"
+            );
+            let xt = b.tensor_from(n, cols, &x);
+            let bt = b.tensor_from(1, rows, &bias);
+            let mut out = b.tensor(n, rows);
+            b.matmul(&ws[0], &xt, Some(&bt), n, &mut out);
+            let want: Vec<f64> = (0..n * rows)
+                .map(|i| dot(i / rows, i % rows) + bias[i % rows] as f64)
+                .collect();
+            assert_close(&read(&b, &out, n, rows), &want, tol, "matmul + bias");
+            b.matmul_add(&ws[1], &xt, n, &mut out);
+            let want2: Vec<f64> = (0..n * rows)
+                .map(|i| want[i] + dot(i / rows, i % rows))
+                .collect();
+            assert_close(&read(&b, &out, n, rows), &want2, 2.0 * tol, "matmul_add");
+            let (mut o0, mut o1, mut o2) =
+                (b.tensor(n, rows), b.tensor(n, rows), b.tensor(n, rows));
+            b.matmul3(
+                [&ws[0], &ws[1], &ws[2]],
+                [Some(&bt), None, Some(&bt)],
+                &xt,
+                n,
+                [&mut o0, &mut o1, &mut o2],
+            );
+            let plain: Vec<f64> = (0..n * rows).map(|i| dot(i / rows, i % rows)).collect();
+            assert_close(&read(&b, &o0, n, rows), &want, tol, "matmul3 q");
+            assert_close(&read(&b, &o1, n, rows), &plain, tol, "matmul3 k");
+            assert_close(&read(&b, &o2, n, rows), &want, tol, "matmul3 v");
+        }
+    }
+}
+
 #[test]
 fn conv1d_matches_direct_convolution() {
     let mut seed = 3u64;
@@ -256,7 +327,10 @@ fn dense_attention_matches_naive() {
                 s,
                 &mut out,
             );
-            assert_close(&read(&b, &out, n_q, d), &want, 1e-5, "attention_dense");
+            // Many queries and keys run as bf16 tile products where the CPU has AMX.
+            let tiles = n_q >= 32 && n_kv >= 32 && amx::available();
+            let tol = if tiles { 1e-2 } else { 1e-5 };
+            assert_close(&read(&b, &out, n_q, d), &want, tol, "attention_dense");
         }
     }
 }

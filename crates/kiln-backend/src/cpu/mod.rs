@@ -31,6 +31,8 @@ pub struct CpuBackend {
     act: Mutex<QuantAct>,
     /// The last RoPE config's per-pair frequencies.
     rope_freqs: Mutex<Option<(RopeConfig, Vec<f32>)>>,
+    /// conv1d's receptive fields (im2col), kept between calls.
+    conv_cols: Mutex<CpuTensor>,
 }
 
 /// f32 activations with room for `data.len() / cols` rows.
@@ -57,6 +59,9 @@ pub struct CpuWeight {
     pub x8: bool,
     pub bytes: Vec<u8>,
     pub mlx: Option<Box<ops::mlx::MlxParts>>,
+    /// A second copy in AMX tile order (bf16) for products over many rows, made when the
+    /// model marks the weight as such ([`Backend::prefer_batches`]) and the CPU has AMX.
+    pub amx: Option<Box<kernels::amx::PackedB>>,
 }
 
 impl CpuWeight {
@@ -116,6 +121,10 @@ impl CpuBackend {
             kernels,
             act: Mutex::default(),
             rope_freqs: Mutex::default(),
+            conv_cols: Mutex::new(CpuTensor {
+                data: Vec::new(),
+                cols: 0,
+            }),
         }
     }
 
@@ -127,6 +136,10 @@ impl CpuBackend {
             kernels: &kernels::SCALAR,
             act: Mutex::default(),
             rope_freqs: Mutex::default(),
+            conv_cols: Mutex::new(CpuTensor {
+                data: Vec::new(),
+                cols: 0,
+            }),
         }
     }
 
@@ -215,6 +228,7 @@ impl Backend for CpuBackend {
                 x8: true,
                 bytes,
                 mlx: None,
+                amx: None,
             });
         }
         let mut weight = CpuWeight {
@@ -225,6 +239,7 @@ impl Backend for CpuBackend {
             x8: false,
             bytes: vec![0u8; w.bytes.len()],
             mlx: None,
+            amx: None,
         };
         for (src, dst) in w
             .bytes
@@ -248,6 +263,7 @@ impl Backend for CpuBackend {
                 x8: false,
                 bytes: out,
                 mlx: None,
+                amx: None,
             };
         }
         Ok(weight)
@@ -270,12 +286,23 @@ impl Backend for CpuBackend {
         Ok(ops::mlx::load(w))
     }
 
+    fn prefer_batches(&self, w: &mut CpuWeight) {
+        if self.reference || w.mlx.is_some() || w.rows == 0 || !kernels::amx::available() {
+            return;
+        }
+        let (rows, cols) = (w.rows, w.cols);
+        let packed = kernels::amx::PackedB::from_rows(rows, cols, |r, out| w.dequant_row(r, out));
+        w.amx = Some(Box::new(packed));
+    }
+
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
         (w.rows, w.cols)
     }
 
     fn weight_bytes(&self, w: &CpuWeight) -> usize {
-        w.bytes.len() + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
+        w.bytes.len()
+            + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
+            + w.amx.as_ref().map_or(0, |p| p.bytes())
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
@@ -382,7 +409,11 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        if !self.reference && w.ty == GgmlType::F32 && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
+        if !self.reference
+            && w.ty == GgmlType::F32
+            && w.amx.is_none()
+            && n >= ops::conv1d_nc::GEMM_MIN_ROWS
+        {
             return ops::conv1d_nc::matmul_f32(&self.pool, w, x, bias, n, out);
         }
         self.jobs(
@@ -631,11 +662,11 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        ops::layer_norm::layer_norm(x, gamma, beta, eps, n, out)
+        ops::layer_norm::layer_norm(&self.pool, x, gamma, beta, eps, n, out)
     }
 
     fn gelu(&self, x: &mut CpuTensor, n: usize) {
-        ops::gelu::gelu(x, n)
+        ops::gelu::gelu(&self.pool, x, n)
     }
 
     fn conv1d(
@@ -650,7 +681,12 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) -> usize {
         let t_out = ops::conv1d::out_len(t_in, kernel, stride, pad);
-        let mut cols = self.tensor(t_out, x.cols * kernel);
+        let mut cols = self.conv_cols.lock().unwrap_or_else(|p| p.into_inner());
+        let width = x.cols * kernel;
+        cols.cols = width;
+        if cols.data.len() < t_out * width {
+            cols.data.resize(t_out * width, 0.0);
+        }
         ops::conv1d::im2col(x, t_in, kernel, stride, pad, &mut cols);
         self.matmul(w, &cols, bias, t_out, out);
         t_out

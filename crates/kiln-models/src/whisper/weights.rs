@@ -156,7 +156,13 @@ impl<'a> Ct2Weights<'a> {
                 })
             }
         };
-        w.map_err(|e| self.err_backend(e))
+        let mut w = w.map_err(|e| self.err_backend(e))?;
+        if !self.quant_on.get() {
+            // Weights kept in the file's format are those run once per window over every
+            // position (the encoder, the cross-attention keys/values).
+            b.prefer_batches(&mut w);
+        }
+        Ok(w)
     }
 
     /// A whole matrix `[rows, cols]`.

@@ -2,6 +2,7 @@
 //! 8-bit blocks ([`BlockQ8`]), chosen once at run time: AVX-512 VNNI, AVX2, NEON dotprod,
 //! NEON, or the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
 
+pub mod amx;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]

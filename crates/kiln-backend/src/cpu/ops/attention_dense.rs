@@ -23,6 +23,9 @@ pub fn attention_dense(
     assert!(q.cols == d && k.cols == d && v.cols == d && out.cols == d);
     assert!(k.data.len() >= s.n_kv * d && v.data.len() >= s.n_kv * d);
     let dst = SharedMut(out.data.as_mut_ptr());
+    if super::attention_amx::applies(&s) {
+        return super::attention_amx::attention(pool, q, k, v, s, dst);
+    }
     let avx2 = simd_ok();
     if s.n_q >= BLOCKED_MIN_QUERIES {
         return blocked(pool, q, k, v, s, dst, avx2);
@@ -33,6 +36,10 @@ pub fn attention_dense(
             let scores: &mut Vec<f32> = &mut guard;
             let want = scores.len().max(s.n_kv);
             scores.resize(want, 0.0);
+            #[cfg(target_arch = "x86_64")]
+            if super::attention_few::handles(&s) {
+                return super::attention_few::items(q, k, v, s, dst, i0, i1, scores);
+            }
             #[cfg(target_arch = "x86_64")]
             if avx2 {
                 // SAFETY: AVX2 and FMA were detected on this CPU.
@@ -155,7 +162,7 @@ fn heads(job: &Heads, h0: usize, h1: usize, kt: &mut [f32], sc: &mut [f32], simd
 /// In-place softmax of `x * scale` (scale > 0) whose max, exponentials and sum run 8 lanes
 /// wide (independent accumulators, so the loops vectorize).
 #[inline(always)]
-fn softmax8(x: &mut [f32], scale: f32) {
+pub(super) fn softmax8(x: &mut [f32], scale: f32) {
     let mut m = [f32::NEG_INFINITY; 8];
     let chunks = x.len() / 8 * 8;
     for c in x[..chunks].chunks_exact(8) {

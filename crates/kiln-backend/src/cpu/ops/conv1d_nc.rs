@@ -380,6 +380,9 @@ pub fn conv1d(
     if s.stride != 1 || s.groups != 1 || s.c_out < MR {
         return conv1d_direct(pool, x, w, bias, s, out);
     }
+    if super::conv1d_amx::applies(&s) {
+        return super::conv1d_amx::conv1d(pool, x, w, bias, s, out);
+    }
     let lo = s.len_out();
     assert!(x.data.len() >= s.c_in * s.len_in, "conv1d input too small");
     assert!(

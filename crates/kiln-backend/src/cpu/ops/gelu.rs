@@ -1,5 +1,6 @@
 //! GELU, the exact form: gelu(x) = x · Φ(x) = x/2 · (1 + erf(x / √2)).
 
+use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
 
 /// erf for f32 arguments: Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7 in exact
@@ -19,15 +20,41 @@ pub fn gelu1(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
-/// x = gelu(x) over the first n rows, in place.
-pub fn gelu(x: &mut CpuTensor, n: usize) {
+/// x = gelu(x) over the first n rows, in place, split over the pool's threads.
+pub fn gelu(pool: &Pool, x: &mut CpuTensor, n: usize) {
     let len = n * x.cols;
-    let v = &mut x.data[..len];
+    let p = SharedMut(x.data[..len].as_mut_ptr());
+    const CHUNK: usize = 4096;
+    let run = |a: usize, b: usize| {
+        let p = p; // the whole wrapper (Sync), not its raw field
+                   // SAFETY: a..b lies in the first len values and belongs to this caller alone.
+        let v = unsafe { std::slice::from_raw_parts_mut(p.0.add(a), b - a) };
+        gelu_in_place(v)
+    };
+    if len < 4 * CHUNK {
+        return run(0, len);
+    }
+    pool.run_aligned(len, CHUNK, run);
+}
+
+/// gelu over a slice with the widest vectors this CPU has.
+pub fn gelu_in_place(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::kernels::avx512_allowed() {
+        // SAFETY: AVX-512F was detected on this CPU.
+        return unsafe { gelu_avx512(v) };
+    }
     #[cfg(target_arch = "x86_64")]
     if super::gemm::avx2_ok() {
         // SAFETY: AVX2 and FMA were detected on this CPU.
         return unsafe { gelu_avx2(v) };
     }
+    gelu_slice(v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu_avx512(v: &mut [f32]) {
     gelu_slice(v)
 }
 

@@ -236,6 +236,9 @@ pub fn matmul_jobs(
     if jobs.iter().any(super::mlx::involves_mlx) {
         return super::mlx::matmul_jobs(pool, kernels, act, x, n, jobs);
     }
+    if super::matmul_amx::applies(n, jobs) {
+        return super::matmul_amx::matmul_jobs(pool, x, n, jobs);
+    }
     let cols = x.cols;
     let mut quantized = false;
     for j in jobs.iter() {

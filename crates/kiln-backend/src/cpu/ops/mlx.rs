@@ -98,6 +98,7 @@ pub fn load(w: MlxWeightData) -> CpuWeight {
             scales: w.scales.to_vec(),
             biases: w.biases.to_vec(),
         })),
+        amx: None,
     }
 }
 

@@ -1,8 +1,12 @@
 pub mod attention;
+pub mod attention_amx;
 pub mod attention_dense;
+#[cfg(target_arch = "x86_64")]
+mod attention_few;
 #[cfg(target_arch = "x86_64")]
 mod attention_tiled;
 pub mod conv1d;
+mod conv1d_amx;
 pub mod conv1d_nc;
 pub mod elementwise;
 pub mod gelu;
@@ -11,6 +15,7 @@ pub mod kv_packed;
 pub mod layer_norm;
 pub mod lstm;
 pub mod matmul;
+pub mod matmul_amx;
 pub mod mlx;
 pub mod norm;
 pub mod norm1d;

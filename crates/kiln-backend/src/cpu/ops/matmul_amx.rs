@@ -1,0 +1,89 @@
+//! Matrix products over many rows through AMX bf16 tiles, for weights that carry a tile-order
+//! copy (`Backend::prefer_batches`): each thread takes whole 32-row blocks of x, rounds them to
+//! bf16 once, then runs every job's weight over them by 32 x 32 blocks of the output, applying
+//! the job's epilogue (bias, residual add) as each block leaves the tiles.
+//! `out[t][r] = W[r] . x[t]` as in `matmul`, with the inputs rounded to bf16 (f32 sums).
+
+use super::matmul::{Epilogue, Job};
+use crate::cpu::kernels::amx::{self, MB, NB};
+use crate::cpu::par::{Pool, SharedMut};
+use crate::cpu::CpuTensor;
+
+/// From this many rows of x the tiles pay for rounding x to bf16.
+pub const MIN_ROWS: usize = 32;
+
+/// Whether `jobs` over `n` rows run here.
+pub fn applies(n: usize, jobs: &[Job]) -> bool {
+    n >= MIN_ROWS
+        && jobs
+            .iter()
+            .all(|j| j.w.amx.is_some() && !matches!(j.epilogue, Epilogue::SiluMul(_)))
+}
+
+thread_local! {
+    /// One thread's rows of x in bf16.
+    static A: std::cell::RefCell<Vec<u16>> = Default::default();
+}
+
+pub fn matmul_jobs(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
+    const MAX_JOBS: usize = 3;
+    assert!(jobs.len() <= MAX_JOBS);
+    let cols = x.cols;
+    let mut outs = [(SharedMut(std::ptr::null_mut()), 0usize); MAX_JOBS];
+    for (o, j) in outs.iter_mut().zip(jobs.iter_mut()) {
+        assert_eq!(
+            j.w.cols, cols,
+            "matmul: x has {cols} cols, W has {}",
+            j.w.cols
+        );
+        assert_eq!(
+            j.out.cols, j.w.rows,
+            "matmul: out has {} cols, W {} rows",
+            j.out.cols, j.w.rows
+        );
+        assert!(
+            j.out.data.len() >= n * j.w.rows,
+            "matmul: out has too few rows"
+        );
+        *o = (SharedMut(j.out.data.as_mut_ptr()), j.w.rows);
+    }
+    let jobs = &*jobs;
+    let kp = jobs[0].w.amx.as_ref().map_or(0, |p| p.kp);
+    pool.run_aligned(n, MB, |t0, t1| {
+        A.with(|cell| {
+            let a = &mut *cell.borrow_mut();
+            let m = t1 - t0;
+            amx::to_bf16_rows(&x.data[t0 * cols..t1 * cols], cols, m, cols, kp, a);
+            for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
+                let p = job.w.amx.as_deref().expect("checked by applies()");
+                let emit = |i0: usize, j0: usize, blk: &[f32]| {
+                    let (i1, j1) = ((i0 + MB).min(m), (j0 + NB).min(rows));
+                    for i in i0..i1 {
+                        let src = &blk[(i - i0) * NB..(i - i0) * NB + (j1 - j0)];
+                        // SAFETY: rows t0..t1 of every output belong to this thread; the
+                        // columns j0..j1 lie inside the output's `rows` columns.
+                        let out = unsafe {
+                            std::slice::from_raw_parts_mut(dst.0.add((t0 + i) * rows + j0), j1 - j0)
+                        };
+                        match job.epilogue {
+                            Epilogue::Store(Some(b)) => {
+                                for ((o, &v), &bv) in out.iter_mut().zip(src).zip(&b.data[j0..j1]) {
+                                    *o = v + bv;
+                                }
+                            }
+                            Epilogue::Store(None) => out.copy_from_slice(src),
+                            Epilogue::Add => {
+                                for (o, &v) in out.iter_mut().zip(src) {
+                                    *o += v;
+                                }
+                            }
+                            Epilogue::SiluMul(_) => unreachable!("excluded by applies()"),
+                        }
+                    }
+                };
+                // SAFETY: only weights packed by prefer_batches (which checked AMX) get here.
+                unsafe { amx::gemm(a, m, p, emit) };
+            }
+        })
+    });
+}
