@@ -44,7 +44,26 @@ pub fn decode_file(path: &Path) -> Result<Decoded, AudioError> {
 }
 
 /// Decodes a whole file held in memory; `path` only names it in errors, `ext` hints the format.
+///
+/// symphonia asserts some of what it reads from a file (a WAV with a sample rate of 0 makes a
+/// zero time base, which panics); such a panic is caught here and reported as corrupt audio, so
+/// no file can take the process down.
 pub fn decode_bytes(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decoded, AudioError> {
+    let run = std::panic::AssertUnwindSafe(|| decode_inner(bytes, ext, path));
+    std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "the decoder failed".into());
+        Err(AudioError::Corrupt {
+            path: path.into(),
+            why,
+        })
+    })
+}
+
+fn decode_inner(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decoded, AudioError> {
     if bytes.is_empty() {
         return Err(AudioError::Empty { path: path.into() });
     }

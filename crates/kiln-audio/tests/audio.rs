@@ -291,3 +291,26 @@ fn bad_input_is_one_clear_error() {
     let e = load_16k(Path::new("/nonexistent/file.wav")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/file.wav"), "{e}");
 }
+
+/// A WAV whose fmt chunk says 0 Hz: symphonia panics building a zero time base; kiln reports
+/// corrupt audio (found by the `audio` fuzz target).
+#[test]
+fn wav_with_zero_sample_rate_is_an_error() {
+    let mut b = b"RIFF".to_vec();
+    b.extend(40u32.to_le_bytes());
+    b.extend(b"WAVEfmt ");
+    b.extend(16u32.to_le_bytes());
+    b.extend(1u16.to_le_bytes()); // PCM
+    b.extend(1u16.to_le_bytes()); // mono
+    b.extend(0u32.to_le_bytes()); // 0 Hz
+    b.extend(0u32.to_le_bytes());
+    b.extend(2u16.to_le_bytes());
+    b.extend(16u16.to_le_bytes());
+    b.extend(b"data");
+    b.extend(4u32.to_le_bytes());
+    b.extend([1, 0, 2, 0]);
+    let e = kiln_audio::decode_bytes(b, None, std::path::Path::new("zero.wav"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("zero.wav") && e.contains("corrupt"), "{e}");
+}

@@ -175,15 +175,29 @@ impl Voice {
 
 /// Every voice of a `.npz` pack, or the single voice of an `.npy` file.
 pub fn load_voices(path: &Path, width: usize) -> Result<Vec<Voice>, ModelError> {
+    let bytes = std::fs::read(path).map_err(|e| ModelError::Config {
+        file: path.into(),
+        what: format!("cannot read: {e}"),
+    })?;
+    voices_from_bytes(path, &bytes, width)
+}
+
+/// [`load_voices`] on a file's bytes held in memory (`path` names it and its extension says
+/// whether it is one `.npy` voice or an `.npz` pack).
+pub fn voices_from_bytes(
+    path: &Path,
+    bytes: &[u8],
+    width: usize,
+) -> Result<Vec<Voice>, ModelError> {
     if path.extension().is_some_and(|e| e == "npy") {
-        let a = kiln_formats::read_npy(path)?;
+        let a = kiln_formats::parse_npy(path, "array", bytes)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         return Ok(vec![Voice::from_array(&name, &a, path, width)?]);
     }
-    kiln_formats::read_npz(path)?
+    kiln_formats::parse_npz(path, bytes)?
         .iter()
         .map(|(n, a)| Voice::from_array(n, a, path, width))
         .collect()

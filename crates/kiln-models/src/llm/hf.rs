@@ -44,9 +44,11 @@ pub struct HfCheckpoint {
 impl HfCheckpoint {
     pub fn open(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
-        let config = read_json(&path)?;
-        let cfg = LlmConfig::from_hf(&path, &config)?;
-        let mlx = mlx_quant(&path, &config)?;
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
+            file: path.clone(),
+            what: format!("cannot read: {e}"),
+        })?;
+        let (config, cfg, mlx) = parse_config(&path, &text)?;
         let tensors = SafetensorsSet::open_dir(dir)?;
         Ok(HfCheckpoint {
             dir: dir.into(),
@@ -68,10 +70,26 @@ pub fn read_json(path: &Path) -> Result<Json, ModelError> {
         file: path.into(),
         what: format!("cannot read: {e}"),
     })?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Config {
+    json_of(path, &text)
+}
+
+fn json_of(path: &Path, text: &str) -> Result<Json, ModelError> {
+    serde_json::from_str(text).map_err(|e| ModelError::Config {
         file: path.into(),
         what: format!("not valid JSON: {e}"),
     })
+}
+
+/// `config.json` text (`file` names it in errors): the JSON, the hyper-parameters and the MLX
+/// quantization, if any.
+pub fn parse_config(
+    file: &Path,
+    text: &str,
+) -> Result<(Json, LlmConfig, Option<MlxQuant>), ModelError> {
+    let config = json_of(file, text)?;
+    let cfg = LlmConfig::from_hf(file, &config)?;
+    let mlx = mlx_quant(file, &config)?;
+    Ok((config, cfg, mlx))
 }
 
 fn mlx_quant(file: &Path, c: &Json) -> Result<Option<MlxQuant>, ModelError> {
