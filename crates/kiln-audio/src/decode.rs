@@ -63,6 +63,78 @@ pub fn decode_bytes(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<De
     })
 }
 
+/// Where the stream starts: after an ID3v2 tag, if any, at a WAV, FLAC, OGG or MPEG audio
+/// header. symphonia's probe would otherwise scan the whole file for any format's marker and
+/// start there, so a stray "fLaC" in junk would reach a reader kiln never meant to run.
+fn stream_start(b: &[u8]) -> Result<usize, String> {
+    let mut pos = 0;
+    if b.len() >= 10 && b.starts_with(b"ID3") {
+        // Tag size: four 7-bit bytes, excluding the 10-byte header (and the footer, if flagged).
+        let size = b[6..10]
+            .iter()
+            .fold(0usize, |a, &x| a << 7 | (x & 0x7f) as usize);
+        let footer = if b[5] & 0x10 != 0 { 10 } else { 0 };
+        pos = 10 + size + footer;
+        if pos >= b.len() {
+            return Err(format!("an ID3 tag of {pos} bytes and no audio after it"));
+        }
+    }
+    let h = &b[pos..];
+    let known = h.starts_with(b"RIFF")
+        || h.starts_with(b"fLaC")
+        || h.starts_with(b"OggS")
+        || (h.len() >= 2 && h[0] == 0xff && h[1] & 0xe0 == 0xe0);
+    if !known {
+        let head = &h[..h.len().min(4)];
+        return Err(format!(
+            "no WAV, FLAC, OGG or MP3 header (starts with {head:02x?})"
+        ));
+    }
+    Ok(pos)
+}
+
+/// A FLAC stream with only its STREAMINFO metadata blocks: tags, pictures, cue sheets and
+/// seek tables are never needed to decode, and symphonia sizes buffers for some of them (a
+/// Vorbis comment's length) from the file before reading them. `Ok(None)`: not FLAC.
+fn flac_audio_only(b: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    if !b.starts_with(b"fLaC") {
+        return Ok(None);
+    }
+    let mut out = b"fLaC".to_vec();
+    let mut pos = 4;
+    let mut kept: Option<usize> = None;
+    loop {
+        let Some(h) = b.get(pos..pos + 4) else {
+            return Err(format!(
+                "FLAC metadata block header at byte {pos} is truncated"
+            ));
+        };
+        let (last, ty) = (h[0] & 0x80 != 0, h[0] & 0x7f);
+        let len = u32::from_be_bytes([0, h[1], h[2], h[3]]) as usize;
+        let end = pos + 4 + len;
+        if end > b.len() {
+            return Err(format!(
+                "FLAC metadata block at byte {pos} ({len} bytes) runs past the end ({} bytes)",
+                b.len()
+            ));
+        }
+        if ty == 0 {
+            kept = Some(out.len());
+            out.push(0);
+            out.extend_from_slice(&b[pos + 1..end]);
+        }
+        pos = end;
+        if last {
+            break;
+        }
+    }
+    if let Some(at) = kept {
+        out[at] |= 0x80;
+    }
+    out.extend_from_slice(&b[pos..]);
+    Ok(Some(out))
+}
+
 fn decode_inner(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decoded, AudioError> {
     if bytes.is_empty() {
         return Err(AudioError::Empty { path: path.into() });
@@ -74,6 +146,12 @@ fn decode_inner(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decode
     let corrupt = |why: String| AudioError::Corrupt {
         path: path.into(),
         why,
+    };
+    let start = stream_start(&bytes).map_err(not_audio)?;
+    let bytes = match flac_audio_only(&bytes[start..]).map_err(corrupt)? {
+        Some(stripped) => stripped,
+        None if start == 0 => bytes,
+        None => bytes[start..].to_vec(),
     };
     let mss = MediaSourceStream::new(
         Box::new(std::io::Cursor::new(bytes)),

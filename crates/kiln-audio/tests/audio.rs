@@ -314,3 +314,96 @@ fn wav_with_zero_sample_rate_is_an_error() {
         .to_string();
     assert!(e.contains("zero.wav") && e.contains("corrupt"), "{e}");
 }
+
+/// A 39-byte FLAC whose Vorbis comment block claims a 453 MB comment: symphonia allocated it
+/// before reading (found by the `audio` fuzz target as a refused allocation). kiln drops
+/// every metadata block but STREAMINFO, and a block running past the end is corrupt audio.
+#[test]
+fn flac_metadata_lengths_are_checked_before_decoding() {
+    let crash: &[u8] = &[
+        0x66, 0x4c, 0x61, 0x43, 0x84, 0x00, 0x1b, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x22, 0x00, 0x10, 0x00, 0x1b, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xc4, 0x40, 0xf0,
+        0x9e, 0x00, 0x00, 0x00, 0x00, 0x00, 0x07, 0xa5, 0x20,
+    ];
+    let e = decode_bytes(crash.to_vec(), None, Path::new("tag.flac"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tag.flac") && e.contains("runs past the end"),
+        "{e}"
+    );
+
+    // The same comment inside a well-formed chain is skipped, and the samples decode.
+    let mut f = b"fLaC".to_vec();
+    f.extend([0x04, 0, 0, 12]); // Vorbis comment, 12 bytes: vendor "", 1 comment of 2^31
+    f.extend([0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0x80]);
+    f.extend([0x80, 0, 0, 34]); // last block: STREAMINFO, mono 16-bit 44.1 kHz, 16 samples
+    f.extend([0, 16, 0, 16, 0, 0, 0, 0, 0, 0]);
+    f.extend((44100u64 << 44 | 15 << 36 | 16).to_be_bytes());
+    f.extend([0; 16]);
+    let mut frame = vec![0xff, 0xf8, 0x69, 0x08, 0, 15];
+    frame.push(crc8(&frame));
+    frame.push(0x02); // verbatim subframe
+    for i in 0..16i16 {
+        frame.extend((i * 1000).to_be_bytes());
+    }
+    let crc = crc16(&frame);
+    frame.extend(crc.to_be_bytes());
+    f.extend(frame);
+    let d = decode_bytes(f, None, Path::new("ok.flac")).unwrap();
+    assert_eq!((d.rate, d.channels, d.samples.len()), (44100, 1, 16));
+    assert!((d.samples[1] - 1000.0 / 32768.0).abs() < 1e-6);
+}
+
+fn crc8(b: &[u8]) -> u8 {
+    let mut c = 0u8;
+    for &x in b {
+        c ^= x;
+        for _ in 0..8 {
+            c = if c & 0x80 != 0 { c << 1 ^ 0x07 } else { c << 1 };
+        }
+    }
+    c
+}
+
+fn crc16(b: &[u8]) -> u16 {
+    let mut c = 0u16;
+    for &x in b {
+        c ^= (x as u16) << 8;
+        for _ in 0..8 {
+            c = if c & 0x8000 != 0 {
+                c << 1 ^ 0x8005
+            } else {
+                c << 1
+            };
+        }
+    }
+    c
+}
+
+/// Junk, then "fLaC" and the same oversized Vorbis comment: symphonia's probe scans the file
+/// for any format's marker and started the FLAC reader mid-file, past kiln's metadata check
+/// (found by the `audio` fuzz target, 788 MB refused). A stream must now start (after an
+/// optional ID3v2 tag) with a WAV, FLAC, OGG or MPEG header.
+#[test]
+fn audio_must_start_with_a_known_header() {
+    let mut b = b"[9[\r\0\0\0[[[[[[[".to_vec();
+    b.extend(b"fLaC\x84\x00\x3b\x22\x1b\x00\x00\x00\x00\xc4\xf0\x9e\x00\x7e");
+    b.extend([0xa7; 40]);
+    let e = decode_bytes(b, None, Path::new("junk.bin")).unwrap_err();
+    assert!(matches!(e, AudioError::NotAudio { .. }), "{e}");
+    assert!(
+        e.to_string().contains("no WAV, FLAC, OGG or MP3 header"),
+        "{e}"
+    );
+    // An ID3v2 tag before MPEG audio is skipped; one that swallows the file is an error.
+    let mut id3 = b"ID3\x04\x00\x00\x00\x00\x00\x05".to_vec();
+    id3.extend([0; 5]);
+    let e = decode_bytes(id3.clone(), None, Path::new("t.mp3")).unwrap_err();
+    assert!(e.to_string().contains("no audio after it"), "{e}");
+    let mut frame = vec![0xff, 0xfb, 0x90, 0xc0];
+    frame.resize(417, 0);
+    id3.extend(frame.repeat(4));
+    let d = decode_bytes(id3, None, Path::new("t.mp3")).unwrap();
+    assert_eq!((d.rate, d.channels), (44100, 1));
+}

@@ -389,7 +389,70 @@ pub fn audio() -> Vec<Vec<u8>> {
         wav(1, 2, 44100, 24, &pcm24),
         wav(3, 2, 22050, 32, &float),
         wav(1, 1, 8000, 8, &[128, 140, 150, 120, 100, 128]),
+        flac(&[(0..16).map(|i| i * 100 - 800).collect(), vec![7; 16]]),
+        mp3_silence(4),
     ]
+}
+
+fn crc8(b: &[u8]) -> u8 {
+    let mut c = 0u8;
+    for &x in b {
+        c ^= x;
+        for _ in 0..8 {
+            c = if c & 0x80 != 0 { c << 1 ^ 0x07 } else { c << 1 };
+        }
+    }
+    c
+}
+
+fn crc16(b: &[u8]) -> u16 {
+    let mut c = 0u16;
+    for &x in b {
+        c ^= (x as u16) << 8;
+        for _ in 0..8 {
+            c = if c & 0x8000 != 0 {
+                c << 1 ^ 0x8005
+            } else {
+                c << 1
+            };
+        }
+    }
+    c
+}
+
+/// A mono 16-bit 44.1 kHz FLAC stream: STREAMINFO, then one frame of 16 samples per block,
+/// each a verbatim subframe (so every sample is stored as is), with both frame CRCs.
+pub fn flac(blocks: &[Vec<i16>]) -> Vec<u8> {
+    let mut b = b"fLaC".to_vec();
+    b.extend([0x80, 0, 0, 34]); // last block, STREAMINFO, 34 bytes
+    b.extend(16u16.to_be_bytes()); // min block size
+    b.extend(16u16.to_be_bytes()); // max block size
+    b.extend([0; 6]); // min, max frame size: unknown
+    let total = 16 * blocks.len() as u64;
+    let packed = 44100u64 << 44 | 15 << 36 | total; // rate, channels - 1 = 0, bits - 1 = 15
+    b.extend(packed.to_be_bytes());
+    b.extend([0; 16]); // MD5: not given
+    for (i, block) in blocks.iter().enumerate() {
+        // Sync + fixed blocking; block size from an 8-bit field, 44.1 kHz; mono, 16-bit.
+        let mut f = vec![0xff, 0xf8, 0x69, 0x08, i as u8, 15];
+        f.push(crc8(&f));
+        f.push(0x02); // verbatim subframe, no wasted bits
+        for &s in block.iter().take(16) {
+            f.extend(s.to_be_bytes());
+        }
+        let crc = crc16(&f);
+        f.extend(crc.to_be_bytes());
+        b.extend(f);
+    }
+    b
+}
+
+/// `n` silent MPEG-1 Layer III frames (128 kb/s, 44.1 kHz, mono): header, zero side info and
+/// zero main data, 417 bytes each.
+pub fn mp3_silence(n: usize) -> Vec<u8> {
+    let mut frame = vec![0xff, 0xfb, 0x90, 0xc0];
+    frame.resize(417, 0);
+    frame.repeat(n)
 }
 
 /// Chat templates in the shapes models ship: ChatML, Llama 3 with a system-message split,

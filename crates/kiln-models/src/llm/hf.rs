@@ -116,7 +116,10 @@ fn mlx_quant(file: &Path, c: &Json) -> Result<Option<MlxQuant>, ModelError> {
         let bits = v.get("bits").and_then(|b| b.as_u64());
         let group = v.get("group_size").and_then(|g| g.as_u64());
         match (bits, group) {
-            (Some(b), Some(g)) => Ok((b as u32, g as usize)),
+            (Some(b), Some(g)) if b <= 64 && g <= 1 << 20 => Ok((b as u32, g as usize)),
+            (Some(b), Some(g)) => Err(bad(format!(
+                "{what}: bits {b} / group_size {g} out of range"
+            ))),
             _ => Err(bad(format!(
                 "{what}: needs integer 'bits' and 'group_size'"
             ))),
@@ -214,6 +217,7 @@ impl LlmConfig {
                 "{n_heads} heads is not a multiple of {n_kv_heads} kv heads"
             )));
         }
+        super::config::check_head_dim(head_dim, "head_dim").map_err(bad)?;
         if head_dim % 2 != 0 {
             return Err(bad(format!("head_dim {head_dim} is odd")));
         }
@@ -330,6 +334,20 @@ mod tests {
 
     fn cfg(v: Json) -> Result<LlmConfig, ModelError> {
         LlmConfig::from_hf(Path::new("config.json"), &v)
+    }
+
+    /// A head_dim from the file sized the RoPE factor table before anything checked it: 2^31
+    /// made a multi-GiB allocation (found by the `hf_config` fuzz target's sibling `gguf`).
+    #[test]
+    fn absurd_head_dim_is_an_error_not_an_allocation() {
+        let e = cfg(json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 8,
+            "head_dim": 2147483646, "rope_scaling": {"rope_type": "linear", "factor": 2.0}
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("head_dim 2147483646 is out of range"), "{e}");
     }
 
     /// transformers 4.x keys, as Hugging Face's Llama 3.2 and Qwen configs have them.
