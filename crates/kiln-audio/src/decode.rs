@@ -5,10 +5,9 @@ use std::path::Path;
 use symphonia::core::audio::{SampleBuffer, SignalSpec};
 use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
 use symphonia::core::errors::Error as SymError;
-use symphonia::core::formats::FormatOptions;
+use symphonia::core::formats::{FormatOptions, FormatReader};
 use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
-use symphonia::core::meta::MetadataOptions;
-use symphonia::core::probe::Hint;
+use symphonia::default::formats::{FlacReader, MpaReader, OggReader, WavReader};
 
 use crate::AudioError;
 
@@ -66,7 +65,15 @@ pub fn decode_bytes(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<De
 /// Where the stream starts: after an ID3v2 tag, if any, at a WAV, FLAC, OGG or MPEG audio
 /// header. symphonia's probe would otherwise scan the whole file for any format's marker and
 /// start there, so a stray "fLaC" in junk would reach a reader kiln never meant to run.
-fn stream_start(b: &[u8]) -> Result<usize, String> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Container {
+    Wav,
+    Flac,
+    Ogg,
+    Mpeg,
+}
+
+fn stream_start(b: &[u8]) -> Result<(usize, Container), String> {
     let mut pos = 0;
     if b.len() >= 10 && b.starts_with(b"ID3") {
         // Tag size: four 7-bit bytes, excluding the 10-byte header (and the footer, if flagged).
@@ -80,17 +87,21 @@ fn stream_start(b: &[u8]) -> Result<usize, String> {
         }
     }
     let h = &b[pos..];
-    let known = h.starts_with(b"RIFF")
-        || h.starts_with(b"fLaC")
-        || h.starts_with(b"OggS")
-        || (h.len() >= 2 && h[0] == 0xff && h[1] & 0xe0 == 0xe0);
-    if !known {
+    let c = if h.starts_with(b"RIFF") {
+        Container::Wav
+    } else if h.starts_with(b"fLaC") {
+        Container::Flac
+    } else if h.starts_with(b"OggS") {
+        Container::Ogg
+    } else if h.len() >= 2 && h[0] == 0xff && h[1] & 0xe0 == 0xe0 {
+        Container::Mpeg
+    } else {
         let head = &h[..h.len().min(4)];
         return Err(format!(
             "no WAV, FLAC, OGG or MP3 header (starts with {head:02x?})"
         ));
-    }
-    Ok(pos)
+    };
+    Ok((pos, c))
 }
 
 /// A FLAC stream with only its STREAMINFO metadata blocks: tags, pictures, cue sheets and
@@ -147,7 +158,7 @@ fn decode_inner(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decode
         path: path.into(),
         why,
     };
-    let start = stream_start(&bytes).map_err(not_audio)?;
+    let (start, container) = stream_start(&bytes).map_err(not_audio)?;
     let bytes = match flac_audio_only(&bytes[start..]).map_err(corrupt)? {
         Some(stripped) => stripped,
         None if start == 0 => bytes,
@@ -157,19 +168,17 @@ fn decode_inner(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decode
         Box::new(std::io::Cursor::new(bytes)),
         MediaSourceStreamOptions::default(),
     );
-    let mut hint = Hint::new();
-    if let Some(e) = ext {
-        hint.with_extension(e);
-    }
-    let probed = symphonia::default::get_probe()
-        .format(
-            &hint,
-            mss,
-            &FormatOptions::default(),
-            &MetadataOptions::default(),
-        )
-        .map_err(|e| not_audio(e.to_string()))?;
-    let mut format = probed.format;
+    // The header chose the reader: no probe, which would scan the file for other formats'
+    // markers. (The extension is not trusted over the bytes.)
+    let _ = ext;
+    let opts = FormatOptions::default();
+    let format: Result<Box<dyn FormatReader>, SymError> = match container {
+        Container::Wav => WavReader::try_new(mss, &opts).map(|r| Box::new(r) as _),
+        Container::Flac => FlacReader::try_new(mss, &opts).map(|r| Box::new(r) as _),
+        Container::Ogg => OggReader::try_new(mss, &opts).map(|r| Box::new(r) as _),
+        Container::Mpeg => MpaReader::try_new(mss, &opts).map(|r| Box::new(r) as _),
+    };
+    let mut format = format.map_err(|e| not_audio(e.to_string()))?;
     let track = format
         .tracks()
         .iter()

@@ -5,6 +5,41 @@ use std::path::Path;
 
 use kiln_audio::{decode_bytes, load_16k, log_mel_spectrogram, mel_filters, AudioError};
 
+/// The system allocator, refusing any one request over 256 MiB: a decoder that sizes a buffer
+/// from a length in the file before checking it aborts these tests instead of passing on
+/// memory the OS lent lazily (the fuzz targets run under the same cap).
+struct Capped;
+
+const CAP: usize = 256 << 20;
+
+// SAFETY: forwards to `System`, or refuses with null, as `GlobalAlloc` allows.
+unsafe impl std::alloc::GlobalAlloc for Capped {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        if l.size() > CAP {
+            return std::ptr::null_mut();
+        }
+        std::alloc::System.alloc(l)
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        if l.size() > CAP {
+            return std::ptr::null_mut();
+        }
+        std::alloc::System.alloc_zeroed(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        std::alloc::System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        if n > CAP {
+            return std::ptr::null_mut();
+        }
+        std::alloc::System.realloc(p, l, n)
+    }
+}
+
+#[global_allocator]
+static ALLOC: Capped = Capped;
+
 const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/assets");
 
 /// The arrays of an `.npz` (a zip of `.npy`), as f32 with their shapes.
@@ -406,4 +441,22 @@ fn audio_must_start_with_a_known_header() {
     id3.extend(frame.repeat(4));
     let d = decode_bytes(id3, None, Path::new("t.mp3")).unwrap();
     assert_eq!((d.rate, d.channels), (44100, 1));
+}
+
+/// An MPEG frame sync (0xfff9) with a "fLaC" and an oversized Vorbis comment later in the
+/// file: the probe did not take the sync for MP3, scanned on, and started the FLAC reader
+/// there (found by the `audio` fuzz target, 4.1 GB refused). The header at the start now
+/// picks the one reader that runs.
+#[test]
+fn the_leading_header_picks_the_only_reader() {
+    let mut b = vec![0xff, 0xf9, 0x90, 0xc0];
+    b.extend([0; 28]);
+    b.extend(b"fLaC\x04\x00\x00\x0c\x00\x00\x00\x00\x01\x00\x00\x00\xf6\xf5\xf4\xf6");
+    b.extend([0xa8; 64]);
+    let e = decode_bytes(b, None, Path::new("sync.mp3")).unwrap_err();
+    let e = e.to_string();
+    assert!(
+        e.starts_with("sync.mp3:") && e.contains("not a supported audio file"),
+        "{e}"
+    );
 }

@@ -9,6 +9,8 @@
 //! seeds and a few thousand mutations in the normal test suite.
 
 pub mod alloc;
+
+pub use kiln_text;
 pub mod mutate;
 pub mod seeds;
 
@@ -246,6 +248,15 @@ pub fn chat_template(data: &[u8]) -> bool {
     let Ok(t) = kiln_text::ChatTemplate::new(&src, "<s>", "</s>") else {
         return false;
     };
+    // Tighter than the defaults, to keep executions fast; the bounds themselves are what
+    // kiln-text's template_limits tests check.
+    let t = t.with_limits(kiln_text::Limits {
+        fuel: 200_000,
+        output: 1 << 20,
+        memory: 16 << 20,
+        time: std::time::Duration::from_secs(2),
+        ..kiln_text::Limits::default()
+    });
     let msgs = [
         kiln_text::Message::new("system", "Be brief."),
         kiln_text::Message::new("user", "Hi {{ there }}"),
