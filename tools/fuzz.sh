@@ -48,7 +48,8 @@ if [[ ! -d $bin ]]; then bin=$(dirname "$(find fuzz/target -path '*/release/gguf
 limit=(-runs="$runs")
 [[ -n $secs ]] && limit=(-max_total_time="$secs")
 
-printf '| target | executions | seconds | exec/s | corpus | crashes |\n|---|---:|---:|---:|---:|---:|\n' > fuzz/report.md
+mkdir -p fuzz/artifacts
+printf '| target | executions | seconds | exec/s | corpus | crashes |\n|---|---:|---:|---:|---:|---:|\n' > fuzz/artifacts/report.md
 status=0
 for t in $targets; do
     mkdir -p "fuzz/artifacts/$t" "fuzz/corpus/$t"
@@ -68,7 +69,7 @@ for t in $targets; do
     crashes=$(ls "fuzz/artifacts/$t" | grep -cE '^(crash|oom|timeout|leak|slow-unit)-' || true)
     if [[ $rc -ne 0 && $crashes -eq 0 ]]; then crashes="failed (rc $rc, see $log)"; fi
     [[ $rc -ne 0 || $crashes != 0 ]] && status=1
-    printf '| %s | %s | %s | %s | %s | %s |\n' "$t" "$execs" "$secs_run" "$rate" "$corpus" "$crashes" | tee -a fuzz/report.md
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$t" "$execs" "$secs_run" "$rate" "$corpus" "$crashes" | tee -a fuzz/artifacts/report.md
 done
-echo "report: fuzz/report.md; crashing inputs: fuzz/artifacts/<target>/"
+echo "report: fuzz/artifacts/report.md; crashing inputs: fuzz/artifacts/<target>/"
 exit $status

@@ -61,7 +61,8 @@ pub struct Limits {
 
 impl Default for Limits {
     /// Far above what real chat templates need: a 500-message conversation through the
-    /// largest templates models ship takes well under a tenth of each.
+    /// Qwen3, Llama 3.2 and SmolLM2 templates fits in a tenth of the fuel and output
+    /// (tests/chat.rs).
     fn default() -> Self {
         Limits {
             fuel: 5_000_000,
