@@ -111,9 +111,9 @@ fn flac_audio_only(b: &[u8]) -> Result<Option<Vec<u8>>, String> {
     if !b.starts_with(b"fLaC") {
         return Ok(None);
     }
+    // The first block must be STREAMINFO (the format says so); it is the one kept.
     let mut out = b"fLaC".to_vec();
     let mut pos = 4;
-    let mut kept: Option<usize> = None;
     loop {
         let Some(h) = b.get(pos..pos + 4) else {
             return Err(format!(
@@ -129,18 +129,19 @@ fn flac_audio_only(b: &[u8]) -> Result<Option<Vec<u8>>, String> {
                 b.len()
             ));
         }
-        if ty == 0 {
-            kept = Some(out.len());
-            out.push(0);
+        if pos == 4 {
+            if ty != 0 {
+                return Err(format!(
+                    "FLAC stream starts with metadata block type {ty}, not STREAMINFO"
+                ));
+            }
+            out.push(0x80); // the only block kept, so the last
             out.extend_from_slice(&b[pos + 1..end]);
         }
         pos = end;
         if last {
             break;
         }
-    }
-    if let Some(at) = kept {
-        out[at] |= 0x80;
     }
     out.extend_from_slice(&b[pos..]);
     Ok(Some(out))

@@ -370,12 +370,12 @@ fn flac_metadata_lengths_are_checked_before_decoding() {
 
     // The same comment inside a well-formed chain is skipped, and the samples decode.
     let mut f = b"fLaC".to_vec();
-    f.extend([0x04, 0, 0, 12]); // Vorbis comment, 12 bytes: vendor "", 1 comment of 2^31
-    f.extend([0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0x80]);
-    f.extend([0x80, 0, 0, 34]); // last block: STREAMINFO, mono 16-bit 44.1 kHz, 16 samples
+    f.extend([0x00, 0, 0, 34]); // STREAMINFO, mono 16-bit 44.1 kHz, 16 samples
     f.extend([0, 16, 0, 16, 0, 0, 0, 0, 0, 0]);
     f.extend((44100u64 << 44 | 15 << 36 | 16).to_be_bytes());
     f.extend([0; 16]);
+    f.extend([0x84, 0, 0, 12]); // last block: Vorbis comment, vendor "", 1 comment of 2^31
+    f.extend([0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0x80]);
     let mut frame = vec![0xff, 0xf8, 0x69, 0x08, 0, 15];
     frame.push(crc8(&frame));
     frame.push(0x02); // verbatim subframe
@@ -457,6 +457,24 @@ fn the_leading_header_picks_the_only_reader() {
     let e = e.to_string();
     assert!(
         e.starts_with("sync.mp3:") && e.contains("not a supported audio file"),
+        "{e}"
+    );
+}
+
+/// A FLAC stream whose only metadata block is padding: with no STREAMINFO to keep, the frames
+/// were glued to the marker and read as metadata headers (found by the `audio` fuzz target,
+/// 1.2 GB refused). The first block must be STREAMINFO.
+#[test]
+fn flac_must_open_with_streaminfo() {
+    let mut b = b"fLaC\x81\x00\x00\x22".to_vec();
+    b.extend([0; 34]);
+    b.extend([0xff, 0xf8, 0x1e, 0x02, 0x00, 0x0f, 0x30, 0xea, 0xea]);
+    b.extend([0x07; 64]);
+    let e = decode_bytes(b, None, Path::new("pad.flac"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("pad.flac") && e.contains("not STREAMINFO"),
         "{e}"
     );
 }

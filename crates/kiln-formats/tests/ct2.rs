@@ -128,6 +128,12 @@ fn a_shape_whose_size_overflows_is_an_error() {
     b.push(0); // float32
     b.extend(0u32.to_le_bytes()); // "0 bytes"
     b.extend(0u32.to_le_bytes()); // no aliases
-    let e = Ct2File::from_bytes("wrap.bin", b).err().expect("must fail").to_string();
-    assert!(e.contains("wrap.bin") && e.contains("'w'") && e.contains("needs"), "{e}");
+    let e = Ct2File::from_bytes("wrap.bin", b)
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        e.contains("wrap.bin") && e.contains("'w'") && e.contains("needs"),
+        "{e}"
+    );
 }

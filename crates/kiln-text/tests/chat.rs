@@ -165,7 +165,10 @@ fn real_templates_fit_a_tenth_of_the_default_limits() {
     let msgs: Vec<Message> = (0..500)
         .map(|i| {
             let role = if i % 2 == 0 { "user" } else { "assistant" };
-            Message::new(role, "a sentence of about ten words, for the template. ".repeat(4))
+            Message::new(
+                role,
+                "a sentence of about ten words, for the template. ".repeat(4),
+            )
         })
         .collect();
     for name in ["qwen3", "llama3.2", "smollm2"] {
