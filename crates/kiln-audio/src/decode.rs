@@ -5,10 +5,9 @@ use std::path::Path;
 use symphonia::core::audio::{SampleBuffer, SignalSpec};
 use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
 use symphonia::core::errors::Error as SymError;
-use symphonia::core::formats::FormatOptions;
+use symphonia::core::formats::{FormatOptions, FormatReader};
 use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
-use symphonia::core::meta::MetadataOptions;
-use symphonia::core::probe::Hint;
+use symphonia::default::formats::{FlacReader, MpaReader, OggReader, WavReader};
 
 use crate::AudioError;
 
@@ -44,7 +43,111 @@ pub fn decode_file(path: &Path) -> Result<Decoded, AudioError> {
 }
 
 /// Decodes a whole file held in memory; `path` only names it in errors, `ext` hints the format.
+///
+/// symphonia asserts some of what it reads from a file (a WAV with a sample rate of 0 makes a
+/// zero time base, which panics); such a panic is caught here and reported as corrupt audio, so
+/// no file can take the process down.
 pub fn decode_bytes(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decoded, AudioError> {
+    let run = std::panic::AssertUnwindSafe(|| decode_inner(bytes, ext, path));
+    std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "the decoder failed".into());
+        Err(AudioError::Corrupt {
+            path: path.into(),
+            why,
+        })
+    })
+}
+
+/// Where the stream starts: after an ID3v2 tag, if any, at a WAV, FLAC, OGG or MPEG audio
+/// header. symphonia's probe would otherwise scan the whole file for any format's marker and
+/// start there, so a stray "fLaC" in junk would reach a reader kiln never meant to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Container {
+    Wav,
+    Flac,
+    Ogg,
+    Mpeg,
+}
+
+fn stream_start(b: &[u8]) -> Result<(usize, Container), String> {
+    let mut pos = 0;
+    if b.len() >= 10 && b.starts_with(b"ID3") {
+        // Tag size: four 7-bit bytes, excluding the 10-byte header (and the footer, if flagged).
+        let size = b[6..10]
+            .iter()
+            .fold(0usize, |a, &x| a << 7 | (x & 0x7f) as usize);
+        let footer = if b[5] & 0x10 != 0 { 10 } else { 0 };
+        pos = 10 + size + footer;
+        if pos >= b.len() {
+            return Err(format!("an ID3 tag of {pos} bytes and no audio after it"));
+        }
+    }
+    let h = &b[pos..];
+    let c = if h.starts_with(b"RIFF") {
+        Container::Wav
+    } else if h.starts_with(b"fLaC") {
+        Container::Flac
+    } else if h.starts_with(b"OggS") {
+        Container::Ogg
+    } else if h.len() >= 2 && h[0] == 0xff && h[1] & 0xe0 == 0xe0 {
+        Container::Mpeg
+    } else {
+        let head = &h[..h.len().min(4)];
+        return Err(format!(
+            "no WAV, FLAC, OGG or MP3 header (starts with {head:02x?})"
+        ));
+    };
+    Ok((pos, c))
+}
+
+/// A FLAC stream with only its STREAMINFO metadata blocks: tags, pictures, cue sheets and
+/// seek tables are never needed to decode, and symphonia sizes buffers for some of them (a
+/// Vorbis comment's length) from the file before reading them. `Ok(None)`: not FLAC.
+fn flac_audio_only(b: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    if !b.starts_with(b"fLaC") {
+        return Ok(None);
+    }
+    // The first block must be STREAMINFO (the format says so); it is the one kept.
+    let mut out = b"fLaC".to_vec();
+    let mut pos = 4;
+    loop {
+        let Some(h) = b.get(pos..pos + 4) else {
+            return Err(format!(
+                "FLAC metadata block header at byte {pos} is truncated"
+            ));
+        };
+        let (last, ty) = (h[0] & 0x80 != 0, h[0] & 0x7f);
+        let len = u32::from_be_bytes([0, h[1], h[2], h[3]]) as usize;
+        let end = pos + 4 + len;
+        if end > b.len() {
+            return Err(format!(
+                "FLAC metadata block at byte {pos} ({len} bytes) runs past the end ({} bytes)",
+                b.len()
+            ));
+        }
+        if pos == 4 {
+            if ty != 0 {
+                return Err(format!(
+                    "FLAC stream starts with metadata block type {ty}, not STREAMINFO"
+                ));
+            }
+            out.push(0x80); // the only block kept, so the last
+            out.extend_from_slice(&b[pos + 1..end]);
+        }
+        pos = end;
+        if last {
+            break;
+        }
+    }
+    out.extend_from_slice(&b[pos..]);
+    Ok(Some(out))
+}
+
+fn decode_inner(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decoded, AudioError> {
     if bytes.is_empty() {
         return Err(AudioError::Empty { path: path.into() });
     }
@@ -56,23 +159,27 @@ pub fn decode_bytes(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<De
         path: path.into(),
         why,
     };
+    let (start, container) = stream_start(&bytes).map_err(not_audio)?;
+    let bytes = match flac_audio_only(&bytes[start..]).map_err(corrupt)? {
+        Some(stripped) => stripped,
+        None if start == 0 => bytes,
+        None => bytes[start..].to_vec(),
+    };
     let mss = MediaSourceStream::new(
         Box::new(std::io::Cursor::new(bytes)),
         MediaSourceStreamOptions::default(),
     );
-    let mut hint = Hint::new();
-    if let Some(e) = ext {
-        hint.with_extension(e);
-    }
-    let probed = symphonia::default::get_probe()
-        .format(
-            &hint,
-            mss,
-            &FormatOptions::default(),
-            &MetadataOptions::default(),
-        )
-        .map_err(|e| not_audio(e.to_string()))?;
-    let mut format = probed.format;
+    // The header chose the reader: no probe, which would scan the file for other formats'
+    // markers. (The extension is not trusted over the bytes.)
+    let _ = ext;
+    let opts = FormatOptions::default();
+    let format: Result<Box<dyn FormatReader>, SymError> = match container {
+        Container::Wav => WavReader::try_new(mss, &opts).map(|r| Box::new(r) as _),
+        Container::Flac => FlacReader::try_new(mss, &opts).map(|r| Box::new(r) as _),
+        Container::Ogg => OggReader::try_new(mss, &opts).map(|r| Box::new(r) as _),
+        Container::Mpeg => MpaReader::try_new(mss, &opts).map(|r| Box::new(r) as _),
+    };
+    let mut format = format.map_err(|e| not_audio(e.to_string()))?;
     let track = format
         .tracks()
         .iter()

@@ -5,6 +5,41 @@ use std::path::Path;
 
 use kiln_audio::{decode_bytes, load_16k, log_mel_spectrogram, mel_filters, AudioError};
 
+/// The system allocator, refusing any one request over 256 MiB: a decoder that sizes a buffer
+/// from a length in the file before checking it aborts these tests instead of passing on
+/// memory the OS lent lazily (the fuzz targets run under the same cap).
+struct Capped;
+
+const CAP: usize = 256 << 20;
+
+// SAFETY: forwards to `System`, or refuses with null, as `GlobalAlloc` allows.
+unsafe impl std::alloc::GlobalAlloc for Capped {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        if l.size() > CAP {
+            return std::ptr::null_mut();
+        }
+        std::alloc::System.alloc(l)
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        if l.size() > CAP {
+            return std::ptr::null_mut();
+        }
+        std::alloc::System.alloc_zeroed(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        std::alloc::System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        if n > CAP {
+            return std::ptr::null_mut();
+        }
+        std::alloc::System.realloc(p, l, n)
+    }
+}
+
+#[global_allocator]
+static ALLOC: Capped = Capped;
+
 const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/assets");
 
 /// The arrays of an `.npz` (a zip of `.npy`), as f32 with their shapes.
@@ -290,4 +325,156 @@ fn bad_input_is_one_clear_error() {
     );
     let e = load_16k(Path::new("/nonexistent/file.wav")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/file.wav"), "{e}");
+}
+
+/// A WAV whose fmt chunk says 0 Hz: symphonia panics building a zero time base; kiln reports
+/// corrupt audio (found by the `audio` fuzz target).
+#[test]
+fn wav_with_zero_sample_rate_is_an_error() {
+    let mut b = b"RIFF".to_vec();
+    b.extend(40u32.to_le_bytes());
+    b.extend(b"WAVEfmt ");
+    b.extend(16u32.to_le_bytes());
+    b.extend(1u16.to_le_bytes()); // PCM
+    b.extend(1u16.to_le_bytes()); // mono
+    b.extend(0u32.to_le_bytes()); // 0 Hz
+    b.extend(0u32.to_le_bytes());
+    b.extend(2u16.to_le_bytes());
+    b.extend(16u16.to_le_bytes());
+    b.extend(b"data");
+    b.extend(4u32.to_le_bytes());
+    b.extend([1, 0, 2, 0]);
+    let e = kiln_audio::decode_bytes(b, None, std::path::Path::new("zero.wav"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("zero.wav") && e.contains("corrupt"), "{e}");
+}
+
+/// A 39-byte FLAC whose Vorbis comment block claims a 453 MB comment: symphonia allocated it
+/// before reading (found by the `audio` fuzz target as a refused allocation). kiln drops
+/// every metadata block but STREAMINFO, and a block running past the end is corrupt audio.
+#[test]
+fn flac_metadata_lengths_are_checked_before_decoding() {
+    let crash: &[u8] = &[
+        0x66, 0x4c, 0x61, 0x43, 0x84, 0x00, 0x1b, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x22, 0x00, 0x10, 0x00, 0x1b, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xc4, 0x40, 0xf0,
+        0x9e, 0x00, 0x00, 0x00, 0x00, 0x00, 0x07, 0xa5, 0x20,
+    ];
+    let e = decode_bytes(crash.to_vec(), None, Path::new("tag.flac"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tag.flac") && e.contains("runs past the end"),
+        "{e}"
+    );
+
+    // The same comment inside a well-formed chain is skipped, and the samples decode.
+    let mut f = b"fLaC".to_vec();
+    f.extend([0x00, 0, 0, 34]); // STREAMINFO, mono 16-bit 44.1 kHz, 16 samples
+    f.extend([0, 16, 0, 16, 0, 0, 0, 0, 0, 0]);
+    f.extend((44100u64 << 44 | 15 << 36 | 16).to_be_bytes());
+    f.extend([0; 16]);
+    f.extend([0x84, 0, 0, 12]); // last block: Vorbis comment, vendor "", 1 comment of 2^31
+    f.extend([0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0x80]);
+    let mut frame = vec![0xff, 0xf8, 0x69, 0x08, 0, 15];
+    frame.push(crc8(&frame));
+    frame.push(0x02); // verbatim subframe
+    for i in 0..16i16 {
+        frame.extend((i * 1000).to_be_bytes());
+    }
+    let crc = crc16(&frame);
+    frame.extend(crc.to_be_bytes());
+    f.extend(frame);
+    let d = decode_bytes(f, None, Path::new("ok.flac")).unwrap();
+    assert_eq!((d.rate, d.channels, d.samples.len()), (44100, 1, 16));
+    assert!((d.samples[1] - 1000.0 / 32768.0).abs() < 1e-6);
+}
+
+fn crc8(b: &[u8]) -> u8 {
+    let mut c = 0u8;
+    for &x in b {
+        c ^= x;
+        for _ in 0..8 {
+            c = if c & 0x80 != 0 { c << 1 ^ 0x07 } else { c << 1 };
+        }
+    }
+    c
+}
+
+fn crc16(b: &[u8]) -> u16 {
+    let mut c = 0u16;
+    for &x in b {
+        c ^= (x as u16) << 8;
+        for _ in 0..8 {
+            c = if c & 0x8000 != 0 {
+                c << 1 ^ 0x8005
+            } else {
+                c << 1
+            };
+        }
+    }
+    c
+}
+
+/// Junk, then "fLaC" and the same oversized Vorbis comment: symphonia's probe scans the file
+/// for any format's marker and started the FLAC reader mid-file, past kiln's metadata check
+/// (found by the `audio` fuzz target, 788 MB refused). A stream must now start (after an
+/// optional ID3v2 tag) with a WAV, FLAC, OGG or MPEG header.
+#[test]
+fn audio_must_start_with_a_known_header() {
+    let mut b = b"[9[\r\0\0\0[[[[[[[".to_vec();
+    b.extend(b"fLaC\x84\x00\x3b\x22\x1b\x00\x00\x00\x00\xc4\xf0\x9e\x00\x7e");
+    b.extend([0xa7; 40]);
+    let e = decode_bytes(b, None, Path::new("junk.bin")).unwrap_err();
+    assert!(matches!(e, AudioError::NotAudio { .. }), "{e}");
+    assert!(
+        e.to_string().contains("no WAV, FLAC, OGG or MP3 header"),
+        "{e}"
+    );
+    // An ID3v2 tag before MPEG audio is skipped; one that swallows the file is an error.
+    let mut id3 = b"ID3\x04\x00\x00\x00\x00\x00\x05".to_vec();
+    id3.extend([0; 5]);
+    let e = decode_bytes(id3.clone(), None, Path::new("t.mp3")).unwrap_err();
+    assert!(e.to_string().contains("no audio after it"), "{e}");
+    let mut frame = vec![0xff, 0xfb, 0x90, 0xc0];
+    frame.resize(417, 0);
+    id3.extend(frame.repeat(4));
+    let d = decode_bytes(id3, None, Path::new("t.mp3")).unwrap();
+    assert_eq!((d.rate, d.channels), (44100, 1));
+}
+
+/// An MPEG frame sync (0xfff9) with a "fLaC" and an oversized Vorbis comment later in the
+/// file: the probe did not take the sync for MP3, scanned on, and started the FLAC reader
+/// there (found by the `audio` fuzz target, 4.1 GB refused). The header at the start now
+/// picks the one reader that runs.
+#[test]
+fn the_leading_header_picks_the_only_reader() {
+    let mut b = vec![0xff, 0xf9, 0x90, 0xc0];
+    b.extend([0; 28]);
+    b.extend(b"fLaC\x04\x00\x00\x0c\x00\x00\x00\x00\x01\x00\x00\x00\xf6\xf5\xf4\xf6");
+    b.extend([0xa8; 64]);
+    let e = decode_bytes(b, None, Path::new("sync.mp3")).unwrap_err();
+    let e = e.to_string();
+    assert!(
+        e.starts_with("sync.mp3:") && e.contains("not a supported audio file"),
+        "{e}"
+    );
+}
+
+/// A FLAC stream whose only metadata block is padding: with no STREAMINFO to keep, the frames
+/// were glued to the marker and read as metadata headers (found by the `audio` fuzz target,
+/// 1.2 GB refused). The first block must be STREAMINFO.
+#[test]
+fn flac_must_open_with_streaminfo() {
+    let mut b = b"fLaC\x81\x00\x00\x22".to_vec();
+    b.extend([0; 34]);
+    b.extend([0xff, 0xf8, 0x1e, 0x02, 0x00, 0x0f, 0x30, 0xea, 0xea]);
+    b.extend([0x07; 64]);
+    let e = decode_bytes(b, None, Path::new("pad.flac"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("pad.flac") && e.contains("not STREAMINFO"),
+        "{e}"
+    );
 }

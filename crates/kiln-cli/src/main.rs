@@ -13,6 +13,11 @@ mod voice_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// The system allocator with the per-thread memory bound that chat template rendering runs
+/// under (templates come from model files; see kiln_text::Limits).
+#[global_allocator]
+static ALLOC: kiln_text::GuardedAlloc = kiln_text::GuardedAlloc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};

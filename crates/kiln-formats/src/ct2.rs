@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use crate::bytes::Bytes;
 use crate::FormatError;
 
 /// The newest binary version this reader knows.
@@ -91,7 +92,7 @@ impl Ct2Var {
 
 pub struct Ct2File {
     path: PathBuf,
-    map: Mmap,
+    map: Bytes,
     pub version: u32,
     pub spec: String,
     pub revision: u32,
@@ -159,10 +160,15 @@ impl Ct2File {
         let file = File::open(path).map_err(io)?;
         // SAFETY: the mapping is read-only; model files are not modified while in use.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::parse(path, map)
+        Self::parse(path, Bytes::Map(map))
     }
 
-    fn parse(path: &Path, map: Mmap) -> Result<Self, FormatError> {
+    /// Parses a model.bin image held in memory; `path` only names it in errors.
+    pub fn from_bytes(path: impl AsRef<Path>, bytes: Vec<u8>) -> Result<Self, FormatError> {
+        Self::parse(path.as_ref(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: &Path, map: Bytes) -> Result<Self, FormatError> {
         let invalid = |what: String| FormatError::Invalid {
             path: path.into(),
             what,
@@ -235,15 +241,15 @@ impl Ct2File {
                 })?;
                 (dtype, r.u32(&|| what("item count"))? as u64 * size as u64)
             };
-            let n_el: u64 = shape.iter().product();
-            if n_el.checked_mul(dtype.size() as u64) != Some(n_bytes) {
+            let n_el = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+            if n_el.and_then(|n| n.checked_mul(dtype.size() as u64)) != Some(n_bytes) {
                 return Err(FormatError::Tensor {
                     path: path.into(),
                     name,
                     what: format!(
                         "shape {shape:?} of {} needs {} bytes, header says {n_bytes}",
                         dtype.name(),
-                        n_el.saturating_mul(dtype.size() as u64)
+                        n_el.map_or(u64::MAX, |n| n.saturating_mul(dtype.size() as u64))
                     ),
                 });
             }

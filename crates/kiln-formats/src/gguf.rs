@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use kiln_quant::GgmlType;
 use memmap2::Mmap;
 
+use crate::bytes::Bytes;
 use crate::FormatError;
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -160,7 +161,7 @@ impl TensorInfo {
 /// A memory-mapped, fully validated GGUF file.
 pub struct GgufFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Bytes,
     pub version: u32,
     pub alignment: u64,
     /// Metadata in file order.
@@ -190,10 +191,15 @@ impl GgufFile {
         // SAFETY: the map is read-only; kiln never writes model files while they are open.
         // A file truncated by another process while mapped is outside what we can defend.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::parse(path, mmap)
+        Self::parse(path, Bytes::Map(mmap))
     }
 
-    fn parse(path: PathBuf, mmap: Mmap) -> Result<Self, FormatError> {
+    /// Parses a GGUF image held in memory; `path` only names it in errors.
+    pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, FormatError> {
+        Self::parse(path.into(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, mmap: Bytes) -> Result<Self, FormatError> {
         let mut r = Reader {
             buf: &mmap,
             pos: 0,
@@ -452,28 +458,8 @@ impl GgufFile {
     /// repacked them), so they stop counting in its resident memory. Reading the tensor again
     /// faults them back in from the file: a hint, never a change of contents.
     pub fn release(&self, info: &TensorInfo) {
-        #[cfg(unix)]
-        {
-            const PAGE: u64 = 4096;
-            let start = info.offset / PAGE * PAGE;
-            let end = (info.offset + info.n_bytes).div_ceil(PAGE) * PAGE;
-            let end = end.min(self.mmap.len() as u64);
-            if end > start {
-                // SAFETY: the map is a read-only view of a file; dropping its pages only makes
-                // the next read fault them in again with the same contents. `&self` hands out
-                // no borrow that outlives this call's caller's use (callers release a tensor
-                // once its bytes have been copied).
-                let _ = unsafe {
-                    self.mmap.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        start as usize,
-                        (end - start) as usize,
-                    )
-                };
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = info;
+        let start = info.offset as usize;
+        self.mmap.release(start, start + info.n_bytes as usize);
     }
 
     /// The tensor's bytes (bounds were checked when the file was opened).

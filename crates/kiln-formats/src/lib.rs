@@ -2,6 +2,7 @@
 //! file's length before it touches the bytes, and reports a defect as a [`FormatError`] that
 //! names the file and the problem; nothing a file contains can make it panic.
 
+mod bytes;
 pub mod ct2;
 mod error;
 pub mod gguf;
@@ -12,6 +13,6 @@ pub mod safetensors;
 pub use ct2::{Ct2Dtype, Ct2File, Ct2Var};
 pub use error::FormatError;
 pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};
-pub use npy::{read_npy, read_npz, NpyArray};
+pub use npy::{parse_npy, parse_npz, read_npy, read_npz, NpyArray};
 pub use onnx::{OnnxFile, OnnxNode, OnnxTensor, OnnxType};
 pub use safetensors::{SafetensorsSet, StDtype, StTensor};

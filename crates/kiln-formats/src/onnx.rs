@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use crate::bytes::Bytes;
 use crate::FormatError;
 
 /// TensorProto.DataType values kiln reads.
@@ -109,7 +110,7 @@ impl OnnxNode {
 /// An opened ONNX file: its graph's initializers and nodes.
 pub struct OnnxFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Bytes,
     pub initializers: Vec<OnnxTensor>,
     pub nodes: Vec<OnnxNode>,
     pub inputs: Vec<String>,
@@ -407,10 +408,15 @@ impl OnnxFile {
         let file = File::open(&path).map_err(io)?;
         // SAFETY: the map is read-only; kiln does not write model files while they are open.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::parse(path, mmap)
+        Self::parse(path, Bytes::Map(mmap))
     }
 
-    fn parse(path: PathBuf, mmap: Mmap) -> Result<Self, FormatError> {
+    /// Parses an ONNX image held in memory; `path` only names it in errors.
+    pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, FormatError> {
+        Self::parse(path.into(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, mmap: Bytes) -> Result<Self, FormatError> {
         let (mut initializers, mut nodes, mut inputs, mut outputs) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut graph = None;

@@ -11,6 +11,7 @@ use memmap2::Mmap;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
+use crate::bytes::Bytes;
 use crate::FormatError;
 
 /// Element types kiln reads from safetensors files.
@@ -82,7 +83,7 @@ impl StTensor {
 
 struct Mapped {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Bytes,
 }
 
 /// The tensors of one model, possibly spread over several files.
@@ -147,12 +148,29 @@ impl SafetensorsSet {
         // SAFETY: the map is read-only; the file is not expected to change while in use (the
         // same contract every model loader that maps files has).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        self.add(path, Bytes::Map(mmap))
+    }
+
+    /// Files held in memory (`(name, bytes)`, names only label errors), as `open_files` reads
+    /// them from disk.
+    pub fn from_bytes(files: Vec<(PathBuf, Vec<u8>)>) -> Result<Self, FormatError> {
+        let mut set = SafetensorsSet {
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
+        for (path, bytes) in files {
+            set.add(&path, Bytes::Owned(bytes))?;
+        }
+        Ok(set)
+    }
+
+    fn add(&mut self, path: &Path, mmap: Bytes) -> Result<(), FormatError> {
         let (n, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| FormatError::NotFormat {
             path: path.into(),
             format: "safetensors",
             why: e.to_string(),
         })?;
-        let base = 8 + n;
+        let base = 8usize.saturating_add(n);
         let fi = self.files.len();
         for (name, info) in meta.tensors() {
             let dtype = StDtype::from_dtype(info.dtype).ok_or_else(|| FormatError::Tensor {
@@ -163,7 +181,7 @@ impl SafetensorsSet {
             let (s, e) = info.data_offsets;
             // read_metadata checked that offsets are contiguous, sized by dtype x shape and end
             // with the file; check the range once more before holding on to it.
-            let (start, end) = (base + s, base + e);
+            let (start, end) = (base.saturating_add(s), base.saturating_add(e));
             if start > end || end > mmap.len() {
                 return Err(FormatError::Truncated {
                     path: path.into(),
@@ -229,22 +247,7 @@ impl SafetensorsSet {
 
     /// Tells the OS the tensor's pages may be dropped (a hint; see `GgufFile::release`).
     pub fn release(&self, t: &StTensor) {
-        #[cfg(unix)]
-        {
-            const PAGE: usize = 4096;
-            let m = &self.files[t.file].mmap;
-            let start = t.start / PAGE * PAGE;
-            let end = t.end.div_ceil(PAGE).saturating_mul(PAGE).min(m.len());
-            if end > start {
-                // SAFETY: a read-only file map; dropped pages fault back in with the same
-                // contents on the next read.
-                let _ = unsafe {
-                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
-                };
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = t;
+        self.files[t.file].mmap.release(t.start, t.end);
     }
 }
 
@@ -254,12 +257,18 @@ fn shards_of_index(index: &Path) -> Result<Vec<String>, FormatError> {
         path: index.into(),
         source,
     })?;
+    parse_index(index, &text)
+}
+
+/// The shard file names of `model.safetensors.index.json` text (`index` names it in errors):
+/// plain file names only, each once, in first-seen order.
+pub fn parse_index(index: &Path, text: &str) -> Result<Vec<String>, FormatError> {
     let bad = |what: String| FormatError::Invalid {
         path: index.into(),
         what,
     };
     let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())

@@ -110,3 +110,30 @@ fn real_whisper_tiny_en() {
         vec![384, 80, 3]
     );
 }
+
+/// Four dims of 65536 make 2^64 elements: the unchecked product wrapped to 0 in release
+/// builds, so a header claiming no bytes for them was accepted (found reviewing the parsers
+/// for the fuzz targets).
+#[test]
+fn a_shape_whose_size_overflows_is_an_error() {
+    let mut b = 6u32.to_le_bytes().to_vec();
+    string(&mut b, "Spec");
+    b.extend(1u32.to_le_bytes()); // revision
+    b.extend(1u32.to_le_bytes()); // one variable
+    string(&mut b, "w");
+    b.push(4);
+    for _ in 0..4 {
+        b.extend(65536u32.to_le_bytes());
+    }
+    b.push(0); // float32
+    b.extend(0u32.to_le_bytes()); // "0 bytes"
+    b.extend(0u32.to_le_bytes()); // no aliases
+    let e = Ct2File::from_bytes("wrap.bin", b)
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        e.contains("wrap.bin") && e.contains("'w'") && e.contains("needs"),
+        "{e}"
+    );
+}

@@ -8,6 +8,7 @@
 
 mod error;
 mod gguf_vocab;
+mod guard;
 mod pyjson;
 pub mod speech;
 mod stream;
@@ -15,6 +16,7 @@ mod template;
 mod tokenizer;
 
 pub use error::{Result, TextError};
+pub use guard::{installed as memory_guard_installed, GuardedAlloc};
 pub use stream::StreamDecoder;
-pub use template::{value_from_json, ChatTemplate, Message, TemplateValue};
+pub use template::{value_from_json, ChatTemplate, Limits, Message, TemplateValue};
 pub use tokenizer::Tokenizer;

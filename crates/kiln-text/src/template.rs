@@ -5,14 +5,19 @@
 //! `.items()`), `raise_exception`, `strftime_now`, and a `tojson` that behaves like
 //! `json.dumps(x, ensure_ascii=False)`.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 
 use crate::error::{Result, TextError};
+use crate::guard::{self, Stopped};
 use crate::pyjson;
 use crate::tokenizer::one_line;
 
@@ -35,10 +40,53 @@ impl Message {
     }
 }
 
+/// Bounds on one render. Templates come from model files, so rendering one is running code
+/// a stranger wrote: each bound turns a hostile template (an endless loop, a string doubled
+/// in a loop, runaway recursion) into an error that names the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// minijinja instructions (its `fuel`): bounds loops.
+    pub fuel: u64,
+    /// Nesting of macro calls, loops and blocks.
+    pub recursion: usize,
+    /// Bytes the template may emit, counting captured output (macro bodies, `{% set %}`
+    /// blocks, filter blocks).
+    pub output: usize,
+    /// Bytes the rendering thread may hold at once: bounds strings built and never emitted.
+    /// Enforced where the binary installs [`crate::GuardedAlloc`].
+    pub memory: usize,
+    /// Wall-clock time.
+    pub time: Duration,
+}
+
+impl Default for Limits {
+    /// Far above what real chat templates need: a 500-message conversation through the
+    /// Qwen3, Llama 3.2 and SmolLM2 templates fits in a tenth of the fuel and output
+    /// (tests/chat.rs).
+    fn default() -> Self {
+        Limits {
+            fuel: 5_000_000,
+            recursion: 100,
+            output: 16 << 20,
+            memory: 256 << 20,
+            time: Duration::from_secs(10),
+        }
+    }
+}
+
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
     bos_token: String,
     eos_token: String,
+    limits: Limits,
+    /// Set when a render was stopped: its thread is parked for good (see `guard`), and the
+    /// template is not run again, so one hostile template costs one bounded leak at most.
+    stopped: Arc<AtomicBool>,
+}
+
+thread_local! {
+    /// Bytes the render on this thread may still emit (each render has its own thread).
+    static OUTPUT_LEFT: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
 impl ChatTemplate {
@@ -55,12 +103,28 @@ impl ChatTemplate {
             strftime(&chrono::Local::now().naive_local(), fmt)
         });
         env.add_template_owned(NAME, source.to_string())
-            .map_err(template_error)?;
-        Ok(ChatTemplate {
-            env,
+            .map_err(|e| template_error(e, &Limits::default()))?;
+        let t = ChatTemplate {
+            env: Arc::new(env),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
-        })
+            limits: Limits::default(),
+            stopped: Arc::new(AtomicBool::new(false)),
+        };
+        Ok(t.with_limits(Limits::default()))
+    }
+
+    /// Render within other bounds.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        let env = Arc::make_mut(&mut self.env);
+        env.set_fuel(Some(limits.fuel));
+        env.set_recursion_limit(limits.recursion);
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// Make `strftime_now` report this fixed time (UTC seconds since the epoch), for
@@ -69,7 +133,7 @@ impl ChatTemplate {
         let t = chrono::DateTime::from_timestamp(unix_seconds, 0)
             .ok_or_else(|| TextError::Template(format!("time {unix_seconds} out of range")))?
             .naive_utc();
-        self.env
+        Arc::make_mut(&mut self.env)
             .add_function("strftime_now", move |fmt: &str| strftime(&t, fmt));
         Ok(self)
     }
@@ -103,18 +167,48 @@ impl ChatTemplate {
         ctx.insert("tools".into(), TemplateValue::from(()));
         ctx.insert("documents".into(), TemplateValue::from(()));
         if !extra.is_undefined() && !extra.is_none() {
-            let keys = extra.try_iter().map_err(template_error)?;
+            let bad = |e| template_error(e, &self.limits);
+            let keys = extra.try_iter().map_err(bad)?;
             for k in keys {
-                let v = extra.get_item(&k).map_err(template_error)?;
+                let v = extra.get_item(&k).map_err(bad)?;
                 let name = k.as_str().ok_or_else(|| {
                     TextError::Template(format!("extra context key {k} is not a string"))
                 })?;
                 ctx.insert(name.to_string(), v);
             }
         }
-        let tmpl = self.env.get_template(NAME).map_err(template_error)?;
-        tmpl.render(TemplateValue::from(ctx))
-            .map_err(template_error)
+        if self.stopped.load(Ordering::Relaxed) {
+            return Err(TextError::Template(
+                "not rendered: an earlier render of this template was stopped at its limits".into(),
+            ));
+        }
+        let env = self.env.clone();
+        let limits = self.limits;
+        let render = move || {
+            OUTPUT_LEFT.with(|l| l.set(limits.output));
+            let tmpl = env
+                .get_template(NAME)
+                .map_err(|e| template_error(e, &limits))?;
+            tmpl.render(TemplateValue::from(ctx))
+                .map_err(|e| template_error(e, &limits))
+        };
+        match guard::run_guarded(limits.memory, limits.time, render) {
+            Ok(r) => r,
+            Err(why) => {
+                self.stopped.store(true, Ordering::Relaxed);
+                Err(TextError::Template(match why {
+                    Stopped::Memory => format!(
+                        "stopped: rendering needed more than {} MiB (a string or list grown without bound?)",
+                        limits.memory >> 20
+                    ),
+                    Stopped::Time => format!(
+                        "stopped: rendering took longer than {:?}",
+                        limits.time
+                    ),
+                    Stopped::Panicked => "the template engine failed (a bug in kiln)".into(),
+                }))
+            }
+        }
     }
 }
 
@@ -139,9 +233,31 @@ fn python_formatter(
         ValueKind::Bool if v.is_true() => "True",
         ValueKind::Bool => "False",
         ValueKind::None => "None",
-        _ => return minijinja::escape_formatter(out, state, v),
+        _ => {
+            let n = match v.as_str() {
+                Some(s) => s.len(),
+                None => v.to_string().len(),
+            };
+            spend_output(n)?;
+            return minijinja::escape_formatter(out, state, v);
+        }
     };
+    spend_output(text.len())?;
     out.write_str(text).map_err(Error::from)
+}
+
+/// Counts `n` emitted bytes against the render's output bound.
+fn spend_output(n: usize) -> Result<(), Error> {
+    OUTPUT_LEFT.with(|left| match left.get().checked_sub(n) {
+        Some(l) => {
+            left.set(l);
+            Ok(())
+        }
+        None => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "output limit reached (the template emits more than its output bound)",
+        )),
+    })
 }
 
 fn raise_exception(msg: String) -> Result<TemplateValue, Error> {
@@ -160,8 +276,23 @@ fn strftime(t: &chrono::NaiveDateTime, fmt: &str) -> Result<String, Error> {
 }
 
 /// One line: kind, message and the template line.
-fn template_error(e: Error) -> TextError {
+fn template_error(e: Error, limits: &Limits) -> TextError {
     let mut msg = e.to_string();
+    match e.kind() {
+        ErrorKind::OutOfFuel => {
+            msg = format!(
+                "ran out of fuel: more than {} instructions (an endless or runaway loop?)",
+                limits.fuel
+            )
+        }
+        ErrorKind::InvalidOperation if msg.contains("output limit") => {
+            msg = format!(
+                "output limit: the template emits more than {} bytes",
+                limits.output
+            )
+        }
+        _ => {}
+    }
     if let Some(line) = e.line() {
         if !msg.contains(&format!("{NAME}:{line}")) {
             msg.push_str(&format!(" (line {line})"));

@@ -150,3 +150,35 @@ fn smollm2_golden_prompt() {
         golden["greedy_text"].as_str().unwrap()
     );
 }
+
+/// The bounds on a render (kiln_text::Limits) leave real templates a wide margin: a
+/// 500-message conversation through the Qwen3, Llama 3.2 and SmolLM2 templates renders within a
+/// tenth of the default fuel and output.
+#[test]
+fn real_templates_fit_a_tenth_of_the_default_limits() {
+    let d = kiln_text::Limits::default();
+    let tenth = kiln_text::Limits {
+        fuel: d.fuel / 10,
+        output: d.output / 10,
+        ..d
+    };
+    let msgs: Vec<Message> = (0..500)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            Message::new(
+                role,
+                "a sentence of about ten words, for the template. ".repeat(4),
+            )
+        })
+        .collect();
+    for name in ["qwen3", "llama3.2", "smollm2"] {
+        let src = load(name).chat_template().expect("template").to_string();
+        let t = ChatTemplate::new(&src, "<s>", "</s>")
+            .unwrap()
+            .with_limits(tenth);
+        let out = t
+            .render(&msgs, true)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(out.len() > 500 * 200, "{name}");
+    }
+}

@@ -28,6 +28,20 @@ pub struct LlmConfig {
 
 pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3";
 
+/// The widest attention head kiln accepts (models use 64..256). A header saying more is
+/// corrupt, and is refused before anything (RoPE tables) is sized by it.
+pub const MAX_HEAD_DIM: usize = 4096;
+
+/// Rejects a head or RoPE width no model has.
+pub(crate) fn check_head_dim(head_dim: usize, what: &str) -> Result<(), String> {
+    if head_dim == 0 || head_dim > MAX_HEAD_DIM {
+        return Err(format!(
+            "{what} {head_dim} is out of range (1..={MAX_HEAD_DIM}): corrupt header?"
+        ));
+    }
+    Ok(())
+}
+
 impl LlmConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
         let file = g.path().to_path_buf();
@@ -89,6 +103,7 @@ impl LlmConfig {
                 "{n_heads} heads is not a multiple of {n_kv_heads} kv heads"
             )));
         }
+        check_head_dim(head_dim, "head size").map_err(bad)?;
         if rope_dims > head_dim || rope_dims % 2 != 0 {
             return Err(bad(format!(
                 "rope dimension {rope_dims} does not fit head size {head_dim}"
@@ -133,5 +148,34 @@ impl LlmConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_formats::{GgufWriter, Value};
+
+    /// An embedding length of 2^30 over 4 heads made head_dim 2^28, and linear RoPE scaling
+    /// then asked for a table of 2^27 floats per the file's say-so (found by the `gguf` fuzz
+    /// target as a refused 805 MB allocation).
+    #[test]
+    fn absurd_head_size_is_an_error_not_an_allocation() {
+        let mut w = GgufWriter::new();
+        w.meta("general.architecture", Value::String("llama".into()))
+            .meta("llama.block_count", Value::U32(1))
+            .meta("llama.context_length", Value::U32(128))
+            .meta("llama.embedding_length", Value::U32(1 << 30))
+            .meta("llama.feed_forward_length", Value::U32(64))
+            .meta("llama.attention.head_count", Value::U32(4))
+            .meta("llama.vocab_size", Value::U32(4))
+            .meta("llama.rope.scaling.type", Value::String("linear".into()))
+            .meta("llama.rope.scaling.factor", Value::F32(2.0));
+        let g = GgufFile::from_bytes("big-head.gguf", w.to_bytes()).unwrap();
+        let e = LlmConfig::from_gguf(&g).unwrap_err().to_string();
+        assert!(
+            e.contains("big-head.gguf") && e.contains("head size 268435456 is out of range"),
+            "{e}"
+        );
     }
 }

@@ -44,9 +44,11 @@ pub struct HfCheckpoint {
 impl HfCheckpoint {
     pub fn open(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
-        let config = read_json(&path)?;
-        let cfg = LlmConfig::from_hf(&path, &config)?;
-        let mlx = mlx_quant(&path, &config)?;
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Config {
+            file: path.clone(),
+            what: format!("cannot read: {e}"),
+        })?;
+        let (config, cfg, mlx) = parse_config(&path, &text)?;
         let tensors = SafetensorsSet::open_dir(dir)?;
         Ok(HfCheckpoint {
             dir: dir.into(),
@@ -68,10 +70,26 @@ pub fn read_json(path: &Path) -> Result<Json, ModelError> {
         file: path.into(),
         what: format!("cannot read: {e}"),
     })?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Config {
+    json_of(path, &text)
+}
+
+fn json_of(path: &Path, text: &str) -> Result<Json, ModelError> {
+    serde_json::from_str(text).map_err(|e| ModelError::Config {
         file: path.into(),
         what: format!("not valid JSON: {e}"),
     })
+}
+
+/// `config.json` text (`file` names it in errors): the JSON, the hyper-parameters and the MLX
+/// quantization, if any.
+pub fn parse_config(
+    file: &Path,
+    text: &str,
+) -> Result<(Json, LlmConfig, Option<MlxQuant>), ModelError> {
+    let config = json_of(file, text)?;
+    let cfg = LlmConfig::from_hf(file, &config)?;
+    let mlx = mlx_quant(file, &config)?;
+    Ok((config, cfg, mlx))
 }
 
 fn mlx_quant(file: &Path, c: &Json) -> Result<Option<MlxQuant>, ModelError> {
@@ -98,7 +116,10 @@ fn mlx_quant(file: &Path, c: &Json) -> Result<Option<MlxQuant>, ModelError> {
         let bits = v.get("bits").and_then(|b| b.as_u64());
         let group = v.get("group_size").and_then(|g| g.as_u64());
         match (bits, group) {
-            (Some(b), Some(g)) => Ok((b as u32, g as usize)),
+            (Some(b), Some(g)) if b <= 64 && g <= 1 << 20 => Ok((b as u32, g as usize)),
+            (Some(b), Some(g)) => Err(bad(format!(
+                "{what}: bits {b} / group_size {g} out of range"
+            ))),
             _ => Err(bad(format!(
                 "{what}: needs integer 'bits' and 'group_size'"
             ))),
@@ -196,6 +217,7 @@ impl LlmConfig {
                 "{n_heads} heads is not a multiple of {n_kv_heads} kv heads"
             )));
         }
+        super::config::check_head_dim(head_dim, "head_dim").map_err(bad)?;
         if head_dim % 2 != 0 {
             return Err(bad(format!("head_dim {head_dim} is odd")));
         }
@@ -312,6 +334,20 @@ mod tests {
 
     fn cfg(v: Json) -> Result<LlmConfig, ModelError> {
         LlmConfig::from_hf(Path::new("config.json"), &v)
+    }
+
+    /// A head_dim from the file sized the RoPE factor table before anything checked it: 2^31
+    /// made a multi-GiB allocation (found by the `hf_config` fuzz target's sibling `gguf`).
+    #[test]
+    fn absurd_head_dim_is_an_error_not_an_allocation() {
+        let e = cfg(json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 8,
+            "head_dim": 2147483646, "rope_scaling": {"rope_type": "linear", "factor": 2.0}
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("head_dim 2147483646 is out of range"), "{e}");
     }
 
     /// transformers 4.x keys, as Hugging Face's Llama 3.2 and Qwen configs have them.

@@ -6,6 +6,6 @@ pub mod llama;
 pub mod names;
 
 pub use config::LlmConfig;
-pub use hf::{is_hf_dir, HfCheckpoint, MlxQuant};
+pub use hf::{is_hf_dir, parse_config, HfCheckpoint, MlxQuant};
 pub use llama::{Llama, LlamaBatch, LlamaState, SeqChunk};
 pub use names::{LayerParam, Naming, Param};
