@@ -2,11 +2,14 @@
 # kiln's CUDA backend beside llama.cpp's, on an NVIDIA GPU machine, in one sitting.
 #
 # Usage (from the repository root, on the GPU machine):
-#   tools/cuda-bench.sh KILN LLAMA_SRC_TGZ TOKENIZERS_TGZ GGUF_WHEEL [SHAPES] [QUANTS]
+#   tools/cuda-bench.sh KILN LLAMA_SRC_TGZ TOKENIZERS_TGZ GGUF_WHEEL [SHAPES]
 #
 #   KILN            a kiln binary built with `cargo build --release -p kiln-cli --features cuda`
-#   LLAMA_SRC_TGZ   llama.cpp's source (tools/build-llama-cpp.sh unpacks the pinned one:
-#                   tar czf llama-src.tgz -C /work/peers/llama.cpp src)
+#   LLAMA_SRC_TGZ   llama.cpp's source (tools/build-llama-cpp.sh unpacks the pinned one),
+#                   without its docs and vocabulary files so it travels small:
+#                   tar czf llama-src.tgz -C /work/peers/llama.cpp --anchored \
+#                       --exclude=src/docs --exclude=src/models --exclude=src/benches \
+#                       --exclude=src/tests src
 #   TOKENIZERS_TGZ  $KILN_HOME/models/{qwen3-tokenizer,llama3.2-tokenizer} as a tarball
 #                   (tools/make_bench_models.py embeds them)
 #   GGUF_WHEEL      the `gguf` Python package's wheel (pip download gguf==0.19.0)
