@@ -55,6 +55,9 @@ pub struct ServeArgs {
     /// Largest audio upload in bytes (larger: 413).
     #[arg(long = "max-upload", value_name = "BYTES", default_value_t = 25 << 20)]
     pub max_upload: usize,
+    /// Longest audio the audio-in routes take, in seconds (longer: 400).
+    #[arg(long = "max-audio", value_name = "SECS", default_value_t = 3600.0)]
+    pub max_audio: f64,
 }
 
 /// Loads a speech model: an explicit one must load; the default one is skipped (with a
@@ -117,6 +120,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let info = sched.info().clone();
     let mut audio = AudioModels {
         max_upload: a.max_upload,
+        max_audio_secs: a.max_audio,
         ..Default::default()
     };
     if !a.no_audio {

@@ -33,6 +33,8 @@ pub struct AudioModels {
     pub tts: Option<(String, Arc<Mutex<Tts>>, Vec<String>)>,
     /// Largest upload (multipart body) in bytes for the audio-in routes.
     pub max_upload: usize,
+    /// Longest audio, in seconds, the audio-in routes take (after decoding).
+    pub max_audio_secs: f64,
 }
 
 impl Default for AudioModels {
@@ -41,6 +43,7 @@ impl Default for AudioModels {
             stt: None,
             tts: None,
             max_upload: 25 << 20,
+            max_audio_secs: 3600.0,
         }
     }
 }
@@ -181,6 +184,20 @@ async fn read_form(req: axum::extract::Request, limit: usize) -> Result<Form, Ap
     Ok(form)
 }
 
+/// 16 kHz mono samples of an uploaded file, refused (400) past `max_secs` of audio.
+fn decode_limited(name: &str, bytes: &[u8], max_secs: f64) -> Result<Vec<f32>, ApiError> {
+    let samples =
+        decode_upload(name, bytes).map_err(|e| ApiError::invalid(e.to_string()).param("file"))?;
+    let secs = samples.len() as f64 / 16_000.0;
+    if secs > max_secs {
+        return Err(ApiError::invalid(format!(
+            "{name}: {secs:.1} s of audio; this server takes at most {max_secs:.0} s (--max-audio)"
+        ))
+        .param("file"));
+    }
+    Ok(samples)
+}
+
 /// 16 kHz mono samples of an uploaded file (`name` hints the format and names errors).
 fn decode_upload(name: &str, bytes: &[u8]) -> Result<Vec<f32>, kiln_audio::AudioError> {
     let ext = Path::new(name).extension().and_then(|e| e.to_str());
@@ -278,9 +295,9 @@ pub async fn transcriptions(
         }
         let (name, bytes) = form.file()?;
         let (name, bytes) = (name.to_string(), bytes.clone());
+        let max_secs = st.audio.max_audio_secs;
         let t = blocking(move || {
-            let samples = decode_upload(&name, &bytes)
-                .map_err(|e| ApiError::invalid(e.to_string()).param("file"))?;
+            let samples = decode_limited(&name, &bytes, max_secs)?;
             Ok(lock(&stt).transcribe(&samples, &o)?)
         })
         .await?;
@@ -537,11 +554,10 @@ pub async fn chat(State(st): State<Arc<AppState>>, req: axum::extract::Request) 
         let (tx, mut rx) = mpsc::channel::<Msg>(8);
         let state = st.clone();
         tokio::task::spawn_blocking(move || {
-            let samples = match decode_upload(&name, &bytes) {
+            let samples = match decode_limited(&name, &bytes, state.audio.max_audio_secs) {
                 Ok(s) => s,
                 Err(e) => {
-                    let _ = tx
-                        .blocking_send(Msg::Error(ApiError::invalid(e.to_string()).param("file")));
+                    let _ = tx.blocking_send(Msg::Error(e));
                     return;
                 }
             };

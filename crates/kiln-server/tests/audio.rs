@@ -52,6 +52,7 @@ fn server() -> SocketAddr {
             stt: Some(("whisper-tiny.en".into(), Arc::new(Mutex::new(stt)))),
             tts: Some(("kokoro-82m".into(), Arc::new(Mutex::new(tts)), voices)),
             max_upload: 4 << 20,
+            max_audio_secs: 60.0,
         };
         let cfg = ServerConfig {
             model_id: "smollm2-135m-instruct".into(),
@@ -346,4 +347,49 @@ fn audio_chat_answers_jfk_with_speech() {
     let secs = wav_seconds(&r.body);
     assert!(secs > 0.5, "{secs} s");
     assert!(!r.chunks.is_empty());
+}
+
+/// Audio past the server's duration limit is a 400 that says how long it was; the server
+/// goes on serving.
+#[test]
+fn audio_past_the_duration_limit_is_refused() {
+    // 70 s of a quiet 16 kHz 16-bit tone (2.2 MB: under the upload limit, over 60 s).
+    let n = 70 * 16_000u32;
+    let mut wav = Vec::new();
+    wav.extend_from_slice(b"RIFF");
+    wav.extend_from_slice(&(36 + 2 * n).to_le_bytes());
+    wav.extend_from_slice(b"WAVEfmt ");
+    wav.extend_from_slice(&16u32.to_le_bytes());
+    wav.extend_from_slice(&1u16.to_le_bytes()); // PCM
+    wav.extend_from_slice(&1u16.to_le_bytes()); // mono
+    wav.extend_from_slice(&16_000u32.to_le_bytes());
+    wav.extend_from_slice(&32_000u32.to_le_bytes());
+    wav.extend_from_slice(&2u16.to_le_bytes());
+    wav.extend_from_slice(&16u16.to_le_bytes());
+    wav.extend_from_slice(b"data");
+    wav.extend_from_slice(&(2 * n).to_le_bytes());
+    for i in 0..n {
+        let v = ((i as f32 * 0.05).sin() * 300.0) as i16;
+        wav.extend_from_slice(&v.to_le_bytes());
+    }
+    let e = post_form(
+        "/v1/audio/transcriptions",
+        &[("model", "whisper-1")],
+        Some(("long.wav", &wav)),
+    )
+    .assert_error(400);
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("70.0 s of audio") && msg.contains("at most 60 s"),
+        "{msg}"
+    );
+    // Still serving: jfk.wav transcribes.
+    let jfk = std::fs::read(JFK).unwrap();
+    let r = post_form(
+        "/v1/audio/transcriptions",
+        &[("model", "whisper-1"), ("response_format", "text")],
+        Some(("jfk.wav", &jfk)),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().to_lowercase().contains(PHRASE), "{}", r.text());
 }
