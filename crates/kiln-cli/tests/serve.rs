@@ -79,6 +79,8 @@ fn openai_python_client_against_kiln_serve() {
             break u.trim().to_string();
         }
     };
+    // The default address is the loopback one: nothing outside the machine reaches it.
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     // Keep draining the server's stderr so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/openai_client_test.py");

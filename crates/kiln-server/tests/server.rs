@@ -532,7 +532,22 @@ fn api_key_queue_full_and_disconnects() {
             b"",
         )
         .assert_error(401);
-        assert_eq!(http(addr, method, path, &auth, b"").status, 200);
+        let r = http(
+            addr,
+            method,
+            path,
+            &[auth[0], ("Origin", "https://elsewhere.example")],
+            b"",
+        );
+        assert_eq!(r.status, 200);
+        // No CORS: a page from another origin gets no permission to read the answer.
+        assert!(
+            !r.headers
+                .to_ascii_lowercase()
+                .contains("access-control-allow"),
+            "{}",
+            r.headers
+        );
     }
     http(addr, "POST", "/v1/completions", &[], body.as_bytes()).assert_error(401);
 
