@@ -213,6 +213,18 @@ pub struct LstmShape {
     pub out_col: usize,
 }
 
+/// Index of the largest value of `r`, the first on ties (NaN never wins over a number
+/// before it).
+pub fn argmax_first(r: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in r.iter().enumerate() {
+        if x > r[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 pub trait Backend {
     /// f32 activations, row-major `rows x cols`.
     type Tensor;
@@ -451,17 +463,7 @@ pub trait Backend {
     fn argmax_rows(&self, x: &Self::Tensor, n: usize, cols: usize) -> Vec<u32> {
         let mut v = vec![0f32; n * cols];
         self.read(x, n, &mut v);
-        v.chunks_exact(cols.max(1))
-            .map(|r| {
-                let mut best = 0;
-                for (i, &x) in r.iter().enumerate() {
-                    if x > r[best] {
-                        best = i;
-                    }
-                }
-                best as u32
-            })
-            .collect()
+        v.chunks_exact(cols.max(1)).map(argmax_first).collect()
     }
 
     /// Runs one step: every op `f` enqueues, for `tokens` at positions `pos0..`. A backend

@@ -434,11 +434,9 @@ extern "C" __global__ void embed(Mat m, int cols, const u32* params, float* out)
         out[(size_t)t * cols + c] = packed_value(m, (int)id, cols, c);
 }
 
-// out[r] = x[r] / rms(x[r]) * w, one block per row.
-extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, int cols,
-                                    float* out) {
+// 1 / rms of the row xr (cols values) plus eps, computed by the whole block.
+__device__ float block_inv_rms(const float* xr, int cols, float eps) {
     __shared__ float red[32];
-    const float* xr = x + (size_t)blockIdx.x * cols;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
     ss = warp_sum(ss);
@@ -450,7 +448,14 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, i
         if (threadIdx.x == 0) red[0] = rsqrtf(v / (float)cols + eps);
     }
     __syncthreads();
-    const float r = red[0];
+    return red[0];
+}
+
+// out[r] = x[r] / rms(x[r]) * w, one block per row.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, int cols,
+                                    float* out) {
+    const float* xr = x + (size_t)blockIdx.x * cols;
+    const float r = block_inv_rms(xr, cols, eps);
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         out[(size_t)blockIdx.x * cols + c] = xr[c] * r * w[c];
 }
@@ -761,23 +766,8 @@ extern "C" __global__ void dequant_f16(Mat m, int rows, int cols, u16* out) {
 // out row r (f16) = x row r, RMS-normalised with norm_w first when given; a block per row.
 extern "C" __global__ void rows_f16(const float* x, int cols, const float* norm_w, float eps,
                                     u16* out) {
-    __shared__ float red[32];
     const float* xr = x + (size_t)blockIdx.x * cols;
-    float r = 1.0f;
-    if (norm_w) {
-        float ss = 0.0f;
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
-        ss = warp_sum(ss);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-            v = warp_sum(v);
-            if (threadIdx.x == 0) red[0] = rsqrtf(v / (float)cols + eps);
-        }
-        __syncthreads();
-        r = red[0];
-    }
+    const float r = norm_w ? block_inv_rms(xr, cols, eps) : 1.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         out[(size_t)blockIdx.x * cols + c] = f2h(xr[c] * r * (norm_w ? norm_w[c] : 1.0f));
 }

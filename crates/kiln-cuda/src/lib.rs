@@ -248,12 +248,13 @@ impl CudaBackend {
         self.dev.sync().map_err(|e| format!("CUDA: {e:?}"))
     }
 
-    /// Makes the device's step parameters hold `pos0` and `ids` (when given).
+    /// Makes the device's step parameters hold `pos0` and `ids` (when given). The mirror's
+    /// buffer is reused: no allocation per step.
     fn set_params(&self, pos0: usize, ids: Option<&[u32]>) {
         let mut cur = self.params_host.borrow_mut();
         let same = match (&*cur, ids) {
             (Some((p, _)), None) => *p == pos0 as u32,
-            (Some((p, have)), Some(ids)) => *p == pos0 as u32 && have.as_slice() == ids,
+            (Some((p, have)), Some(ids)) => *p == pos0 as u32 && have[2..] == *ids,
             (None, _) => false,
         };
         if same {
@@ -263,15 +264,16 @@ impl CudaBackend {
             !self.recording.get(),
             "a recorded step changed its positions or tokens"
         );
-        let mut v = vec![pos0 as u32, ids.map_or(0, |i| i.len() as u32)];
-        let have = match (ids, &*cur) {
-            (Some(ids), _) => ids.to_vec(),
-            (None, Some((_, have))) => have.clone(),
-            (None, None) => Vec::new(),
-        };
-        v.extend_from_slice(&have);
-        self.dev.htod(self.params.ptr, &v);
-        *cur = Some((pos0 as u32, have));
+        // The mirror holds exactly what the device holds: [pos0, n, ids...].
+        let v = cur.get_or_insert_with(|| (0, vec![0, 0]));
+        v.0 = pos0 as u32;
+        v.1[0] = pos0 as u32;
+        if let Some(ids) = ids {
+            v.1.truncate(2);
+            v.1[1] = ids.len() as u32;
+            v.1.extend_from_slice(ids);
+        }
+        self.dev.htod(self.params.ptr, &v.1);
     }
 
     fn mat(&self, w: &CudaWeight, bias: Option<&CudaTensor>, out: &CudaTensor) -> Mat {

@@ -318,6 +318,13 @@ impl Backend for CpuBackend {
         t
     }
 
+    fn argmax_rows(&self, x: &CpuTensor, n: usize, cols: usize) -> Vec<u32> {
+        // Straight from the tensor: no copy of the logits.
+        (0..n)
+            .map(|r| crate::argmax_first(&x.data[r * x.cols..r * x.cols + cols]))
+            .collect()
+    }
+
     fn read(&self, t: &CpuTensor, rows: usize, out: &mut [f32]) {
         out.copy_from_slice(&t.data[..rows * t.cols]);
     }
