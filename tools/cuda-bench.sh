@@ -32,7 +32,10 @@ mkdir -p "$WORK" "$OUT" "$KILN_HOME/models"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 
-if [ ! -x "$WORK/lc/build/bin/llama-bench" ]; then
+# The quantizer of the benchmark files: llama.cpp's llama-quantize (default; it waits for the
+# build), or QUANTIZE=kiln: `kiln quantize` (tools/kiln-as-llama-quantize.sh), so the files
+# are written while llama.cpp builds. Either way both engines run the same files.
+build_llama() {
     mkdir -p "$WORK/lc" && tar xzf "$SRC" -C "$WORK/lc"
     t0=$(date +%s)
     cmake -S "$WORK/lc/src" -B "$WORK/lc/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -42,22 +45,39 @@ if [ ! -x "$WORK/lc/build/bin/llama-bench" ]; then
         -DLLAMA_BUILD_NUMBER=11312 -DLLAMA_BUILD_COMMIT=0c1e57098 > "$WORK/cmake.log"
     cmake --build "$WORK/lc/build" -j "$JOBS" --target llama-bench llama-quantize > "$WORK/build.log"
     echo "llama.cpp CUDA build: $(( $(date +%s) - t0 )) s"
-fi
+}
 LB="$WORK/lc/build/bin/llama-bench"
-"$LB" --version 2>&1 | head -2
+BUILD_PID=""
+if [ ! -x "$LB" ]; then
+    if [ "${QUANTIZE:-llama}" = kiln ]; then
+        build_llama & BUILD_PID=$!
+    else
+        build_llama
+    fi
+fi
+if [ "${QUANTIZE:-llama}" = kiln ]; then
+    QBIN="$(cd "$(dirname "$0")" && pwd)/kiln-as-llama-quantize.sh"
+    export KILN_QUANTIZE_BIN="$KILN"
+else
+    QBIN="$WORK/lc/build/bin/llama-quantize"
+fi
 
 python3 -m pip install -q --no-index --no-deps --target "$WORK/site" "$WHEEL"
 tar xzf "$TOK" -C "$KILN_HOME/models"
-# One shape at a time, each benchmarked as soon as its files exist (a long sitting that is
-# cut short keeps what it measured).
+# All files first (while llama.cpp builds, with QUANTIZE=kiln), then both engines on each.
 for spec in $SHAPES; do
     s="${spec%%:*}"; QUANTS="${spec#*:}"
     t0=$(date +%s)
     PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py "$KILN_HOME/bench" \
-        --llama-quantize "$WORK/lc/build/bin/llama-quantize" --no-verify --no-smollm2 \
+        --llama-quantize "$QBIN" --no-verify --no-smollm2 \
         --shapes "$s" --quants "$QUANTS" >> "$WORK/models.log"
     echo "$s: models written in $(( $(date +%s) - t0 )) s"
     rm -f "$KILN_HOME/bench/$s-shape-f16.gguf"
+done
+[ -n "$BUILD_PID" ] && wait "$BUILD_PID"
+"$LB" --version 2>&1 | head -2
+for spec in $SHAPES; do
+    s="${spec%%:*}"; QUANTS="${spec#*:}"
     for q in ${QUANTS//,/ }; do
         f="$KILN_HOME/bench/$s-shape-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
         "$LB" -m "$f" -p 512 -n 128 -r 3 -fa 1 -ngl 99 -o jsonl 2>/dev/null >> "$OUT/llama-cpp.jsonl" \

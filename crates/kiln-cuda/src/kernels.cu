@@ -4,9 +4,9 @@
 // Weights arrive repacked by pack.rs: every quantized format is cut into blocks of 32
 // values whose 4-bit parts sit in one 16-byte vector (byte j holds values j and j + 16, low
 // nibble first) and whose 8-bit parts sit in two; scales live in arrays of their own. A
-// matrix-vector product is one warp per row, each lane one block at a time; the block's
-// prologue quantizes the activations (after the RMSNorm it may fuse) to int8 blocks in
-// shared memory, and products are dp4a.
+// matrix-vector product first quantizes the activations (after the RMSNorm it may fuse) to
+// int8 blocks once (quant_act, into global memory), then warps take rows, each lane one
+// block at a time, and products are dp4a.
 //
 // Positions and token ids are read from `params` (device memory: params[0] = first
 // position, params[2 + t] = token t), so that a recorded graph stays valid from step to step.
@@ -65,6 +65,29 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+// Programmatic dependent launch (sm_90+): a kernel lets the next one in the stream start as
+// soon as all its blocks run (pdl_trigger), and waits for the previous one to finish and
+// its writes to be visible (pdl_wait) before it touches anything that one wrote. Only
+// immutable data (weights) is read before the wait. No-ops when launched without the
+// attribute or on older GPUs.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+    pdl_trigger();
+    pdl_wait();
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // Spreads 4 two-bit fields (bits 0..7 of t) into bits 4..5 of 4 bytes.
 __device__ __forceinline__ u32 spread2(u32 t) {
     u32 b = (t & 0x03) | ((t & 0x0c) << 6) | ((t & 0x30) << 12) | ((t & 0xc0) << 18);
@@ -101,13 +124,26 @@ struct Mats {
     int row0[4];  // mat i owns output rows row0[i]..row0[i + 1] of the launch
 };
 
-// Block-quantized activations of up to MAX_TOK tokens in shared memory.
+// Block-quantized activations of up to MAX_TOK tokens, written once per product by
+// quant_act into a global buffer (L2-resident) that every block of the product reads.
+// Layout (pack.rs's xq_bytes computes the same size): q ntok*cols bytes, d ntok*nb floats,
+// sums ntok*cols/16 shorts, inv ntok floats.
 struct XQ {
     const int* q;      // [tok][cols / 4]: 4 int8 values per int
     const float* d;    // [tok][cols / 32]
     const short* sum;  // [tok][cols / 16]: sums of each half block's values
     const float* inv;  // [tok]: the fused RMSNorm's 1 / rms (1 when not fused)
 };
+
+__device__ __forceinline__ XQ xq_layout(const u8* base, int cols, int ntok) {
+    const int nb = cols / 32;
+    XQ x;
+    x.q = (const int*)base;
+    x.d = (const float*)(base + (size_t)ntok * cols);
+    x.sum = (const short*)(x.d + ntok * nb);
+    x.inv = (const float*)(x.sum + ntok * (cols / 16));
+    return x;
+}
 
 // Adds block b of row r of m, dotted with the activations of ntok tokens, to acc.
 __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, const XQ& x,
@@ -117,19 +153,20 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
     if (m.fmt == FMT_Q8_0) {
         const uint4 wa = __ldg((const uint4*)m.q + 2 * blk);
         const uint4 wb = __ldg((const uint4*)m.q + 2 * blk + 1);
-        const float ws = h2f(((const u16*)m.s)[blk]);
+        const float ws = h2f(__ldg((const u16*)m.s + blk));
 #pragma unroll
         for (int t = 0; t < MAX_TOK; t++) {
             if (t >= ntok) break;
-            const int* xq = x.q + (size_t)t * (cols / 4) + b * 8;
-            int a = dp4a_ss((int)wa.x, xq[0], 0);
-            a = dp4a_ss((int)wa.y, xq[1], a);
-            a = dp4a_ss((int)wa.z, xq[2], a);
-            a = dp4a_ss((int)wa.w, xq[3], a);
-            a = dp4a_ss((int)wb.x, xq[4], a);
-            a = dp4a_ss((int)wb.y, xq[5], a);
-            a = dp4a_ss((int)wb.z, xq[6], a);
-            a = dp4a_ss((int)wb.w, xq[7], a);
+            const uint4* xq = (const uint4*)(x.q + (size_t)t * (cols / 4) + b * 8);
+            const uint4 xa = xq[0], xb = xq[1];
+            int a = dp4a_ss((int)wa.x, (int)xa.x, 0);
+            a = dp4a_ss((int)wa.y, (int)xa.y, a);
+            a = dp4a_ss((int)wa.z, (int)xa.z, a);
+            a = dp4a_ss((int)wa.w, (int)xa.w, a);
+            a = dp4a_ss((int)wb.x, (int)xb.x, a);
+            a = dp4a_ss((int)wb.y, (int)xb.y, a);
+            a = dp4a_ss((int)wb.z, (int)xb.z, a);
+            a = dp4a_ss((int)wb.w, (int)xb.w, a);
             acc[t] += ws * x.d[t * nb + b] * (float)a;
         }
         return;
@@ -144,13 +181,13 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
     float s_lo, s_hi, m_lo, m_hi;
     switch (m.fmt) {
     case FMT_Q4_0: {
-        const float d = h2f(((const u16*)m.s)[blk]);
+        const float d = h2f(__ldg((const u16*)m.s + blk));
         s_lo = s_hi = d;
         m_lo = m_hi = -8.0f * d;
         break;
     }
     case FMT_Q4_1: {
-        const u32 dm = ((const u32*)m.s)[blk];
+        const u32 dm = __ldg((const u32*)m.s + blk);
         s_lo = s_hi = h2f(dm & 0xffff);
         m_lo = m_hi = h2f(dm >> 16);
         break;
@@ -165,7 +202,7 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
         break;
     }
     default: {  // FMT_Q6_K
-        const uint2 h = ((const uint2*)m.s)[blk];
+        const uint2 h = __ldg((const uint2*)m.s + blk);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             lo4[i] |= spread2(h.x >> (8 * i));
@@ -183,25 +220,28 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
 #pragma unroll
     for (int t = 0; t < MAX_TOK; t++) {
         if (t >= ntok) break;
-        const int* xq = x.q + (size_t)t * (cols / 4) + b * 8;
-        int a = 0, c = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            a = dp4a_us(lo4[i], xq[i], a);
-            c = dp4a_us(hi4[i], xq[4 + i], c);
-        }
-        const short* sm = x.sum + (size_t)t * (cols / 16) + 2 * b;
-        acc[t] += x.d[t * nb + b] * (s_lo * (float)a + m_lo * (float)sm[0] +
-                                     s_hi * (float)c + m_hi * (float)sm[1]);
+        const uint4* xq = (const uint4*)(x.q + (size_t)t * (cols / 4) + b * 8);
+        const uint4 xa = xq[0], xb = xq[1];
+        int a = dp4a_us(lo4[0], (int)xa.x, 0);
+        a = dp4a_us(lo4[1], (int)xa.y, a);
+        a = dp4a_us(lo4[2], (int)xa.z, a);
+        a = dp4a_us(lo4[3], (int)xa.w, a);
+        int c = dp4a_us(hi4[0], (int)xb.x, 0);
+        c = dp4a_us(hi4[1], (int)xb.y, c);
+        c = dp4a_us(hi4[2], (int)xb.z, c);
+        c = dp4a_us(hi4[3], (int)xb.w, c);
+        const u32 sm = *(const u32*)(x.sum + (size_t)t * (cols / 16) + 2 * b);
+        const float s0 = (float)(short)(sm & 0xffff), s1 = (float)(short)(sm >> 16);
+        acc[t] += x.d[t * nb + b] * (s_lo * (float)a + m_lo * s0 + s_hi * (float)c + m_hi * s1);
     }
 }
 
-// Dot of NR consecutive rows r.. of m with the activations of ntok tokens; the lanes of a
-// warp split the blocks (each lane's partial sums in acc[row][token]). The NR rows' loads
-// are independent, so a lane has NR of them in flight.
+// Partial dots of NR consecutive rows r.. of m with the activations of ntok tokens: lane
+// `lane` of k-part `part` (of kw) takes blocks part * 32 + lane, stepping 32 * kw. The NR
+// rows' loads are independent, so a lane has NR of them in flight.
 template <int NR>
 __device__ __forceinline__ void rows_dot(const Mat& m, int r, int cols, const XQ& x, int ntok,
-                                         const float* xf, const float* norm_w,
+                                         const float* xf, const float* norm_w, int part, int kw,
                                          float (*acc)[MAX_TOK]) {
     const int lane = threadIdx.x & 31;
     const int nb = cols / 32;
@@ -210,7 +250,7 @@ __device__ __forceinline__ void rows_dot(const Mat& m, int r, int cols, const XQ
 #pragma unroll
         for (int t = 0; t < MAX_TOK; t++) acc[i][t] = 0.0f;
     if (m.fmt == FMT_F32 || m.fmt == FMT_F16) {
-        for (int c = lane; c < cols; c += 32) {
+        for (int c = part * 32 + lane; c < cols; c += 32 * kw) {
             const float nw = norm_w ? norm_w[c] : 1.0f;
 #pragma unroll
             for (int i = 0; i < NR; i++) {
@@ -223,171 +263,202 @@ __device__ __forceinline__ void rows_dot(const Mat& m, int r, int cols, const XQ
         }
         return;
     }
-    for (int b = lane; b < nb; b += 32) {
+    for (int b = part * 32 + lane; b < nb; b += 32 * kw) {
 #pragma unroll
         for (int i = 0; i < NR; i++) block_dot(m, r + i, b, cols, x, ntok, acc[i]);
     }
 }
 
-// Quantizes ntok rows of x (normalised by an RMSNorm with weights norm_w first, when given)
-// into shared memory. Every thread of the block takes part.
-__device__ void quantize_x(const float* x, int cols, int ntok, const float* norm_w, float eps,
-                           u8* smem, XQ* out) {
-    // Layout (pack.rs's matvec_smem computes the same size): q ntok*cols bytes, d ntok*nb
-    // floats, sums ntok*cols/16 shorts, inv ntok floats, WARPS floats of scratch.
-    const int nb = cols / 32;
-    int* q = (int*)smem;
-    float* d = (float*)(smem + (size_t)ntok * cols);
-    short* sum = (short*)(d + ntok * nb);
-    float* inv = (float*)(sum + ntok * (cols / 16));
-    float* red = inv + ntok;
+// Lane `lane`'s value of 32-value block b to int8 (scale amax / 127), with the block's scale
+// and its two half sums.
+__device__ __forceinline__ void quant_block(float val, int b, int lane, i8* q, float* d,
+                                            short* sum) {
+    const float amax = warp_max(fabsf(val));
+    const float dd = amax / 127.0f;
+    const int qi = dd == 0.0f ? 0 : (int)rintf(val / dd);
+    q[b * 32 + lane] = (i8)qi;
+    float hs = (float)qi;
+    for (int o = 8; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
+    if (lane == 0) d[b] = dd;
+    if (lane == 0 || lane == 16) sum[2 * b + lane / 16] = (short)hs;
+}
+
+// Quantizes token blockIdx.x of x (cols values; normalised by an RMSNorm with weights norm_w
+// first, when given) into the global activation buffer xq laid out for ntok tokens. A block
+// of QA_WARPS warps; warp w owns 32-value blocks w, w + QA_WARPS, ...: with at most QV of
+// them every load of the row is in registers at once.
+#define QA_WARPS 32
+extern "C" __global__ void quant_act(const float* x, int cols, int ntok, const float* norm_w,
+                                     float eps, u8* xq) {
+    pdl_begin();
+    __shared__ float red[QA_WARPS];
+    const int t = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // A warp owns blocks warp, warp + WARPS, ...: with at most QV of them (rows up to
-    // QV * WARPS * 32 values), every load of the row is issued at once into registers.
-    const bool regs = cols % 32 == 0 && nb <= QV * WARPS;
-    for (int t = 0; t < ntok; t++) {
-        const float* xt = x + (size_t)t * cols;
-        float v[QV], w[QV];
-        if (regs) {
+    const int nb = cols / 32;
+    const bool quant = cols % 32 == 0;
+    const float* xt = x + (size_t)t * cols;
+    float* inv = (float*)(xq + (size_t)ntok * cols + (size_t)ntok * nb * 4 +
+                          (size_t)ntok * (cols / 16) * 2);
+    float v[QV];
+    float ss = 0.0f;
 #pragma unroll
-            for (int i = 0; i < QV; i++) {
-                const int b = warp + i * WARPS;
-                v[i] = b < nb ? xt[b * 32 + lane] : 0.0f;
-                w[i] = (b < nb && norm_w) ? norm_w[b * 32 + lane] : 1.0f;
-            }
-        }
-        float r = 1.0f;
-        if (norm_w) {
-            float ss = 0.0f;
-            if (regs) {
-#pragma unroll
-                for (int i = 0; i < QV; i++) ss += v[i] * v[i];
-            } else {
-                for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xt[c] * xt[c];
-            }
-            ss = warp_sum(ss);
-            if (lane == 0) red[warp] = ss;
-            __syncthreads();
-            if (warp == 0) {
-                float u = lane < WARPS ? red[lane] : 0.0f;
-                u = warp_sum(u);
-                if (lane == 0) inv[t] = rsqrtf(u / (float)cols + eps);
-            }
-            __syncthreads();
-            r = inv[t];
-        } else if (threadIdx.x == 0) {
-            inv[t] = 1.0f;
-        }
-        if (cols % 32 != 0) continue;  // float formats only: no quantized copy
-#pragma unroll
-        for (int i = 0; i < QV; i++) {
-            const int b = warp + i * WARPS;
-            if (!regs && b >= nb) break;
-            if (regs && b >= nb) break;
-            float val;
-            if (regs) {
-                val = v[i] * r * w[i];
-            } else {
-                val = xt[b * 32 + lane];
-                if (norm_w) val = val * r * norm_w[b * 32 + lane];
-            }
-            const float amax = warp_max(fabsf(val));
-            const float dd = amax / 127.0f;
-            const int qi = dd == 0.0f ? 0 : (int)rintf(val / dd);
-            ((i8*)(q + (size_t)t * (cols / 4)))[b * 32 + lane] = (i8)qi;
-            float hs = (float)qi;
-            for (int o = 8; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
-            if (lane == 0) d[t * nb + b] = dd;
-            if (lane == 0 || lane == 16) sum[t * (cols / 16) + 2 * b + lane / 16] = (short)hs;
-        }
-        if (!regs) {
-            // Rows too long for the registers: the remaining blocks one at a time.
-            for (int b = warp + QV * WARPS; b < nb; b += WARPS) {
-                float val = xt[b * 32 + lane];
-                if (norm_w) val = val * r * norm_w[b * 32 + lane];
-                const float amax = warp_max(fabsf(val));
-                const float dd = amax / 127.0f;
-                const int qi = dd == 0.0f ? 0 : (int)rintf(val / dd);
-                ((i8*)(q + (size_t)t * (cols / 4)))[b * 32 + lane] = (i8)qi;
-                float hs = (float)qi;
-                for (int o = 8; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
-                if (lane == 0) d[t * nb + b] = dd;
-                if (lane == 0 || lane == 16) sum[t * (cols / 16) + 2 * b + lane / 16] = (short)hs;
-            }
-        }
+    for (int i = 0; i < QV; i++) {
+        const int b = warp + i * QA_WARPS;
+        v[i] = (quant && b < nb) ? xt[b * 32 + lane] : 0.0f;
+        ss += v[i] * v[i];
     }
-    __syncthreads();
-    out->q = q;
-    out->d = d;
-    out->sum = sum;
-    out->inv = inv;
+    if (quant) {
+        for (int b = warp + QV * QA_WARPS; b < nb; b += QA_WARPS) {
+            const float u = xt[b * 32 + lane];
+            ss += u * u;
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xt[c] * xt[c];
+    }
+    float r = 1.0f;
+    if (norm_w) {
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        float u = lane < QA_WARPS ? red[lane] : 0.0f;
+        u = warp_sum(u);
+        r = rsqrtf(u / (float)cols + eps);
+    }
+    if (threadIdx.x == 0) inv[t] = r;
+    if (!quant) return;
+    i8* q = (i8*)xq + (size_t)t * cols;
+    float* d = (float*)(xq + (size_t)ntok * cols) + (size_t)t * nb;
+    short* sum = (short*)((float*)(xq + (size_t)ntok * cols) + (size_t)ntok * nb) +
+                 (size_t)t * (cols / 16);
+#pragma unroll
+    for (int i = 0; i < QV; i++) {
+        const int b = warp + i * QA_WARPS;
+        if (b >= nb) break;
+        quant_block(v[i] * r * (norm_w ? norm_w[b * 32 + lane] : 1.0f), b, lane, q, d, sum);
+    }
+    for (int b = warp + QV * QA_WARPS; b < nb; b += QA_WARPS)
+        quant_block(xt[b * 32 + lane] * r * (norm_w ? norm_w[b * 32 + lane] : 1.0f), b, lane, q,
+                    d, sum);
+}
+
+// Bytes of a packed matrix's row in m.q (pack.rs's layout).
+__device__ __forceinline__ size_t row_bytes(int fmt, int cols) {
+    switch (fmt) {
+    case FMT_F32: return (size_t)cols * 4;
+    case FMT_F16: return (size_t)cols * 2;
+    case FMT_Q8_0: return (size_t)cols;
+    default: return (size_t)cols / 2;
+    }
 }
 
 // out = W x (+ bias), out += W x, or out = silu(W0 x) * (W1 x), for the matrices of `ms`
-// over ntok tokens of x (cols values each, optionally RMS-normalised with norm_w first).
-// Block b covers output rows b * rows_per_block.. of the launch, one warp per row.
-extern "C" __global__ void matvec(Mats ms, const float* x, int cols, int ntok,
-                                  const float* norm_w, float eps, int mode, int rows_per_block,
-                                  int group) {
-    extern __shared__ __align__(16) u8 smem[];
-    XQ xq;
-    quantize_x(x, cols, ntok, norm_w, eps, smem, &xq);
+// over ntok tokens of x (cols values each, quantized by quant_act into xqb; the float
+// formats read x itself, RMS-normalised with norm_w and quant_act's 1 / rms).
+// A block has WARPS warps: WARPS / kw row groups of nr consecutive rows, each group's k
+// range split over kw warps (partial sums meet in shared memory). Every matrix's rows are
+// a multiple of nr (the host picks nr so), so no group straddles two matrices.
+template <int NR>
+__device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int cols, int ntok,
+                            const float* norm_w, int mode, int kw) {
+    __shared__ float red[WARPS][2 * NR][MAX_TOK];
+    const XQ xq = xq_layout(xqb, cols, ntok);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = warp / kw, part = warp % kw;
     const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
-    const int r0 = blockIdx.x * rows_per_block;
-    const int r1 = min(total, r0 + rows_per_block);
-    if (mode == MODE_GATE_UP) {
-        for (int row = r0 + warp; row < r1; row += WARPS) {
-            float acc[2][MAX_TOK];
-            rows_dot<1>(ms.m[0], row, cols, xq, ntok, x, norm_w, acc);
-            rows_dot<1>(ms.m[1], row, cols, xq, ntok, x, norm_w, acc + 1);
-#pragma unroll
-            for (int t = 0; t < MAX_TOK; t++) {
-                const float g = warp_sum(acc[0][t]), u = warp_sum(acc[1][t]);
-                if (lane == 0 && t < ntok) ms.m[0].out[(size_t)t * ms.m[0].ld_out + row] = silu(g) * u;
-            }
-        }
-        return;
-    }
-    // Groups of NR consecutive rows of one matrix per warp; a row at a matrix's edge alone.
-    const int NR = 4;
-    const int nr_max = group == 4 ? NR : 1;
-    for (int row = r0 + warp * nr_max; row < r1; row += WARPS * nr_max) {
-        const int last = min(row + nr_max, r1);
-        for (int rg = row; rg < last;) {
-            const int mi = (ms.n_mats > 1 && rg >= ms.row0[1]) + (ms.n_mats > 2 && rg >= ms.row0[2]);
+    const int row = (blockIdx.x * (WARPS / kw) + slot) * NR;
+    const bool live = row < total;
+    float acc[2 * NR][MAX_TOK];
+    Mat m = ms.m[0];
+    int rr = row;
+    if (live) {
+        if (mode == MODE_GATE_UP) {
+            rows_dot<NR>(ms.m[0], row, cols, xq, ntok, x, norm_w, part, kw, acc);
+            rows_dot<NR>(ms.m[1], row, cols, xq, ntok, x, norm_w, part, kw, acc + NR);
+        } else {
+            const int mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
             // A copy by value: a run-time index into the parameter array would move it
             // (and everything indexed with it) to local memory.
-            const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
-            const int rr = rg - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
-            const int seg_end = mi == 0 ? ms.row0[1] : (mi == 1 ? ms.row0[2] : ms.row0[3]);
-            float acc[NR][MAX_TOK];
-            int nr;
-            if (nr_max == NR && rg == row && last - rg == NR && seg_end >= last) {
-                rows_dot<NR>(m, rr, cols, xq, ntok, x, norm_w, acc);
-                nr = NR;
-            } else {
-                rows_dot<1>(m, rr, cols, xq, ntok, x, norm_w, acc);
-                nr = 1;
-            }
-#pragma unroll
-            for (int i = 0; i < NR; i++) {
-                if (i >= nr) break;
-#pragma unroll
-                for (int t = 0; t < MAX_TOK; t++) {
-                    if (t >= ntok) break;
-                    const float v = warp_sum(acc[i][t]);
-                    if (lane == 0) {
-                        float* o = m.out + (size_t)t * m.ld_out + rr + i;
-                        const float bv = m.bias ? m.bias[rr + i] : 0.0f;
-                        if (mode == MODE_ADD) *o += v + bv;
-                        else *o = v + bv;
-                    }
-                }
-            }
-            rg += nr;
+            m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+            rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+            rows_dot<NR>(m, rr, cols, xq, ntok, x, norm_w, part, kw, acc);
         }
     }
+    const int nacc = mode == MODE_GATE_UP ? 2 * NR : NR;
+#pragma unroll
+    for (int i = 0; i < 2 * NR; i++) {
+        if (i >= nacc) break;
+#pragma unroll
+        for (int t = 0; t < MAX_TOK; t++) {
+            if (t >= ntok) break;
+            float v = live ? warp_sum(acc[i][t]) : 0.0f;
+            if (kw > 1 && lane == 0) red[warp][i][t] = v;
+            acc[i][t] = v;
+        }
+    }
+    if (kw > 1) {
+        __syncthreads();
+        if (part != 0 || !live) return;
+#pragma unroll
+        for (int i = 0; i < 2 * NR; i++) {
+            if (i >= nacc) break;
+#pragma unroll
+            for (int t = 0; t < MAX_TOK; t++) {
+                if (t >= ntok) break;
+                float v = 0.0f;
+                for (int p = 0; p < kw; p++) v += red[warp + p][i][t];
+                acc[i][t] = v;
+            }
+        }
+    }
+    if (!live || lane != 0) return;
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+#pragma unroll
+        for (int t = 0; t < MAX_TOK; t++) {
+            if (t >= ntok) break;
+            if (mode == MODE_GATE_UP) {
+                ms.m[0].out[(size_t)t * ms.m[0].ld_out + row + i] = silu(acc[i][t]) * acc[NR + i][t];
+            } else {
+                float* o = m.out + (size_t)t * m.ld_out + rr + i;
+                const float bv = m.bias ? m.bias[rr + i] : 0.0f;
+                if (mode == MODE_ADD) *o += acc[i][t] + bv;
+                else *o = acc[i][t] + bv;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS)
+    matvec(Mats ms, const float* x, const u8* xqb, int cols, int ntok, const float* norm_w,
+           int mode, int nr, int kw) {
+    pdl_begin();
+    pdl_trigger();
+    // The weights this warp will read, fetched into L2 while the previous kernel finishes.
+    {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
+        const int row = (blockIdx.x * (WARPS / kw) + warp / kw) * nr;
+        if (row < total) {
+            const int nm = mode == MODE_GATE_UP ? 2 : 1;
+            for (int j = 0; j < nm; j++) {
+                int mi = j, rr = row;
+                if (mode != MODE_GATE_UP) {
+                    mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
+                    rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+                }
+                const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+                const size_t rb = row_bytes(m.fmt, cols);
+                const u8* base = m.q + (size_t)rr * rb;
+                for (size_t o = (size_t)((warp % kw) * 32 + lane) * 128; o < rb * nr;
+                     o += (size_t)kw * 32 * 128)
+                    prefetch_l2(base + o);
+            }
+        }
+    }
+    pdl_wait();
+    if (nr == 4) matvec_impl<4>(ms, x, xqb, cols, ntok, norm_w, mode, kw);
+    else if (nr == 2) matvec_impl<2>(ms, x, xqb, cols, ntok, norm_w, mode, kw);
+    else matvec_impl<1>(ms, x, xqb, cols, ntok, norm_w, mode, kw);
 }
 
 // Value c of row r of a packed matrix.
@@ -428,6 +499,7 @@ __device__ float packed_value(const Mat& m, int r, int cols, int c) {
 
 // out[t] = row params[2 + t] of the table (ntok tokens).
 extern "C" __global__ void embed(Mat m, int cols, const u32* params, float* out) {
+    pdl_begin();
     const int t = blockIdx.y;
     const u32 id = params[2 + t];
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
@@ -454,6 +526,7 @@ __device__ float block_inv_rms(const float* xr, int cols, float eps) {
 // out[r] = x[r] / rms(x[r]) * w, one block per row.
 extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, int cols,
                                     float* out) {
+    pdl_begin();
     const float* xr = x + (size_t)blockIdx.x * cols;
     const float r = block_inv_rms(xr, cols, eps);
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
@@ -481,6 +554,7 @@ struct HeadGroups {
 // over (2i, 2i + 1).
 extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const float* inv_freq,
                                  int rope_dims, int neox, int n_ctx, const u32* params) {
+    pdl_begin();
     __shared__ float row[WARPS][256];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int hr = blockIdx.x * WARPS + warp;
@@ -554,6 +628,7 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
                                 int heads, int kv_heads, int hd, float scale,
                                 const u32* params, float* part_acc, float* part_ml) {
     __shared__ float qs[MAX_GROUP * EPL * 32];
+    pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, t = blockIdx.z;
     const int ws = blockIdx.y * ATT_WARPS + warp, n_ws = gridDim.y * ATT_WARPS;
@@ -581,8 +656,11 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
         for (int i = 0; i < MAX_GROUP; i++) sc[i] = 0.0f;
         if (valid) {
             const uint4* kr = (const uint4*)(kp + (size_t)p * hd);
-            for (int d8 = 0; d8 < hd / 8; d8++) {
-                const uint4 k4 = kr[d8];
+            // Unrolled (bounded by EPL) so that the row's loads are in flight together.
+#pragma unroll 8
+            for (int d8 = 0; d8 < EPL * 4; d8++) {
+                if (d8 >= hd / 8) break;
+                const uint4 k4 = __ldg(kr + d8);
                 const u32 kw[4] = {k4.x, k4.y, k4.z, k4.w};
                 float kf[8];
 #pragma unroll
@@ -613,6 +691,7 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
             sc[i] = pe;
         }
         const int nk = min(32, k1 - base);
+#pragma unroll 8
         for (int j = 0; j < nk; j++) {
             const u16* vr = vp + (size_t)(base + j) * hd;
             float vv[EPL];
@@ -664,8 +743,11 @@ ATTN_SPLIT(7)
 ATTN_SPLIT(8)
 
 // grid (ntok * heads), block head_dim threads: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+// With xq (head_dim a multiple of 32, ntok <= MAX_TOK), the rows are also written quantized
+// as quant_act would write them (no norm), for the output projection that follows.
 extern "C" __global__ void attn_combine(const float* part_acc, const float* part_ml, int n_ws,
-                                        int head_dim, float* out) {
+                                        int head_dim, float* out, u8* xq, int ntok, int heads) {
+    pdl_begin();
     const size_t th = blockIdx.x;
     const float* ml = part_ml + th * n_ws * 2;
     float m = -KINF;
@@ -678,24 +760,42 @@ extern "C" __global__ void attn_combine(const float* part_acc, const float* part
         den += w * ml[2 * s + 1];
         num += w * part_acc[(th * n_ws + s) * head_dim + threadIdx.x];
     }
-    out[th * head_dim + threadIdx.x] = num / den;
+    const float v = num / den;
+    out[th * head_dim + threadIdx.x] = v;
+    if (!xq) return;
+    const int cols = heads * head_dim, nb = cols / 32;
+    const int t = (int)th / heads, h = (int)th % heads;
+    const int b = (h * head_dim + (int)threadIdx.x) / 32;
+    i8* q = (i8*)xq + (size_t)t * cols;
+    float* d = (float*)(xq + (size_t)ntok * cols) + (size_t)t * nb;
+    short* sum = (short*)((float*)(xq + (size_t)ntok * cols) + (size_t)ntok * nb) +
+                 (size_t)t * (cols / 16);
+    // quant_block indexes by block within the token: shift the bases so b is that index.
+    quant_block(v, b, threadIdx.x & 31, q, d, sum);
+    if (h == 0 && threadIdx.x == 0) {
+        float* inv = (float*)(sum + (size_t)(ntok - t) * (cols / 16));
+        inv[t] = 1.0f;
+    }
 }
 
 // ---- elementwise ------------------------------------------------------------------------
 
 extern "C" __global__ void add(float* x, const float* y, size_t n) {
+    pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         x[i] += y[i];
 }
 
 extern "C" __global__ void silu_mul(float* g, const float* u, size_t n) {
+    pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         g[i] = silu(g[i]) * u[i];
 }
 
 extern "C" __global__ void scale(float* x, float s, size_t n) {
+    pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         x[i] *= s;
@@ -705,6 +805,7 @@ extern "C" __global__ void scale(float* x, float s, size_t n) {
 // x row t is (heads, head_dim); cache (heads, n_ctx, head_dim).
 extern "C" __global__ void kv_store(const float* x, u16* cache, int heads, int head_dim,
                                     int n_ctx, const u32* params) {
+    pdl_begin();
     const int t = blockIdx.y, pos = (int)params[0] + t;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < heads * head_dim;
          i += gridDim.x * blockDim.x) {
@@ -716,6 +817,7 @@ extern "C" __global__ void kv_store(const float* x, u16* cache, int heads, int h
 // out (t_out, c_in * k): column c * k + j of row t is x[t * stride + j - pad][c].
 extern "C" __global__ void im2col(const float* x, int t_in, int c_in, int k, int stride, int pad,
                                   int t_out, float* out) {
+    pdl_begin();
     const size_t n = (size_t)t_out * c_in * k;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -737,6 +839,7 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
 }
 
 extern "C" __global__ void argmax(const float* x, int cols, unsigned long long* best) {
+    pdl_begin();
     const float* xr = x + (size_t)blockIdx.y * cols;
     unsigned long long k = 0;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
@@ -757,6 +860,7 @@ extern "C" __global__ void argmax(const float* x, int cols, unsigned long long* 
 
 // out (rows, cols) f16 = the packed matrix's values.
 extern "C" __global__ void dequant_f16(Mat m, int rows, int cols, u16* out) {
+    pdl_begin();
     const size_t n = (size_t)rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
@@ -766,6 +870,7 @@ extern "C" __global__ void dequant_f16(Mat m, int rows, int cols, u16* out) {
 // out row r (f16) = x row r, RMS-normalised with norm_w first when given; a block per row.
 extern "C" __global__ void rows_f16(const float* x, int cols, const float* norm_w, float eps,
                                     u16* out) {
+    pdl_begin();
     const float* xr = x + (size_t)blockIdx.x * cols;
     const float r = norm_w ? block_inv_rms(xr, cols, eps) : 1.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
@@ -774,6 +879,7 @@ extern "C" __global__ void rows_f16(const float* x, int cols, const float* norm_
 
 // out[t * ld + r] += bias[r] for t < n, r < rows.
 extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int ld, int n) {
+    pdl_begin();
     const size_t total = (size_t)rows * n;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x)

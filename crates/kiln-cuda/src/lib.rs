@@ -149,6 +149,7 @@ struct Scratch {
     attn_ml: Option<DevBuf>,
     argmax: Option<DevBuf>,
     im2col: Option<DevBuf>,
+    xq: Option<DevBuf>,
 }
 
 fn ensure(slot: &mut Option<DevBuf>, bytes: usize) -> u64 {
@@ -177,6 +178,9 @@ pub struct CudaBackend {
     params: DevBuf,
     params_host: RefCell<Option<(u32, Vec<u32>)>>,
     recording: Cell<bool>,
+    /// (rows pointer, tokens) whose quantized form the activation buffer holds, when the
+    /// op that wrote the rows also quantized them (attention); taken by the next product.
+    xq_src: Cell<Option<(u64, usize)>>,
     graphs: RefCell<HashMap<u64, Graph>>,
     seen: RefCell<HashSet<u64>>,
     use_graphs: bool,
@@ -228,6 +232,7 @@ impl CudaBackend {
             params,
             params_host: RefCell::new(None),
             recording: Cell::new(false),
+            xq_src: Cell::new(None),
             graphs: RefCell::default(),
             seen: RefCell::default(),
             use_graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
@@ -301,6 +306,7 @@ impl CudaBackend {
         mode: i32,
     ) {
         if n >= GEMM_MIN_TOKENS && self.blas.is_some() && !self.recording.get() {
+            self.xq_src.set(None);
             return self.gemm(&mats, x, cols, n, norm, mode);
         }
         let total = if mode == MODE_GATE_UP {
@@ -308,17 +314,20 @@ impl CudaBackend {
         } else {
             mats.row0[mats.n_mats as usize] as usize
         };
-        // A warp takes rows 4 at a time when that still leaves two blocks per
-        // multiprocessor, else one at a time; about four blocks per multiprocessor.
-        let group = if total >= self.dev.num_sms * 2 * WARPS * 4 {
-            4
-        } else {
-            1
+        let (nr, kw) = self.matvec_shape(&mats, cols, total);
+        let blocks = total.div_ceil(WARPS / kw * nr) as u32;
+        let xq = {
+            let mut sc = self.scratch.borrow_mut();
+            let bytes = pack::xq_bytes(cols, MAX_TOK);
+            assert!(
+                !self.recording.get() || sc.xq.as_ref().is_some_and(|b| b.bytes >= bytes),
+                "activation buffer grown inside a recorded step"
+            );
+            ensure(&mut sc.xq, bytes)
         };
-        let target_blocks = self.dev.num_sms * 4;
-        let unit = WARPS * group;
-        let rpb = total.div_ceil(target_blocks).div_ceil(unit).max(1) * unit;
-        let blocks = total.div_ceil(rpb) as u32;
+        // Rows the attention just wrote already quantized (attn_combine) need no quant_act.
+        let pre_quantized = self.xq_src.take() == Some((x.0, n)) && norm.is_none() && n <= MAX_TOK;
+        let prefetch = self.dev.pdl as i32;
         let outs: Vec<u64> = mats.m.iter().map(|m| m.out).collect();
         let mut t0 = 0;
         while t0 < n {
@@ -326,26 +335,75 @@ impl CudaBackend {
             for (i, m) in mats.m.iter_mut().enumerate() {
                 m.out = outs[i] + (t0 * m.ld_out as usize * 4) as u64;
             }
-            let smem = pack::matvec_smem(cols, nt) as u32;
+            let xt = x.0 + (t0 * x.1 * 4) as u64;
+            let norm_w = norm.map_or(0u64, |(w, _)| w.buf.ptr);
             let mut a = Args::default()
-                .a(mats)
-                .a(x.0 + (t0 * x.1 * 4) as u64)
+                .a(xt)
                 .a(cols as i32)
                 .a(nt as i32)
-                .a(norm.map_or(0u64, |(w, _)| w.buf.ptr))
+                .a(norm_w)
                 .a(norm.map_or(0f32, |(_, e)| e))
+                .a(xq);
+            if !pre_quantized {
+                self.dev.launch(
+                    self.dev.func("quant_act"),
+                    (nt as u32, 1, 1),
+                    (1024, 1, 1),
+                    0,
+                    &mut a.ptrs(),
+                );
+            }
+            let mut a = Args::default()
+                .a(mats)
+                .a(xt)
+                .a(xq)
+                .a(cols as i32)
+                .a(nt as i32)
+                .a(norm_w)
                 .a(mode)
-                .a(rpb as i32)
-                .a(group as i32);
+                .a(nr as i32)
+                .a(kw as i32)
+                .a(prefetch);
             self.dev.launch(
                 self.dev.func("matvec"),
                 (blocks, 1, 1),
                 (32 * WARPS as u32, 1, 1),
-                smem,
+                0,
                 &mut a.ptrs(),
             );
             t0 += nt;
         }
+    }
+
+    /// Rows per warp group (nr) and warps per row group (kw) of a matvec launch: rows split
+    /// over k when a row has many blocks, and rows grouped while that still leaves enough
+    /// warps to keep every multiprocessor's loads in flight. KILN_CUDA_NR / KILN_CUDA_KW
+    /// override (for tuning).
+    fn matvec_shape(&self, mats: &Mats, cols: usize, total: usize) -> (usize, usize) {
+        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        let nb = cols / 32;
+        let kw = env("KILN_CUDA_KW")
+            .filter(|k| [1, 2, 4, 8].contains(k))
+            .unwrap_or(match nb {
+                0..128 => 1,
+                128..256 => 2,
+                _ => 4,
+            });
+        let divides = |nr: usize| {
+            mats.row0[..=mats.n_mats as usize]
+                .iter()
+                .chain(std::iter::once(&(total as i32)))
+                .all(|&r| r as usize % nr == 0)
+        };
+        // Measured on an H200 (Qwen3-0.6B/4B shapes): two rows per warp pay only where a lane
+        // has a single block of each row and rows are plentiful; four never did.
+        let want = self.dev.num_sms * 8;
+        let nr = match env("KILN_CUDA_NR").filter(|n| [1, 2, 4].contains(n)) {
+            Some(n) if divides(n) => n,
+            _ if nb <= 32 && divides(2) && total / 2 * kw >= want => 2,
+            _ => 1,
+        };
+        (nr, kw)
     }
 
     /// The products of `mats` for n tokens through cuBLAS: each matrix widened to f16 (the
@@ -448,6 +506,7 @@ impl CudaBackend {
     }
 
     fn elementwise_n_args(&self, name: &str, args: &mut Args, n: usize) {
+        self.xq_src.set(None);
         let blocks = n.div_ceil(256).clamp(1, 65535 * 4) as u32;
         self.dev.launch(
             self.dev.func(name),
@@ -539,6 +598,7 @@ impl CudaBackend {
     }
 
     fn elementwise(&self, name: &str, args: Args, n: usize) {
+        self.xq_src.set(None);
         let mut args = args.a(n);
         let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
         self.dev.launch(
@@ -559,6 +619,7 @@ impl CudaBackend {
     }
 
     fn from_cpu(&self, c: &kiln_backend::cpu::CpuTensor, t: &mut CudaTensor) {
+        self.xq_src.set(None);
         let n = (c.data.len()).min(t.rows * t.cols);
         self.dev.htod(t.buf.ptr, &c.data[..n]);
     }
@@ -943,7 +1004,12 @@ impl Backend for CudaBackend {
         s: AttnShape,
         out: &mut CudaTensor,
     ) {
-        self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr);
+        let quant =
+            s.n_tokens <= MAX_TOK && s.head_dim % 32 == 0 && out.cols == s.n_heads * s.head_dim;
+        self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant);
+        if quant {
+            self.xq_src.set(Some((out.buf.ptr, s.n_tokens)));
+        }
     }
 
     fn attention_batch<'c, I>(&self, q: &CudaTensor, seqs: I, layer: usize, out: &mut CudaTensor)
@@ -954,7 +1020,7 @@ impl Backend for CudaBackend {
         let mut row = 0;
         for (cache, s) in seqs {
             let off = (row * q.cols * 4) as u64;
-            self.attention_at(q.buf.ptr + off, cache, layer, s, out.buf.ptr + off);
+            self.attention_at(q.buf.ptr + off, cache, layer, s, out.buf.ptr + off, false);
             row += s.n_tokens;
         }
     }
@@ -985,6 +1051,7 @@ impl Backend for CudaBackend {
         dst: &mut CudaTensor,
         dst_row0: usize,
     ) {
+        self.xq_src.set(None);
         self.dev.dtod(
             dst.buf.ptr + (dst_row0 * dst.cols * 4) as u64,
             src.buf.ptr + (src_row0 * src.cols * 4) as u64,
@@ -1335,7 +1402,9 @@ impl CudaBackend {
         layer: usize,
         s: AttnShape,
         out_ptr: u64,
+        quant: bool,
     ) {
+        self.xq_src.set(None);
         let g = s.n_heads / s.n_kv_heads;
         assert!(
             g <= MAX_GROUP && s.n_heads % s.n_kv_heads == 0,
@@ -1381,12 +1450,27 @@ impl CudaBackend {
             0,
             &mut a.ptrs(),
         );
+        let xq = match quant {
+            true => {
+                let mut sc = self.scratch.borrow_mut();
+                let bytes = pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK);
+                assert!(
+                    !self.recording.get() || sc.xq.as_ref().is_some_and(|b| b.bytes >= bytes),
+                    "activation buffer grown inside a recorded step"
+                );
+                ensure(&mut sc.xq, bytes)
+            }
+            false => 0u64,
+        };
         let mut a = Args::default()
             .a(acc)
             .a(ml)
             .a(n_ws as i32)
             .a(s.head_dim as i32)
-            .a(out_ptr);
+            .a(out_ptr)
+            .a(xq)
+            .a(s.n_tokens as i32)
+            .a(s.n_heads as i32);
         self.dev.launch(
             self.dev.func("attn_combine"),
             ((s.n_tokens * s.n_heads) as u32, 1, 1),
@@ -1397,6 +1481,7 @@ impl CudaBackend {
     }
 
     fn elementwise_n(&self, name: &str, mut args: Args, n: usize) {
+        self.xq_src.set(None);
         let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
         self.dev.launch(
             self.dev.func(name),

@@ -138,10 +138,10 @@ fn q6k_values(b: &[u8]) -> [u8; QK_K] {
     q
 }
 
-/// Bytes of dynamic shared memory the matvec kernel needs for `ntok` tokens of `cols`.
-pub fn matvec_smem(cols: usize, ntok: usize) -> usize {
+/// Bytes of the quantized activations (kernels.cu quant_act) of `ntok` tokens of `cols`.
+pub fn xq_bytes(cols: usize, ntok: usize) -> usize {
     let nb = cols / 32;
-    let bytes = ntok * cols + ntok * nb * 4 + ntok * (cols / 16) * 2 + ntok * 4 + 8 * 4;
+    let bytes = ntok * cols + ntok * nb * 4 + ntok * (cols / 16) * 2 + ntok * 4;
     bytes.div_ceil(16) * 16
 }
 
