@@ -12,7 +12,7 @@ use kiln_runtime::{
 };
 use kiln_text::Message;
 
-use crate::{resolve_model, ModelArgs};
+use crate::{resolve_model, Device, ModelArgs};
 
 /// Sampling options. Left unset, a Hugging Face model's `generation_config.json` decides,
 /// then kiln's defaults (temp 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty 1).
@@ -93,14 +93,17 @@ pub struct SpecArgs {
 }
 
 /// The draft model, loaded when asked for (it must outlive the drafter that borrows it).
-fn load_draft(spec: &SpecArgs, m: &ModelArgs) -> anyhow::Result<Option<Llm<CpuBackend>>> {
-    spec.draft.as_deref().map(|d| load(d, m)).transpose()
+fn load_draft<B: Backend>(
+    spec: &SpecArgs,
+    load: &dyn Fn(&str) -> anyhow::Result<Llm<B>>,
+) -> anyhow::Result<Option<Llm<B>>> {
+    spec.draft.as_deref().map(load).transpose()
 }
 
-fn drafter<'a>(
+fn drafter<'a, B: Backend>(
     spec: &SpecArgs,
-    llm: &Llm<CpuBackend>,
-    draft: Option<&'a Llm<CpuBackend>>,
+    llm: &Llm<B>,
+    draft: Option<&'a Llm<B>>,
     n_ctx: usize,
 ) -> anyhow::Result<Option<Box<dyn Drafter + 'a>>> {
     let k = spec.draft_max as usize;
@@ -111,8 +114,8 @@ fn drafter<'a>(
     })
 }
 
-fn generate(
-    session: &mut LlmSession<'_, CpuBackend>,
+fn generate<B: Backend>(
+    session: &mut LlmSession<'_, B>,
     drafter: &mut Option<Box<dyn Drafter + '_>>,
     ids: &[u32],
     opts: &GenerateOptions,
@@ -156,22 +159,46 @@ pub struct ChatArgs {
     pub spec: SpecArgs,
 }
 
-/// Loads `model` with the backend options of `m`.
+/// Loads `model` on the CPU with the backend options of `m`.
 pub fn load(model: &str, m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
-    let path = resolve_model(model)?;
     let backend = if m.reference {
         CpuBackend::reference()
     } else {
         CpuBackend::new(m.threads.unwrap_or_else(default_threads).max(1))
     };
+    load_on(backend, model, m)
+}
+
+/// Loads `model` onto `backend` with the options of `m`.
+pub fn load_on<B: Backend>(backend: B, model: &str, m: &ModelArgs) -> anyhow::Result<Llm<B>> {
+    let path = resolve_model(model)?;
     let mut llm = Llm::load_quantized(backend, &path, m.quant)
         .with_context(|| format!("loading {}", path.display()))?;
     llm.set_kv_type(m.kv_type)?;
     Ok(llm)
 }
 
+/// Runs `f` with the loader of `m.device` (the CPU, or a new CUDA backend per model).
+pub fn with_device<R>(
+    m: &ModelArgs,
+    f: impl FnOnce(&dyn Fn(&str) -> anyhow::Result<Llm<CpuBackend>>) -> R,
+    g: impl FnOnce(&dyn Fn(&str) -> anyhow::Result<Llm<crate::CudaBackendType>>) -> R,
+) -> anyhow::Result<R> {
+    Ok(match m.device {
+        Device::Cpu => f(&|name| load(name, m)),
+        Device::Cuda => {
+            if m.reference {
+                anyhow::bail!("--reference runs on the CPU only (leave out --device cuda)");
+            }
+            // Fail here, once, with the reason (no GPU, no driver, a build without CUDA).
+            drop(crate::cuda_backend()?);
+            g(&|name| load_on(crate::cuda_backend()?, name, m))
+        }
+    })
+}
+
 /// Weights and KV cache sizes, printed at load.
-fn memory_line(llm: &Llm<CpuBackend>, s: &LlmSession<'_, CpuBackend>) -> String {
+fn memory_line<B: Backend>(llm: &Llm<B>, s: &LlmSession<'_, B>) -> String {
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     format!(
         "memory: weights {:.1} MiB | KV cache {} x {} positions {:.1} MiB",
@@ -210,8 +237,15 @@ fn stats_line(s: &GenerationStats) -> String {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let llm = load(&a.model.model, &a.model)?;
-    let draft = load_draft(&a.spec, &a.model)?;
+    with_device(&a.model, |l| run_on(&a, l), |l| run_on(&a, l))?
+}
+
+fn run_on<B: Backend>(
+    a: &RunArgs,
+    load: &dyn Fn(&str) -> anyhow::Result<Llm<B>>,
+) -> anyhow::Result<()> {
+    let llm = load(&a.model.model)?;
+    let draft = load_draft(&a.spec, load)?;
     let ids = if a.raw {
         llm.tokenize(&a.prompt, true)?
     } else {
@@ -242,8 +276,15 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
-    let llm = load(&a.model.model, &a.model)?;
-    let draft = load_draft(&a.spec, &a.model)?;
+    with_device(&a.model, |l| chat_on(&a, l), |l| chat_on(&a, l))?
+}
+
+fn chat_on<B: Backend>(
+    a: &ChatArgs,
+    load: &dyn Fn(&str) -> anyhow::Result<Llm<B>>,
+) -> anyhow::Result<()> {
+    let llm = load(&a.model.model)?;
+    let draft = load_draft(&a.spec, load)?;
     llm.check_kv_memory(a.model.ctx_size, 1)?;
     let mut session = llm.session(a.model.ctx_size, 512);
     eprintln!("{}", memory_line(&llm, &session));

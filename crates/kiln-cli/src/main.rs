@@ -39,6 +39,12 @@ pub fn cuda_backend() -> anyhow::Result<kiln_cuda::CudaBackend> {
     Ok(kiln_cuda::CudaBackend::new()?)
 }
 
+/// The CUDA backend's type (the CPU's in a build without CUDA, where it is never made).
+#[cfg(feature = "cuda")]
+pub type CudaBackendType = kiln_cuda::CudaBackend;
+#[cfg(not(feature = "cuda"))]
+pub type CudaBackendType = kiln_backend::cpu::CpuBackend;
+
 /// This build has no CUDA backend.
 #[cfg(not(feature = "cuda"))]
 pub fn cuda_backend() -> anyhow::Result<kiln_backend::cpu::CpuBackend> {
@@ -114,6 +120,9 @@ pub struct ModelArgs {
     /// 32).
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f32", value_parser = parse_kv)]
     pub kv_type: kiln_backend::KvType,
+    /// Where the model runs: cpu, or cuda (a build with `--features cuda` and an NVIDIA GPU).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: Device,
 }
 
 fn parse_kv(s: &str) -> Result<kiln_backend::KvType, String> {

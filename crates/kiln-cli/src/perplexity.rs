@@ -22,14 +22,26 @@ pub struct PerplexityArgs {
 
 pub fn perplexity(a: PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file))?;
-    let llm = crate::llm_cmd::load(&a.model.model, &a.model)?;
+    crate::llm_cmd::with_device(
+        &a.model,
+        |l| perplexity_on(&a, &text, l),
+        |l| perplexity_on(&a, &text, l),
+    )?
+}
+
+fn perplexity_on<B: kiln_backend::Backend>(
+    a: &PerplexityArgs,
+    text: &str,
+    load: &dyn Fn(&str) -> anyhow::Result<kiln_runtime::Llm<B>>,
+) -> anyhow::Result<()> {
+    let llm = load(&a.model.model)?;
     // llama-perplexity's default context.
     let n_ctx = if a.model.ctx_size == 0 {
         512
     } else {
         a.model.ctx_size
     };
-    let tokens = llm.tokenize(&text, true)?;
+    let tokens = llm.tokenize(text, true)?;
     let add_bos =
         llm.tokenizer.bos_id().is_some() && tokens.first() == llm.tokenizer.bos_id().as_ref();
     let n_chunks = match a.chunks {

@@ -106,16 +106,32 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     let load_path = file.clone();
     let (n_ctx, slots) = (cfg.n_ctx, cfg.slots);
-    let sched = Scheduler::spawn(cfg, move || {
-        let backend = if reference {
-            CpuBackend::reference()
-        } else {
-            CpuBackend::new(threads.unwrap_or_else(default_threads).max(1))
-        };
-        let llm = Llm::load(backend, &load_path)?;
-        llm.check_kv_memory(n_ctx, slots)?;
-        Ok(llm)
-    })
+    let sched = match a.model.device {
+        crate::Device::Cpu => Scheduler::spawn(cfg, move || {
+            let backend = if reference {
+                CpuBackend::reference()
+            } else {
+                CpuBackend::new(threads.unwrap_or_else(default_threads).max(1))
+            };
+            let llm = Llm::load(backend, &load_path)?;
+            llm.check_kv_memory(n_ctx, slots)?;
+            Ok(llm)
+        }),
+        crate::Device::Cuda => {
+            // The backend lives on the scheduler's thread; fail here first with the reason.
+            drop(crate::cuda_backend()?);
+            Scheduler::spawn(cfg, move || {
+                let backend =
+                    crate::cuda_backend().map_err(|e| kiln_runtime::RuntimeError::Path {
+                        path: load_path.clone(),
+                        what: e.to_string(),
+                    })?;
+                let llm = Llm::load(backend, &load_path)?;
+                llm.check_kv_memory(n_ctx, slots)?;
+                Ok(llm)
+            })
+        }
+    }
     .with_context(|| format!("loading {}", file.display()))?;
     let info = sched.info().clone();
     let mut audio = AudioModels {

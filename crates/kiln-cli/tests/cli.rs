@@ -224,3 +224,41 @@ fn model_that_does_not_fit_is_refused_before_loading() {
     let out = run("100000000000", &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn device_cuda_without_a_gpu_is_a_clear_error() {
+    // The test build has no CUDA (or this machine no GPU): every LLM command says why, in
+    // one line, before loading anything.
+    let m = model();
+    let m = m.to_str().unwrap();
+    for args in [
+        vec!["run", "-m", m, "-p", "hi", "--device", "cuda"],
+        vec![
+            "perplexity",
+            "-m",
+            m,
+            "-f",
+            "Cargo.toml",
+            "--device",
+            "cuda",
+        ],
+        vec![
+            "serve",
+            "-m",
+            m,
+            "--no-audio",
+            "--port",
+            "0",
+            "--device",
+            "cuda",
+        ],
+    ] {
+        let out = kiln(&args);
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("without CUDA") || err.contains("CUDA:"),
+            "{args:?}: {err}"
+        );
+        assert_clean_error(&out, "CUDA");
+    }
+}
