@@ -161,10 +161,17 @@ impl SpecialTokens {
         Ok(())
     }
 
+    /// The language token of `code`; Hebrew answers to OpenAI's `he` and to the `iw` that
+    /// Hugging Face vocabularies name it.
     pub fn language(&self, code: &str) -> Option<u32> {
+        let alias = match code {
+            "he" => "iw",
+            "iw" => "he",
+            c => c,
+        };
         self.languages
             .iter()
-            .find(|(c, _)| c == code)
+            .find(|(c, _)| c == code || c == alias)
             .map(|&(_, id)| id)
     }
 
