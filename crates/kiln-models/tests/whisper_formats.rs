@@ -44,9 +44,8 @@ fn greedy<B: Backend>(b: &B, m: &Whisper<B>, prompt: &[u32]) -> Vec<u32> {
     m.encode(b, &mel, &mut enc, &mut cross).unwrap();
     let mut st = m.decoder_state(b);
     let mut logits = m.decode(b, &mut st, &cross, prompt, 0).unwrap().to_vec();
-    let mut pos = prompt.len();
     let mut ids = Vec::new();
-    for _ in 0..64 {
+    for pos in prompt.len()..prompt.len() + 64 {
         let next = (0..logits.len())
             .max_by(|&a, &c| logits[a].total_cmp(&logits[c]).then(c.cmp(&a)))
             .unwrap() as u32;
@@ -55,7 +54,6 @@ fn greedy<B: Backend>(b: &B, m: &Whisper<B>, prompt: &[u32]) -> Vec<u32> {
         }
         ids.push(next);
         logits = m.decode(b, &mut st, &cross, &[next], pos).unwrap().to_vec();
-        pos += 1;
     }
     ids
 }
