@@ -158,3 +158,18 @@ fn broken_ggml_and_hf_files_are_one_line_errors() {
     std::fs::create_dir_all(&empty).unwrap();
     assert!(one_line_error(&empty).contains("not a Whisper model directory"));
 }
+
+#[test]
+fn a_folder_holding_one_ggml_file_opens_it() {
+    let src = kiln_assets::convert::whisper_ggml(&out_dir(), "q5_0").unwrap();
+    let dir = out_dir().join("one-ggml");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("ggml-model.bin");
+    std::fs::hard_link(&src, &link)
+        .or_else(|_| std::fs::copy(&src, &link).map(|_| ()))
+        .unwrap();
+    let f = WhisperFile::open(&dir).unwrap();
+    assert_eq!(f.path(), link);
+    assert_eq!(f.format_name(), "whisper.cpp ggml");
+}

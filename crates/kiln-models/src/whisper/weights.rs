@@ -74,6 +74,33 @@ fn has_safetensors(dir: &Path) -> bool {
     })
 }
 
+/// Whether the file at `path` starts with the ggml magic.
+fn starts_like_ggml(path: &Path) -> Result<bool, FormatError> {
+    use std::io::Read;
+    let io = |source| FormatError::Io {
+        path: path.into(),
+        source,
+    };
+    let mut head = [0u8; 4];
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let n = f.read(&mut head).map_err(io)?;
+    Ok(is_whisper_ggml(&head[..n]))
+}
+
+/// The `.bin` files in `dir` that start like whisper.cpp models.
+fn ggml_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .filter(|p| starts_like_ggml(p).unwrap_or(false))
+        .collect();
+    v.sort();
+    v
+}
+
 impl WhisperFile {
     /// Opens `path`, telling the format from what is there: a directory with `model.bin`
     /// (CTranslate2) or with `config.json` and safetensors weights (Hugging Face); a file
@@ -86,10 +113,15 @@ impl WhisperFile {
             if path.join("config.json").is_file() && has_safetensors(path) {
                 return Self::open_hf(path);
             }
+            // A folder holding one whisper.cpp file.
+            if let [one] = &ggml_files(path)[..] {
+                return Ok(WhisperFile::Ggml(WhisperGgmlFile::open(one)?));
+            }
             return Err(ModelError::Config {
                 file: path.into(),
-                what: "not a Whisper model directory: expected model.bin (CTranslate2) or \
-                       config.json with model.safetensors (Hugging Face)"
+                what: "not a Whisper model directory: expected model.bin (CTranslate2), \
+                       config.json with model.safetensors (Hugging Face) or one whisper.cpp \
+                       ggml .bin"
                     .into(),
             });
         }
@@ -102,19 +134,7 @@ impl WhisperFile {
                 dir
             });
         }
-        let mut head = [0u8; 4];
-        let n = {
-            use std::io::Read;
-            let mut f = std::fs::File::open(path).map_err(|source| FormatError::Io {
-                path: path.into(),
-                source,
-            })?;
-            f.read(&mut head).map_err(|source| FormatError::Io {
-                path: path.into(),
-                source,
-            })?
-        };
-        if is_whisper_ggml(&head[..n]) {
+        if starts_like_ggml(path)? {
             return Ok(WhisperFile::Ggml(WhisperGgmlFile::open(path)?));
         }
         Ok(WhisperFile::Ct2(Ct2File::open(path)?))
