@@ -6,7 +6,8 @@ usage: whisper_ct2_to_ggml.py MODEL_DIR MEL_FILTERS_NPZ OUT.bin [--type f16|f32|
 
 With a quantized type, every 2-D weight but the positional embeddings is stored in that
 ggml block format (as whisper.cpp's quantize tool chooses: the 3-D conv kernels and the
-1-D vectors keep f16/f32), quantized by ggml's reference rounding (see kiln-quant).
+1-D vectors keep f16/f32), quantized by ggml's reference rounding (see kiln-quant): the
+q4_0/q5_0/q8_0 files come out byte-identical to whisper.cpp's quantize of the f16 file.
 
 Only the project's own reading of the two formats: CTranslate2's variable records
 (see crates/kiln-formats/src/ct2.rs) and the ggml whisper layout (hparams, mel filters,
@@ -128,7 +129,9 @@ def main():
 
     f = open(out_path, "wb")
     f.write(struct.pack("<I", 0x67676D6C))
-    for x in [n_vocab, n_audio_ctx, d, n_head, n_audio_layer, n_text_ctx, d, n_head, n_text_layer, n_mels, FTYPE[wtype]]:
+    # Quantized files carry ggml's quantization version (2) as whisper.cpp's quantize writes it.
+    ftype = FTYPE[wtype] + (0 if wtype in ("f16", "f32") else 2 * 1000)
+    for x in [n_vocab, n_audio_ctx, d, n_head, n_audio_layer, n_text_ctx, d, n_head, n_text_layer, n_mels, ftype]:
         f.write(struct.pack("<i", x))
     filters = np.load(npz)["mel_%d" % n_mels].astype(np.float32)
     f.write(struct.pack("<ii", *filters.shape))
