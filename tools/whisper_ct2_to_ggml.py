@@ -2,15 +2,20 @@
 """Writes a CTranslate2 Whisper model (model.bin + tokenizer.json, fp16) as a whisper.cpp
 ggml .bin with the same weights, so both engines can be benchmarked on identical numbers.
 
-usage: whisper_ct2_to_ggml.py MODEL_DIR MEL_FILTERS_NPZ OUT.bin
+usage: whisper_ct2_to_ggml.py MODEL_DIR MEL_FILTERS_NPZ OUT.bin [--type f16|f32|q8_0|q5_0|q4_0]
+
+With a quantized type, every 2-D weight but the positional embeddings is stored in that
+ggml block format (as whisper.cpp's quantize tool chooses: the 3-D conv kernels and the
+1-D vectors keep f16/f32), quantized by ggml's reference rounding (see kiln-quant): the
+q4_0/q5_0/q8_0 files come out byte-identical to whisper.cpp's quantize of the f16 file.
 
 Only the project's own reading of the two formats: CTranslate2's variable records
 (see crates/kiln-formats/src/ct2.rs) and the ggml whisper layout (hparams, mel filters,
 vocabulary, then tensors as n_dims, name length, type, dims innermost first, name, data).
 """
+import argparse
 import json
 import struct
-import sys
 
 import numpy as np
 
@@ -55,6 +60,42 @@ def read_ct2(path):
     return out
 
 
+# ggml type ids, and whisper.cpp's file type for a model quantized to each.
+GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q5_0": 6, "q8_0": 8}
+FTYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q5_0": 8}
+
+
+def quantize(a, kind):
+    """Rows of `a` (float32, row length a multiple of 32) as ggml blocks of `kind`."""
+    x = np.ascontiguousarray(a, dtype=np.float32).reshape(-1, 32)
+    if kind == "q8_0":
+        amax = np.abs(x).max(axis=1)
+        d = amax / 127.0
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+        q = x * inv[:, None]
+        q = (np.sign(q) * np.floor(np.abs(q) + 0.5)).astype(np.int8)  # roundf: half away from 0
+        blocks = np.empty((x.shape[0], 34), dtype=np.uint8)
+        blocks[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+        blocks[:, 2:] = q.view(np.uint8)
+        return blocks.tobytes()
+    # q4_0 / q5_0: the value of largest magnitude, sign kept, maps to -8 / -16.
+    idx = np.abs(x).argmax(axis=1)
+    mx = x[np.arange(x.shape[0]), idx]
+    levels = 8 if kind == "q4_0" else 16
+    d = mx / -levels
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    xi = np.minimum(2 * levels - 1, np.trunc(x * inv[:, None] + levels + 0.5)).astype(np.uint32)
+    lo, hi = xi[:, :16], xi[:, 16:]
+    qs = ((lo & 0x0F) | ((hi & 0x0F) << 4)).astype(np.uint8)
+    dd = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if kind == "q4_0":
+        return np.concatenate([dd, qs], axis=1).tobytes()
+    bit = np.arange(16, dtype=np.uint32)
+    qh = (((lo >> 4) & 1) << bit).sum(axis=1) | (((hi >> 4) & 1) << (bit + 16)).sum(axis=1)
+    qh = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
+    return np.concatenate([dd, qh, qs], axis=1).tobytes()
+
+
 def byte_decoder():
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -68,7 +109,13 @@ def byte_decoder():
 
 
 def main():
-    model_dir, npz, out_path = sys.argv[1:4]
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("mel_filters_npz")
+    ap.add_argument("out")
+    ap.add_argument("--type", choices=list(GGML_TYPE), default="f16")
+    a = ap.parse_args()
+    model_dir, npz, out_path, wtype = a.model_dir, a.mel_filters_npz, a.out, a.type
     v = read_ct2(model_dir + "/model.bin")
     tok = json.load(open(model_dir + "/tokenizer.json", encoding="utf-8"))
     emb = v["decoder/embeddings/weight"]
@@ -82,7 +129,9 @@ def main():
 
     f = open(out_path, "wb")
     f.write(struct.pack("<I", 0x67676D6C))
-    for x in [n_vocab, n_audio_ctx, d, n_head, n_audio_layer, n_text_ctx, d, n_head, n_text_layer, n_mels, 1]:
+    # Quantized files carry ggml's quantization version (2) as whisper.cpp's quantize writes it.
+    ftype = FTYPE[wtype] + (0 if wtype in ("f16", "f32") else 2 * 1000)
+    for x in [n_vocab, n_audio_ctx, d, n_head, n_audio_layer, n_text_ctx, d, n_head, n_text_layer, n_mels, ftype]:
         f.write(struct.pack("<i", x))
     filters = np.load(npz)["mel_%d" % n_mels].astype(np.float32)
     f.write(struct.pack("<ii", *filters.shape))
@@ -99,14 +148,22 @@ def main():
         f.write(raw)
 
     def tensor(name, a, f16):
-        a = np.ascontiguousarray(a.astype(np.float16 if f16 else np.float32))
+        # f16: a weight matrix or kernel (stored in the chosen type); else kept f32.
+        kind = "f32"
+        if f16:
+            quantizable = a.ndim == 2 and a.shape[-1] % 32 == 0
+            kind = wtype if wtype in ("f16", "f32") or quantizable else "f16"
         dims = a.shape[::-1]
+        if kind in ("f16", "f32"):
+            data = np.ascontiguousarray(a.astype(np.float16 if kind == "f16" else np.float32)).tobytes()
+        else:
+            data = quantize(a, kind)
         nb = name.encode()
-        f.write(struct.pack("<iii", len(dims), len(nb), 1 if f16 else 0))
+        f.write(struct.pack("<iii", len(dims), len(nb), GGML_TYPE[kind]))
         for x in dims:
             f.write(struct.pack("<i", x))
         f.write(nb)
-        f.write(a.tobytes())
+        f.write(data)
 
     tensor("encoder.positional_embedding", v["encoder/position_encodings/encodings"], False)
     for i in (1, 2):

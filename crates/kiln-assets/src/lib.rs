@@ -7,6 +7,7 @@
 //! in `$KILN_HOME/downloads/` is not downloaded again.
 
 mod catalog;
+pub mod convert;
 
 use std::fs;
 use std::io::{Read, Write};
@@ -41,6 +42,8 @@ pub enum AssetError {
     },
     #[error("{archive}: {why}")]
     Extract { archive: String, why: String },
+    #[error("{what}: {why}")]
+    Convert { what: String, why: String },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> AssetError + '_ {

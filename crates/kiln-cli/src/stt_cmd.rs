@@ -28,7 +28,7 @@ pub enum Task {
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 pub enum Quant {
-    /// Keep the file's weights (fp16 for the catalog model).
+    /// Keep the file's weights (fp16 for the catalog model, as stored for a ggml file).
     None,
     #[value(name = "q8_0")]
     Q8_0,
@@ -38,7 +38,9 @@ pub enum Quant {
 
 #[derive(Args)]
 pub struct SttModelArgs {
-    /// Whisper model: a CTranslate2 model directory or a catalog name.
+    /// Whisper model: a catalog name, a CTranslate2 model directory, a whisper.cpp ggml
+    /// `.bin` (f32, f16, q4_0..q8_0) or a Hugging Face directory (config.json +
+    /// model.safetensors).
     #[arg(short = 'm', long, default_value = DEFAULT_STT)]
     pub model: String,
     /// Threads (default: all CPUs).
@@ -94,14 +96,9 @@ pub fn load(m: &SttModelArgs) -> anyhow::Result<Stt<CpuBackend>> {
         Quant::Q8_0 => Some(GgmlType::Q8_0),
         Quant::Q4_0 => Some(GgmlType::Q4_0),
     };
-    let dir = if path.is_dir() {
-        path
-    } else {
-        path.parent().map(Path::to_path_buf).unwrap_or(path)
-    };
     Ok(Stt::load(
         CpuBackend::new(threads),
-        &dir,
+        &path,
         LoadOptions { quant },
     )?)
 }

@@ -28,7 +28,8 @@ pub struct VoiceArgs {
     /// LLM: a GGUF file, a directory or a catalog name.
     #[arg(short = 'm', long, default_value = DEFAULT_LLM)]
     pub model: String,
-    /// Whisper model: a CTranslate2 directory or a catalog name.
+    /// Whisper model: a catalog name, a CTranslate2 or Hugging Face directory, or a
+    /// whisper.cpp ggml `.bin`.
     #[arg(long, default_value = DEFAULT_STT)]
     pub stt: String,
     /// Kokoro model: a directory or a catalog name.

@@ -131,3 +131,120 @@ fn bench_stt_reports_encoder_decoder_and_rtf() {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
     }
 }
+
+fn formats_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("whisper-formats")
+}
+
+fn golden() -> (Vec<u64>, String) {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/assets/golden/whisper_tiny_en_jfk.json"
+    );
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let ids = v["greedy_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    (ids, v["text"].as_str().unwrap().into())
+}
+
+/// Lower-case words, single spaces.
+fn words(s: &str) -> String {
+    let s: String = s
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `kiln transcribe FILE -m MODEL --no-timestamps --format json`: (text, tokens).
+fn transcribe_json(file: &str, model: &str) -> (String, Vec<u64>) {
+    let out = kiln(&[
+        "transcribe",
+        file,
+        "-m",
+        model,
+        "-t",
+        "2",
+        "--no-timestamps",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{model}: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let tokens = v["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| {
+            s["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap())
+        })
+        .collect();
+    (v["text"].as_str().unwrap().into(), tokens)
+}
+
+#[test]
+fn whisper_cpp_ggml_files_just_work() {
+    // As a whisper.cpp user has them: one .bin, no tokenizer.json beside it.
+    let (ids, want) = golden();
+    let f16 = kiln_assets::convert::whisper_ggml(&formats_dir(), "f16").unwrap();
+    let (t, toks) = transcribe_json(JFK, f16.to_str().unwrap());
+    assert_eq!(toks, ids);
+    assert_eq!(t, want);
+    for ty in ["q8_0", "q5_0"] {
+        let q = kiln_assets::convert::whisper_ggml(&formats_dir(), ty).unwrap();
+        let (t, _) = transcribe_json(JFK, q.to_str().unwrap());
+        assert_eq!(words(&t), words(&want), "{ty}: {t}");
+    }
+    // A cut-off download: one line naming the file.
+    let bin = std::fs::read(&f16).unwrap();
+    let cut = scratch("ggml-cut.bin");
+    std::fs::write(&cut, &bin[..bin.len() / 2]).unwrap();
+    let out = kiln(&["transcribe", JFK, "-m", cut.to_str().unwrap()]);
+    assert_clean_error(&out, "ggml-cut.bin: truncated");
+}
+
+#[test]
+fn hugging_face_directory_transcribes() {
+    let (ids, want) = golden();
+    let hf = kiln_assets::convert::whisper_hf(&formats_dir(), "f16", 1).unwrap();
+    let (t, toks) = transcribe_json(JFK, hf.to_str().unwrap());
+    assert_eq!(toks, ids);
+    assert_eq!(t, want);
+}
+
+#[test]
+fn ogg_vorbis_transcribes_like_the_wav() {
+    fetch();
+    // Encoded here by libsndfile (the soundfile wheel bundles it with Vorbis).
+    kiln_assets::convert::python_module("soundfile", "soundfile").unwrap();
+    let ogg = scratch("jfk.ogg");
+    let st = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, soundfile as sf; d, r = sf.read(sys.argv[1]); \
+             sf.write(sys.argv[2], d, r, format='OGG', subtype='VORBIS')",
+            JFK,
+            ogg.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(&std::fs::read(&ogg).unwrap()[..4], b"OggS");
+    let (wav_text, _) = transcribe_json(JFK, "whisper-tiny.en");
+    let (ogg_text, _) = transcribe_json(ogg.to_str().unwrap(), "whisper-tiny.en");
+    assert_eq!(words(&ogg_text), words(&wav_text), "{ogg_text}");
+}

@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod npy;
 pub mod onnx;
 pub mod safetensors;
+pub mod whisper_ggml;
 
 pub use ct2::{Ct2Dtype, Ct2File, Ct2Var};
 pub use error::FormatError;
@@ -16,3 +17,4 @@ pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};
 pub use npy::{parse_npy, parse_npz, read_npy, read_npz, NpyArray};
 pub use onnx::{OnnxFile, OnnxNode, OnnxTensor, OnnxType};
 pub use safetensors::{SafetensorsSet, StDtype, StTensor};
+pub use whisper_ggml::{is_whisper_ggml, GgmlHparams, GgmlTensor, WhisperGgmlFile};

@@ -16,7 +16,7 @@ pub mod seeds;
 
 use std::path::Path;
 
-use kiln_formats::{Ct2Dtype, Ct2File, GgufFile, OnnxFile, SafetensorsSet};
+use kiln_formats::{Ct2Dtype, Ct2File, GgufFile, OnnxFile, SafetensorsSet, WhisperGgmlFile};
 
 /// A parser under test: its name (the libFuzzer target of the same name), the function and the
 /// synthetic seeds it starts from.
@@ -57,6 +57,11 @@ pub const TARGETS: &[Target] = &[
         name: "ct2",
         run: ct2,
         seeds: seeds::ct2,
+    },
+    Target {
+        name: "whisper_ggml",
+        run: whisper_ggml,
+        seeds: seeds::whisper_ggml,
     },
     Target {
         name: "onnx",
@@ -176,6 +181,31 @@ pub fn ct2(data: &[u8]) -> bool {
     }
     for a in f.aliases.keys() {
         assert!(f.var(a).is_some());
+    }
+    true
+}
+
+/// whisper.cpp ggml `.bin`: hparams, filters, vocabulary and every tensor's bytes; the
+/// Whisper config read from it; its vocabulary rebuilt as a byte-level BPE tokenizer and a
+/// round trip through that.
+pub fn whisper_ggml(data: &[u8]) -> bool {
+    let Ok(f) = WhisperGgmlFile::from_bytes("ggml.bin", data.to_vec()) else {
+        return false;
+    };
+    for t in &f.tensors {
+        assert_eq!(f.data(t).len() as u64, t.n_bytes, "{}", t.name);
+        let _ = t.shape();
+    }
+    let (m, n, _) = f.mel_filters;
+    assert_eq!(f.mel_filters().len(), m as usize * n as usize);
+    let tokens: Vec<&[u8]> = (0..f.tokens.len()).filter_map(|i| f.token(i)).collect();
+    assert_eq!(tokens.len(), f.tokens.len());
+    let _ = kiln_models::whisper::WhisperConfig::from_ggml(&f);
+    let specials = [(tokens.len() as u32, "<|endoftext|>".to_string())];
+    if let Ok(tok) = kiln_text::Tokenizer::from_byte_vocab(&tokens, &specials) {
+        if let Ok(ids) = tok.encode(" the fuzzed text, 123 <|endoftext|>", false) {
+            let _ = tok.decode(&ids, false);
+        }
     }
     true
 }

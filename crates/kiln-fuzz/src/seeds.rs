@@ -219,6 +219,46 @@ pub fn ct2() -> Vec<Vec<u8>> {
     vec![v6, v1]
 }
 
+/// whisper.cpp ggml files: hparams, a 2 x 2 filterbank, a vocabulary of the 256 bytes and a
+/// few merges, then an f32 bias, an f16 matrix and a q8_0 row.
+pub fn whisper_ggml() -> Vec<Vec<u8>> {
+    let i32s = |out: &mut Vec<u8>, v: &[i32]| {
+        for x in v {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    };
+    let mut f = 0x6767_6d6cu32.to_le_bytes().to_vec();
+    i32s(&mut f, &[51864, 1500, 384, 6, 4, 448, 384, 6, 4, 80, 1]);
+    i32s(&mut f, &[2, 2]);
+    f.extend_from_slice(&f32_bytes(&[0.0, 0.5, 1.0, 1.5]));
+    let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    for t in [&b"th"[..], b"the", b" t", b" the", b"12"] {
+        tokens.push(t.to_vec());
+    }
+    i32s(&mut f, &[tokens.len() as i32]);
+    for t in &tokens {
+        f.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        f.extend_from_slice(t);
+    }
+    let small = f.clone();
+    let mut tensor = |name: &str, ty: i32, dims: &[i32], data: &[u8]| {
+        i32s(&mut f, &[dims.len() as i32, name.len() as i32, ty]);
+        i32s(&mut f, dims);
+        f.extend_from_slice(name.as_bytes());
+        f.extend_from_slice(data);
+    };
+    tensor("encoder.conv1.bias", 0, &[1, 2], &f32_bytes(&[1.0, 2.0]));
+    tensor("w", 1, &[2, 2], &[0, 0x3c, 0, 0xc0, 0, 0x38, 0, 0x3c]);
+    let row: Vec<f32> = (0..32).map(|i| i as f32 * 0.25 - 4.0).collect();
+    let q = kiln_quant::quantize(GgmlType::Q8_0, &row).unwrap_or_default();
+    tensor("encoder.blocks.0.mlp.0.weight", 8, &[32, 1], &q);
+    let mut one = small;
+    i32s(&mut one, &[1, 1, 0, 1]);
+    one.extend_from_slice(b"x");
+    one.extend_from_slice(&f32_bytes(&[3.0]));
+    vec![f, one]
+}
+
 fn varint(mut v: u64, out: &mut Vec<u8>) {
     loop {
         let b = (v & 0x7f) as u8;

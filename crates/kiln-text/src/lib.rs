@@ -6,6 +6,7 @@
 //! turns generated ids into text without splitting UTF-8 characters; [`ChatTemplate`] renders
 //! Hugging Face Jinja chat templates.
 
+mod byte_vocab;
 mod error;
 mod gguf_vocab;
 mod guard;

@@ -4,30 +4,30 @@
 
 use kiln_backend::{AttnShape, Backend, DenseAttnShape};
 
-use super::encoder::{Linear, Mlp, Norm};
-use super::{Ct2Weights, WhisperConfig};
+use super::encoder::{Linear, Mlp, Norm, SelfAttention};
+use super::{Weights, WhisperConfig};
 use crate::ModelError;
 
 pub struct DecoderLayer<B: Backend> {
-    pub self_ln: Norm<B>,     // self_attention/layer_norm
-    pub q: Linear<B>,         // self_attention/linear_0 rows 0..d (fused qkv)
-    pub k: Linear<B>,         //   rows d..2d
-    pub v: Linear<B>,         //   rows 2d..3d
-    pub self_out: Linear<B>,  // self_attention/linear_1
-    pub cross_ln: Norm<B>,    // attention/layer_norm
-    pub cross_q: Linear<B>,   // attention/linear_0
-    pub cross_k: Linear<B>,   // attention/linear_1 rows 0..d (fused kv)
-    pub cross_v: Linear<B>,   //   rows d..2d
-    pub cross_out: Linear<B>, // attention/linear_2
-    pub mlp_ln: Norm<B>,      // ffn/layer_norm
-    pub mlp: Mlp<B>,
+    pub self_ln: Norm<B>,     // decoder.blocks.i.attn_ln
+    pub q: Linear<B>,         // .attn.query
+    pub k: Linear<B>,         // .attn.key (no bias)
+    pub v: Linear<B>,         // .attn.value
+    pub self_out: Linear<B>,  // .attn.out
+    pub cross_ln: Norm<B>,    // .cross_attn_ln
+    pub cross_q: Linear<B>,   // .cross_attn.query
+    pub cross_k: Linear<B>,   // .cross_attn.key (no bias)
+    pub cross_v: Linear<B>,   // .cross_attn.value
+    pub cross_out: Linear<B>, // .cross_attn.out
+    pub mlp_ln: Norm<B>,      // .mlp_ln
+    pub mlp: Mlp<B>,          // .mlp.0, .mlp.2
 }
 
 pub struct Decoder<B: Backend> {
-    pub embed: B::Weight, // embeddings/weight (n_vocab, d); also the output projection
-    pub pos: B::Weight,   // position_encodings/encodings (n_text_ctx, d)
+    pub embed: B::Weight, // decoder.token_embedding.weight (n_vocab, d); also the output projection
+    pub pos: B::Weight,   // decoder.positional_embedding (n_text_ctx, d)
     pub layers: Vec<DecoderLayer<B>>,
-    pub ln: Norm<B>, // decoder/layer_norm
+    pub ln: Norm<B>, // decoder.ln
 }
 
 /// Cross-attention keys and values of every decoder layer over one window's encoding.
@@ -89,57 +89,45 @@ impl<B: Backend> DecoderState<B> {
 }
 
 impl<B: Backend> Decoder<B> {
-    pub fn load(b: &B, w: &Ct2Weights, c: &WhisperConfig) -> Result<Self, ModelError> {
+    pub fn load(b: &B, w: &Weights, c: &WhisperConfig) -> Result<Self, ModelError> {
         let (d, ffn) = (c.d_model, c.ffn_dim);
         let mut layers = Vec::with_capacity(c.n_text_layers);
         for i in 0..c.n_text_layers {
-            let p = format!("decoder/layer_{i}");
-            let sa = format!("{p}/self_attention");
-            let ca = format!("{p}/attention");
-            let qkv = format!("{sa}/linear_0");
-            let kv = format!("{ca}/linear_1");
+            let p = format!("decoder.blocks.{i}");
+            let (sa, ca) = (format!("{p}.attn"), format!("{p}.cross_attn"));
             // Cross-attention keys/values are products over all audio positions, once per
             // window (arithmetic-bound, like the encoder): they keep the file's format.
             w.set_quantize(false);
-            let cross_k = Linear::load_part(b, w, &kv, 2 * d, d, (0, d))?;
-            let cross_v = Linear::load_part(b, w, &kv, 2 * d, d, (d, 2 * d))?;
+            let cross_k = Linear::load_key(b, w, &format!("{ca}.key"), d)?;
+            let cross_v = Linear::load(b, w, &format!("{ca}.value"), d, d)?;
             w.set_quantize(true);
+            let sa_w = SelfAttention::load(b, w, &sa, d)?;
             layers.push(DecoderLayer {
-                self_ln: Norm::load(b, w, &format!("{sa}/layer_norm"), d)?,
-                q: Linear::load_part(b, w, &qkv, 3 * d, d, (0, d))?,
-                k: Linear::load_part(b, w, &qkv, 3 * d, d, (d, 2 * d))?,
-                v: Linear::load_part(b, w, &qkv, 3 * d, d, (2 * d, 3 * d))?,
-                self_out: Linear::load(b, w, &format!("{sa}/linear_1"), d, d)?,
-                cross_ln: Norm::load(b, w, &format!("{ca}/layer_norm"), d)?,
-                cross_q: Linear::load(b, w, &format!("{ca}/linear_0"), d, d)?,
+                self_ln: Norm::load(b, w, &format!("{p}.attn_ln"), d)?,
+                q: sa_w.q,
+                k: sa_w.k,
+                v: sa_w.v,
+                self_out: sa_w.out,
+                cross_ln: Norm::load(b, w, &format!("{p}.cross_attn_ln"), d)?,
+                cross_q: Linear::load(b, w, &format!("{ca}.query"), d, d)?,
                 cross_k,
                 cross_v,
-                cross_out: Linear::load(b, w, &format!("{ca}/linear_2"), d, d)?,
-                mlp_ln: Norm::load(b, w, &format!("{p}/ffn/layer_norm"), d)?,
+                cross_out: Linear::load(b, w, &format!("{ca}.out"), d, d)?,
+                mlp_ln: Norm::load(b, w, &format!("{p}.mlp_ln"), d)?,
                 mlp: Mlp::load(b, w, &p, d, ffn)?,
             });
         }
-        // The projection is tied: `decoder/projection/weight` is an alias of the embeddings.
-        let embed = w.matrix(b, "decoder/embeddings/weight", c.n_vocab, d, true)?;
-        if let Some(p) = w.file.var("decoder/projection/weight") {
-            if p.name != "decoder/embeddings/weight" {
-                return Err(ModelError::Config {
-                    file: w.file.path().into(),
-                    what: "decoder/projection/weight is not tied to the embeddings".into(),
-                });
-            }
-        }
+        let (vocab, ctx) = (c.n_vocab as u64, c.n_text_ctx as u64);
         Ok(Decoder {
-            embed,
-            pos: w.matrix(
+            embed: w.matrix(
                 b,
-                "decoder/position_encodings/encodings",
-                c.n_text_ctx,
-                d,
-                false,
+                "decoder.token_embedding.weight",
+                &[vocab, d as u64],
+                true,
             )?,
+            pos: w.matrix(b, "decoder.positional_embedding", &[ctx, d as u64], false)?,
             layers,
-            ln: Norm::load(b, w, "decoder/layer_norm", d)?,
+            ln: Norm::load(b, w, "decoder.ln", d)?,
         })
     }
 

@@ -3,20 +3,20 @@
 
 use kiln_backend::{Backend, DenseAttnShape};
 
-use super::{sinusoids, Ct2Weights, WhisperConfig, LN_EPS};
+use super::{sinusoids, Weights, WhisperConfig, LN_EPS};
 use crate::ModelError;
 
 /// LayerNorm parameters.
 pub struct Norm<B: Backend> {
-    pub gamma: B::Tensor, // .../layer_norm/gamma (d)
-    pub beta: B::Tensor,  // .../layer_norm/beta  (d)
+    pub gamma: B::Tensor, // {prefix}.weight (d)
+    pub beta: B::Tensor,  // {prefix}.bias   (d)
 }
 
 impl<B: Backend> Norm<B> {
-    pub fn load(b: &B, w: &Ct2Weights, prefix: &str, d: usize) -> Result<Self, ModelError> {
+    pub fn load(b: &B, w: &Weights, prefix: &str, d: usize) -> Result<Self, ModelError> {
         Ok(Norm {
-            gamma: w.vector(b, &format!("{prefix}/gamma"), d)?,
-            beta: w.vector(b, &format!("{prefix}/beta"), d)?,
+            gamma: w.vector(b, &format!("{prefix}.weight"), d)?,
+            beta: w.vector(b, &format!("{prefix}.bias"), d)?,
         })
     }
 
@@ -32,36 +32,31 @@ pub struct Linear<B: Backend> {
 }
 
 impl<B: Backend> Linear<B> {
-    /// Rows `part` of `{prefix}/weight` `[rows, cols]` and of its bias (fused projections are
-    /// split so that each product stays one weight).
-    pub fn load_part(
+    /// `{prefix}.weight` (rows, cols) and `{prefix}.bias` (rows).
+    pub fn load(
         b: &B,
-        w: &Ct2Weights,
+        w: &Weights,
         prefix: &str,
         rows: usize,
         cols: usize,
-        part: (usize, usize),
     ) -> Result<Self, ModelError> {
         Ok(Linear {
-            w: w.matrix_rows(
+            w: w.matrix(
                 b,
-                &format!("{prefix}/weight"),
+                &format!("{prefix}.weight"),
                 &[rows as u64, cols as u64],
-                part,
                 true,
             )?,
-            b: w.vector_part(b, &format!("{prefix}/bias"), rows, part)?,
+            b: w.vector(b, &format!("{prefix}.bias"), rows)?,
         })
     }
 
-    pub fn load(
-        b: &B,
-        w: &Ct2Weights,
-        prefix: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self, ModelError> {
-        Self::load_part(b, w, prefix, rows, cols, (0, rows))
+    /// Attention keys: OpenAI's Whisper has no bias there (zeros where a format stores one).
+    pub fn load_key(b: &B, w: &Weights, prefix: &str, d: usize) -> Result<Self, ModelError> {
+        Ok(Linear {
+            w: w.matrix(b, &format!("{prefix}.weight"), &[d as u64, d as u64], true)?,
+            b: w.vector_or_zeros(b, &format!("{prefix}.bias"), d)?,
+        })
     }
 
     /// out = W x + b
@@ -70,24 +65,36 @@ impl<B: Backend> Linear<B> {
     }
 }
 
-/// Self-attention of the encoder (q, k, v split from CTranslate2's fused `linear_0`).
+/// Self-attention (query, key, value, out).
 pub struct SelfAttention<B: Backend> {
     pub q: Linear<B>,
     pub k: Linear<B>,
     pub v: Linear<B>,
-    pub out: Linear<B>, // linear_1
+    pub out: Linear<B>,
+}
+
+impl<B: Backend> SelfAttention<B> {
+    /// `{p}.query`, `{p}.key`, `{p}.value`, `{p}.out`, each (d, d).
+    pub fn load(b: &B, w: &Weights, p: &str, d: usize) -> Result<Self, ModelError> {
+        Ok(SelfAttention {
+            q: Linear::load(b, w, &format!("{p}.query"), d, d)?,
+            k: Linear::load_key(b, w, &format!("{p}.key"), d)?,
+            v: Linear::load(b, w, &format!("{p}.value"), d, d)?,
+            out: Linear::load(b, w, &format!("{p}.out"), d, d)?,
+        })
+    }
 }
 
 pub struct Mlp<B: Backend> {
-    pub fc1: Linear<B>, // ffn/linear_0 (ffn, d)
-    pub fc2: Linear<B>, // ffn/linear_1 (d, ffn)
+    pub fc1: Linear<B>, // mlp.0 (ffn, d)
+    pub fc2: Linear<B>, // mlp.2 (d, ffn)
 }
 
 impl<B: Backend> Mlp<B> {
-    pub fn load(b: &B, w: &Ct2Weights, p: &str, d: usize, ffn: usize) -> Result<Self, ModelError> {
+    pub fn load(b: &B, w: &Weights, p: &str, d: usize, ffn: usize) -> Result<Self, ModelError> {
         Ok(Mlp {
-            fc1: Linear::load(b, w, &format!("{p}/ffn/linear_0"), ffn, d)?,
-            fc2: Linear::load(b, w, &format!("{p}/ffn/linear_1"), d, ffn)?,
+            fc1: Linear::load(b, w, &format!("{p}.mlp.0"), ffn, d)?,
+            fc2: Linear::load(b, w, &format!("{p}.mlp.2"), d, ffn)?,
         })
     }
 
@@ -107,20 +114,20 @@ impl<B: Backend> Mlp<B> {
 }
 
 pub struct EncoderLayer<B: Backend> {
-    pub attn_ln: Norm<B>, // self_attention/layer_norm
+    pub attn_ln: Norm<B>, // encoder.blocks.i.attn_ln
     pub attn: SelfAttention<B>,
-    pub mlp_ln: Norm<B>, // ffn/layer_norm
+    pub mlp_ln: Norm<B>, // encoder.blocks.i.mlp_ln
     pub mlp: Mlp<B>,
 }
 
 pub struct Encoder<B: Backend> {
-    pub conv1: B::Weight, // conv1/weight (d, n_mels, 3) as (d, n_mels*3)
+    pub conv1: B::Weight, // encoder.conv1.weight (d, n_mels, 3) as (d, n_mels*3)
     pub conv1_b: B::Tensor,
-    pub conv2: B::Weight, // conv2/weight (d, d, 3) as (d, d*3), stride 2
+    pub conv2: B::Weight, // encoder.conv2.weight (d, d, 3) as (d, d*3), stride 2
     pub conv2_b: B::Tensor,
-    pub pos: B::Tensor, // position_encodings/encodings (n_audio_ctx, d)
+    pub pos: B::Tensor, // encoder.positional_embedding (n_audio_ctx, d)
     pub layers: Vec<EncoderLayer<B>>,
-    pub ln_post: Norm<B>, // encoder/layer_norm
+    pub ln_post: Norm<B>, // encoder.ln_post
 }
 
 /// Scratch of one window's encoding, allocated once.
@@ -163,49 +170,41 @@ impl<B: Backend> EncoderState<B> {
 }
 
 impl<B: Backend> Encoder<B> {
-    pub fn load(b: &B, w: &Ct2Weights, c: &WhisperConfig) -> Result<Self, ModelError> {
+    pub fn load(b: &B, w: &Weights, c: &WhisperConfig) -> Result<Self, ModelError> {
         let (d, m) = (c.d_model, c.n_mels);
         let dd = d as u64;
         let conv = |name: &str, cin: usize| {
-            w.matrix_rows(
+            w.matrix(
                 b,
-                &format!("encoder/{name}/weight"),
+                &format!("encoder.{name}.weight"),
                 &[dd, cin as u64, 3],
-                (0, d),
                 true,
             )
         };
-        let pos = match w.file.var("encoder/position_encodings/encodings") {
-            Some(_) => w.floats(
-                "encoder/position_encodings/encodings",
-                &[c.n_audio_ctx as u64, dd],
-            )?,
-            None => sinusoids(c.n_audio_ctx, d),
+        let pos_name = "encoder.positional_embedding";
+        let pos = if w.has(pos_name) {
+            w.floats(pos_name, &[c.n_audio_ctx as u64, dd])?
+        } else {
+            sinusoids(c.n_audio_ctx, d)
         };
         let mut layers = Vec::with_capacity(c.n_audio_layers);
         for i in 0..c.n_audio_layers {
-            let p = format!("encoder/layer_{i}");
-            let qkv = format!("{p}/self_attention/linear_0");
+            let p = format!("encoder.blocks.{i}");
             layers.push(EncoderLayer {
-                attn_ln: Norm::load(b, w, &format!("{p}/self_attention/layer_norm"), d)?,
-                attn: SelfAttention {
-                    q: Linear::load_part(b, w, &qkv, 3 * d, d, (0, d))?,
-                    k: Linear::load_part(b, w, &qkv, 3 * d, d, (d, 2 * d))?,
-                    v: Linear::load_part(b, w, &qkv, 3 * d, d, (2 * d, 3 * d))?,
-                    out: Linear::load(b, w, &format!("{p}/self_attention/linear_1"), d, d)?,
-                },
-                mlp_ln: Norm::load(b, w, &format!("{p}/ffn/layer_norm"), d)?,
+                attn_ln: Norm::load(b, w, &format!("{p}.attn_ln"), d)?,
+                attn: SelfAttention::load(b, w, &format!("{p}.attn"), d)?,
+                mlp_ln: Norm::load(b, w, &format!("{p}.mlp_ln"), d)?,
                 mlp: Mlp::load(b, w, &p, d, c.ffn_dim)?,
             });
         }
         Ok(Encoder {
             conv1: conv("conv1", m)?,
-            conv1_b: w.vector(b, "encoder/conv1/bias", d)?,
+            conv1_b: w.vector(b, "encoder.conv1.bias", d)?,
             conv2: conv("conv2", d)?,
-            conv2_b: w.vector(b, "encoder/conv2/bias", d)?,
+            conv2_b: w.vector(b, "encoder.conv2.bias", d)?,
             pos: b.tensor_from(c.n_audio_ctx, d, &pos),
             layers,
-            ln_post: Norm::load(b, w, "encoder/layer_norm", d)?,
+            ln_post: Norm::load(b, w, "encoder.ln_post", d)?,
         })
     }
 

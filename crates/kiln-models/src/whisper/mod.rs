@@ -10,7 +10,9 @@
 //!         logits = ln(x) · embedᵀ                                 (tied output projection)
 //!
 //! One implementation for every size (tiny .. large-v3), 80 or 128 mel bins, English-only or
-//! multilingual vocabularies; weights from a CTranslate2 `model.bin`.
+//! multilingual vocabularies; weights from a CTranslate2 `model.bin`, a whisper.cpp ggml `.bin`
+//! (f32, f16 or quantized) or a Hugging Face `openai/whisper-*` safetensors directory, all
+//! read through one canonical name map ([`Weights`]).
 
 mod decoder;
 mod encoder;
@@ -19,12 +21,12 @@ mod weights;
 use std::path::Path;
 
 use kiln_backend::Backend;
-use kiln_formats::Ct2File;
+use kiln_formats::{Ct2File, WhisperGgmlFile};
 use kiln_quant::GgmlType;
 
 pub use decoder::{CrossKv, Decoder, DecoderState};
 pub use encoder::{Encoder, EncoderState};
-pub use weights::Ct2Weights;
+pub use weights::{HfWhisper, Weights, WhisperFile};
 
 use crate::ModelError;
 
@@ -131,6 +133,139 @@ impl WhisperConfig {
         }
         Ok(cfg)
     }
+
+    /// Read from whichever format `f` is.
+    pub fn from_file(f: &WhisperFile) -> Result<Self, ModelError> {
+        let cfg = match f {
+            WhisperFile::Ct2(c) => Self::from_ct2(c)?,
+            WhisperFile::Ggml(g) => Self::from_ggml(g)?,
+            WhisperFile::Hf(h) => Self::from_hf(h)?,
+        };
+        cfg.check(f.path())?;
+        Ok(cfg)
+    }
+
+    fn check(&self, file: &Path) -> Result<(), ModelError> {
+        let c = self;
+        let bad = [
+            (c.n_mels, "n_mels"),
+            (c.n_audio_ctx, "n_audio_ctx"),
+            (c.n_audio_layers, "audio layers"),
+            (c.n_audio_heads, "audio heads"),
+            (c.d_model, "d_model"),
+            (c.ffn_dim, "ffn_dim"),
+            (c.n_text_ctx, "n_text_ctx"),
+            (c.n_text_layers, "text layers"),
+            (c.n_text_heads, "text heads"),
+            (c.n_vocab, "n_vocab"),
+        ]
+        .into_iter()
+        .find(|&(v, _)| v == 0 || v > 1 << 20)
+        .map(|(v, n)| format!("{n} = {v}"))
+        .or_else(|| {
+            (c.d_model % c.n_audio_heads != 0 || c.d_model % c.n_text_heads != 0).then(|| {
+                format!(
+                    "heads {}/{} do not divide d_model {}",
+                    c.n_audio_heads, c.n_text_heads, c.d_model
+                )
+            })
+        });
+        match bad {
+            Some(what) => Err(ModelError::Config {
+                file: file.into(),
+                what: format!("implausible Whisper hyperparameters: {what}"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// From a whisper.cpp file's hparams (the MLP width from its first layer's shape).
+    pub fn from_ggml(f: &WhisperGgmlFile) -> Result<Self, ModelError> {
+        let h = &f.hparams;
+        let cfg_err = |what: String| ModelError::Config {
+            file: f.path().into(),
+            what,
+        };
+        if h.n_audio_state != h.n_text_state {
+            return Err(cfg_err(format!(
+                "n_audio_state {} differs from n_text_state {}",
+                h.n_audio_state, h.n_text_state
+            )));
+        }
+        let fc1 = "encoder.blocks.0.mlp.0.weight";
+        let ffn_dim = f
+            .tensor(fc1)
+            .and_then(|t| t.dims.get(1).copied())
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: f.path().into(),
+                name: fc1.into(),
+            })? as usize;
+        Ok(WhisperConfig {
+            n_mels: h.n_mels as usize,
+            n_audio_ctx: h.n_audio_ctx as usize,
+            n_audio_layers: h.n_audio_layer as usize,
+            n_audio_heads: h.n_audio_head as usize,
+            d_model: h.n_audio_state as usize,
+            ffn_dim,
+            n_text_ctx: h.n_text_ctx as usize,
+            n_text_layers: h.n_text_layer as usize,
+            n_text_heads: h.n_text_head as usize,
+            n_vocab: h.n_vocab as usize,
+        })
+    }
+
+    /// From a Hugging Face `config.json` (`WhisperConfig` of transformers).
+    pub fn from_hf(h: &HfWhisper) -> Result<Self, ModelError> {
+        let file = h.dir.join("config.json");
+        let cfg_err = |what: String| ModelError::Config {
+            file: file.clone(),
+            what,
+        };
+        let c = &h.config;
+        let model_type = c.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+        if model_type != "whisper" {
+            return Err(ModelError::UnsupportedArch {
+                file: file.clone(),
+                arch: model_type.into(),
+                supported: "whisper",
+            });
+        }
+        let num = |key: &str| -> Result<usize, ModelError> {
+            c.get(key)
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or_else(|| cfg_err(format!("'{key}' is missing or not a number")))
+        };
+        if num("encoder_ffn_dim")? != num("decoder_ffn_dim")? {
+            return Err(cfg_err(
+                "encoder_ffn_dim differs from decoder_ffn_dim".into(),
+            ));
+        }
+        if let Some(a) = c.get("activation_function").and_then(|v| v.as_str()) {
+            if a != "gelu" {
+                return Err(cfg_err(format!(
+                    "activation_function '{a}' (Whisper has gelu)"
+                )));
+            }
+        }
+        if c.get("scale_embedding").and_then(|v| v.as_bool()) == Some(true) {
+            return Err(cfg_err(
+                "scale_embedding is true (Whisper has false)".into(),
+            ));
+        }
+        Ok(WhisperConfig {
+            n_mels: num("num_mel_bins")?,
+            n_audio_ctx: num("max_source_positions")?,
+            n_audio_layers: num("encoder_layers")?,
+            n_audio_heads: num("encoder_attention_heads")?,
+            d_model: num("d_model")?,
+            ffn_dim: num("encoder_ffn_dim")?,
+            n_text_ctx: num("max_target_positions")?,
+            n_text_layers: num("decoder_layers")?,
+            n_text_heads: num("decoder_attention_heads")?,
+            n_vocab: num("vocab_size")?,
+        })
+    }
 }
 
 /// How to load: the format the decoder's per-token weights (projections, MLP, embeddings)
@@ -148,9 +283,9 @@ pub struct Whisper<B: Backend> {
 }
 
 impl<B: Backend> Whisper<B> {
-    pub fn load(b: &B, f: &Ct2File, opts: LoadOptions) -> Result<Self, ModelError> {
-        let cfg = WhisperConfig::from_ct2(f)?;
-        let w = Ct2Weights::new(f, opts.quant);
+    pub fn load(b: &B, f: &WhisperFile, opts: LoadOptions) -> Result<Self, ModelError> {
+        let cfg = WhisperConfig::from_file(f)?;
+        let w = Weights::new(f, opts.quant);
         // Quantization applies to the decoder: it runs once per token and is bound by
         // weight bytes. The encoder runs once per window and is bound by arithmetic, where
         // the f32 block products over fp16 weights are the faster path.
@@ -158,19 +293,22 @@ impl<B: Backend> Whisper<B> {
         let encoder = Encoder::load(b, &w, &cfg)?;
         w.set_quantize(true);
         let decoder = Decoder::load(b, &w, &cfg)?;
-        for s in [
-            "encoder/num_heads",
-            "decoder/num_heads",
-            "decoder/activation",
-            "decoder/pre_norm",
-            "decoder/scale_embeddings",
-            "decoder/alibi",
-            "decoder/start_from_zero_embedding",
-            // Cross-attention heads that align text to audio (word timestamps; unused here).
-            "decoder/alignment_heads",
-            "decoder/alignment_layer",
-        ] {
-            w.touch(s);
+        Self::check_tied(f, &w)?;
+        if let WhisperFile::Ct2(_) = f {
+            for s in [
+                "encoder/num_heads",
+                "decoder/num_heads",
+                "decoder/activation",
+                "decoder/pre_norm",
+                "decoder/scale_embeddings",
+                "decoder/alibi",
+                "decoder/start_from_zero_embedding",
+                // Cross-attention heads that align text to audio (word timestamps; unused).
+                "decoder/alignment_heads",
+                "decoder/alignment_layer",
+            ] {
+                w.touch(s);
+            }
         }
         w.finish("whisper")?;
         Ok(Whisper {
@@ -180,14 +318,37 @@ impl<B: Backend> Whisper<B> {
         })
     }
 
-    /// Opens `dir/model.bin` (or a model.bin path) and loads it.
-    pub fn open(b: &B, path: &Path, opts: LoadOptions) -> Result<(Self, Ct2File), ModelError> {
-        let file = if path.is_dir() {
-            path.join("model.bin")
-        } else {
-            path.to_path_buf()
+    /// The output projection is the token embedding: a stored copy must be that.
+    fn check_tied(f: &WhisperFile, w: &Weights) -> Result<(), ModelError> {
+        let untied = |name: &str| ModelError::Config {
+            file: f.path().into(),
+            what: format!("{name} is not tied to the token embeddings (kiln's Whisper ties them)"),
         };
-        let f = Ct2File::open(&file)?;
+        match f {
+            WhisperFile::Ct2(c) => {
+                if let Some(p) = c.var("decoder/projection/weight") {
+                    if p.name != "decoder/embeddings/weight" {
+                        return Err(untied("decoder/projection/weight"));
+                    }
+                }
+            }
+            WhisperFile::Hf(h) => {
+                if let Some(p) = h.set.tensor("proj_out.weight") {
+                    let e = h.set.tensor("model.decoder.embed_tokens.weight");
+                    if e.is_none_or(|e| h.set.data(e) != h.set.data(p)) {
+                        return Err(untied("proj_out.weight"));
+                    }
+                    w.touch("proj_out.weight");
+                }
+            }
+            WhisperFile::Ggml(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Opens a Whisper model in any format kiln reads (see [`WhisperFile::open`]) and loads it.
+    pub fn open(b: &B, path: &Path, opts: LoadOptions) -> Result<(Self, WhisperFile), ModelError> {
+        let f = WhisperFile::open(path)?;
         let m = Self::load(b, &f, opts)?;
         Ok((m, f))
     }

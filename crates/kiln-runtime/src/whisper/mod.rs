@@ -9,14 +9,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_backend::Backend;
-use kiln_formats::Ct2File;
-use kiln_models::whisper::{LoadOptions, Whisper};
+use kiln_models::whisper::{LoadOptions, Whisper, WhisperFile};
 use kiln_models::ModelError;
 use kiln_text::{TextError, Tokenizer};
 use thiserror::Error;
 
 pub use decode::{compression_ratio, DecodeOptions, WindowDecoder, WindowResult};
-pub use tokens::{suppressed_tokens, SpecialTokens, TIME_PRECISION};
+pub use tokens::{ggml_tokenizer, suppressed_tokens, SpecialTokens, LANGUAGES, TIME_PRECISION};
 pub use transcribe::{Segment, TranscribeOptions, TranscribeStats, Transcript};
 
 #[derive(Debug, Error)]
@@ -50,28 +49,44 @@ pub struct Stt<B: Backend> {
 }
 
 impl<B: Backend> Stt<B> {
-    /// Loads `model.bin` and `tokenizer.json` from a model directory (or beside a model.bin).
+    /// Loads a Whisper model in any format kiln reads: a CTranslate2 directory (or its
+    /// `model.bin`), a Hugging Face directory, or a whisper.cpp ggml `.bin`. The tokenizer
+    /// is the `tokenizer.json` beside the weights; a ggml file without one uses its own
+    /// vocabulary.
     pub fn load(backend: B, path: &Path, opts: LoadOptions) -> Result<Self, WhisperError> {
         let t0 = Instant::now();
-        let dir = if path.is_dir() {
-            path.to_path_buf()
-        } else {
-            path.parent().unwrap_or(Path::new(".")).to_path_buf()
+        let f = WhisperFile::open(path)?;
+        let dir = match &f {
+            WhisperFile::Hf(h) => h.dir.clone(),
+            _ => f.path().parent().unwrap_or(Path::new(".")).to_path_buf(),
         };
-        let bin = dir.join("model.bin");
-        if !bin.is_file() {
-            return Err(WhisperError::Path {
-                path: dir,
-                what: "no model.bin here (a CTranslate2 Whisper model directory is expected)"
-                    .into(),
-            });
-        }
-        let f = Ct2File::open(&bin)?;
         let model = Whisper::load(&backend, &f, opts)?;
         let tok_path = dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tok_path)?;
+        let tokenizer = match &f {
+            WhisperFile::Ggml(g) if !tok_path.is_file() => ggml_tokenizer(g, model.cfg.n_vocab)?,
+            _ => Tokenizer::from_file(&tok_path)?,
+        };
         let special = SpecialTokens::from_tokenizer(&tokenizer, model.cfg.n_vocab)?;
-        let suppress = suppressed_tokens(&tokenizer, &special);
+        if let WhisperFile::Hf(h) = &f {
+            special.check_hf(h)?;
+        }
+        let mut suppress = suppressed_tokens(&tokenizer, &special);
+        if let WhisperFile::Hf(h) = &f {
+            // The checkpoint's own list (OpenAI's non-speech symbols, as transformers
+            // computed them) joins kiln's.
+            let listed = h.generation.as_ref().and_then(|g| g.get("suppress_tokens"));
+            if let Some(list) = listed.and_then(|l| l.as_array()) {
+                let n = model.cfg.n_vocab as u64;
+                suppress.extend(
+                    list.iter()
+                        .filter_map(|v| v.as_u64())
+                        .filter(|&t| t < n)
+                        .map(|t| t as u32),
+                );
+                suppress.sort_unstable();
+                suppress.dedup();
+            }
+        }
         Ok(Stt {
             backend,
             model,

@@ -1,9 +1,67 @@
 //! Whisper's special tokens, found in the vocabulary by name, and the tokens it never
 //! samples (non-speech symbols and control tokens).
 
+use kiln_formats::WhisperGgmlFile;
+use kiln_models::whisper::HfWhisper;
 use kiln_text::Tokenizer;
 
 use super::WhisperError;
+
+/// Whisper's language codes in token order (large-v3 added `yue`, the 100th).
+pub const LANGUAGES: [&str; 100] = [
+    "en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar", "sv", "it",
+    "id", "hi", "fi", "vi", "he", "uk", "el", "ms", "cs", "ro", "da", "hu", "ta", "no", "th", "ur",
+    "hr", "bg", "lt", "la", "mi", "ml", "cy", "sk", "te", "fa", "lv", "bn", "sr", "az", "sl", "kn",
+    "et", "mk", "br", "eu", "is", "hy", "ne", "mn", "bs", "kk", "sq", "sw", "gl", "mr", "pa", "si",
+    "km", "sn", "yo", "so", "af", "oc", "ka", "be", "tg", "sd", "gu", "am", "yi", "lo", "uz", "fo",
+    "ht", "ps", "tk", "nn", "mt", "sa", "lb", "my", "bo", "tl", "mg", "as", "tt", "haw", "ln",
+    "ha", "ba", "jw", "su", "yue",
+];
+
+/// The tokenizer of a whisper.cpp file: its text tokens' bytes (ids in rank order, as
+/// tiktoken writes them) and the special tokens where whisper.cpp places them for a model
+/// of `n_vocab` ids: `<|endoftext|>` right after the text tokens (50256 English-only, 50257
+/// multilingual), then `<|startoftranscript|>`, one token per language, the task tokens,
+/// `<|startoflm|>`, `<|startofprev|>`, `<|nospeech|>`, `<|notimestamps|>`, timestamps.
+pub fn ggml_tokenizer(f: &WhisperGgmlFile, n_vocab: usize) -> Result<Tokenizer, WhisperError> {
+    let bad = |what: String| WhisperError::Vocabulary(format!("{}: {what}", f.path().display()));
+    let multilingual = n_vocab >= 51865;
+    let eot = 50256 + multilingual as usize;
+    let n_langs = n_vocab
+        .checked_sub(51765 + multilingual as usize)
+        .filter(|&n| n <= LANGUAGES.len())
+        .ok_or_else(|| {
+            bad(format!(
+                "n_vocab {n_vocab} is not a Whisper vocabulary (51864 English-only, 51865..51866 multilingual)"
+            ))
+        })?;
+    if f.tokens.len() < eot {
+        return Err(bad(format!(
+            "{} text tokens, a Whisper vocabulary has {eot}",
+            f.tokens.len()
+        )));
+    }
+    // Files converted from Hugging Face list the special tokens too: they are re-made here.
+    let tokens: Vec<&[u8]> = (0..eot).filter_map(|i| f.token(i)).collect();
+    let mut specials: Vec<String> = vec!["<|endoftext|>".into(), "<|startoftranscript|>".into()];
+    specials.extend(LANGUAGES[..n_langs].iter().map(|l| format!("<|{l}|>")));
+    for s in [
+        "<|translate|>",
+        "<|transcribe|>",
+        "<|startoflm|>",
+        "<|startofprev|>",
+        "<|nospeech|>",
+        "<|notimestamps|>",
+    ] {
+        specials.push(s.into());
+    }
+    let specials: Vec<(u32, String)> = specials
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| ((eot + i) as u32, s))
+        .collect();
+    Ok(Tokenizer::from_byte_vocab(&tokens, &specials)?)
+}
 
 /// Seconds per timestamp token step.
 pub const TIME_PRECISION: f64 = 0.02;
@@ -69,10 +127,51 @@ impl SpecialTokens {
         })
     }
 
+    /// Checks the special ids a Hugging Face `generation_config.json` (else `config.json`)
+    /// names against the tokenizer's: start, end and no-timestamps tokens must agree.
+    pub fn check_hf(&self, h: &HfWhisper) -> Result<(), WhisperError> {
+        let key = |k: &str| -> Option<(u64, &'static str)> {
+            if let Some(v) = h
+                .generation
+                .as_ref()
+                .and_then(|g| g.get(k))
+                .and_then(|v| v.as_u64())
+            {
+                return Some((v, "generation_config.json"));
+            }
+            h.config
+                .get(k)
+                .and_then(|v| v.as_u64())
+                .map(|v| (v, "config.json"))
+        };
+        for (k, want) in [
+            ("decoder_start_token_id", self.sot),
+            ("eos_token_id", self.eot),
+            ("no_timestamps_token_id", self.no_timestamps),
+        ] {
+            if let Some((v, file)) = key(k) {
+                if v != want as u64 {
+                    return Err(WhisperError::Path {
+                        path: h.dir.join(file),
+                        what: format!("{k} is {v} but the tokenizer has {want}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The language token of `code`; Hebrew answers to OpenAI's `he` and to the `iw` that
+    /// Hugging Face vocabularies name it.
     pub fn language(&self, code: &str) -> Option<u32> {
+        let alias = match code {
+            "he" => "iw",
+            "iw" => "he",
+            c => c,
+        };
         self.languages
             .iter()
-            .find(|(c, _)| c == code)
+            .find(|(c, _)| c == code || c == alias)
             .map(|&(_, id)| id)
     }
 
