@@ -27,8 +27,8 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
-    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, LstmShape, RopeConfig,
-    RopeStyle, WeightData,
+    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, LstmShape,
+    MlxWeightData, RopeConfig, RopeStyle, WeightData,
 };
 
 pub use device::CudaInitError;
@@ -669,6 +669,38 @@ impl Backend for CudaBackend {
             s,
             s2,
         })
+    }
+
+    /// MLX 4-bit matrices run on the Q4_1 kernel (repacked exactly, see
+    /// [`pack::mlx_as_q4_1`]); 8-bit ones, and scales no f16 holds, are widened to f32.
+    fn load_weight_mlx(&self, w: MlxWeightData) -> Result<CudaWeight, BackendError> {
+        w.check()?;
+        let (bits, group) = (w.layout.bits, w.layout.group);
+        match pack::mlx_as_q4_1(bits, group, w.rows, w.cols, w.q, w.scales, w.biases) {
+            Some(bytes) => {
+                let mut cw = self.load_weight(WeightData {
+                    name: w.name,
+                    ty: kiln_quant::GgmlType::Q4_1,
+                    rows: w.rows,
+                    cols: w.cols,
+                    bytes: &bytes,
+                })?;
+                // What the checkpoint holds: packed q plus a scale and bias per group.
+                cw.stored_bytes = w.q.len() + 2 * 2 * w.scales.len();
+                Ok(cw)
+            }
+            None => {
+                let f = w.dequantize()?;
+                let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+                self.load_weight(WeightData {
+                    name: w.name,
+                    ty: kiln_quant::GgmlType::F32,
+                    rows: w.rows,
+                    cols: w.cols,
+                    bytes: &bytes,
+                })
+            }
+        }
     }
 
     fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {

@@ -14,7 +14,8 @@
 //!
 //! Q6_K's high bits: word 0 holds values 0..15, word 1 values 16..31, value e at bits 2e.
 //! F32 and F16 stay as they are; BF16 and every other format (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K,
-//! ...) are dequantized to F32 (exact: no value changes).
+//! ...) are dequantized to F32 (exact: no value changes). MLX affine 4-bit matrices arrive as
+//! Q4_1 blocks ([`mlx_as_q4_1`]).
 
 use kiln_quant::{GgmlType, QuantError, QK_K};
 
@@ -119,6 +120,50 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
         }
     }
     Ok(p)
+}
+
+/// MLX affine 4-bit rows (w = scale * q + bias per group of 32, 64 or 128) as GGML Q4_1
+/// blocks (w = d * q + m per 32 values): each group's scale and bias become the d and m of
+/// its 32-value blocks, the nibbles are reordered to Q4_1's (byte j holds values j and
+/// j + 16). Exact when every scale and bias is an f16 (checkpoints store f16 or bf16; a bf16
+/// is an f16 unless it is tiny or huge): `None` otherwise, and for 8-bit rows (Q4_1 has no
+/// 8-bit sibling with a bias), which then take the f32 path.
+pub fn mlx_as_q4_1(
+    bits: u32,
+    group: usize,
+    rows: usize,
+    cols: usize,
+    q: &[u8],
+    scales: &[f32],
+    biases: &[f32],
+) -> Option<Vec<u8>> {
+    use half::f16;
+    if bits != 4 || group % 32 != 0 || cols % group != 0 {
+        return None;
+    }
+    let (groups, qb) = (cols / group, cols / 2);
+    if q.len() != rows * qb || scales.len() != rows * groups || biases.len() != scales.len() {
+        return None;
+    }
+    let exact = |v: f32| {
+        let h = f16::from_f32(v);
+        (h.to_f32() == v).then_some(h.to_le_bytes())
+    };
+    let mut out = Vec::with_capacity(rows * cols / 32 * 20);
+    for r in 0..rows {
+        let row = &q[r * qb..][..qb];
+        for b in 0..cols / 32 {
+            let g = r * groups + b * 32 / group;
+            out.extend_from_slice(&exact(scales[g])?);
+            out.extend_from_slice(&exact(biases[g])?);
+            let nib = |j: usize| {
+                let v = 32 * b + j;
+                (row[v / 2] >> (4 * (v % 2))) & 0x0f
+            };
+            out.extend((0..16).map(|j| nib(j) | (nib(j + 16) << 4)));
+        }
+    }
+    Some(out)
 }
 
 /// The 256 unsigned 6-bit values (0..64) of a Q6_K super-block, in value order.
@@ -243,6 +288,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// MLX 4-bit rows repacked as Q4_1 give MLX's own dequantization, value for value, for
+    /// every group size; a scale that is no f16 declines (the f32 path takes it).
+    #[test]
+    fn mlx_4bit_repacks_exactly() {
+        use kiln_quant::{mlx_dequantize_row, mlx_quantize_row, MlxLayout};
+        let (rows, cols) = (3, 256);
+        for group in [32, 64, 128] {
+            let l = MlxLayout::new(4, group, cols).unwrap();
+            let x = random(rows * cols, 11 + group as u64);
+            let (qb, g) = (l.q_bytes(cols), l.groups(cols));
+            let (mut q, mut sc, mut bi) = (
+                vec![0u8; rows * qb],
+                vec![0f32; rows * g],
+                vec![0f32; rows * g],
+            );
+            for r in 0..rows {
+                mlx_quantize_row(
+                    l,
+                    &x[r * cols..][..cols],
+                    &mut q[r * qb..][..qb],
+                    &mut sc[r * g..][..g],
+                    &mut bi[r * g..][..g],
+                );
+            }
+            // Checkpoints hold f16 scales and biases.
+            for v in sc.iter_mut().chain(bi.iter_mut()) {
+                *v = f16::from_f32(*v).to_f32();
+            }
+            let bytes = mlx_as_q4_1(4, group, rows, cols, &q, &sc, &bi).unwrap();
+            let p = pack(GgmlType::Q4_1, rows, cols, &bytes).unwrap();
+            let mut want = vec![0f32; cols];
+            for r in 0..rows {
+                mlx_dequantize_row(
+                    l,
+                    &q[r * qb..][..qb],
+                    &sc[r * g..][..g],
+                    &bi[r * g..][..g],
+                    &mut want,
+                )
+                .unwrap();
+                for c in 0..cols {
+                    assert_eq!(
+                        value(&p, cols, r, c),
+                        want[c],
+                        "group {group} row {r} col {c}"
+                    );
+                }
+            }
+            sc[1] = 1e-9; // below f16's range
+            assert!(mlx_as_q4_1(4, group, rows, cols, &q, &sc, &bi).is_none());
+        }
+        assert!(mlx_as_q4_1(8, 64, 1, 64, &[0; 64], &[1.0], &[0.0]).is_none());
     }
 
     #[test]
