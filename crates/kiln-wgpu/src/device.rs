@@ -17,7 +17,7 @@ const RING_SLOTS: usize = 4096;
 /// Token ids per submission (the embedding's inputs).
 const IDS_WORDS: usize = 1 << 16;
 /// Storage buffers a dispatch binds at most.
-pub const MAX_BINDINGS: usize = 5;
+pub const MAX_BINDINGS: usize = 8;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -60,6 +60,10 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// Never use subgroup operations, even where the adapter has them.
     pub no_subgroups: bool,
+    /// Whether each matrix-vector workgroup normalises and quantizes its input itself (one
+    /// dispatch per product) instead of reading activations a prep dispatch wrote. Default:
+    /// on GPUs, not on CPU adapters (lavapipe), where the repeated prologue is real work.
+    pub fused_prologue: Option<bool>,
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u8 {
@@ -102,6 +106,7 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub subgroups: bool,
+    pub fused_prologue: bool,
     pub max_binding: u64,
     slot: usize,
     ring: wgpu::Buffer,
@@ -148,6 +153,12 @@ impl Gpu {
             return Err(WgpuInitError(format!(
                 "adapter '{}' runs {} invocations per workgroup; kiln's kernels need 256",
                 info.name, lim.max_compute_invocations_per_workgroup
+            )));
+        }
+        if lim.max_storage_buffers_per_shader_stage < MAX_BINDINGS as u32 {
+            return Err(WgpuInitError(format!(
+                "adapter '{}' binds {} storage buffers per stage; kiln's kernels need {MAX_BINDINGS}",
+                info.name, lim.max_storage_buffers_per_shader_stage
             )));
         }
         let subgroups = !opt.no_subgroups
@@ -222,7 +233,11 @@ impl Gpu {
                 (bgl, pl)
             })
             .collect();
+        let fused_prologue = opt
+            .fused_prologue
+            .unwrap_or(info.device_type != wgpu::DeviceType::Cpu);
         Ok(Gpu {
+            fused_prologue,
             max_binding: lim.max_storage_buffer_binding_size as u64,
             device,
             queue,

@@ -36,13 +36,14 @@ use device::{Buf, Gpu};
 use pack::{FMT_F16, FMT_F32};
 
 /// Tokens from which a product runs as the tiled GEMM instead of matrix-vector products.
-const GEMM_MIN_TOKENS: usize = 8;
+const GEMM_MIN_TOKENS: usize = 16;
 /// Keys per attention workgroup (attention.wgsl CH).
 const ATT_CHUNK: usize = 256;
 /// Product modes (matvec.wgsl).
 const MODE_STORE: u32 = 0;
 const MODE_ADD: u32 = 1;
 const MODE_SILU_MUL: u32 = 2;
+const MODE_GATE_UP: u32 = 3;
 /// Elementwise ops (misc.wgsl).
 const OP_ADD: u32 = 0;
 const OP_SILU_MUL: u32 = 1;
@@ -135,6 +136,11 @@ impl WgpuBackend {
         self.gpu.subgroups
     }
 
+    /// Whether products run the fused matvec prologue (GpuOptions::fused_prologue).
+    pub fn fused_prologue(&self) -> bool {
+        self.gpu.fused_prologue
+    }
+
     /// The adapter's name and driver.
     pub fn adapter(&self) -> String {
         let i = &self.gpu.info;
@@ -155,11 +161,20 @@ impl WgpuBackend {
     }
 
     /// Products of one input: for each (weight, bias, out, mode), out (n, rows) = mode(W x)
-    /// with x (n, cols) RMS-normalised first when `norm` is given. The activations are
-    /// prepared once for all of them.
+    /// with x (n, cols) RMS-normalised first when `norm` is given; `up` (MODE_GATE_UP)
+    /// is the second matrix of SwiGLU. Up to GEMM_MIN_TOKENS tokens and MATVEC_MAXC
+    /// columns, each matrix-vector workgroup normalises and quantizes x itself; otherwise
+    /// the activations are prepared once (prep.wgsl) for every product.
+    #[allow(clippy::type_complexity)]
     fn products(
         &self,
-        list: &[(&WgpuWeight, Option<&WgpuTensor>, &WgpuTensor, u32)],
+        list: &[(
+            &WgpuWeight,
+            Option<&WgpuWeight>,
+            Option<&WgpuTensor>,
+            &WgpuTensor,
+            u32,
+        )],
         x: &WgpuTensor,
         n: usize,
         norm: Option<(&WgpuTensor, f32)>,
@@ -168,15 +183,59 @@ impl WgpuBackend {
             return;
         }
         let cols = list[0].0.cols;
+        let all = || list.iter().flat_map(|l| std::iter::once(l.0).chain(l.1));
         assert!(
-            list.iter().all(|l| l.0.cols == cols) && x.cols >= cols,
+            all().all(|w| w.cols == cols) && x.cols >= cols,
             "products of {} columns over activations of {}",
             cols,
             x.cols
         );
         let float = |w: &WgpuWeight| w.fmt == FMT_F32 || w.fmt == FMT_F16;
-        let write_q = list.iter().any(|l| !float(l.0)) && cols % 32 == 0;
-        let write_f = list.iter().any(|l| float(l.0));
+        let write_q = all().any(|w| !float(w)) && cols % 32 == 0;
+        let write_f = all().any(float);
+        let nw = norm.map_or(&self.gpu.dummy, |(w, _)| &w.buf);
+        let eps = f(norm.map_or(0.0, |(_, e)| e));
+        let flags = |bias: bool| bias as u32 | (norm.is_some() as u32) << 1 | (write_q as u32) << 2;
+        let g = self.groups();
+        let matvec_p =
+            |w: &WgpuWeight, w2: Option<&WgpuWeight>, bias: bool, out: &WgpuTensor, mode: u32| {
+                let wgs = w.rows.div_ceil(g);
+                let per = wgs.div_ceil(65535).max(1);
+                let p = [
+                    w.rows as u32,
+                    cols as u32,
+                    w.fmt,
+                    w.rw as u32,
+                    mode,
+                    flags(bias),
+                    per as u32,
+                    g as u32,
+                    0,
+                    0,
+                    0,
+                    out.cols as u32,
+                    w2.map_or(w.fmt, |u| u.fmt),
+                    w2.map_or(w.rw, |u| u.rw) as u32,
+                    x.cols as u32,
+                    eps,
+                ];
+                (p, (wgs.div_ceil(per) as u32, n as u32, 1))
+            };
+        if self.gpu.fused_prologue && n < GEMM_MIN_TOKENS && cols <= shaders::MATVEC_MAXC {
+            for &(w, w2, bias, out, mode) in list {
+                let (p, grid) = matvec_p(w, w2, bias.is_some(), out, mode);
+                let b = bias.map_or(&self.gpu.dummy, |b| &b.buf);
+                let w2b = w2.map_or(&w.buf, |u| &u.buf);
+                self.gpu.dispatch(
+                    "matvec",
+                    "matvec",
+                    &p,
+                    &[&w.buf, w2b, &x.buf, nw, &out.buf, b],
+                    grid,
+                );
+            }
+            return;
+        }
         let nb = cols / 32;
         let q_words = if write_q { n * cols / 4 } else { 0 };
         let d_off = q_words;
@@ -184,13 +243,12 @@ impl WgpuBackend {
         let f_off = s_off + if write_q { n * nb } else { 0 };
         let total = f_off + if write_f { n * cols } else { 0 };
         let act = ensure(&self.gpu, &mut self.scratch.borrow_mut().act, total * 4);
-        let nw = norm.map_or(&self.gpu.dummy, |(w, _)| &w.buf);
         self.gpu.dispatch(
             "prep",
             "prep",
             &[
                 cols as u32,
-                f(norm.map_or(0.0, |(_, e)| e)),
+                eps,
                 norm.is_some() as u32,
                 write_q as u32,
                 0,
@@ -204,47 +262,50 @@ impl WgpuBackend {
             &[&x.buf, nw, &act, &act],
             (n as u32, 1, 1),
         );
-        for &(w, bias, out, mode) in list {
-            let p_common = |extra: u32| {
-                [
-                    w.rows as u32,
-                    cols as u32,
-                    w.fmt,
-                    w.rw as u32,
-                    mode,
-                    bias.is_some() as u32,
-                    0,
-                    extra,
-                    d_off as u32,
-                    s_off as u32,
-                    f_off as u32,
-                    out.cols as u32,
-                    0,
-                ]
-            };
+        for &(w, w2, bias, out, mode) in list {
             let b = bias.map_or(&self.gpu.dummy, |b| &b.buf);
             if n >= GEMM_MIN_TOKENS {
-                let mut p = p_common(0);
-                p[6] = n as u32;
-                self.gpu.dispatch(
-                    "gemm",
-                    "gemm",
-                    &p,
-                    &[&w.buf, &act, &out.buf, b],
-                    (w.rows.div_ceil(64) as u32, n.div_ceil(64) as u32, 1),
-                );
+                // SwiGLU as two passes: gate stored, then out = silu(out) * up.
+                let passes: &[(&WgpuWeight, u32)] = match (mode, w2) {
+                    (MODE_GATE_UP, Some(up)) => &[(w, MODE_STORE), (up, MODE_SILU_MUL)],
+                    _ => &[(w, mode)],
+                };
+                for &(w, mode) in passes {
+                    let p = [
+                        w.rows as u32,
+                        cols as u32,
+                        w.fmt,
+                        w.rw as u32,
+                        mode,
+                        bias.is_some() as u32,
+                        n as u32,
+                        0,
+                        d_off as u32,
+                        s_off as u32,
+                        f_off as u32,
+                        out.cols as u32,
+                        0,
+                    ];
+                    self.gpu.dispatch(
+                        "gemm",
+                        "gemm",
+                        &p,
+                        &[&w.buf, &act, &out.buf, b],
+                        (w.rows.div_ceil(64) as u32, n.div_ceil(64) as u32, 1),
+                    );
+                }
             } else {
-                let g = self.groups();
-                let wgs = w.rows.div_ceil(g);
-                let per = wgs.div_ceil(65535).max(1);
-                let mut p = p_common(g as u32);
-                p[6] = per as u32;
+                let (mut p, grid) = matvec_p(w, w2, bias.is_some(), out, mode);
+                p[8] = d_off as u32;
+                p[9] = s_off as u32;
+                p[10] = f_off as u32;
+                let w2b = w2.map_or(&w.buf, |u| &u.buf);
                 self.gpu.dispatch(
-                    "matvec",
+                    "matvec_g",
                     "matvec",
                     &p,
-                    &[&w.buf, &act, &out.buf, b],
-                    (wgs.div_ceil(per) as u32, n as u32, 1),
+                    &[&w.buf, w2b, &act, &self.gpu.dummy, &out.buf, b],
+                    grid,
                 );
             }
         }
@@ -275,46 +336,76 @@ impl WgpuBackend {
         b
     }
 
-    /// One per-head dispatch over `heads` heads of x's rows (heads.wgsl).
-    #[allow(clippy::too_many_arguments)]
+    /// Per-head work (heads.wgsl) over up to three groups: q (`q`, its heads, norm, rope),
+    /// and, when given, k and v (`kv`: k, v, kv heads, k's norm, cache buffers, plane,
+    /// n_ctx, f16). A single group may store into a cache (`cache0`).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn heads(
         &self,
-        x: &WgpuTensor,
-        heads: usize,
+        q: (&WgpuTensor, usize, Option<(&WgpuTensor, f32)>, bool),
+        kv: Option<(
+            &WgpuTensor,
+            &WgpuTensor,
+            usize,
+            Option<&WgpuTensor>,
+            &WgpuKvCache,
+            usize,
+        )>,
+        cache0: Option<(&Buf, usize, usize, bool)>,
         head_dim: usize,
-        norm: Option<(&WgpuTensor, f32)>,
         rope: Option<&RopeConfig>,
-        cache: Option<(&Buf, usize, usize, bool)>,
         pos0: usize,
         n: usize,
     ) {
         assert!(head_dim <= 256, "head size {head_dim} > 256");
+        let (x, nq, qnorm, qrope) = q;
         let table = rope.map(|r| self.rope_table(r, pos0 + n));
         let (dims, neox) = rope.map_or((0, 0), |r| (r.dims, (r.style == RopeStyle::Neox) as u32));
-        let (cb, plane, n_ctx, f16) = cache.map_or((&self.gpu.dummy, 0, 0, false), |c| c);
+        let d = &self.gpu.dummy;
+        let eps = qnorm.map_or(0.0, |(_, e)| e);
+        let mut norm_flags = qnorm.is_some() as u32;
+        let rope_bit = rope.is_some() as u32;
+        let mut rope_flags = (qrope as u32) & rope_bit;
+        let mut cache_flags = cache0.is_some() as u32;
+        let (mut plane, mut n_ctx, mut f16) = cache0.map_or((0, 0, false), |c| (c.1, c.2, c.3));
+        let (mut kb, mut vb, mut knb, mut kcb, mut vcb) = (d, d, d, cache0.map_or(d, |c| c.0), d);
+        let (mut nkv, mut kv_ld) = (0, 0);
+        if let Some((k, v, kvh, kn, cache, pl)) = kv {
+            (kb, vb, nkv, kv_ld) = (&k.buf, &v.buf, kvh, k.cols);
+            if let Some(kn) = kn {
+                knb = &kn.buf;
+                norm_flags |= 2;
+            }
+            rope_flags |= 2 * rope_bit;
+            cache_flags |= 2 | 4;
+            (kcb, vcb) = (&cache.k, &cache.v);
+            (plane, n_ctx, f16) = (pl, cache.n_ctx, cache.f16);
+        }
         let p = [
-            heads as u32,
+            nq as u32,
+            nkv as u32,
             head_dim as u32,
-            f(norm.map_or(0.0, |(_, e)| e)),
-            norm.is_some() as u32,
-            rope.is_some() as u32,
+            f(eps),
+            norm_flags,
+            rope_flags,
+            cache_flags,
             dims as u32,
             neox,
             pos0 as u32,
             n_ctx as u32,
             plane as u32,
-            cache.is_some() as u32,
             f16 as u32,
             x.cols as u32,
+            kv_ld as u32,
         ];
-        let nw = norm.map_or(&self.gpu.dummy, |(w, _)| &w.buf);
-        let tb = table.as_ref().unwrap_or(&self.gpu.dummy);
+        let qn = qnorm.map_or(d, |(w, _)| &w.buf);
+        let tb = table.as_ref().unwrap_or(d);
         self.gpu.dispatch(
             "heads",
             "heads",
             &p,
-            &[&x.buf, nw, cb, tb],
-            (heads as u32, n as u32, 1),
+            &[&x.buf, qn, kcb, tb, kb, vb, knb, vcb],
+            ((nq + 2 * nkv) as u32, n as u32, 1),
         );
     }
 
@@ -397,6 +488,9 @@ impl WgpuBackend {
             &[&q.buf, &cache.k, &cache.v, &part, &out.buf],
             (s.n_heads as u32, splits as u32, s.n_tokens as u32),
         );
+        if splits == 1 {
+            return;
+        }
         self.gpu.dispatch(
             "attention",
             "attn_combine",
@@ -593,7 +687,15 @@ impl Backend for WgpuBackend {
 
     fn rms_norm_heads(&self, x: &mut WgpuTensor, w: &WgpuTensor, eps: f32, n: usize) {
         let hd = w.cols;
-        self.heads(x, x.cols / hd, hd, Some((w, eps)), None, None, 0, n);
+        self.heads(
+            (x, x.cols / hd, Some((w, eps)), false),
+            None,
+            None,
+            hd,
+            None,
+            0,
+            n,
+        );
     }
 
     fn matmul(
@@ -604,11 +706,11 @@ impl Backend for WgpuBackend {
         n: usize,
         out: &mut WgpuTensor,
     ) {
-        self.products(&[(w, bias, out, MODE_STORE)], x, n, None);
+        self.products(&[(w, None, bias, out, MODE_STORE)], x, n, None);
     }
 
     fn matmul_add(&self, w: &WgpuWeight, x: &WgpuTensor, n: usize, out: &mut WgpuTensor) {
-        self.products(&[(w, None, out, MODE_ADD)], x, n, None);
+        self.products(&[(w, None, None, out, MODE_ADD)], x, n, None);
     }
 
     fn matmul3(
@@ -622,9 +724,9 @@ impl Backend for WgpuBackend {
         let [o0, o1, o2] = outs;
         self.products(
             &[
-                (ws[0], biases[0], o0, MODE_STORE),
-                (ws[1], biases[1], o1, MODE_STORE),
-                (ws[2], biases[2], o2, MODE_STORE),
+                (ws[0], None, biases[0], o0, MODE_STORE),
+                (ws[1], None, biases[1], o1, MODE_STORE),
+                (ws[2], None, biases[2], o2, MODE_STORE),
             ],
             x,
             n,
@@ -640,15 +742,7 @@ impl Backend for WgpuBackend {
         n: usize,
         out: &mut WgpuTensor,
     ) {
-        self.products(
-            &[
-                (gate, None, out, MODE_STORE),
-                (up, None, out, MODE_SILU_MUL),
-            ],
-            x,
-            n,
-            None,
-        );
+        self.products(&[(gate, Some(up), None, out, MODE_GATE_UP)], x, n, None);
     }
 
     fn rms_norm_matmul3(
@@ -665,9 +759,9 @@ impl Backend for WgpuBackend {
         let [o0, o1, o2] = outs;
         self.products(
             &[
-                (ws[0], biases[0], o0, MODE_STORE),
-                (ws[1], biases[1], o1, MODE_STORE),
-                (ws[2], biases[2], o2, MODE_STORE),
+                (ws[0], None, biases[0], o0, MODE_STORE),
+                (ws[1], None, biases[1], o1, MODE_STORE),
+                (ws[2], None, biases[2], o2, MODE_STORE),
             ],
             x,
             n,
@@ -687,10 +781,7 @@ impl Backend for WgpuBackend {
         out: &mut WgpuTensor,
     ) {
         self.products(
-            &[
-                (gate, None, out, MODE_STORE),
-                (up, None, out, MODE_SILU_MUL),
-            ],
+            &[(gate, Some(up), None, out, MODE_GATE_UP)],
             x,
             n,
             Some((norm_w, eps)),
@@ -714,18 +805,30 @@ impl Backend for WgpuBackend {
         let hd = cache.head_dim;
         let plane = cache.plane(layer);
         let (qn, kn) = match qk_norm {
-            Some((a, b, e)) => (Some((a, e)), Some((b, e))),
+            Some((a, b, e)) => (Some((a, e)), Some(b)),
             None => (None, None),
         };
-        let kc = Some((&cache.k, plane, cache.n_ctx, cache.f16));
-        let vc = Some((&cache.v, plane, cache.n_ctx, cache.f16));
-        self.heads(q, heads, hd, qn, Some(rope), None, pos0, n);
-        self.heads(k, kv_heads, hd, kn, Some(rope), kc, pos0, n);
-        self.heads(v, kv_heads, hd, None, None, vc, pos0, n);
+        self.heads(
+            (q, heads, qn, true),
+            Some((k, v, kv_heads, kn, cache, plane)),
+            None,
+            hd,
+            Some(rope),
+            pos0,
+            n,
+        );
     }
 
     fn rope(&self, x: &mut WgpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {
-        self.heads(x, heads, rope.head_dim, None, Some(rope), None, pos0, n);
+        self.heads(
+            (x, heads, None, true),
+            None,
+            None,
+            rope.head_dim,
+            Some(rope),
+            pos0,
+            n,
+        );
     }
 
     fn kv_store(
@@ -741,8 +844,8 @@ impl Backend for WgpuBackend {
         let (hd, kvh) = (cache.head_dim, cache.kv_heads);
         let kc = Some((&cache.k, plane, cache.n_ctx, cache.f16));
         let vc = Some((&cache.v, plane, cache.n_ctx, cache.f16));
-        self.heads(k, kvh, hd, None, None, kc, pos0, n);
-        self.heads(v, kvh, hd, None, None, vc, pos0, n);
+        self.heads((k, kvh, None, false), None, kc, hd, None, pos0, n);
+        self.heads((v, kvh, None, false), None, vc, hd, None, pos0, n);
     }
 
     fn attention(
@@ -878,7 +981,7 @@ impl Backend for WgpuBackend {
             rows: t_out,
             cols: c_in * kernel,
         };
-        self.products(&[(w, bias, out, MODE_STORE)], &xt, t_out, None);
+        self.products(&[(w, None, bias, out, MODE_STORE)], &xt, t_out, None);
         t_out
     }
 

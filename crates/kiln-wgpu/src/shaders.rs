@@ -1,41 +1,65 @@
 //! The WGSL modules, assembled from the files under `shaders/`: every module gets
 //! common.wgsl and one of the two row-group reductions (subgroups or workgroup memory);
-//! those that read weights get weights.wgsl.
+//! those that read weights get weights.wgsl once per weight buffer they bind.
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
 const WEIGHTS: &str = include_str!("shaders/weights.wgsl");
+const MATVEC: &str = include_str!("shaders/matvec.wgsl");
+const MATVEC_FUSED: &str = include_str!("shaders/matvec_fused.wgsl");
+const MATVEC_GLOBAL: &str = include_str!("shaders/matvec_global.wgsl");
 
-/// Every module: (name, its own file, whether it reads weights).
-pub const MODULES: [(&str, &str, bool); 7] = [
-    ("matvec", include_str!("shaders/matvec.wgsl"), true),
-    ("gemm", include_str!("shaders/gemm.wgsl"), true),
-    ("embed", include_str!("shaders/embed.wgsl"), true),
-    ("prep", include_str!("shaders/prep.wgsl"), false),
-    ("heads", include_str!("shaders/heads.wgsl"), false),
-    ("attention", include_str!("shaders/attention.wgsl"), false),
-    ("misc", include_str!("shaders/misc.wgsl"), false),
+/// Every module's name.
+pub const MODULES: [&str; 8] = [
+    "matvec",
+    "matvec_g",
+    "gemm",
+    "embed",
+    "prep",
+    "heads",
+    "attention",
+    "misc",
 ];
+
+/// Row values the fused matvec prologue holds (matvec_fused.wgsl MAXC).
+pub const MATVEC_MAXC: usize = 8192;
+
+/// A module's own source and the weight buffers it reads (`W`, then `W2`).
+fn body(module: &str) -> (String, &'static [(&'static str, &'static str)]) {
+    const ONE: &[(&str, &str)] = &[("W", "")];
+    const TWO: &[(&str, &str)] = &[("W", ""), ("W2", "2")];
+    match module {
+        "matvec" => (MATVEC.replace("VARIANT", MATVEC_FUSED), TWO),
+        "matvec_g" => (MATVEC.replace("VARIANT", MATVEC_GLOBAL), TWO),
+        "gemm" => (include_str!("shaders/gemm.wgsl").into(), ONE),
+        "embed" => (include_str!("shaders/embed.wgsl").into(), ONE),
+        "prep" => (include_str!("shaders/prep.wgsl").into(), &[]),
+        "heads" => (include_str!("shaders/heads.wgsl").into(), &[]),
+        "attention" => (include_str!("shaders/attention.wgsl").into(), &[]),
+        "misc" => (include_str!("shaders/misc.wgsl").into(), &[]),
+        other => panic!("no WGSL module '{other}'"),
+    }
+}
 
 /// The full source of `module`, for adapters with (`subgroups`) or without subgroup
 /// operations.
 pub fn source(module: &str, subgroups: bool) -> String {
-    let (_, body, weights) = MODULES
-        .iter()
-        .find(|m| m.0 == module)
-        .unwrap_or_else(|| panic!("no WGSL module '{module}'"));
-    let mut s = String::new();
+    let (own, weights) = body(module);
     // (No `enable subgroups;`: naga takes the subgroup builtins from the device's
     // capabilities and rejects the directive.)
-    s.push_str(COMMON);
+    let mut s = String::from(COMMON);
     s.push_str(if subgroups {
         REDUCE_SUBGROUP
     } else {
         REDUCE_SHARED
     });
-    if *weights {
-        s.push_str(WEIGHTS);
+    for (buf, suffix) in weights {
+        s.push_str(
+            &WEIGHTS
+                .replace("WB[", &format!("{buf}["))
+                .replace("_S(", &format!("{suffix}(")),
+        );
     }
     let (args, call) = if subgroups {
         (
@@ -46,6 +70,6 @@ pub fn source(module: &str, subgroups: bool) -> String {
     } else {
         ("", "lanes(li)")
     };
-    s.push_str(&body.replace("SG_ARGS", args).replace("LANES_CALL", call));
+    s.push_str(&own.replace("SG_ARGS", args).replace("LANES_CALL", call));
     s
 }

@@ -4,7 +4,8 @@
 // chunks. Token t sees positions 0..pos0 + t. Cache planes are (kv_heads, n_ctx, head_dim),
 // f16 two per word or f32.
 // split params: 0 heads, 1 kv_heads, 2 hd, 3 n_ctx, 4 pos0, 5 plane, 6 kv_f16, 7 scale,
-//               8 splits, 9 q_off, 10 ml_off, 11 q_ld
+//               8 splits, 9 q_off, 10 ml_off, 11 q_ld, 12 out_off, 13 out_ld
+// With one split, attn_split writes the output itself (acc / l) and no combine runs.
 
 @group(0) @binding(1) var<storage, read_write> Q: array<f32>;
 @group(0) @binding(2) var<storage, read_write> KC: array<u32>;
@@ -68,7 +69,11 @@ fn attn_split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
         var acc = 0.0;
         let nk = select(0u, k1 - k0, k1 > k0);
         for (var j = 0u; j < nk; j++) { acc += ps[j] * kv(1u, plane + (k0 + j) * hd + li); }
-        PART[slot * hd + li] = acc;
+        if (P(8u) == 1u) {
+            OUT[P(12u) + t * P(13u) + h * hd + li] = acc / l;
+        } else {
+            PART[slot * hd + li] = acc;
+        }
     }
     if (li == 0u) {
         PART[P(10u) + 2u * slot] = select(NEG_INF, m, k1 > k0);

@@ -64,3 +64,10 @@ fn i8at(w: u32, k: u32) -> f32 { return f32(bitcast<i32>(w << (24u - 8u * k)) >>
 // Unsigned bytes of a dotted with signed bytes of b.
 fn udot(a: u32, b: u32) -> i32 { return dot(vec4<i32>(unpack4xU8(a)), unpack4xI8(b)); }
 fn sdot(a: u32, b: u32) -> i32 { return dot(unpack4xI8(a), unpack4xI8(b)); }
+
+// Spreads 4 two-bit fields (bits 0..7 of t) into bits 4..5 of 4 bytes.
+fn spread2(t: u32) -> u32 {
+    let b = (t & 0x03u) | ((t & 0x0cu) << 6u) | ((t & 0x30u) << 12u) | ((t & 0xc0u) << 18u);
+    return b << 4u;
+}
+

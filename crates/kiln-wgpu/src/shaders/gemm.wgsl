@@ -10,6 +10,8 @@
 @group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
 @group(0) @binding(4) var<storage, read_write> BIAS: array<f32>;
 
+fn xq(i: u32) -> u32 { return X[i]; }
+
 const TM: u32 = 64u;
 const TN: u32 = 64u;
 const TK: u32 = 16u;

@@ -1,5 +1,7 @@
-// Weights as pack.rs lays them out (u32 words, `W` declared by the including module); `rw`
-// is a row's words:
+// Weights as pack.rs lays them out (u32 words in the buffer `WB`); `rw` is a row's words.
+// shaders.rs instantiates this file once per weight buffer of a module (`WB` -> W, W2;
+// `_S` -> "", "2"); the including module defines `xq(i)`, the activation words.
+//
 //   F32   one word per value            F16   two values per word (matrix-wide index)
 //   Q4_0  per block of 32: [d f16], 4 words of nibbles
 //   Q4_1  per block: [d f16 | m f16], 4 words of nibbles
@@ -9,39 +11,33 @@
 // Nibble words of a block: byte j holds value j (low nibble) and value j + 16 (high).
 // Q6_K high bits: word 0 values 0..15, word 1 values 16..31, value e at bits 2e.
 
-fn wbyte(o: u32, k: u32) -> u32 { return (W[o + (k >> 2u)] >> (8u * (k & 3u))) & 0xffu; }
+fn wbyte_S(o: u32, k: u32) -> u32 { return (WB[o + (k >> 2u)] >> (8u * (k & 3u))) & 0xffu; }
 
 // Scale and minimum of sub-block j (0..7) from the 12 bytes at word o.
-fn q4k_sm(o: u32, j: u32) -> vec2<f32> {
+fn q4k_sm_S(o: u32, j: u32) -> vec2<f32> {
     if (j < 4u) {
-        return vec2<f32>(f32(wbyte(o, j) & 63u), f32(wbyte(o, j + 4u) & 63u));
+        return vec2<f32>(f32(wbyte_S(o, j) & 63u), f32(wbyte_S(o, j + 4u) & 63u));
     }
-    let d = (wbyte(o, j + 4u) & 0x0fu) | ((wbyte(o, j - 4u) >> 6u) << 4u);
-    let m = (wbyte(o, j + 4u) >> 4u) | ((wbyte(o, j) >> 6u) << 4u);
+    let d = (wbyte_S(o, j + 4u) & 0x0fu) | ((wbyte_S(o, j - 4u) >> 6u) << 4u);
+    let m = (wbyte_S(o, j + 4u) >> 4u) | ((wbyte_S(o, j) >> 6u) << 4u);
     return vec2<f32>(f32(d), f32(m));
 }
 
-// Spreads 4 two-bit fields (bits 0..7 of t) into bits 4..5 of 4 bytes.
-fn spread2(t: u32) -> u32 {
-    let b = (t & 0x03u) | ((t & 0x0cu) << 6u) | ((t & 0x30u) << 12u) | ((t & 0xc0u) << 18u);
-    return b << 4u;
-}
-
 // Value c of row r.
-fn wval(fmt: u32, r: u32, c: u32, cols: u32, rw: u32) -> f32 {
+fn wval_S(fmt: u32, r: u32, c: u32, cols: u32, rw: u32) -> f32 {
     let row = r * rw;
     let b = c >> 5u;
     let j = c & 31u;
     switch fmt {
-        case 0u: { return bitcast<f32>(W[row + c]); }
+        case 0u: { return bitcast<f32>(WB[row + c]); }
         case 1u: {
             let i = r * cols + c;
-            let w = W[i >> 1u];
+            let w = WB[i >> 1u];
             return select(f16lo(w), f16hi(w), (i & 1u) == 1u);
         }
         case 4u: {
             let o = row + b * 9u;
-            return f16lo(W[o]) * i8at(W[o + 1u + (j >> 2u)], j & 3u);
+            return f16lo(WB[o]) * i8at(WB[o + 1u + (j >> 2u)], j & 3u);
         }
         default: {}
     }
@@ -54,43 +50,43 @@ fn wval(fmt: u32, r: u32, c: u32, cols: u32, rw: u32) -> f32 {
         let o = row + b * 5u;
         qo = o + 1u;
         if (fmt == FMT_Q4_0) {
-            s = f16lo(W[o]);
+            s = f16lo(WB[o]);
             m = -8.0 * s;
         } else {
-            s = f16lo(W[o]);
-            m = f16hi(W[o]);
+            s = f16lo(WB[o]);
+            m = f16hi(WB[o]);
         }
     } else if (fmt == FMT_Q4_K) {
         let sb = row + (b >> 3u) * 36u;
-        let sm = q4k_sm(sb + 1u, b & 7u);
-        s = f16lo(W[sb]) * sm.x;
-        m = -f16hi(W[sb]) * sm.y;
+        let sm = q4k_sm_S(sb + 1u, b & 7u);
+        s = f16lo(WB[sb]) * sm.x;
+        m = -f16hi(WB[sb]) * sm.y;
         qo = sb + 4u + (b & 7u) * 4u;
     } else {
         let sb = row + (b >> 3u) * 53u;
         let k = b & 7u;
         qo = sb + k * 4u;
-        let h = (W[sb + 32u + k * 2u + (j >> 4u)] >> (2u * jj)) & 3u;
-        let byte = wbyte(qo, jj);
+        let h = (WB[sb + 32u + k * 2u + (j >> 4u)] >> (2u * jj)) & 3u;
+        let byte = wbyte_S(qo, jj);
         q = select(byte & 15u, byte >> 4u, j >= 16u) | (h << 4u);
-        let d = f16lo(W[sb + 52u]);
-        let sc = i8at(W[sb + 48u + ((2u * k + (j >> 4u)) >> 2u)], (2u * k + (j >> 4u)) & 3u);
+        let d = f16lo(WB[sb + 52u]);
+        let sc = i8at(WB[sb + 48u + ((2u * k + (j >> 4u)) >> 2u)], (2u * k + (j >> 4u)) & 3u);
         return d * sc * (f32(q) - 32.0);
     }
-    let byte = wbyte(qo, jj);
+    let byte = wbyte_S(qo, jj);
     q = select(byte & 15u, byte >> 4u, j >= 16u);
     return s * f32(q) + m;
 }
 
-// Block b of row r (rw words) dotted with an int8 activation block: 8 words at X[xo],
-// scale dx, half sums hs (low/high 16 bits). For every quantized format.
-fn block_dot(fmt: u32, r: u32, b: u32, rw: u32, xo: u32, dx: f32, hs: u32) -> f32 {
+// Block b of row r (rw words) dotted with an int8 activation block: 8 words from xo,
+// activation words xq(xo..), scale dx, half sums hs (low/high 16 bits). For every quantized format.
+fn block_dot_S(fmt: u32, r: u32, b: u32, rw: u32, xo: u32, dx: f32, hs: u32) -> f32 {
     let row = r * rw;
     if (fmt == FMT_Q8_0) {
         let o = row + b * 9u;
         var a = 0;
-        for (var i = 0u; i < 8u; i++) { a += sdot(W[o + 1u + i], X[xo + i]); }
-        return f16lo(W[o]) * dx * f32(a);
+        for (var i = 0u; i < 8u; i++) { a += sdot(WB[o + 1u + i], xq(xo + i)); }
+        return f16lo(WB[o]) * dx * f32(a);
     }
     var qo: u32;
     var s_lo: f32;
@@ -101,15 +97,15 @@ fn block_dot(fmt: u32, r: u32, b: u32, rw: u32, xo: u32, dx: f32, hs: u32) -> f3
     if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
         let o = row + b * 5u;
         qo = o + 1u;
-        s_lo = f16lo(W[o]);
-        m_lo = select(f16hi(W[o]), -8.0 * s_lo, fmt == FMT_Q4_0);
+        s_lo = f16lo(WB[o]);
+        m_lo = select(f16hi(WB[o]), -8.0 * s_lo, fmt == FMT_Q4_0);
         s_hi = s_lo;
         m_hi = m_lo;
     } else if (fmt == FMT_Q4_K) {
         let sb = row + (b >> 3u) * 36u;
-        let sm = q4k_sm(sb + 1u, b & 7u);
-        s_lo = f16lo(W[sb]) * sm.x;
-        m_lo = -f16hi(W[sb]) * sm.y;
+        let sm = q4k_sm_S(sb + 1u, b & 7u);
+        s_lo = f16lo(WB[sb]) * sm.x;
+        m_lo = -f16hi(WB[sb]) * sm.y;
         s_hi = s_lo;
         m_hi = m_lo;
         qo = sb + 4u + (b & 7u) * 4u;
@@ -118,8 +114,8 @@ fn block_dot(fmt: u32, r: u32, b: u32, rw: u32, xo: u32, dx: f32, hs: u32) -> f3
         let k = b & 7u;
         qo = sb + k * 4u;
         hw = sb + 32u + k * 2u;
-        let d = f16lo(W[sb + 52u]);
-        let sw = W[sb + 48u + (k >> 1u)];
+        let d = f16lo(WB[sb + 52u]);
+        let sw = WB[sb + 48u + (k >> 1u)];
         s_lo = d * i8at(sw, (2u * k) & 3u);
         s_hi = d * i8at(sw, (2u * k + 1u) & 3u);
         m_lo = -32.0 * s_lo;
@@ -128,15 +124,15 @@ fn block_dot(fmt: u32, r: u32, b: u32, rw: u32, xo: u32, dx: f32, hs: u32) -> f3
     var a = 0;
     var c = 0;
     for (var i = 0u; i < 4u; i++) {
-        let w = W[qo + i];
+        let w = WB[qo + i];
         var lo = w & 0x0f0f0f0fu;
         var hi = (w >> 4u) & 0x0f0f0f0fu;
         if (fmt == FMT_Q6_K) {
-            lo = lo | spread2(W[hw] >> (8u * i));
-            hi = hi | spread2(W[hw + 1u] >> (8u * i));
+            lo = lo | spread2(WB[hw] >> (8u * i));
+            hi = hi | spread2(WB[hw + 1u] >> (8u * i));
         }
-        a += udot(lo, X[xo + i]);
-        c += udot(hi, X[xo + 4u + i]);
+        a += udot(lo, xq(xo + i));
+        c += udot(hi, xq(xo + 4u + i));
     }
     return dx * (s_lo * f32(a) + m_lo * i16lo(hs) + s_hi * f32(c) + m_hi * i16hi(hs));
 }

@@ -44,21 +44,28 @@ pub fn gpu() -> Option<WgpuBackend> {
     }
 }
 
-/// Every kernel variant the adapter runs: the default (subgroups where it has them) and,
-/// when that used subgroups, the workgroup-memory fallback too.
+/// Every kernel variant the adapter runs: the default (subgroups where it has them), the
+/// workgroup-memory reductions when the default used subgroups, and the other choice of
+/// the matvec prologue (fused or prep + matvec).
 pub fn backends() -> Vec<WgpuBackend> {
     let Some(b) = gpu() else {
         return Vec::new();
     };
-    let mut v = Vec::new();
+    let mut opts = Vec::new();
     if b.subgroups() {
-        let opt = GpuOptions {
+        opts.push(GpuOptions {
             no_subgroups: true,
             ..Default::default()
-        };
-        v.push(WgpuBackend::with_options(&opt).expect("the same adapter again"));
+        });
     }
-    v.insert(0, b);
+    opts.push(GpuOptions {
+        fused_prologue: Some(!b.fused_prologue()),
+        ..Default::default()
+    });
+    let mut v = vec![b];
+    for o in opts {
+        v.push(WgpuBackend::with_options(&o).expect("the same adapter again"));
+    }
     v
 }
 
