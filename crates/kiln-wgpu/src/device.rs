@@ -238,7 +238,7 @@ impl Gpu {
             .unwrap_or(info.device_type != wgpu::DeviceType::Cpu);
         Ok(Gpu {
             fused_prologue,
-            max_binding: lim.max_storage_buffer_binding_size as u64,
+            max_binding: lim.max_storage_buffer_binding_size,
             device,
             queue,
             info,
