@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
 /// Parameter words per dispatch (common.wgsl `Params`).
-pub const PARAM_WORDS: usize = 16;
+pub const PARAM_WORDS: usize = 32;
 /// Dispatch parameter slots per submission.
 const RING_SLOTS: usize = 4096;
 /// Token ids per submission (the embedding's inputs).
 const IDS_WORDS: usize = 1 << 16;
 /// Storage buffers a dispatch binds at most.
-pub const MAX_BINDINGS: usize = 8;
+pub const MAX_BINDINGS: usize = 11;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 

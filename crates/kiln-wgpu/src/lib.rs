@@ -44,6 +44,7 @@ const MODE_STORE: u32 = 0;
 const MODE_ADD: u32 = 1;
 const MODE_SILU_MUL: u32 = 2;
 const MODE_GATE_UP: u32 = 3;
+const MODE_THREE: u32 = 4;
 /// Elementwise ops (misc.wgsl).
 const OP_ADD: u32 = 0;
 const OP_SILU_MUL: u32 = 1;
@@ -195,45 +196,82 @@ impl WgpuBackend {
         let write_f = all().any(float);
         let nw = norm.map_or(&self.gpu.dummy, |(w, _)| &w.buf);
         let eps = f(norm.map_or(0.0, |(_, e)| e));
-        let flags = |bias: bool| bias as u32 | (norm.is_some() as u32) << 1 | (write_q as u32) << 2;
+        let flags = (norm.is_some() as u32) << 1 | (write_q as u32) << 2;
+        // Matrix-vector dispatches: the three products of matmul3 in one, else one each.
+        type Entry<'a> = (
+            &'a WgpuWeight,
+            Option<&'a WgpuWeight>,
+            Option<&'a WgpuTensor>,
+            &'a WgpuTensor,
+            u32,
+        );
+        let three = list.len() == 3 && list.iter().all(|l| l.1.is_none() && l.4 == MODE_STORE);
+        let batches: Vec<&[Entry]> = match three {
+            true => vec![list],
+            false => list.chunks(1).collect(),
+        };
         let g = self.groups();
-        let matvec_p =
-            |w: &WgpuWeight, w2: Option<&WgpuWeight>, bias: bool, out: &WgpuTensor, mode: u32| {
-                let wgs = w.rows.div_ceil(g);
+        let matvec = |module: &'static str, xb: &Buf, nwb: &Buf, offs: [usize; 3]| {
+            for batch in &batches {
+                let (w, w2, _, out, mode) = batch[0];
+                let mode = if batch.len() == 3 { MODE_THREE } else { mode };
+                let rows: usize = batch.iter().map(|e| e.0.rows).sum();
+                let wgs = rows.div_ceil(g);
                 let per = wgs.div_ceil(65535).max(1);
-                let p = [
-                    w.rows as u32,
+                let e = |i: usize| batch.get(i).copied().unwrap_or(batch[0]);
+                let second = w2.unwrap_or(e(1).0);
+                let mut bias_bits = 0;
+                for (i, en) in batch.iter().enumerate() {
+                    bias_bits |= (en.2.is_some() as u32) << i;
+                }
+                let mut p = [0u32; 32];
+                p[..23].copy_from_slice(&[
+                    rows as u32,
                     cols as u32,
                     w.fmt,
                     w.rw as u32,
                     mode,
-                    flags(bias),
+                    flags,
                     per as u32,
                     g as u32,
-                    0,
-                    0,
-                    0,
+                    offs[0] as u32,
+                    offs[1] as u32,
+                    offs[2] as u32,
                     out.cols as u32,
-                    w2.map_or(w.fmt, |u| u.fmt),
-                    w2.map_or(w.rw, |u| u.rw) as u32,
+                    second.fmt,
+                    second.rw as u32,
                     x.cols as u32,
                     eps,
+                    e(2).0.fmt,
+                    e(2).0.rw as u32,
+                    e(1).3.cols as u32,
+                    e(2).3.cols as u32,
+                    w.rows as u32,
+                    (w.rows + e(1).0.rows) as u32,
+                    bias_bits,
+                ]);
+                let d = &self.gpu.dummy;
+                let bias = |i: usize| batch.get(i).and_then(|e| e.2).map_or(d, |b| &b.buf);
+                let out_i = |i: usize| batch.get(i).map_or(d, |e| &e.3.buf);
+                let bufs = [
+                    &w.buf,
+                    &second.buf,
+                    xb,
+                    nwb,
+                    &out.buf,
+                    bias(0),
+                    &e(2).0.buf,
+                    out_i(1),
+                    out_i(2),
+                    bias(1),
+                    bias(2),
                 ];
-                (p, (wgs.div_ceil(per) as u32, n as u32, 1))
-            };
-        if self.gpu.fused_prologue && n < GEMM_MIN_TOKENS && cols <= shaders::MATVEC_MAXC {
-            for &(w, w2, bias, out, mode) in list {
-                let (p, grid) = matvec_p(w, w2, bias.is_some(), out, mode);
-                let b = bias.map_or(&self.gpu.dummy, |b| &b.buf);
-                let w2b = w2.map_or(&w.buf, |u| &u.buf);
-                self.gpu.dispatch(
-                    "matvec",
-                    "matvec",
-                    &p,
-                    &[&w.buf, w2b, &x.buf, nw, &out.buf, b],
-                    grid,
-                );
+                let grid = (wgs.div_ceil(per) as u32, n as u32, 1);
+                self.gpu.dispatch(module, "matvec", &p[..23], &bufs, grid);
             }
+        };
+        if self.gpu.fused_prologue && n < GEMM_MIN_TOKENS && cols <= shaders::MATVEC_MAXC {
+            matvec("matvec", &x.buf, nw, [0; 3]);
             return;
         }
         let nb = cols / 32;
@@ -294,20 +332,10 @@ impl WgpuBackend {
                         (w.rows.div_ceil(64) as u32, n.div_ceil(64) as u32, 1),
                     );
                 }
-            } else {
-                let (mut p, grid) = matvec_p(w, w2, bias.is_some(), out, mode);
-                p[8] = d_off as u32;
-                p[9] = s_off as u32;
-                p[10] = f_off as u32;
-                let w2b = w2.map_or(&w.buf, |u| &u.buf);
-                self.gpu.dispatch(
-                    "matvec_g",
-                    "matvec",
-                    &p,
-                    &[&w.buf, w2b, &act, &self.gpu.dummy, &out.buf, b],
-                    grid,
-                );
             }
+        }
+        if n < GEMM_MIN_TOKENS {
+            matvec("matvec_g", &act, &self.gpu.dummy, [d_off, s_off, f_off]);
         }
     }
 

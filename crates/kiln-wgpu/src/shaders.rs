@@ -1,6 +1,6 @@
 //! The WGSL modules, assembled from the files under `shaders/`: every module gets
 //! common.wgsl and one of the two row-group reductions (subgroups or workgroup memory);
-//! those that read weights get weights.wgsl once per weight buffer they bind.
+//! those that read weights get weights.wgsl once per weight buffer they bind (W, W2, W3).
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
@@ -28,10 +28,10 @@ pub const MATVEC_MAXC: usize = 8192;
 /// A module's own source and the weight buffers it reads (`W`, then `W2`).
 fn body(module: &str) -> (String, &'static [(&'static str, &'static str)]) {
     const ONE: &[(&str, &str)] = &[("W", "")];
-    const TWO: &[(&str, &str)] = &[("W", ""), ("W2", "2")];
+    const THREE: &[(&str, &str)] = &[("W", ""), ("W2", "2"), ("W3", "3")];
     match module {
-        "matvec" => (MATVEC.replace("VARIANT", MATVEC_FUSED), TWO),
-        "matvec_g" => (MATVEC.replace("VARIANT", MATVEC_GLOBAL), TWO),
+        "matvec" => (MATVEC.replace("VARIANT", MATVEC_FUSED), THREE),
+        "matvec_g" => (MATVEC.replace("VARIANT", MATVEC_GLOBAL), THREE),
         "gemm" => (include_str!("shaders/gemm.wgsl").into(), ONE),
         "embed" => (include_str!("shaders/embed.wgsl").into(), ONE),
         "prep" => (include_str!("shaders/prep.wgsl").into(), &[]),

@@ -1,6 +1,8 @@
-// Prepended to every kiln WGSL module (lib.rs `module_source`). Every dispatch gets 16 u32
+// Prepended to every kiln WGSL module (shaders.rs `source`). Every dispatch gets 32 u32
 // parameters at a dynamic offset of one uniform buffer (binding 0); storage buffers follow
 // from binding 1, all `read_write` (a buffer may be bound twice in one dispatch).
+//
+// (32 parameter words: `P(i)`.)
 //
 // Two reductions: `gsum` sums over a row group. With subgroups (the SUBGROUP variant of this
 // file) a row group is one subgroup of any size; without, a group is 32 invocations and the
@@ -17,7 +19,7 @@ const FMT_Q8_0: u32 = 4u;
 const FMT_Q4_K: u32 = 5u;
 const FMT_Q6_K: u32 = 6u;
 
-struct Params { v: array<vec4<u32>, 4> }
+struct Params { v: array<vec4<u32>, 8> }
 @group(0) @binding(0) var<uniform> prm: Params;
 
 fn P(i: u32) -> u32 { return prm.v[i >> 2u][i & 3u]; }

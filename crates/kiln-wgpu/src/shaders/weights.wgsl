@@ -136,3 +136,62 @@ fn block_dot_S(fmt: u32, r: u32, b: u32, rw: u32, xo: u32, dx: f32, hs: u32) -> 
     }
     return dx * (s_lo * f32(a) + m_lo * i16lo(hs) + s_hi * f32(c) + m_hi * i16hi(hs));
 }
+
+// Values 8p..8p+7 (p in 0..4) of block b of row r, dequantized: the tiled GEMM's loads (a
+// block's scales decoded once per 8 values). Quantized formats only.
+fn wdeq8_S(fmt: u32, r: u32, b: u32, p: u32, rw: u32) -> array<f32, 8> {
+    let row = r * rw;
+    var out: array<f32, 8>;
+    if (fmt == FMT_Q8_0) {
+        let o = row + b * 9u;
+        let d = f16lo(WB[o]);
+        let w0 = WB[o + 1u + 2u * p];
+        let w1 = WB[o + 2u + 2u * p];
+        for (var i = 0u; i < 4u; i++) {
+            out[i] = d * i8at(w0, i);
+            out[i + 4u] = d * i8at(w1, i);
+        }
+        return out;
+    }
+    var qo: u32;
+    var s = 0.0;
+    var m = 0.0;
+    var hi = 0u;
+    var s6 = false;
+    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
+        let o = row + b * 5u;
+        qo = o + 1u;
+        s = f16lo(WB[o]);
+        m = select(f16hi(WB[o]), -8.0 * s, fmt == FMT_Q4_0);
+    } else if (fmt == FMT_Q4_K) {
+        let sb = row + (b >> 3u) * 36u;
+        let sm = q4k_sm_S(sb + 1u, b & 7u);
+        s = f16lo(WB[sb]) * sm.x;
+        m = -f16hi(WB[sb]) * sm.y;
+        qo = sb + 4u + (b & 7u) * 4u;
+    } else {
+        let sb = row + (b >> 3u) * 53u;
+        let k = b & 7u;
+        qo = sb + k * 4u;
+        hi = WB[sb + 32u + k * 2u + (p >> 1u)] >> (16u * (p & 1u));
+        let sw = WB[sb + 48u + (k >> 1u)];
+        s = f16lo(WB[sb + 52u]) * i8at(sw, (2u * k + (p >> 1u)) & 3u);
+        m = -32.0 * s;
+        s6 = true;
+    }
+    // Values 8p.. are the low (p < 2) or high nibbles of bytes 8(p & 1)...
+    let shift = 4u * (p >> 1u);
+    let w0 = WB[qo + 2u * (p & 1u)] >> shift;
+    let w1 = WB[qo + 2u * (p & 1u) + 1u] >> shift;
+    for (var i = 0u; i < 4u; i++) {
+        var q0 = (w0 >> (8u * i)) & 15u;
+        var q1 = (w1 >> (8u * i)) & 15u;
+        if (s6) {
+            q0 = q0 | (((hi >> (2u * i)) & 3u) << 4u);
+            q1 = q1 | (((hi >> (2u * (i + 4u))) & 3u) << 4u);
+        }
+        out[i] = s * f32(q0) + m;
+        out[i + 4u] = s * f32(q1) + m;
+    }
+    return out;
+}
