@@ -96,6 +96,8 @@ pub fn adapters() -> Vec<(String, String, String)> {
 struct Enc {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
+    /// The pipeline the open pass has set (not set again for the next dispatch).
+    pipeline: Option<(&'static str, &'static str)>,
     /// Parameter slots of the recorded dispatches, written to the ring before submission.
     params: Vec<u8>,
     ids: Vec<u32>,
@@ -238,7 +240,7 @@ impl Gpu {
             .unwrap_or(info.device_type != wgpu::DeviceType::Cpu);
         Ok(Gpu {
             fused_prologue,
-            max_binding: lim.max_storage_buffer_binding_size,
+            max_binding: lim.max_storage_buffer_binding_size.min(lim.max_buffer_size),
             device,
             queue,
             info,
@@ -254,6 +256,7 @@ impl Gpu {
             enc: RefCell::new(Enc {
                 encoder: None,
                 pass: None,
+                pipeline: None,
                 params: Vec::with_capacity(slot * RING_SLOTS),
                 ids: Vec::with_capacity(IDS_WORDS),
             }),
@@ -434,9 +437,14 @@ impl Gpu {
                 .begin_compute_pass(&Default::default())
                 .forget_lifetime();
             e.pass = Some(pass);
+            e.pipeline = None;
         }
+        let same = e.pipeline == Some((module, entry));
+        e.pipeline = Some((module, entry));
         let pass = e.pass.as_mut().unwrap();
-        pass.set_pipeline(&pipe);
+        if !same {
+            pass.set_pipeline(&pipe);
+        }
         pass.set_bind_group(0, &bg, &[off as u32]);
         pass.dispatch_workgroups(groups.0, groups.1, groups.2);
     }
