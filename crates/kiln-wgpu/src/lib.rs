@@ -387,7 +387,9 @@ impl WgpuBackend {
     ) {
         assert!(head_dim <= 256, "head size {head_dim} > 256");
         let (x, nq, qnorm, qrope) = q;
-        let table = rope.map(|r| self.rope_table(r, pos0 + n));
+        // The table covers the cache's positions from the first call on.
+        let positions = kv.map_or(pos0 + n, |k| k.4.n_ctx.max(pos0 + n));
+        let table = rope.map(|r| self.rope_table(r, positions));
         let (dims, neox) = rope.map_or((0, 0), |r| (r.dims, (r.style == RopeStyle::Neox) as u32));
         let d = &self.gpu.dummy;
         let eps = qnorm.map_or(0.0, |(_, e)| e);
@@ -487,10 +489,12 @@ impl WgpuBackend {
         let splits = (s.pos0 + s.n_tokens).div_ceil(ATT_CHUNK);
         let slots = s.n_tokens * s.n_heads * splits;
         let ml_off = slots * s.head_dim;
+        // Sized for the whole cache at once, so a growing context never reallocates it.
+        let most = s.n_tokens * s.n_heads * cache.n_ctx.div_ceil(ATT_CHUNK).max(splits);
         let part = ensure(
             &self.gpu,
             &mut self.scratch.borrow_mut().attn,
-            (ml_off + 2 * slots) * 4,
+            (most * s.head_dim + 2 * most) * 4,
         );
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let p = [
