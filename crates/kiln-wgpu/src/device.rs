@@ -21,6 +21,11 @@ pub const MAX_BINDINGS: usize = 11;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+type PipelineKey = (&'static str, &'static str, [u32; 3]);
+
+/// Override constants a module may declare: the weight formats its pipelines specialise on.
+const CONSTS: [&str; 3] = ["FMT1", "FMT2", "FMT3"];
+
 /// A device buffer with an id that is never reused (the bind group cache's key).
 #[derive(Clone, Debug)]
 pub struct Buf {
@@ -97,7 +102,7 @@ struct Enc {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
     /// The pipeline the open pass has set (not set again for the next dispatch).
-    pipeline: Option<(&'static str, &'static str)>,
+    pipeline: Option<PipelineKey>,
     /// Parameter slots of the recorded dispatches, written to the ring before submission.
     params: Vec<u8>,
     ids: Vec<u32>,
@@ -116,7 +121,8 @@ pub struct Gpu {
     pub dummy: Buf,
     layouts: Vec<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
     modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
-    pipelines: RefCell<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
+    /// By (module, entry, the values of its override constants FMT1..FMT3).
+    pipelines: RefCell<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     binds: RefCell<HashMap<[u64; MAX_BINDINGS + 1], wgpu::BindGroup>>,
     enc: RefCell<Enc>,
     readback: RefCell<Option<wgpu::Buffer>>,
@@ -319,8 +325,12 @@ impl Gpu {
         module: &'static str,
         entry: &'static str,
         n: usize,
+        consts: &[u32],
     ) -> wgpu::ComputePipeline {
-        if let Some(p) = self.pipelines.borrow().get(&(module, entry)) {
+        let mut cv = [0u32; 3];
+        cv[..consts.len()].copy_from_slice(consts);
+        let key = (module, entry, cv);
+        if let Some(p) = self.pipelines.borrow().get(&key) {
             return p.clone();
         }
         let mut mods = self.modules.borrow_mut();
@@ -332,6 +342,11 @@ impl Gpu {
                     source: wgpu::ShaderSource::Wgsl(src.into()),
                 })
         });
+        let constants: Vec<(&str, f64)> = CONSTS
+            .iter()
+            .zip(consts)
+            .map(|(k, &v)| (*k, v as f64))
+            .collect();
         let p = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -340,14 +355,12 @@ impl Gpu {
                 module: m,
                 entry_point: Some(entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &[],
+                    constants: &constants,
                     zero_initialize_workgroup_memory: false,
                 },
                 cache: None,
             });
-        self.pipelines
-            .borrow_mut()
-            .insert((module, entry), p.clone());
+        self.pipelines.borrow_mut().insert(key, p.clone());
         p
     }
 
@@ -377,11 +390,24 @@ impl Gpu {
         bufs: &[&Buf],
         groups: (u32, u32, u32),
     ) {
+        self.dispatch_with(module, entry, &[], p, bufs, groups)
+    }
+
+    /// `dispatch` of the pipeline specialised on `consts` (the module's FMT1.. overrides).
+    pub fn dispatch_with(
+        &self,
+        module: &'static str,
+        entry: &'static str,
+        consts: &[u32],
+        p: &[u32],
+        bufs: &[&Buf],
+        groups: (u32, u32, u32),
+    ) {
         if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
             return;
         }
         assert!(p.len() <= PARAM_WORDS && bufs.len() <= MAX_BINDINGS);
-        let pipe = self.pipeline(module, entry, bufs.len());
+        let pipe = self.pipeline(module, entry, bufs.len(), consts);
         if self.enc.borrow().params.len() + self.slot > self.slot * RING_SLOTS {
             self.flush();
         }
@@ -439,8 +465,10 @@ impl Gpu {
             e.pass = Some(pass);
             e.pipeline = None;
         }
-        let same = e.pipeline == Some((module, entry));
-        e.pipeline = Some((module, entry));
+        let mut cv = [0u32; 3];
+        cv[..consts.len()].copy_from_slice(consts);
+        let same = e.pipeline == Some((module, entry, cv));
+        e.pipeline = Some((module, entry, cv));
         let pass = e.pass.as_mut().unwrap();
         if !same {
             pass.set_pipeline(&pipe);

@@ -267,7 +267,9 @@ impl WgpuBackend {
                     bias(2),
                 ];
                 let grid = (wgs.div_ceil(per) as u32, n as u32, 1);
-                self.gpu.dispatch(module, "matvec", &p[..23], &bufs, grid);
+                let consts = [w.fmt, second.fmt, e(2).0.fmt];
+                self.gpu
+                    .dispatch_with(module, "matvec", &consts, &p[..23], &bufs, grid);
             }
         };
         if self.gpu.fused_prologue && n < GEMM_MIN_TOKENS && cols <= shaders::MATVEC_MAXC {
@@ -324,9 +326,10 @@ impl WgpuBackend {
                         out.cols as u32,
                         0,
                     ];
-                    self.gpu.dispatch(
+                    self.gpu.dispatch_with(
                         "gemm",
                         "gemm",
+                        &[w.fmt],
                         &p,
                         &[&w.buf, &act, &out.buf, b],
                         (w.rows.div_ceil(64) as u32, n.div_ceil(64) as u32, 1),

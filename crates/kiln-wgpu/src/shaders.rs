@@ -9,6 +9,23 @@ const WEIGHTS: &str = include_str!("shaders/weights.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const MATVEC_FUSED: &str = include_str!("shaders/matvec_fused.wgsl");
 const MATVEC_GLOBAL: &str = include_str!("shaders/matvec_global.wgsl");
+const MATVEC_ROW: &str = include_str!("shaders/matvec_row.wgsl");
+
+/// matvec.wgsl with its variant and one row dot per weight buffer.
+fn matvec(variant: &str) -> String {
+    let rows: String = [("", "1"), ("2", "2"), ("3", "3")]
+        .iter()
+        .map(|(w, s)| {
+            MATVEC_ROW
+                .replace("row_dot_S(", &format!("row_dot{s}("))
+                .replace("wval_W(", &format!("wval{w}("))
+                .replace("block_dot_W(", &format!("block_dot{w}("))
+        })
+        .collect();
+    MATVEC
+        .replace("VARIANT", variant)
+        .replace("ROW_DOTS", &rows)
+}
 
 /// Every module's name.
 pub const MODULES: [&str; 8] = [
@@ -30,8 +47,8 @@ fn body(module: &str) -> (String, &'static [(&'static str, &'static str)]) {
     const ONE: &[(&str, &str)] = &[("W", "")];
     const THREE: &[(&str, &str)] = &[("W", ""), ("W2", "2"), ("W3", "3")];
     match module {
-        "matvec" => (MATVEC.replace("VARIANT", MATVEC_FUSED), THREE),
-        "matvec_g" => (MATVEC.replace("VARIANT", MATVEC_GLOBAL), THREE),
+        "matvec" => (matvec(MATVEC_FUSED), THREE),
+        "matvec_g" => (matvec(MATVEC_GLOBAL), THREE),
         "gemm" => (include_str!("shaders/gemm.wgsl").into(), ONE),
         "embed" => (include_str!("shaders/embed.wgsl").into(), ONE),
         "prep" => (include_str!("shaders/prep.wgsl").into(), &[]),

@@ -30,12 +30,30 @@ fn every_shader_validates_and_translates_to_msl() {
                 lang_version: (2, 4),
                 ..Default::default()
             };
-            let (out, _) =
-                msl::write_string(&module, &info, &options, &msl::PipelineOptions::default())
-                    .unwrap_or_else(|e| panic!("{name} (subgroups {subgroups}) to MSL: {e}"));
-            assert!(out.contains("kernel void"), "{name}: no kernel in the MSL");
+            // Pipelines are specialised on weight formats (override constants FMT1..):
+            // each format's specialisation is translated.
+            let names: Vec<String> = module
+                .overrides
+                .iter()
+                .filter_map(|(_, o)| o.name.clone())
+                .collect();
+            let formats = if names.is_empty() { 0..1 } else { 0..7 };
+            for fmt in formats {
+                let mut consts = naga::back::PipelineConstants::default();
+                for k in &names {
+                    consts.insert(k.clone(), fmt as f64);
+                }
+                let (m, i) = naga::back::pipeline_constants::process_overrides(
+                    &module, &info, None, &consts,
+                )
+                .unwrap_or_else(|e| panic!("{name} format {fmt}: {e}"));
+                let (out, _) =
+                    msl::write_string(&m, &i, &options, &msl::PipelineOptions::default())
+                        .unwrap_or_else(|e| panic!("{name} (subgroups {subgroups}) to MSL: {e}"));
+                assert!(out.contains("kernel void"), "{name}: no kernel in the MSL");
+            }
             n += 1;
         }
     }
-    eprintln!("{n} modules validated and translated to MSL");
+    eprintln!("{n} modules validated and translated to MSL (every weight format's specialisation)");
 }

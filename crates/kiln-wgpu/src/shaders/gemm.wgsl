@@ -13,6 +13,9 @@
 
 fn xq(i: u32) -> u32 { return X[i]; }
 
+// The pipeline is specialised on W's format (param 2 holds it too).
+override FMT1: u32 = 0u;
+
 const TM: u32 = 64u;
 const TN: u32 = 64u;
 const TK: u32 = 32u;
@@ -24,7 +27,7 @@ var<workgroup> xs: array<f32, 2048>; // [TK][TN]
 fn gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let rows = P(0u);
     let cols = P(1u);
-    let fmt = P(2u);
+    let fmt = FMT1;
     let rw = P(3u);
     let n = P(6u);
     let float = fmt == FMT_F32 || fmt == FMT_F16;

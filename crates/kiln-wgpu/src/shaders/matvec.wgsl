@@ -12,6 +12,8 @@
 //         12 fmt2, 13 rw2, 14 x_ld (matvec), 15 eps, 16 fmt3, 17 rw3, 18 out_ld2,
 //         19 out_ld3, 20 first row of W2, 21 first row of W3 (MODE_THREE), 22 bias bits
 
+ROW_DOTS
+
 @group(0) @binding(1) var<storage, read_write> W: array<u32>;
 @group(0) @binding(2) var<storage, read_write> W2: array<u32>;
 @group(0) @binding(3) var<storage, read_write> X: array<u32>;
@@ -32,38 +34,20 @@ const MODE_THREE: u32 = 4u;
 
 VARIANT
 
-// Row r of matrix m (0: W, 1: W2, 2: W3) dotted with token t's activations, this lane's part.
+// The pipeline is specialised on the formats of W, W2, W3 (params 2, 12, 16 hold them
+// too): a format's branches fold away.
+override FMT1: u32 = 0u;
+override FMT2: u32 = 0u;
+override FMT3: u32 = 0u;
+
+// Row r of matrix m (0: W, 1: W2, 2: W3) dotted with token t's activations, this lane's
+// part (the choice of matrix made once per row, outside the loops).
 fn row_dot(m: u32, r: u32, t: u32, lane: u32, width: u32) -> f32 {
-    let cols = P(1u);
-    var fmt = P(2u);
-    var rw = P(3u);
-    if (m == 1u) { fmt = P(12u); rw = P(13u); }
-    if (m == 2u) { fmt = P(16u); rw = P(17u); }
-    var acc = 0.0;
-    if (fmt == FMT_F32 || fmt == FMT_F16) {
-        for (var c = lane; c < cols; c += width) {
-            var w: f32;
-            switch m {
-                case 1u: { w = wval2(fmt, r, c, cols, rw); }
-                case 2u: { w = wval3(fmt, r, c, cols, rw); }
-                default: { w = wval(fmt, r, c, cols, rw); }
-            }
-            acc += w * xf(t, c);
-        }
-        return acc;
+    switch m {
+        case 1u: { return row_dot2(FMT2, P(13u), r, t, lane, width); }
+        case 2u: { return row_dot3(FMT3, P(17u), r, t, lane, width); }
+        default: { return row_dot1(FMT1, P(3u), r, t, lane, width); }
     }
-    let nb = cols >> 5u;
-    for (var b = lane; b < nb; b += width) {
-        let xo = xqo(t, b);
-        let dx = xd(t, b);
-        let hs = xs(t, b);
-        switch m {
-            case 1u: { acc += block_dot2(fmt, r, b, rw, xo, dx, hs); }
-            case 2u: { acc += block_dot3(fmt, r, b, rw, xo, dx, hs); }
-            default: { acc += block_dot(fmt, r, b, rw, xo, dx, hs); }
-        }
-    }
-    return acc;
 }
 
 @compute @workgroup_size(256)
