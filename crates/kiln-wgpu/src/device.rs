@@ -105,7 +105,8 @@ struct Enc {
     pipeline: Option<PipelineKey>,
     /// Parameter slots of the recorded dispatches, written to the ring before submission.
     params: Vec<u8>,
-    ids: Vec<u32>,
+    /// Token ids (little-endian u32) for the ids buffer.
+    ids: Vec<u8>,
 }
 
 pub struct Gpu {
@@ -264,7 +265,7 @@ impl Gpu {
                 pass: None,
                 pipeline: None,
                 params: Vec::with_capacity(slot * RING_SLOTS),
-                ids: Vec::with_capacity(IDS_WORDS),
+                ids: Vec::with_capacity(4 * IDS_WORDS),
             }),
             readback: RefCell::new(None),
         })
@@ -371,12 +372,14 @@ impl Gpu {
             "{} token ids in one call",
             ids.len()
         );
-        if self.enc.borrow().ids.len() + ids.len() > IDS_WORDS {
+        if self.enc.borrow().ids.len() / 4 + ids.len() > IDS_WORDS {
             self.flush();
         }
         let mut e = self.enc.borrow_mut();
-        let off = e.ids.len() as u32;
-        e.ids.extend_from_slice(ids);
+        let off = (e.ids.len() / 4) as u32;
+        for id in ids {
+            e.ids.extend_from_slice(&id.to_le_bytes());
+        }
         off
     }
 
@@ -488,8 +491,7 @@ impl Gpu {
             self.queue.write_buffer(&self.ring, 0, &e.params);
         }
         if !e.ids.is_empty() {
-            let bytes: Vec<u8> = e.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-            self.queue.write_buffer(&self.ids.b, 0, &bytes);
+            self.queue.write_buffer(&self.ids.b, 0, &e.ids);
         }
         e.params.clear();
         e.ids.clear();
