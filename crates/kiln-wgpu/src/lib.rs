@@ -2,14 +2,17 @@
 //! lavapipe in CI) and Metal (Apple), kernels in WGSL (src/shaders/, one file per op
 //! family, mirroring kiln-cuda's kernels.cu).
 //!
-//! What runs on the GPU: the whole LLM path — embedding lookup, RMSNorm (with the int8
-//! quantization of the activations the products read, as the CPU backend quantizes them),
-//! matrix-vector products for F32, F16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (other formats
-//! widened to f32 at load) and a tiled GEMM for prompts, per-head q/k norm + RoPE + KV-cache
-//! store, split-K attention over an f16 (or f32) KV cache, SwiGLU, residual adds done by the
-//! producing product, greedy argmax. Nothing is submitted until a result is read: a decode
-//! step is one command buffer, read back as one argmax (or its logits). Weights are uploaded
-//! once; scratch buffers are sized on first use and kept.
+//! What runs on the GPU: the whole LLM path — embedding lookup, matrix-vector products for
+//! F32, F16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (other formats widened to f32 at load) with
+//! the RMSNorm and the int8 quantization of their input (the CPU backend's blocks) in each
+//! workgroup's prologue, a tiled GEMM for prompts, per-head q/k norm + RoPE + KV-cache store,
+//! split-K attention over an f16 (or f32) KV cache, SwiGLU, residual adds done by the
+//! producing product, greedy argmax. A decode layer is 6 dispatches (q/k/v products; heads;
+//! attention; output product + residual; gate/up + SwiGLU; down product + residual).
+//! Pipelines of the products are specialised on the weight formats (override constants).
+//! Nothing is submitted until a result is read: a decode step is one command buffer, read
+//! back as one argmax (or its logits). Weights are uploaded once; scratch buffers are sized
+//! on first use and kept.
 //!
 //! Subgroup operations are used where the adapter has them (`Features::SUBGROUP`; a row of
 //! a product is then one subgroup), else sums go through workgroup memory. The KV cache
