@@ -74,9 +74,14 @@ pub struct BenchArgs {
     /// The --tts text is Kokoro phonemes (one utterance per line).
     #[arg(long)]
     phonemes: bool,
-    /// Where the LLM runs: cpu, or cuda (a build with `--features cuda` and an NVIDIA GPU).
+    /// Where the LLM runs: cpu, cuda (a build with `--features cuda` and an NVIDIA GPU), or
+    /// gpu (a build with `--features gpu`: wgpu over Vulkan or Metal).
     #[arg(long, value_enum, default_value = "cpu")]
     device: crate::Device,
+    /// With --device gpu: the first adapter whose name contains this (case-insensitive)
+    /// [default: the best one, discrete > integrated > CPU].
+    #[arg(long, value_name = "NAME")]
+    adapter: Option<String>,
 }
 
 #[derive(Clone, Copy)]
@@ -369,6 +374,14 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             for file in &files {
                 let m = BenchModel::load(file, &b)?;
                 run.model(&m, &b, 1, "CUDA", "cuda", &mut header_due)?;
+            }
+        }
+        crate::Device::Gpu => {
+            let b = crate::gpu_backend(a.adapter.as_deref())?;
+            eprintln!("backend: {}", b.name());
+            for file in &files {
+                let m = BenchModel::load(file, &b)?;
+                run.model(&m, &b, 1, "wgpu", "wgsl", &mut header_due)?;
             }
         }
     }

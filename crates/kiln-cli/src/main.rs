@@ -31,6 +31,8 @@ pub const DEFAULT_LLM: &str = "smollm2-135m-instruct";
 pub enum Device {
     Cpu,
     Cuda,
+    /// The portable GPU backend (wgpu: Vulkan, Metal).
+    Gpu,
 }
 
 /// The CUDA backend on the first GPU, or why there is none.
@@ -49,6 +51,23 @@ pub type CudaBackendType = kiln_backend::cpu::CpuBackend;
 #[cfg(not(feature = "cuda"))]
 pub fn cuda_backend() -> anyhow::Result<kiln_backend::cpu::CpuBackend> {
     anyhow::bail!("--device cuda: this kiln was built without CUDA (build with `cargo build --release -p kiln-cli --features cuda`)")
+}
+
+/// The wgpu backend on the best adapter (discrete > integrated > CPU), or the first whose
+/// name contains `adapter`; or why there is none.
+#[cfg(feature = "gpu")]
+pub fn gpu_backend(adapter: Option<&str>) -> anyhow::Result<kiln_wgpu::WgpuBackend> {
+    let opt = kiln_wgpu::GpuOptions {
+        adapter: adapter.map(str::to_string),
+        ..Default::default()
+    };
+    Ok(kiln_wgpu::WgpuBackend::with_options(&opt)?)
+}
+
+/// This build has no wgpu backend.
+#[cfg(not(feature = "gpu"))]
+pub fn gpu_backend(_adapter: Option<&str>) -> anyhow::Result<kiln_backend::cpu::CpuBackend> {
+    anyhow::bail!("--device gpu: this kiln was built without the wgpu backend (build with `cargo build --release -p kiln-cli --features gpu`)")
 }
 
 #[derive(Parser)]

@@ -1,0 +1,1246 @@
+//! kiln's portable GPU backend: `wgpu` over Vulkan (Linux, Windows, Android; Mesa's
+//! lavapipe in CI) and Metal (Apple), kernels in WGSL (src/shaders/, one file per op
+//! family, mirroring kiln-cuda's kernels.cu).
+//!
+//! What runs on the GPU: the whole LLM path — embedding lookup, matrix-vector products for
+//! F32, F16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (other formats widened to f32 at load) with
+//! the RMSNorm and the int8 quantization of their input (the CPU backend's blocks) in each
+//! workgroup's prologue, a tiled GEMM for prompts, per-head q/k norm + RoPE + KV-cache store,
+//! split-K attention over an f16 (or f32) KV cache, SwiGLU, residual adds done by the
+//! producing product, greedy argmax. A decode layer is 6 dispatches (q/k/v products; heads;
+//! attention; output product + residual; gate/up + SwiGLU; down product + residual).
+//! Pipelines of the products are specialised on the weight formats (override constants).
+//! Nothing is submitted until a result is read: a decode step is one command buffer, read
+//! back as one argmax (or its logits). Weights are uploaded once; scratch buffers are sized
+//! on first use and kept.
+//!
+//! Subgroup operations are used where the adapter has them (`Features::SUBGROUP`; a row of
+//! a product is then one subgroup), else sums go through workgroup memory. The KV cache
+//! holds f16 through `pack2x16float`, core WGSL, so no adapter needs `SHADER_F16`.
+//!
+//! The speech ops (Whisper's layer norm, GELU, dense attention; Kokoro's signal ops) run on
+//! the CPU backend: inputs are copied to the host, the CPU op runs, outputs are copied back.
+//! Whisper's conv1d runs on the GPU (im2col + the matrix product).
+
+mod device;
+pub mod pack;
+pub mod shaders;
+
+use std::cell::RefCell;
+
+use kiln_backend::cpu::{CpuBackend, CpuTensor};
+use kiln_backend::{
+    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, LstmShape, RopeConfig,
+    RopeStyle, WeightData,
+};
+
+pub use device::{adapters, GpuOptions, WgpuInitError};
+use device::{Buf, Gpu};
+use pack::{FMT_F16, FMT_F32};
+
+/// Tokens from which a product runs as the tiled GEMM instead of matrix-vector products.
+const GEMM_MIN_TOKENS: usize = 16;
+/// Keys per attention workgroup (attention.wgsl CH).
+const ATT_CHUNK: usize = 256;
+/// Product modes (matvec.wgsl).
+const MODE_STORE: u32 = 0;
+const MODE_ADD: u32 = 1;
+const MODE_SILU_MUL: u32 = 2;
+const MODE_GATE_UP: u32 = 3;
+const MODE_THREE: u32 = 4;
+/// Elementwise ops (misc.wgsl).
+const OP_ADD: u32 = 0;
+const OP_SILU_MUL: u32 = 1;
+const OP_SCALE: u32 = 2;
+
+pub struct WgpuTensor {
+    buf: Buf,
+    rows: usize,
+    cols: usize,
+}
+
+pub struct WgpuWeight {
+    buf: Buf,
+    fmt: u32,
+    rw: usize,
+    rows: usize,
+    cols: usize,
+    stored_bytes: usize,
+}
+
+/// Keys and values, laid out (layer, kv head, position, head_dim), f16 or f32.
+pub struct WgpuKvCache {
+    k: Buf,
+    v: Buf,
+    n_layers: usize,
+    n_ctx: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    f16: bool,
+}
+
+impl WgpuKvCache {
+    /// First element of `layer`.
+    fn plane(&self, layer: usize) -> usize {
+        layer * self.kv_heads * self.n_ctx * self.head_dim
+    }
+}
+
+/// Buffers sized on first use and kept (grown only when a larger call comes).
+#[derive(Default)]
+struct Scratch {
+    act: Option<Buf>,
+    attn: Option<Buf>,
+    argmax: Option<Buf>,
+    im2col: Option<Buf>,
+    /// cos/sin per (position, pair) of one RoPE config, for `positions` positions.
+    rope: Option<(RopeConfig, usize, Buf)>,
+}
+
+fn ensure(gpu: &Gpu, slot: &mut Option<Buf>, bytes: usize) -> Buf {
+    if slot.as_ref().is_none_or(|b| (b.bytes as usize) < bytes) {
+        *slot = Some(gpu.buffer(bytes));
+    }
+    slot.clone().unwrap()
+}
+
+fn f(v: f32) -> u32 {
+    v.to_bits()
+}
+
+/// Workgroups for `n` items of 256 as a 2-D grid (x at most 65535).
+fn grid_1d(n: usize) -> (u32, u32, u32) {
+    let wgs = n.div_ceil(256).max(1);
+    let x = wgs.min(65535);
+    (x as u32, wgs.div_ceil(x) as u32, 1)
+}
+
+pub struct WgpuBackend {
+    gpu: Gpu,
+    scratch: RefCell<Scratch>,
+    cpu: CpuBackend,
+}
+
+impl WgpuBackend {
+    /// The best adapter (discrete > integrated > CPU). Errors (one line) when there is none.
+    pub fn new() -> Result<Self, WgpuInitError> {
+        Self::with_options(&GpuOptions::default())
+    }
+
+    pub fn with_options(opt: &GpuOptions) -> Result<Self, WgpuInitError> {
+        Ok(WgpuBackend {
+            gpu: Gpu::new(opt)?,
+            scratch: RefCell::default(),
+            cpu: CpuBackend::new(1),
+        })
+    }
+
+    /// Whether the kernels use subgroup operations on this adapter.
+    pub fn subgroups(&self) -> bool {
+        self.gpu.subgroups
+    }
+
+    /// Whether products run the fused matvec prologue (GpuOptions::fused_prologue).
+    pub fn fused_prologue(&self) -> bool {
+        self.gpu.fused_prologue
+    }
+
+    /// The adapter's name and driver.
+    pub fn adapter(&self) -> String {
+        let i = &self.gpu.info;
+        format!("{} ({:?}, {})", i.name, i.device_type, i.driver)
+    }
+
+    /// Waits for all recorded work.
+    pub fn synchronize(&self) {
+        self.gpu.sync();
+    }
+
+    /// Row groups per matvec workgroup the host counts on (the fewest the adapter may run).
+    fn groups(&self) -> usize {
+        match self.gpu.subgroups {
+            true => (256 / self.gpu.info.subgroup_max_size.max(1) as usize).max(1),
+            false => 8,
+        }
+    }
+
+    /// Products of one input: for each (weight, bias, out, mode), out (n, rows) = mode(W x)
+    /// with x (n, cols) RMS-normalised first when `norm` is given; `up` (MODE_GATE_UP)
+    /// is the second matrix of SwiGLU. Up to GEMM_MIN_TOKENS tokens and MATVEC_MAXC
+    /// columns, each matrix-vector workgroup normalises and quantizes x itself; otherwise
+    /// the activations are prepared once (prep.wgsl) for every product.
+    #[allow(clippy::type_complexity)]
+    fn products(
+        &self,
+        list: &[(
+            &WgpuWeight,
+            Option<&WgpuWeight>,
+            Option<&WgpuTensor>,
+            &WgpuTensor,
+            u32,
+        )],
+        x: &WgpuTensor,
+        n: usize,
+        norm: Option<(&WgpuTensor, f32)>,
+    ) {
+        if n == 0 || list.is_empty() {
+            return;
+        }
+        let cols = list[0].0.cols;
+        let all = || list.iter().flat_map(|l| std::iter::once(l.0).chain(l.1));
+        assert!(
+            all().all(|w| w.cols == cols) && x.cols >= cols,
+            "products of {} columns over activations of {}",
+            cols,
+            x.cols
+        );
+        let float = |w: &WgpuWeight| w.fmt == FMT_F32 || w.fmt == FMT_F16;
+        let write_q = all().any(|w| !float(w)) && cols % 32 == 0;
+        let write_f = all().any(float);
+        let nw = norm.map_or(&self.gpu.dummy, |(w, _)| &w.buf);
+        let eps = f(norm.map_or(0.0, |(_, e)| e));
+        let flags = (norm.is_some() as u32) << 1 | (write_q as u32) << 2;
+        // Matrix-vector dispatches: the three products of matmul3 in one, else one each.
+        type Entry<'a> = (
+            &'a WgpuWeight,
+            Option<&'a WgpuWeight>,
+            Option<&'a WgpuTensor>,
+            &'a WgpuTensor,
+            u32,
+        );
+        let three = list.len() == 3 && list.iter().all(|l| l.1.is_none() && l.4 == MODE_STORE);
+        let batches: Vec<&[Entry]> = match three {
+            true => vec![list],
+            false => list.chunks(1).collect(),
+        };
+        let g = self.groups();
+        let matvec = |module: &'static str, xb: &Buf, nwb: &Buf, offs: [usize; 3]| {
+            for batch in &batches {
+                let (w, w2, _, out, mode) = batch[0];
+                let mode = if batch.len() == 3 { MODE_THREE } else { mode };
+                let rows: usize = batch.iter().map(|e| e.0.rows).sum();
+                let wgs = rows.div_ceil(g);
+                let per = wgs.div_ceil(65535).max(1);
+                let e = |i: usize| batch.get(i).copied().unwrap_or(batch[0]);
+                let second = w2.unwrap_or(e(1).0);
+                let mut bias_bits = 0;
+                for (i, en) in batch.iter().enumerate() {
+                    bias_bits |= (en.2.is_some() as u32) << i;
+                }
+                let mut p = [0u32; 32];
+                p[..23].copy_from_slice(&[
+                    rows as u32,
+                    cols as u32,
+                    w.fmt,
+                    w.rw as u32,
+                    mode,
+                    flags,
+                    per as u32,
+                    g as u32,
+                    offs[0] as u32,
+                    offs[1] as u32,
+                    offs[2] as u32,
+                    out.cols as u32,
+                    second.fmt,
+                    second.rw as u32,
+                    x.cols as u32,
+                    eps,
+                    e(2).0.fmt,
+                    e(2).0.rw as u32,
+                    e(1).3.cols as u32,
+                    e(2).3.cols as u32,
+                    w.rows as u32,
+                    (w.rows + e(1).0.rows) as u32,
+                    bias_bits,
+                ]);
+                let d = &self.gpu.dummy;
+                let bias = |i: usize| batch.get(i).and_then(|e| e.2).map_or(d, |b| &b.buf);
+                let out_i = |i: usize| batch.get(i).map_or(d, |e| &e.3.buf);
+                let bufs = [
+                    &w.buf,
+                    &second.buf,
+                    xb,
+                    nwb,
+                    &out.buf,
+                    bias(0),
+                    &e(2).0.buf,
+                    out_i(1),
+                    out_i(2),
+                    bias(1),
+                    bias(2),
+                ];
+                let grid = (wgs.div_ceil(per) as u32, n as u32, 1);
+                let consts = [w.fmt, second.fmt, e(2).0.fmt];
+                self.gpu
+                    .dispatch_with(module, "matvec", &consts, &p[..23], &bufs, grid);
+            }
+        };
+        if self.gpu.fused_prologue && n < GEMM_MIN_TOKENS && cols <= shaders::MATVEC_MAXC {
+            matvec("matvec", &x.buf, nw, [0; 3]);
+            return;
+        }
+        let nb = cols / 32;
+        let q_words = if write_q { n * cols / 4 } else { 0 };
+        let d_off = q_words;
+        let s_off = d_off + if write_q { n * nb } else { 0 };
+        let f_off = s_off + if write_q { n * nb } else { 0 };
+        let total = f_off + if write_f { n * cols } else { 0 };
+        let act = ensure(&self.gpu, &mut self.scratch.borrow_mut().act, total * 4);
+        self.gpu.dispatch(
+            "prep",
+            "prep",
+            &[
+                cols as u32,
+                eps,
+                norm.is_some() as u32,
+                write_q as u32,
+                0,
+                x.cols as u32,
+                f_off as u32,
+                cols as u32,
+                d_off as u32,
+                s_off as u32,
+                write_f as u32,
+            ],
+            &[&x.buf, nw, &act, &act],
+            (n as u32, 1, 1),
+        );
+        for &(w, w2, bias, out, mode) in list {
+            let b = bias.map_or(&self.gpu.dummy, |b| &b.buf);
+            if n >= GEMM_MIN_TOKENS {
+                // SwiGLU as two passes: gate stored, then out = silu(out) * up.
+                let passes: &[(&WgpuWeight, u32)] = match (mode, w2) {
+                    (MODE_GATE_UP, Some(up)) => &[(w, MODE_STORE), (up, MODE_SILU_MUL)],
+                    _ => &[(w, mode)],
+                };
+                for &(w, mode) in passes {
+                    let p = [
+                        w.rows as u32,
+                        cols as u32,
+                        w.fmt,
+                        w.rw as u32,
+                        mode,
+                        bias.is_some() as u32,
+                        n as u32,
+                        0,
+                        d_off as u32,
+                        s_off as u32,
+                        f_off as u32,
+                        out.cols as u32,
+                        0,
+                    ];
+                    self.gpu.dispatch_with(
+                        "gemm",
+                        "gemm",
+                        &[w.fmt],
+                        &p,
+                        &[&w.buf, &act, &out.buf, b],
+                        (w.rows.div_ceil(64) as u32, n.div_ceil(64) as u32, 1),
+                    );
+                }
+            }
+        }
+        if n < GEMM_MIN_TOKENS {
+            matvec("matvec_g", &act, &self.gpu.dummy, [d_off, s_off, f_off]);
+        }
+    }
+
+    /// The cos/sin table of `rope` for at least `positions` positions.
+    fn rope_table(&self, rope: &RopeConfig, positions: usize) -> Buf {
+        let mut sc = self.scratch.borrow_mut();
+        if let Some((c, p, b)) = &sc.rope {
+            if c == rope && *p >= positions {
+                return b.clone();
+            }
+        }
+        let positions = positions.max(4096).next_power_of_two();
+        let inv = rope.inv_freqs();
+        let mut v = Vec::with_capacity(positions * inv.len() * 2);
+        for pos in 0..positions {
+            // As the CPU backend: the f32 angle, f32 sin and cos.
+            for &fr in &inv {
+                let (s, c) = (pos as f32 * fr).sin_cos();
+                v.push(c);
+                v.push(s);
+            }
+        }
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let b = self.gpu.buffer_init(&bytes);
+        sc.rope = Some((rope.clone(), positions, b.clone()));
+        b
+    }
+
+    /// Per-head work (heads.wgsl) over up to three groups: q (`q`, its heads, norm, rope),
+    /// and, when given, k and v (`kv`: k, v, kv heads, k's norm, cache buffers, plane,
+    /// n_ctx, f16). A single group may store into a cache (`cache0`).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn heads(
+        &self,
+        q: (&WgpuTensor, usize, Option<(&WgpuTensor, f32)>, bool),
+        kv: Option<(
+            &WgpuTensor,
+            &WgpuTensor,
+            usize,
+            Option<&WgpuTensor>,
+            &WgpuKvCache,
+            usize,
+        )>,
+        cache0: Option<(&Buf, usize, usize, bool)>,
+        head_dim: usize,
+        rope: Option<&RopeConfig>,
+        pos0: usize,
+        n: usize,
+    ) {
+        assert!(head_dim <= 256, "head size {head_dim} > 256");
+        let (x, nq, qnorm, qrope) = q;
+        // The table covers the cache's positions from the first call on.
+        let positions = kv.map_or(pos0 + n, |k| k.4.n_ctx.max(pos0 + n));
+        let table = rope.map(|r| self.rope_table(r, positions));
+        let (dims, neox) = rope.map_or((0, 0), |r| (r.dims, (r.style == RopeStyle::Neox) as u32));
+        let d = &self.gpu.dummy;
+        let eps = qnorm.map_or(0.0, |(_, e)| e);
+        let mut norm_flags = qnorm.is_some() as u32;
+        let rope_bit = rope.is_some() as u32;
+        let mut rope_flags = (qrope as u32) & rope_bit;
+        let mut cache_flags = cache0.is_some() as u32;
+        let (mut plane, mut n_ctx, mut f16) = cache0.map_or((0, 0, false), |c| (c.1, c.2, c.3));
+        let (mut kb, mut vb, mut knb, mut kcb, mut vcb) = (d, d, d, cache0.map_or(d, |c| c.0), d);
+        let (mut nkv, mut kv_ld) = (0, 0);
+        if let Some((k, v, kvh, kn, cache, pl)) = kv {
+            (kb, vb, nkv, kv_ld) = (&k.buf, &v.buf, kvh, k.cols);
+            if let Some(kn) = kn {
+                knb = &kn.buf;
+                norm_flags |= 2;
+            }
+            rope_flags |= 2 * rope_bit;
+            cache_flags |= 2 | 4;
+            (kcb, vcb) = (&cache.k, &cache.v);
+            (plane, n_ctx, f16) = (pl, cache.n_ctx, cache.f16);
+        }
+        let p = [
+            nq as u32,
+            nkv as u32,
+            head_dim as u32,
+            f(eps),
+            norm_flags,
+            rope_flags,
+            cache_flags,
+            dims as u32,
+            neox,
+            pos0 as u32,
+            n_ctx as u32,
+            plane as u32,
+            f16 as u32,
+            x.cols as u32,
+            kv_ld as u32,
+        ];
+        let qn = qnorm.map_or(d, |(w, _)| &w.buf);
+        let tb = table.as_ref().unwrap_or(d);
+        self.gpu.dispatch(
+            "heads",
+            "heads",
+            &p,
+            &[&x.buf, qn, kcb, tb, kb, vb, knb, vcb],
+            ((nq + 2 * nkv) as u32, n as u32, 1),
+        );
+    }
+
+    fn elementwise(&self, a: &Buf, b: &Buf, op: u32, s: f32, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.gpu.dispatch(
+            "misc",
+            "elementwise",
+            &[n as u32, op, f(s), 0, 0],
+            &[a, b],
+            grid_1d(n),
+        );
+    }
+
+    /// Copies `n` words from word `so` of `src` to word `doff` of `dst`.
+    fn copy_words(&self, src: &Buf, so: usize, dst: &Buf, doff: usize, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.gpu.dispatch(
+            "misc",
+            "copy",
+            &[n as u32, 0, 0, so as u32, doff as u32],
+            &[src, dst],
+            grid_1d(n),
+        );
+    }
+
+    /// Attention of the rows of q from row `row0` over `cache`, into the same rows of out.
+    fn attention_at(
+        &self,
+        q: &WgpuTensor,
+        row0: usize,
+        cache: &WgpuKvCache,
+        layer: usize,
+        s: AttnShape,
+        out: &WgpuTensor,
+    ) {
+        assert!(
+            s.n_heads % s.n_kv_heads == 0 && s.head_dim <= 256 && s.head_dim % 2 == 0,
+            "wgpu attention: {} heads over {} KV heads of {} (head size even, at most 256)",
+            s.n_heads,
+            s.n_kv_heads,
+            s.head_dim
+        );
+        if s.n_tokens == 0 {
+            return;
+        }
+        let splits = (s.pos0 + s.n_tokens).div_ceil(ATT_CHUNK);
+        let slots = s.n_tokens * s.n_heads * splits;
+        let ml_off = slots * s.head_dim;
+        // Sized for the whole cache at once, so a growing context never reallocates it.
+        let most = s.n_tokens * s.n_heads * cache.n_ctx.div_ceil(ATT_CHUNK).max(splits);
+        let part = ensure(
+            &self.gpu,
+            &mut self.scratch.borrow_mut().attn,
+            (most * s.head_dim + 2 * most) * 4,
+        );
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let p = [
+            s.n_heads as u32,
+            s.n_kv_heads as u32,
+            s.head_dim as u32,
+            cache.n_ctx as u32,
+            s.pos0 as u32,
+            cache.plane(layer) as u32,
+            cache.f16 as u32,
+            f(scale),
+            splits as u32,
+            (row0 * q.cols) as u32,
+            ml_off as u32,
+            q.cols as u32,
+            (row0 * out.cols) as u32,
+            out.cols as u32,
+        ];
+        self.gpu.dispatch(
+            "attention",
+            "attn_split",
+            &p,
+            &[&q.buf, &cache.k, &cache.v, &part, &out.buf],
+            (s.n_heads as u32, splits as u32, s.n_tokens as u32),
+        );
+        if splits == 1 {
+            return;
+        }
+        self.gpu.dispatch(
+            "attention",
+            "attn_combine",
+            &p,
+            &[&q.buf, &cache.k, &cache.v, &part, &out.buf],
+            (s.n_heads as u32, s.n_tokens as u32, 1),
+        );
+    }
+
+    // ---- CPU fallback for the ops without a kernel yet ----
+
+    fn to_cpu(&self, t: &WgpuTensor) -> CpuTensor {
+        let mut v = vec![0f32; t.rows * t.cols];
+        self.read_f32(&t.buf, &mut v);
+        self.cpu.tensor_from(t.rows, t.cols, &v)
+    }
+
+    fn from_cpu(&self, c: &CpuTensor, t: &mut WgpuTensor) {
+        let n = c.data.len().min(t.rows * t.cols);
+        let bytes: Vec<u8> = c.data[..n].iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.gpu.write(&t.buf, 0, &bytes);
+    }
+
+    fn read_f32(&self, b: &Buf, out: &mut [f32]) {
+        let mut bytes = vec![0u8; out.len() * 4];
+        self.gpu.read(b, 0, &mut bytes);
+        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+}
+
+impl Backend for WgpuBackend {
+    type Tensor = WgpuTensor;
+    type Weight = WgpuWeight;
+    type KvCache = WgpuKvCache;
+
+    fn name(&self) -> String {
+        format!("wgpu ({})", self.gpu.info.name)
+    }
+
+    fn load_weight(&self, w: WeightData) -> Result<WgpuWeight, BackendError> {
+        let p =
+            pack::pack(w.ty, w.rows, w.cols, w.bytes).map_err(|source| BackendError::Quant {
+                name: w.name.to_string(),
+                source,
+            })?;
+        if p.fmt != FMT_F32 && p.fmt != FMT_F16 && w.cols % 32 != 0 {
+            return Err(BackendError::Weight {
+                name: w.name.into(),
+                what: format!("{} columns: not a multiple of 32", w.cols),
+            });
+        }
+        if p.bytes.len() as u64 > self.gpu.max_binding {
+            return Err(BackendError::Weight {
+                name: w.name.into(),
+                what: format!(
+                    "{} bytes on the GPU: more than the adapter binds at once ({})",
+                    p.bytes.len(),
+                    self.gpu.max_binding
+                ),
+            });
+        }
+        Ok(WgpuWeight {
+            buf: self.gpu.buffer_init(&p.bytes),
+            fmt: p.fmt,
+            rw: p.rw,
+            rows: w.rows,
+            cols: w.cols,
+            stored_bytes: w.bytes.len(),
+        })
+    }
+
+    fn weight_shape(&self, w: &WgpuWeight) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn weight_bytes(&self, w: &WgpuWeight) -> usize {
+        w.stored_bytes
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> WgpuTensor {
+        WgpuTensor {
+            buf: self.gpu.buffer(rows * cols * 4),
+            rows,
+            cols,
+        }
+    }
+
+    fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> WgpuTensor {
+        let mut v = data[..data.len().min(rows * cols)].to_vec();
+        v.resize(rows * cols, 0.0);
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        WgpuTensor {
+            buf: self.gpu.buffer_init(&bytes),
+            rows,
+            cols,
+        }
+    }
+
+    fn read(&self, t: &WgpuTensor, rows: usize, out: &mut [f32]) {
+        let n = (rows * t.cols).min(out.len()).min(t.rows * t.cols);
+        self.read_f32(&t.buf, &mut out[..n]);
+    }
+
+    fn kv_cache(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> WgpuKvCache {
+        // f16 keys and values whatever the default type is (as the CUDA backend).
+        self.kv_typed(n_layers, n_ctx, n_kv_heads, head_dim, true)
+    }
+
+    fn kv_cache_typed(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: KvType,
+    ) -> Result<WgpuKvCache, BackendError> {
+        match ty {
+            KvType::F16 => Ok(self.kv_typed(n_layers, n_ctx, n_kv_heads, head_dim, true)),
+            KvType::F32 => Ok(self.kv_typed(n_layers, n_ctx, n_kv_heads, head_dim, false)),
+            other => Err(BackendError::KvType {
+                ty: other.name(),
+                what: "the wgpu backend stores keys and values as f16 or f32".into(),
+            }),
+        }
+    }
+
+    fn kv_cache_bytes(&self, c: &WgpuKvCache) -> usize {
+        (c.k.bytes + c.v.bytes) as usize
+    }
+
+    fn embed(
+        &self,
+        table: &WgpuWeight,
+        ids: &[u32],
+        out: &mut WgpuTensor,
+    ) -> Result<(), BackendError> {
+        if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.rows) {
+            return Err(BackendError::TokenOutOfRange {
+                id,
+                vocab: table.rows,
+            });
+        }
+        for (c, chunk) in ids.chunks(60000).enumerate() {
+            let off = self.gpu.push_ids(chunk);
+            let p = [
+                table.rows as u32,
+                table.cols as u32,
+                table.fmt,
+                table.rw as u32,
+                off,
+                (c * 60000 * out.cols) as u32,
+            ];
+            self.gpu.dispatch(
+                "embed",
+                "embed",
+                &p,
+                &[&table.buf, &self.gpu.ids, &out.buf],
+                (table.cols.div_ceil(256) as u32, chunk.len() as u32, 1),
+            );
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &WgpuTensor, w: &WgpuTensor, eps: f32, n: usize, out: &mut WgpuTensor) {
+        let cols = x.cols;
+        self.gpu.dispatch(
+            "prep",
+            "prep",
+            &[
+                cols as u32,
+                f(eps),
+                1,
+                0,
+                0,
+                x.cols as u32,
+                0,
+                out.cols as u32,
+                0,
+                0,
+                1,
+            ],
+            &[&x.buf, &w.buf, &out.buf, &self.gpu.dummy],
+            (n as u32, 1, 1),
+        );
+    }
+
+    fn rms_norm_heads(&self, x: &mut WgpuTensor, w: &WgpuTensor, eps: f32, n: usize) {
+        let hd = w.cols;
+        self.heads(
+            (x, x.cols / hd, Some((w, eps)), false),
+            None,
+            None,
+            hd,
+            None,
+            0,
+            n,
+        );
+    }
+
+    fn matmul(
+        &self,
+        w: &WgpuWeight,
+        x: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        n: usize,
+        out: &mut WgpuTensor,
+    ) {
+        self.products(&[(w, None, bias, out, MODE_STORE)], x, n, None);
+    }
+
+    fn matmul_add(&self, w: &WgpuWeight, x: &WgpuTensor, n: usize, out: &mut WgpuTensor) {
+        self.products(&[(w, None, None, out, MODE_ADD)], x, n, None);
+    }
+
+    fn matmul3(
+        &self,
+        ws: [&WgpuWeight; 3],
+        biases: [Option<&WgpuTensor>; 3],
+        x: &WgpuTensor,
+        n: usize,
+        outs: [&mut WgpuTensor; 3],
+    ) {
+        let [o0, o1, o2] = outs;
+        self.products(
+            &[
+                (ws[0], None, biases[0], o0, MODE_STORE),
+                (ws[1], None, biases[1], o1, MODE_STORE),
+                (ws[2], None, biases[2], o2, MODE_STORE),
+            ],
+            x,
+            n,
+            None,
+        );
+    }
+
+    fn gate_up_silu(
+        &self,
+        gate: &WgpuWeight,
+        up: &WgpuWeight,
+        x: &WgpuTensor,
+        n: usize,
+        out: &mut WgpuTensor,
+    ) {
+        self.products(&[(gate, Some(up), None, out, MODE_GATE_UP)], x, n, None);
+    }
+
+    fn rms_norm_matmul3(
+        &self,
+        x: &WgpuTensor,
+        norm_w: &WgpuTensor,
+        eps: f32,
+        ws: [&WgpuWeight; 3],
+        biases: [Option<&WgpuTensor>; 3],
+        n: usize,
+        _h: &mut WgpuTensor,
+        outs: [&mut WgpuTensor; 3],
+    ) {
+        let [o0, o1, o2] = outs;
+        self.products(
+            &[
+                (ws[0], None, biases[0], o0, MODE_STORE),
+                (ws[1], None, biases[1], o1, MODE_STORE),
+                (ws[2], None, biases[2], o2, MODE_STORE),
+            ],
+            x,
+            n,
+            Some((norm_w, eps)),
+        );
+    }
+
+    fn rms_norm_gate_up_silu(
+        &self,
+        x: &WgpuTensor,
+        norm_w: &WgpuTensor,
+        eps: f32,
+        gate: &WgpuWeight,
+        up: &WgpuWeight,
+        n: usize,
+        _h: &mut WgpuTensor,
+        out: &mut WgpuTensor,
+    ) {
+        self.products(
+            &[(gate, Some(up), None, out, MODE_GATE_UP)],
+            x,
+            n,
+            Some((norm_w, eps)),
+        );
+    }
+
+    fn qk_norm_rope_store(
+        &self,
+        q: &mut WgpuTensor,
+        k: &mut WgpuTensor,
+        v: &WgpuTensor,
+        qk_norm: Option<(&WgpuTensor, &WgpuTensor, f32)>,
+        rope: &RopeConfig,
+        heads: usize,
+        kv_heads: usize,
+        cache: &mut WgpuKvCache,
+        layer: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        let hd = cache.head_dim;
+        let plane = cache.plane(layer);
+        let (qn, kn) = match qk_norm {
+            Some((a, b, e)) => (Some((a, e)), Some(b)),
+            None => (None, None),
+        };
+        self.heads(
+            (q, heads, qn, true),
+            Some((k, v, kv_heads, kn, cache, plane)),
+            None,
+            hd,
+            Some(rope),
+            pos0,
+            n,
+        );
+    }
+
+    fn rope(&self, x: &mut WgpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {
+        self.heads(
+            (x, heads, None, true),
+            None,
+            None,
+            rope.head_dim,
+            Some(rope),
+            pos0,
+            n,
+        );
+    }
+
+    fn kv_store(
+        &self,
+        cache: &mut WgpuKvCache,
+        layer: usize,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        pos0: usize,
+        n: usize,
+    ) {
+        let plane = cache.plane(layer);
+        let (hd, kvh) = (cache.head_dim, cache.kv_heads);
+        let kc = Some((&cache.k, plane, cache.n_ctx, cache.f16));
+        let vc = Some((&cache.v, plane, cache.n_ctx, cache.f16));
+        self.heads((k, kvh, None, false), None, kc, hd, None, pos0, n);
+        self.heads((v, kvh, None, false), None, vc, hd, None, pos0, n);
+    }
+
+    fn attention(
+        &self,
+        q: &WgpuTensor,
+        cache: &WgpuKvCache,
+        layer: usize,
+        s: AttnShape,
+        out: &mut WgpuTensor,
+    ) {
+        self.attention_at(q, 0, cache, layer, s, out);
+    }
+
+    fn attention_batch<'c, I>(&self, q: &WgpuTensor, seqs: I, layer: usize, out: &mut WgpuTensor)
+    where
+        I: Iterator<Item = (&'c WgpuKvCache, AttnShape)>,
+    {
+        let mut row = 0;
+        for (cache, s) in seqs {
+            self.attention_at(q, row, cache, layer, s, out);
+            row += s.n_tokens;
+        }
+    }
+
+    fn silu_mul(&self, gate: &mut WgpuTensor, up: &WgpuTensor, n: usize) {
+        self.elementwise(&gate.buf, &up.buf, OP_SILU_MUL, 0.0, n * gate.cols);
+    }
+
+    fn add(&self, x: &mut WgpuTensor, y: &WgpuTensor, n: usize) {
+        self.elementwise(&x.buf, &y.buf, OP_ADD, 0.0, n * x.cols);
+    }
+
+    fn copy_row(&self, src: &WgpuTensor, src_row: usize, dst: &mut WgpuTensor) {
+        self.copy_words(&src.buf, src_row * src.cols, &dst.buf, 0, src.cols);
+    }
+
+    fn copy_rows(
+        &self,
+        src: &WgpuTensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut WgpuTensor,
+        dst_row0: usize,
+    ) {
+        self.copy_words(
+            &src.buf,
+            src_row0 * src.cols,
+            &dst.buf,
+            dst_row0 * dst.cols,
+            n * src.cols,
+        );
+    }
+
+    fn argmax_rows(&self, x: &WgpuTensor, n: usize, cols: usize) -> Vec<u32> {
+        if n == 0 {
+            return Vec::new();
+        }
+        let out = ensure(
+            &self.gpu,
+            &mut self.scratch.borrow_mut().argmax,
+            4 * n.max(64),
+        );
+        assert_eq!(cols, x.cols, "argmax over {cols} of {} columns", x.cols);
+        self.gpu.dispatch(
+            "misc",
+            "argmax",
+            &[cols as u32],
+            &[&x.buf, &out],
+            (n as u32, 1, 1),
+        );
+        let mut bytes = vec![0u8; 4 * n];
+        self.gpu.read(&out, 0, &mut bytes);
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    // ---- speech ops ----
+
+    fn layer_norm(
+        &self,
+        x: &WgpuTensor,
+        gamma: &WgpuTensor,
+        beta: &WgpuTensor,
+        eps: f32,
+        n: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let (cx, cg, cb) = (self.to_cpu(x), self.to_cpu(gamma), self.to_cpu(beta));
+        let mut co = self.to_cpu(out);
+        self.cpu.layer_norm(&cx, &cg, &cb, eps, n, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn gelu(&self, x: &mut WgpuTensor, n: usize) {
+        let mut c = self.to_cpu(x);
+        self.cpu.gelu(&mut c, n);
+        self.from_cpu(&c, x);
+    }
+
+    fn conv1d(
+        &self,
+        w: &WgpuWeight,
+        bias: Option<&WgpuTensor>,
+        x: &WgpuTensor,
+        t_in: usize,
+        kernel: usize,
+        stride: usize,
+        pad: usize,
+        out: &mut WgpuTensor,
+    ) -> usize {
+        let c_in = x.cols;
+        let t_out = (t_in + 2 * pad - kernel) / stride + 1;
+        let n = t_out * c_in * kernel;
+        let cols = ensure(&self.gpu, &mut self.scratch.borrow_mut().im2col, n * 4);
+        self.gpu.dispatch(
+            "misc",
+            "im2col",
+            &[
+                n as u32,
+                t_in as u32,
+                c_in as u32,
+                kernel as u32,
+                stride as u32,
+                pad as u32,
+            ],
+            &[&x.buf, &cols],
+            grid_1d(n),
+        );
+        let xt = WgpuTensor {
+            buf: cols,
+            rows: t_out,
+            cols: c_in * kernel,
+        };
+        self.products(&[(w, None, bias, out, MODE_STORE)], &xt, t_out, None);
+        t_out
+    }
+
+    fn attention_dense(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        shape: DenseAttnShape,
+        out: &mut WgpuTensor,
+    ) {
+        let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+        let mut co = self.to_cpu(out);
+        self.cpu.attention_dense(&cq, &ck, &cv, shape, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn kv_copy(&self, src: &WgpuKvCache, dst: &mut WgpuKvCache, n: usize) {
+        let per_word = if src.f16 { 2 } else { 1 };
+        for l in 0..src.n_layers {
+            for h in 0..src.kv_heads {
+                let off = (src.plane(l) + h * src.n_ctx * src.head_dim) / per_word;
+                let len = n * src.head_dim / per_word;
+                self.copy_words(&src.k, off, &dst.k, off, len);
+                self.copy_words(&src.v, off, &dst.v, off, len);
+            }
+        }
+    }
+
+    fn conv1d_nc(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        s: Conv1dShape,
+        out: &mut WgpuTensor,
+    ) {
+        let (cx, cw) = (self.to_cpu(x), self.to_cpu(w));
+        let cb = bias.map(|b| self.to_cpu(b));
+        let mut co = self.to_cpu(out);
+        self.cpu.conv1d_nc(&cx, &cw, cb.as_ref(), s, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn conv_transpose1d(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        s: Conv1dShape,
+        out: &mut WgpuTensor,
+    ) {
+        let (cx, cw) = (self.to_cpu(x), self.to_cpu(w));
+        let cb = bias.map(|b| self.to_cpu(b));
+        let mut co = self.to_cpu(out);
+        self.cpu.conv_transpose1d(&cx, &cw, cb.as_ref(), s, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn lstm(
+        &self,
+        x: &WgpuTensor,
+        w_ih: &WgpuTensor,
+        w_hh: &WgpuTensor,
+        bias: &WgpuTensor,
+        s: LstmShape,
+        out: &mut WgpuTensor,
+    ) {
+        let (cx, ci, ch, cb) = (
+            self.to_cpu(x),
+            self.to_cpu(w_ih),
+            self.to_cpu(w_hh),
+            self.to_cpu(bias),
+        );
+        let mut co = self.to_cpu(out);
+        self.cpu.lstm(&cx, &ci, &ch, &cb, s, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn layer_norm_rows(
+        &self,
+        x: &mut WgpuTensor,
+        w: Option<&WgpuTensor>,
+        b: Option<&WgpuTensor>,
+        eps: f32,
+        rows: usize,
+        cols: usize,
+    ) {
+        let mut cx = self.to_cpu(x);
+        let (cw, cb) = (w.map(|t| self.to_cpu(t)), b.map(|t| self.to_cpu(t)));
+        self.cpu
+            .layer_norm_rows(&mut cx, cw.as_ref(), cb.as_ref(), eps, rows, cols);
+        self.from_cpu(&cx, x);
+    }
+
+    fn ada_in(&self, x: &mut WgpuTensor, gb: &WgpuTensor, c: usize, len: usize, eps: f32) {
+        let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
+        self.cpu.ada_in(&mut cx, &cg, c, len, eps);
+        self.from_cpu(&cx, x);
+    }
+
+    fn ada_layer_norm(&self, x: &mut WgpuTensor, gb: &WgpuTensor, len: usize, c: usize, eps: f32) {
+        let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
+        self.cpu.ada_layer_norm(&mut cx, &cg, len, c, eps);
+        self.from_cpu(&cx, x);
+    }
+
+    fn snake(&self, x: &mut WgpuTensor, alpha: &WgpuTensor, c: usize, len: usize) {
+        let (mut cx, ca) = (self.to_cpu(x), self.to_cpu(alpha));
+        self.cpu.snake(&mut cx, &ca, c, len);
+        self.from_cpu(&cx, x);
+    }
+
+    fn leaky_relu(&self, x: &mut WgpuTensor, slope: f32, n: usize) {
+        let mut cx = self.to_cpu(x);
+        self.cpu.leaky_relu(&mut cx, slope, n);
+        self.from_cpu(&cx, x);
+    }
+
+    fn scale(&self, x: &mut WgpuTensor, s: f32, n: usize) {
+        self.elementwise(&x.buf, &self.gpu.dummy, OP_SCALE, s, n);
+    }
+
+    fn transpose(&self, x: &WgpuTensor, rows: usize, cols: usize, out: &mut WgpuTensor) {
+        let cx = self.to_cpu(x);
+        let mut co = self.to_cpu(out);
+        self.cpu.transpose(&cx, rows, cols, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn fake_quant_u8(&self, x: &mut WgpuTensor, n: usize) {
+        let mut cx = self.to_cpu(x);
+        self.cpu.fake_quant_u8(&mut cx, n);
+        self.from_cpu(&cx, x);
+    }
+
+    fn stft(
+        &self,
+        signal: &WgpuTensor,
+        len: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let cs = self.to_cpu(signal);
+        let mut co = self.to_cpu(out);
+        self.cpu.stft(&cs, len, n_fft, hop, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn istft(
+        &self,
+        spec: &WgpuTensor,
+        frames: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let cs = self.to_cpu(spec);
+        let mut co = self.to_cpu(out);
+        self.cpu.istft(&cs, frames, n_fft, hop, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn upsample_nearest(
+        &self,
+        x: &WgpuTensor,
+        c: usize,
+        len: usize,
+        factor: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let cx = self.to_cpu(x);
+        let mut co = self.to_cpu(out);
+        self.cpu.upsample_nearest(&cx, c, len, factor, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn self_attention(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        heads: usize,
+        head_dim: usize,
+        len: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+        let mut co = self.to_cpu(out);
+        self.cpu
+            .self_attention(&cq, &ck, &cv, heads, head_dim, len, &mut co);
+        self.from_cpu(&co, out);
+    }
+
+    fn gelu_tanh(&self, x: &mut WgpuTensor, n: usize) {
+        let mut cx = self.to_cpu(x);
+        self.cpu.gelu_tanh(&mut cx, n);
+        self.from_cpu(&cx, x);
+    }
+}
+
+impl WgpuBackend {
+    fn kv_typed(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        f16: bool,
+    ) -> WgpuKvCache {
+        let elems = n_layers * n_ctx * kv_heads * head_dim;
+        let bytes = if f16 { elems * 2 } else { elems * 4 };
+        WgpuKvCache {
+            k: self.gpu.buffer(bytes),
+            v: self.gpu.buffer(bytes),
+            n_layers,
+            n_ctx,
+            kv_heads,
+            head_dim,
+            f16,
+        }
+    }
+}

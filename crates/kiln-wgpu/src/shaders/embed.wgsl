@@ -1,0 +1,19 @@
+// out[t] = row IDS[ids_off + t] of the table W, dequantized. grid (column tiles, tokens).
+// params: 0 rows, 1 cols, 2 fmt, 3 rw, 4 ids_off, 5 out_off
+
+@group(0) @binding(1) var<storage, read_write> W: array<u32>;
+@group(0) @binding(2) var<storage, read_write> IDS: array<u32>;
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+
+// Not called: weights.wgsl's block_dot reads activations through it.
+fn xq(i: u32) -> u32 { return 0u; }
+
+@compute @workgroup_size(256)
+fn embed(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let t = wg.y;
+    let c = wg.x * WG + li;
+    let cols = P(1u);
+    if (c >= cols) { return; }
+    let id = min(IDS[P(4u) + t], P(0u) - 1u);
+    OUT[P(5u) + t * cols + c] = wval(P(2u), id, c, cols, P(3u));
+}

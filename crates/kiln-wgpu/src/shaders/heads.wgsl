@@ -1,0 +1,101 @@
+// Per-head work on rows of (n, heads * head_dim), one workgroup per (head row, token):
+// RMSNorm over the head (Qwen3 q/k norm), RoPE from a cos/sin table (positions x pairs,
+// computed on the host as the CPU backend computes them), the row rewritten in place, then
+// stored at position pos0 + t of a KV-cache plane (heads, n_ctx, head_dim) as f16 (two per
+// word) or f32. Up to three groups in one dispatch: q (n_q heads: X, norm QN), k (n_kv: K,
+// KN, cache KC) and v (n_kv: V, cache VC); group g is normalised / rotated / stored when
+// bit g of the norm / rope / cache flags is set. A single group is group 0 with its cache
+// at KC (bindings 1-4).
+// params: 0 n_q, 1 n_kv, 2 head_dim, 3 eps, 4 norm flags, 5 rope flags, 6 cache flags,
+//         7 rope_dims, 8 neox, 9 pos0, 10 n_ctx, 11 plane (elements), 12 kv_f16,
+//         13 q_ld, 14 kv_ld
+
+@group(0) @binding(1) var<storage, read_write> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> QN: array<f32>;
+@group(0) @binding(3) var<storage, read_write> KC: array<u32>;
+@group(0) @binding(4) var<storage, read_write> CS: array<f32>;
+@group(0) @binding(5) var<storage, read_write> K: array<f32>;
+@group(0) @binding(6) var<storage, read_write> V: array<f32>;
+@group(0) @binding(7) var<storage, read_write> KN: array<f32>;
+@group(0) @binding(8) var<storage, read_write> VC: array<u32>;
+
+var<workgroup> row: array<f32, 256>;
+
+fn xload(g: u32, i: u32) -> f32 {
+    switch g {
+        case 0u: { return X[i]; }
+        case 1u: { return K[i]; }
+        default: { return V[i]; }
+    }
+}
+fn xstore(g: u32, i: u32, v: f32) {
+    switch g {
+        case 0u: { X[i] = v; }
+        case 1u: { K[i] = v; }
+        default: { V[i] = v; }
+    }
+}
+fn normw(g: u32, e: u32) -> f32 {
+    if (g == 1u) { return KN[e]; }
+    return QN[e];
+}
+fn cstore(g: u32, i: u32, w: u32) {
+    if (g == 2u) { VC[i] = w; } else { KC[i] = w; }
+}
+
+@compute @workgroup_size(256)
+fn heads(@builtin(local_invocation_index) e: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let nq = P(0u);
+    let nkv = P(1u);
+    var g = 0u;
+    var h = wg.x;
+    if (h >= nq + nkv) { g = 2u; h -= nq + nkv; } else if (h >= nq) { g = 1u; h -= nq; }
+    let t = wg.y;
+    let hd = P(2u);
+    let base = t * select(P(14u), P(13u), g == 0u) + h * hd;
+    let on = e < hd;
+    let bit = 1u << g;
+    var v = 0.0;
+    if (on) { v = xload(g, base + e); }
+    if ((P(4u) & bit) != 0u) {
+        let ss = wsum(v * v, e);
+        let inv = 1.0 / sqrt(ss / f32(hd) + PF(3u));
+        if (on) { v = v * inv * normw(g, e); }
+    }
+    row[e] = v;
+    workgroupBarrier();
+    let pos = P(9u) + t;
+    let dims = P(7u);
+    if (on && (P(5u) & bit) != 0u && e < dims) {
+        let half = dims / 2u;
+        var i: u32;
+        var partner: u32;
+        var first: bool;
+        if (P(8u) == 1u) {
+            first = e < half;
+            i = select(e - half, e, first);
+            partner = select(e - half, e + half, first);
+        } else {
+            first = (e & 1u) == 0u;
+            i = e / 2u;
+            partner = e ^ 1u;
+        }
+        let c = CS[(pos * half + i) * 2u];
+        let s = CS[(pos * half + i) * 2u + 1u];
+        let x0 = select(row[partner], v, first);
+        let x1 = select(v, row[partner], first);
+        v = select(x0 * s + x1 * c, x0 * c - x1 * s, first);
+    }
+    workgroupBarrier();
+    row[e] = v;
+    if (on) { xstore(g, base + e, v); }
+    workgroupBarrier();
+    if (on && (P(6u) & bit) != 0u) {
+        let idx = P(11u) + (h * P(10u) + pos) * hd + e;
+        if (P(12u) == 1u) {
+            if ((e & 1u) == 0u) { cstore(g, idx >> 1u, pack2x16float(vec2<f32>(v, row[e + 1u]))); }
+        } else {
+            cstore(g, idx, bitcast<u32>(v));
+        }
+    }
+}

@@ -1,0 +1,78 @@
+// matvec's prologue variant: X holds the f32 rows x (x_ld apart); every workgroup
+// normalises its token's row (flag 2) and quantizes it (flag 4) into workgroup memory,
+// as prep.wgsl does (d = max|v| / 127, q = round(v / d)), 4 values per invocation a pass.
+
+const MAXC: u32 = 8192u;
+
+var<workgroup> XQ: array<u32, 2048>;   // MAXC / 4
+var<workgroup> XD: array<f32, 256>;    // MAXC / 32
+var<workgroup> XS: array<u32, 256>;
+var<workgroup> tmp_a: array<f32, 256>;
+var<workgroup> tmp_s: array<i32, 256>;
+var<workgroup> inv_rms: f32;
+
+fn xraw(t: u32, c: u32) -> f32 { return bitcast<f32>(X[t * P(14u) + c]); }
+fn xnorm(t: u32, c: u32, inv: f32) -> f32 {
+    if ((P(5u) & 2u) != 0u) { return xraw(t, c) * inv * NW[c]; }
+    return xraw(t, c);
+}
+fn xf(t: u32, c: u32) -> f32 { return xnorm(t, c, inv_rms); }
+fn xq(i: u32) -> u32 { return XQ[i]; }
+fn xqo(t: u32, b: u32) -> u32 { return b * 8u; }
+fn xd(t: u32, b: u32) -> f32 { return XD[b]; }
+fn xs(t: u32, b: u32) -> u32 { return XS[b]; }
+
+fn prologue(li: u32, t: u32) {
+    let cols = P(1u);
+    var inv = 1.0;
+    if ((P(5u) & 2u) != 0u) {
+        var ss = 0.0;
+        for (var c = li; c < cols; c += WG) { let x = xraw(t, c); ss += x * x; }
+        ss = wsum(ss, li);
+        inv = 1.0 / sqrt(ss / f32(cols) + PF(15u));
+    }
+    if (li == 0u) { inv_rms = inv; }
+    if ((P(5u) & 4u) != 0u) {
+        let words = cols >> 2u;
+        for (var w0 = 0u; w0 < words; w0 += WG) {
+            let w = w0 + li;
+            var v: vec4<f32>;
+            var am = 0.0;
+            if (w < words) {
+                for (var k = 0u; k < 4u; k++) {
+                    v[k] = xnorm(t, w * 4u + k, inv);
+                    am = max(am, abs(v[k]));
+                }
+            }
+            tmp_a[li] = am;
+            workgroupBarrier();
+            // The block's 8 words are 8 consecutive invocations (WG is a multiple of 8).
+            let g0 = li & ~7u;
+            var amax = 0.0;
+            for (var k = 0u; k < 8u; k++) { amax = max(amax, tmp_a[g0 + k]); }
+            let d = amax / 127.0;
+            var id = 0.0;
+            if (d > 0.0) { id = 1.0 / d; }
+            var word = 0u;
+            var s = 0;
+            if (w < words) {
+                for (var k = 0u; k < 4u; k++) {
+                    let q = i32(clamp(round(v[k] * id), -127.0, 127.0));
+                    word = word | ((bitcast<u32>(q) & 0xffu) << (8u * k));
+                    s += q;
+                }
+                XQ[w] = word;
+            }
+            tmp_s[li] = s;
+            workgroupBarrier();
+            if (w < words && (li & 7u) == 0u) {
+                let s0 = tmp_s[li] + tmp_s[li + 1u] + tmp_s[li + 2u] + tmp_s[li + 3u];
+                let s1 = tmp_s[li + 4u] + tmp_s[li + 5u] + tmp_s[li + 6u] + tmp_s[li + 7u];
+                XD[w >> 3u] = d;
+                XS[w >> 3u] = (bitcast<u32>(s0) & 0xffffu) | (bitcast<u32>(s1) << 16u);
+            }
+            workgroupBarrier();
+        }
+    }
+    workgroupBarrier();
+}

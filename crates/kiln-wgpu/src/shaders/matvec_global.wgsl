@@ -1,0 +1,9 @@
+// matvec's variant over prep.wgsl's activations in X: int8 words of token t from
+// t * cols / 4, block scales from d_off, half sums from s_off, f32 rows from f_off.
+
+fn xq(i: u32) -> u32 { return X[i]; }
+fn xqo(t: u32, b: u32) -> u32 { return t * (P(1u) >> 2u) + b * 8u; }
+fn xd(t: u32, b: u32) -> f32 { return bitcast<f32>(X[P(8u) + t * (P(1u) >> 5u) + b]); }
+fn xs(t: u32, b: u32) -> u32 { return X[P(9u) + t * (P(1u) >> 5u) + b]; }
+fn xf(t: u32, c: u32) -> f32 { return bitcast<f32>(X[P(10u) + t * P(1u) + c]); }
+fn prologue(li: u32, t: u32) {}
