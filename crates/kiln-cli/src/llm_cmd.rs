@@ -178,24 +178,45 @@ pub fn load_on<B: Backend>(backend: B, model: &str, m: &ModelArgs) -> anyhow::Re
     Ok(llm)
 }
 
-/// Runs `f` with the loader of `m.device` (the CPU, or a new CUDA backend per model).
-pub fn with_device<R>(
-    m: &ModelArgs,
-    f: impl FnOnce(&dyn Fn(&str) -> anyhow::Result<Llm<CpuBackend>>) -> R,
-    g: impl FnOnce(&dyn Fn(&str) -> anyhow::Result<Llm<crate::CudaBackendType>>) -> R,
-) -> anyhow::Result<R> {
-    Ok(match m.device {
-        Device::Cpu => f(&|name| load(name, m)),
-        Device::Cuda => {
-            if m.reference {
-                anyhow::bail!("--reference runs on the CPU only (leave out --device cuda)");
-            }
-            // Fail here, once, with the reason (no GPU, no driver, a build without CUDA).
-            drop(crate::cuda_backend()?);
-            g(&|name| load_on(crate::cuda_backend()?, name, m))
-        }
-    })
+/// Fails unless `m.device` can be opened (no GPU, no driver, a build without the backend),
+/// once, before any model loads.
+pub fn check_device(m: &ModelArgs) -> anyhow::Result<()> {
+    if m.reference && m.device != Device::Cpu {
+        anyhow::bail!("--reference runs on the CPU only (leave out --device)");
+    }
+    match m.device {
+        Device::Cpu => {}
+        Device::Cuda => drop(crate::cuda_backend()?),
+        Device::Gpu => drop(crate::gpu_backend(m.adapter.as_deref())?),
+    }
+    Ok(())
 }
+
+/// Evaluates `$body` with `$l` bound to the model loader of `$m.device` (the CPU, or a new
+/// CUDA / wgpu backend per model): `$body` is a generic call, instantiated per backend.
+macro_rules! with_device {
+    ($m:expr, |$l:ident| $body:expr) => {{
+        let m: &$crate::ModelArgs = $m;
+        $crate::llm_cmd::check_device(m)?;
+        match m.device {
+            $crate::Device::Cpu => {
+                let $l = &|name: &str| $crate::llm_cmd::load(name, m);
+                $body
+            }
+            $crate::Device::Cuda => {
+                let $l = &|name: &str| $crate::llm_cmd::load_on($crate::cuda_backend()?, name, m);
+                $body
+            }
+            $crate::Device::Gpu => {
+                let $l = &|name: &str| {
+                    $crate::llm_cmd::load_on($crate::gpu_backend(m.adapter.as_deref())?, name, m)
+                };
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_device;
 
 /// Weights and KV cache sizes, printed at load.
 fn memory_line<B: Backend>(llm: &Llm<B>, s: &LlmSession<'_, B>) -> String {
@@ -237,7 +258,7 @@ fn stats_line(s: &GenerationStats) -> String {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    with_device(&a.model, |l| run_on(&a, l), |l| run_on(&a, l))?
+    with_device!(&a.model, |l| run_on(&a, l))
 }
 
 fn run_on<B: Backend>(
@@ -276,7 +297,7 @@ fn run_on<B: Backend>(
 }
 
 pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
-    with_device(&a.model, |l| chat_on(&a, l), |l| chat_on(&a, l))?
+    with_device!(&a.model, |l| chat_on(&a, l))
 }
 
 fn chat_on<B: Backend>(

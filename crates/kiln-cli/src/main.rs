@@ -139,9 +139,13 @@ pub struct ModelArgs {
     /// 32).
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f32", value_parser = parse_kv)]
     pub kv_type: kiln_backend::KvType,
-    /// Where the model runs: cpu, or cuda (a build with `--features cuda` and an NVIDIA GPU).
+    /// Where the model runs: cpu; cuda (a build with `--features cuda` and an NVIDIA GPU);
+    /// gpu (a build with `--features gpu`: wgpu on Vulkan or Metal).
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: Device,
+    /// With --device gpu: the first adapter whose name contains this (case-insensitive).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
 }
 
 fn parse_kv(s: &str) -> Result<kiln_backend::KvType, String> {

@@ -22,11 +22,7 @@ pub struct PerplexityArgs {
 
 pub fn perplexity(a: PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file))?;
-    crate::llm_cmd::with_device(
-        &a.model,
-        |l| perplexity_on(&a, &text, l),
-        |l| perplexity_on(&a, &text, l),
-    )?
+    crate::llm_cmd::with_device!(&a.model, |l| perplexity_on(&a, &text, l))
 }
 
 fn perplexity_on<B: kiln_backend::Backend>(

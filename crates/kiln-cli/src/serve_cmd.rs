@@ -117,15 +117,22 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             llm.check_kv_memory(n_ctx, slots)?;
             Ok(llm)
         }),
+        // The backend lives on the scheduler's thread; fail here first with the reason.
         crate::Device::Cuda => {
-            // The backend lives on the scheduler's thread; fail here first with the reason.
-            drop(crate::cuda_backend()?);
+            crate::llm_cmd::check_device(&a.model)?;
             Scheduler::spawn(cfg, move || {
-                let backend =
-                    crate::cuda_backend().map_err(|e| kiln_runtime::RuntimeError::Path {
-                        path: load_path.clone(),
-                        what: e.to_string(),
-                    })?;
+                let backend = crate::cuda_backend().map_err(|e| backend_err(&load_path, e))?;
+                let llm = Llm::load(backend, &load_path)?;
+                llm.check_kv_memory(n_ctx, slots)?;
+                Ok(llm)
+            })
+        }
+        crate::Device::Gpu => {
+            crate::llm_cmd::check_device(&a.model)?;
+            let adapter = a.model.adapter.clone();
+            Scheduler::spawn(cfg, move || {
+                let backend = crate::gpu_backend(adapter.as_deref())
+                    .map_err(|e| backend_err(&load_path, e))?;
                 let llm = Llm::load(backend, &load_path)?;
                 llm.check_kv_memory(n_ctx, slots)?;
                 Ok(llm)
@@ -198,4 +205,12 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         eprintln!("kiln serve: listening on http://{addr}");
         kiln_server::serve(listener, state).await.context("serving")
     })
+}
+
+/// A backend that could not be opened on the scheduler's thread, as a load error.
+fn backend_err(path: &std::path::Path, e: anyhow::Error) -> kiln_runtime::RuntimeError {
+    kiln_runtime::RuntimeError::Path {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    }
 }
