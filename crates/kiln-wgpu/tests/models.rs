@@ -162,3 +162,94 @@ fn hf_fixtures_match_cpu_logits() {
         }
     }
 }
+
+/// The batched forward (the server's path: two sequences stacked, RoPE and the KV store per
+/// sequence, one attention over both) gives, teacher-forced, the CPU's batched logits
+/// within the same 8% of their spread, at every step of both sequences.
+#[test]
+fn smollm2_batched_forward_matches_cpu() {
+    use kiln_models::llm::SeqChunk;
+    let Some(g) = gpu() else {
+        return;
+    };
+    let path = kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap();
+    let file = GgufFile::open(path).unwrap();
+    let golden = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/assets/golden/smollm2_135m_instruct_q4_1_capital_of_france.json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(golden).unwrap()).unwrap();
+    let long: Vec<u32> = v["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let prompts = [long.clone(), long[..long.len() / 2].to_vec()];
+    let (mg, c) = (Llama::load(&g, &file).unwrap(), CpuBackend::new(2));
+    let mc = Llama::load(&c, &file).unwrap();
+    let vocab = mc.cfg.vocab_size;
+    let (mut bg, mut bc) = (mg.new_batch(&g, 64, 2), mc.new_batch(&c, 64, 2));
+    let mut sg: Vec<_> = (0..2).map(|_| mg.new_state(&g, 256, 64)).collect();
+    let mut sc: Vec<_> = (0..2).map(|_| mc.new_state(&c, 256, 64)).collect();
+    let mut toks: Vec<Vec<u32>> = prompts.to_vec();
+    let mut pos = [0usize; 2];
+    let mut worst = 0f32;
+    for step in 0..12 {
+        let lg = {
+            let mut seqs: Vec<SeqChunk<'_, _>> = sg
+                .iter_mut()
+                .zip(&toks)
+                .zip(pos)
+                .map(|((state, t), pos0)| SeqChunk {
+                    state,
+                    tokens: t,
+                    pos0,
+                })
+                .collect();
+            mg.forward_batch(&g, &mut bg, &mut seqs).unwrap().to_vec()
+        };
+        let lc = {
+            let mut seqs: Vec<SeqChunk<'_, _>> = sc
+                .iter_mut()
+                .zip(&toks)
+                .zip(pos)
+                .map(|((state, t), pos0)| SeqChunk {
+                    state,
+                    tokens: t,
+                    pos0,
+                })
+                .collect();
+            mc.forward_batch(&c, &mut bc, &mut seqs).unwrap().to_vec()
+        };
+        for s in 0..2 {
+            let (a, b) = (&lg[s * vocab..][..vocab], &lc[s * vocab..][..vocab]);
+            let (lo, hi) = b
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(x, y), &v| (x.min(v), y.max(v)));
+            let d = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            worst = worst.max(d / (hi - lo));
+            assert!(
+                d <= 0.08 * (hi - lo),
+                "step {step}, sequence {s}: max |diff| {d} > 8% of {}",
+                hi - lo
+            );
+            pos[s] += toks[s].len();
+            let next = b
+                .iter()
+                .enumerate()
+                .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
+                .0 as u32;
+            toks[s] = vec![next];
+        }
+    }
+    eprintln!(
+        "batched, teacher-forced: worst max |diff| {:.2}% of the logit spread",
+        100.0 * worst
+    );
+}
