@@ -101,6 +101,7 @@ unsafe fn gemm_legacy<const F: u8, const T: usize>(
     nb: usize,
     a: &[ActRow],
     out: &mut [[f32; ROWS]],
+    _lim: *const u8,
 ) {
     unsafe {
         let (bb, c) = match F {
@@ -204,6 +205,7 @@ unsafe fn gemm_q4_k<const T: usize>(
     ns: usize,
     a: &[ActRow],
     out: &mut [[f32; ROWS]],
+    _lim: *const u8,
 ) {
     unsafe {
         let m4 = vdupq_n_u8(0x0F);
@@ -261,6 +263,7 @@ unsafe fn gemm_q6_k<const T: usize>(
     ns: usize,
     a: &[ActRow],
     out: &mut [[f32; ROWS]],
+    _lim: *const u8,
 ) {
     unsafe {
         let m4 = vdupq_n_u8(0x0F);

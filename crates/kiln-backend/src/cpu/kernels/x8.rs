@@ -30,6 +30,29 @@ use kiln_quant::GgmlType;
 /// Rows per group.
 pub const ROWS: usize = 8;
 
+/// How far ahead of the group being computed the weights are prefetched, in bytes
+/// (`KILN_X8_PREFETCH` overrides the default of 8 KiB; 0 leaves it to the hardware
+/// prefetcher). Measured on a 2-core Xeon: +25-30% decode over no software prefetch.
+pub fn prefetch_distance() -> usize {
+    static PF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PF.get_or_init(|| {
+        std::env::var("KILN_X8_PREFETCH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8192)
+    })
+}
+
+/// Whether the x86 kernels of `ty` prefetch their own weights (the legacy formats; the
+/// K-quants leave it to their caller).
+pub fn prefetches_itself(ty: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64")
+        && matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        )
+}
+
 /// Whether a format has an interleaved layout.
 pub fn supports(ty: GgmlType) -> bool {
     matches!(
@@ -308,7 +331,8 @@ fn unpack_q6_k(g: &[u8], r: usize, b: &mut [u8]) {
 }
 
 /// Rows of one group against up to 4 activation rows: `out[t][r] = row r . acts[t]`.
-/// `cols` is the row length; `acts.len() == out.len()`.
+/// `cols` is the row length; `acts.len() == out.len()`. `group` starts with the group and
+/// may run on (to the matrix's end): kernels that prefetch read ahead only inside it.
 pub type GemmFn =
     unsafe fn(group: &[u8], cols: usize, acts: &[super::ActRow], out: &mut [[f32; ROWS]]);
 
@@ -344,6 +368,8 @@ macro_rules! gemm_entry {
         ) {
             $crate::cpu::kernels::x8::check_args(group, cols, a, out, $per, $bytes);
             let (g, n) = (group.as_ptr(), cols / $per);
+            // The first pass over the group may prefetch what follows it in `group`.
+            let mut lim = group.as_ptr_range().end;
             let mut t = 0;
             while t < a.len() {
                 let k = (a.len() - t).min($max_t);
@@ -351,12 +377,13 @@ macro_rules! gemm_entry {
                 // SAFETY: lengths checked above; the features were detected.
                 unsafe {
                     match k {
-                        1 => $f::<$($g,)* 1>(g, n, x, o),
-                        2 => $f::<$($g,)* 2>(g, n, x, o),
-                        3 => $f::<$($g,)* 3>(g, n, x, o),
-                        _ => $f::<$($g,)* 4>(g, n, x, o),
+                        1 => $f::<$($g,)* 1>(g, n, x, o, lim),
+                        2 => $f::<$($g,)* 2>(g, n, x, o, lim),
+                        3 => $f::<$($g,)* 3>(g, n, x, o, lim),
+                        _ => $f::<$($g,)* 4>(g, n, x, o, lim),
                     }
                 }
+                lim = g;
                 t += k;
             }
         }

@@ -102,6 +102,7 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
     nb: usize,
     a: &[ActRow],
     out: &mut [[f32; ROWS]],
+    lim: *const u8,
 ) {
     unsafe {
         let (bb, c) = match F {
@@ -115,8 +116,19 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
         let m4 = _mm256_set1_epi8(0x0F);
         let mut f = [_mm256_setzero_ps(); T];
         let mut o = [_mm256_setzero_ps(); T];
+        // The weight bytes `pd` ahead of each block (up to `lim`) are requested into L2
+        // while it computes: spread over the blocks, the fetches overlap the arithmetic (a
+        // burst between calls stalls the core once the line-fill buffers are full, and an L2
+        // hint leaves more misses in flight than L1's buffers allow).
+        let pd = super::x8::prefetch_distance();
+        let mut line = g.wrapping_add(pd);
         for i in 0..nb {
             let b = g.add(i * bb);
+            let end = b.wrapping_add(pd + bb);
+            while pd != 0 && line < end && line < lim {
+                _mm_prefetch::<_MM_HINT_T1>(line as *const i8);
+                line = line.wrapping_add(64);
+            }
             let dw = f16x8(b);
             let ow = if F == 1 || F == 4 {
                 f16x8(b.add(16))
@@ -186,6 +198,7 @@ unsafe fn gemm_q4_k<M: LaneDot, const T: usize>(
     ns: usize,
     a: &[ActRow],
     out: &mut [[f32; ROWS]],
+    _lim: *const u8,
 ) {
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
@@ -235,6 +248,7 @@ unsafe fn gemm_q6_k<M: LaneDot, const T: usize>(
     ns: usize,
     a: &[ActRow],
     out: &mut [[f32; ROWS]],
+    _lim: *const u8,
 ) {
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);

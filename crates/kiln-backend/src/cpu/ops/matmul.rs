@@ -159,9 +159,12 @@ impl RowDots<'_> {
         let max_t = max_t.min(out.len());
         // Software prefetch `ahead` bytes in front of the group being computed: the
         // hardware prefetcher alone leaves a single stream per core below the read
-        // bandwidth (measured: +25-30% decode with 8 KiB). The window's first part at the
-        // start, then each step the part that enters it.
-        let ahead = x8_prefetch();
+        // bandwidth. The legacy formats' kernels do it block by block themselves; for the
+        // rest, the window's first part at the start, then each step the part that enters it.
+        let ahead = match x8::prefetches_itself(w.ty) {
+            true => 0,
+            false => x8::prefetch_distance(),
+        };
         let start = r0 / x8::ROWS * gb;
         prefetch(&w.bytes, start, ahead);
         for g0 in (r0..r1).step_by(x8::ROWS) {
@@ -170,7 +173,9 @@ impl RowDots<'_> {
                 true => (g * gb + ahead - gb, gb),
                 false => ((g + 1) * gb, ahead),
             };
-            prefetch(&w.bytes, at, len);
+            if ahead != 0 {
+                prefetch(&w.bytes, at, len);
+            }
             let group = w.group(g);
             let rows = (r1 - g0).min(x8::ROWS);
             let mut t0 = 0;
@@ -178,9 +183,14 @@ impl RowDots<'_> {
                 let tn = (self.n - t0).min(max_t);
                 let acts: [ActRow; 4] =
                     std::array::from_fn(|i| self.act.row((t0 + i).min(self.n - 1)));
+                // The first call over a group gets the rest of the matrix to prefetch from.
+                let bytes = match t0 {
+                    0 => &w.bytes[g * gb..],
+                    _ => group,
+                };
                 // SAFETY: the kernel set was detected on this CPU; the group and the
                 // activation rows cover the same cols (the kernel checks lengths).
-                unsafe { k(group, w.cols, &acts[..tn], &mut out[..tn]) };
+                unsafe { k(bytes, w.cols, &acts[..tn], &mut out[..tn]) };
                 for (t, o) in out[..tn].iter().enumerate() {
                     for (j, &v) in o[..rows].iter().enumerate() {
                         emit(t0 + t, g0 + j, v);
@@ -324,18 +334,6 @@ pub fn matmul_jobs(
             }
         }
     });
-}
-
-/// How far ahead the interleaved path prefetches, in bytes (`KILN_X8_PREFETCH` overrides the
-/// default of 8 KiB; 0 leaves it to the hardware prefetcher).
-fn x8_prefetch() -> usize {
-    static PF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PF.get_or_init(|| {
-        std::env::var("KILN_X8_PREFETCH")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8192)
-    })
 }
 
 /// Asks the cache for `len` bytes of `b` from `at` ahead of use (ignored past the end).
