@@ -558,6 +558,17 @@ pub trait Backend {
         s: LstmShape,
         out: &mut Self::Tensor,
     );
+    /// The recurrence of a bidirectional LSTM from zero state with its input gates given:
+    /// gx (len, 8h) = [x W_ih_fwd^T + b_fwd | x W_ih_bwd^T + b_bwd] (gates i, f, g, o each),
+    /// w_hh (8h, h) = [W_hh_fwd; W_hh_bwd] -> out (len, 2h) = [h_fwd | h_bwd].
+    fn bilstm_steps(
+        &self,
+        gx: &Self::Tensor,
+        w_hh: &Self::Tensor,
+        len: usize,
+        hidden: usize,
+        out: &mut Self::Tensor,
+    );
     /// Each of `rows` rows of `x` (rows, cols) normalised to zero mean and unit variance, then
     /// `* w + b` when given, in place.
     fn layer_norm_rows(

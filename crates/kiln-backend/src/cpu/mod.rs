@@ -416,11 +416,16 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        if !self.reference
-            && w.ty == GgmlType::F32
-            && w.amx.is_none()
-            && n >= ops::conv1d_nc::GEMM_MIN_ROWS
-        {
+        if !self.reference && w.ty == GgmlType::F32 && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
+            if w.amx.is_some() {
+                // A tile-order copy made at load: no per-call packing of the f32 weight.
+                let mut jobs = [Job {
+                    w,
+                    out,
+                    epilogue: Epilogue::Store(bias),
+                }];
+                return ops::matmul_amx::matmul_jobs(&self.pool, x, n, &mut jobs);
+            }
             return ops::conv1d_nc::matmul_f32(&self.pool, w, x, bias, n, out);
         }
         self.jobs(
@@ -760,6 +765,17 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         ops::lstm::lstm(x, w_ih, w_hh, bias, s, out)
+    }
+
+    fn bilstm_steps(
+        &self,
+        gx: &CpuTensor,
+        w_hh: &CpuTensor,
+        len: usize,
+        hidden: usize,
+        out: &mut CpuTensor,
+    ) {
+        ops::lstm::bilstm_steps(&self.pool, gx, w_hh, len, hidden, out)
     }
 
     fn layer_norm_rows(

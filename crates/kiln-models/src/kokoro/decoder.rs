@@ -80,6 +80,7 @@ impl<B: Backend> Decoder<B> {
         b.copy_rows(&nd, 0, 1, &mut x, d + 1);
         let mut x = self.encode.forward(cx, &x, s, frames);
         cx.put("dec.encode", &x, 1024, frames);
+        cx.lap("decoder encode");
         let mut len = frames;
         let mut res = true;
         for blk in &self.decode {
@@ -99,6 +100,7 @@ impl<B: Backend> Decoder<B> {
             len = blk.len_out(len);
         }
         cx.put("dec.decode", &x, 512, len);
+        cx.lap("decoder decode");
         self.gen.forward(cx, &x, s, f0, len)
     }
 }
@@ -277,6 +279,7 @@ impl<B: Backend> Generator<B> {
         let mut har = b.tensor(self.n_fft + 2, har_frames);
         b.stft(&src, n_src, self.n_fft, self.hop, &mut har);
         cx.put("gen.har", &har, self.n_fft + 2, har_frames);
+        cx.lap("gen source, stft");
 
         let mut x = {
             let c = self.ups[0].c_in;
@@ -291,6 +294,7 @@ impl<B: Backend> Generator<B> {
             let xs = self.noise_convs[i].forward(cx, &har, har_frames);
             let xs_len = self.noise_convs[i].len_out(har_frames);
             let xs = self.noise_res[i].forward(cx, &xs, s, xs_len);
+            cx.lap(&format!("gen noise {i}"));
             cx.put(
                 &format!("gen.noise_res.{i}"),
                 &xs,
@@ -313,6 +317,7 @@ impl<B: Backend> Generator<B> {
                 y = b.tensor_from(co, ylen, &p);
             }
             debug_assert_eq!(ylen, xs_len);
+            cx.lap(&format!("gen ups {i}"));
             b.add(&mut y, &xs, co);
             let k = self.n_kernels;
             let mut acc = self.resblocks[i * k].forward(cx, &y, s, ylen);
@@ -322,6 +327,7 @@ impl<B: Backend> Generator<B> {
             }
             b.scale(&mut acc, 1.0 / k as f32, co * ylen);
             cx.put(&format!("gen.stage.{i}"), &acc, co, ylen);
+            cx.lap(&format!("gen resblocks {i}"));
             x = acc;
             len = ylen;
         }
@@ -340,6 +346,7 @@ impl<B: Backend> Generator<B> {
         let n_out = (len - 1) * self.hop;
         let mut audio = b.tensor(1, n_out);
         b.istft(&spec, len, self.n_fft, self.hop, &mut audio);
+        cx.lap("gen post, istft");
         (audio, n_out)
     }
 }
