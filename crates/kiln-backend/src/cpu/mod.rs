@@ -18,7 +18,7 @@ use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
 use crate::{
-    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, LstmShape,
+    AttnShape, Backend, BackendError, Conv1dShape, ConvWeightQ8, DenseAttnShape, KvType, LstmShape,
     MlxWeightData, RopeConfig, WeightData,
 };
 pub use par::Pool;
@@ -62,6 +62,8 @@ pub struct CpuWeight {
     /// A second copy in AMX tile order (bf16) for products over many rows, made when the
     /// model marks the weight as such ([`Backend::prefer_batches`]) and the CPU has AMX.
     pub amx: Option<Box<kernels::amx::PackedB>>,
+    /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
+    pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
 }
 
 impl CpuWeight {
@@ -229,6 +231,7 @@ impl Backend for CpuBackend {
                 bytes,
                 mlx: None,
                 amx: None,
+                conv: None,
             });
         }
         let mut weight = CpuWeight {
@@ -240,6 +243,7 @@ impl Backend for CpuBackend {
             bytes: vec![0u8; w.bytes.len()],
             mlx: None,
             amx: None,
+            conv: None,
         };
         for (src, dst) in w
             .bytes
@@ -264,6 +268,7 @@ impl Backend for CpuBackend {
                 bytes: out,
                 mlx: None,
                 amx: None,
+                conv: None,
             };
         }
         Ok(weight)
@@ -303,6 +308,7 @@ impl Backend for CpuBackend {
         w.bytes.len()
             + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
             + w.amx.as_ref().map_or(0, |p| p.bytes())
+            + w.conv.as_ref().map_or(0, |p| p.bytes())
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
@@ -742,6 +748,39 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         ops::conv1d_nc::conv1d(&self.pool, x, w, bias, s, out)
+    }
+
+    fn conv_weight_q8(&self, w: ConvWeightQ8, s: Conv1dShape) -> Option<CpuWeight> {
+        if self.reference || !ops::conv1d_q8::applies(&s) {
+            return None;
+        }
+        let packed = ops::conv1d_q8::pack(w.q, w.zero, w.scale, &s)?;
+        Some(CpuWeight {
+            ty: GgmlType::F32,
+            rows: s.c_out,
+            cols: 0,
+            row_bytes: 0,
+            x8: false,
+            bytes: Vec::new(),
+            mlx: None,
+            amx: None,
+            conv: Some(Box::new(packed)),
+        })
+    }
+
+    fn conv1d_q8(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        bias: Option<&CpuTensor>,
+        s: Conv1dShape,
+        out: &mut CpuTensor,
+    ) {
+        let p = w
+            .conv
+            .as_deref()
+            .expect("conv1d_q8: a weight made by conv_weight_q8");
+        ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, out)
     }
 
     fn conv_transpose1d(

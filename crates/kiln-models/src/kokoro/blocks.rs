@@ -5,7 +5,7 @@
 //! `(len, features)`. `Ctx::quant` reproduces the int8 export's activation arithmetic: the input
 //! of every integer matmul / convolution rounded to its per-tensor uint8 grid.
 
-use kiln_backend::{Backend, Conv1dShape, WeightData};
+use kiln_backend::{Backend, Conv1dShape, ConvWeightQ8, WeightData};
 use kiln_quant::GgmlType;
 
 use super::params::Params;
@@ -177,6 +177,8 @@ impl<B: Backend> Linear<B> {
 /// Conv1d / ConvTranspose1d with PyTorch's hyper-parameters.
 pub struct Conv<B: Backend> {
     w: B::Tensor,
+    /// The backend's integer form of the weight, where it multiplies this layer on integers.
+    w8: Option<B::Weight>,
     bias: Option<B::Tensor>,
     pub c_in: usize,
     pub c_out: usize,
@@ -229,15 +231,18 @@ impl<B: Backend> Conv<B> {
         } else {
             [c_out, c_in / s.groups, s.k]
         };
-        let w = tensor(b, p, &format!("{name}.weight"), &shape)?;
+        let wn = format!("{name}.weight");
+        let w = tensor(b, p, &wn, &shape)?;
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[c_out])?)
         } else {
             None
         };
-        Ok(Conv {
+        let integer = p.is_integer(&wn);
+        let mut conv = Conv {
             w,
+            w8: None,
             bias,
             c_in,
             c_out,
@@ -248,8 +253,17 @@ impl<B: Backend> Conv<B> {
             groups: s.groups,
             output_pad: s.output_pad,
             transposed: s.transposed,
-            integer: p.is_integer(&format!("{name}.weight")),
-        })
+            integer,
+        };
+        if let (true, false, Some(q)) = (integer, conv.transposed, p.quantized(&wn)) {
+            let wq = ConvWeightQ8 {
+                q: &q.q,
+                zero: &q.zero,
+                scale: &q.scale,
+            };
+            conv.w8 = b.conv_weight_q8(wq, conv.shape(0));
+        }
+        Ok(conv)
     }
 
     fn shape(&self, len: usize) -> Conv1dShape {
@@ -282,6 +296,8 @@ impl<B: Backend> Conv<B> {
         let mut out = cx.b.tensor(self.c_out, lo);
         if self.transposed {
             cx.b.conv_transpose1d(x, &self.w, self.bias.as_ref(), s, &mut out);
+        } else if let (Some(w8), true) = (&self.w8, cx.quant) {
+            cx.b.conv1d_q8(x, w8, self.bias.as_ref(), s, &mut out);
         } else if self.integer && cx.quant {
             let q = cx.quantized(x, self.c_in, len);
             cx.b.conv1d_nc(&q, &self.w, self.bias.as_ref(), s, &mut out);

@@ -269,6 +269,133 @@ pub unsafe fn gemm(_: &[u16], _: usize, _: &PackedB, _: impl FnMut(usize, usize,
 #[repr(C, align(64))]
 struct Block([f32; MB * NB]);
 
+/// Configures this thread's tiles for [`conv_block_u8`].
+///
+/// # Safety
+/// [`available`] returned true.
+pub unsafe fn tiles_on() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AMX is enabled (caller); the configuration is a valid palette-1 layout.
+    unsafe {
+        asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack))
+    };
+}
+
+/// Releases this thread's tiles.
+///
+/// # Safety
+/// [`available`] returned true.
+pub unsafe fn tiles_off() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AMX is enabled (caller).
+    unsafe {
+        asm!("tilerelease", options(nostack))
+    };
+}
+
+/// A 32 x 32 block of i32 sums for [`conv_block_u8`], as the tiles store it (row-major).
+#[repr(C, align(64))]
+pub struct BlockI32(pub [i32; MB * NB]);
+
+impl Default for BlockI32 {
+    fn default() -> Self {
+        BlockI32([0; MB * NB])
+    }
+}
+
+/// One 32 x 32 block of a u8 x u8 product summed over `taps` shifted operands:
+/// C = Σ_{j < taps} Σ_{kb < nkb} A(j, kb) · B(j, kb), where A(j, kb) is the 32 x 64 byte block
+/// at `a + j * a_tap + kb * 64` (rows `lda` bytes apart) and B(j, kb) the 64 x 32 block in
+/// groups of 4 bytes at `b + j * b_tap + kb * 16 * ldb` (16 rows of 32 groups, `ldb` bytes
+/// apart): `tdpbuud`, exact i32 sums.
+///
+/// # Safety
+/// [`available`] returned true, [`tiles_on`] ran on this thread (and no [`tiles_off`] since);
+/// every block read lies inside the caller's buffers.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv_block_u8(
+    a: *const u8,
+    lda: usize,
+    a_tap: usize,
+    b: *const u8,
+    ldb: usize,
+    b_tap: usize,
+    taps: usize,
+    nkb: usize,
+    c: &mut BlockI32,
+) {
+    if taps == 0 || nkb == 0 {
+        c.0.fill(0);
+        return;
+    }
+    // SAFETY: AMX is enabled, the tiles configured and the operands in bounds (caller).
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack)
+        );
+        for j in 0..taps {
+            let a0 = a.add(j * a_tap);
+            let a1 = a0.add(16 * lda);
+            let b0 = b.add(j * b_tap);
+            asm!(
+                "2:",
+                "tileloadd tmm4, [{a0} + {lda}]",
+                "tileloadd tmm6, [{b0} + {ldb}]",
+                "tileloadd tmm5, [{a1} + {lda}]",
+                "tileloadd tmm7, [{b0} + {ldb} + 64]",
+                "tdpbuud tmm0, tmm4, tmm6",
+                "tdpbuud tmm1, tmm4, tmm7",
+                "tdpbuud tmm2, tmm5, tmm6",
+                "tdpbuud tmm3, tmm5, tmm7",
+                "add {a0}, 64",
+                "add {a1}, 64",
+                "add {b0}, {b16}",
+                "dec {n}",
+                "jnz 2b",
+                a0 = inout(reg) a0 => _,
+                a1 = inout(reg) a1 => _,
+                b0 = inout(reg) b0 => _,
+                n = inout(reg) nkb => _,
+                lda = in(reg) lda as isize,
+                ldb = in(reg) ldb as isize,
+                b16 = in(reg) (16 * ldb) as isize,
+                options(nostack),
+            );
+        }
+        asm!(
+            "tilestored [{c} + {s128}], tmm0",
+            "tilestored [{c} + {s128} + 64], tmm1",
+            "tilestored [{c} + {s128} + 2048], tmm2",
+            "tilestored [{c} + {s128} + 2112], tmm3",
+            c = in(reg) c.0.as_mut_ptr(),
+            s128 = in(reg) 128isize,
+            options(nostack),
+        );
+    }
+}
+
+/// Without x86_64 there are no tiles ([`available`] is false, so this is never called).
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv_block_u8(
+    _: *const u8,
+    _: usize,
+    _: usize,
+    _: *const u8,
+    _: usize,
+    _: usize,
+    _: usize,
+    _: usize,
+    _: &mut BlockI32,
+) {
+    unreachable!("AMX is x86_64 only")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

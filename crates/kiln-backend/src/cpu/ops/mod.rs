@@ -8,6 +8,7 @@ mod attention_tiled;
 pub mod conv1d;
 mod conv1d_amx;
 pub mod conv1d_nc;
+pub mod conv1d_q8;
 pub mod elementwise;
 pub mod gelu;
 pub mod gemm;

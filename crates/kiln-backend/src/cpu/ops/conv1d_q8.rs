@@ -1,0 +1,343 @@
+//! Stride-1 convolutions on integers through AMX int8 tiles, as ONNX's `ConvInteger` after
+//! `DynamicQuantizeLinear` computes them: x (c_in, len) rounded to its per-tensor uint8 grid
+//! (xq, scale sx, zero point zx), the weight held as uint8 (wq, scale sw[o], zero point zw[o]):
+//!
+//! ```text
+//! out[o][t] = bias[o] + sx sw[o] Σ_{i,j} (xq[i][t + j dil - pad] - zx) (wq[o][i][j] - zw[o])
+//!           = bias[o] + sx sw[o] (C[o][t] - zw[o] Sx[t] - zx Sw[o] + K zx zw[o])
+//! ```
+//!
+//! with C = Σ xq wq (exact, `tdpbuud`), Sx[t] the sum of xq over t's receptive field (padding
+//! holds zx, the grid's zero), Sw[o] the sum of wq over o's row and K = c_in k. No im2col: the
+//! quantized input is laid out once in groups of 4 channels per time step, so the B tile of
+//! tap j is the same buffer shifted by j dil steps; the weight is packed per tap at load.
+
+use crate::cpu::kernels::amx::{self, BlockI32, MB, NB};
+use crate::cpu::par::{Pool, SharedMut};
+use crate::cpu::CpuTensor;
+use crate::Conv1dShape;
+
+/// Input channels per tile row (64 bytes).
+const KC: usize = 64;
+/// Output positions per thread-local chunk (its B rows stay in L2 for every output block).
+const CHUNK: usize = 256;
+
+/// An integer convolution weight in tile order.
+#[derive(Debug)]
+pub struct PackedConvQ8 {
+    pub c_in: usize,
+    pub c_out: usize,
+    pub k: usize,
+    /// A per tap: [tap][op rows][cp bytes], zero-padded.
+    a: Vec<u8>,
+    op: usize,
+    cp: usize,
+    w_scale: Vec<f32>,
+    w_zero: Vec<i32>,
+    /// Σ_{i,j} wq[o][i][j]
+    w_sum: Vec<i32>,
+}
+
+impl PackedConvQ8 {
+    pub fn bytes(&self) -> usize {
+        self.a.len() + 12 * self.c_out
+    }
+}
+
+/// Whether a layer of shape `s` runs here.
+pub fn applies(s: &Conv1dShape) -> bool {
+    s.stride == 1 && s.groups == 1 && s.k >= 1 && amx::available()
+}
+
+/// Packs wq (c_out, c_in, k) with per-tensor (1 value) or per-output-channel zero points and
+/// scales; None when the sizes do not fit.
+pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<PackedConvQ8> {
+    let (c_in, c_out, k) = (s.c_in, s.c_out, s.k);
+    let per = |n: usize| n == 1 || n == c_out;
+    if q.len() != c_out * c_in * k || !per(zero.len()) || !per(scale.len()) {
+        return None;
+    }
+    let (op, cp) = (amx::round_up(c_out, MB), amx::round_up(c_in, KC));
+    let mut a = vec![0u8; k * op * cp];
+    let mut w_sum = vec![0i32; c_out];
+    for o in 0..c_out {
+        for i in 0..c_in {
+            for j in 0..k {
+                let v = q[(o * c_in + i) * k + j];
+                a[(j * op + o) * cp + i] = v;
+                w_sum[o] += v as i32;
+            }
+        }
+    }
+    let pick = |v: &[i32], o: usize| if v.len() == 1 { v[0] } else { v[o] };
+    let pickf = |v: &[f32], o: usize| if v.len() == 1 { v[0] } else { v[o] };
+    Some(PackedConvQ8 {
+        c_in,
+        c_out,
+        k,
+        a,
+        op,
+        cp,
+        w_scale: (0..c_out).map(|o| pickf(scale, o)).collect(),
+        w_zero: (0..c_out).map(|o| pick(zero, o)).collect(),
+        w_sum,
+    })
+}
+
+/// DynamicQuantizeLinear's scale and zero point for x (as `fake_quant_u8`).
+fn grid(x: &[f32]) -> (f32, f32) {
+    let mut lo = [0f32; 16];
+    let mut hi = [0f32; 16];
+    let mut it = x.chunks_exact(16);
+    for c in &mut it {
+        for l in 0..16 {
+            lo[l] = lo[l].min(c[l]);
+            hi[l] = hi[l].max(c[l]);
+        }
+    }
+    let (mut l, mut h) = (0f32, 0f32);
+    for &v in it.remainder().iter().chain(&lo) {
+        l = l.min(v);
+    }
+    for &v in it.remainder().iter().chain(&hi) {
+        h = h.max(v);
+    }
+    let scale = (h - l) / 255.0;
+    let zp = if scale == 0.0 {
+        0.0
+    } else {
+        (-l / scale).round_ties_even().clamp(0.0, 255.0)
+    };
+    (scale, zp)
+}
+
+thread_local! {
+    /// The quantized input in groups of 4 channels per time step (kept between calls).
+    static XQ: std::cell::RefCell<Vec<u32>> = Default::default();
+}
+
+pub fn conv1d(
+    pool: &Pool,
+    x: &CpuTensor,
+    w: &PackedConvQ8,
+    bias: Option<&CpuTensor>,
+    s: Conv1dShape,
+    out: &mut CpuTensor,
+) {
+    let (c_in, c_out, k, len, dil) = (s.c_in, s.c_out, s.k, s.len_in, s.dilation);
+    assert!(
+        w.c_in == c_in && w.c_out == c_out && w.k == k,
+        "conv1d_q8: weight shape"
+    );
+    let lo = s.len_out();
+    assert!(x.data.len() >= c_in * len, "conv1d_q8 input too small");
+    assert!(out.data.len() >= c_out * lo, "conv1d_q8 output too small");
+    let bias_of = |o: usize| bias.map_or(0.0, |b| b.data[o]);
+    let (sx, zx) = grid(&x.data[..c_in * len]);
+    if sx == 0.0 {
+        // x is all zeros: only the bias remains.
+        for o in 0..c_out {
+            out.data[o * lo..(o + 1) * lo].fill(bias_of(o));
+        }
+        return;
+    }
+    let zq = zx as u8;
+    let (cp, op) = (w.cp, w.op);
+    let nq = cp / 4;
+    let xs = amx::round_up(lo.max(1), NB) + (k - 1) * dil;
+    XQ.with(|cell| {
+        let xq = &mut *cell.borrow_mut();
+        xq.clear();
+        xq.resize(nq * xs, 0);
+        // Quantize and lay out: xq[p][u] = bytes of channels 4p..4p+4 at time u - pad.
+        let dst = SharedMut(xq.as_mut_ptr() as *mut f32);
+        const MAGIC: f32 = 12_582_912.0;
+        let inv = sx;
+        pool.run(nq, |p0, p1| {
+            let dst = dst;
+            for p in p0..p1 {
+                // SAFETY: row p of xq belongs to this thread alone; it lies inside xq.
+                let row =
+                    unsafe { std::slice::from_raw_parts_mut((dst.0 as *mut u32).add(p * xs), xs) };
+                let mut pad_word = 0u32;
+                for e in 0..4 {
+                    if 4 * p + e < c_in {
+                        pad_word |= (zq as u32) << (8 * e);
+                    }
+                }
+                row.fill(pad_word);
+                let t_end = len.min(xs.saturating_sub(s.pad));
+                for e in 0..4 {
+                    let ch = 4 * p + e;
+                    if ch >= c_in {
+                        break;
+                    }
+                    let src = &x.data[ch * len..ch * len + t_end];
+                    let shift = 8 * e;
+                    let mask = !(0xffu32 << shift);
+                    for (d, &v) in row[s.pad..s.pad + t_end].iter_mut().zip(src) {
+                        let r = (v / inv + MAGIC) - MAGIC;
+                        let q = (r + zx).clamp(0.0, 255.0) as u32;
+                        *d = (*d & mask) | (q << shift);
+                    }
+                }
+            }
+        });
+        // Sx[t] = Σ_j colsum[t + j dil], colsum[u] = Σ_i xq[i][u].
+        let mut colsum = vec![0i32; xs];
+        for p in 0..nq {
+            for (c, &v) in colsum.iter_mut().zip(&xq[p * xs..(p + 1) * xs]) {
+                *c += ((v & 0xff) + ((v >> 8) & 0xff) + ((v >> 16) & 0xff) + (v >> 24)) as i32;
+            }
+        }
+        let sxt: Vec<i32> = (0..lo)
+            .map(|t| (0..k).map(|j| colsum[t + j * dil]).sum())
+            .collect();
+        let kk = (c_in * k) as i32;
+        let zxi = zx as i32;
+        // Per output channel: scale a[o] and the constant part of the sum.
+        let a_o: Vec<f32> = w.w_scale.iter().map(|&v| v * sx).collect();
+        let c_o: Vec<i32> = (0..c_out)
+            .map(|o| kk * zxi * w.w_zero[o] - zxi * w.w_sum[o])
+            .collect();
+        let out_p = SharedMut(out.data.as_mut_ptr());
+        let xq = &*xq;
+        pool.run_aligned(lo, NB, |t0, t1| {
+            let out_p = out_p;
+            let mut blk = BlockI32::default();
+            // SAFETY: AMX checked by applies() (the weight was packed only then).
+            unsafe { amx::tiles_on() };
+            for c0 in (t0..t1).step_by(CHUNK) {
+                let c1 = (c0 + CHUNK).min(t1);
+                for ob in 0..op / MB {
+                    for tb in (c0..c1).step_by(NB) {
+                        // SAFETY: A rows ob*32..+32 of every tap lie in w.a (op rows of cp
+                        // bytes per tap); B rows 0..nq, columns tb..tb+32+(k-1)dil lie in
+                        // xq (xs >= round_up(lo, 32) + (k-1) dil).
+                        unsafe {
+                            amx::conv_block_u8(
+                                w.a.as_ptr().add(ob * MB * cp),
+                                cp,
+                                op * cp,
+                                (xq.as_ptr() as *const u8).add(tb * 4),
+                                xs * 4,
+                                dil * 4,
+                                k,
+                                cp / KC,
+                                &mut blk,
+                            )
+                        };
+                        let nt = (c1 - tb).min(NB);
+                        for r in 0..MB {
+                            let o = ob * MB + r;
+                            if o >= c_out {
+                                break;
+                            }
+                            let (ao, co, zw, b) = (a_o[o], c_o[o], w.w_zero[o], bias_of(o));
+                            let src = &blk.0[r * NB..r * NB + nt];
+                            // SAFETY: columns tb..tb+nt of row o are this thread's (its range
+                            // of output positions) and lie inside out (checked above).
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(out_p.0.add(o * lo + tb), nt)
+                            };
+                            for ((d, &cv), &sv) in dst.iter_mut().zip(src).zip(&sxt[tb..tb + nt]) {
+                                *d = ao * (cv - zw * sv + co) as f32 + b;
+                            }
+                        }
+                    }
+                }
+            }
+            // SAFETY: as above.
+            unsafe { amx::tiles_off() };
+        });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against the direct f32 form on the dequantized weight and the rounded input, with
+    /// padding, dilation, tails of both tile dimensions and per-channel weight grids.
+    #[test]
+    fn matches_direct_on_the_rounded_input() {
+        if !amx::available() {
+            eprintln!("AMX not available here: skipped");
+            return;
+        }
+        let pool = Pool::new(2);
+        let mut seed = 0x1234_5678u32;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for (c_in, c_out, len_in, k, pad, dilation, per_channel) in [
+            (22, 40, 100, 3, 1, 1, false),
+            (70, 33, 75, 7, 9, 3, true),
+            (128, 64, 64, 11, 25, 5, false),
+            (5, 32, 40, 1, 0, 1, true),
+        ] {
+            let s = Conv1dShape {
+                c_in,
+                c_out,
+                len_in,
+                k,
+                stride: 1,
+                pad,
+                dilation,
+                groups: 1,
+                output_pad: 0,
+            };
+            let q: Vec<u8> = (0..c_out * c_in * k).map(|_| rnd() as u8).collect();
+            let nz = if per_channel { c_out } else { 1 };
+            let zero: Vec<i32> = (0..nz).map(|_| (rnd() % 256) as i32).collect();
+            let scale: Vec<f32> = (0..nz)
+                .map(|_| 1e-3 + (rnd() % 100) as f32 * 1e-4)
+                .collect();
+            let w = pack(&q, &zero, &scale, &s).unwrap();
+            let wf: Vec<f32> = (0..q.len())
+                .map(|i| {
+                    let o = i / (c_in * k);
+                    let (z, sc) = (zero[o % nz], scale[o % nz]);
+                    (q[i] as i32 - z) as f32 * sc
+                })
+                .collect();
+            let xv: Vec<f32> = (0..c_in * len_in)
+                .map(|_| (rnd() % 2001) as f32 / 1000.0 - 0.7)
+                .collect();
+            let mut xr = CpuTensor {
+                data: xv.clone(),
+                cols: len_in,
+            };
+            super::super::signal::fake_quant_u8(&mut xr, c_in * len_in);
+            let b = CpuTensor {
+                data: (0..c_out).map(|o| o as f32 * 0.01).collect(),
+                cols: c_out,
+            };
+            let lo = s.len_out();
+            let wt = CpuTensor { data: wf, cols: k };
+            let mut want = CpuTensor {
+                data: vec![0.0; c_out * lo],
+                cols: lo,
+            };
+            super::super::conv1d_nc::conv1d_direct(&pool, &xr, &wt, Some(&b), s, &mut want);
+            let mut got = CpuTensor {
+                data: vec![f32::NAN; c_out * lo],
+                cols: lo,
+            };
+            let x = CpuTensor {
+                data: xv,
+                cols: len_in,
+            };
+            conv1d(&pool, &x, &w, Some(&b), s, &mut got);
+            for (i, (&u, &v)) in got.data.iter().zip(&want.data).enumerate() {
+                assert!(
+                    (u - v).abs() <= 1e-4 * (1.0 + v.abs()),
+                    "{s:?} at {i}: {u} vs {v}"
+                );
+            }
+        }
+    }
+}
