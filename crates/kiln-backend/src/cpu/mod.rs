@@ -21,6 +21,7 @@ use crate::{
     AttnShape, Backend, BackendError, Conv1dShape, ConvWeightQ8, DenseAttnShape, KvType, LstmShape,
     MlxWeightData, RopeConfig, WeightData,
 };
+pub use ops::vmath;
 pub use par::Pool;
 
 pub struct CpuBackend {
@@ -830,7 +831,13 @@ impl Backend for CpuBackend {
     }
 
     fn ada_in(&self, x: &mut CpuTensor, gamma_beta: &CpuTensor, c: usize, len: usize, eps: f32) {
-        ops::norm1d::ada_in(x, gamma_beta, c, len, eps)
+        if self.reference {
+            return ops::norm1d::ada_in(x, gamma_beta, c, len, eps);
+        }
+        ops::signal::per_channel(&self.pool, x, c, len, |ch, r| {
+            let (g, b) = (1.0 + gamma_beta.data[ch], gamma_beta.data[c + ch]);
+            ops::vmath::ada_in_row(r, g, b, eps)
+        })
     }
 
     fn ada_layer_norm(
@@ -845,7 +852,7 @@ impl Backend for CpuBackend {
     }
 
     fn snake(&self, x: &mut CpuTensor, alpha: &CpuTensor, c: usize, len: usize) {
-        ops::signal::snake(x, alpha, c, len)
+        ops::signal::snake(&self.pool, x, alpha, c, len)
     }
 
     fn leaky_relu(&self, x: &mut CpuTensor, slope: f32, n: usize) {

@@ -244,9 +244,14 @@ impl<B: Backend> Generator<B> {
                 let i0 = (src.floor() as usize).min(frames - 1);
                 let i1 = (i0 + 1).min(frames - 1);
                 let w = src - i0 as f32;
-                let ph = phase[i0] + (phase[i1] - phase[i0]) * w;
-                let uv = if f0[j / up] > 10.0 { 1.0 } else { 0.0 };
-                sines[j * nh + h] = ph.sin() * 0.1 * uv;
+                sines[j * nh + h] = phase[i0] + (phase[i1] - phase[i0]) * w;
+            }
+        }
+        kiln_backend::cpu::vmath::sin_slice(&mut sines);
+        for (j, row) in sines.chunks_exact_mut(nh).enumerate() {
+            let uv = if f0[j / up] > 10.0 { 0.1 } else { 0.0 };
+            for v in row {
+                *v *= uv;
             }
         }
         let x = cx.b.tensor_from(len, nh, &sines);
@@ -339,9 +344,11 @@ impl<B: Backend> Generator<B> {
         let bins = self.n_fft / 2 + 1;
         let mut v = vec![0f32; 2 * bins * len];
         b.read(&post, 2 * bins, &mut v);
-        for (i, val) in v.iter_mut().enumerate() {
-            *val = if i < bins * len { val.exp() } else { val.sin() };
+        let (mag, phase) = v.split_at_mut(bins * len);
+        for val in mag {
+            *val = val.exp();
         }
+        kiln_backend::cpu::vmath::sin_slice(phase);
         let spec = b.tensor_from(2 * bins, len, &v);
         let n_out = (len - 1) * self.hop;
         let mut audio = b.tensor(1, n_out);

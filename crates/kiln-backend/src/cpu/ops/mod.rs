@@ -23,6 +23,7 @@ pub mod norm1d;
 pub mod rope;
 pub mod self_attention;
 pub mod signal;
+pub mod vmath;
 
 /// Dot product with 8 independent accumulators (vectorizes, stable order per length).
 #[inline(always)]
