@@ -111,6 +111,44 @@ fn grid(x: &[f32]) -> (f32, f32) {
     (scale, zp)
 }
 
+/// d[t] = the 4 bytes of x0[t], x1[t], x2[t], x3[t] rounded to the grid (scale, zero point)
+/// as `fake_quant_u8` rounds: round half to even of x / scale, plus zp, clamped to 0..=255.
+#[inline(always)]
+fn quantize_body(d: &mut [u32], x: [&[f32]; 4], scale: f32, zp: f32) {
+    const MAGIC: f32 = 12_582_912.0;
+    // The clamped value is an integer in 0..=255: adding MAGIC leaves it in the low mantissa
+    // bits (no float-to-int conversion, which does not vectorize with Rust's NaN rule).
+    let q = |v: f32| {
+        let r = ((v / scale + MAGIC) - MAGIC + zp).max(0.0).min(255.0);
+        (r + MAGIC).to_bits() & 0xff
+    };
+    let n = d
+        .len()
+        .min(x[0].len())
+        .min(x[1].len())
+        .min(x[2].len())
+        .min(x[3].len());
+    let (a, b, c, e) = (&x[0][..n], &x[1][..n], &x[2][..n], &x[3][..n]);
+    for (t, d) in d[..n].iter_mut().enumerate() {
+        *d = q(a[t]) | (q(b[t]) << 8) | (q(c[t]) << 16) | (q(e[t]) << 24);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_avx512(d: &mut [u32], x: [&[f32]; 4], scale: f32, zp: f32) {
+    quantize_body(d, x, scale, zp)
+}
+
+fn quantize_into(d: &mut [u32], x: [&[f32]; 4], scale: f32, zp: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::env::var_os("KILN_NO_SIMD").is_none() && is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the CPU has AVX-512F/BW (checked).
+        return unsafe { quantize_avx512(d, x, scale, zp) };
+    }
+    quantize_body(d, x, scale, zp)
+}
+
 thread_local! {
     /// The quantized input in groups of 4 channels per time step (kept between calls).
     static XQ: std::cell::RefCell<Vec<u32>> = Default::default();
@@ -151,8 +189,6 @@ pub fn conv1d(
         xq.resize(nq * xs, 0);
         // Quantize and lay out: xq[p][u] = bytes of channels 4p..4p+4 at time u - pad.
         let dst = SharedMut(xq.as_mut_ptr() as *mut f32);
-        const MAGIC: f32 = 12_582_912.0;
-        let inv = sx;
         pool.run(nq, |p0, p1| {
             let dst = dst;
             for p in p0..p1 {
@@ -167,18 +203,27 @@ pub fn conv1d(
                 }
                 row.fill(pad_word);
                 let t_end = len.min(xs.saturating_sub(s.pad));
-                for e in 0..4 {
-                    let ch = 4 * p + e;
-                    if ch >= c_in {
-                        break;
-                    }
-                    let src = &x.data[ch * len..ch * len + t_end];
-                    let shift = 8 * e;
-                    let mask = !(0xffu32 << shift);
-                    for (d, &v) in row[s.pad..s.pad + t_end].iter_mut().zip(src) {
-                        let r = (v / inv + MAGIC) - MAGIC;
-                        let q = (r + zx).clamp(0.0, 255.0) as u32;
-                        *d = (*d & mask) | (q << shift);
+                let d = &mut row[s.pad..s.pad + t_end];
+                if 4 * p >= c_in {
+                    // Padding channels: zeros throughout.
+                } else if 4 * p + 4 <= c_in {
+                    let src = |e: usize| &x.data[(4 * p + e) * len..(4 * p + e) * len + t_end];
+                    quantize_into(d, [src(0), src(1), src(2), src(3)], sx, zx);
+                } else {
+                    // The last, partial group: channels past c_in stay 0.
+                    let zeros = vec![0f32; t_end];
+                    let src = |e: usize| {
+                        let ch = 4 * p + e;
+                        if ch < c_in {
+                            &x.data[ch * len..ch * len + t_end]
+                        } else {
+                            &zeros[..]
+                        }
+                    };
+                    quantize_into(d, [src(0), src(1), src(2), src(3)], sx, zx);
+                    let keep = (1u64 << (8 * (c_in - 4 * p))) - 1;
+                    for v in d.iter_mut() {
+                        *v &= keep as u32;
                     }
                 }
             }
