@@ -306,8 +306,8 @@ impl Default for BlockI32 {
 /// One 32 x 32 block of a u8 x u8 product summed over `taps` shifted operands:
 /// C = Σ_{j < taps} Σ_{kb < nkb} A(j, kb) · B(j, kb), where A(j, kb) is the 32 x 64 byte block
 /// at `a + j * a_tap + kb * 64` (rows `lda` bytes apart) and B(j, kb) the 64 x 32 block in
-/// groups of 4 bytes at `b + j * b_tap + kb * 16 * ldb` (16 rows of 32 groups, `ldb` bytes
-/// apart): `tdpbuud`, exact i32 sums.
+/// groups of 4 bytes at `b + b_off[j] + kb * 16 * ldb` (16 rows of 32 groups, `ldb` bytes
+/// apart), taps = `b_off.len()`: `tdpbuud`, exact i32 sums.
 ///
 /// # Safety
 /// [`available`] returned true, [`tiles_on`] ran on this thread (and no [`tiles_off`] since);
@@ -320,12 +320,11 @@ pub unsafe fn conv_block_u8(
     a_tap: usize,
     b: *const u8,
     ldb: usize,
-    b_tap: usize,
-    taps: usize,
+    b_off: &[usize],
     nkb: usize,
     c: &mut BlockI32,
 ) {
-    if taps == 0 || nkb == 0 {
+    if b_off.is_empty() || nkb == 0 {
         c.0.fill(0);
         return;
     }
@@ -338,10 +337,10 @@ pub unsafe fn conv_block_u8(
             "tilezero tmm3",
             options(nostack)
         );
-        for j in 0..taps {
+        for (j, &bo) in b_off.iter().enumerate() {
             let a0 = a.add(j * a_tap);
             let a1 = a0.add(16 * lda);
-            let b0 = b.add(j * b_tap);
+            let b0 = b.add(bo);
             asm!(
                 "2:",
                 "tileloadd tmm4, [{a0} + {lda}]",
@@ -388,8 +387,7 @@ pub unsafe fn conv_block_u8(
     _: usize,
     _: *const u8,
     _: usize,
-    _: usize,
-    _: usize,
+    _: &[usize],
     _: usize,
     _: &mut BlockI32,
 ) {

@@ -46,7 +46,11 @@ impl PackedConvQ8 {
 
 /// Whether a layer of shape `s` runs here.
 pub fn applies(s: &Conv1dShape) -> bool {
-    s.stride == 1 && s.groups == 1 && s.k >= 1 && amx::available()
+    s.stride >= 1
+        && (s.stride == 1 || s.dilation == 1)
+        && s.groups == 1
+        && s.k >= 1
+        && amx::available()
 }
 
 /// Packs wq (c_out, c_in, k) with per-tensor (1 value) or per-output-channel zero points and
@@ -182,26 +186,55 @@ pub fn conv1d(
     let zq = zx as u8;
     let (cp, op) = (w.cp, w.op);
     let nq = cp / 4;
-    let xs = amx::round_up(lo.max(1), NB) + (k - 1) * dil;
+    // Strided layers read `st` phases of the padded input, x_r[m] = x[m st + r - pad], each
+    // laid out like a stride-1 input: tap j reads phase j % st shifted by j / st.
+    let st = s.stride;
+    let xs = if st == 1 {
+        amx::round_up(lo.max(1), NB) + (k - 1) * dil
+    } else {
+        amx::round_up(lo.max(1), NB) + (k - 1) / st + 1
+    };
+    let pad_word = |p: usize| -> u32 {
+        (0..4)
+            .filter(|e| 4 * p + e < c_in)
+            .fold(0, |w, e| w | (zq as u32) << (8 * e))
+    };
     XQ.with(|cell| {
         let xq = &mut *cell.borrow_mut();
         xq.clear();
-        xq.resize(nq * xs, 0);
+        xq.resize(st * nq * xs, 0);
+        if st > 1 {
+            let q1 = |v: f32| -> u32 {
+                const MAGIC: f32 = 12_582_912.0;
+                let r = ((v / sx + MAGIC) - MAGIC + zx).max(0.0).min(255.0);
+                (r + MAGIC).to_bits() & 0xff
+            };
+            for r in 0..st {
+                for p in 0..nq.min(c_in.div_ceil(4)) {
+                    let row = &mut xq[(r * nq + p) * xs..(r * nq + p + 1) * xs];
+                    for (m, d) in row.iter_mut().enumerate() {
+                        let t = (m * st + r) as isize - s.pad as isize;
+                        *d = if t >= 0 && (t as usize) < len {
+                            let t = t as usize;
+                            (0..4)
+                                .filter(|e| 4 * p + e < c_in)
+                                .fold(0, |w, e| w | q1(x.data[(4 * p + e) * len + t]) << (8 * e))
+                        } else {
+                            pad_word(p)
+                        };
+                    }
+                }
+            }
+        }
         // Quantize and lay out: xq[p][u] = bytes of channels 4p..4p+4 at time u - pad.
         let dst = SharedMut(xq.as_mut_ptr() as *mut f32);
-        pool.run(nq, |p0, p1| {
+        pool.run(if st == 1 { nq } else { 0 }, |p0, p1| {
             let dst = dst;
             for p in p0..p1 {
                 // SAFETY: row p of xq belongs to this thread alone; it lies inside xq.
                 let row =
                     unsafe { std::slice::from_raw_parts_mut((dst.0 as *mut u32).add(p * xs), xs) };
-                let mut pad_word = 0u32;
-                for e in 0..4 {
-                    if 4 * p + e < c_in {
-                        pad_word |= (zq as u32) << (8 * e);
-                    }
-                }
-                row.fill(pad_word);
+                row.fill(pad_word(p));
                 let t_end = len.min(xs.saturating_sub(s.pad));
                 let d = &mut row[s.pad..s.pad + t_end];
                 if 4 * p >= c_in {
@@ -228,15 +261,32 @@ pub fn conv1d(
                 }
             }
         });
-        // Sx[t] = Σ_j colsum[t + j dil], colsum[u] = Σ_i xq[i][u].
-        let mut colsum = vec![0i32; xs];
-        for p in 0..nq {
-            for (c, &v) in colsum.iter_mut().zip(&xq[p * xs..(p + 1) * xs]) {
-                *c += ((v & 0xff) + ((v >> 8) & 0xff) + ((v >> 16) & 0xff) + (v >> 24)) as i32;
+        // Sx[t] = Σ_j colsum[t st + j dil], colsum[v] = Σ_i xq[i][v] over padded positions v.
+        let mut colsum = vec![0i32; st * xs];
+        let mut phase = vec![0i32; xs];
+        for r in 0..st {
+            phase.fill(0);
+            for p in 0..nq {
+                let row = &xq[(r * nq + p) * xs..(r * nq + p + 1) * xs];
+                for (c, &v) in phase.iter_mut().zip(row) {
+                    *c += ((v & 0xff) + ((v >> 8) & 0xff) + ((v >> 16) & 0xff) + (v >> 24)) as i32;
+                }
+            }
+            for (m, &c) in phase.iter().enumerate() {
+                colsum[m * st + r] = c;
             }
         }
         let sxt: Vec<i32> = (0..lo)
-            .map(|t| (0..k).map(|j| colsum[t + j * dil]).sum())
+            .map(|t| (0..k).map(|j| colsum[t * st + j * dil]).sum())
+            .collect();
+        let b_off: Vec<usize> = (0..k)
+            .map(|j| {
+                if st == 1 {
+                    j * dil * 4
+                } else {
+                    ((j % st) * nq * xs + j / st) * 4
+                }
+            })
             .collect();
         let kk = (c_in * k) as i32;
         let zxi = zx as i32;
@@ -266,8 +316,7 @@ pub fn conv1d(
                                 op * cp,
                                 (xq.as_ptr() as *const u8).add(tb * 4),
                                 xs * 4,
-                                dil * 4,
-                                k,
+                                &b_off,
                                 cp / KC,
                                 &mut blk,
                             )
@@ -318,18 +367,20 @@ mod tests {
             seed ^= seed << 5;
             seed
         };
-        for (c_in, c_out, len_in, k, pad, dilation, per_channel) in [
-            (22, 40, 100, 3, 1, 1, false),
-            (70, 33, 75, 7, 9, 3, true),
-            (128, 64, 64, 11, 25, 5, false),
-            (5, 32, 40, 1, 0, 1, true),
+        for (c_in, c_out, len_in, k, stride, pad, dilation, per_channel) in [
+            (22, 40, 100, 3, 1, 1, 1, false),
+            (70, 33, 75, 7, 1, 9, 3, true),
+            (128, 64, 64, 11, 1, 25, 5, false),
+            (5, 32, 40, 1, 1, 0, 1, true),
+            (22, 64, 250, 12, 6, 3, 1, false),
+            (9, 40, 101, 3, 2, 1, 1, true),
         ] {
             let s = Conv1dShape {
                 c_in,
                 c_out,
                 len_in,
                 k,
-                stride: 1,
+                stride,
                 pad,
                 dilation,
                 groups: 1,

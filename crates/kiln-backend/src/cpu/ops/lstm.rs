@@ -87,30 +87,77 @@ pub fn bilstm_steps(
     pool.run(2, |a, b| {
         let o = o;
         for dir in a..b {
-            let wd = &w_hh.data[dir * 4 * h * h..(dir + 1) * 4 * h * h];
-            let (mut hs, mut cs, mut gates) = (vec![0f32; h], vec![0f32; h], vec![0f32; 4 * h]);
-            for step in 0..len {
-                let t = if dir == 1 { len - 1 - step } else { step };
-                let g0 = &gx.data[t * 8 * h + dir * 4 * h..t * 8 * h + (dir + 1) * 4 * h];
-                for (j, g) in gates.iter_mut().enumerate() {
-                    *g = g0[j] + dot(&wd[j * h..(j + 1) * h], &hs);
-                }
-                for u in 0..h {
-                    let i = fast_sigmoid(gates[u]);
-                    let f = fast_sigmoid(gates[h + u]);
-                    let g = fast_tanh(gates[2 * h + u]);
-                    let og = fast_sigmoid(gates[3 * h + u]);
-                    cs[u] = f * cs[u] + i * g;
-                    hs[u] = og * fast_tanh(cs[u]);
-                }
-                // SAFETY: row t, columns dir*h..(dir+1)*h belong to this direction alone and
-                // lie inside `out` (checked above).
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(o.0.add(t * 2 * h + dir * h), h) };
-                dst.copy_from_slice(&hs);
-            }
+            // SAFETY: columns dir*h..(dir+1)*h of every row belong to this direction alone
+            // and lie inside `out` (checked above).
+            unsafe { direction(gx, w_hh, len, h, dir, o.0) };
         }
     });
+}
+
+/// One direction of [`bilstm_steps`], AVX-512 where the CPU has it.
+///
+/// # Safety
+/// `out` holds `len` rows of 2h values whose columns dir*h..(dir+1)*h no one else writes.
+unsafe fn direction(
+    gx: &CpuTensor,
+    w_hh: &CpuTensor,
+    len: usize,
+    h: usize,
+    dir: usize,
+    out: *mut f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::env::var_os("KILN_NO_SIMD").is_none() && is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F (checked); out as the caller promises.
+        return unsafe { direction_avx512(gx, w_hh, len, h, dir, out) };
+    }
+    // SAFETY: as the caller promises.
+    unsafe { direction_body(gx, w_hh, len, h, dir, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn direction_avx512(
+    gx: &CpuTensor,
+    w_hh: &CpuTensor,
+    len: usize,
+    h: usize,
+    dir: usize,
+    out: *mut f32,
+) {
+    // SAFETY: as the caller promises.
+    unsafe { direction_body(gx, w_hh, len, h, dir, out) }
+}
+
+#[inline(always)]
+unsafe fn direction_body(
+    gx: &CpuTensor,
+    w_hh: &CpuTensor,
+    len: usize,
+    h: usize,
+    dir: usize,
+    out: *mut f32,
+) {
+    let wd = &w_hh.data[dir * 4 * h * h..(dir + 1) * 4 * h * h];
+    let (mut hs, mut cs, mut gates) = (vec![0f32; h], vec![0f32; h], vec![0f32; 4 * h]);
+    for step in 0..len {
+        let t = if dir == 1 { len - 1 - step } else { step };
+        let g0 = &gx.data[t * 8 * h + dir * 4 * h..t * 8 * h + (dir + 1) * 4 * h];
+        for (j, g) in gates.iter_mut().enumerate() {
+            *g = g0[j] + dot(&wd[j * h..(j + 1) * h], &hs);
+        }
+        for u in 0..h {
+            let i = fast_sigmoid(gates[u]);
+            let f = fast_sigmoid(gates[h + u]);
+            let g = fast_tanh(gates[2 * h + u]);
+            let og = fast_sigmoid(gates[3 * h + u]);
+            cs[u] = f * cs[u] + i * g;
+            hs[u] = og * fast_tanh(cs[u]);
+        }
+        // SAFETY: row t, columns dir*h..(dir+1)*h are this direction's (caller).
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.add(t * 2 * h + dir * h), h) };
+        dst.copy_from_slice(&hs);
+    }
 }
 
 #[inline(always)]
