@@ -180,6 +180,26 @@ pub fn retain_freed_memory() {
     }
 }
 
+/// Lowers the calling thread's scheduling priority to `nice` (Linux: a per-thread value that
+/// threads it spawns inherit, so a pool created afterwards runs at it too). Returns whether
+/// the change took; elsewhere it does nothing and returns false.
+pub fn lower_thread_priority(nice: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        extern "C" {
+            fn setpriority(which: i32, who: u32, prio: i32) -> i32;
+        }
+        const PRIO_PROCESS: i32 = 0;
+        // SAFETY: a plain system call on the calling thread (who = 0).
+        unsafe { setpriority(PRIO_PROCESS, 0, nice) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = nice;
+        false
+    }
+}
+
 pub fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
