@@ -201,7 +201,28 @@ const CONFIG: TileConfig = {
 /// # Safety
 /// [`available`] returned true.
 #[cfg(target_arch = "x86_64")]
-pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, mut emit: impl FnMut(usize, usize, &[f32])) {
+pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, emit: impl FnMut(usize, usize, &[f32])) {
+    // SAFETY: as the caller promises.
+    unsafe { gemm_cols(a, m, b, 0, b.np, emit) }
+}
+
+/// [`gemm`] over columns `j0..j1` of C only (multiples of [`NB`], `j1 <= b.np`).
+///
+/// # Safety
+/// [`available`] returned true.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn gemm_cols(
+    a: &[u16],
+    m: usize,
+    b: &PackedB,
+    j0: usize,
+    j1: usize,
+    mut emit: impl FnMut(usize, usize, &[f32]),
+) {
+    assert!(
+        j0 % NB == 0 && j1 % NB == 0 && j1 <= b.np,
+        "gemm_cols column range"
+    );
     let (kp, nkb) = (b.kp, b.kp / TK);
     let mp = round_up(m.max(1), MB);
     assert!(a.len() >= mp * kp && b.data.len() >= b.np * kp);
@@ -214,7 +235,7 @@ pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, mut emit: impl FnMut(usize,
         for i0 in (0..mp).step_by(MB) {
             let a0 = a.as_ptr().add(i0 * kp);
             let a1 = a0.add(16 * kp);
-            for nb in (0..b.np / TN).step_by(2) {
+            for nb in (j0 / TN..j1 / TN).step_by(2) {
                 let b0 = b.data.as_ptr().add(nb * nkb * TILE);
                 let b1 = b0.add(nkb * TILE);
                 asm!(
@@ -263,6 +284,19 @@ pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, mut emit: impl FnMut(usize,
 /// Without x86_64 there are no tiles ([`available`] is false, so this is never called).
 #[cfg(not(target_arch = "x86_64"))]
 pub unsafe fn gemm(_: &[u16], _: usize, _: &PackedB, _: impl FnMut(usize, usize, &[f32])) {
+    unreachable!("AMX is x86_64 only")
+}
+
+/// Without x86_64 there are no tiles ([`available`] is false, so this is never called).
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn gemm_cols(
+    _: &[u16],
+    _: usize,
+    _: &PackedB,
+    _: usize,
+    _: usize,
+    _: impl FnMut(usize, usize, &[f32]),
+) {
     unreachable!("AMX is x86_64 only")
 }
 
