@@ -201,6 +201,15 @@ impl Conv1dShape {
     }
 }
 
+/// An integer convolution weight: uint8 values in `conv1d_nc`'s layout (c_out, c_in, k),
+/// w = (q - zero) * scale with `zero` and `scale` per tensor (one value) or per output channel.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvWeightQ8<'a> {
+    pub q: &'a [u8],
+    pub zero: &'a [i32],
+    pub scale: &'a [f32],
+}
+
 /// One LSTM direction over a sequence: input `x` is `(len, n_in)`; weights in PyTorch's gate
 /// order (i, f, g, o): `w_ih (4h, n_in)`, `w_hh (4h, h)`, `bias (4h)` (b_ih + b_hh).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -539,6 +548,27 @@ pub trait Backend {
         s: Conv1dShape,
         out: &mut Self::Tensor,
     );
+    /// A convolution run on integers (ONNX `ConvInteger` after `DynamicQuantizeLinear`): its
+    /// uint8 weight in the backend's layout for [`Backend::conv1d_q8`], or None where the
+    /// backend has no integer kernel for shape `s` (the caller then rounds the input with
+    /// `fake_quant_u8` and runs `conv1d_nc` on the dequantized weight: the same sums).
+    fn conv_weight_q8(&self, w: ConvWeightQ8, s: Conv1dShape) -> Option<Self::Weight> {
+        let _ = (w, s);
+        None
+    }
+    /// out (c_out, len_out) = conv1d(x rounded to its uint8 grid as by `fake_quant_u8`, the
+    /// integer weight `w` from [`Backend::conv_weight_q8`]) + bias, with integer sums.
+    fn conv1d_q8(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+        s: Conv1dShape,
+        out: &mut Self::Tensor,
+    ) {
+        let _ = (x, w, bias, s, out);
+        unreachable!("conv1d_q8 needs a weight from conv_weight_q8, which returned None here")
+    }
     /// out (c_out, len_out_transposed) = conv_transpose1d(x (c_in, len_in), w) + bias (c_out)
     fn conv_transpose1d(
         &self,
@@ -556,6 +586,17 @@ pub trait Backend {
         w_hh: &Self::Tensor,
         bias: &Self::Tensor,
         s: LstmShape,
+        out: &mut Self::Tensor,
+    );
+    /// The recurrence of a bidirectional LSTM from zero state with its input gates given:
+    /// gx (len, 8h) = [x W_ih_fwd^T + b_fwd | x W_ih_bwd^T + b_bwd] (gates i, f, g, o each),
+    /// w_hh (8h, h) = [W_hh_fwd; W_hh_bwd] -> out (len, 2h) = [h_fwd | h_bwd].
+    fn bilstm_steps(
+        &self,
+        gx: &Self::Tensor,
+        w_hh: &Self::Tensor,
+        len: usize,
+        hidden: usize,
         out: &mut Self::Tensor,
     );
     /// Each of `rows` rows of `x` (rows, cols) normalised to zero mean and unit variance, then

@@ -168,6 +168,7 @@ pub fn parse_quant(s: &str) -> Result<kiln_quant::GgmlType, String> {
 }
 
 fn main() -> ExitCode {
+    kiln_backend::cpu::retain_freed_memory();
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Run(a) => llm_cmd::run(a),

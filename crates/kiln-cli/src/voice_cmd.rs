@@ -32,6 +32,10 @@ pub struct VoiceArgs {
     /// whisper.cpp ggml `.bin`.
     #[arg(long, default_value = DEFAULT_STT)]
     pub stt: String,
+    /// Whisper's linear weights: quantized to q8_0 at load (default; same transcripts, a
+    /// faster decoder) or kept as the file has them (`none`).
+    #[arg(long = "stt-quant", value_enum, default_value = "q8_0")]
+    pub stt_quant: Quant,
     /// Kokoro model: a directory or a catalog name.
     #[arg(long, default_value = DEFAULT_TTS)]
     pub tts: String,
@@ -94,13 +98,19 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
             n_ctx: 2048,
             ..Default::default()
         },
-        move || Llm::load(CpuBackend::new(threads), &load_path),
+        move || {
+            // The LLM is far ahead of speech (tokens come ~20x faster than they are spoken):
+            // its engine thread and pool yield the cores to Whisper and Kokoro while those
+            // run, and take them whenever they are idle. First audio waits on Kokoro alone.
+            kiln_backend::cpu::lower_thread_priority(10);
+            Llm::load(CpuBackend::new(threads), &load_path)
+        },
     )
     .with_context(|| format!("loading {}", file.display()))?;
     let stt = crate::stt_cmd::load(&SttModelArgs {
         model: a.stt.clone(),
         threads: Some(threads),
-        quant: Quant::None,
+        quant: a.stt_quant,
     })?;
     let tts = crate::speak::load(&a.tts, false, Some(threads))?;
     anyhow::ensure!(
@@ -109,6 +119,14 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         a.voice,
         tts.voices().collect::<Vec<_>>().join(", ")
     );
+    // Warm both models once (first-call page faults and lazily packed layouts) so the first
+    // turn is timed like every later one.
+    let mut quick = TranscribeOptions::default();
+    quick.temperatures = vec![0.0];
+    stt.transcribe(&audio.samples[..audio.samples.len().min(16_000)], &quick)
+        .context("warming up Whisper")?;
+    tts.speak("Hi.", false, &a.voice, 1.0, &mut |_| Ok(()))
+        .context("warming up Kokoro")?;
     let (stt, tts) = (Mutex::new(stt), Mutex::new(tts));
     let pipeline = Voice {
         stt: &stt,

@@ -1300,6 +1300,20 @@ impl Backend for CudaBackend {
         self.from_cpu(&co, out);
     }
 
+    fn bilstm_steps(
+        &self,
+        gx: &CudaTensor,
+        w_hh: &CudaTensor,
+        len: usize,
+        hidden: usize,
+        out: &mut CudaTensor,
+    ) {
+        let (cg, ch) = (self.to_cpu(gx), self.to_cpu(w_hh));
+        let mut co = self.to_cpu(out);
+        self.cpu.bilstm_steps(&cg, &ch, len, hidden, &mut co);
+        self.from_cpu(&co, out);
+    }
+
     fn layer_norm_rows(
         &self,
         x: &mut CudaTensor,

@@ -18,9 +18,10 @@ use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
 use crate::{
-    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, LstmShape,
+    AttnShape, Backend, BackendError, Conv1dShape, ConvWeightQ8, DenseAttnShape, KvType, LstmShape,
     MlxWeightData, RopeConfig, WeightData,
 };
+pub use ops::vmath;
 pub use par::Pool;
 
 pub struct CpuBackend {
@@ -62,6 +63,8 @@ pub struct CpuWeight {
     /// A second copy in AMX tile order (bf16) for products over many rows, made when the
     /// model marks the weight as such ([`Backend::prefer_batches`]) and the CPU has AMX.
     pub amx: Option<Box<kernels::amx::PackedB>>,
+    /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
+    pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
 }
 
 impl CpuWeight {
@@ -154,6 +157,49 @@ impl CpuBackend {
 }
 
 /// Physical cores are not visible portably; logical CPUs is the default thread count.
+/// Keeps freed memory in the process for the next allocation (glibc only; elsewhere nothing).
+///
+/// By default glibc maps every block above its mmap threshold afresh and unmaps it when freed,
+/// and gives the heap's free top back to the OS: each op that allocates a large output then
+/// pays page faults and the kernel's zero-fill again (a Whisper transcription between Kokoro
+/// syntheses took 2.2x as long). With a 32 MiB threshold (glibc's ceiling) and no trimming,
+/// blocks are reused; the resident size stays at its peak instead of shrinking after a burst.
+pub fn retain_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        const M_TRIM_THRESHOLD: i32 = -1;
+        const M_MMAP_THRESHOLD: i32 = -3;
+        // SAFETY: mallopt only changes allocator parameters; called before heavy allocation.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 32 << 20);
+            mallopt(M_TRIM_THRESHOLD, i32::MAX);
+        }
+    }
+}
+
+/// Lowers the calling thread's scheduling priority to `nice` (Linux: a per-thread value that
+/// threads it spawns inherit, so a pool created afterwards runs at it too). Returns whether
+/// the change took; elsewhere it does nothing and returns false.
+pub fn lower_thread_priority(nice: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        extern "C" {
+            fn setpriority(which: i32, who: u32, prio: i32) -> i32;
+        }
+        const PRIO_PROCESS: i32 = 0;
+        // SAFETY: a plain system call on the calling thread (who = 0).
+        unsafe { setpriority(PRIO_PROCESS, 0, nice) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = nice;
+        false
+    }
+}
+
 pub fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
@@ -229,6 +275,7 @@ impl Backend for CpuBackend {
                 bytes,
                 mlx: None,
                 amx: None,
+                conv: None,
             });
         }
         let mut weight = CpuWeight {
@@ -240,6 +287,7 @@ impl Backend for CpuBackend {
             bytes: vec![0u8; w.bytes.len()],
             mlx: None,
             amx: None,
+            conv: None,
         };
         for (src, dst) in w
             .bytes
@@ -264,6 +312,7 @@ impl Backend for CpuBackend {
                 bytes: out,
                 mlx: None,
                 amx: None,
+                conv: None,
             };
         }
         Ok(weight)
@@ -303,6 +352,7 @@ impl Backend for CpuBackend {
         w.bytes.len()
             + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
             + w.amx.as_ref().map_or(0, |p| p.bytes())
+            + w.conv.as_ref().map_or(0, |p| p.bytes())
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
@@ -416,11 +466,16 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        if !self.reference
-            && w.ty == GgmlType::F32
-            && w.amx.is_none()
-            && n >= ops::conv1d_nc::GEMM_MIN_ROWS
-        {
+        if !self.reference && w.ty == GgmlType::F32 && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
+            if w.amx.is_some() {
+                // A tile-order copy made at load: no per-call packing of the f32 weight.
+                let mut jobs = [Job {
+                    w,
+                    out,
+                    epilogue: Epilogue::Store(bias),
+                }];
+                return ops::matmul_amx::matmul_jobs(&self.pool, x, n, &mut jobs);
+            }
             return ops::conv1d_nc::matmul_f32(&self.pool, w, x, bias, n, out);
         }
         self.jobs(
@@ -739,6 +794,39 @@ impl Backend for CpuBackend {
         ops::conv1d_nc::conv1d(&self.pool, x, w, bias, s, out)
     }
 
+    fn conv_weight_q8(&self, w: ConvWeightQ8, s: Conv1dShape) -> Option<CpuWeight> {
+        if self.reference || !ops::conv1d_q8::applies(&s) {
+            return None;
+        }
+        let packed = ops::conv1d_q8::pack(w.q, w.zero, w.scale, &s)?;
+        Some(CpuWeight {
+            ty: GgmlType::F32,
+            rows: s.c_out,
+            cols: 0,
+            row_bytes: 0,
+            x8: false,
+            bytes: Vec::new(),
+            mlx: None,
+            amx: None,
+            conv: Some(Box::new(packed)),
+        })
+    }
+
+    fn conv1d_q8(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        bias: Option<&CpuTensor>,
+        s: Conv1dShape,
+        out: &mut CpuTensor,
+    ) {
+        let p = w
+            .conv
+            .as_deref()
+            .expect("conv1d_q8: a weight made by conv_weight_q8");
+        ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, out)
+    }
+
     fn conv_transpose1d(
         &self,
         x: &CpuTensor,
@@ -762,6 +850,17 @@ impl Backend for CpuBackend {
         ops::lstm::lstm(x, w_ih, w_hh, bias, s, out)
     }
 
+    fn bilstm_steps(
+        &self,
+        gx: &CpuTensor,
+        w_hh: &CpuTensor,
+        len: usize,
+        hidden: usize,
+        out: &mut CpuTensor,
+    ) {
+        ops::lstm::bilstm_steps(&self.pool, gx, w_hh, len, hidden, out)
+    }
+
     fn layer_norm_rows(
         &self,
         x: &mut CpuTensor,
@@ -775,7 +874,13 @@ impl Backend for CpuBackend {
     }
 
     fn ada_in(&self, x: &mut CpuTensor, gamma_beta: &CpuTensor, c: usize, len: usize, eps: f32) {
-        ops::norm1d::ada_in(x, gamma_beta, c, len, eps)
+        if self.reference {
+            return ops::norm1d::ada_in(x, gamma_beta, c, len, eps);
+        }
+        ops::signal::per_channel(&self.pool, x, c, len, |ch, r| {
+            let (g, b) = (1.0 + gamma_beta.data[ch], gamma_beta.data[c + ch]);
+            ops::vmath::ada_in_row(r, g, b, eps)
+        })
     }
 
     fn ada_layer_norm(
@@ -790,7 +895,7 @@ impl Backend for CpuBackend {
     }
 
     fn snake(&self, x: &mut CpuTensor, alpha: &CpuTensor, c: usize, len: usize) {
-        ops::signal::snake(x, alpha, c, len)
+        ops::signal::snake(&self.pool, x, alpha, c, len)
     }
 
     fn leaky_relu(&self, x: &mut CpuTensor, slope: f32, n: usize) {

@@ -5,7 +5,7 @@
 //! `(len, features)`. `Ctx::quant` reproduces the int8 export's activation arithmetic: the input
 //! of every integer matmul / convolution rounded to its per-tensor uint8 grid.
 
-use kiln_backend::{Backend, Conv1dShape, LstmShape, WeightData};
+use kiln_backend::{Backend, Conv1dShape, ConvWeightQ8, WeightData};
 use kiln_quant::GgmlType;
 
 use super::params::Params;
@@ -17,9 +17,34 @@ pub struct Ctx<'a, B: Backend> {
     pub quant: bool,
     /// Named activations, when tracing.
     pub trace: Option<&'a std::cell::RefCell<super::Trace>>,
+    /// With `KILN_KOKORO_TIMES` set: the time of the last [`Ctx::lap`].
+    pub timer: Option<std::cell::Cell<std::time::Instant>>,
 }
 
-impl<B: Backend> Ctx<'_, B> {
+impl<'a, B: Backend> Ctx<'a, B> {
+    pub fn new(b: &'a B, quant: bool, trace: Option<&'a std::cell::RefCell<super::Trace>>) -> Self {
+        let timer = std::env::var_os("KILN_KOKORO_TIMES")
+            .map(|_| std::cell::Cell::new(std::time::Instant::now()));
+        Ctx {
+            b,
+            quant,
+            trace,
+            timer,
+        }
+    }
+
+    /// With `KILN_KOKORO_TIMES` set, prints the time since the last lap under `stage` (stderr).
+    pub fn lap(&self, stage: &str) {
+        if let Some(t) = &self.timer {
+            let now = std::time::Instant::now();
+            eprintln!(
+                "kokoro {stage:<18} {:7.1} ms",
+                (now - t.get()).as_secs_f64() * 1e3
+            );
+            t.set(now);
+        }
+    }
+
     /// Records x (rows, cols) under `name` when tracing.
     pub fn put(&self, name: &str, x: &B::Tensor, rows: usize, cols: usize) {
         if let Some(t) = self.trace {
@@ -61,6 +86,40 @@ pub struct Linear<B: Backend> {
 }
 
 impl<B: Backend> Linear<B> {
+    /// From an f32 weight (n_out, n_in) and bias held here (run in f32, not on integers).
+    pub fn from_f32(
+        b: &B,
+        name: &str,
+        w: &[f32],
+        bias: Option<&[f32]>,
+        n_in: usize,
+        n_out: usize,
+    ) -> Result<Self, ModelError> {
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut w = b
+            .load_weight(WeightData {
+                name,
+                ty: GgmlType::F32,
+                rows: n_out,
+                cols: n_in,
+                bytes: &bytes,
+            })
+            .map_err(|source| ModelError::Backend {
+                file: name.into(),
+                source,
+            })?;
+        if n_in >= 32 && n_out >= 32 {
+            b.prefer_batches(&mut w);
+        }
+        Ok(Linear {
+            w,
+            bias: bias.map(|v| b.tensor_from(1, n_out, v)),
+            integer: false,
+            n_in,
+            n_out,
+        })
+    }
+
     pub fn load(
         b: &B,
         p: &Params,
@@ -71,7 +130,7 @@ impl<B: Backend> Linear<B> {
         let wn = format!("{name}.weight");
         let w = p.get(&wn, &[n_out, n_in])?;
         let bytes: Vec<u8> = w.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let w = b
+        let mut w = b
             .load_weight(WeightData {
                 name: &wn,
                 ty: GgmlType::F32,
@@ -83,6 +142,10 @@ impl<B: Backend> Linear<B> {
                 file: wn.clone().into(),
                 source,
             })?;
+        if n_in >= 32 && n_out >= 32 {
+            // PL-BERT, the LSTMs' input projections, duration_proj: products over every token.
+            b.prefer_batches(&mut w);
+        }
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[n_out])?)
@@ -114,6 +177,8 @@ impl<B: Backend> Linear<B> {
 /// Conv1d / ConvTranspose1d with PyTorch's hyper-parameters.
 pub struct Conv<B: Backend> {
     w: B::Tensor,
+    /// The backend's integer form of the weight, where it multiplies this layer on integers.
+    w8: Option<B::Weight>,
     bias: Option<B::Tensor>,
     pub c_in: usize,
     pub c_out: usize,
@@ -166,15 +231,18 @@ impl<B: Backend> Conv<B> {
         } else {
             [c_out, c_in / s.groups, s.k]
         };
-        let w = tensor(b, p, &format!("{name}.weight"), &shape)?;
+        let wn = format!("{name}.weight");
+        let w = tensor(b, p, &wn, &shape)?;
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[c_out])?)
         } else {
             None
         };
-        Ok(Conv {
+        let integer = p.is_integer(&wn);
+        let mut conv = Conv {
             w,
+            w8: None,
             bias,
             c_in,
             c_out,
@@ -185,8 +253,17 @@ impl<B: Backend> Conv<B> {
             groups: s.groups,
             output_pad: s.output_pad,
             transposed: s.transposed,
-            integer: p.is_integer(&format!("{name}.weight")),
-        })
+            integer,
+        };
+        if let (true, false, Some(q)) = (integer, conv.transposed, p.quantized(&wn)) {
+            let wq = ConvWeightQ8 {
+                q: &q.q,
+                zero: &q.zero,
+                scale: &q.scale,
+            };
+            conv.w8 = b.conv_weight_q8(wq, conv.shape(0));
+        }
+        Ok(conv)
     }
 
     fn shape(&self, len: usize) -> Conv1dShape {
@@ -219,6 +296,8 @@ impl<B: Backend> Conv<B> {
         let mut out = cx.b.tensor(self.c_out, lo);
         if self.transposed {
             cx.b.conv_transpose1d(x, &self.w, self.bias.as_ref(), s, &mut out);
+        } else if let (Some(w8), true) = (&self.w8, cx.quant) {
+            cx.b.conv1d_q8(x, w8, self.bias.as_ref(), s, &mut out);
         } else if self.integer && cx.quant {
             let q = cx.quantized(x, self.c_in, len);
             cx.b.conv1d_nc(&q, &self.w, self.bias.as_ref(), s, &mut out);
@@ -229,9 +308,14 @@ impl<B: Backend> Conv<B> {
     }
 }
 
-/// Bidirectional single-layer LSTM (`weight_ih_l0`, `weight_hh_l0`, `bias_l0`, `*_reverse`).
+/// Bidirectional single-layer LSTM (`weight_ih_l0`, `weight_hh_l0`, `bias_l0`, `*_reverse`):
+/// the input projections of both directions and every step as one product, then the
+/// recurrence (`h W_hh^T` per step) of the two directions side by side.
 pub struct BiLstm<B: Backend> {
-    dirs: [[B::Tensor; 3]; 2],
+    /// [W_ih_fwd; W_ih_bwd] (8 hidden, n_in) with [b_fwd; b_bwd].
+    ih: Linear<B>,
+    /// [W_hh_fwd; W_hh_bwd] (8 hidden, hidden).
+    hh: B::Tensor,
     n_in: usize,
     pub hidden: usize,
 }
@@ -244,25 +328,25 @@ impl<B: Backend> BiLstm<B> {
         n_in: usize,
         hidden: usize,
     ) -> Result<Self, ModelError> {
-        let dir = |sfx: &str| -> Result<[B::Tensor; 3], ModelError> {
-            Ok([
-                tensor(
-                    b,
-                    p,
-                    &format!("{name}.weight_ih_l0{sfx}"),
-                    &[4 * hidden, n_in],
-                )?,
-                tensor(
-                    b,
-                    p,
-                    &format!("{name}.weight_hh_l0{sfx}"),
-                    &[4 * hidden, hidden],
-                )?,
-                tensor(b, p, &format!("{name}.bias_l0{sfx}"), &[4 * hidden])?,
-            ])
+        let h4 = 4 * hidden;
+        let both = |what: &str, shape: &[usize]| -> Result<Vec<f32>, ModelError> {
+            let f = p.get(&format!("{name}.{what}_l0"), shape)?;
+            let r = p.get(&format!("{name}.{what}_l0_reverse"), shape)?;
+            Ok([f.data.as_slice(), r.data.as_slice()].concat())
         };
+        let wi = both("weight_ih", &[h4, n_in])?;
+        let wh = both("weight_hh", &[h4, hidden])?;
+        let bias = both("bias", &[h4])?;
         Ok(BiLstm {
-            dirs: [dir("")?, dir("_reverse")?],
+            ih: Linear::from_f32(
+                b,
+                &format!("{name}.weight_ih"),
+                &wi,
+                Some(&bias),
+                n_in,
+                2 * h4,
+            )?,
+            hh: b.tensor_from(2 * h4, hidden, &wh),
             n_in,
             hidden,
         })
@@ -270,18 +354,12 @@ impl<B: Backend> BiLstm<B> {
 
     /// x (len, n_in) -> (len, 2 hidden): [forward | backward]
     pub fn forward(&self, cx: &Ctx<B>, x: &B::Tensor, len: usize) -> B::Tensor {
+        let b = cx.b;
         let q = cx.quantized(x, len, self.n_in);
-        let mut out = cx.b.tensor(len, 2 * self.hidden);
-        for (d, [wi, wh, bias]) in self.dirs.iter().enumerate() {
-            let s = LstmShape {
-                len,
-                n_in: self.n_in,
-                hidden: self.hidden,
-                reverse: d == 1,
-                out_col: d * self.hidden,
-            };
-            cx.b.lstm(&q, wi, wh, bias, s, &mut out);
-        }
+        let mut gx = b.tensor(len, 8 * self.hidden);
+        b.matmul(&self.ih.w, &q, self.ih.bias.as_ref(), len, &mut gx);
+        let mut out = b.tensor(len, 2 * self.hidden);
+        b.bilstm_steps(&gx, &self.hh, len, self.hidden, &mut out);
         out
     }
 }

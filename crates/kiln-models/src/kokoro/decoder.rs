@@ -80,6 +80,7 @@ impl<B: Backend> Decoder<B> {
         b.copy_rows(&nd, 0, 1, &mut x, d + 1);
         let mut x = self.encode.forward(cx, &x, s, frames);
         cx.put("dec.encode", &x, 1024, frames);
+        cx.lap("decoder encode");
         let mut len = frames;
         let mut res = true;
         for blk in &self.decode {
@@ -99,6 +100,7 @@ impl<B: Backend> Decoder<B> {
             len = blk.len_out(len);
         }
         cx.put("dec.decode", &x, 512, len);
+        cx.lap("decoder decode");
         self.gen.forward(cx, &x, s, f0, len)
     }
 }
@@ -242,9 +244,14 @@ impl<B: Backend> Generator<B> {
                 let i0 = (src.floor() as usize).min(frames - 1);
                 let i1 = (i0 + 1).min(frames - 1);
                 let w = src - i0 as f32;
-                let ph = phase[i0] + (phase[i1] - phase[i0]) * w;
-                let uv = if f0[j / up] > 10.0 { 1.0 } else { 0.0 };
-                sines[j * nh + h] = ph.sin() * 0.1 * uv;
+                sines[j * nh + h] = phase[i0] + (phase[i1] - phase[i0]) * w;
+            }
+        }
+        kiln_backend::cpu::vmath::sin_slice(&mut sines);
+        for (j, row) in sines.chunks_exact_mut(nh).enumerate() {
+            let uv = if f0[j / up] > 10.0 { 0.1 } else { 0.0 };
+            for v in row {
+                *v *= uv;
             }
         }
         let x = cx.b.tensor_from(len, nh, &sines);
@@ -277,6 +284,7 @@ impl<B: Backend> Generator<B> {
         let mut har = b.tensor(self.n_fft + 2, har_frames);
         b.stft(&src, n_src, self.n_fft, self.hop, &mut har);
         cx.put("gen.har", &har, self.n_fft + 2, har_frames);
+        cx.lap("gen source, stft");
 
         let mut x = {
             let c = self.ups[0].c_in;
@@ -291,6 +299,7 @@ impl<B: Backend> Generator<B> {
             let xs = self.noise_convs[i].forward(cx, &har, har_frames);
             let xs_len = self.noise_convs[i].len_out(har_frames);
             let xs = self.noise_res[i].forward(cx, &xs, s, xs_len);
+            cx.lap(&format!("gen noise {i}"));
             cx.put(
                 &format!("gen.noise_res.{i}"),
                 &xs,
@@ -313,6 +322,7 @@ impl<B: Backend> Generator<B> {
                 y = b.tensor_from(co, ylen, &p);
             }
             debug_assert_eq!(ylen, xs_len);
+            cx.lap(&format!("gen ups {i}"));
             b.add(&mut y, &xs, co);
             let k = self.n_kernels;
             let mut acc = self.resblocks[i * k].forward(cx, &y, s, ylen);
@@ -322,6 +332,7 @@ impl<B: Backend> Generator<B> {
             }
             b.scale(&mut acc, 1.0 / k as f32, co * ylen);
             cx.put(&format!("gen.stage.{i}"), &acc, co, ylen);
+            cx.lap(&format!("gen resblocks {i}"));
             x = acc;
             len = ylen;
         }
@@ -333,13 +344,16 @@ impl<B: Backend> Generator<B> {
         let bins = self.n_fft / 2 + 1;
         let mut v = vec![0f32; 2 * bins * len];
         b.read(&post, 2 * bins, &mut v);
-        for (i, val) in v.iter_mut().enumerate() {
-            *val = if i < bins * len { val.exp() } else { val.sin() };
+        let (mag, phase) = v.split_at_mut(bins * len);
+        for val in mag {
+            *val = val.exp();
         }
+        kiln_backend::cpu::vmath::sin_slice(phase);
         let spec = b.tensor_from(2 * bins, len, &v);
         let n_out = (len - 1) * self.hop;
         let mut audio = b.tensor(1, n_out);
         b.istft(&spec, len, self.n_fft, self.hop, &mut audio);
+        cx.lap("gen post, istft");
         (audio, n_out)
     }
 }

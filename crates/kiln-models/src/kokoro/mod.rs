@@ -284,11 +284,7 @@ impl<B: Backend> Kokoro<B> {
             });
         }
         let cell = std::cell::RefCell::new(Trace::new());
-        let cx = Ctx {
-            b,
-            quant: self.quant,
-            trace: trace.is_some().then_some(&cell),
-        };
+        let cx = Ctx::new(b, self.quant, trace.is_some().then_some(&cell));
         let asr_t = b.tensor_from(d, frames, asr);
         let f0_t = b.tensor_from(1, 2 * frames, f0);
         let n_t = b.tensor_from(1, 2 * frames, n);
@@ -402,11 +398,7 @@ impl<B: Backend> Kokoro<B> {
             });
         }
         let cell = std::cell::RefCell::new(Trace::new());
-        let cx = Ctx {
-            b,
-            quant: self.quant,
-            trace: trace.is_some().then_some(&cell),
-        };
+        let cx = Ctx::new(b, self.quant, trace.is_some().then_some(&cell));
         let put = |name: &str, t: &B::Tensor, rows: usize, cols: usize| cx.put(name, t, rows, cols);
         let s_dec = b.tensor_from(1, sd, &style[..sd]);
         let s_pred = b.tensor_from(1, sd, &style[sd..]);
@@ -418,8 +410,10 @@ impl<B: Backend> Kokoro<B> {
 
         let d_en = self.bert.forward(&cx, ids)?;
         put("d_en", &d_en, n, d);
+        cx.lap("bert");
         let enc = self.prosody.encode(&cx, &d_en, &s_pred, &s_rows, n);
         put("d", &enc, n, d + sd);
+        cx.lap("duration encoder");
         let logits = self.prosody.duration_logits(&cx, &enc, n);
         let md = self.prosody.max_dur();
         put("dur_logits", &logits, n, md);
@@ -435,8 +429,10 @@ impl<B: Backend> Kokoro<B> {
         put("durations", &dt, 1, n);
         // Alignment: frame f takes the features of the token it belongs to.
         let mut en = b.tensor(frames, d + sd);
+        cx.lap("durations");
         let t_en = self.text_encoder.forward(&cx, ids)?;
         put("t_en", &t_en, d, n);
+        cx.lap("text encoder");
         let mut t_en_t = b.tensor(n, d);
         b.transpose(&t_en, d, n, &mut t_en_t);
         let mut asr_t = b.tensor(frames, d);
@@ -448,9 +444,11 @@ impl<B: Backend> Kokoro<B> {
                 f += 1;
             }
         }
+        cx.lap("align");
         let (f0, nn) = self.prosody.f0_n(&cx, &en, &s_pred, frames);
         put("f0", &f0, 1, 2 * frames);
         put("n", &nn, 1, 2 * frames);
+        cx.lap("F0, N");
         let mut asr = b.tensor(d, frames);
         b.transpose(&asr_t, frames, d, &mut asr);
         let (audio, len) = self.decoder.forward(&cx, &asr, &f0, &nn, &s_dec, frames);

@@ -22,9 +22,20 @@ pub struct Param {
     pub data: Vec<f32>,
 }
 
+/// A weight the export stores as 8-bit integers: `q` as uint8 (int8 values shifted by 128,
+/// with their zero points), w = (q - zero) * scale per tensor or per output channel.
+#[derive(Debug, Clone)]
+pub struct QuantParam {
+    pub q: Vec<u8>,
+    pub zero: Vec<i32>,
+    pub scale: Vec<f32>,
+}
+
 pub struct Params {
     file: PathBuf,
     map: BTreeMap<String, Param>,
+    /// The integer form of convolution weights that the export runs on integers.
+    quantized: BTreeMap<String, QuantParam>,
     /// Weights the export multiplies on integers (their inputs are dynamically quantized).
     integer: BTreeSet<String>,
     unused: RefCell<BTreeSet<String>>,
@@ -177,6 +188,7 @@ impl Params {
         let r = Reader { f };
         let mut map: BTreeMap<String, Param> = BTreeMap::new();
         let mut integer = BTreeSet::new();
+        let mut quantized = BTreeMap::new();
         let mut put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
             map.entry(name).or_insert(Param { shape, data });
         };
@@ -225,6 +237,25 @@ impl Params {
                     let zp = r.input(n, 3).ok();
                     let v = r.dequant(w, r.scale_of(w, n)?, zp, 0)?;
                     integer.insert(format!("{module}.weight"));
+                    let shift = if w.ty == kiln_formats::OnnxType::I8 {
+                        128.0
+                    } else {
+                        0.0
+                    };
+                    let qv = r.f32s(w)?;
+                    let zero = match zp {
+                        Some(z) => r.f32s(z)?,
+                        None => vec![0.0],
+                    };
+                    if qv.iter().all(|&x| (0.0..=255.0).contains(&(x + shift))) {
+                        quantized
+                            .entry(format!("{module}.weight"))
+                            .or_insert(QuantParam {
+                                q: qv.iter().map(|&x| (x + shift) as u8).collect(),
+                                zero: zero.iter().map(|&z| (z + shift) as i32).collect(),
+                                scale: r.f32s(r.scale_of(w, n)?)?,
+                            });
+                    }
                     put(format!("{module}.weight"), dims(w), v);
                 }
                 "Conv" | "ConvTranspose" => {
@@ -317,6 +348,7 @@ impl Params {
         Ok(Params {
             file: f.path().to_path_buf(),
             map,
+            quantized,
             integer,
             unused,
         })
@@ -350,6 +382,11 @@ impl Params {
         }
         self.unused.borrow_mut().remove(name);
         Ok(p)
+    }
+
+    /// The integer form of weight `name`, where the export holds one.
+    pub fn quantized(&self, name: &str) -> Option<&QuantParam> {
+        self.quantized.get(name)
     }
 
     /// Whether the export runs the layer of weight `name` on integers.

@@ -201,7 +201,28 @@ const CONFIG: TileConfig = {
 /// # Safety
 /// [`available`] returned true.
 #[cfg(target_arch = "x86_64")]
-pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, mut emit: impl FnMut(usize, usize, &[f32])) {
+pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, emit: impl FnMut(usize, usize, &[f32])) {
+    // SAFETY: as the caller promises.
+    unsafe { gemm_cols(a, m, b, 0, b.np, emit) }
+}
+
+/// [`gemm`] over columns `j0..j1` of C only (multiples of [`NB`], `j1 <= b.np`).
+///
+/// # Safety
+/// [`available`] returned true.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn gemm_cols(
+    a: &[u16],
+    m: usize,
+    b: &PackedB,
+    j0: usize,
+    j1: usize,
+    mut emit: impl FnMut(usize, usize, &[f32]),
+) {
+    assert!(
+        j0 % NB == 0 && j1 % NB == 0 && j1 <= b.np,
+        "gemm_cols column range"
+    );
     let (kp, nkb) = (b.kp, b.kp / TK);
     let mp = round_up(m.max(1), MB);
     assert!(a.len() >= mp * kp && b.data.len() >= b.np * kp);
@@ -214,7 +235,7 @@ pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, mut emit: impl FnMut(usize,
         for i0 in (0..mp).step_by(MB) {
             let a0 = a.as_ptr().add(i0 * kp);
             let a1 = a0.add(16 * kp);
-            for nb in (0..b.np / TN).step_by(2) {
+            for nb in (j0 / TN..j1 / TN).step_by(2) {
                 let b0 = b.data.as_ptr().add(nb * nkb * TILE);
                 let b1 = b0.add(nkb * TILE);
                 asm!(
@@ -266,8 +287,146 @@ pub unsafe fn gemm(_: &[u16], _: usize, _: &PackedB, _: impl FnMut(usize, usize,
     unreachable!("AMX is x86_64 only")
 }
 
+/// Without x86_64 there are no tiles ([`available`] is false, so this is never called).
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn gemm_cols(
+    _: &[u16],
+    _: usize,
+    _: &PackedB,
+    _: usize,
+    _: usize,
+    _: impl FnMut(usize, usize, &[f32]),
+) {
+    unreachable!("AMX is x86_64 only")
+}
+
 #[repr(C, align(64))]
 struct Block([f32; MB * NB]);
+
+/// Configures this thread's tiles for [`conv_block_u8`].
+///
+/// # Safety
+/// [`available`] returned true.
+pub unsafe fn tiles_on() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AMX is enabled (caller); the configuration is a valid palette-1 layout.
+    unsafe {
+        asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack))
+    };
+}
+
+/// Releases this thread's tiles.
+///
+/// # Safety
+/// [`available`] returned true.
+pub unsafe fn tiles_off() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AMX is enabled (caller).
+    unsafe {
+        asm!("tilerelease", options(nostack))
+    };
+}
+
+/// A 32 x 32 block of i32 sums for [`conv_block_u8`], as the tiles store it (row-major).
+#[repr(C, align(64))]
+pub struct BlockI32(pub [i32; MB * NB]);
+
+impl Default for BlockI32 {
+    fn default() -> Self {
+        BlockI32([0; MB * NB])
+    }
+}
+
+/// One 32 x 32 block of a u8 x u8 product summed over `taps` shifted operands:
+/// C = Σ_{j < taps} Σ_{kb < nkb} A(j, kb) · B(j, kb), where A(j, kb) is the 32 x 64 byte block
+/// at `a + j * a_tap + kb * 64` (rows `lda` bytes apart) and B(j, kb) the 64 x 32 block in
+/// groups of 4 bytes at `b + b_off[j] + kb * 16 * ldb` (16 rows of 32 groups, `ldb` bytes
+/// apart), taps = `b_off.len()`: `tdpbuud`, exact i32 sums.
+///
+/// # Safety
+/// [`available`] returned true, [`tiles_on`] ran on this thread (and no [`tiles_off`] since);
+/// every block read lies inside the caller's buffers.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv_block_u8(
+    a: *const u8,
+    lda: usize,
+    a_tap: usize,
+    b: *const u8,
+    ldb: usize,
+    b_off: &[usize],
+    nkb: usize,
+    c: &mut BlockI32,
+) {
+    if b_off.is_empty() || nkb == 0 {
+        c.0.fill(0);
+        return;
+    }
+    // SAFETY: AMX is enabled, the tiles configured and the operands in bounds (caller).
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack)
+        );
+        for (j, &bo) in b_off.iter().enumerate() {
+            let a0 = a.add(j * a_tap);
+            let a1 = a0.add(16 * lda);
+            let b0 = b.add(bo);
+            asm!(
+                "2:",
+                "tileloadd tmm4, [{a0} + {lda}]",
+                "tileloadd tmm6, [{b0} + {ldb}]",
+                "tileloadd tmm5, [{a1} + {lda}]",
+                "tileloadd tmm7, [{b0} + {ldb} + 64]",
+                "tdpbuud tmm0, tmm4, tmm6",
+                "tdpbuud tmm1, tmm4, tmm7",
+                "tdpbuud tmm2, tmm5, tmm6",
+                "tdpbuud tmm3, tmm5, tmm7",
+                "add {a0}, 64",
+                "add {a1}, 64",
+                "add {b0}, {b16}",
+                "dec {n}",
+                "jnz 2b",
+                a0 = inout(reg) a0 => _,
+                a1 = inout(reg) a1 => _,
+                b0 = inout(reg) b0 => _,
+                n = inout(reg) nkb => _,
+                lda = in(reg) lda as isize,
+                ldb = in(reg) ldb as isize,
+                b16 = in(reg) (16 * ldb) as isize,
+                options(nostack),
+            );
+        }
+        asm!(
+            "tilestored [{c} + {s128}], tmm0",
+            "tilestored [{c} + {s128} + 64], tmm1",
+            "tilestored [{c} + {s128} + 2048], tmm2",
+            "tilestored [{c} + {s128} + 2112], tmm3",
+            c = in(reg) c.0.as_mut_ptr(),
+            s128 = in(reg) 128isize,
+            options(nostack),
+        );
+    }
+}
+
+/// Without x86_64 there are no tiles ([`available`] is false, so this is never called).
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv_block_u8(
+    _: *const u8,
+    _: usize,
+    _: usize,
+    _: *const u8,
+    _: usize,
+    _: &[usize],
+    _: usize,
+    _: &mut BlockI32,
+) {
+    unreachable!("AMX is x86_64 only")
+}
 
 #[cfg(test)]
 mod tests {

@@ -519,6 +519,44 @@ pub fn conv_transpose1d(
             let kk = r + (jr - 1 - jj) * st;
             w.data[(i * cout + o) * k + kk]
         };
+        let phase = Conv1dShape {
+            c_in: s.c_in,
+            c_out: cout,
+            len_in: xs,
+            k: jr,
+            stride: 1,
+            pad: 0,
+            dilation: 1,
+            groups: 1,
+            output_pad: 0,
+        };
+        if super::conv1d_amx::applies(&phase) {
+            // This phase as a stride-1 convolution on AMX bf16 tiles, then spread over its
+            // output positions.
+            let mut wp = Vec::with_capacity(cout * s.c_in * jr);
+            for o in 0..cout {
+                for i in 0..s.c_in {
+                    for jj in 0..jr {
+                        wp.push(wf(o, i, jj));
+                    }
+                }
+            }
+            let wt = CpuTensor { data: wp, cols: jr };
+            let xt = CpuTensor { data: xp, cols: xs };
+            let lo2 = phase.len_out();
+            let mut tmp = CpuTensor {
+                data: vec![0f32; cout * lo2],
+                cols: lo2,
+            };
+            super::conv1d_amx::conv1d(pool, &xt, &wt, bias, phase, &mut tmp);
+            for o in 0..cout {
+                let src = &tmp.data[o * lo2..o * lo2 + nq];
+                for (q, &v) in src.iter().enumerate() {
+                    out.data[o * lo + p0 + q * st] = v;
+                }
+            }
+            continue;
+        }
         tiled(
             pool,
             &xp,

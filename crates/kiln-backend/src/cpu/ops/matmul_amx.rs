@@ -49,6 +49,24 @@ pub fn matmul_jobs(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
     }
     let jobs = &*jobs;
     let kp = jobs[0].w.amx.as_ref().map_or(0, |p| p.kp);
+    if n.div_ceil(MB) < pool.threads() {
+        // Too few row blocks to go round (PL-BERT's tokens): round x once, split the
+        // columns of each product over the threads instead.
+        let mut a = Vec::new();
+        amx::to_bf16_rows(&x.data[..n * cols], cols, n, cols, kp, &mut a);
+        for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
+            let p = job.w.amx.as_deref().expect("checked by applies()");
+            pool.run_aligned(p.np, NB, |j0, j1| {
+                let emit = |i0: usize, jb: usize, blk: &[f32]| {
+                    store_block(job, dst, rows, 0, n, i0, jb, blk)
+                };
+                // SAFETY: only weights packed by prefer_batches (which checked AMX) get here;
+                // each thread writes its own columns j0..j1 of the output.
+                unsafe { amx::gemm_cols(&a, n, p, j0, j1, emit) };
+            });
+        }
+        return;
+    }
     pool.run_aligned(n, MB, |t0, t1| {
         A.with(|cell| {
             let a = &mut *cell.borrow_mut();
@@ -57,33 +75,51 @@ pub fn matmul_jobs(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
             for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
                 let p = job.w.amx.as_deref().expect("checked by applies()");
                 let emit = |i0: usize, j0: usize, blk: &[f32]| {
-                    let (i1, j1) = ((i0 + MB).min(m), (j0 + NB).min(rows));
-                    for i in i0..i1 {
-                        let src = &blk[(i - i0) * NB..(i - i0) * NB + (j1 - j0)];
-                        // SAFETY: rows t0..t1 of every output belong to this thread; the
-                        // columns j0..j1 lie inside the output's `rows` columns.
-                        let out = unsafe {
-                            std::slice::from_raw_parts_mut(dst.0.add((t0 + i) * rows + j0), j1 - j0)
-                        };
-                        match job.epilogue {
-                            Epilogue::Store(Some(b)) => {
-                                for ((o, &v), &bv) in out.iter_mut().zip(src).zip(&b.data[j0..j1]) {
-                                    *o = v + bv;
-                                }
-                            }
-                            Epilogue::Store(None) => out.copy_from_slice(src),
-                            Epilogue::Add => {
-                                for (o, &v) in out.iter_mut().zip(src) {
-                                    *o += v;
-                                }
-                            }
-                            Epilogue::SiluMul(_) => unreachable!("excluded by applies()"),
-                        }
-                    }
+                    store_block(job, dst, rows, t0, m, i0, j0, blk)
                 };
                 // SAFETY: only weights packed by prefer_batches (which checked AMX) get here.
                 unsafe { amx::gemm(a, m, p, emit) };
             }
         })
     });
+}
+
+/// Rows i0..i0+32 (of the m from t0), columns j0..j0+32 of C into the job's output, through
+/// its epilogue.
+#[allow(clippy::too_many_arguments)]
+fn store_block(
+    job: &Job,
+    dst: SharedMut,
+    rows: usize,
+    t0: usize,
+    m: usize,
+    i0: usize,
+    j0: usize,
+    blk: &[f32],
+) {
+    let (i1, j1) = ((i0 + MB).min(m), (j0 + NB).min(rows));
+    if j0 >= j1 {
+        return;
+    }
+    for i in i0..i1 {
+        let src = &blk[(i - i0) * NB..(i - i0) * NB + (j1 - j0)];
+        // SAFETY: rows t0+i0..t0+i1, columns j0..j1 of the output belong to the calling
+        // thread (its rows or its columns); they lie inside the output's `rows` columns.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(dst.0.add((t0 + i) * rows + j0), j1 - j0) };
+        match job.epilogue {
+            Epilogue::Store(Some(b)) => {
+                for ((o, &v), &bv) in out.iter_mut().zip(src).zip(&b.data[j0..j1]) {
+                    *o = v + bv;
+                }
+            }
+            Epilogue::Store(None) => out.copy_from_slice(src),
+            Epilogue::Add => {
+                for (o, &v) in out.iter_mut().zip(src) {
+                    *o += v;
+                }
+            }
+            Epilogue::SiluMul(_) => unreachable!("excluded by applies()"),
+        }
+    }
 }

@@ -8,6 +8,7 @@ mod attention_tiled;
 pub mod conv1d;
 mod conv1d_amx;
 pub mod conv1d_nc;
+pub mod conv1d_q8;
 pub mod elementwise;
 pub mod gelu;
 pub mod gemm;
@@ -22,6 +23,7 @@ pub mod norm1d;
 pub mod rope;
 pub mod self_attention;
 pub mod signal;
+pub mod vmath;
 
 /// Dot product with 8 independent accumulators (vectorizes, stable order per length).
 #[inline(always)]

@@ -5,15 +5,37 @@ use std::f64::consts::PI;
 
 use crate::cpu::CpuTensor;
 
-pub fn snake(x: &mut CpuTensor, alpha: &CpuTensor, c: usize, len: usize) {
-    for (ch, r) in x.data[..c * len].chunks_exact_mut(len).enumerate() {
-        let a = alpha.data[ch];
-        let inv = 1.0 / a;
-        for v in r.iter_mut() {
-            let s = (a * *v).sin();
-            *v += inv * s * s;
+/// Shares a feature map between threads that write disjoint channels.
+#[derive(Clone, Copy)]
+struct Rows(*mut f32);
+// SAFETY: each thread writes only the rows of its own channel range.
+unsafe impl Send for Rows {}
+unsafe impl Sync for Rows {}
+
+/// f(channel, row) for every channel of x (c, len), channels split over threads.
+pub fn per_channel(
+    pool: &crate::cpu::Pool,
+    x: &mut CpuTensor,
+    c: usize,
+    len: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    assert!(x.data.len() >= c * len, "feature map shape");
+    let rows = Rows(x.data.as_mut_ptr());
+    pool.run(c, |a, b| {
+        let rows = rows;
+        for ch in a..b {
+            // SAFETY: row ch belongs to this thread alone and lies inside x (checked).
+            let r = unsafe { std::slice::from_raw_parts_mut(rows.0.add(ch * len), len) };
+            f(ch, r);
         }
-    }
+    });
+}
+
+pub fn snake(pool: &crate::cpu::Pool, x: &mut CpuTensor, alpha: &CpuTensor, c: usize, len: usize) {
+    per_channel(pool, x, c, len, |ch, r| {
+        super::vmath::snake_row(r, alpha.data[ch])
+    });
 }
 
 pub fn leaky_relu(x: &mut CpuTensor, slope: f32, n: usize) {
@@ -123,21 +145,35 @@ pub fn istft(spec: &CpuTensor, frames: usize, n_fft: usize, hop: usize, out: &mu
     let w = hann(n_fft);
     let mut acc = vec![0f64; full];
     let mut env = vec![0f64; full];
+    // cos / sin of 2 pi k j / n_fft, and each bin's weight in the one-sided sum.
+    let (cos, sin): (Vec<f64>, Vec<f64>) = (0..bins * n_fft)
+        .map(|i| {
+            let a = 2.0 * PI * ((i / n_fft) * (i % n_fft)) as f64 / n_fft as f64;
+            (a.cos(), a.sin())
+        })
+        .unzip();
+    let weight = |k: usize| {
+        if k == 0 || (n_fft % 2 == 0 && k == half) {
+            1.0
+        } else {
+            2.0
+        }
+    };
+    let mut re = vec![0f64; bins];
+    let mut im = vec![0f64; bins];
     for f in 0..frames {
+        for k in 0..bins {
+            let mag = spec.data[k * frames + f] as f64;
+            let ph = spec.data[(bins + k) * frames + f] as f64;
+            let (s, c) = ph.sin_cos();
+            re[k] = weight(k) * mag * c;
+            im[k] = weight(k) * mag * s;
+        }
         for j in 0..n_fft {
             // Real inverse DFT of the one-sided spectrum at sample j of the frame.
             let mut v = 0f64;
             for k in 0..bins {
-                let mag = spec.data[k * frames + f] as f64;
-                let ph = spec.data[(bins + k) * frames + f] as f64;
-                let a = 2.0 * PI * (k * j) as f64 / n_fft as f64;
-                let term = mag * (ph.cos() * a.cos() - ph.sin() * a.sin());
-                let weight = if k == 0 || (n_fft % 2 == 0 && k == half) {
-                    1.0
-                } else {
-                    2.0
-                };
-                v += weight * term;
+                v += re[k] * cos[k * n_fft + j] - im[k] * sin[k * n_fft + j];
             }
             v /= n_fft as f64;
             acc[f * hop + j] += v * w[j];
