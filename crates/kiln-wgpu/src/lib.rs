@@ -1099,6 +1099,20 @@ impl Backend for WgpuBackend {
         self.from_cpu(&co, out);
     }
 
+    fn bilstm_steps(
+        &self,
+        gx: &WgpuTensor,
+        w_hh: &WgpuTensor,
+        len: usize,
+        hidden: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let (cg, ch) = (self.to_cpu(gx), self.to_cpu(w_hh));
+        let mut co = self.to_cpu(out);
+        self.cpu.bilstm_steps(&cg, &ch, len, hidden, &mut co);
+        self.from_cpu(&co, out);
+    }
+
     fn layer_norm_rows(
         &self,
         x: &mut WgpuTensor,
