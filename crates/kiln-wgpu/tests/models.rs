@@ -34,27 +34,32 @@ fn greedy<B: Backend>(b: &B, m: &Llama<B>, prompt: &[u32], n: usize) -> (Vec<u32
     (out, tps)
 }
 
-#[test]
-fn smollm2_greedy_equals_cpu_for_32_tokens() {
-    let Some(g) = gpu() else {
-        return;
-    };
+/// SmolLM2-135M-Instruct's GGUF and the golden prompt ids: "<|im_start|>user\nWhat is the
+/// capital of France?<|im_end|>\n<|im_start|>assistant\n" as its tokenizer splits it.
+fn smollm2() -> (GgufFile, Vec<u32>) {
     let path = kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap();
     let file = GgufFile::open(path).unwrap();
-    // "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-    // as SmolLM2's tokenizer splits it, from the committed golden.
     let golden = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../../shared/assets/golden/smollm2_135m_instruct_q4_1_capital_of_france.json"
     );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(golden).unwrap()).unwrap();
-    let prompt: Vec<u32> = v["prompt_ids"]
+    let ids = v["prompt_ids"]
         .as_array()
         .unwrap()
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect();
+    (file, ids)
+}
+
+#[test]
+fn smollm2_greedy_equals_cpu_for_32_tokens() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let (file, prompt) = smollm2();
     let t0 = Instant::now();
     let mg = Llama::load(&g, &file).unwrap();
     eprintln!("wgpu load: {:.2} s", t0.elapsed().as_secs_f64());
@@ -172,20 +177,7 @@ fn smollm2_batched_forward_matches_cpu() {
     let Some(g) = gpu() else {
         return;
     };
-    let path = kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap();
-    let file = GgufFile::open(path).unwrap();
-    let golden = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/assets/golden/smollm2_135m_instruct_q4_1_capital_of_france.json"
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(golden).unwrap()).unwrap();
-    let long: Vec<u32> = v["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let (file, long) = smollm2();
     let prompts = [long.clone(), long[..long.len() / 2].to_vec()];
     let (mg, c) = (Llama::load(&g, &file).unwrap(), CpuBackend::new(2));
     let mc = Llama::load(&c, &file).unwrap();
