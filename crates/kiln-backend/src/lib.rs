@@ -6,6 +6,7 @@
 //! ([`cpu::CpuBackend`]) is the numerical reference every other backend is tested against.
 
 pub mod cpu;
+mod fallback;
 mod rope;
 
 use kiln_quant::{GgmlType, MlxLayout, QuantError};

@@ -29,10 +29,7 @@ pub mod shaders;
 use std::cell::RefCell;
 
 use kiln_backend::cpu::{CpuBackend, CpuTensor};
-use kiln_backend::{
-    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, LstmShape, RopeConfig,
-    RopeStyle, WeightData,
-};
+use kiln_backend::{AttnShape, Backend, BackendError, KvType, RopeConfig, RopeStyle, WeightData};
 
 pub use device::{adapters, GpuOptions, WgpuInitError};
 use device::{Buf, Gpu};
@@ -964,26 +961,8 @@ impl Backend for WgpuBackend {
 
     // ---- speech ops ----
 
-    fn layer_norm(
-        &self,
-        x: &WgpuTensor,
-        gamma: &WgpuTensor,
-        beta: &WgpuTensor,
-        eps: f32,
-        n: usize,
-        out: &mut WgpuTensor,
-    ) {
-        let (cx, cg, cb) = (self.to_cpu(x), self.to_cpu(gamma), self.to_cpu(beta));
-        let mut co = self.to_cpu(out);
-        self.cpu.layer_norm(&cx, &cg, &cb, eps, n, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn gelu(&self, x: &mut WgpuTensor, n: usize) {
-        let mut c = self.to_cpu(x);
-        self.cpu.gelu(&mut c, n);
-        self.from_cpu(&c, x);
-    }
+    // On the CPU backend, through host copies (kiln_backend::cpu_fallback_ops).
+    kiln_backend::cpu_fallback_ops!();
 
     fn conv1d(
         &self,
@@ -1023,20 +1002,6 @@ impl Backend for WgpuBackend {
         t_out
     }
 
-    fn attention_dense(
-        &self,
-        q: &WgpuTensor,
-        k: &WgpuTensor,
-        v: &WgpuTensor,
-        shape: DenseAttnShape,
-        out: &mut WgpuTensor,
-    ) {
-        let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
-        let mut co = self.to_cpu(out);
-        self.cpu.attention_dense(&cq, &ck, &cv, shape, &mut co);
-        self.from_cpu(&co, out);
-    }
-
     fn kv_copy(&self, src: &WgpuKvCache, dst: &mut WgpuKvCache, n: usize) {
         let per_word = if src.f16 { 2 } else { 1 };
         for l in 0..src.n_layers {
@@ -1049,190 +1014,8 @@ impl Backend for WgpuBackend {
         }
     }
 
-    fn conv1d_nc(
-        &self,
-        x: &WgpuTensor,
-        w: &WgpuTensor,
-        bias: Option<&WgpuTensor>,
-        s: Conv1dShape,
-        out: &mut WgpuTensor,
-    ) {
-        let (cx, cw) = (self.to_cpu(x), self.to_cpu(w));
-        let cb = bias.map(|b| self.to_cpu(b));
-        let mut co = self.to_cpu(out);
-        self.cpu.conv1d_nc(&cx, &cw, cb.as_ref(), s, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn conv_transpose1d(
-        &self,
-        x: &WgpuTensor,
-        w: &WgpuTensor,
-        bias: Option<&WgpuTensor>,
-        s: Conv1dShape,
-        out: &mut WgpuTensor,
-    ) {
-        let (cx, cw) = (self.to_cpu(x), self.to_cpu(w));
-        let cb = bias.map(|b| self.to_cpu(b));
-        let mut co = self.to_cpu(out);
-        self.cpu.conv_transpose1d(&cx, &cw, cb.as_ref(), s, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn lstm(
-        &self,
-        x: &WgpuTensor,
-        w_ih: &WgpuTensor,
-        w_hh: &WgpuTensor,
-        bias: &WgpuTensor,
-        s: LstmShape,
-        out: &mut WgpuTensor,
-    ) {
-        let (cx, ci, ch, cb) = (
-            self.to_cpu(x),
-            self.to_cpu(w_ih),
-            self.to_cpu(w_hh),
-            self.to_cpu(bias),
-        );
-        let mut co = self.to_cpu(out);
-        self.cpu.lstm(&cx, &ci, &ch, &cb, s, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn bilstm_steps(
-        &self,
-        gx: &WgpuTensor,
-        w_hh: &WgpuTensor,
-        len: usize,
-        hidden: usize,
-        out: &mut WgpuTensor,
-    ) {
-        let (cg, ch) = (self.to_cpu(gx), self.to_cpu(w_hh));
-        let mut co = self.to_cpu(out);
-        self.cpu.bilstm_steps(&cg, &ch, len, hidden, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn layer_norm_rows(
-        &self,
-        x: &mut WgpuTensor,
-        w: Option<&WgpuTensor>,
-        b: Option<&WgpuTensor>,
-        eps: f32,
-        rows: usize,
-        cols: usize,
-    ) {
-        let mut cx = self.to_cpu(x);
-        let (cw, cb) = (w.map(|t| self.to_cpu(t)), b.map(|t| self.to_cpu(t)));
-        self.cpu
-            .layer_norm_rows(&mut cx, cw.as_ref(), cb.as_ref(), eps, rows, cols);
-        self.from_cpu(&cx, x);
-    }
-
-    fn ada_in(&self, x: &mut WgpuTensor, gb: &WgpuTensor, c: usize, len: usize, eps: f32) {
-        let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
-        self.cpu.ada_in(&mut cx, &cg, c, len, eps);
-        self.from_cpu(&cx, x);
-    }
-
-    fn ada_layer_norm(&self, x: &mut WgpuTensor, gb: &WgpuTensor, len: usize, c: usize, eps: f32) {
-        let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
-        self.cpu.ada_layer_norm(&mut cx, &cg, len, c, eps);
-        self.from_cpu(&cx, x);
-    }
-
-    fn snake(&self, x: &mut WgpuTensor, alpha: &WgpuTensor, c: usize, len: usize) {
-        let (mut cx, ca) = (self.to_cpu(x), self.to_cpu(alpha));
-        self.cpu.snake(&mut cx, &ca, c, len);
-        self.from_cpu(&cx, x);
-    }
-
-    fn leaky_relu(&self, x: &mut WgpuTensor, slope: f32, n: usize) {
-        let mut cx = self.to_cpu(x);
-        self.cpu.leaky_relu(&mut cx, slope, n);
-        self.from_cpu(&cx, x);
-    }
-
     fn scale(&self, x: &mut WgpuTensor, s: f32, n: usize) {
         self.elementwise(&x.buf, &self.gpu.dummy, OP_SCALE, s, n);
-    }
-
-    fn transpose(&self, x: &WgpuTensor, rows: usize, cols: usize, out: &mut WgpuTensor) {
-        let cx = self.to_cpu(x);
-        let mut co = self.to_cpu(out);
-        self.cpu.transpose(&cx, rows, cols, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn fake_quant_u8(&self, x: &mut WgpuTensor, n: usize) {
-        let mut cx = self.to_cpu(x);
-        self.cpu.fake_quant_u8(&mut cx, n);
-        self.from_cpu(&cx, x);
-    }
-
-    fn stft(
-        &self,
-        signal: &WgpuTensor,
-        len: usize,
-        n_fft: usize,
-        hop: usize,
-        out: &mut WgpuTensor,
-    ) {
-        let cs = self.to_cpu(signal);
-        let mut co = self.to_cpu(out);
-        self.cpu.stft(&cs, len, n_fft, hop, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn istft(
-        &self,
-        spec: &WgpuTensor,
-        frames: usize,
-        n_fft: usize,
-        hop: usize,
-        out: &mut WgpuTensor,
-    ) {
-        let cs = self.to_cpu(spec);
-        let mut co = self.to_cpu(out);
-        self.cpu.istft(&cs, frames, n_fft, hop, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn upsample_nearest(
-        &self,
-        x: &WgpuTensor,
-        c: usize,
-        len: usize,
-        factor: usize,
-        out: &mut WgpuTensor,
-    ) {
-        let cx = self.to_cpu(x);
-        let mut co = self.to_cpu(out);
-        self.cpu.upsample_nearest(&cx, c, len, factor, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn self_attention(
-        &self,
-        q: &WgpuTensor,
-        k: &WgpuTensor,
-        v: &WgpuTensor,
-        heads: usize,
-        head_dim: usize,
-        len: usize,
-        out: &mut WgpuTensor,
-    ) {
-        let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
-        let mut co = self.to_cpu(out);
-        self.cpu
-            .self_attention(&cq, &ck, &cv, heads, head_dim, len, &mut co);
-        self.from_cpu(&co, out);
-    }
-
-    fn gelu_tanh(&self, x: &mut WgpuTensor, n: usize) {
-        let mut cx = self.to_cpu(x);
-        self.cpu.gelu_tanh(&mut cx, n);
-        self.from_cpu(&cx, x);
     }
 }
 

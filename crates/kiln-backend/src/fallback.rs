@@ -1,0 +1,217 @@
+//! The CPU backend as a fallback for a device backend's ops that have no kernel there.
+
+/// Implements, inside a device backend's `impl Backend`, the speech ops it runs through the
+/// CPU backend: inputs copied to the host, the CPU op run, outputs copied back. The backend
+/// provides `self.cpu` (a [`CpuBackend`](crate::cpu::CpuBackend)), `self.to_cpu(&tensor) ->
+/// CpuTensor` and `self.from_cpu(&CpuTensor, &mut tensor)`.
+#[macro_export]
+macro_rules! cpu_fallback_ops {
+    () => {
+        fn ada_in(&self, x: &mut Self::Tensor, gb: &Self::Tensor, c: usize, len: usize, eps: f32) {
+            let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
+            self.cpu.ada_in(&mut cx, &cg, c, len, eps);
+            self.from_cpu(&cx, x);
+        }
+        fn ada_layer_norm(
+            &self,
+            x: &mut Self::Tensor,
+            gb: &Self::Tensor,
+            len: usize,
+            c: usize,
+            eps: f32,
+        ) {
+            let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
+            self.cpu.ada_layer_norm(&mut cx, &cg, len, c, eps);
+            self.from_cpu(&cx, x);
+        }
+        fn attention_dense(
+            &self,
+            q: &Self::Tensor,
+            k: &Self::Tensor,
+            v: &Self::Tensor,
+            shape: $crate::DenseAttnShape,
+            out: &mut Self::Tensor,
+        ) {
+            let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+            let mut co = self.to_cpu(out);
+            self.cpu.attention_dense(&cq, &ck, &cv, shape, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn bilstm_steps(
+            &self,
+            gx: &Self::Tensor,
+            w_hh: &Self::Tensor,
+            len: usize,
+            hidden: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let (cg, ch) = (self.to_cpu(gx), self.to_cpu(w_hh));
+            let mut co = self.to_cpu(out);
+            self.cpu.bilstm_steps(&cg, &ch, len, hidden, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn conv1d_nc(
+            &self,
+            x: &Self::Tensor,
+            w: &Self::Tensor,
+            bias: Option<&Self::Tensor>,
+            s: $crate::Conv1dShape,
+            out: &mut Self::Tensor,
+        ) {
+            let (cx, cw) = (self.to_cpu(x), self.to_cpu(w));
+            let cb = bias.map(|b| self.to_cpu(b));
+            let mut co = self.to_cpu(out);
+            self.cpu.conv1d_nc(&cx, &cw, cb.as_ref(), s, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn conv_transpose1d(
+            &self,
+            x: &Self::Tensor,
+            w: &Self::Tensor,
+            bias: Option<&Self::Tensor>,
+            s: $crate::Conv1dShape,
+            out: &mut Self::Tensor,
+        ) {
+            let (cx, cw) = (self.to_cpu(x), self.to_cpu(w));
+            let cb = bias.map(|b| self.to_cpu(b));
+            let mut co = self.to_cpu(out);
+            self.cpu.conv_transpose1d(&cx, &cw, cb.as_ref(), s, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn fake_quant_u8(&self, x: &mut Self::Tensor, n: usize) {
+            let mut cx = self.to_cpu(x);
+            self.cpu.fake_quant_u8(&mut cx, n);
+            self.from_cpu(&cx, x);
+        }
+        fn gelu(&self, x: &mut Self::Tensor, n: usize) {
+            let mut c = self.to_cpu(x);
+            self.cpu.gelu(&mut c, n);
+            self.from_cpu(&c, x);
+        }
+        fn gelu_tanh(&self, x: &mut Self::Tensor, n: usize) {
+            let mut cx = self.to_cpu(x);
+            self.cpu.gelu_tanh(&mut cx, n);
+            self.from_cpu(&cx, x);
+        }
+        fn istft(
+            &self,
+            spec: &Self::Tensor,
+            frames: usize,
+            n_fft: usize,
+            hop: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let cs = self.to_cpu(spec);
+            let mut co = self.to_cpu(out);
+            self.cpu.istft(&cs, frames, n_fft, hop, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn layer_norm(
+            &self,
+            x: &Self::Tensor,
+            gamma: &Self::Tensor,
+            beta: &Self::Tensor,
+            eps: f32,
+            n: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let (cx, cg, cb) = (self.to_cpu(x), self.to_cpu(gamma), self.to_cpu(beta));
+            let mut co = self.to_cpu(out);
+            self.cpu.layer_norm(&cx, &cg, &cb, eps, n, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn leaky_relu(&self, x: &mut Self::Tensor, slope: f32, n: usize) {
+            let mut cx = self.to_cpu(x);
+            self.cpu.leaky_relu(&mut cx, slope, n);
+            self.from_cpu(&cx, x);
+        }
+        fn lstm(
+            &self,
+            x: &Self::Tensor,
+            w_ih: &Self::Tensor,
+            w_hh: &Self::Tensor,
+            bias: &Self::Tensor,
+            s: $crate::LstmShape,
+            out: &mut Self::Tensor,
+        ) {
+            let (cx, ci, ch, cb) = (
+                self.to_cpu(x),
+                self.to_cpu(w_ih),
+                self.to_cpu(w_hh),
+                self.to_cpu(bias),
+            );
+            let mut co = self.to_cpu(out);
+            self.cpu.lstm(&cx, &ci, &ch, &cb, s, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn snake(&self, x: &mut Self::Tensor, alpha: &Self::Tensor, c: usize, len: usize) {
+            let (mut cx, ca) = (self.to_cpu(x), self.to_cpu(alpha));
+            self.cpu.snake(&mut cx, &ca, c, len);
+            self.from_cpu(&cx, x);
+        }
+        fn stft(
+            &self,
+            signal: &Self::Tensor,
+            len: usize,
+            n_fft: usize,
+            hop: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let cs = self.to_cpu(signal);
+            let mut co = self.to_cpu(out);
+            self.cpu.stft(&cs, len, n_fft, hop, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn transpose(&self, x: &Self::Tensor, rows: usize, cols: usize, out: &mut Self::Tensor) {
+            let cx = self.to_cpu(x);
+            let mut co = self.to_cpu(out);
+            self.cpu.transpose(&cx, rows, cols, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn upsample_nearest(
+            &self,
+            x: &Self::Tensor,
+            c: usize,
+            len: usize,
+            factor: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let cx = self.to_cpu(x);
+            let mut co = self.to_cpu(out);
+            self.cpu.upsample_nearest(&cx, c, len, factor, &mut co);
+            self.from_cpu(&co, out);
+        }
+
+        fn layer_norm_rows(
+            &self,
+            x: &mut Self::Tensor,
+            w: Option<&Self::Tensor>,
+            b: Option<&Self::Tensor>,
+            eps: f32,
+            rows: usize,
+            cols: usize,
+        ) {
+            let mut cx = self.to_cpu(x);
+            let (cw, cb) = (w.map(|t| self.to_cpu(t)), b.map(|t| self.to_cpu(t)));
+            self.cpu
+                .layer_norm_rows(&mut cx, cw.as_ref(), cb.as_ref(), eps, rows, cols);
+            self.from_cpu(&cx, x);
+        }
+        fn self_attention(
+            &self,
+            q: &Self::Tensor,
+            k: &Self::Tensor,
+            v: &Self::Tensor,
+            heads: usize,
+            head_dim: usize,
+            len: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+            let mut co = self.to_cpu(out);
+            self.cpu
+                .self_attention(&cq, &ck, &cv, heads, head_dim, len, &mut co);
+            self.from_cpu(&co, out);
+        }
+    };
+}
