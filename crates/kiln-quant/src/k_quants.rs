@@ -305,10 +305,11 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [u8]) -> f32 {
 
 // ---------------------------------------------------------------- quantization
 
-/// Q4_K: per 32 values an asymmetric 4-bit fit (weights |x| + rms of the sub-block),
-/// then the eight scales and mins quantized to 6 bits against d = max_scale / 63 and
-/// dmin = max_min / 63, then the quants redone against those rounded scales.
-pub(crate) fn quant_q4_k(x: &[f32], b: &mut [u8]) {
+/// The part Q4_K and Q5_K share: per 32 values an asymmetric `nmax`-level fit (weights
+/// |x| + rms of the sub-block; grids from `rmin`, `nstep` of them), then the eight scales
+/// and mins quantized to 6 bits against d = max_scale / 63 and dmin = max_min / 63 (written
+/// to b[0..16]), then the quants redone against those rounded scales. Returns the quants.
+fn quant_k_scale_min(x: &[f32], b: &mut [u8], nmax: i32, rmin: f32, nstep: i32) -> [u8; QK_K] {
     let mut l = [0u8; QK_K];
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
@@ -323,13 +324,13 @@ pub(crate) fn quant_q4_k(x: &[f32], b: &mut [u8]) {
         let av_x = (sum_x2 / 32.0).sqrt();
         let weights: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
         let (scale, min) = make_qkx2_quants(
-            15,
+            nmax,
             xs,
             &weights,
             &mut l[32 * j..32 * j + 32],
-            -1.0,
+            rmin,
             0.1,
-            20,
+            nstep,
             false,
         );
         scales[j] = scale;
@@ -366,9 +367,15 @@ pub(crate) fn quant_q4_k(x: &[f32], b: &mut [u8]) {
         }
         let dm = dmin_all * m as f32;
         for i in 32 * j..32 * j + 32 {
-            l[i] = nearest_int((x[i] + dm) / d).clamp(0, 15) as u8;
+            l[i] = nearest_int((x[i] + dm) / d).clamp(0, nmax) as u8;
         }
     }
+    l
+}
+
+/// Q4_K: [`quant_k_scale_min`] with 4-bit quants (L in 0..=15; grids from -1, 20 of them).
+pub(crate) fn quant_q4_k(x: &[f32], b: &mut [u8]) {
+    let l = quant_k_scale_min(x, b, 15, -1.0, 20);
 
     // qs: byte 32*c + i holds value 64*c + i (low nibble) and 64*c + 32 + i (high).
     for c in 0..4 {
@@ -378,65 +385,10 @@ pub(crate) fn quant_q4_k(x: &[f32], b: &mut [u8]) {
     }
 }
 
-/// Q5_K: as Q4_K with 5-bit quants (L in 0..=31; fit grids nmax - 0.5 + 0.1 * is, 16 of
+/// Q5_K: [`quant_k_scale_min`] with 5-bit quants (L in 0..=31; grids from -0.5, 15 of
 /// them), the fifth bit of value 64*c + 32*n + i in bit 2*c + n of qh[i].
 pub(crate) fn quant_q5_k(x: &[f32], b: &mut [u8]) {
-    let mut l = [0u8; QK_K];
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
-    let mut max_scale = 0f32;
-    let mut max_min = 0f32;
-    for j in 0..8 {
-        let xs = &x[32 * j..32 * j + 32];
-        let sum_x2: f32 = xs.iter().map(|v| v * v).sum();
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let weights: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
-        let (scale, min) = make_qkx2_quants(
-            31,
-            xs,
-            &weights,
-            &mut l[32 * j..32 * j + 32],
-            -0.5,
-            0.1,
-            15,
-            false,
-        );
-        scales[j] = scale;
-        mins[j] = min;
-        if scale > max_scale {
-            max_scale = scale;
-        }
-        if min > max_min {
-            max_min = min;
-        }
-    }
-
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
-    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-    let ls: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_scale * scales[j]) as u8).min(63));
-    let lm: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_min * mins[j]) as u8).min(63));
-    let packed = pack_k4_scales(&ls, &lm);
-    write_f16(b, 0, max_scale / 63.0);
-    write_f16(b, 2, max_min / 63.0);
-    b[4..16].copy_from_slice(&packed);
-
-    let d_all = read_f16(b, 0);
-    let dmin_all = read_f16(b, 2);
-    for j in 0..8 {
-        let (sc, m) = k4_scale_min(j, &packed);
-        let d = d_all * sc as f32;
-        if d == 0.0 {
-            continue; // keep the quants of the fit
-        }
-        let dm = dmin_all * m as f32;
-        for i in 32 * j..32 * j + 32 {
-            l[i] = nearest_int((x[i] + dm) / d).clamp(0, 31) as u8;
-        }
-    }
+    let l = quant_k_scale_min(x, b, 31, -0.5, 15);
 
     // qh[32] then qs[128]: byte 32*c + i of qs holds the low nibbles of values 64*c + i and
     // 64*c + 32 + i; their fifth bits are bits 2*c and 2*c + 1 of qh[i].
