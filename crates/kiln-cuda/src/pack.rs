@@ -17,7 +17,7 @@
 //! ...) are dequantized to F32 (exact: no value changes). MLX affine 4-bit matrices arrive as
 //! Q4_1 blocks ([`mlx_as_q4_1`]).
 
-use kiln_quant::{GgmlType, QuantError, QK_K};
+use kiln_quant::{high2_16, nibbles32, q4k_values, q6k_values, GgmlType, QuantError};
 
 pub const FMT_F32: i32 = 0;
 pub const FMT_F16: i32 = 1;
@@ -80,31 +80,18 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
             p.fmt = FMT_Q4_K;
             for b in bytes.chunks_exact(144) {
                 p.s2.extend_from_slice(&b[..16]);
-                let qs = &b[16..144];
-                for g in 0..8 {
-                    let (c, shift) = (g / 2, 4 * (g % 2));
-                    let v = |l: usize| (qs[32 * c + l] >> shift) & 0x0f;
-                    for j in 0..16 {
-                        p.q.push(v(j) | (v(j + 16) << 4));
-                    }
+                for v in q4k_values(b).chunks_exact(32) {
+                    p.q.extend_from_slice(&nibbles32(v));
                 }
             }
         }
         GgmlType::Q6_K => {
             p.fmt = FMT_Q6_K;
             for b in bytes.chunks_exact(210) {
-                let q = q6k_values(b);
-                for g in 0..8 {
-                    let v = &q[32 * g..32 * g + 32];
-                    for j in 0..16 {
-                        p.q.push((v[j] & 0x0f) | ((v[j + 16] & 0x0f) << 4));
-                    }
-                    for half in 0..2 {
-                        let mut w = 0u32;
-                        for e in 0..16 {
-                            w |= ((v[16 * half + e] >> 4) as u32 & 3) << (2 * e);
-                        }
-                        p.s.extend_from_slice(&w.to_le_bytes());
+                for v in q6k_values(b).chunks_exact(32) {
+                    p.q.extend_from_slice(&nibbles32(v));
+                    for half in v.chunks_exact(16) {
+                        p.s.extend_from_slice(&high2_16(half).to_le_bytes());
                     }
                 }
                 p.s2.extend_from_slice(&b[192..208]);
@@ -164,23 +151,6 @@ pub fn mlx_as_q4_1(
         }
     }
     Some(out)
-}
-
-/// The 256 unsigned 6-bit values (0..64) of a Q6_K super-block, in value order.
-fn q6k_values(b: &[u8]) -> [u8; QK_K] {
-    let (ql, qh) = (&b[0..128], &b[128..192]);
-    let mut q = [0u8; QK_K];
-    for h in 0..2 {
-        for t in 0..4 {
-            for l in 0..32 {
-                let e = 128 * h + 32 * t + l;
-                let low = (ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 0x0f;
-                let high = (qh[32 * h + l] >> (2 * t)) & 3;
-                q[e] = low | (high << 4);
-            }
-        }
-    }
-    q
 }
 
 /// Bytes of the quantized activations (kernels.cu quant_act) of `ntok` tokens of `cols`.

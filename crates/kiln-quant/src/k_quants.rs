@@ -120,6 +120,39 @@ pub(crate) fn dequant_q4_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// The 256 4-bit values (0..16) of a Q4_K super-block, in value order (as dequant_q4_k
+/// reads them).
+pub fn q4k_values(b: &[u8]) -> [u8; QK_K] {
+    let qs = &b[16..144];
+    std::array::from_fn(|e| {
+        let (g, l) = (e / 32, e % 32);
+        (qs[32 * (g / 2) + l] >> (4 * (g % 2))) & 0x0f
+    })
+}
+
+/// The 256 unsigned 6-bit values (0..64) of a Q6_K super-block, in value order (as
+/// dequant_q6_k reads them).
+pub fn q6k_values(b: &[u8]) -> [u8; QK_K] {
+    let (ql, qh) = (&b[0..128], &b[128..192]);
+    std::array::from_fn(|e| {
+        let (h, t, l) = (e / 128, (e / 32) % 4, e % 32);
+        let low = (ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 0x0f;
+        let high = (qh[32 * h + l] >> (2 * t)) & 3;
+        low | (high << 4)
+    })
+}
+
+/// The low 4 bits of 32 values as 16 bytes, byte j holding value j (low nibble) and value
+/// j + 16 (high nibble): the block layout of Q4_0/Q4_1, which GPU kernels read whole.
+pub fn nibbles32(v: &[u8]) -> [u8; 16] {
+    std::array::from_fn(|j| (v[j] & 0x0f) | ((v[j + 16] & 0x0f) << 4))
+}
+
+/// Bits 4..5 of 16 values in one word, value e at bits 2e (Q6_K's high bits, per half block).
+pub fn high2_16(v: &[u8]) -> u32 {
+    (0..16).fold(0, |w, e| w | (((v[e] >> 4) as u32 & 3) << (2 * e)))
+}
+
 /// Q5_K, 176 bytes: d, dmin (f16), scales[12] (as Q4_K), qh[32], qs[128]. As Q4_K plus a
 /// fifth bit: value `e = 32*g + l` adds 16 when (qh[l] >> g) & 1.
 pub(crate) fn dequant_q5_k(b: &[u8], y: &mut [f32]) {
@@ -143,19 +176,11 @@ pub(crate) fn dequant_q5_k(b: &[u8], y: &mut [f32]) {
 /// low = (ql[64*h + 32*(t % 2) + l] >> 4*(t / 2)) & 15,
 /// high = (qh[32*h + l] >> 2*t) & 3, and `d * scales[e / 16] * ((low | high << 4) - 32)`.
 pub(crate) fn dequant_q6_k(b: &[u8], y: &mut [f32]) {
-    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
+    let scales = &b[192..208];
     let d = read_f16(b, 208);
-    for h in 0..2 {
-        for t in 0..4 {
-            for l in 0..32 {
-                let e = 128 * h + 32 * t + l;
-                let low = (ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 0x0f;
-                let high = (qh[32 * h + l] >> (2 * t)) & 3;
-                let q = (low | (high << 4)) as i8 - 32;
-                let ds = d * scales[e / 16] as i8 as f32;
-                y[e] = ds * q as f32;
-            }
-        }
+    for (e, q) in q6k_values(b).into_iter().enumerate() {
+        let ds = d * scales[e / 16] as i8 as f32;
+        y[e] = ds * (q as i8 - 32) as f32;
     }
 }
 

@@ -16,7 +16,7 @@
 //! formats without a kernel of their own (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, ...) are widened to
 //! F32 (exact).
 
-use kiln_quant::{GgmlType, QuantError, QK_K};
+use kiln_quant::{high2_16, nibbles32, q4k_values, q6k_values, GgmlType, QuantError, QK_K};
 
 pub const FMT_F32: u32 = 0;
 pub const FMT_F16: u32 = 1;
@@ -78,13 +78,8 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
             p.bytes.reserve(rows * p.rw * 4);
             for b in bytes.chunks_exact(144) {
                 p.bytes.extend_from_slice(&b[..16]);
-                let qs = &b[16..144];
-                for g in 0..8 {
-                    let (c, shift) = (g / 2, 4 * (g % 2));
-                    let v = |l: usize| (qs[32 * c + l] >> shift) & 0x0f;
-                    for j in 0..16 {
-                        p.bytes.push(v(j) | (v(j + 16) << 4));
-                    }
+                for v in q4k_values(b).chunks_exact(32) {
+                    p.bytes.extend_from_slice(&nibbles32(v));
                 }
             }
         }
@@ -94,21 +89,11 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
             p.bytes.reserve(rows * p.rw * 4);
             for b in bytes.chunks_exact(210) {
                 let q = q6k_values(b);
-                for g in 0..8 {
-                    let v = &q[32 * g..32 * g + 32];
-                    for j in 0..16 {
-                        p.bytes.push((v[j] & 0x0f) | ((v[j + 16] & 0x0f) << 4));
-                    }
+                for v in q.chunks_exact(32) {
+                    p.bytes.extend_from_slice(&nibbles32(v));
                 }
-                for g in 0..8 {
-                    let v = &q[32 * g..32 * g + 32];
-                    for half in 0..2 {
-                        let mut w = 0u32;
-                        for e in 0..16 {
-                            w |= ((v[16 * half + e] >> 4) as u32 & 3) << (2 * e);
-                        }
-                        p.bytes.extend_from_slice(&w.to_le_bytes());
-                    }
+                for half in q.chunks_exact(16) {
+                    p.bytes.extend_from_slice(&high2_16(half).to_le_bytes());
                 }
                 p.bytes.extend_from_slice(&b[192..208]);
                 p.bytes.extend_from_slice(&[b[208], b[209], 0, 0]);
@@ -125,21 +110,4 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
         p.bytes.push(0);
     }
     Ok(p)
-}
-
-/// The 256 unsigned 6-bit values (0..64) of a Q6_K super-block, in value order.
-fn q6k_values(b: &[u8]) -> [u8; QK_K] {
-    let (ql, qh) = (&b[0..128], &b[128..192]);
-    let mut q = [0u8; QK_K];
-    for h in 0..2 {
-        for t in 0..4 {
-            for l in 0..32 {
-                let e = 128 * h + 32 * t + l;
-                let low = (ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 0x0f;
-                let high = (qh[32 * h + l] >> (2 * t)) & 3;
-                q[e] = low | (high << 4);
-            }
-        }
-    }
-    q
 }
