@@ -327,7 +327,7 @@ impl CudaBackend {
         // Rows the attention just wrote already quantized (attn_combine) need no quant_act.
         let pre_quantized = self.xq_src.take() == Some((x.0, n)) && norm.is_none() && n <= MAX_TOK;
         let prefetch = self.dev.pdl as i32;
-        let outs: Vec<u64> = mats.m.iter().map(|m| m.out).collect();
+        let outs = mats.m.map(|m| m.out);
         let mut t0 = 0;
         while t0 < n {
             let nt = (n - t0).min(MAX_TOK);
@@ -1247,7 +1247,18 @@ impl CudaBackend {
             "CUDA attention: head size {} (a multiple of 8, at most 256)",
             s.head_dim
         );
-        let name = format!("attn_split_{}", s.head_dim.div_ceil(32));
+        // kernels.cu's attn_split_<EPL>, EPL = head_dim / 32 rounded up.
+        const SPLIT: [&str; 8] = [
+            "attn_split_1",
+            "attn_split_2",
+            "attn_split_3",
+            "attn_split_4",
+            "attn_split_5",
+            "attn_split_6",
+            "attn_split_7",
+            "attn_split_8",
+        ];
+        let name = SPLIT[s.head_dim.div_ceil(32) - 1];
         self.set_params(s.pos0, None);
         // A grid that covers the whole cache, so one recording serves every position.
         let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
@@ -1275,7 +1286,7 @@ impl CudaBackend {
             .a(acc)
             .a(ml);
         self.dev.launch(
-            self.dev.func(&name),
+            self.dev.func(name),
             (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
             (32 * ATT_WARPS as u32, 1, 1),
             0,
