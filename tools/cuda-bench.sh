@@ -87,25 +87,5 @@ for spec in $SHAPES; do
     done
 done
 # The side-by-side table.
-python3 - "$OUT/llama-cpp.jsonl" "$OUT/kiln.jsonl" <<'PY'
-import json, os, sys
-def rows(p):
-    out = {}
-    for line in open(p):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        r = json.loads(line)
-        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-        out[(os.path.basename(r["model_filename"]), test)] = (r["avg_ts"], r["stddev_ts"])
-    return out
-lc, kn = rows(sys.argv[1]), rows(sys.argv[2])
-print("| model file | test | llama.cpp CUDA t/s | kiln CUDA t/s | kiln / llama.cpp |")
-print("|---|---|---:|---:|---:|")
-for key in sorted(set(lc) | set(kn)):
-    a, b = lc.get(key), kn.get(key)
-    ratio = f"{b[0] / a[0]:.2f}x" if a and b else ""
-    fa = f"{a[0]:.1f} ± {a[1]:.1f}" if a else "-"
-    fb = f"{b[0]:.1f} ± {b[1]:.1f}" if b else "-"
-    print(f"| {key[0]} | {key[1]} | {fa} | {fb} | {ratio} |")
-PY
+python3 "$(dirname "$0")/side_by_side.py" "$OUT/llama-cpp.jsonl" "$OUT/kiln.jsonl" \
+    "llama.cpp CUDA t/s" "kiln CUDA t/s" "kiln / llama.cpp"

@@ -60,7 +60,7 @@ if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ]; then
         export VK_DRIVER_FILES="$icd"
         echo "NVIDIA ICD: written to $icd"
     else
-        echo "NVIDIA ICD: ${icd:-none found (the loader's defaults)}"
+        echo "NVIDIA ICD: ${icd:-none found (the loader searches its defaults)}"
     fi
 else
     echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-} VK_ICD_FILENAMES=${VK_ICD_FILENAMES:-}"
@@ -88,27 +88,5 @@ for f in "${files[@]}"; do
     "$KILN" bench --device cuda -m "$f" -p "$PP" -n "$TG" -r "$REPS" \
         --json >> "$OUT/kiln-cuda.jsonl" || echo "kiln --device cuda failed on $f"
 done
-python3 - "$OUT/kiln-cuda.jsonl" "$OUT/kiln-wgpu.jsonl" <<'PY'
-import json, os, sys
-def rows(p):
-    out = {}
-    for line in open(p):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        r = json.loads(line)
-        if "n_prompt" not in r:
-            continue
-        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-        out[(os.path.basename(r["model_filename"]), test)] = (r["avg_ts"], r["stddev_ts"])
-    return out
-cu, wg = rows(sys.argv[1]), rows(sys.argv[2])
-print("| model file | test | kiln CUDA t/s | kiln wgpu (Vulkan) t/s | wgpu / CUDA |")
-print("|---|---|---:|---:|---:|")
-for key in sorted(set(cu) | set(wg)):
-    a, b = cu.get(key), wg.get(key)
-    ratio = f"{b[0] / a[0]:.2f}x" if a and b else ""
-    fa = f"{a[0]:.1f} ± {a[1]:.1f}" if a else "-"
-    fb = f"{b[0]:.1f} ± {b[1]:.1f}" if b else "-"
-    print(f"| {key[0]} | {key[1]} | {fa} | {fb} | {ratio} |")
-PY
+python3 "$(dirname "$0")/side_by_side.py" "$OUT/kiln-cuda.jsonl" "$OUT/kiln-wgpu.jsonl" \
+    "kiln CUDA t/s" "kiln wgpu (Vulkan) t/s" "wgpu / CUDA"

@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""A markdown table of two engines' llama-bench-style JSON lines, file by file and test by test.
+
+usage: side_by_side.py A.jsonl B.jsonl "A's column" "B's column" "ratio column"
+
+Lines that are not JSON objects with n_prompt/n_gen (headers, logs) are skipped; the ratio is
+B's mean over A's.
+"""
+import json
+import os
+import sys
+
+
+def rows(path):
+    out = {}
+    for line in open(path):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if "n_prompt" not in r:
+            continue
+        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        out[(os.path.basename(r["model_filename"]), test)] = (r["avg_ts"], r["stddev_ts"])
+    return out
+
+
+a_rows, b_rows = rows(sys.argv[1]), rows(sys.argv[2])
+a_name, b_name, ratio_name = sys.argv[3:6]
+print(f"| model file | test | {a_name} | {b_name} | {ratio_name} |")
+print("|---|---|---:|---:|---:|")
+for key in sorted(set(a_rows) | set(b_rows)):
+    a, b = a_rows.get(key), b_rows.get(key)
+    ratio = f"{b[0] / a[0]:.2f}x" if a and b else ""
+    fa = f"{a[0]:.1f} ± {a[1]:.1f}" if a else "-"
+    fb = f"{b[0]:.1f} ± {b[1]:.1f}" if b else "-"
+    print(f"| {key[0]} | {key[1]} | {fa} | {fb} | {ratio} |")
