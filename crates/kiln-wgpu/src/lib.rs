@@ -198,21 +198,11 @@ impl WgpuBackend {
         let eps = f(norm.map_or(0.0, |(_, e)| e));
         let flags = (norm.is_some() as u32) << 1 | (write_q as u32) << 2;
         // Matrix-vector dispatches: the three products of matmul3 in one, else one each.
-        type Entry<'a> = (
-            &'a WgpuWeight,
-            Option<&'a WgpuWeight>,
-            Option<&'a WgpuTensor>,
-            &'a WgpuTensor,
-            u32,
-        );
         let three = list.len() == 3 && list.iter().all(|l| l.1.is_none() && l.4 == MODE_STORE);
-        let batches: Vec<&[Entry]> = match three {
-            true => vec![list],
-            false => list.chunks(1).collect(),
-        };
+        let batches = list.chunks(if three { 3 } else { 1 });
         let g = self.groups();
         let matvec = |module: &'static str, xb: &Buf, nwb: &Buf, offs: [usize; 3]| {
-            for batch in &batches {
+            for batch in batches.clone() {
                 let (w, w2, _, out, mode) = batch[0];
                 let mode = if batch.len() == 3 { MODE_THREE } else { mode };
                 let rows: usize = batch.iter().map(|e| e.0.rows).sum();
