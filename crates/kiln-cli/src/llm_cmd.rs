@@ -178,12 +178,18 @@ pub fn load_on<B: Backend>(backend: B, model: &str, m: &ModelArgs) -> anyhow::Re
     Ok(llm)
 }
 
-/// Fails unless `m.device` can be opened (no GPU, no driver, a build without the backend),
-/// once, before any model loads.
-pub fn check_device(m: &ModelArgs) -> anyhow::Result<()> {
+/// `--reference` is the CPU's scalar path: refused with another device.
+pub fn check_reference(m: &ModelArgs) -> anyhow::Result<()> {
     if m.reference && m.device != Device::Cpu {
         anyhow::bail!("--reference runs on the CPU only (leave out --device)");
     }
+    Ok(())
+}
+
+/// Fails unless `m.device` can be opened (no GPU, no driver, a build without the backend),
+/// for callers that open it later on another thread (the server's scheduler).
+pub fn check_device(m: &ModelArgs) -> anyhow::Result<()> {
+    check_reference(m)?;
     match m.device {
         Device::Cpu => {}
         Device::Cuda => drop(crate::cuda_backend()?),
@@ -193,11 +199,12 @@ pub fn check_device(m: &ModelArgs) -> anyhow::Result<()> {
 }
 
 /// Evaluates `$body` with `$l` bound to the model loader of `$m.device` (the CPU, or a new
-/// CUDA / wgpu backend per model): `$body` is a generic call, instantiated per backend.
+/// CUDA / wgpu backend per model, opened before the model is looked at, so a missing GPU is
+/// the first error): `$body` is a generic call, instantiated per backend.
 macro_rules! with_device {
     ($m:expr, |$l:ident| $body:expr) => {{
         let m: &$crate::ModelArgs = $m;
-        $crate::llm_cmd::check_device(m)?;
+        $crate::llm_cmd::check_reference(m)?;
         match m.device {
             $crate::Device::Cpu => {
                 let $l = &|name: &str| $crate::llm_cmd::load(name, m);
