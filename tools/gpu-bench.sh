@@ -12,6 +12,7 @@
 #          tools/make_bench_models.py, and the catalog's SmolLM2-135M if it is cached]
 #
 # Environment:
+#   KILN_CUDA        the binary for the CUDA column [default: KILN]
 #   ADAPTER          substring of the Vulkan adapter to use [default: NVIDIA]: a run that
 #                    finds no such adapter fails and lists the adapters it found, so a
 #                    missing NVIDIA Vulkan driver never passes for a result on llvmpipe
@@ -28,6 +29,7 @@
 # stdout, JSON lines in $OUT, then a side-by-side table (wgpu / CUDA).
 set -euo pipefail
 KILN="$1"; shift
+KILN_CUDA="${KILN_CUDA:-$KILN}"
 export KILN_HOME="${KILN_HOME:-/tmp/kiln-home}"
 WORK="${WORK:-/tmp/kiln-gpu-bench}"
 OUT="${OUT:-$WORK/out}"
@@ -85,7 +87,7 @@ for f in "${files[@]}"; do
     echo "== $f"
     "$KILN" bench --device gpu --adapter "$ADAPTER" -m "$f" -p "$PP" -n "$TG" -r "$REPS" \
         --json >> "$OUT/kiln-wgpu.jsonl" || echo "kiln --device gpu failed on $f"
-    "$KILN" bench --device cuda -m "$f" -p "$PP" -n "$TG" -r "$REPS" \
+    "$KILN_CUDA" bench --device cuda -m "$f" -p "$PP" -n "$TG" -r "$REPS" \
         --json >> "$OUT/kiln-cuda.jsonl" || echo "kiln --device cuda failed on $f"
 done
 python3 "$(dirname "$0")/side_by_side.py" "$OUT/kiln-cuda.jsonl" "$OUT/kiln-wgpu.jsonl" \

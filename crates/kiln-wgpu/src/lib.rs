@@ -8,10 +8,11 @@
 //! workgroup's prologue, a tiled GEMM for prompts, per-head q/k norm + RoPE + KV-cache store,
 //! split-K attention over an f16 (or f32) KV cache, SwiGLU, residual adds done by the
 //! producing product, greedy argmax. A decode layer is 6 dispatches (q/k/v products; heads;
-//! attention; output product + residual; gate/up + SwiGLU; down product + residual).
-//! Pipelines of the products are specialised on the weight formats (override constants).
-//! Nothing is submitted until a result is read: a decode step is one command buffer, read
-//! back as one argmax (or its logits). Weights are uploaded once; scratch buffers are sized
+//! attention (+ a combine of its splits); output product + residual; gate/up + SwiGLU; down
+//! product + residual). Pipelines of the products are specialised on the weight formats
+//! (override constants). Work is submitted every 32 dispatches on GPUs (device.rs
+//! `flush_every`), else when a result is read; a step is read back as one argmax (or its
+//! logits). Weights are uploaded once; scratch buffers are sized
 //! on first use and kept.
 //!
 //! Subgroup operations are used where the adapter has them (`Features::SUBGROUP`; a row of
@@ -39,6 +40,14 @@ use pack::{FMT_F16, FMT_F32};
 const GEMM_MIN_TOKENS: usize = 16;
 /// Keys per attention workgroup (attention.wgsl CH).
 const ATT_CHUNK: usize = 256;
+/// Tokens up to which attention runs as decode attention (attention.wgsl attn_dec); its
+/// most splits of a head's keys, and its fewest keys per split (short contexts still give
+/// a GPU's multiprocessors heads x splits workgroups).
+const DEC_MAX_TOKENS: usize = 4;
+const DEC_SPLITS: usize = 16;
+const DEC_MIN_KEYS: usize = 16;
+/// Columns per workgroup of greedy sampling's first pass (misc.wgsl argmax).
+const ARGMAX_CHUNK: usize = 4096;
 /// Product modes (matvec.wgsl).
 const MODE_STORE: u32 = 0;
 const MODE_ADD: u32 = 1;
@@ -479,11 +488,25 @@ impl WgpuBackend {
         if s.n_tokens == 0 {
             return;
         }
-        let splits = (s.pos0 + s.n_tokens).div_ceil(ATT_CHUNK);
+        // A few tokens (decode): attn_dec over up to DEC_SPLITS splits of DEC_MIN_KEYS or more;
+        // else attn_split over chunks of ATT_CHUNK keys.
+        let len = s.pos0 + s.n_tokens;
+        let dec = s.n_tokens <= DEC_MAX_TOKENS;
+        let (splits, per) = if dec {
+            let splits = len.div_ceil(DEC_MIN_KEYS).clamp(1, DEC_SPLITS);
+            (splits, len.div_ceil(splits))
+        } else {
+            (len.div_ceil(ATT_CHUNK), ATT_CHUNK)
+        };
         let slots = s.n_tokens * s.n_heads * splits;
         let ml_off = slots * s.head_dim;
         // Sized for the whole cache at once, so a growing context never reallocates it.
-        let most = s.n_tokens * s.n_heads * cache.n_ctx.div_ceil(ATT_CHUNK).max(splits);
+        let most_splits = if dec {
+            DEC_SPLITS
+        } else {
+            cache.n_ctx.div_ceil(ATT_CHUNK).max(splits)
+        };
+        let most = s.n_tokens * s.n_heads * most_splits;
         let part = ensure(
             &self.gpu,
             &mut self.scratch.borrow_mut().attn,
@@ -505,10 +528,11 @@ impl WgpuBackend {
             q.cols as u32,
             (row0 * out.cols) as u32,
             out.cols as u32,
+            per as u32,
         ];
         self.gpu.dispatch(
             "attention",
-            "attn_split",
+            if dec { "attn_dec" } else { "attn_split" },
             &p,
             &[&q.buf, &cache.k, &cache.v, &part, &out.buf],
             (s.n_heads as u32, splits as u32, s.n_tokens as u32),
@@ -928,21 +952,29 @@ impl Backend for WgpuBackend {
         if n == 0 {
             return Vec::new();
         }
+        assert_eq!(cols, x.cols, "argmax over {cols} of {} columns", x.cols);
+        // Parts of ARGMAX_CHUNK columns, then one merge per row; the indices follow the
+        // parts' (value, index) pairs.
+        let parts = cols.div_ceil(ARGMAX_CHUNK).max(1);
+        let idx_off = 2 * n * parts;
         let out = ensure(
             &self.gpu,
             &mut self.scratch.borrow_mut().argmax,
-            4 * n.max(64),
+            4 * (idx_off + n).max(64),
         );
-        assert_eq!(cols, x.cols, "argmax over {cols} of {} columns", x.cols);
-        self.gpu.dispatch(
-            "misc",
-            "argmax",
-            &[cols as u32],
-            &[&x.buf, &out],
-            (n as u32, 1, 1),
-        );
+        let p = [
+            cols as u32,
+            ARGMAX_CHUNK as u32,
+            parts as u32,
+            idx_off as u32,
+        ];
+        let bufs = [&x.buf, &out];
+        self.gpu
+            .dispatch("misc", "argmax", &p, &bufs, (parts as u32, n as u32, 1));
+        self.gpu
+            .dispatch("misc", "argmax_final", &p, &bufs, (n as u32, 1, 1));
         let mut bytes = vec![0u8; 4 * n];
-        self.gpu.read(&out, 0, &mut bytes);
+        self.gpu.read(&out, 4 * idx_off as u64, &mut bytes);
         bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))

@@ -4,7 +4,8 @@
 // chunks. Token t sees positions 0..pos0 + t. Cache planes are (kv_heads, n_ctx, head_dim),
 // f16 two per word or f32.
 // split params: 0 heads, 1 kv_heads, 2 hd, 3 n_ctx, 4 pos0, 5 plane, 6 kv_f16, 7 scale,
-//               8 splits, 9 q_off, 10 ml_off, 11 q_ld, 12 out_off, 13 out_ld
+//               8 splits, 9 q_off, 10 ml_off, 11 q_ld, 12 out_off, 13 out_ld,
+//               14 keys per split (attn_dec)
 // With one split, attn_split writes the output itself (acc / l) and no combine runs.
 
 @group(0) @binding(1) var<storage, read_write> Q: array<f32>;
@@ -73,6 +74,133 @@ fn attn_split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
             OUT[P(12u) + t * P(13u) + h * hd + li] = acc / l;
         } else {
             PART[slot * hd + li] = acc;
+        }
+    }
+    if (li == 0u) {
+        PART[P(10u) + 2u * slot] = select(NEG_INF, m, k1 > k0);
+        PART[P(10u) + 2u * slot + 1u] = l;
+    }
+}
+
+// Two elements (pair p) of the head row starting at element b of the K (buf 0) or V cache.
+fn kv2(buf: u32, b: u32, p: u32) -> vec2<f32> {
+    if (P(6u) == 1u) {
+        let i = (b >> 1u) + p;
+        if (buf == 0u) { return unpack2x16float(KC[i]); }
+        return unpack2x16float(VC[i]);
+    }
+    let i = b + 2u * p;
+    if (buf == 0u) { return vec2<f32>(bitcast<f32>(KC[i]), bitcast<f32>(KC[i + 1u])); }
+    return vec2<f32>(bitcast<f32>(VC[i]), bitcast<f32>(VC[i + 1u]));
+}
+
+var<workgroup> q2: array<vec2<f32>, 128>;
+var<workgroup> sp: array<f32, 256>;
+var<workgroup> pk: array<f32, 32>;
+var<workgroup> accs: array<vec2<f32>, 512>;
+
+// Decode attention (a few tokens): workgroup (query head, split, token) over the split's
+// keys P(14) * s .. + P(14), 32 keys per step so that every load has many in flight: q.k by
+// 8 invocations per key (each a strided eighth of the head), p.V by 4 key groups x 64 pair
+// lanes, the softmax online across steps. Partials and params as attn_split.
+@compute @workgroup_size(256)
+fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let h = wg.x;
+    let s = wg.y;
+    let t = wg.z;
+    let heads = P(0u);
+    let hd = P(2u);
+    let np = hd / 2u;
+    let g = heads / P(1u);
+    let kvh = h / g;
+    let len = P(4u) + t + 1u;
+    let k0 = s * P(14u);
+    let k1 = min(len, k0 + P(14u));
+    let qb = P(9u) + t * P(11u) + h * hd;
+    if (li < np) { q2[li] = vec2<f32>(Q[qb + 2u * li], Q[qb + 2u * li + 1u]) * PF(7u); }
+    workgroupBarrier();
+    let plane = P(5u) + kvh * P(3u) * hd;
+    let r = li & 7u;
+    let kk = li >> 3u;
+    let kg = li >> 6u;
+    let pt = li & 63u;
+    var m = NEG_INF;
+    var l = 0.0;
+    var acc0 = vec2<f32>(0.0);
+    var acc1 = vec2<f32>(0.0);
+    for (var j0 = k0; j0 < k1; j0 += 32u) {
+        let key = j0 + kk;
+        var a = 0.0;
+        if (key < k1) {
+            let kb = plane + key * hd;
+            var p = r;
+            for (; p + 24u < np; p += 32u) {
+                let x0 = kv2(0u, kb, p);
+                let x1 = kv2(0u, kb, p + 8u);
+                let x2 = kv2(0u, kb, p + 16u);
+                let x3 = kv2(0u, kb, p + 24u);
+                a += dot(q2[p], x0) + dot(q2[p + 8u], x1) + dot(q2[p + 16u], x2)
+                    + dot(q2[p + 24u], x3);
+            }
+            for (; p < np; p += 8u) { a += dot(q2[p], kv2(0u, kb, p)); }
+        }
+        sp[li] = a;
+        workgroupBarrier();
+        if (li < 32u) {
+            var sc = NEG_INF;
+            if (j0 + li < k1) {
+                let o = 8u * li;
+                sc = sp[o] + sp[o + 1u] + sp[o + 2u] + sp[o + 3u] + sp[o + 4u] + sp[o + 5u]
+                    + sp[o + 6u] + sp[o + 7u];
+            }
+            pk[li] = sc;
+        }
+        workgroupBarrier();
+        var ms = NEG_INF;
+        for (var j = 0u; j < 32u; j++) { ms = max(ms, pk[j]); }
+        let mn = max(m, ms);
+        let corr = exp(m - mn);
+        workgroupBarrier();
+        if (li < 32u) { pk[li] = select(0.0, exp(pk[li] - mn), j0 + li < k1); }
+        workgroupBarrier();
+        var ls = 0.0;
+        for (var j = 0u; j < 32u; j++) { ls += pk[j]; }
+        l = l * corr + ls;
+        m = mn;
+        acc0 *= corr;
+        acc1 *= corr;
+        let nk = min(32u, k1 - j0);
+        var j = kg;
+        for (; j + 4u < nk; j += 8u) {
+            let va = plane + (j0 + j) * hd;
+            let vb = va + 4u * hd;
+            if (pt < np) {
+                acc0 += pk[j] * kv2(1u, va, pt) + pk[j + 4u] * kv2(1u, vb, pt);
+            }
+            if (pt + 64u < np) {
+                acc1 += pk[j] * kv2(1u, va, pt + 64u) + pk[j + 4u] * kv2(1u, vb, pt + 64u);
+            }
+        }
+        for (; j < nk; j += 4u) {
+            let va = plane + (j0 + j) * hd;
+            if (pt < np) { acc0 += pk[j] * kv2(1u, va, pt); }
+            if (pt + 64u < np) { acc1 += pk[j] * kv2(1u, va, pt + 64u); }
+        }
+        workgroupBarrier();
+    }
+    accs[kg * 128u + pt] = acc0;
+    accs[kg * 128u + pt + 64u] = acc1;
+    workgroupBarrier();
+    let slot = (t * heads + h) * P(8u) + s;
+    if (li < np) {
+        let v = accs[li] + accs[128u + li] + accs[256u + li] + accs[384u + li];
+        if (P(8u) == 1u) {
+            let o = P(12u) + t * P(13u) + h * hd + 2u * li;
+            OUT[o] = v.x / l;
+            OUT[o + 1u] = v.y / l;
+        } else {
+            PART[slot * hd + 2u * li] = v.x;
+            PART[slot * hd + 2u * li + 1u] = v.y;
         }
     }
     if (li == 0u) {

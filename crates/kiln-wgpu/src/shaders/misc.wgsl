@@ -57,31 +57,63 @@ fn im2col(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: v
 var<workgroup> best_i: array<u32, 256>;
 var<workgroup> best_v: array<f32, 256>;
 
-// B[row] = the first index of the largest value of A's row (cols = P(0)); NaN never wins.
-@compute @workgroup_size(256)
-fn argmax(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let cols = P(0u);
-    let base = wg.x * cols;
-    var bv = NEG_INF;
-    var bi = 0xffffffffu;
-    for (var c = li; c < cols; c += WG) {
-        let v = fa(base + c);
-        if (v == v && (bi == 0xffffffffu || v > bv)) { bv = v; bi = c; }
-    }
+// Whether (ov, oi) beats (v, i): larger, or as large at a smaller index; index 0xffffffff
+// holds nothing (a NaN or an empty range).
+fn beats(ov: f32, oi: u32, v: f32, i: u32) -> bool {
+    return oi != 0xffffffffu && (i == 0xffffffffu || ov > v || (ov == v && oi < i));
+}
+
+// The best of the workgroup's (bv, bi) in best_v[0], best_i[0].
+fn best_of_workgroup(bv: f32, bi: u32, li: u32) {
     best_v[li] = bv;
     best_i[li] = bi;
     for (var s = 128u; s > 0u; s = s >> 1u) {
         workgroupBarrier();
-        if (li < s) {
-            let ov = best_v[li + s];
-            let oi = best_i[li + s];
-            let mine = best_i[li];
-            if (oi != 0xffffffffu && (mine == 0xffffffffu || ov > best_v[li] || (ov == best_v[li] && oi < mine))) {
-                best_v[li] = ov;
-                best_i[li] = oi;
-            }
+        if (li < s && beats(best_v[li + s], best_i[li + s], best_v[li], best_i[li])) {
+            best_v[li] = best_v[li + s];
+            best_i[li] = best_i[li + s];
         }
     }
     workgroupBarrier();
-    if (li == 0u) { B[wg.x] = select(best_i[0], 0u, best_i[0] == 0xffffffffu); }
+}
+
+// Greedy sampling in two passes, so a long row is read by many workgroups at once.
+// argmax: workgroup (part, row) takes columns part * chunk .. + chunk of row (cols = P(0),
+// chunk = P(1), parts = P(2)) and writes its best (value bits, index) to B[2 * (row * parts
+// + part)]; NaN never wins.
+@compute @workgroup_size(256)
+fn argmax(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let cols = P(0u);
+    let c0 = wg.x * P(1u);
+    let c1 = min(cols, c0 + P(1u));
+    let base = wg.y * cols;
+    var bv = NEG_INF;
+    var bi = 0xffffffffu;
+    for (var c = c0 + li; c < c1; c += WG) {
+        let v = fa(base + c);
+        if (v == v && (bi == 0xffffffffu || v > bv)) { bv = v; bi = c; }
+    }
+    best_of_workgroup(bv, bi, li);
+    if (li == 0u) {
+        let o = 2u * (wg.y * P(2u) + wg.x);
+        B[o] = bitcast<u32>(best_v[0]);
+        B[o + 1u] = best_i[0];
+    }
+}
+
+// argmax_final: workgroup `row` merges its P(2) parts into B[P(3) + row] (index 0 for a row
+// of NaNs).
+@compute @workgroup_size(256)
+fn argmax_final(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let parts = P(2u);
+    var bv = NEG_INF;
+    var bi = 0xffffffffu;
+    for (var k = li; k < parts; k += WG) {
+        let o = 2u * (wg.x * parts + k);
+        let ov = bitcast<f32>(B[o]);
+        let oi = B[o + 1u];
+        if (beats(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    best_of_workgroup(bv, bi, li);
+    if (li == 0u) { B[P(3u) + wg.x] = select(best_i[0], 0u, best_i[0] == 0xffffffffu); }
 }
