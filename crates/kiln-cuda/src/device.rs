@@ -1,9 +1,11 @@
 //! The device side: the CUDA context and stream, device buffers, the kernel module (compiled
 //! by NVRTC once per source and architecture, the PTX cached on disk) and launches.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaContext, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::{CompileOptions, Ptx};
@@ -43,6 +45,27 @@ impl DevBuf {
     }
 }
 
+impl Drop for Device {
+    fn drop(&mut self) {
+        let Some(t) = &self.times else { return };
+        eprintln!("CUDA host time per kind of call (KILN_CUDA_TIMES):");
+        for (name, c) in [
+            ("kernel launches", &t.launch),
+            ("graph launches", &t.graph),
+            ("copies to the device", &t.htod),
+            ("copies from the device", &t.dtoh),
+            ("waits after them", &t.sync),
+        ] {
+            let (n, ns) = c.get();
+            eprintln!(
+                "  {name:<24} {n:>9} calls {:>10.2} ms {:>8.2} us each",
+                ns as f64 / 1e6,
+                ns as f64 / 1e3 / n.max(1) as f64
+            );
+        }
+    }
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
         unsafe {
@@ -78,7 +101,31 @@ pub const KERNELS: &[&str] = &[
     "add_bias",
 ];
 
+/// Host time per kind of driver call (KILN_CUDA_TIMES=1), printed when the device is dropped:
+/// where a decode step's host time goes.
+#[derive(Default)]
+pub struct HostTimes {
+    /// (calls, nanoseconds): kernel launches, graph launches, copies to the device, copies
+    /// from it (the call), waits for the stream after them.
+    pub launch: Cell<(u64, u128)>,
+    pub graph: Cell<(u64, u128)>,
+    pub htod: Cell<(u64, u128)>,
+    pub dtoh: Cell<(u64, u128)>,
+    pub sync: Cell<(u64, u128)>,
+}
+
+impl HostTimes {
+    pub fn add(&self, c: &Cell<(u64, u128)>, t0: Option<Instant>) {
+        if let Some(t0) = t0 {
+            let (n, ns) = c.get();
+            c.set((n + 1, ns + t0.elapsed().as_nanos()));
+        }
+    }
+}
+
 pub struct Device {
+    /// Some with KILN_CUDA_TIMES=1.
+    pub times: Option<HostTimes>,
     #[allow(dead_code)] // keeps the context alive
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -152,6 +199,9 @@ impl Device {
             .new_stream()
             .map_err(|e| init_err("creating a stream", e))?;
         Ok(Device {
+            times: std::env::var("KILN_CUDA_TIMES")
+                .is_ok_and(|v| v == "1")
+                .then(HostTimes::default),
             ctx,
             stream,
             _module: module,
@@ -183,9 +233,13 @@ impl Device {
         smem: u32,
         args: &mut [*mut c_void],
     ) {
+        let t0 = self.t0();
         if !self.pdl {
             unsafe { result::launch_kernel(f, grid, block, smem, self.cu_stream(), args) }
                 .unwrap_or_else(|e| panic!("CUDA: kernel launch failed: {e:?}"));
+            if let Some(t) = &self.times {
+                t.add(&t.launch, t0);
+            }
             return;
         }
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -212,19 +266,32 @@ impl Device {
             return;
         }
         // Pageable host memory: the call returns once the data is staged, so `src` may go.
+        let t0 = self.t0();
         unsafe { result::memcpy_htod_async(dst, src, self.cu_stream()) }
             .unwrap_or_else(|e| panic!("CUDA: copy to the device failed: {e:?}"));
+        if let Some(t) = &self.times {
+            t.add(&t.htod, t0);
+        }
+    }
+
+    /// Now, when host times are kept.
+    pub fn t0(&self) -> Option<Instant> {
+        self.times.as_ref().map(|_| Instant::now())
     }
 
     pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: sys::CUdeviceptr) {
         if dst.is_empty() {
             return;
         }
-        unsafe {
-            result::memcpy_dtoh_async(dst, src, self.cu_stream())
-                .and_then(|_| result::stream::synchronize(self.cu_stream()))
+        let t0 = self.t0();
+        let r = unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) };
+        let t1 = self.t0();
+        let r = r.and_then(|_| unsafe { result::stream::synchronize(self.cu_stream()) });
+        if let Some(t) = &self.times {
+            t.add(&t.dtoh, t0);
+            t.add(&t.sync, t1);
         }
-        .unwrap_or_else(|e| panic!("CUDA: copy from the device failed: {e:?}"));
+        r.unwrap_or_else(|e| panic!("CUDA: copy from the device failed: {e:?}"));
     }
 
     pub fn dtod(&self, dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize) {

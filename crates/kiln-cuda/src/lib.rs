@@ -1122,8 +1122,12 @@ impl Backend for CudaBackend {
         }
         self.set_params(pos0, Some(tokens));
         if let Some(g) = self.graphs.borrow().get(&key) {
+            let t0 = self.dev.t0();
             unsafe { sys::cuGraphLaunch(g.exec, self.dev.cu_stream()).result() }
                 .unwrap_or_else(|e| panic!("CUDA: graph launch failed: {e:?}"));
+            if let Some(t) = &self.dev.times {
+                t.add(&t.graph, t0);
+            }
             return Ok(());
         }
         if self.seen.borrow_mut().insert(key) {
