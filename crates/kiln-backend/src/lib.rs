@@ -579,6 +579,25 @@ pub trait Backend {
         s: Conv1dShape,
         out: &mut Self::Tensor,
     );
+    /// A transposed convolution's weight (`conv_transpose1d`'s layout (c_in, c_out, k)) in the
+    /// backend's layout for [`Backend::conv_transpose1d_packed`], or None where the backend
+    /// has none for shape `s` (the caller keeps `conv_transpose1d` on the f32 weight).
+    fn conv_transpose_weight(&self, w: &[f32], s: Conv1dShape) -> Option<Self::Weight> {
+        let _ = (w, s);
+        None
+    }
+    /// `conv_transpose1d` with the weight from [`Backend::conv_transpose_weight`].
+    fn conv_transpose1d_packed(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+        s: Conv1dShape,
+        out: &mut Self::Tensor,
+    ) {
+        let _ = (x, w, bias, s, out);
+        unreachable!("conv_transpose1d_packed needs a weight from conv_transpose_weight")
+    }
     /// One LSTM direction from zero state: h_t written to `out` (len, out.cols) at `s.out_col`.
     fn lstm(
         &self,

@@ -65,6 +65,8 @@ pub struct CpuWeight {
     pub amx: Option<Box<kernels::amx::PackedB>>,
     /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
     pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
+    /// A transposed convolution's weight as stacked phases ([`Backend::conv_transpose_weight`]).
+    pub conv_t: Option<Box<ops::conv1d_amx::PackedConvT>>,
 }
 
 impl CpuWeight {
@@ -276,6 +278,7 @@ impl Backend for CpuBackend {
                 mlx: None,
                 amx: None,
                 conv: None,
+                conv_t: None,
             });
         }
         let mut weight = CpuWeight {
@@ -288,6 +291,7 @@ impl Backend for CpuBackend {
             mlx: None,
             amx: None,
             conv: None,
+            conv_t: None,
         };
         for (src, dst) in w
             .bytes
@@ -313,6 +317,7 @@ impl Backend for CpuBackend {
                 mlx: None,
                 amx: None,
                 conv: None,
+                conv_t: None,
             };
         }
         Ok(weight)
@@ -353,6 +358,7 @@ impl Backend for CpuBackend {
             + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
             + w.amx.as_ref().map_or(0, |p| p.bytes())
             + w.conv.as_ref().map_or(0, |p| p.bytes())
+            + w.conv_t.as_ref().map_or(0, |p| p.bytes())
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
@@ -809,6 +815,7 @@ impl Backend for CpuBackend {
             mlx: None,
             amx: None,
             conv: Some(Box::new(packed)),
+            conv_t: None,
         })
     }
 
@@ -836,6 +843,40 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         ops::conv1d_nc::conv_transpose1d(&self.pool, x, w, bias, s, out)
+    }
+
+    fn conv_transpose_weight(&self, w: &[f32], s: Conv1dShape) -> Option<CpuWeight> {
+        if self.reference {
+            return None;
+        }
+        let packed = ops::conv1d_amx::pack_transposed(w, &s)?;
+        Some(CpuWeight {
+            ty: GgmlType::F32,
+            rows: s.c_out,
+            cols: 0,
+            row_bytes: 0,
+            x8: false,
+            bytes: Vec::new(),
+            mlx: None,
+            amx: None,
+            conv: None,
+            conv_t: Some(Box::new(packed)),
+        })
+    }
+
+    fn conv_transpose1d_packed(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        bias: Option<&CpuTensor>,
+        s: Conv1dShape,
+        out: &mut CpuTensor,
+    ) {
+        let p = w
+            .conv_t
+            .as_deref()
+            .expect("conv_transpose1d_packed: a weight made by conv_transpose_weight");
+        ops::conv1d_amx::conv_transpose1d(&self.pool, x, p, bias, s, out)
     }
 
     fn lstm(

@@ -177,8 +177,9 @@ impl<B: Backend> Linear<B> {
 /// Conv1d / ConvTranspose1d with PyTorch's hyper-parameters.
 pub struct Conv<B: Backend> {
     w: B::Tensor,
-    /// The backend's integer form of the weight, where it multiplies this layer on integers.
-    w8: Option<B::Weight>,
+    /// The backend's packed form of the weight: integer where it multiplies this layer on
+    /// integers, the transposed layer's phases where it has a kernel for them.
+    packed: Option<B::Weight>,
     bias: Option<B::Tensor>,
     pub c_in: usize,
     pub c_out: usize,
@@ -232,7 +233,8 @@ impl<B: Backend> Conv<B> {
             [c_out, c_in / s.groups, s.k]
         };
         let wn = format!("{name}.weight");
-        let w = tensor(b, p, &wn, &shape)?;
+        let wv = p.get(&wn, &shape)?;
+        let w = b.tensor_from(wv.data.len() / s.k, s.k, &wv.data);
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[c_out])?)
@@ -242,7 +244,7 @@ impl<B: Backend> Conv<B> {
         let integer = p.is_integer(&wn);
         let mut conv = Conv {
             w,
-            w8: None,
+            packed: None,
             bias,
             c_in,
             c_out,
@@ -255,13 +257,15 @@ impl<B: Backend> Conv<B> {
             transposed: s.transposed,
             integer,
         };
-        if let (true, false, Some(q)) = (integer, conv.transposed, p.quantized(&wn)) {
+        if conv.transposed {
+            conv.packed = b.conv_transpose_weight(&wv.data, conv.shape(1));
+        } else if let (true, Some(q)) = (integer, p.quantized(&wn)) {
             let wq = ConvWeightQ8 {
                 q: &q.q,
                 zero: &q.zero,
                 scale: &q.scale,
             };
-            conv.w8 = b.conv_weight_q8(wq, conv.shape(0));
+            conv.packed = b.conv_weight_q8(wq, conv.shape(0));
         }
         Ok(conv)
     }
@@ -294,9 +298,11 @@ impl<B: Backend> Conv<B> {
         let s = self.shape(len);
         let lo = self.len_out(len);
         let mut out = cx.b.tensor(self.c_out, lo);
-        if self.transposed {
+        if let (true, Some(wt)) = (self.transposed, &self.packed) {
+            cx.b.conv_transpose1d_packed(x, wt, self.bias.as_ref(), s, &mut out);
+        } else if self.transposed {
             cx.b.conv_transpose1d(x, &self.w, self.bias.as_ref(), s, &mut out);
-        } else if let (Some(w8), true) = (&self.w8, cx.quant) {
+        } else if let (Some(w8), true) = (&self.packed, cx.quant) {
             cx.b.conv1d_q8(x, w8, self.bias.as_ref(), s, &mut out);
         } else if self.integer && cx.quant {
             let q = cx.quantized(x, self.c_in, len);
