@@ -570,6 +570,37 @@ pub trait Backend {
         let _ = (x, w, bias, s, out);
         unreachable!("conv1d_q8 needs a weight from conv_weight_q8, which returned None here")
     }
+    /// `conv1d_q8` of x after `ada_in` (gamma_beta, eps) and, with alpha, `snake`, as one op
+    /// (x is left as it is); with `accumulate` the result is added to out, not written over
+    /// it. This default runs the ops one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn ada_in_snake_conv1d_q8(
+        &self,
+        x: &Self::Tensor,
+        gamma_beta: &Self::Tensor,
+        alpha: Option<&Self::Tensor>,
+        eps: f32,
+        w: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+        s: Conv1dShape,
+        accumulate: bool,
+        out: &mut Self::Tensor,
+    ) {
+        let (c, len) = (s.c_in, s.len_in);
+        let mut t = self.tensor(c, len);
+        self.copy_rows(x, 0, c, &mut t, 0);
+        self.ada_in(&mut t, gamma_beta, c, len, eps);
+        if let Some(a) = alpha {
+            self.snake(&mut t, a, c, len);
+        }
+        if accumulate {
+            let mut y = self.tensor(s.c_out, s.len_out());
+            self.conv1d_q8(&t, w, bias, s, &mut y);
+            self.add(out, &y, s.c_out);
+        } else {
+            self.conv1d_q8(&t, w, bias, s, out);
+        }
+    }
     /// out (c_out, len_out_transposed) = conv_transpose1d(x (c_in, len_in), w) + bias (c_out)
     fn conv_transpose1d(
         &self,

@@ -831,7 +831,49 @@ impl Backend for CpuBackend {
             .conv
             .as_deref()
             .expect("conv1d_q8: a weight made by conv_weight_q8");
-        ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, out)
+        ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, None, false, out)
+    }
+
+    fn ada_in_snake_conv1d_q8(
+        &self,
+        x: &CpuTensor,
+        gamma_beta: &CpuTensor,
+        alpha: Option<&CpuTensor>,
+        eps: f32,
+        w: &CpuWeight,
+        bias: Option<&CpuTensor>,
+        s: Conv1dShape,
+        accumulate: bool,
+        out: &mut CpuTensor,
+    ) {
+        let p = w
+            .conv
+            .as_deref()
+            .expect("ada_in_snake_conv1d_q8: a weight made by conv_weight_q8");
+        let (c, len) = (s.c_in, s.len_in);
+        assert!(x.data.len() >= c * len, "feature map shape");
+        // AdaIN's per-channel (scale, shift), in parallel over channels.
+        let mut map = vec![0f32; 2 * c];
+        let mp = par::SharedMut(map.as_mut_ptr());
+        self.pool.run(c, |a, b| {
+            let mp = mp;
+            for ch in a..b {
+                let (g, bb) = (1.0 + gamma_beta.data[ch], gamma_beta.data[c + ch]);
+                let r = &x.data[ch * len..(ch + 1) * len];
+                let (sc, sh) = ops::vmath::ada_in_map(r, g, bb, eps);
+                // SAFETY: entries ch and c + ch are this thread's alone; they lie in map.
+                unsafe {
+                    mp.write(ch, sc);
+                    mp.write(c + ch, sh);
+                }
+            }
+        });
+        let pre = ops::conv1d_q8::Pre {
+            scale: &map[..c],
+            shift: &map[c..],
+            alpha: alpha.map(|a| &a.data[..c]),
+        };
+        ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, Some(pre), accumulate, out)
     }
 
     fn conv_transpose1d(

@@ -314,6 +314,81 @@ impl<B: Backend> Conv<B> {
     }
 }
 
+impl<B: Backend> Conv<B> {
+    /// (c_out, len_out) = this layer on snake_alpha(norm(x)), x (c_in, len) left as it is.
+    pub fn forward_normed(
+        &self,
+        cx: &Ctx<B>,
+        x: &B::Tensor,
+        norm: &AdaIn<B>,
+        alpha: &B::Tensor,
+        s: &B::Tensor,
+        len: usize,
+    ) -> B::Tensor {
+        let mut out = cx.b.tensor(self.c_out, self.len_out(len));
+        self.normed(cx, x, norm, alpha, s, len, false, &mut out);
+        out
+    }
+
+    /// acc (c_out, len_out) += this layer on snake_alpha(norm(x)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_forward_normed(
+        &self,
+        cx: &Ctx<B>,
+        x: &B::Tensor,
+        norm: &AdaIn<B>,
+        alpha: &B::Tensor,
+        s: &B::Tensor,
+        len: usize,
+        acc: &mut B::Tensor,
+    ) {
+        self.normed(cx, x, norm, alpha, s, len, true, acc)
+    }
+
+    /// One op where the backend runs this layer on integers; else AdaIN, Snake, the layer and
+    /// the sum one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn normed(
+        &self,
+        cx: &Ctx<B>,
+        x: &B::Tensor,
+        norm: &AdaIn<B>,
+        alpha: &B::Tensor,
+        s: &B::Tensor,
+        len: usize,
+        add: bool,
+        out: &mut B::Tensor,
+    ) {
+        let b = cx.b;
+        let gb = norm.fc.forward(cx, s, 1);
+        if let (Some(w8), true, false) = (&self.packed, cx.quant, self.transposed) {
+            let bias = self.bias.as_ref();
+            b.ada_in_snake_conv1d_q8(
+                x,
+                &gb,
+                Some(alpha),
+                EPS,
+                w8,
+                bias,
+                self.shape(len),
+                add,
+                out,
+            );
+            return;
+        }
+        let mut t = b.tensor(self.c_in, len);
+        b.copy_rows(x, 0, self.c_in, &mut t, 0);
+        b.ada_in(&mut t, &gb, self.c_in, len, EPS);
+        b.snake(&mut t, alpha, self.c_in, len);
+        let y = self.forward(cx, &t, len);
+        if add {
+            b.add(out, &y, self.c_out);
+        } else {
+            b.copy_rows(&y, 0, self.c_out, out, 0);
+        }
+    }
+}
+
 /// Bidirectional single-layer LSTM (`weight_ih_l0`, `weight_hh_l0`, `bias_l0`, `*_reverse`):
 /// the input projections of both directions and every step as one product, then the
 /// recurrence (`h W_hh^T` per step) of the two directions side by side.
@@ -370,6 +445,9 @@ impl<B: Backend> BiLstm<B> {
     }
 }
 
+/// AdaIN's epsilon.
+const EPS: f32 = 1e-5;
+
 /// AdaIN1d: instance norm, then a style-conditioned affine map `(1 + gamma) x + beta`.
 pub struct AdaIn<B: Backend> {
     fc: Linear<B>,
@@ -387,7 +465,7 @@ impl<B: Backend> AdaIn<B> {
     /// x (c, len) in place; s (1, style)
     pub fn forward(&self, cx: &Ctx<B>, x: &mut B::Tensor, s: &B::Tensor, len: usize) {
         let gb = self.fc.forward(cx, s, 1);
-        cx.b.ada_in(x, &gb, self.c, len, 1e-5);
+        cx.b.ada_in(x, &gb, self.c, len, EPS);
     }
 }
 
@@ -574,15 +652,9 @@ impl<B: Backend> AdaInResBlock1<B> {
             c
         };
         for u in &self.units {
-            let mut t = b.tensor(self.c, len);
-            b.copy_rows(&x, 0, self.c, &mut t, 0);
-            u.adain1.forward(cx, &mut t, s, len);
-            b.snake(&mut t, &u.alpha1, self.c, len);
-            let mut t = u.conv1.forward(cx, &t, len);
-            u.adain2.forward(cx, &mut t, s, len);
-            b.snake(&mut t, &u.alpha2, self.c, len);
-            let t = u.conv2.forward(cx, &t, len);
-            b.add(&mut x, &t, self.c);
+            let t = u.conv1.forward_normed(cx, &x, &u.adain1, &u.alpha1, s, len);
+            u.conv2
+                .add_forward_normed(cx, &t, &u.adain2, &u.alpha2, s, len, &mut x);
         }
         x
     }

@@ -81,6 +81,12 @@ fn ada_in_body(r: &mut [f32], g: f32, b: f32, eps: f32) {
     }
 }
 
+#[inline(always)]
+fn ada_in_map_body(r: &[f32], g: f32, b: f32, eps: f32) -> (f32, f32) {
+    let (m, inv) = moments_body(r, eps);
+    (g * inv, b - g * inv * m)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     #[target_feature(enable = "avx512f")]
@@ -90,6 +96,10 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn snake(r: &mut [f32], a: f32) {
         super::snake_body(r, a)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> (f32, f32) {
+        super::ada_in_map_body(r, g, b, eps)
     }
     #[target_feature(enable = "avx512f")]
     pub unsafe fn ada_in(r: &mut [f32], g: f32, b: f32, eps: f32) {
@@ -137,6 +147,17 @@ pub fn ada_in_row(r: &mut [f32], g: f32, b: f32, eps: f32) {
         return unsafe { avx512::ada_in(r, g, b, eps) };
     }
     ada_in_body(r, g, b, eps)
+}
+
+/// The (scale, shift) that `ada_in_row` applies to r: r scale + shift = g (r - mean) /
+/// sqrt(var + eps) + b.
+pub fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked).
+        return unsafe { avx512::ada_in_map(r, g, b, eps) };
+    }
+    ada_in_map_body(r, g, b, eps)
 }
 
 #[cfg(test)]
