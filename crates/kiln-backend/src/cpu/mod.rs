@@ -852,25 +852,25 @@ impl Backend for CpuBackend {
             .expect("ada_in_snake_conv1d_q8: a weight made by conv_weight_q8");
         let (c, len) = (s.c_in, s.len_in);
         assert!(x.data.len() >= c * len, "feature map shape");
-        // AdaIN's per-channel (scale, shift), in parallel over channels.
-        let mut map = vec![0f32; 2 * c];
+        // AdaIN's per-channel [scale, shift] and x's range, in parallel over channels.
+        let mut map = vec![0f32; 4 * c];
         let mp = par::SharedMut(map.as_mut_ptr());
         self.pool.run(c, |a, b| {
             let mp = mp;
             for ch in a..b {
                 let (g, bb) = (1.0 + gamma_beta.data[ch], gamma_beta.data[c + ch]);
                 let r = &x.data[ch * len..(ch + 1) * len];
-                let (sc, sh) = ops::vmath::ada_in_map(r, g, bb, eps);
-                // SAFETY: entries ch and c + ch are this thread's alone; they lie in map.
-                unsafe {
-                    mp.write(ch, sc);
-                    mp.write(c + ch, sh);
+                for (i, v) in ops::vmath::ada_in_map(r, g, bb, eps)
+                    .into_iter()
+                    .enumerate()
+                {
+                    // SAFETY: entries 4 ch..4 ch + 4 are this thread's alone, inside map.
+                    unsafe { mp.write(4 * ch + i, v) };
                 }
             }
         });
         let pre = ops::conv1d_q8::Pre {
-            scale: &map[..c],
-            shift: &map[c..],
+            map: &map,
             alpha: alpha.map(|a| &a.data[..c]),
         };
         ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, Some(pre), accumulate, out)

@@ -94,8 +94,10 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
 /// `alpha` Snake: x' + sin(alpha[i] x')^2 / alpha[i].
 #[derive(Debug, Clone, Copy)]
 pub struct Pre<'a> {
-    pub scale: &'a [f32],
-    pub shift: &'a [f32],
+    /// [scale, shift, min, max] per input channel, min and max those of x's row: both maps
+    /// are monotonic (Snake's slope is 1 + sin(2 alpha x') >= 0), so the mapped row's range
+    /// is that of its ends and needs no pass over x.
+    pub map: &'a [f32],
     pub alpha: Option<&'a [f32]>,
 }
 
@@ -120,8 +122,8 @@ impl Map {
             Some(p) => {
                 let a = p.alpha.map_or(0.0, |a| a[ch]);
                 Map {
-                    sc: p.scale[ch],
-                    sh: p.shift[ch],
+                    sc: p.map[4 * ch],
+                    sh: p.map[4 * ch + 1],
                     a,
                     inv: 1.0 / a,
                 }
@@ -378,20 +380,18 @@ pub fn conv1d(
     assert!(out.data.len() >= c_out * lo, "conv1d_q8 output too small");
     if let Some(p) = &pre {
         assert!(
-            p.scale.len() >= c_in
-                && p.shift.len() >= c_in
-                && p.alpha.is_none_or(|a| a.len() >= c_in),
+            p.map.len() >= 4 * c_in && p.alpha.is_none_or(|a| a.len() >= c_in),
             "conv1d_q8: a map per input channel"
         );
     }
     let snake = pre.is_some_and(|p| p.alpha.is_some());
     let maps: Vec<Map> = (0..c_in).map(|ch| Map::of(pre.as_ref(), ch)).collect();
     let bias_of = |o: usize| bias.map_or(0.0, |b| b.data[o]);
-    // DynamicQuantizeLinear's grid for the mapped x: its range (with 0) per channel, in
-    // parallel.
+    // DynamicQuantizeLinear's grid for the mapped x: its range (with 0) per channel, from
+    // the ends with `pre`, else in a pass over x in parallel.
     let mut ranges = vec![0f32; 2 * c_in];
     let rp = SharedMut(ranges.as_mut_ptr());
-    pool.run(c_in, |a, b| {
+    pool.run(if pre.is_some() { 0 } else { c_in }, |a, b| {
         let rp = rp;
         for ch in a..b {
             let (l, h) = range_of(&x.data[ch * len..(ch + 1) * len], maps[ch], snake);
@@ -402,6 +402,19 @@ pub fn conv1d(
             }
         }
     });
+    if let Some(p) = &pre {
+        for (ch, r) in ranges.chunks_exact_mut(2).enumerate() {
+            let m = maps[ch];
+            let ends = [p.map[4 * ch + 2], p.map[4 * ch + 3]].map(|v| {
+                if snake {
+                    m.apply::<true>(v)
+                } else {
+                    m.apply::<false>(v)
+                }
+            });
+            (r[0], r[1]) = (ends[0].min(ends[1]), ends[0].max(ends[1]));
+        }
+    }
     let (mut l, mut h) = (0f32, 0f32);
     for r in ranges.chunks_exact(2) {
         l = l.min(r[0]);
@@ -710,6 +723,93 @@ mod tests {
                     "{s:?} at {i}: {u} vs {v}"
                 );
             }
+        }
+    }
+
+    /// With AdaIN and Snake folded in and the result added to out: against the ops one by
+    /// one (ada_in_row, snake_row, rounding, the direct form, a sum).
+    #[test]
+    fn folded_ada_in_snake_matches_the_ops() {
+        if !amx::available() {
+            eprintln!("AMX not available here: skipped");
+            return;
+        }
+        let pool = Pool::new(2);
+        let mut seed = 0x2468_ace1u32;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        let (c_in, c_out, len, k, dil) = (36, 40, 300, 7, 3);
+        let s = Conv1dShape {
+            c_in,
+            c_out,
+            len_in: len,
+            k,
+            stride: 1,
+            pad: 9,
+            dilation: dil,
+            groups: 1,
+            output_pad: 0,
+        };
+        let q: Vec<u8> = (0..c_out * c_in * k).map(|_| rnd() as u8).collect();
+        let (zero, scale) = ([131], [2e-3]);
+        let w = pack(&q, &zero, &scale, &s).unwrap();
+        let wf: Vec<f32> = q.iter().map(|&v| (v as i32 - 131) as f32 * 2e-3).collect();
+        let xv: Vec<f32> = (0..c_in * len)
+            .map(|i| (rnd() % 2001) as f32 / 400.0 - 2.0 + (i / len) as f32 * 0.1)
+            .collect();
+        let gb: Vec<f32> = (0..2 * c_in)
+            .map(|_| (rnd() % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let alpha: Vec<f32> = (0..c_in)
+            .map(|_| 0.2 + (rnd() % 100) as f32 * 0.02)
+            .collect();
+        let mut map = Vec::new();
+        let mut xr = xv.clone();
+        for ch in 0..c_in {
+            let (g, b) = (1.0 + gb[ch], gb[c_in + ch]);
+            let r = &mut xr[ch * len..(ch + 1) * len];
+            map.extend(vmath::ada_in_map(r, g, b, 1e-5));
+            vmath::ada_in_row(r, g, b, 1e-5);
+            vmath::snake_row(r, alpha[ch]);
+        }
+        let mut xr = CpuTensor {
+            data: xr,
+            cols: len,
+        };
+        super::super::signal::fake_quant_u8(&mut xr, c_in * len);
+        let lo = s.len_out();
+        let base: Vec<f32> = (0..c_out * lo).map(|i| (i % 7) as f32 * 0.25).collect();
+        let mut want = CpuTensor {
+            data: vec![0.0; c_out * lo],
+            cols: lo,
+        };
+        let wt = CpuTensor { data: wf, cols: k };
+        super::super::conv1d_nc::conv1d_direct(&pool, &xr, &wt, None, s, &mut want);
+        for (v, b) in want.data.iter_mut().zip(&base) {
+            *v += b;
+        }
+        let mut got = CpuTensor {
+            data: base,
+            cols: lo,
+        };
+        let x = CpuTensor {
+            data: xv,
+            cols: len,
+        };
+        let pre = Pre {
+            map: &map,
+            alpha: Some(&alpha),
+        };
+        conv1d(&pool, &x, &w, None, s, Some(pre), true, &mut got);
+        for (i, (&u, &v)) in got.data.iter().zip(&want.data).enumerate() {
+            assert!(
+                (u - v).abs() <= 1e-4 * (1.0 + v.abs()),
+                "at {i}: {u} vs {v}"
+            );
         }
     }
 }

@@ -41,19 +41,29 @@ fn snake_body(r: &mut [f32], a: f32) {
     }
 }
 
-/// (sum, sum of squares about `shift`) in 16 lanes.
+/// (mean, 1 / sqrt(var + eps), min, max) of r: sums in 16 lanes, then in f64.
 #[inline(always)]
-fn moments_body(r: &[f32], eps: f32) -> (f32, f32) {
+fn moments_body(r: &[f32], eps: f32) -> (f32, f32, f32, f32) {
     let n = r.len() as f64;
     let mut acc = [0f32; 16];
+    let (mut lo, mut hi) = ([f32::INFINITY; 16], [f32::NEG_INFINITY; 16]);
     let mut it = r.chunks_exact(16);
     for c in &mut it {
         for l in 0..16 {
             acc[l] += c[l];
+            lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
+            hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
         }
     }
     let mut sum: f64 = acc.iter().map(|&v| v as f64).sum();
     sum += it.remainder().iter().map(|&v| v as f64).sum::<f64>();
+    let (mut mn, mut mx) = (f32::INFINITY, f32::NEG_INFINITY);
+    for &v in lo.iter().chain(it.remainder()) {
+        mn = mn.min(v);
+    }
+    for &v in hi.iter().chain(it.remainder()) {
+        mx = mx.max(v);
+    }
     let mean = (sum / n) as f32;
     let mut acc = [0f32; 16];
     let mut it = r.chunks_exact(16);
@@ -69,12 +79,12 @@ fn moments_body(r: &[f32], eps: f32) -> (f32, f32) {
         .iter()
         .map(|&v| ((v - mean) as f64).powi(2))
         .sum::<f64>();
-    (mean, (1.0 / (ss / n + eps as f64).sqrt()) as f32)
+    (mean, (1.0 / (ss / n + eps as f64).sqrt()) as f32, mn, mx)
 }
 
 #[inline(always)]
 fn ada_in_body(r: &mut [f32], g: f32, b: f32, eps: f32) {
-    let (m, inv) = moments_body(r, eps);
+    let (m, inv, _, _) = moments_body(r, eps);
     let (scale, shift) = (g * inv, b - g * inv * m);
     for v in r {
         *v = *v * scale + shift;
@@ -82,9 +92,9 @@ fn ada_in_body(r: &mut [f32], g: f32, b: f32, eps: f32) {
 }
 
 #[inline(always)]
-fn ada_in_map_body(r: &[f32], g: f32, b: f32, eps: f32) -> (f32, f32) {
-    let (m, inv) = moments_body(r, eps);
-    (g * inv, b - g * inv * m)
+fn ada_in_map_body(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
+    let (m, inv, mn, mx) = moments_body(r, eps);
+    [g * inv, b - g * inv * m, mn, mx]
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -98,7 +108,7 @@ mod avx512 {
         super::snake_body(r, a)
     }
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> (f32, f32) {
+    pub unsafe fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
         super::ada_in_map_body(r, g, b, eps)
     }
     #[target_feature(enable = "avx512f")]
@@ -149,9 +159,9 @@ pub fn ada_in_row(r: &mut [f32], g: f32, b: f32, eps: f32) {
     ada_in_body(r, g, b, eps)
 }
 
-/// The (scale, shift) that `ada_in_row` applies to r: r scale + shift = g (r - mean) /
-/// sqrt(var + eps) + b.
-pub fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> (f32, f32) {
+/// [scale, shift, min, max]: the map `ada_in_row` applies to r, r scale + shift = g (r -
+/// mean) / sqrt(var + eps) + b, and the range of r.
+pub fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: the CPU has AVX-512F (checked).
