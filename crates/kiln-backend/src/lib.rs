@@ -641,7 +641,7 @@ pub trait Backend {
     );
     /// The recurrence of a bidirectional LSTM from zero state with its input gates given:
     /// gx (len, 8h) = [x W_ih_fwd^T + b_fwd | x W_ih_bwd^T + b_bwd] (gates i, f, g, o each),
-    /// w_hh (8h, h) = [W_hh_fwd; W_hh_bwd] -> out (len, 2h) = [h_fwd | h_bwd].
+    /// w_hh (2h, 4h) = [W_hh_fwd^T; W_hh_bwd^T] -> out (len, 2h) = [h_fwd | h_bwd].
     fn bilstm_steps(
         &self,
         gx: &Self::Tensor,

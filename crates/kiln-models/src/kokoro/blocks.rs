@@ -395,7 +395,7 @@ impl<B: Backend> Conv<B> {
 pub struct BiLstm<B: Backend> {
     /// [W_ih_fwd; W_ih_bwd] (8 hidden, n_in) with [b_fwd; b_bwd].
     ih: Linear<B>,
-    /// [W_hh_fwd; W_hh_bwd] (8 hidden, hidden).
+    /// [W_hh_fwd^T; W_hh_bwd^T] (2 hidden, 4 hidden).
     hh: B::Tensor,
     n_in: usize,
     pub hidden: usize,
@@ -427,7 +427,7 @@ impl<B: Backend> BiLstm<B> {
                 n_in,
                 2 * h4,
             )?,
-            hh: b.tensor_from(2 * h4, hidden, &wh),
+            hh: b.tensor_from(2 * hidden, h4, &transpose_halves(&wh, h4, hidden)),
             n_in,
             hidden,
         })
@@ -443,6 +443,19 @@ impl<B: Backend> BiLstm<B> {
         b.bilstm_steps(&gx, &self.hh, len, self.hidden, &mut out);
         out
     }
+}
+
+/// [A^T; B^T] of w = [A; B], A and B (rows, cols) each.
+fn transpose_halves(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; w.len()];
+    for (d, half) in w.chunks_exact(rows * cols).enumerate() {
+        for (r, row) in half.chunks_exact(cols).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                t[d * rows * cols + c * rows + r] = v;
+            }
+        }
+    }
+    t
 }
 
 /// AdaIN's epsilon.
