@@ -953,7 +953,13 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) {
-        ops::norm1d::layer_norm(x, w, b, eps, rows, cols)
+        if self.reference {
+            return ops::norm1d::layer_norm(x, w, b, eps, rows, cols);
+        }
+        let (w, b) = (w.map(|w| &w.data[..cols]), b.map(|b| &b.data[..cols]));
+        ops::signal::per_channel(&self.pool, x, rows, cols, |_, r| {
+            ops::vmath::layer_norm_row(r, w, b, eps)
+        })
     }
 
     fn ada_in(&self, x: &mut CpuTensor, gamma_beta: &CpuTensor, c: usize, len: usize, eps: f32) {
@@ -1033,10 +1039,22 @@ impl Backend for CpuBackend {
         len: usize,
         out: &mut CpuTensor,
     ) {
-        ops::self_attention::self_attention(q, k, v, heads, head_dim, len, out)
+        if self.reference {
+            return ops::self_attention::self_attention(q, k, v, heads, head_dim, len, out);
+        }
+        ops::self_attention::self_attention_par(&self.pool, q, k, v, heads, head_dim, len, out)
     }
 
     fn gelu_tanh(&self, x: &mut CpuTensor, n: usize) {
-        ops::signal::gelu_tanh(x, n)
+        if self.reference {
+            return ops::signal::gelu_tanh(x, n);
+        }
+        assert!(x.data.len() >= n, "gelu_tanh length");
+        let xp = par::SharedMut(x.data.as_mut_ptr());
+        self.pool.run_aligned(n, 4096, |a, b| {
+            let xp = xp;
+            // SAFETY: a..b is this thread's alone and lies inside x (checked).
+            ops::vmath::gelu_tanh(unsafe { std::slice::from_raw_parts_mut(xp.0.add(a), b - a) })
+        })
     }
 }

@@ -1,5 +1,6 @@
 //! Branch-free f32 math that vectorizes (no libm calls), with AVX-512 builds of the slice
-//! loops picked at run time: sin, and the Snake activation and AdaIN built on it.
+//! loops picked at run time: sin, and the Snake activation and AdaIN built on it; layer norm
+//! of a row and the tanh form of GELU (tanh from `exp`).
 
 /// sin x, absolute error ~1e-7 for |x| < 8e4 (phases of a few seconds of audio): x = n pi + r
 /// with pi in three parts (n pi exact for |n| < 2^16), then sin r (|r| <= pi/2) by its Taylor
@@ -97,6 +98,43 @@ fn ada_in_map_body(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
     [g * inv, b - g * inv * m, mn, mx]
 }
 
+#[inline(always)]
+fn layer_norm_body(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32) {
+    let (m, inv, _, _) = moments_body(r, eps);
+    match (w, b) {
+        (Some(w), Some(b)) => {
+            for ((v, &wv), &bv) in r.iter_mut().zip(w).zip(b) {
+                *v = (*v - m) * inv * wv + bv;
+            }
+        }
+        _ => {
+            for (j, v) in r.iter_mut().enumerate() {
+                let mut y = (*v - m) * inv;
+                if let Some(w) = w {
+                    y *= w[j];
+                }
+                if let Some(b) = b {
+                    y += b[j];
+                }
+                *v = y;
+            }
+        }
+    }
+}
+
+/// 0.5 u (1 + tanh(sqrt(2 / pi) (u + 0.044715 u^3))), tanh z = 1 - 2 / (e^{2z} + 1)
+/// (absolute error ~1e-7, all GELU needs: it is added to 1).
+#[inline(always)]
+fn gelu_tanh_body(v: &mut [f32]) {
+    const C: f32 = 0.797_884_6;
+    for x in v {
+        let u = *x;
+        let z = C * (u + 0.044715 * u * u * u);
+        let t = 1.0 - 2.0 / (super::exp(2.0 * z) + 1.0);
+        *x = 0.5 * u * (1.0 + t);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     #[target_feature(enable = "avx512f")]
@@ -106,6 +144,14 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn snake(r: &mut [f32], a: f32) {
         super::snake_body(r, a)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn layer_norm(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32) {
+        super::layer_norm_body(r, w, b, eps)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gelu_tanh(v: &mut [f32]) {
+        super::gelu_tanh_body(v)
     }
     #[target_feature(enable = "avx512f")]
     pub unsafe fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
@@ -170,6 +216,26 @@ pub fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
     ada_in_map_body(r, g, b, eps)
 }
 
+/// r = (r - mean) / sqrt(var + eps) * w + b in place (one row of layer norm; w, b when given).
+pub fn layer_norm_row(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked).
+        return unsafe { avx512::layer_norm(r, w, b, eps) };
+    }
+    layer_norm_body(r, w, b, eps)
+}
+
+/// GELU, tanh form, in place.
+pub fn gelu_tanh(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked).
+        return unsafe { avx512::gelu_tanh(v) };
+    }
+    gelu_tanh_body(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +254,19 @@ mod tests {
         sin_slice(&mut v);
         for (a, b) in v.iter().zip(&want) {
             assert!((a - b).abs() < 4e-7);
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_matches_libm() {
+        let mut v: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.003).collect();
+        let want: Vec<f32> = v
+            .iter()
+            .map(|&u| 0.5 * u * (1.0 + (0.797_884_6 * (u + 0.044715 * u * u * u)).tanh()))
+            .collect();
+        gelu_tanh(&mut v);
+        for (a, b) in v.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
         }
     }
 
