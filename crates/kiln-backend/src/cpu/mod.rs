@@ -1004,7 +1004,7 @@ impl Backend for CpuBackend {
     }
 
     fn stft(&self, signal: &CpuTensor, len: usize, n_fft: usize, hop: usize, out: &mut CpuTensor) {
-        ops::signal::stft(signal, len, n_fft, hop, out)
+        ops::signal::stft(&self.pool, signal, len, n_fft, hop, out)
     }
 
     fn istft(
@@ -1015,7 +1015,7 @@ impl Backend for CpuBackend {
         hop: usize,
         out: &mut CpuTensor,
     ) {
-        ops::signal::istft(spec, frames, n_fft, hop, out)
+        ops::signal::istft(&self.pool, spec, frames, n_fft, hop, out)
     }
 
     fn upsample_nearest(

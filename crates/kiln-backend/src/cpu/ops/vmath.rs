@@ -122,16 +122,34 @@ fn layer_norm_body(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32
     }
 }
 
-/// 0.5 u (1 + tanh(sqrt(2 / pi) (u + 0.044715 u^3))), tanh z = 1 - 2 / (e^{2z} + 1)
-/// (absolute error ~1e-7, all GELU needs: it is added to 1).
+/// tanh z = 1 - 2 / (e^{2z} + 1): absolute error ~1e-7 (relative error grows as z -> 0).
+#[inline(always)]
+fn tanh(z: f32) -> f32 {
+    1.0 - 2.0 / (super::exp(2.0 * z) + 1.0)
+}
+
+/// 0.5 u (1 + tanh(sqrt(2 / pi) (u + 0.044715 u^3))) (tanh's absolute error is all GELU
+/// sees: it is added to 1).
 #[inline(always)]
 fn gelu_tanh_body(v: &mut [f32]) {
     const C: f32 = 0.797_884_6;
     for x in v {
         let u = *x;
-        let z = C * (u + 0.044715 * u * u * u);
-        let t = 1.0 - 2.0 / (super::exp(2.0 * z) + 1.0);
-        *x = 0.5 * u * (1.0 + t);
+        *x = 0.5 * u * (1.0 + tanh(C * (u + 0.044715 * u * u * u)));
+    }
+}
+
+#[inline(always)]
+fn tanh_slice_body(v: &mut [f32]) {
+    for x in v {
+        *x = tanh(*x);
+    }
+}
+
+#[inline(always)]
+fn exp_slice_body(v: &mut [f32]) {
+    for x in v {
+        *x = super::exp(*x);
     }
 }
 
@@ -148,6 +166,14 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn layer_norm(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32) {
         super::layer_norm_body(r, w, b, eps)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tanh_slice(v: &mut [f32]) {
+        super::tanh_slice_body(v)
+    }
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn exp_slice(v: &mut [f32]) {
+        super::exp_slice_body(v)
     }
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gelu_tanh(v: &mut [f32]) {
@@ -226,6 +252,26 @@ pub fn layer_norm_row(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: 
     layer_norm_body(r, w, b, eps)
 }
 
+/// v = tanh(v) in place (absolute error ~1e-7).
+pub fn tanh_slice(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked).
+        return unsafe { avx512::tanh_slice(v) };
+    }
+    tanh_slice_body(v)
+}
+
+/// v = e^v in place (relative error ~1e-7, v clamped to [-87, 88]).
+pub fn exp_slice(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked).
+        return unsafe { avx512::exp_slice(v) };
+    }
+    exp_slice_body(v)
+}
+
 /// GELU, tanh form, in place.
 pub fn gelu_tanh(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -254,6 +300,18 @@ mod tests {
         sin_slice(&mut v);
         for (a, b) in v.iter().zip(&want) {
             assert!((a - b).abs() < 4e-7);
+        }
+    }
+
+    #[test]
+    fn tanh_and_exp_match_libm() {
+        let x: Vec<f32> = (-3000..3000).map(|i| i as f32 * 0.01).collect();
+        let (mut t, mut e) = (x.clone(), x.clone());
+        tanh_slice(&mut t);
+        exp_slice(&mut e);
+        for ((&v, &a), &b) in x.iter().zip(&t).zip(&e) {
+            assert!((a - v.tanh()).abs() < 3e-7, "tanh {v}: {a}");
+            assert!((b - v.exp()).abs() <= 4e-7 * v.exp(), "exp {v}: {b}");
         }
     }
 
