@@ -697,7 +697,16 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor, n: usize) {
-        ops::elementwise::add(x, y, n)
+        let len = n * x.cols;
+        if len < 1 << 16 {
+            return ops::elementwise::add(x, y, n);
+        }
+        let y = &y.data[..len];
+        ops::signal::par_chunks(&self.pool, &mut x.data[..len], |c, at| {
+            for (a, &b) in c.iter_mut().zip(&y[at..]) {
+                *a += b;
+            }
+        })
     }
 
     fn copy_row(&self, src: &CpuTensor, src_row: usize, dst: &mut CpuTensor) {
@@ -988,11 +997,11 @@ impl Backend for CpuBackend {
     }
 
     fn leaky_relu(&self, x: &mut CpuTensor, slope: f32, n: usize) {
-        ops::signal::leaky_relu(x, slope, n)
+        ops::signal::leaky_relu(&self.pool, x, slope, n)
     }
 
     fn scale(&self, x: &mut CpuTensor, s: f32, n: usize) {
-        ops::signal::scale(x, s, n)
+        ops::signal::scale(&self.pool, x, s, n)
     }
 
     fn transpose(&self, x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {

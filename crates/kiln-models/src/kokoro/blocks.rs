@@ -315,7 +315,8 @@ impl<B: Backend> Conv<B> {
 }
 
 impl<B: Backend> Conv<B> {
-    /// (c_out, len_out) = this layer on snake_alpha(norm(x)), x (c_in, len) left as it is.
+    /// out (c_out, len_out) = this layer on snake_alpha(norm(x)), x (c_in, len) left as it is.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_normed(
         &self,
         cx: &Ctx<B>,
@@ -324,10 +325,9 @@ impl<B: Backend> Conv<B> {
         alpha: &B::Tensor,
         s: &B::Tensor,
         len: usize,
-    ) -> B::Tensor {
-        let mut out = cx.b.tensor(self.c_out, self.len_out(len));
-        self.normed(cx, x, norm, alpha, s, len, false, &mut out);
-        out
+        out: &mut B::Tensor,
+    ) {
+        self.normed(cx, x, norm, alpha, s, len, false, out)
     }
 
     /// acc (c_out, len_out) += this layer on snake_alpha(norm(x)).
@@ -664,8 +664,10 @@ impl<B: Backend> AdaInResBlock1<B> {
             b.copy_rows(x, 0, self.c, &mut c, 0);
             c
         };
+        let mut t = b.tensor(self.c, len);
         for u in &self.units {
-            let t = u.conv1.forward_normed(cx, &x, &u.adain1, &u.alpha1, s, len);
+            u.conv1
+                .forward_normed(cx, &x, &u.adain1, &u.alpha1, s, len, &mut t);
             u.conv2
                 .add_forward_normed(cx, &t, &u.adain2, &u.alpha2, s, len, &mut x);
         }

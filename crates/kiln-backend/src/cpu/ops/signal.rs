@@ -38,18 +38,40 @@ pub fn snake(pool: &crate::cpu::Pool, x: &mut CpuTensor, alpha: &CpuTensor, c: u
     });
 }
 
-pub fn leaky_relu(x: &mut CpuTensor, slope: f32, n: usize) {
-    for v in &mut x.data[..n] {
-        if *v < 0.0 {
-            *v *= slope;
-        }
+/// f(chunk, offset) over `v` in contiguous chunks, split over the pool's threads when `v` is
+/// long enough to be worth it (feature maps of the vocoder), else in one call here.
+pub fn par_chunks(pool: &crate::cpu::Pool, v: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
+    const MIN: usize = 1 << 16;
+    if v.len() < MIN {
+        return f(v, 0);
     }
+    let (p, n) = (Rows(v.as_mut_ptr()), v.len());
+    pool.run_aligned(n, 1024, |a, b| {
+        let p = p;
+        // SAFETY: a..b is this thread's alone and lies inside v.
+        f(
+            unsafe { std::slice::from_raw_parts_mut(p.0.add(a), b - a) },
+            a,
+        )
+    });
 }
 
-pub fn scale(x: &mut CpuTensor, s: f32, n: usize) {
-    for v in &mut x.data[..n] {
-        *v *= s;
-    }
+pub fn leaky_relu(pool: &crate::cpu::Pool, x: &mut CpuTensor, slope: f32, n: usize) {
+    par_chunks(pool, &mut x.data[..n], |c, _| {
+        for v in c {
+            if *v < 0.0 {
+                *v *= slope;
+            }
+        }
+    })
+}
+
+pub fn scale(pool: &crate::cpu::Pool, x: &mut CpuTensor, s: f32, n: usize) {
+    par_chunks(pool, &mut x.data[..n], |c, _| {
+        for v in c {
+            *v *= s;
+        }
+    })
 }
 
 pub fn transpose(x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {
