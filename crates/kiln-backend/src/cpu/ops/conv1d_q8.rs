@@ -11,6 +11,10 @@
 //! holds zx, the grid's zero), Sw[o] the sum of wq over o's row and K = c_in k. No im2col: the
 //! quantized input is laid out once in groups of 4 channels per time step, so the B tile of
 //! tap j is the same buffer shifted by j dil steps; the weight is packed per tap at load.
+//!
+//! The input may first go through a per-channel affine map and Snake ([`Pre`]: the AdaIN and
+//! Snake ahead of the vocoder's convolutions), applied as it is rounded, and the result may be
+//! added to `out` (the residual sum after it): neither is a pass over memory of its own.
 
 use super::vmath;
 use crate::cpu::kernels::amx::{self, BlockI32, MB, NB};
