@@ -570,6 +570,37 @@ pub trait Backend {
         let _ = (x, w, bias, s, out);
         unreachable!("conv1d_q8 needs a weight from conv_weight_q8, which returned None here")
     }
+    /// `conv1d_q8` of x after `ada_in` (gamma_beta, eps) and, with alpha, `snake`, as one op
+    /// (x is left as it is); with `accumulate` the result is added to out, not written over
+    /// it. This default runs the ops one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn ada_in_snake_conv1d_q8(
+        &self,
+        x: &Self::Tensor,
+        gamma_beta: &Self::Tensor,
+        alpha: Option<&Self::Tensor>,
+        eps: f32,
+        w: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+        s: Conv1dShape,
+        accumulate: bool,
+        out: &mut Self::Tensor,
+    ) {
+        let (c, len) = (s.c_in, s.len_in);
+        let mut t = self.tensor(c, len);
+        self.copy_rows(x, 0, c, &mut t, 0);
+        self.ada_in(&mut t, gamma_beta, c, len, eps);
+        if let Some(a) = alpha {
+            self.snake(&mut t, a, c, len);
+        }
+        if accumulate {
+            let mut y = self.tensor(s.c_out, s.len_out());
+            self.conv1d_q8(&t, w, bias, s, &mut y);
+            self.add(out, &y, s.c_out);
+        } else {
+            self.conv1d_q8(&t, w, bias, s, out);
+        }
+    }
     /// out (c_out, len_out_transposed) = conv_transpose1d(x (c_in, len_in), w) + bias (c_out)
     fn conv_transpose1d(
         &self,
@@ -579,6 +610,25 @@ pub trait Backend {
         s: Conv1dShape,
         out: &mut Self::Tensor,
     );
+    /// A transposed convolution's weight (`conv_transpose1d`'s layout (c_in, c_out, k)) in the
+    /// backend's layout for [`Backend::conv_transpose1d_packed`], or None where the backend
+    /// has none for shape `s` (the caller keeps `conv_transpose1d` on the f32 weight).
+    fn conv_transpose_weight(&self, w: &[f32], s: Conv1dShape) -> Option<Self::Weight> {
+        let _ = (w, s);
+        None
+    }
+    /// `conv_transpose1d` with the weight from [`Backend::conv_transpose_weight`].
+    fn conv_transpose1d_packed(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+        s: Conv1dShape,
+        out: &mut Self::Tensor,
+    ) {
+        let _ = (x, w, bias, s, out);
+        unreachable!("conv_transpose1d_packed needs a weight from conv_transpose_weight")
+    }
     /// One LSTM direction from zero state: h_t written to `out` (len, out.cols) at `s.out_col`.
     fn lstm(
         &self,
@@ -591,7 +641,7 @@ pub trait Backend {
     );
     /// The recurrence of a bidirectional LSTM from zero state with its input gates given:
     /// gx (len, 8h) = [x W_ih_fwd^T + b_fwd | x W_ih_bwd^T + b_bwd] (gates i, f, g, o each),
-    /// w_hh (8h, h) = [W_hh_fwd; W_hh_bwd] -> out (len, 2h) = [h_fwd | h_bwd].
+    /// w_hh (2h, 4h) = [W_hh_fwd^T; W_hh_bwd^T] -> out (len, 2h) = [h_fwd | h_bwd].
     fn bilstm_steps(
         &self,
         gx: &Self::Tensor,

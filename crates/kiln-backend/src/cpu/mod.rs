@@ -65,6 +65,8 @@ pub struct CpuWeight {
     pub amx: Option<Box<kernels::amx::PackedB>>,
     /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
     pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
+    /// A transposed convolution's weight as stacked phases ([`Backend::conv_transpose_weight`]).
+    pub conv_t: Option<Box<ops::conv1d_amx::PackedConvT>>,
 }
 
 impl CpuWeight {
@@ -276,6 +278,7 @@ impl Backend for CpuBackend {
                 mlx: None,
                 amx: None,
                 conv: None,
+                conv_t: None,
             });
         }
         let mut weight = CpuWeight {
@@ -288,6 +291,7 @@ impl Backend for CpuBackend {
             mlx: None,
             amx: None,
             conv: None,
+            conv_t: None,
         };
         for (src, dst) in w
             .bytes
@@ -313,6 +317,7 @@ impl Backend for CpuBackend {
                 mlx: None,
                 amx: None,
                 conv: None,
+                conv_t: None,
             };
         }
         Ok(weight)
@@ -353,6 +358,7 @@ impl Backend for CpuBackend {
             + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
             + w.amx.as_ref().map_or(0, |p| p.bytes())
             + w.conv.as_ref().map_or(0, |p| p.bytes())
+            + w.conv_t.as_ref().map_or(0, |p| p.bytes())
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
@@ -691,7 +697,16 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor, n: usize) {
-        ops::elementwise::add(x, y, n)
+        let len = n * x.cols;
+        if len < 1 << 16 {
+            return ops::elementwise::add(x, y, n);
+        }
+        let y = &y.data[..len];
+        ops::signal::par_chunks(&self.pool, &mut x.data[..len], |c, at| {
+            for (a, &b) in c.iter_mut().zip(&y[at..]) {
+                *a += b;
+            }
+        })
     }
 
     fn copy_row(&self, src: &CpuTensor, src_row: usize, dst: &mut CpuTensor) {
@@ -809,6 +824,7 @@ impl Backend for CpuBackend {
             mlx: None,
             amx: None,
             conv: Some(Box::new(packed)),
+            conv_t: None,
         })
     }
 
@@ -824,7 +840,49 @@ impl Backend for CpuBackend {
             .conv
             .as_deref()
             .expect("conv1d_q8: a weight made by conv_weight_q8");
-        ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, out)
+        ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, None, false, out)
+    }
+
+    fn ada_in_snake_conv1d_q8(
+        &self,
+        x: &CpuTensor,
+        gamma_beta: &CpuTensor,
+        alpha: Option<&CpuTensor>,
+        eps: f32,
+        w: &CpuWeight,
+        bias: Option<&CpuTensor>,
+        s: Conv1dShape,
+        accumulate: bool,
+        out: &mut CpuTensor,
+    ) {
+        let p = w
+            .conv
+            .as_deref()
+            .expect("ada_in_snake_conv1d_q8: a weight made by conv_weight_q8");
+        let (c, len) = (s.c_in, s.len_in);
+        assert!(x.data.len() >= c * len, "feature map shape");
+        // AdaIN's per-channel [scale, shift] and x's range, in parallel over channels.
+        let mut map = vec![0f32; 4 * c];
+        let mp = par::SharedMut(map.as_mut_ptr());
+        self.pool.run(c, |a, b| {
+            let mp = mp;
+            for ch in a..b {
+                let (g, bb) = (1.0 + gamma_beta.data[ch], gamma_beta.data[c + ch]);
+                let r = &x.data[ch * len..(ch + 1) * len];
+                for (i, v) in ops::vmath::ada_in_map(r, g, bb, eps)
+                    .into_iter()
+                    .enumerate()
+                {
+                    // SAFETY: entries 4 ch..4 ch + 4 are this thread's alone, inside map.
+                    unsafe { mp.write(4 * ch + i, v) };
+                }
+            }
+        });
+        let pre = ops::conv1d_q8::Pre {
+            map: &map,
+            alpha: alpha.map(|a| &a.data[..c]),
+        };
+        ops::conv1d_q8::conv1d(&self.pool, x, p, bias, s, Some(pre), accumulate, out)
     }
 
     fn conv_transpose1d(
@@ -836,6 +894,40 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         ops::conv1d_nc::conv_transpose1d(&self.pool, x, w, bias, s, out)
+    }
+
+    fn conv_transpose_weight(&self, w: &[f32], s: Conv1dShape) -> Option<CpuWeight> {
+        if self.reference {
+            return None;
+        }
+        let packed = ops::conv1d_amx::pack_transposed(w, &s)?;
+        Some(CpuWeight {
+            ty: GgmlType::F32,
+            rows: s.c_out,
+            cols: 0,
+            row_bytes: 0,
+            x8: false,
+            bytes: Vec::new(),
+            mlx: None,
+            amx: None,
+            conv: None,
+            conv_t: Some(Box::new(packed)),
+        })
+    }
+
+    fn conv_transpose1d_packed(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        bias: Option<&CpuTensor>,
+        s: Conv1dShape,
+        out: &mut CpuTensor,
+    ) {
+        let p = w
+            .conv_t
+            .as_deref()
+            .expect("conv_transpose1d_packed: a weight made by conv_transpose_weight");
+        ops::conv1d_amx::conv_transpose1d(&self.pool, x, p, bias, s, out)
     }
 
     fn lstm(
@@ -870,7 +962,13 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) {
-        ops::norm1d::layer_norm(x, w, b, eps, rows, cols)
+        if self.reference {
+            return ops::norm1d::layer_norm(x, w, b, eps, rows, cols);
+        }
+        let (w, b) = (w.map(|w| &w.data[..cols]), b.map(|b| &b.data[..cols]));
+        ops::signal::per_channel(&self.pool, x, rows, cols, |_, r| {
+            ops::vmath::layer_norm_row(r, w, b, eps)
+        })
     }
 
     fn ada_in(&self, x: &mut CpuTensor, gamma_beta: &CpuTensor, c: usize, len: usize, eps: f32) {
@@ -899,11 +997,11 @@ impl Backend for CpuBackend {
     }
 
     fn leaky_relu(&self, x: &mut CpuTensor, slope: f32, n: usize) {
-        ops::signal::leaky_relu(x, slope, n)
+        ops::signal::leaky_relu(&self.pool, x, slope, n)
     }
 
     fn scale(&self, x: &mut CpuTensor, s: f32, n: usize) {
-        ops::signal::scale(x, s, n)
+        ops::signal::scale(&self.pool, x, s, n)
     }
 
     fn transpose(&self, x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {
@@ -915,7 +1013,7 @@ impl Backend for CpuBackend {
     }
 
     fn stft(&self, signal: &CpuTensor, len: usize, n_fft: usize, hop: usize, out: &mut CpuTensor) {
-        ops::signal::stft(signal, len, n_fft, hop, out)
+        ops::signal::stft(&self.pool, signal, len, n_fft, hop, out)
     }
 
     fn istft(
@@ -926,7 +1024,7 @@ impl Backend for CpuBackend {
         hop: usize,
         out: &mut CpuTensor,
     ) {
-        ops::signal::istft(spec, frames, n_fft, hop, out)
+        ops::signal::istft(&self.pool, spec, frames, n_fft, hop, out)
     }
 
     fn upsample_nearest(
@@ -950,10 +1048,22 @@ impl Backend for CpuBackend {
         len: usize,
         out: &mut CpuTensor,
     ) {
-        ops::self_attention::self_attention(q, k, v, heads, head_dim, len, out)
+        if self.reference {
+            return ops::self_attention::self_attention(q, k, v, heads, head_dim, len, out);
+        }
+        ops::self_attention::self_attention_par(&self.pool, q, k, v, heads, head_dim, len, out)
     }
 
     fn gelu_tanh(&self, x: &mut CpuTensor, n: usize) {
-        ops::signal::gelu_tanh(x, n)
+        if self.reference {
+            return ops::signal::gelu_tanh(x, n);
+        }
+        assert!(x.data.len() >= n, "gelu_tanh length");
+        let xp = par::SharedMut(x.data.as_mut_ptr());
+        self.pool.run_aligned(n, 4096, |a, b| {
+            let xp = xp;
+            // SAFETY: a..b is this thread's alone and lies inside x (checked).
+            ops::vmath::gelu_tanh(unsafe { std::slice::from_raw_parts_mut(xp.0.add(a), b - a) })
+        })
     }
 }

@@ -177,8 +177,9 @@ impl<B: Backend> Linear<B> {
 /// Conv1d / ConvTranspose1d with PyTorch's hyper-parameters.
 pub struct Conv<B: Backend> {
     w: B::Tensor,
-    /// The backend's integer form of the weight, where it multiplies this layer on integers.
-    w8: Option<B::Weight>,
+    /// The backend's packed form of the weight: integer where it multiplies this layer on
+    /// integers, the transposed layer's phases where it has a kernel for them.
+    packed: Option<B::Weight>,
     bias: Option<B::Tensor>,
     pub c_in: usize,
     pub c_out: usize,
@@ -232,7 +233,8 @@ impl<B: Backend> Conv<B> {
             [c_out, c_in / s.groups, s.k]
         };
         let wn = format!("{name}.weight");
-        let w = tensor(b, p, &wn, &shape)?;
+        let wv = p.get(&wn, &shape)?;
+        let w = b.tensor_from(wv.data.len() / s.k, s.k, &wv.data);
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[c_out])?)
@@ -242,7 +244,7 @@ impl<B: Backend> Conv<B> {
         let integer = p.is_integer(&wn);
         let mut conv = Conv {
             w,
-            w8: None,
+            packed: None,
             bias,
             c_in,
             c_out,
@@ -255,13 +257,15 @@ impl<B: Backend> Conv<B> {
             transposed: s.transposed,
             integer,
         };
-        if let (true, false, Some(q)) = (integer, conv.transposed, p.quantized(&wn)) {
+        if conv.transposed {
+            conv.packed = b.conv_transpose_weight(&wv.data, conv.shape(1));
+        } else if let (true, Some(q)) = (integer, p.quantized(&wn)) {
             let wq = ConvWeightQ8 {
                 q: &q.q,
                 zero: &q.zero,
                 scale: &q.scale,
             };
-            conv.w8 = b.conv_weight_q8(wq, conv.shape(0));
+            conv.packed = b.conv_weight_q8(wq, conv.shape(0));
         }
         Ok(conv)
     }
@@ -294,9 +298,11 @@ impl<B: Backend> Conv<B> {
         let s = self.shape(len);
         let lo = self.len_out(len);
         let mut out = cx.b.tensor(self.c_out, lo);
-        if self.transposed {
+        if let (true, Some(wt)) = (self.transposed, &self.packed) {
+            cx.b.conv_transpose1d_packed(x, wt, self.bias.as_ref(), s, &mut out);
+        } else if self.transposed {
             cx.b.conv_transpose1d(x, &self.w, self.bias.as_ref(), s, &mut out);
-        } else if let (Some(w8), true) = (&self.w8, cx.quant) {
+        } else if let (Some(w8), true) = (&self.packed, cx.quant) {
             cx.b.conv1d_q8(x, w8, self.bias.as_ref(), s, &mut out);
         } else if self.integer && cx.quant {
             let q = cx.quantized(x, self.c_in, len);
@@ -308,13 +314,88 @@ impl<B: Backend> Conv<B> {
     }
 }
 
+impl<B: Backend> Conv<B> {
+    /// out (c_out, len_out) = this layer on snake_alpha(norm(x)), x (c_in, len) left as it is.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_normed(
+        &self,
+        cx: &Ctx<B>,
+        x: &B::Tensor,
+        norm: &AdaIn<B>,
+        alpha: &B::Tensor,
+        s: &B::Tensor,
+        len: usize,
+        out: &mut B::Tensor,
+    ) {
+        self.normed(cx, x, norm, alpha, s, len, false, out)
+    }
+
+    /// acc (c_out, len_out) += this layer on snake_alpha(norm(x)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_forward_normed(
+        &self,
+        cx: &Ctx<B>,
+        x: &B::Tensor,
+        norm: &AdaIn<B>,
+        alpha: &B::Tensor,
+        s: &B::Tensor,
+        len: usize,
+        acc: &mut B::Tensor,
+    ) {
+        self.normed(cx, x, norm, alpha, s, len, true, acc)
+    }
+
+    /// One op where the backend runs this layer on integers; else AdaIN, Snake, the layer and
+    /// the sum one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn normed(
+        &self,
+        cx: &Ctx<B>,
+        x: &B::Tensor,
+        norm: &AdaIn<B>,
+        alpha: &B::Tensor,
+        s: &B::Tensor,
+        len: usize,
+        add: bool,
+        out: &mut B::Tensor,
+    ) {
+        let b = cx.b;
+        let gb = norm.fc.forward(cx, s, 1);
+        if let (Some(w8), true, false) = (&self.packed, cx.quant, self.transposed) {
+            let bias = self.bias.as_ref();
+            b.ada_in_snake_conv1d_q8(
+                x,
+                &gb,
+                Some(alpha),
+                EPS,
+                w8,
+                bias,
+                self.shape(len),
+                add,
+                out,
+            );
+            return;
+        }
+        let mut t = b.tensor(self.c_in, len);
+        b.copy_rows(x, 0, self.c_in, &mut t, 0);
+        b.ada_in(&mut t, &gb, self.c_in, len, EPS);
+        b.snake(&mut t, alpha, self.c_in, len);
+        let y = self.forward(cx, &t, len);
+        if add {
+            b.add(out, &y, self.c_out);
+        } else {
+            b.copy_rows(&y, 0, self.c_out, out, 0);
+        }
+    }
+}
+
 /// Bidirectional single-layer LSTM (`weight_ih_l0`, `weight_hh_l0`, `bias_l0`, `*_reverse`):
 /// the input projections of both directions and every step as one product, then the
 /// recurrence (`h W_hh^T` per step) of the two directions side by side.
 pub struct BiLstm<B: Backend> {
     /// [W_ih_fwd; W_ih_bwd] (8 hidden, n_in) with [b_fwd; b_bwd].
     ih: Linear<B>,
-    /// [W_hh_fwd; W_hh_bwd] (8 hidden, hidden).
+    /// [W_hh_fwd^T; W_hh_bwd^T] (2 hidden, 4 hidden).
     hh: B::Tensor,
     n_in: usize,
     pub hidden: usize,
@@ -346,7 +427,7 @@ impl<B: Backend> BiLstm<B> {
                 n_in,
                 2 * h4,
             )?,
-            hh: b.tensor_from(2 * h4, hidden, &wh),
+            hh: b.tensor_from(2 * hidden, h4, &transpose_halves(&wh, h4, hidden)),
             n_in,
             hidden,
         })
@@ -363,6 +444,22 @@ impl<B: Backend> BiLstm<B> {
         out
     }
 }
+
+/// [A^T; B^T] of w = [A; B], A and B (rows, cols) each.
+fn transpose_halves(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; w.len()];
+    for (d, half) in w.chunks_exact(rows * cols).enumerate() {
+        for (r, row) in half.chunks_exact(cols).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                t[d * rows * cols + c * rows + r] = v;
+            }
+        }
+    }
+    t
+}
+
+/// AdaIN's epsilon.
+const EPS: f32 = 1e-5;
 
 /// AdaIN1d: instance norm, then a style-conditioned affine map `(1 + gamma) x + beta`.
 pub struct AdaIn<B: Backend> {
@@ -381,7 +478,7 @@ impl<B: Backend> AdaIn<B> {
     /// x (c, len) in place; s (1, style)
     pub fn forward(&self, cx: &Ctx<B>, x: &mut B::Tensor, s: &B::Tensor, len: usize) {
         let gb = self.fc.forward(cx, s, 1);
-        cx.b.ada_in(x, &gb, self.c, len, 1e-5);
+        cx.b.ada_in(x, &gb, self.c, len, EPS);
     }
 }
 
@@ -567,16 +664,12 @@ impl<B: Backend> AdaInResBlock1<B> {
             b.copy_rows(x, 0, self.c, &mut c, 0);
             c
         };
+        let mut t = b.tensor(self.c, len);
         for u in &self.units {
-            let mut t = b.tensor(self.c, len);
-            b.copy_rows(&x, 0, self.c, &mut t, 0);
-            u.adain1.forward(cx, &mut t, s, len);
-            b.snake(&mut t, &u.alpha1, self.c, len);
-            let mut t = u.conv1.forward(cx, &t, len);
-            u.adain2.forward(cx, &mut t, s, len);
-            b.snake(&mut t, &u.alpha2, self.c, len);
-            let t = u.conv2.forward(cx, &t, len);
-            b.add(&mut x, &t, self.c);
+            u.conv1
+                .forward_normed(cx, &x, &u.adain1, &u.alpha1, s, len, &mut t);
+            u.conv2
+                .add_forward_normed(cx, &t, &u.adain2, &u.alpha2, s, len, &mut x);
         }
         x
     }

@@ -258,9 +258,7 @@ impl<B: Backend> Generator<B> {
         let mut y = self.l_linear.forward(cx, &x, len);
         let mut v = vec![0f32; len];
         cx.b.read(&y, len, &mut v);
-        for s in &mut v {
-            *s = s.tanh();
-        }
+        kiln_backend::cpu::vmath::tanh_slice(&mut v);
         y = cx.b.tensor_from(1, len, &v);
         y
     }
@@ -345,9 +343,7 @@ impl<B: Backend> Generator<B> {
         let mut v = vec![0f32; 2 * bins * len];
         b.read(&post, 2 * bins, &mut v);
         let (mag, phase) = v.split_at_mut(bins * len);
-        for val in mag {
-            *val = val.exp();
-        }
+        kiln_backend::cpu::vmath::exp_slice(mag);
         kiln_backend::cpu::vmath::sin_slice(phase);
         let spec = b.tensor_from(2 * bins, len, &v);
         let n_out = (len - 1) * self.hop;

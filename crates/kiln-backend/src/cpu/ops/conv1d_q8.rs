@@ -11,7 +11,12 @@
 //! holds zx, the grid's zero), Sw[o] the sum of wq over o's row and K = c_in k. No im2col: the
 //! quantized input is laid out once in groups of 4 channels per time step, so the B tile of
 //! tap j is the same buffer shifted by j dil steps; the weight is packed per tap at load.
+//!
+//! The input may first go through a per-channel affine map and Snake ([`Pre`]: the AdaIN and
+//! Snake ahead of the vocoder's convolutions), applied as it is rounded, and the result may be
+//! added to `out` (the residual sum after it): neither is a pass over memory of its own.
 
+use super::vmath;
 use crate::cpu::kernels::amx::{self, BlockI32, MB, NB};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
@@ -88,44 +93,98 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
     })
 }
 
-/// DynamicQuantizeLinear's scale and zero point for x (as `fake_quant_u8`).
-fn grid(x: &[f32]) -> (f32, f32) {
+/// What each input value goes through before it is rounded (the AdaIN and Snake ahead of the
+/// generator's convolutions): x' = scale[i] x + shift[i] per input channel i, then with
+/// `alpha` Snake: x' + sin(alpha[i] x')^2 / alpha[i].
+#[derive(Debug, Clone, Copy)]
+pub struct Pre<'a> {
+    /// [scale, shift, min, max] per input channel, min and max those of x's row: both maps
+    /// are monotonic (Snake's slope is 1 + sin(2 alpha x') >= 0), so the mapped row's range
+    /// is that of its ends and needs no pass over x.
+    pub map: &'a [f32],
+    pub alpha: Option<&'a [f32]>,
+}
+
+/// One channel's [`Pre`]: (scale, shift) and Snake's alpha and 1 / alpha.
+#[derive(Debug, Clone, Copy)]
+struct Map {
+    sc: f32,
+    sh: f32,
+    a: f32,
+    inv: f32,
+}
+
+impl Map {
+    fn of(pre: Option<&Pre>, ch: usize) -> Map {
+        match pre {
+            None => Map {
+                sc: 1.0,
+                sh: 0.0,
+                a: 0.0,
+                inv: 0.0,
+            },
+            Some(p) => {
+                let a = p.alpha.map_or(0.0, |a| a[ch]);
+                Map {
+                    sc: p.map[4 * ch],
+                    sh: p.map[4 * ch + 1],
+                    a,
+                    inv: 1.0 / a,
+                }
+            }
+        }
+    }
+
+    /// As `ada_in_row` then `snake_row` compute it, value by value.
+    #[inline(always)]
+    fn apply<const SNAKE: bool>(self, v: f32) -> f32 {
+        let y = v * self.sc + self.sh;
+        if SNAKE {
+            let s = vmath::sin(self.a * y);
+            y + self.inv * s * s
+        } else {
+            y
+        }
+    }
+}
+
+/// (min, max) of the mapped row, 0 included (DynamicQuantizeLinear's range).
+#[inline(always)]
+fn range_body<const SNAKE: bool>(r: &[f32], m: Map) -> (f32, f32) {
     let mut lo = [0f32; 16];
     let mut hi = [0f32; 16];
-    let mut it = x.chunks_exact(16);
+    let mut it = r.chunks_exact(16);
     for c in &mut it {
         for l in 0..16 {
-            lo[l] = lo[l].min(c[l]);
-            hi[l] = hi[l].max(c[l]);
+            let v = m.apply::<SNAKE>(c[l]);
+            lo[l] = lo[l].min(v);
+            hi[l] = hi[l].max(v);
         }
     }
     let (mut l, mut h) = (0f32, 0f32);
-    for &v in it.remainder().iter().chain(&lo) {
+    for &v in it.remainder() {
+        let v = m.apply::<SNAKE>(v);
         l = l.min(v);
-    }
-    for &v in it.remainder().iter().chain(&hi) {
         h = h.max(v);
     }
-    let scale = (h - l) / 255.0;
-    let zp = if scale == 0.0 {
-        0.0
-    } else {
-        (-l / scale).round_ties_even().clamp(0.0, 255.0)
-    };
-    (scale, zp)
+    for i in 0..16 {
+        l = l.min(lo[i]);
+        h = h.max(hi[i]);
+    }
+    (l, h)
 }
 
-/// d[t] = the 4 bytes of x0[t], x1[t], x2[t], x3[t] rounded to the grid (scale, zero point)
-/// as `fake_quant_u8` rounds: round half to even of x / scale, plus zp, clamped to 0..=255.
+/// d[t] = the 4 bytes of the mapped x0[t], x1[t], x2[t], x3[t] rounded to the grid (scale,
+/// zero point) as `fake_quant_u8` rounds: round half to even of x / scale, plus zp, clamped
+/// to 0..=255.
 #[inline(always)]
-fn quantize_body(d: &mut [u32], x: [&[f32]; 4], scale: f32, zp: f32) {
-    const MAGIC: f32 = 12_582_912.0;
-    // The clamped value is an integer in 0..=255: adding MAGIC leaves it in the low mantissa
-    // bits (no float-to-int conversion, which does not vectorize with Rust's NaN rule).
-    let q = |v: f32| {
-        let r = ((v / scale + MAGIC) - MAGIC + zp).max(0.0).min(255.0);
-        (r + MAGIC).to_bits() & 0xff
-    };
+fn quantize_body<const SNAKE: bool>(
+    d: &mut [u32],
+    x: [&[f32]; 4],
+    m: [Map; 4],
+    scale: f32,
+    zp: f32,
+) {
     let n = d
         .len()
         .min(x[0].len())
@@ -134,23 +193,167 @@ fn quantize_body(d: &mut [u32], x: [&[f32]; 4], scale: f32, zp: f32) {
         .min(x[3].len());
     let (a, b, c, e) = (&x[0][..n], &x[1][..n], &x[2][..n], &x[3][..n]);
     for (t, d) in d[..n].iter_mut().enumerate() {
-        *d = q(a[t]) | (q(b[t]) << 8) | (q(c[t]) << 16) | (q(e[t]) << 24);
+        *d = q8(m[0].apply::<SNAKE>(a[t]), scale, zp)
+            | (q8(m[1].apply::<SNAKE>(b[t]), scale, zp) << 8)
+            | (q8(m[2].apply::<SNAKE>(c[t]), scale, zp) << 16)
+            | (q8(m[3].apply::<SNAKE>(e[t]), scale, zp) << 24);
+    }
+}
+
+/// v rounded to the grid, as a byte value.
+#[inline(always)]
+fn q8(v: f32, scale: f32, zp: f32) -> u32 {
+    const MAGIC: f32 = 12_582_912.0;
+    // The clamped value is an integer in 0..=255: adding MAGIC leaves it in the low mantissa
+    // bits (no float-to-int conversion, which does not vectorize with Rust's NaN rule).
+    let r = ((v / scale + MAGIC) - MAGIC + zp).max(0.0).min(255.0);
+    (r + MAGIC).to_bits() & 0xff
+}
+
+/// acc[v] += the sum of the 4 bytes of row[v].
+#[inline(always)]
+fn byte_sums_body(acc: &mut [i32], row: &[u32]) {
+    for (c, &v) in acc.iter_mut().zip(row) {
+        *c += ((v & 0xff) + ((v >> 8) & 0xff) + ((v >> 16) & 0xff) + (v >> 24)) as i32;
+    }
+}
+
+/// dst (+)= ao (c - zw sx + co) + b: one output row of a block, from its exact sums.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn finish_body<const ACC: bool>(
+    dst: &mut [f32],
+    c: &[i32],
+    sx: &[i32],
+    ao: f32,
+    co: i32,
+    zw: i32,
+    b: f32,
+) {
+    for ((d, &cv), &sv) in dst.iter_mut().zip(c).zip(sx) {
+        let v = ao * (cv - zw * sv + co) as f32 + b;
+        if ACC {
+            *d += v;
+        } else {
+            *d = v;
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_avx512(d: &mut [u32], x: [&[f32]; 4], scale: f32, zp: f32) {
-    quantize_body(d, x, scale, zp)
+mod avx512 {
+    use super::Map;
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn range<const SNAKE: bool>(r: &[f32], m: Map) -> (f32, f32) {
+        super::range_body::<SNAKE>(r, m)
+    }
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize<const SNAKE: bool>(
+        d: &mut [u32],
+        x: [&[f32]; 4],
+        m: [Map; 4],
+        scale: f32,
+        zp: f32,
+    ) {
+        super::quantize_body::<SNAKE>(d, x, m, scale, zp)
+    }
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn byte_sums(acc: &mut [i32], row: &[u32]) {
+        super::byte_sums_body(acc, row)
+    }
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn finish<const ACC: bool>(
+        dst: &mut [f32],
+        c: &[i32],
+        sx: &[i32],
+        ao: f32,
+        co: i32,
+        zw: i32,
+        b: f32,
+    ) {
+        super::finish_body::<ACC>(dst, c, sx, ao, co, zw, b)
+    }
 }
 
-fn quantize_into(d: &mut [u32], x: [&[f32]; 4], scale: f32, zp: f32) {
+fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
-    if std::env::var_os("KILN_NO_SIMD").is_none() && is_x86_feature_detected!("avx512bw") {
-        // SAFETY: the CPU has AVX-512F/BW (checked).
-        return unsafe { quantize_avx512(d, x, scale, zp) };
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            std::env::var_os("KILN_NO_SIMD").is_none() && is_x86_feature_detected!("avx512bw")
+        })
     }
-    quantize_body(d, x, scale, zp)
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn range_of(r: &[f32], m: Map, snake: bool) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F/BW (checked).
+        return unsafe {
+            if snake {
+                avx512::range::<true>(r, m)
+            } else {
+                avx512::range::<false>(r, m)
+            }
+        };
+    }
+    if snake {
+        range_body::<true>(r, m)
+    } else {
+        range_body::<false>(r, m)
+    }
+}
+
+fn quantize_into(d: &mut [u32], x: [&[f32]; 4], m: [Map; 4], snake: bool, scale: f32, zp: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F/BW (checked).
+        return unsafe {
+            if snake {
+                avx512::quantize::<true>(d, x, m, scale, zp)
+            } else {
+                avx512::quantize::<false>(d, x, m, scale, zp)
+            }
+        };
+    }
+    if snake {
+        quantize_body::<true>(d, x, m, scale, zp)
+    } else {
+        quantize_body::<false>(d, x, m, scale, zp)
+    }
+}
+
+fn byte_sums(acc: &mut [i32], row: &[u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F/BW (checked).
+        return unsafe { avx512::byte_sums(acc, row) };
+    }
+    byte_sums_body(acc, row)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(dst: &mut [f32], c: &[i32], sx: &[i32], ao: f32, co: i32, zw: i32, b: f32, acc: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F/BW (checked).
+        return unsafe {
+            if acc {
+                avx512::finish::<true>(dst, c, sx, ao, co, zw, b)
+            } else {
+                avx512::finish::<false>(dst, c, sx, ao, co, zw, b)
+            }
+        };
+    }
+    if acc {
+        finish_body::<true>(dst, c, sx, ao, co, zw, b)
+    } else {
+        finish_body::<false>(dst, c, sx, ao, co, zw, b)
+    }
 }
 
 thread_local! {
@@ -158,12 +361,17 @@ thread_local! {
     static XQ: std::cell::RefCell<Vec<u32>> = Default::default();
 }
 
+/// out (c_out, len_out) = conv1d(x mapped by `pre` and rounded to its uint8 grid, w) + bias,
+/// or with `acc`, out += that. Each output is written once: out need not be zeroed.
+#[allow(clippy::too_many_arguments)]
 pub fn conv1d(
     pool: &Pool,
     x: &CpuTensor,
     w: &PackedConvQ8,
     bias: Option<&CpuTensor>,
     s: Conv1dShape,
+    pre: Option<Pre>,
+    acc: bool,
     out: &mut CpuTensor,
 ) {
     let (c_in, c_out, k, len, dil) = (s.c_in, s.c_out, s.k, s.len_in, s.dilation);
@@ -174,12 +382,63 @@ pub fn conv1d(
     let lo = s.len_out();
     assert!(x.data.len() >= c_in * len, "conv1d_q8 input too small");
     assert!(out.data.len() >= c_out * lo, "conv1d_q8 output too small");
+    if let Some(p) = &pre {
+        assert!(
+            p.map.len() >= 4 * c_in && p.alpha.is_none_or(|a| a.len() >= c_in),
+            "conv1d_q8: a map per input channel"
+        );
+    }
+    let snake = pre.is_some_and(|p| p.alpha.is_some());
+    let maps: Vec<Map> = (0..c_in).map(|ch| Map::of(pre.as_ref(), ch)).collect();
     let bias_of = |o: usize| bias.map_or(0.0, |b| b.data[o]);
-    let (sx, zx) = grid(&x.data[..c_in * len]);
+    // DynamicQuantizeLinear's grid for the mapped x: its range (with 0) per channel, from
+    // the ends with `pre`, else in a pass over x in parallel.
+    let mut ranges = vec![0f32; 2 * c_in];
+    let rp = SharedMut(ranges.as_mut_ptr());
+    pool.run(if pre.is_some() { 0 } else { c_in }, |a, b| {
+        let rp = rp;
+        for ch in a..b {
+            let (l, h) = range_of(&x.data[ch * len..(ch + 1) * len], maps[ch], snake);
+            // SAFETY: entries 2 ch, 2 ch + 1 are this thread's alone; they lie in ranges.
+            unsafe {
+                rp.write(2 * ch, l);
+                rp.write(2 * ch + 1, h);
+            }
+        }
+    });
+    if let Some(p) = &pre {
+        for (ch, r) in ranges.chunks_exact_mut(2).enumerate() {
+            let m = maps[ch];
+            let ends = [p.map[4 * ch + 2], p.map[4 * ch + 3]].map(|v| {
+                if snake {
+                    m.apply::<true>(v)
+                } else {
+                    m.apply::<false>(v)
+                }
+            });
+            (r[0], r[1]) = (ends[0].min(ends[1]), ends[0].max(ends[1]));
+        }
+    }
+    let (mut l, mut h) = (0f32, 0f32);
+    for r in ranges.chunks_exact(2) {
+        l = l.min(r[0]);
+        h = h.max(r[1]);
+    }
+    let sx = (h - l) / 255.0;
+    let zx = if sx == 0.0 {
+        0.0
+    } else {
+        (-l / sx).round_ties_even().clamp(0.0, 255.0)
+    };
     if sx == 0.0 {
-        // x is all zeros: only the bias remains.
+        // The mapped x is all zeros: only the bias remains.
         for o in 0..c_out {
-            out.data[o * lo..(o + 1) * lo].fill(bias_of(o));
+            let row = &mut out.data[o * lo..(o + 1) * lo];
+            if acc {
+                row.iter_mut().for_each(|v| *v += bias_of(o));
+            } else {
+                row.fill(bias_of(o));
+            }
         }
         return;
     }
@@ -201,13 +460,24 @@ pub fn conv1d(
     };
     XQ.with(|cell| {
         let xq = &mut *cell.borrow_mut();
-        xq.clear();
-        xq.resize(st * nq * xs, 0);
+        // Every word of the first st nq xs is written below (no zeroing first).
+        if xq.len() < st * nq * xs {
+            xq.resize(st * nq * xs, 0);
+        }
         if st > 1 {
-            let q1 = |v: f32| -> u32 {
-                const MAGIC: f32 = 12_582_912.0;
-                let r = ((v / sx + MAGIC) - MAGIC + zx).max(0.0).min(255.0);
-                (r + MAGIC).to_bits() & 0xff
+            for r in 0..st {
+                for p in c_in.div_ceil(4)..nq {
+                    xq[(r * nq + p) * xs..(r * nq + p + 1) * xs].fill(0);
+                }
+            }
+            let q1 = |ch: usize, v: f32| -> u32 {
+                let m = maps[ch];
+                let v = if snake {
+                    m.apply::<true>(v)
+                } else {
+                    m.apply::<false>(v)
+                };
+                q8(v, sx, zx)
             };
             for r in 0..st {
                 for p in 0..nq.min(c_in.div_ceil(4)) {
@@ -216,9 +486,10 @@ pub fn conv1d(
                         let t = (m * st + r) as isize - s.pad as isize;
                         *d = if t >= 0 && (t as usize) < len {
                             let t = t as usize;
-                            (0..4)
-                                .filter(|e| 4 * p + e < c_in)
-                                .fold(0, |w, e| w | q1(x.data[(4 * p + e) * len + t]) << (8 * e))
+                            (0..4).filter(|e| 4 * p + e < c_in).fold(0, |w, e| {
+                                let ch = 4 * p + e;
+                                w | q1(ch, x.data[ch * len + t]) << (8 * e)
+                            })
                         } else {
                             pad_word(p)
                         };
@@ -234,14 +505,18 @@ pub fn conv1d(
                 // SAFETY: row p of xq belongs to this thread alone; it lies inside xq.
                 let row =
                     unsafe { std::slice::from_raw_parts_mut((dst.0 as *mut u32).add(p * xs), xs) };
-                row.fill(pad_word(p));
                 let t_end = len.min(xs.saturating_sub(s.pad));
+                let pw = pad_word(p);
+                row[..s.pad.min(xs)].fill(pw);
+                row[s.pad + t_end..].fill(pw);
                 let d = &mut row[s.pad..s.pad + t_end];
                 if 4 * p >= c_in {
                     // Padding channels: zeros throughout.
+                    d.fill(0);
                 } else if 4 * p + 4 <= c_in {
                     let src = |e: usize| &x.data[(4 * p + e) * len..(4 * p + e) * len + t_end];
-                    quantize_into(d, [src(0), src(1), src(2), src(3)], sx, zx);
+                    let m = [0, 1, 2, 3].map(|e| maps[4 * p + e]);
+                    quantize_into(d, [src(0), src(1), src(2), src(3)], m, snake, sx, zx);
                 } else {
                     // The last, partial group: channels past c_in stay 0.
                     let zeros = vec![0f32; t_end];
@@ -253,7 +528,8 @@ pub fn conv1d(
                             &zeros[..]
                         }
                     };
-                    quantize_into(d, [src(0), src(1), src(2), src(3)], sx, zx);
+                    let m = [0, 1, 2, 3].map(|e| maps[(4 * p + e).min(c_in - 1)]);
+                    quantize_into(d, [src(0), src(1), src(2), src(3)], m, snake, sx, zx);
                     let keep = (1u64 << (8 * (c_in - 4 * p))) - 1;
                     for v in d.iter_mut() {
                         *v &= keep as u32;
@@ -261,24 +537,6 @@ pub fn conv1d(
                 }
             }
         });
-        // Sx[t] = Σ_j colsum[t st + j dil], colsum[v] = Σ_i xq[i][v] over padded positions v.
-        let mut colsum = vec![0i32; st * xs];
-        let mut phase = vec![0i32; xs];
-        for r in 0..st {
-            phase.fill(0);
-            for p in 0..nq {
-                let row = &xq[(r * nq + p) * xs..(r * nq + p + 1) * xs];
-                for (c, &v) in phase.iter_mut().zip(row) {
-                    *c += ((v & 0xff) + ((v >> 8) & 0xff) + ((v >> 16) & 0xff) + (v >> 24)) as i32;
-                }
-            }
-            for (m, &c) in phase.iter().enumerate() {
-                colsum[m * st + r] = c;
-            }
-        }
-        let sxt: Vec<i32> = (0..lo)
-            .map(|t| (0..k).map(|j| colsum[t * st + j * dil]).sum())
-            .collect();
         let b_off: Vec<usize> = (0..k)
             .map(|j| {
                 if st == 1 {
@@ -299,6 +557,36 @@ pub fn conv1d(
         let xq = &*xq;
         pool.run_aligned(lo, NB, |t0, t1| {
             let out_p = out_p;
+            // Sx[t] = Σ_j colsum[t st + j dil] for this thread's t0..t1, colsum[v] = Σ_i
+            // xq[i][v] over padded positions v in v0..v1.
+            let (v0, v1) = (t0 * st, (t1 - 1) * st + (k - 1) * dil + 1);
+            let mut colsum = vec![0i32; v1 - v0];
+            if st == 1 {
+                for p in 0..nq {
+                    byte_sums(&mut colsum, &xq[p * xs + v0..p * xs + v1]);
+                }
+            } else {
+                let mut phase = Vec::new();
+                for r in 0..st {
+                    // Positions v = m st + r in v0..v1.
+                    let (m0, m1) = ((v0 + st - 1 - r) / st, (v1 + st - 1 - r) / st);
+                    if m1 <= m0 {
+                        continue;
+                    }
+                    phase.clear();
+                    phase.resize(m1 - m0, 0);
+                    for p in 0..nq {
+                        let at = (r * nq + p) * xs;
+                        byte_sums(&mut phase, &xq[at + m0..at + m1]);
+                    }
+                    for (m, &c) in (m0..m1).zip(&phase) {
+                        colsum[m * st + r - v0] = c;
+                    }
+                }
+            }
+            let sxt: Vec<i32> = (t0..t1)
+                .map(|t| (0..k).map(|j| colsum[t * st + j * dil - v0]).sum())
+                .collect();
             let mut blk = BlockI32::default();
             // SAFETY: AMX checked by applies() (the weight was packed only then).
             unsafe { amx::tiles_on() };
@@ -327,16 +615,21 @@ pub fn conv1d(
                             if o >= c_out {
                                 break;
                             }
-                            let (ao, co, zw, b) = (a_o[o], c_o[o], w.w_zero[o], bias_of(o));
-                            let src = &blk.0[r * NB..r * NB + nt];
                             // SAFETY: columns tb..tb+nt of row o are this thread's (its range
                             // of output positions) and lie inside out (checked above).
                             let dst = unsafe {
                                 std::slice::from_raw_parts_mut(out_p.0.add(o * lo + tb), nt)
                             };
-                            for ((d, &cv), &sv) in dst.iter_mut().zip(src).zip(&sxt[tb..tb + nt]) {
-                                *d = ao * (cv - zw * sv + co) as f32 + b;
-                            }
+                            finish(
+                                dst,
+                                &blk.0[r * NB..r * NB + nt],
+                                &sxt[tb - t0..tb - t0 + nt],
+                                a_o[o],
+                                c_o[o],
+                                w.w_zero[o],
+                                bias_of(o),
+                                acc,
+                            );
                         }
                     }
                 }
@@ -427,13 +720,100 @@ mod tests {
                 data: xv,
                 cols: len_in,
             };
-            conv1d(&pool, &x, &w, Some(&b), s, &mut got);
+            conv1d(&pool, &x, &w, Some(&b), s, None, false, &mut got);
             for (i, (&u, &v)) in got.data.iter().zip(&want.data).enumerate() {
                 assert!(
                     (u - v).abs() <= 1e-4 * (1.0 + v.abs()),
                     "{s:?} at {i}: {u} vs {v}"
                 );
             }
+        }
+    }
+
+    /// With AdaIN and Snake folded in and the result added to out: against the ops one by
+    /// one (ada_in_row, snake_row, rounding, the direct form, a sum).
+    #[test]
+    fn folded_ada_in_snake_matches_the_ops() {
+        if !amx::available() {
+            eprintln!("AMX not available here: skipped");
+            return;
+        }
+        let pool = Pool::new(2);
+        let mut seed = 0x2468_ace1u32;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        let (c_in, c_out, len, k, dil) = (36, 40, 300, 7, 3);
+        let s = Conv1dShape {
+            c_in,
+            c_out,
+            len_in: len,
+            k,
+            stride: 1,
+            pad: 9,
+            dilation: dil,
+            groups: 1,
+            output_pad: 0,
+        };
+        let q: Vec<u8> = (0..c_out * c_in * k).map(|_| rnd() as u8).collect();
+        let (zero, scale) = ([131], [2e-3]);
+        let w = pack(&q, &zero, &scale, &s).unwrap();
+        let wf: Vec<f32> = q.iter().map(|&v| (v as i32 - 131) as f32 * 2e-3).collect();
+        let xv: Vec<f32> = (0..c_in * len)
+            .map(|i| (rnd() % 2001) as f32 / 400.0 - 2.0 + (i / len) as f32 * 0.1)
+            .collect();
+        let gb: Vec<f32> = (0..2 * c_in)
+            .map(|_| (rnd() % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let alpha: Vec<f32> = (0..c_in)
+            .map(|_| 0.2 + (rnd() % 100) as f32 * 0.02)
+            .collect();
+        let mut map = Vec::new();
+        let mut xr = xv.clone();
+        for ch in 0..c_in {
+            let (g, b) = (1.0 + gb[ch], gb[c_in + ch]);
+            let r = &mut xr[ch * len..(ch + 1) * len];
+            map.extend(vmath::ada_in_map(r, g, b, 1e-5));
+            vmath::ada_in_row(r, g, b, 1e-5);
+            vmath::snake_row(r, alpha[ch]);
+        }
+        let mut xr = CpuTensor {
+            data: xr,
+            cols: len,
+        };
+        super::super::signal::fake_quant_u8(&mut xr, c_in * len);
+        let lo = s.len_out();
+        let base: Vec<f32> = (0..c_out * lo).map(|i| (i % 7) as f32 * 0.25).collect();
+        let mut want = CpuTensor {
+            data: vec![0.0; c_out * lo],
+            cols: lo,
+        };
+        let wt = CpuTensor { data: wf, cols: k };
+        super::super::conv1d_nc::conv1d_direct(&pool, &xr, &wt, None, s, &mut want);
+        for (v, b) in want.data.iter_mut().zip(&base) {
+            *v += b;
+        }
+        let mut got = CpuTensor {
+            data: base,
+            cols: lo,
+        };
+        let x = CpuTensor {
+            data: xv,
+            cols: len,
+        };
+        let pre = Pre {
+            map: &map,
+            alpha: Some(&alpha),
+        };
+        conv1d(&pool, &x, &w, None, s, Some(pre), true, &mut got);
+        for (i, (&u, &v)) in got.data.iter().zip(&want.data).enumerate() {
+            assert!(
+                (u - v).abs() <= 1e-4 * (1.0 + v.abs()),
+                "at {i}: {u} vs {v}"
+            );
         }
     }
 }

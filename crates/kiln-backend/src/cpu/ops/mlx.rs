@@ -100,6 +100,7 @@ pub fn load(w: MlxWeightData) -> CpuWeight {
         })),
         amx: None,
         conv: None,
+        conv_t: None,
     }
 }
 

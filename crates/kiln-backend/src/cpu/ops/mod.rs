@@ -6,7 +6,7 @@ mod attention_few;
 #[cfg(target_arch = "x86_64")]
 mod attention_tiled;
 pub mod conv1d;
-mod conv1d_amx;
+pub mod conv1d_amx;
 pub mod conv1d_nc;
 pub mod conv1d_q8;
 pub mod elementwise;

@@ -38,18 +38,40 @@ pub fn snake(pool: &crate::cpu::Pool, x: &mut CpuTensor, alpha: &CpuTensor, c: u
     });
 }
 
-pub fn leaky_relu(x: &mut CpuTensor, slope: f32, n: usize) {
-    for v in &mut x.data[..n] {
-        if *v < 0.0 {
-            *v *= slope;
-        }
+/// f(chunk, offset) over `v` in contiguous chunks, split over the pool's threads when `v` is
+/// long enough to be worth it (feature maps of the vocoder), else in one call here.
+pub fn par_chunks(pool: &crate::cpu::Pool, v: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
+    const MIN: usize = 1 << 16;
+    if v.len() < MIN {
+        return f(v, 0);
     }
+    let (p, n) = (Rows(v.as_mut_ptr()), v.len());
+    pool.run_aligned(n, 1024, |a, b| {
+        let p = p;
+        // SAFETY: a..b is this thread's alone and lies inside v.
+        f(
+            unsafe { std::slice::from_raw_parts_mut(p.0.add(a), b - a) },
+            a,
+        )
+    });
 }
 
-pub fn scale(x: &mut CpuTensor, s: f32, n: usize) {
-    for v in &mut x.data[..n] {
-        *v *= s;
-    }
+pub fn leaky_relu(pool: &crate::cpu::Pool, x: &mut CpuTensor, slope: f32, n: usize) {
+    par_chunks(pool, &mut x.data[..n], |c, _| {
+        for v in c {
+            if *v < 0.0 {
+                *v *= slope;
+            }
+        }
+    })
+}
+
+pub fn scale(pool: &crate::cpu::Pool, x: &mut CpuTensor, s: f32, n: usize) {
+    par_chunks(pool, &mut x.data[..n], |c, _| {
+        for v in c {
+            *v *= s;
+        }
+    })
 }
 
 pub fn transpose(x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {
@@ -90,7 +112,15 @@ fn hann(n_fft: usize) -> Vec<f64> {
         .collect()
 }
 
-pub fn stft(signal: &CpuTensor, len: usize, n_fft: usize, hop: usize, out: &mut CpuTensor) {
+/// Frames split over the pool's threads.
+pub fn stft(
+    pool: &crate::cpu::Pool,
+    signal: &CpuTensor,
+    len: usize,
+    n_fft: usize,
+    hop: usize,
+    out: &mut CpuTensor,
+) {
     let half = n_fft / 2;
     let bins = half + 1;
     let frames = len / hop + 1;
@@ -118,24 +148,39 @@ pub fn stft(signal: &CpuTensor, len: usize, n_fft: usize, hop: usize, out: &mut 
             (a.cos(), a.sin())
         })
         .unzip();
-    let mut frame = vec![0f64; n_fft];
-    for f in 0..frames {
-        for (j, v) in frame.iter_mut().enumerate() {
-            *v = at((f * hop + j) as isize - half as isize) * w[j];
-        }
-        for k in 0..bins {
-            let (mut re, mut im) = (0f64, 0f64);
-            for (j, &v) in frame.iter().enumerate() {
-                re += v * cos[k * n_fft + j];
-                im -= v * sin[k * n_fft + j];
+    let o = crate::cpu::par::SharedMut(out.data.as_mut_ptr());
+    pool.run(frames, |f0, f1| {
+        let o = o;
+        let mut frame = vec![0f64; n_fft];
+        for f in f0..f1 {
+            for (j, v) in frame.iter_mut().enumerate() {
+                *v = at((f * hop + j) as isize - half as isize) * w[j];
             }
-            out.data[k * frames + f] = (re * re + im * im).sqrt() as f32;
-            out.data[(bins + k) * frames + f] = im.atan2(re) as f32;
+            for k in 0..bins {
+                let (mut re, mut im) = (0f64, 0f64);
+                for (j, &v) in frame.iter().enumerate() {
+                    re += v * cos[k * n_fft + j];
+                    im -= v * sin[k * n_fft + j];
+                }
+                // SAFETY: column f is this thread's; both rows lie inside out (checked).
+                unsafe {
+                    o.write(k * frames + f, (re * re + im * im).sqrt() as f32);
+                    o.write((bins + k) * frames + f, im.atan2(re) as f32);
+                }
+            }
         }
-    }
+    });
 }
 
-pub fn istft(spec: &CpuTensor, frames: usize, n_fft: usize, hop: usize, out: &mut CpuTensor) {
+/// Each frame's inverse DFT on the pool's threads, then the overlap-add in frame order.
+pub fn istft(
+    pool: &crate::cpu::Pool,
+    spec: &CpuTensor,
+    frames: usize,
+    n_fft: usize,
+    hop: usize,
+    out: &mut CpuTensor,
+) {
     let half = n_fft / 2;
     let bins = half + 1;
     let full = (frames - 1) * hop + n_fft;
@@ -159,24 +204,37 @@ pub fn istft(spec: &CpuTensor, frames: usize, n_fft: usize, hop: usize, out: &mu
             2.0
         }
     };
-    let mut re = vec![0f64; bins];
-    let mut im = vec![0f64; bins];
-    for f in 0..frames {
-        for k in 0..bins {
-            let mag = spec.data[k * frames + f] as f64;
-            let ph = spec.data[(bins + k) * frames + f] as f64;
-            let (s, c) = ph.sin_cos();
-            re[k] = weight(k) * mag * c;
-            im[k] = weight(k) * mag * s;
-        }
-        for j in 0..n_fft {
-            // Real inverse DFT of the one-sided spectrum at sample j of the frame.
-            let mut v = 0f64;
+    // Windowed samples of every frame: y[f][j].
+    let mut y = vec![0f64; frames * n_fft];
+    let yp = YPtr(y.as_mut_ptr());
+    pool.run(frames, |f0, f1| {
+        let yp = yp;
+        let mut re = vec![0f64; bins];
+        let mut im = vec![0f64; bins];
+        for f in f0..f1 {
             for k in 0..bins {
-                v += re[k] * cos[k * n_fft + j] - im[k] * sin[k * n_fft + j];
+                let mag = spec.data[k * frames + f] as f64;
+                let ph = spec.data[(bins + k) * frames + f] as f64;
+                let (s, c) = ph.sin_cos();
+                re[k] = weight(k) * mag * c;
+                im[k] = weight(k) * mag * s;
             }
-            v /= n_fft as f64;
-            acc[f * hop + j] += v * w[j];
+            // SAFETY: row f of y is this thread's alone and lies inside y.
+            let row = unsafe { std::slice::from_raw_parts_mut(yp.0.add(f * n_fft), n_fft) };
+            for (j, yv) in row.iter_mut().enumerate() {
+                // Real inverse DFT of the one-sided spectrum at sample j of the frame.
+                let mut v = 0f64;
+                for k in 0..bins {
+                    v += re[k] * cos[k * n_fft + j] - im[k] * sin[k * n_fft + j];
+                }
+                v /= n_fft as f64;
+                *yv = v * w[j];
+            }
+        }
+    });
+    for (f, row) in y.chunks_exact(n_fft).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            acc[f * hop + j] += v;
             env[f * hop + j] += w[j] * w[j];
         }
     }
@@ -189,6 +247,13 @@ pub fn istft(spec: &CpuTensor, frames: usize, n_fft: usize, hop: usize, out: &mu
         };
     }
 }
+
+/// Rows of `istft`'s frame buffer, shared by its threads (disjoint rows).
+#[derive(Clone, Copy)]
+struct YPtr(*mut f64);
+// SAFETY: each thread writes only its own frames' rows.
+unsafe impl Send for YPtr {}
+unsafe impl Sync for YPtr {}
 
 pub fn upsample_nearest(x: &CpuTensor, c: usize, len: usize, factor: usize, out: &mut CpuTensor) {
     assert!(
