@@ -24,19 +24,6 @@ macro_rules! cpu_fallback_ops {
             self.cpu.ada_layer_norm(&mut cx, &cg, len, c, eps);
             self.from_cpu(&cx, x);
         }
-        fn attention_dense(
-            &self,
-            q: &Self::Tensor,
-            k: &Self::Tensor,
-            v: &Self::Tensor,
-            shape: $crate::DenseAttnShape,
-            out: &mut Self::Tensor,
-        ) {
-            let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
-            let mut co = self.to_cpu(out);
-            self.cpu.attention_dense(&cq, &ck, &cv, shape, &mut co);
-            self.from_cpu(&co, out);
-        }
         fn bilstm_steps(
             &self,
             gx: &Self::Tensor,
@@ -83,11 +70,6 @@ macro_rules! cpu_fallback_ops {
             self.cpu.fake_quant_u8(&mut cx, n);
             self.from_cpu(&cx, x);
         }
-        fn gelu(&self, x: &mut Self::Tensor, n: usize) {
-            let mut c = self.to_cpu(x);
-            self.cpu.gelu(&mut c, n);
-            self.from_cpu(&c, x);
-        }
         fn gelu_tanh(&self, x: &mut Self::Tensor, n: usize) {
             let mut cx = self.to_cpu(x);
             self.cpu.gelu_tanh(&mut cx, n);
@@ -104,20 +86,6 @@ macro_rules! cpu_fallback_ops {
             let cs = self.to_cpu(spec);
             let mut co = self.to_cpu(out);
             self.cpu.istft(&cs, frames, n_fft, hop, &mut co);
-            self.from_cpu(&co, out);
-        }
-        fn layer_norm(
-            &self,
-            x: &Self::Tensor,
-            gamma: &Self::Tensor,
-            beta: &Self::Tensor,
-            eps: f32,
-            n: usize,
-            out: &mut Self::Tensor,
-        ) {
-            let (cx, cg, cb) = (self.to_cpu(x), self.to_cpu(gamma), self.to_cpu(beta));
-            let mut co = self.to_cpu(out);
-            self.cpu.layer_norm(&cx, &cg, &cb, eps, n, &mut co);
             self.from_cpu(&co, out);
         }
         fn leaky_relu(&self, x: &mut Self::Tensor, slope: f32, n: usize) {
@@ -211,6 +179,46 @@ macro_rules! cpu_fallback_ops {
             let mut co = self.to_cpu(out);
             self.cpu
                 .self_attention(&cq, &ck, &cv, heads, head_dim, len, &mut co);
+            self.from_cpu(&co, out);
+        }
+    };
+}
+
+/// [`cpu_fallback_ops`]'s companions for Whisper's own ops (layer norm, GELU, attention
+/// without a cache), for a device backend without kernels for them.
+#[macro_export]
+macro_rules! cpu_fallback_whisper_ops {
+    () => {
+        fn attention_dense(
+            &self,
+            q: &Self::Tensor,
+            k: &Self::Tensor,
+            v: &Self::Tensor,
+            shape: $crate::DenseAttnShape,
+            out: &mut Self::Tensor,
+        ) {
+            let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+            let mut co = self.to_cpu(out);
+            self.cpu.attention_dense(&cq, &ck, &cv, shape, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn gelu(&self, x: &mut Self::Tensor, n: usize) {
+            let mut c = self.to_cpu(x);
+            self.cpu.gelu(&mut c, n);
+            self.from_cpu(&c, x);
+        }
+        fn layer_norm(
+            &self,
+            x: &Self::Tensor,
+            gamma: &Self::Tensor,
+            beta: &Self::Tensor,
+            eps: f32,
+            n: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let (cx, cg, cb) = (self.to_cpu(x), self.to_cpu(gamma), self.to_cpu(beta));
+            let mut co = self.to_cpu(out);
+            self.cpu.layer_norm(&cx, &cg, &cb, eps, n, &mut co);
             self.from_cpu(&co, out);
         }
     };

@@ -307,7 +307,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             threads: a.threads.first().copied(),
             quant: a.quant,
         };
-        return crate::stt_cmd::bench(file, &m, a.reps, a.json);
+        return crate::stt_cmd::bench(file, &m, a.reps, a.json, a.device, a.adapter.as_deref());
     }
     let threads = match a.threads.is_empty() {
         true => vec![default_threads()],

@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use kiln_backend::cpu::{default_threads, CpuBackend};
+use kiln_backend::Backend;
 use kiln_models::whisper::LoadOptions;
 use kiln_quant::GgmlType;
 use kiln_runtime::whisper::{output, Stt, TranscribeOptions};
@@ -86,21 +87,50 @@ pub struct TranscribeArgs {
     /// Seed for sampling at temperature > 0.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Where Whisper runs: cpu; cuda (a build with `--features cuda` and an NVIDIA GPU);
+    /// gpu (a build with `--features gpu`: wgpu on Vulkan or Metal). The mel spectrogram is
+    /// computed on the CPU.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: crate::Device,
+    /// With --device gpu: the first adapter whose name contains this (case-insensitive).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
 }
 
 pub fn load(m: &SttModelArgs) -> anyhow::Result<Stt<CpuBackend>> {
-    let path = crate::resolve_model(&m.model)?;
     let threads = m.threads.unwrap_or_else(default_threads).max(1);
+    load_on(CpuBackend::new(threads), m)
+}
+
+/// Whisper on `backend`.
+pub fn load_on<B: Backend>(backend: B, m: &SttModelArgs) -> anyhow::Result<Stt<B>> {
+    let path = crate::resolve_model(&m.model)?;
     let quant = match m.quant {
         Quant::None => None,
         Quant::Q8_0 => Some(GgmlType::Q8_0),
         Quant::Q4_0 => Some(GgmlType::Q4_0),
     };
-    Ok(Stt::load(
-        CpuBackend::new(threads),
-        &path,
-        LoadOptions { quant },
-    )?)
+    Ok(Stt::load(backend, &path, LoadOptions { quant })?)
+}
+
+/// Runs `$body` with `$stt` bound to Whisper loaded from `$m` on `$device`.
+macro_rules! with_stt {
+    ($device:expr, $adapter:expr, $m:expr, |$stt:ident| $body:expr) => {
+        match $device {
+            crate::Device::Cpu => {
+                let $stt = load($m)?;
+                $body
+            }
+            crate::Device::Cuda => {
+                let $stt = load_on(crate::cuda_backend()?, $m)?;
+                $body
+            }
+            crate::Device::Gpu => {
+                let $stt = load_on(crate::gpu_backend($adapter)?, $m)?;
+                $body
+            }
+        }
+    };
 }
 
 pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
@@ -121,8 +151,17 @@ pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
 
 pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
     let audio = kiln_audio::load_16k(&a.file)?;
-    let stt = load(&a.model)?;
-    let t = stt.transcribe(&audio.samples, &options(&a))?;
+    with_stt!(a.device, a.adapter.as_deref(), &a.model, |stt| {
+        transcribe_on(&a, &audio, stt)
+    })
+}
+
+fn transcribe_on<B: Backend>(
+    a: &TranscribeArgs,
+    audio: &kiln_audio::Audio,
+    stt: Stt<B>,
+) -> anyhow::Result<()> {
+    let t = stt.transcribe(&audio.samples, &options(a))?;
     let out = match a.format {
         Format::Txt => output::txt(&t),
         Format::Srt => output::srt(&t),
@@ -149,9 +188,27 @@ pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
 
 /// `kiln bench --stt FILE`: encoder ms per window, decoder ms per token, real-time factor,
 /// over `reps` timed runs after a warm-up.
-pub fn bench(file: &Path, m: &SttModelArgs, reps: usize, json: bool) -> anyhow::Result<()> {
+pub fn bench(
+    file: &Path,
+    m: &SttModelArgs,
+    reps: usize,
+    json: bool,
+    device: crate::Device,
+    adapter: Option<&str>,
+) -> anyhow::Result<()> {
     let audio = kiln_audio::load_16k(file)?;
-    let stt = load(m)?;
+    with_stt!(device, adapter, m, |stt| bench_on(
+        &stt, &audio, m, reps, json
+    ))
+}
+
+fn bench_on<B: Backend>(
+    stt: &Stt<B>,
+    audio: &kiln_audio::Audio,
+    m: &SttModelArgs,
+    reps: usize,
+    json: bool,
+) -> anyhow::Result<()> {
     let mut o = TranscribeOptions::default();
     o.temperatures = vec![0.0];
     stt.transcribe(&audio.samples, &o).context("warm-up")?;

@@ -98,6 +98,10 @@ pub const KERNELS: &[&str] = &[
     "argmax",
     "dequant_f16",
     "rows_f16",
+    "layer_norm",
+    "gelu",
+    "attn_dense_rows",
+    "attn_dense_few",
     "add_bias",
 ];
 

@@ -27,7 +27,8 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
-    AttnShape, Backend, BackendError, KvType, MlxWeightData, RopeConfig, RopeStyle, WeightData,
+    AttnShape, Backend, BackendError, DenseAttnShape, KvType, MlxWeightData, RopeConfig, RopeStyle,
+    WeightData,
 };
 
 pub use device::CudaInitError;
@@ -35,6 +36,10 @@ use device::{DevBuf, Device};
 use pack::{FMT_F16, FMT_F32};
 
 /// Tokens one matvec launch takes (kernels.cu MAX_TOK).
+/// From this many queries, dense attention runs as attn_dense_rows (a thread per query), below
+/// as attn_dense_few (a block per query).
+const DENSE_ROWS_MIN_QUERIES: usize = 8;
+
 const MAX_TOK: usize = 4;
 /// Warps per matvec block (kernels.cu WARPS).
 const WARPS: usize = 8;
@@ -1168,8 +1173,94 @@ impl Backend for CudaBackend {
 
     // ---- speech ops ----
 
-    // On the CPU backend, through host copies (kiln_backend::cpu_fallback_ops).
+    // On the CPU backend, through host copies (kiln_backend::cpu_fallback_ops); Whisper's
+    // layer norm, GELU and dense attention have kernels.
     kiln_backend::cpu_fallback_ops!();
+
+    fn layer_norm(
+        &self,
+        x: &CudaTensor,
+        gamma: &CudaTensor,
+        beta: &CudaTensor,
+        eps: f32,
+        n: usize,
+        out: &mut CudaTensor,
+    ) {
+        if n == 0 {
+            return;
+        }
+        self.xq_src.set(None);
+        let mut a = Args::default()
+            .a(x.buf.ptr)
+            .a(gamma.buf.ptr)
+            .a(beta.buf.ptr)
+            .a(eps)
+            .a(x.cols as i32)
+            .a(out.buf.ptr);
+        self.dev.launch(
+            self.dev.func("layer_norm"),
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
+    fn gelu(&self, x: &mut CudaTensor, n: usize) {
+        let a = Args::default().a(x.buf.ptr);
+        self.elementwise("gelu", a, n * x.cols);
+    }
+
+    fn attention_dense(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        s: DenseAttnShape,
+        out: &mut CudaTensor,
+    ) {
+        if s.n_q == 0 {
+            return;
+        }
+        // kernels.cu attn_dense_*: heads of 64 (every Whisper model); scores of a few
+        // queries in shared memory (48 KiB). Others through the CPU backend.
+        let few = s.n_q < DENSE_ROWS_MIN_QUERIES;
+        if s.head_dim != 64 || (few && s.n_kv > 12 * 1024) || (s.causal && s.n_kv < s.n_q) {
+            let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+            let mut co = self.to_cpu(out);
+            self.cpu.attention_dense(&cq, &ck, &cv, s, &mut co);
+            return self.from_cpu(&co, out);
+        }
+        self.xq_src.set(None);
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let mut a = Args::default()
+            .a(q.buf.ptr)
+            .a(k.buf.ptr)
+            .a(v.buf.ptr)
+            .a(s.heads as i32)
+            .a(s.n_q as i32)
+            .a(s.n_kv as i32)
+            .a(s.causal as i32)
+            .a(scale)
+            .a(out.buf.ptr);
+        if few {
+            self.dev.launch(
+                self.dev.func("attn_dense_few"),
+                (s.n_q as u32, s.heads as u32, 1),
+                (256, 1, 1),
+                (4 * s.n_kv) as u32,
+                &mut a.ptrs(),
+            );
+        } else {
+            self.dev.launch(
+                self.dev.func("attn_dense_rows"),
+                (s.n_q.div_ceil(32) as u32, s.heads as u32, 1),
+                (32, 1, 1),
+                0,
+                &mut a.ptrs(),
+            );
+        }
+    }
 
     fn conv1d(
         &self,

@@ -296,3 +296,65 @@ fn heads_rope_cache_attention() {
         assert!(e < 1e-5, "rms_norm_heads + rope: {e}");
     }
 }
+
+#[test]
+#[ignore]
+fn whisper_layer_norm_gelu_dense_attention() {
+    let g = gpu();
+    let c = CpuBackend::new(2);
+    let mut r = Rng(9);
+    // Layer norm over rows of 384 (Whisper tiny's width) and 1500 (an odd row length).
+    for (n, cols) in [(7, 384), (3, 1500)] {
+        let x: Vec<f32> = r.v(n * cols).iter().map(|v| v * 3.0 + 0.5).collect();
+        let (gm, bt) = (r.v(cols), r.v(cols));
+        let (xg, xc) = (g.tensor_from(n, cols, &x), c.tensor_from(n, cols, &x));
+        let (gg, gc) = (g.tensor_from(1, cols, &gm), c.tensor_from(1, cols, &gm));
+        let (bg, bc) = (g.tensor_from(1, cols, &bt), c.tensor_from(1, cols, &bt));
+        let (mut og, mut oc) = (g.tensor(n, cols), c.tensor(n, cols));
+        g.layer_norm(&xg, &gg, &bg, 1e-5, n, &mut og);
+        c.layer_norm(&xc, &gc, &bc, 1e-5, n, &mut oc);
+        let e = rel(&read(&g, &og, n, cols), &read(&c, &oc, n, cols));
+        assert!(e < 1e-5, "layer_norm {n}x{cols}: {e}");
+        // GELU (erf) in place, on the normalised rows.
+        g.gelu(&mut og, n);
+        c.gelu(&mut oc, n);
+        let e = rel(&read(&g, &og, n, cols), &read(&c, &oc, n, cols));
+        assert!(e < 1e-5, "gelu {n}x{cols}: {e}");
+    }
+    // Dense attention, heads of 64: the encoder's (many queries, the tiled kernel) and the
+    // decoder's cross-attention (a few queries over 1500 keys), causal and not.
+    for (heads, n_q, n_kv, causal) in [
+        (6, 300, 300, false),
+        (6, 75, 75, true),
+        (3, 37, 200, true),
+        (6, 1, 1500, false),
+        (6, 3, 1500, false),
+        (4, 5, 40, true),
+    ] {
+        let d = heads * 64;
+        let (q, k, v) = (r.v(n_q * d), r.v(n_kv * d), r.v(n_kv * d));
+        let shape = kiln_backend::DenseAttnShape {
+            heads,
+            head_dim: 64,
+            n_q,
+            n_kv,
+            causal,
+        };
+        let (qg, kg, vg) = (
+            g.tensor_from(n_q, d, &q),
+            g.tensor_from(n_kv, d, &k),
+            g.tensor_from(n_kv, d, &v),
+        );
+        let (qc, kc, vc) = (
+            c.tensor_from(n_q, d, &q),
+            c.tensor_from(n_kv, d, &k),
+            c.tensor_from(n_kv, d, &v),
+        );
+        let (mut og, mut oc) = (g.tensor(n_q, d), c.tensor(n_q, d));
+        g.attention_dense(&qg, &kg, &vg, shape, &mut og);
+        c.attention_dense(&qc, &kc, &vc, shape, &mut oc);
+        let e = rel(&read(&g, &og, n_q, d), &read(&c, &oc, n_q, d));
+        // Both in f32 (the CPU's encoder path may round through bf16 tiles on AMX: 1e-2).
+        assert!(e < 1e-2, "attention_dense {shape:?}: {e}");
+    }
+}

@@ -985,6 +985,7 @@ impl Backend for WgpuBackend {
 
     // On the CPU backend, through host copies (kiln_backend::cpu_fallback_ops).
     kiln_backend::cpu_fallback_ops!();
+    kiln_backend::cpu_fallback_whisper_ops!();
 
     fn conv1d(
         &self,
