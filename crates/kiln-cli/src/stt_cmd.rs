@@ -150,8 +150,9 @@ pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
 }
 
 pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
-    let audio = kiln_audio::load_16k(&a.file)?;
+    // The backend first (a missing GPU is the cheapest thing to report), then the audio.
     with_stt!(a.device, a.adapter.as_deref(), &a.model, |stt| {
+        let audio = kiln_audio::load_16k(&a.file)?;
         transcribe_on(&a, &audio, stt)
     })
 }
@@ -196,10 +197,10 @@ pub fn bench(
     device: crate::Device,
     adapter: Option<&str>,
 ) -> anyhow::Result<()> {
-    let audio = kiln_audio::load_16k(file)?;
-    with_stt!(device, adapter, m, |stt| bench_on(
-        &stt, &audio, m, reps, json
-    ))
+    with_stt!(device, adapter, m, |stt| {
+        let audio = kiln_audio::load_16k(file)?;
+        bench_on(&stt, &audio, m, reps, json)
+    })
 }
 
 fn bench_on<B: Backend>(

@@ -227,8 +227,8 @@ fn model_that_does_not_fit_is_refused_before_loading() {
 
 #[test]
 fn device_without_its_backend_is_a_clear_error() {
-    // The test build has neither CUDA nor wgpu: every LLM command says why, in one line,
-    // before loading anything.
+    // The test build has neither CUDA nor wgpu: every LLM and speech-to-text command says
+    // why, in one line, before loading anything.
     let m = model();
     let m = m.to_str().unwrap();
     for (dev, says) in [("cuda", "CUDA"), ("gpu", "wgpu")] {
@@ -244,7 +244,10 @@ fn device_without_its_backend_is_a_clear_error() {
             "--device",
             dev,
         ];
-        for args in [&run[..], &ppl[..], &serve[..]] {
+        // Speech to text too (the audio is not read before the backend is made).
+        let stt = ["transcribe", "Cargo.toml", "--device", dev];
+        let stt_bench = ["bench", "--stt", "Cargo.toml", "--device", dev];
+        for args in [&run[..], &ppl[..], &serve[..], &stt[..], &stt_bench[..]] {
             assert_clean_error(&kiln(args), says);
         }
     }
