@@ -188,14 +188,14 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
         let mut sum = 0f64;
         let mut pos = initial.len();
         for _ in 0..o.sample_len {
-            self.apply_rules(&mut logits, &tokens, o);
-            let lp = log_softmax(&logits);
+            let lse = self.apply_rules(&mut logits, &tokens, o);
             let next = if temperature == 0.0 {
                 argmax(&logits)
             } else {
                 self.categorical(&logits, temperature)
             };
-            sum += lp[next as usize] as f64;
+            // log_softmax(logits)[next], from the one log-sum-exp pass.
+            sum += (logits[next as usize] - lse) as f64;
             if next == self.sp.eot || pos >= n_ctx {
                 break;
             }
@@ -239,8 +239,8 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
             // Candidates (score, source beam, token), deduplicated by sequence.
             let mut cands: Vec<(f64, usize, u32)> = Vec::new();
             for (bi, (toks, sum, logits)) in beams.iter_mut().enumerate() {
-                self.apply_rules(logits, toks, o);
-                let lp = log_softmax(logits);
+                let lse = self.apply_rules(logits, toks, o);
+                let lp: Vec<f32> = logits.iter().map(|&v| v - lse).collect();
                 for t in top_k(&lp, k + 1) {
                     cands.push((*sum + lp[t as usize] as f64, bi, t));
                 }
@@ -301,7 +301,9 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
     }
 
     /// Whisper's logit rules for the next token after `sampled` (tokens of this window).
-    pub fn apply_rules(&self, logits: &mut [f32], sampled: &[u32], o: &DecodeOptions) {
+    /// Returns the log-sum-exp of the logits as the rules leave them (what log_softmax of
+    /// them would compute), so that the caller needs no second pass over the vocabulary.
+    pub fn apply_rules(&self, logits: &mut [f32], sampled: &[u32], o: &DecodeOptions) -> f32 {
         let sp = self.sp;
         let ninf = f32::NEG_INFINITY;
         if o.suppress_blank && sampled.is_empty() {
@@ -315,7 +317,7 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
             }
         }
         if !o.timestamps {
-            return;
+            return log_sum_exp(logits);
         }
         let tb = sp.timestamp_begin as usize;
         let eot = sp.eot as usize;
@@ -351,12 +353,20 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
             }
         }
         // When timestamps are together more likely than any text token, take a timestamp.
-        let lp = log_softmax(logits);
-        let ts_lp = log_sum_exp(&lp[tb..]);
-        let max_text = lp[..tb].iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        // (log_softmax's values, computed only where they are read.)
+        let lse = log_sum_exp(logits);
+        let ts_lp = log_sum_exp(&logits[tb..].iter().map(|&v| v - lse).collect::<Vec<_>>());
+        let max_text = logits[..tb]
+            .iter()
+            .map(|&v| v - lse)
+            .fold(f32::NEG_INFINITY, f32::max);
         if ts_lp > max_text {
             logits[..tb].fill(ninf);
+            // With every text logit at -inf their terms add exact zeros (and the maximum is
+            // a timestamp's): the timestamps' log-sum-exp is the whole vector's, bit for bit.
+            return log_sum_exp(&logits[tb..]);
         }
+        lse
     }
 
     /// Samples from softmax(logits / temperature).
