@@ -19,9 +19,9 @@
 //! a product is then one subgroup), else sums go through workgroup memory. The KV cache
 //! holds f16 through `pack2x16float`, core WGSL, so no adapter needs `SHADER_F16`.
 //!
-//! The speech ops (Whisper's layer norm, GELU, dense attention; Kokoro's signal ops) run on
-//! the CPU backend: inputs are copied to the host, the CPU op runs, outputs are copied back.
-//! Whisper's conv1d runs on the GPU (im2col + the matrix product).
+//! Whisper runs on the GPU (speech.wgsl: layer norm, GELU, dense attention; conv1d as
+//! im2col + the matrix product). Kokoro's signal ops run on the CPU backend: inputs are
+//! copied to the host, the CPU op runs, outputs are copied back.
 
 mod device;
 pub mod pack;
@@ -985,7 +985,75 @@ impl Backend for WgpuBackend {
 
     // On the CPU backend, through host copies (kiln_backend::cpu_fallback_ops).
     kiln_backend::cpu_fallback_ops!();
-    kiln_backend::cpu_fallback_whisper_ops!();
+
+    fn layer_norm(
+        &self,
+        x: &WgpuTensor,
+        gamma: &WgpuTensor,
+        beta: &WgpuTensor,
+        eps: f32,
+        n: usize,
+        out: &mut WgpuTensor,
+    ) {
+        if n == 0 {
+            return;
+        }
+        let x_dim = (n.min(65535) as u32, n.div_ceil(65535) as u32, 1);
+        self.gpu.dispatch(
+            "speech",
+            "layer_norm",
+            &[x.cols as u32, f(eps), n as u32],
+            &[&x.buf, &gamma.buf, &beta.buf, &out.buf],
+            x_dim,
+        );
+    }
+
+    fn gelu(&self, x: &mut WgpuTensor, n: usize) {
+        let len = n * x.cols;
+        let d = &self.gpu.dummy;
+        self.gpu.dispatch(
+            "speech",
+            "gelu",
+            &[len as u32],
+            &[&x.buf, d, d, d],
+            grid_1d(len),
+        );
+    }
+
+    fn attention_dense(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        s: kiln_backend::DenseAttnShape,
+        out: &mut WgpuTensor,
+    ) {
+        if s.n_q == 0 {
+            return;
+        }
+        // speech.wgsl attn_dense: scores in workgroup memory (3072 keys), heads up to 256.
+        if s.n_kv > 3072 || s.head_dim > 256 || (s.causal && s.n_kv < s.n_q) {
+            let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
+            let mut co = self.to_cpu(out);
+            self.cpu.attention_dense(&cq, &ck, &cv, s, &mut co);
+            return self.from_cpu(&co, out);
+        }
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        self.gpu.dispatch(
+            "speech",
+            "attn_dense",
+            &[
+                s.heads as u32,
+                s.head_dim as u32,
+                s.n_q as u32,
+                s.n_kv as u32,
+                s.causal as u32,
+                f(scale),
+            ],
+            &[&q.buf, &k.buf, &v.buf, &out.buf],
+            (s.n_q as u32, s.heads as u32, 1),
+        );
+    }
 
     fn conv1d(
         &self,

@@ -28,7 +28,7 @@ fn matvec(variant: &str) -> String {
 }
 
 /// Every module's name.
-pub const MODULES: [&str; 8] = [
+pub const MODULES: [&str; 9] = [
     "matvec",
     "matvec_g",
     "gemm",
@@ -37,6 +37,7 @@ pub const MODULES: [&str; 8] = [
     "heads",
     "attention",
     "misc",
+    "speech",
 ];
 
 /// Row values the fused matvec prologue holds (matvec_fused.wgsl MAXC).
@@ -55,6 +56,7 @@ fn body(module: &str) -> (String, &'static [(&'static str, &'static str)]) {
         "heads" => (include_str!("shaders/heads.wgsl").into(), &[]),
         "attention" => (include_str!("shaders/attention.wgsl").into(), &[]),
         "misc" => (include_str!("shaders/misc.wgsl").into(), &[]),
+        "speech" => (include_str!("shaders/speech.wgsl").into(), &[]),
         other => panic!("no WGSL module '{other}'"),
     }
 }

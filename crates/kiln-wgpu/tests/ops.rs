@@ -368,11 +368,71 @@ fn conv1d_and_cpu_fallbacks() {
             let e = rel(&read(&g, &og, tg, c_out), &read(&c, &oc, tc, c_out));
             assert!(e < 1e-5, "conv1d stride {stride}: {e}");
         }
-        // One op that runs on the CPU through copies: GELU.
+        // One op that runs on the CPU through copies: leaky ReLU.
         let mut gx = g.tensor_from(t_in, c_in, &x);
         let mut cx = c.tensor_from(t_in, c_in, &x);
-        g.gelu(&mut gx, t_in);
-        c.gelu(&mut cx, t_in);
+        g.leaky_relu(&mut gx, 0.2, t_in * c_in);
+        c.leaky_relu(&mut cx, 0.2, t_in * c_in);
         assert_eq!(read(&g, &gx, t_in, c_in), read(&c, &cx, t_in, c_in));
+    }
+}
+
+#[test]
+fn whisper_layer_norm_gelu_dense_attention() {
+    let c = CpuBackend::new(2);
+    for g in backends() {
+        let mut r = Rng(9);
+        for (n, cols) in [(7, 384), (3, 1500)] {
+            let x: Vec<f32> = r.v(n * cols).iter().map(|v| v * 3.0 + 0.5).collect();
+            let (gm, bt) = (r.v(cols), r.v(cols));
+            let (xg, xc) = (g.tensor_from(n, cols, &x), c.tensor_from(n, cols, &x));
+            let (gg, gc) = (g.tensor_from(1, cols, &gm), c.tensor_from(1, cols, &gm));
+            let (bg, bc) = (g.tensor_from(1, cols, &bt), c.tensor_from(1, cols, &bt));
+            let (mut og, mut oc) = (g.tensor(n, cols), c.tensor(n, cols));
+            g.layer_norm(&xg, &gg, &bg, 1e-5, n, &mut og);
+            c.layer_norm(&xc, &gc, &bc, 1e-5, n, &mut oc);
+            let e = rel(&read(&g, &og, n, cols), &read(&c, &oc, n, cols));
+            assert!(e < 1e-5, "layer_norm {n}x{cols}: {e}");
+            // GELU through speech.wgsl's erf (|error| < 1.2e-7 against the CPU's).
+            g.gelu(&mut og, n);
+            c.gelu(&mut oc, n);
+            let e = rel(&read(&g, &og, n, cols), &read(&c, &oc, n, cols));
+            assert!(e < 1e-5, "gelu {n}x{cols}: {e}");
+        }
+        // Encoder-like (many queries) and cross-attention-like (a few over many keys), causal
+        // and not, heads of 64 and of 80 (not a divisor of the workgroup).
+        for (heads, hd, n_q, n_kv, causal) in [
+            (6, 64, 150, 150, false),
+            (3, 64, 37, 200, true),
+            (6, 64, 2, 1500, false),
+            (2, 80, 5, 40, true),
+        ] {
+            let d = heads * hd;
+            let (q, k, v) = (r.v(n_q * d), r.v(n_kv * d), r.v(n_kv * d));
+            let shape = kiln_backend::DenseAttnShape {
+                heads,
+                head_dim: hd,
+                n_q,
+                n_kv,
+                causal,
+            };
+            let (qg, kg, vg) = (
+                g.tensor_from(n_q, d, &q),
+                g.tensor_from(n_kv, d, &k),
+                g.tensor_from(n_kv, d, &v),
+            );
+            let (qc, kc, vc) = (
+                c.tensor_from(n_q, d, &q),
+                c.tensor_from(n_kv, d, &k),
+                c.tensor_from(n_kv, d, &v),
+            );
+            let (mut og, mut oc) = (g.tensor(n_q, d), c.tensor(n_q, d));
+            g.attention_dense(&qg, &kg, &vg, shape, &mut og);
+            c.attention_dense(&qc, &kc, &vc, shape, &mut oc);
+            let e = rel(&read(&g, &og, n_q, d), &read(&c, &oc, n_q, d));
+            // f32 on both sides, but the CPU's many-query path may round through bf16 tiles
+            // (AMX): 1e-2.
+            assert!(e < 1e-2, "attention_dense {shape:?}: {e}");
+        }
     }
 }

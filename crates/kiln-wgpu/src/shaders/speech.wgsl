@@ -1,0 +1,108 @@
+// Whisper's own ops: layer norm, GELU (erf), attention without a cache (encoder
+// self-attention, decoder cross-attention). Rows are row-major f32.
+
+@group(0) @binding(1) var<storage, read_write> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> G: array<f32>;
+@group(0) @binding(3) var<storage, read_write> BT: array<f32>;
+@group(0) @binding(4) var<storage, read_write> O: array<f32>;
+
+// O[r] = (X[r] - mean) / sqrt(var + eps) * G + BT, one workgroup per row (x + y * 65535):
+// the mean, then the centred sum of squares, as the CPU backend.
+// params: 0 cols, 1 eps, 2 rows
+@compute @workgroup_size(256)
+fn layer_norm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    let cols = P(0u);
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= P(2u)) { return; }
+    let base = row * cols;
+    var s = 0.0;
+    for (var c = li; c < cols; c += WG) { s += X[base + c]; }
+    let mean = wsum(s, li) / f32(cols);
+    var ss = 0.0;
+    for (var c = li; c < cols; c += WG) {
+        let d = X[base + c] - mean;
+        ss += d * d;
+    }
+    let r = 1.0 / sqrt(wsum(ss, li) / f32(cols) + PF(1u));
+    for (var c = li; c < cols; c += WG) { O[base + c] = (X[base + c] - mean) * r * G[c] + BT[c]; }
+}
+
+// erf(x), |error| < 1.2e-7 (a Chebyshev-fitted form of erfc: Numerical Recipes' erfcc).
+fn erf(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let p = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
+        + t * (-0.82215223 + t * 0.17087277))))))));
+    let r = 1.0 - t * exp(p);
+    return select(-r, r, x >= 0.0);
+}
+
+// X[i] = X[i] / 2 * (1 + erf(X[i] / sqrt(2))) for i < P(0), in place.
+@compute @workgroup_size(256)
+fn gelu(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = (wg.y * nwg.x + wg.x) * WG + li;
+    if (i >= P(0u)) { return; }
+    let v = X[i];
+    X[i] = 0.5 * v * (1.0 + erf(v * 0.70710678118654752));
+}
+
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> sc: array<f32, 3072>;
+var<workgroup> part: array<f32, 256>;
+
+// O (n_q, heads * hd) = softmax(q k^T * scale) v over keys 0..n_kv (causal: 0..=t + n_kv -
+// n_q), X = q, G = k, BT = v. Workgroup (query, head) of 256: every key's score in workgroup
+// memory (n_kv <= 3072, within the 16 KiB every adapter has), the max and sum over the workgroup, then p.V by 256 / hd key groups x
+// hd lanes (hd <= 256), summed over the groups.
+// params: 0 heads, 1 hd, 2 n_q, 3 n_kv, 4 causal, 5 scale
+@compute @workgroup_size(256)
+fn attn_dense(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let t = wg.x;
+    let h = wg.y;
+    let hd = P(1u);
+    let ld = P(0u) * hd;
+    let n_kv = P(3u);
+    var nk = n_kv;
+    if (P(4u) == 1u) { nk = t + n_kv - P(2u) + 1u; }
+    if (li < hd) { qs[li] = X[t * ld + h * hd + li] * PF(5u); }
+    workgroupBarrier();
+    var mx = NEG_INF;
+    for (var j = li; j < nk; j += WG) {
+        let kb = j * ld + h * hd;
+        var a0 = 0.0;
+        var a1 = 0.0;
+        var e = 0u;
+        for (; e + 1u < hd; e += 2u) {
+            a0 += qs[e] * G[kb + e];
+            a1 += qs[e + 1u] * G[kb + e + 1u];
+        }
+        if (e < hd) { a0 += qs[e] * G[kb + e]; }
+        sc[j] = a0 + a1;
+        mx = max(mx, a0 + a1);
+    }
+    let m = wmax(mx, li);
+    var ls = 0.0;
+    for (var j = li; j < nk; j += WG) {
+        let p = exp(sc[j] - m);
+        sc[j] = p;
+        ls += p;
+    }
+    let l = wsum(ls, li);
+    let groups = WG / hd;
+    let g = li / hd;
+    let d = li % hd;
+    var a = 0.0;
+    if (g < groups) {
+        for (var j = g; j < nk; j += groups) { a += sc[j] * BT[j * ld + h * hd + d]; }
+    }
+    part[li] = a;
+    workgroupBarrier();
+    if (li < hd) {
+        var s = 0.0;
+        for (var k = 0u; k < groups; k++) { s += part[k * hd + li]; }
+        O[t * ld + h * hd + li] = s / l;
+    }
+}
