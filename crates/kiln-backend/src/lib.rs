@@ -225,6 +225,13 @@ pub struct LstmShape {
 
 /// Index of the largest value of `r`, the first on ties (NaN never wins over a number
 /// before it).
+/// A key for [`Backend::step`] never handed out before in this process (every model state
+/// that records steps takes its keys here, so no two states share one).
+pub fn next_step_key() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 pub fn argmax_first(r: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in r.iter().enumerate() {
@@ -315,6 +322,19 @@ pub trait Backend {
         ids: &[u32],
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+    /// out[t] = table[pos0 + t] for t < n: rows by position (Whisper's positional
+    /// embedding). A backend that replays recorded steps reads pos0 from the step's
+    /// positions, so one recording serves every position. The default goes through `embed`.
+    fn embed_positions(
+        &self,
+        table: &Self::Weight,
+        pos0: usize,
+        n: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        let ids: Vec<u32> = (pos0..pos0 + n).map(|p| p as u32).collect();
+        self.embed(table, &ids, out)
+    }
     /// out[t] = x[t] / rms(x[t]) * w
     fn rms_norm(
         &self,

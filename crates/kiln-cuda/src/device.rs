@@ -100,6 +100,7 @@ pub const KERNELS: &[&str] = &[
     "rows_f16",
     "layer_norm",
     "gelu",
+    "embed_pos",
     "attn_dense_rows",
     "attn_dense_few",
     "add_bias",

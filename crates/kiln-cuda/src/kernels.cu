@@ -506,6 +506,14 @@ extern "C" __global__ void embed(Mat m, int cols, const u32* params, float* out)
         out[(size_t)t * cols + c] = packed_value(m, (int)id, cols, c);
 }
 
+// out[t] = row params[0] + t of m (rows by position; params[0] is the step's pos0).
+extern "C" __global__ void embed_pos(Mat m, int cols, const u32* params, float* out) {
+    const int t = blockIdx.y;
+    const int row = (int)params[0] + t;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+        out[(size_t)t * cols + c] = packed_value(m, row, cols, c);
+}
+
 // 1 / rms of the row xr (cols values) plus eps, computed by the whole block.
 __device__ float block_inv_rms(const float* xr, int cols, float eps) {
     __shared__ float red[32];
@@ -997,17 +1005,19 @@ attn_dense_rows(const float* q, const float* k, const float* v, int heads, int n
     }
 }
 
-// Dense attention, a few queries (decoder cross-attention): block (query, head) of 256
+// Dense attention, a few queries (decoder cross-attention): block (query, head) of 1024
 // threads; every key's score into shared memory (n_kv floats, dynamic), the block's max and
-// sum, then p.V by 4 key groups x 64 dimensions, summed over the groups.
-extern "C" __global__ void __launch_bounds__(256)
+// sum, then p.V by 16 key groups x 64 dimensions (a short chain of loads each), summed over
+// the groups.
+#define FEW_THREADS 1024
+extern "C" __global__ void __launch_bounds__(FEW_THREADS)
 attn_dense_few(const float* q, const float* k, const float* v, int heads, int n_q, int n_kv,
                int causal, float scale, float* out) {
     constexpr int HD = 64;
     extern __shared__ float sc[];
     __shared__ float qs[HD];
     __shared__ float red[32];
-    __shared__ float part[4][HD];
+    __shared__ float part[FEW_THREADS / HD][HD];
     const int t = blockIdx.x, h = blockIdx.y;
     const size_t ld = (size_t)heads * HD;
     if (threadIdx.x < HD) qs[threadIdx.x] = q[t * ld + h * HD + threadIdx.x] * scale;
@@ -1045,11 +1055,15 @@ attn_dense_few(const float* q, const float* k, const float* v, int heads, int n_
     }
     const float l = block_sum(ls, red);
     const int d = threadIdx.x % HD, g = threadIdx.x / HD;
+    constexpr int GROUPS = FEW_THREADS / HD;
     float a = 0.0f;
-    for (int j = g; j < nk; j += 4) a = fmaf(sc[j], v[j * ld + h * HD + d], a);
+    for (int j = g; j < nk; j += GROUPS) a = fmaf(sc[j], v[j * ld + h * HD + d], a);
     part[g][d] = a;
     __syncthreads();
-    if (threadIdx.x < HD)
-        out[t * ld + h * HD + threadIdx.x] =
-            (part[0][threadIdx.x] + part[1][threadIdx.x] + part[2][threadIdx.x] + part[3][threadIdx.x]) / l;
+    if (threadIdx.x < HD) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GROUPS; k++) sum += part[k][threadIdx.x];
+        out[t * ld + h * HD + threadIdx.x] = sum / l;
+    }
 }

@@ -821,6 +821,49 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn embed_positions(
+        &self,
+        table: &CudaWeight,
+        pos0: usize,
+        n: usize,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        if pos0 + n > table.rows {
+            return Err(BackendError::TokenOutOfRange {
+                id: (pos0 + n - 1) as u32,
+                vocab: table.rows,
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.xq_src.set(None);
+        // The row comes from the device's pos0 (a recorded step replays at any position).
+        self.set_params(pos0, None);
+        let m = Mat {
+            q: table.q.ptr,
+            s: table.s.ptr,
+            s2: table.s2.ptr,
+            rows: table.rows as i32,
+            fmt: table.fmt,
+            ..Default::default()
+        };
+        let mut a = Args::default()
+            .a(m)
+            .a(table.cols as i32)
+            .a(self.params.ptr)
+            .a(out.buf.ptr);
+        let bx = table.cols.div_ceil(256).min(64) as u32;
+        self.dev.launch(
+            self.dev.func("embed_pos"),
+            (bx, n as u32, 1),
+            (256, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        Ok(())
+    }
+
     fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32, n: usize, out: &mut CudaTensor) {
         let mut a = Args::default()
             .a(x.buf.ptr)
@@ -1247,7 +1290,7 @@ impl Backend for CudaBackend {
             self.dev.launch(
                 self.dev.func("attn_dense_few"),
                 (s.n_q as u32, s.heads as u32, 1),
-                (256, 1, 1),
+                (1024, 1, 1),
                 (4 * s.n_kv) as u32,
                 &mut a.ptrs(),
             );

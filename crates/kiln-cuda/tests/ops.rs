@@ -321,6 +321,19 @@ fn whisper_layer_norm_gelu_dense_attention() {
         let e = rel(&read(&g, &og, n, cols), &read(&c, &oc, n, cols));
         assert!(e < 1e-5, "gelu {n}x{cols}: {e}");
     }
+    // Rows by position (Whisper's positional embedding), f32 and f16 tables.
+    for ty in [GgmlType::F32, GgmlType::F16] {
+        let tab = r.v(448 * 384);
+        let (tg, tc) = (
+            weight(&g, ty, 448, 384, &tab),
+            weight(&c, ty, 448, 384, &tab),
+        );
+        let (mut og, mut oc) = (g.tensor(3, 384), c.tensor(3, 384));
+        g.embed_positions(&tg, 445, 3, &mut og).unwrap();
+        c.embed_positions(&tc, 445, 3, &mut oc).unwrap();
+        assert_eq!(read(&g, &og, 3, 384), read(&c, &oc, 3, 384), "{ty:?}");
+        assert!(g.embed_positions(&tg, 446, 3, &mut og).is_err());
+    }
     // Dense attention, heads of 64: the encoder's (many queries, the tiled kernel) and the
     // decoder's cross-attention (a few queries over 1500 keys), causal and not.
     for (heads, n_q, n_kv, causal) in [

@@ -70,9 +70,6 @@ pub struct LlamaState<B: Backend> {
     step_key: u64,
 }
 
-/// Source of [`LlamaState::step_key`]: never reused within a process.
-static NEXT_STEP_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 impl<B: Backend> Llama<B> {
     /// A GGUF model, weights in their stored formats.
     pub fn load(b: &B, g: &GgufFile) -> Result<Self, ModelError> {
@@ -291,7 +288,7 @@ impl<B: Backend> Llama<B> {
             logits: b.tensor(max_batch, c.vocab_size),
             logits_host: vec![0.0; max_batch * c.vocab_size],
             trace: std::env::var_os("KILN_TRACE").is_some(),
-            step_key: NEXT_STEP_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            step_key: kiln_backend::next_step_key(),
         }
     }
 

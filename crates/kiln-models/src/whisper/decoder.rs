@@ -50,7 +50,6 @@ impl<B: Backend> CrossKv<B> {
 /// `n_text_ctx` tokens per call, allocated once.
 pub struct DecoderState<B: Backend> {
     kv: B::KvCache,
-    ids: Vec<u32>,
     x: B::Tensor,
     h: B::Tensor,
     q: B::Tensor,
@@ -73,7 +72,6 @@ impl<B: Backend> DecoderState<B> {
         let (n, d) = (c.n_text_ctx, c.d_model);
         DecoderState {
             kv: b.kv_cache(c.n_text_layers, n, c.n_text_heads, d / c.n_text_heads),
-            ids: Vec::with_capacity(n),
             x: b.tensor(n, d),
             h: b.tensor(n, d),
             q: b.tensor(n, d),
@@ -161,14 +159,32 @@ impl<B: Backend> Decoder<B> {
                 c.n_text_ctx
             )));
         }
+        // (Recording this step for replay was measured on an H200 and did not pay: a
+        // token's time is the host's work on the logits, and each transcription would record
+        // its states anew.)
+        self.layers_forward(b, c, st, cross, tokens, pos0)?;
+        b.read(&st.logits, 1, &mut st.logits_host);
+        Ok(&st.logits_host)
+    }
+
+    /// The decoder's ops for `tokens` at pos0.., up to the logits in `st.logits`.
+    fn layers_forward(
+        &self,
+        b: &B,
+        c: &WhisperConfig,
+        st: &mut DecoderState<B>,
+        cross: &CrossKv<B>,
+        tokens: &[u32],
+        pos0: usize,
+    ) -> Result<(), ModelError> {
+        let n = tokens.len();
         let (d, heads) = (c.d_model, c.n_text_heads);
         let hd = d / heads;
         let emb_err = |source| ModelError::Input(format!("decoder input: {source}"));
         // x = embed(tokens) + pos[pos0..pos0+n]
         b.embed(&self.embed, tokens, &mut st.x).map_err(emb_err)?;
-        st.ids.clear();
-        st.ids.extend((pos0..pos0 + n).map(|p| p as u32));
-        b.embed(&self.pos, &st.ids, &mut st.h).map_err(emb_err)?;
+        b.embed_positions(&self.pos, pos0, n, &mut st.h)
+            .map_err(emb_err)?;
         b.add(&mut st.x, &st.h, n);
         let self_shape = AttnShape {
             n_heads: heads,
@@ -213,8 +229,7 @@ impl<B: Backend> Decoder<B> {
         b.copy_row(&st.x, n - 1, &mut st.h);
         self.ln.apply(b, &st.h, 1, &mut st.last);
         b.matmul(&self.embed, &st.last, None, 1, &mut st.logits);
-        b.read(&st.logits, 1, &mut st.logits_host);
-        Ok(&st.logits_host)
+        Ok(())
     }
 
     pub fn weight_bytes(&self, b: &B) -> usize {

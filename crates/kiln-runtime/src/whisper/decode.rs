@@ -430,11 +430,6 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
     max + s.ln() as f32
 }
 
-pub fn log_softmax(x: &[f32]) -> Vec<f32> {
-    let lse = log_sum_exp(x);
-    x.iter().map(|&v| v - lse).collect()
-}
-
 fn softmax_at(x: &[f32], i: usize) -> f64 {
     let lse = log_sum_exp(x);
     x.get(i).map_or(0.0, |&v| ((v - lse) as f64).exp())
