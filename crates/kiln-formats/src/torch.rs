@@ -245,7 +245,7 @@ fn view(
         .iter()
         .zip(stride)
         .try_fold(offset, |a, (&d, &s)| a.checked_add((d - 1).checked_mul(s)?));
-    if !last.is_some_and(|l| l < numel) {
+    if last.is_none_or(|l| l >= numel) {
         return Err(format!(
             "view (offset {offset}, size {size:?}, stride {stride:?}) reaches past its storage \
              of {numel} elements"

@@ -1,4 +1,5 @@
-//! Kokoro's parameters under hexgrad's canonical names, read from the int8 ONNX export.
+//! Kokoro's parameters under hexgrad's canonical names, read from the kokoro-onnx export (int8
+//! or fp32) or from hexgrad's PyTorch checkpoint ([`Params::from_torch`]).
 //!
 //! The export names most tensors after their consumer nodes (`onnx::MatMul_6547_quantized`,
 //! `/encoder/F0.0/Mul_output_0_quantized`), so names come from the graph: the consumer's scope
@@ -10,7 +11,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kiln_formats::{OnnxFile, OnnxNode, OnnxTensor};
 
@@ -170,6 +171,79 @@ impl<'a> Reader<'a> {
 
 fn dims(t: &OnnxTensor) -> Vec<usize> {
     t.dims.iter().map(|&d| d as usize).collect()
+}
+
+/// w = g v / |v|: v (out, ...), g (out, 1, ...), the norm of each `out` slice of v.
+fn weight_norm(g_name: &str, g: &Param, v: &Param) -> Result<Param, String> {
+    let out = v.shape.first().copied().unwrap_or(0);
+    if out == 0 || g.data.len() != out || v.data.len() % out != 0 {
+        return Err(format!(
+            "weight norm '{g_name}': magnitude {:?} for direction {:?}",
+            g.shape, v.shape
+        ));
+    }
+    let inner = v.data.len() / out;
+    let mut data = Vec::with_capacity(v.data.len());
+    for (row, &gv) in v.data.chunks_exact(inner.max(1)).zip(&g.data) {
+        let norm = row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+        let k = if norm > 0.0 { gv as f64 / norm } else { 0.0 };
+        data.extend(row.iter().map(|&x| (x as f64 * k) as f32));
+    }
+    Ok(Param {
+        shape: v.shape.clone(),
+        data,
+    })
+}
+
+/// Folds each AdaIN's instance-norm affine (`X.norm.weight`, `X.norm.bias`) into its style
+/// projection `X.fc` (see [`Params::from_torch`]); computed in f64, exact where w = 1, b = 0.
+fn fold_instance_norms(map: &mut BTreeMap<String, Param>) -> Result<(), String> {
+    let norms: Vec<String> = map
+        .keys()
+        .filter_map(|k| k.strip_suffix(".norm.weight"))
+        .filter(|base| map.contains_key(&format!("{base}.fc.weight")))
+        .map(str::to_string)
+        .collect();
+    for base in norms {
+        let take = |map: &mut BTreeMap<String, Param>, what: &str| {
+            map.remove(&format!("{base}.{what}"))
+                .ok_or_else(|| format!("AdaIN '{base}' has no '{what}'"))
+        };
+        let w = take(map, "norm.weight")?.data;
+        let b = take(map, "norm.bias")?.data;
+        let c = w.len();
+        let fw = map
+            .get_mut(&format!("{base}.fc.weight"))
+            .ok_or_else(|| format!("AdaIN '{base}' has no fc.weight"))?;
+        if b.len() != c || fw.shape.len() != 2 || fw.shape[0] != 2 * c {
+            return Err(format!(
+                "AdaIN '{base}': norm of {c} channels, bias {}, fc {:?}",
+                b.len(),
+                fw.shape
+            ));
+        }
+        let sd = fw.shape[1];
+        let (gw, bw) = fw.data.split_at_mut(c * sd);
+        for ch in 0..c {
+            let (wc, bc) = (w[ch] as f64, b[ch] as f64);
+            for j in 0..sd {
+                let gamma = gw[ch * sd + j] as f64;
+                bw[ch * sd + j] = (bw[ch * sd + j] as f64 + bc * gamma) as f32;
+                gw[ch * sd + j] = (wc * gamma) as f32;
+            }
+        }
+        let fb = map
+            .get_mut(&format!("{base}.fc.bias"))
+            .filter(|p| p.data.len() == 2 * c)
+            .ok_or_else(|| format!("AdaIN '{base}' has no fc.bias of {} values", 2 * c))?;
+        let (gb, bb) = fb.data.split_at_mut(c);
+        for ch in 0..c {
+            let (wc, bc, gamma) = (w[ch] as f64, b[ch] as f64, gb[ch] as f64);
+            bb[ch] = (bb[ch] as f64 + bc * (1.0 + gamma)) as f32;
+            gb[ch] = (wc * gamma + (wc - 1.0)) as f32;
+        }
+    }
+    Ok(())
 }
 
 /// (rows, cols) row-major -> (cols, rows)
@@ -354,6 +428,116 @@ impl Params {
         })
     }
 
+    /// From hexgrad's checkpoint (`kokoro-v1_0.pth`): a dict of the five modules' state dicts
+    /// (`bert`, `bert_encoder`, `predictor`, `text_encoder`, `decoder`), keys prefixed with
+    /// `module.` (training's DataParallel), read by [`kiln_formats::read_torch`] as
+    /// `<module>.module.<key>`. Folded into the names and forms the model reads:
+    ///
+    /// - weight norm: `X.weight_g` (out, 1, ..) and `X.weight_v` (or the parametrization's
+    ///   `X.parametrizations.weight.original0` / `original1`) -> `X.weight = g v / |v|`, the
+    ///   norm over every dim but the first;
+    /// - LSTM biases: `bias_ih_l0 + bias_hh_l0` -> `bias_l0` (each direction);
+    /// - AdaIN's instance-norm affine (`X.norm.weight` w, `X.norm.bias` b, present when the
+    ///   checkpoint has them) into its style projection `X.fc` ([gamma; beta] = W s + c):
+    ///   `(1 + gamma)(w n + b) + beta` is `(1 + gamma') n + beta'` with
+    ///   `gamma' = w gamma + w - 1` and `beta' = beta + b (1 + gamma)`, both linear in s;
+    /// - ALBERT's pooler and `position_ids` buffer (not used for speech) are dropped.
+    ///
+    /// Every weight is f32 and nothing runs on integers.
+    pub fn from_torch(
+        file: &Path,
+        tensors: Vec<(String, kiln_formats::TorchTensor)>,
+    ) -> Result<Params, ModelError> {
+        let err = |what: String| ModelError::Config {
+            file: file.to_path_buf(),
+            what,
+        };
+        let mut map: BTreeMap<String, Param> = BTreeMap::new();
+        for (name, t) in tensors {
+            let (section, key) = name.split_once('.').unwrap_or(("", &name));
+            let key = key.strip_prefix("module.").unwrap_or(key);
+            let name = if section.is_empty() {
+                key.to_string()
+            } else {
+                format!("{section}.{key}")
+            };
+            if name.starts_with("bert.pooler.") || name == "bert.embeddings.position_ids" {
+                continue;
+            }
+            let p = Param {
+                shape: t.shape,
+                data: t.data,
+            };
+            if map.insert(name.clone(), p).is_some() {
+                return Err(err(format!("tensor '{name}' appears twice")));
+            }
+        }
+        let mut out: BTreeMap<String, Param> = BTreeMap::new();
+        let names: Vec<String> = map.keys().cloned().collect();
+        for name in names {
+            let Some(p) = map.remove(&name) else {
+                continue; // consumed with its partner
+            };
+            let pair = |a: &str, b: &str| -> Option<String> {
+                name.strip_suffix(a).map(|base| format!("{base}{b}"))
+            };
+            if let Some(v_name) = pair(".weight_g", ".weight_v").or_else(|| {
+                pair(
+                    ".parametrizations.weight.original0",
+                    ".parametrizations.weight.original1",
+                )
+            }) {
+                let v = map
+                    .remove(&v_name)
+                    .ok_or_else(|| err(format!("'{name}' without its '{v_name}'")))?;
+                let base = v_name
+                    .strip_suffix(".weight_v")
+                    .or_else(|| v_name.strip_suffix(".parametrizations.weight.original1"))
+                    .unwrap_or(&v_name);
+                out.insert(
+                    format!("{base}.weight"),
+                    weight_norm(&name, &p, &v).map_err(err)?,
+                );
+            } else if name.ends_with(".weight_v") || name.ends_with(".original1") {
+                return Err(err(format!("'{name}' without its weight-norm magnitude")));
+            } else if let Some((base, sfx)) = name
+                .split_once(".bias_ih_l")
+                .or_else(|| name.split_once(".bias_hh_l"))
+            {
+                let (ih, hh) = (
+                    format!("{base}.bias_ih_l{sfx}"),
+                    format!("{base}.bias_hh_l{sfx}"),
+                );
+                let other = if name == ih { &hh } else { &ih };
+                let o = map
+                    .remove(other)
+                    .ok_or_else(|| err(format!("'{name}' without its '{other}'")))?;
+                if o.data.len() != p.data.len() {
+                    return Err(err(format!("'{name}' and '{other}' differ in size")));
+                }
+                let data = p.data.iter().zip(&o.data).map(|(a, b)| a + b).collect();
+                out.insert(
+                    format!("{base}.bias_l{sfx}"),
+                    Param {
+                        shape: p.shape,
+                        data,
+                    },
+                );
+            } else {
+                out.insert(name, p);
+            }
+        }
+        fold_instance_norms(&mut out).map_err(err)?;
+        let unused = RefCell::new(out.keys().cloned().collect());
+        Ok(Params {
+            file: file.to_path_buf(),
+            map: out,
+            quantized: BTreeMap::new(),
+            integer: BTreeSet::new(),
+            unused,
+        })
+    }
+
     pub fn names(&self) -> impl Iterator<Item = (&str, &[usize])> {
         self.map
             .iter()
@@ -392,6 +576,12 @@ impl Params {
     /// Whether the export runs the layer of weight `name` on integers.
     pub fn is_integer(&self, name: &str) -> bool {
         self.integer.contains(name)
+    }
+
+    /// Whether any weight runs on integers (the int8 export): only then are activations
+    /// rounded to the export's uint8 grid.
+    pub fn is_quantized(&self) -> bool {
+        !self.integer.is_empty()
     }
 
     pub fn has(&self, name: &str) -> bool {
