@@ -507,3 +507,124 @@ fn pt_voices_match_the_npz() {
         }
     }
 }
+
+// --- The fp32 ONNX export -----------------------------------------------------------------------
+//
+// `tools/kokoro_onnx_fp32.py` undoes the int8 export's dynamic quantization node by node
+// (MatMul / Gemm / Conv / LSTM / Gather on float weights, the float graph's names), giving the
+// graph the fp32 export is; ONNX Runtime runs it. It needs Python's `onnx` and numpy: without
+// them these tests say so and pass.
+
+fn fp32_onnx() -> Option<PathBuf> {
+    static FP32: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    FP32.get_or_init(|| {
+        let have = std::process::Command::new("python3")
+            .args(["-c", "import onnx, numpy"])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !have {
+            eprintln!("skipped: python3 with onnx and numpy is needed to build the fp32 graph");
+            return None;
+        }
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kokoro-fp32");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("kokoro-v1.0.fp32.onnx");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tools/kokoro_onnx_fp32.py"
+        );
+        let st = std::process::Command::new("python3")
+            .arg(script)
+            .arg(model_dir().join("kokoro-v1.0.int8.onnx"))
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "kokoro_onnx_fp32.py: {}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        Some(out)
+    })
+    .clone()
+}
+
+/// The fp32 graph's parameters are the int8 export's dequantized ones, exactly, under the same
+/// names; none runs on integers.
+#[test]
+fn fp32_onnx_parameters_are_the_int8_exports() {
+    let Some(path) = fp32_onnx() else { return };
+    let f = kiln_formats::OnnxFile::open(&path).unwrap();
+    let ours = kiln_models::kokoro::Params::from_onnx(&f).unwrap();
+    let theirs = int8_params();
+    let a: Vec<(&str, &[usize])> = ours.names().collect();
+    let b: Vec<(&str, &[usize])> = theirs.names().collect();
+    assert_eq!(a, b, "parameter names and shapes");
+    assert!(!ours.is_quantized());
+    for (name, shape) in theirs.names() {
+        let (x, y) = (
+            ours.get(name, shape).unwrap(),
+            theirs.get(name, shape).unwrap(),
+        );
+        assert!(x.data == y.data, "{name} differs");
+    }
+}
+
+/// The fp32 graph run by kiln: free-running (its own durations) against ORT's int8 waveform
+/// with the golden metrics, and the same waveform as kiln's float run of the int8 export's
+/// weights (bit for bit: the same weights and kernels). With `KILN_KOKORO_FP32_REF` naming an
+/// `.npy` of ORT's waveform for the fp32 graph, against that too.
+#[test]
+fn fp32_onnx_model_matches_onnx_runtime() {
+    let Some(path) = fp32_onnx() else { return };
+    let (c, fx) = (case(), fixture());
+    let b = CpuBackend::new(kiln_backend::cpu::default_threads());
+    let dir = model_dir();
+    let m = Kokoro::load(&b, &path, &dir.join("config.json")).unwrap();
+    assert!(!m.quant);
+    let (_, style) = load(&b);
+    let dur: Vec<usize> = fx["durations"].iter().map(|&v| v as usize).collect();
+    let mut trace = Trace::new();
+    let audio = m
+        .synthesize_aligned(&b, &c.ids, &style, &dur, Some(&mut trace))
+        .unwrap();
+    let f0 = &trace.iter().find(|(n, _)| n == "f0").unwrap().1;
+    let f0_err = rel(f0, &fx["f0"]);
+    let dist = mel_distance(&audio, &c.expected);
+    let env = correlation(&envelope(&audio), &envelope(&c.expected));
+    eprintln!(
+        "fp32 ONNX vs ORT int8: F0 relative error {f0_err:.4}, log-mel distance {dist:.4}, envelope correlation {env:.4}"
+    );
+    assert!(f0_err < 0.02, "F0 relative error {f0_err:.4}");
+    assert!(dist < 0.15, "log-mel distance {dist:.4}");
+    assert!(env > 0.99, "energy envelope correlation {env:.4}");
+
+    let mut f = Kokoro::load(
+        &b,
+        &dir.join("kokoro-v1.0.int8.onnx"),
+        &dir.join("config.json"),
+    )
+    .unwrap();
+    f.quant = false;
+    let same = f
+        .synthesize_aligned(&b, &c.ids, &style, &dur, None)
+        .unwrap();
+    assert!(
+        audio == same,
+        "the fp32 graph and the int8 one run in f32 differ"
+    );
+
+    if let Ok(r) = std::env::var("KILN_KOKORO_FP32_REF") {
+        let want = kiln_formats::read_npy(&r).unwrap().data;
+        let free = m.synthesize(&b, &c.ids, &style, c.speed, None).unwrap();
+        let n = free.len().min(want.len());
+        eprintln!(
+            "fp32 ONNX vs ORT fp32 (free-running, {} vs {} samples): log-mel distance {:.4}, envelope correlation {:.4}, waveform correlation {:.4}",
+            free.len(),
+            want.len(),
+            mel_distance(&free[..n], &want[..n]),
+            correlation(&envelope(&free[..n]), &envelope(&want[..n])),
+            correlation(&free[..n], &want[..n])
+        );
+    }
+}

@@ -52,13 +52,27 @@ impl Tts {
         lexicon_dir: Option<&Path>,
         threads: usize,
     ) -> Result<Tts, TtsError> {
-        let backend = CpuBackend::new(threads);
-        let model = Kokoro::load(
-            &backend,
+        Self::load_files(
             &model_dir.join("kokoro-v1.0.int8.onnx"),
             &model_dir.join("config.json"),
-        )?;
-        let voices = load_voices(&model_dir.join("voices.npz"), 2 * model.config.style_dim)?;
+            &model_dir.join("voices.npz"),
+            lexicon_dir,
+            threads,
+        )
+    }
+
+    /// `model`: a Kokoro model file (ONNX export or hexgrad's `.pth`); `voices`: an `.npz`
+    /// pack, one `.npy` / `.pt` voice, or a directory of them (see [`load_voices`]).
+    pub fn load_files(
+        model: &Path,
+        config: &Path,
+        voices: &Path,
+        lexicon_dir: Option<&Path>,
+        threads: usize,
+    ) -> Result<Tts, TtsError> {
+        let backend = CpuBackend::new(threads);
+        let model = Kokoro::load(&backend, model, config)?;
+        let voices = load_voices(voices, 2 * model.config.style_dim)?;
         let g2p = match lexicon_dir {
             Some(d) => Some(G2p::load(d)?),
             None => None,

@@ -176,7 +176,7 @@ fn dims(t: &OnnxTensor) -> Vec<usize> {
 /// w = g v / |v|: v (out, ...), g (out, 1, ...), the norm of each `out` slice of v.
 fn weight_norm(g_name: &str, g: &Param, v: &Param) -> Result<Param, String> {
     let out = v.shape.first().copied().unwrap_or(0);
-    if out == 0 || g.data.len() != out || v.data.len() % out != 0 {
+    if out == 0 || g.data.len() != out || !v.data.len().is_multiple_of(out) {
         return Err(format!(
             "weight norm '{g_name}': magnitude {:?} for direction {:?}",
             g.shape, v.shape
@@ -353,20 +353,31 @@ impl Params {
                     let v = r.dequant(table, r.input(n, 1)?, r.input(n, 2).ok(), 0)?;
                     put(name.to_string(), dims(table), v);
                 }
-                "DynamicQuantizeLSTM" => {
+                "LSTM" | "DynamicQuantizeLSTM" => {
+                    // W (2, 4h, in), R (2, 4h, h) for LSTM; transposed, (2, in, 4h) and
+                    // (2, h, 4h), and 8-bit for the dynamically quantized op. B (2, 8h).
+                    let float = n.op_type == "LSTM";
                     let (w, rw, b) = (r.input(n, 1)?, r.input(n, 2)?, r.input(n, 3)?);
-                    let wv = r.dequant(w, r.input(n, 8)?, r.input(n, 9).ok(), 0)?;
-                    let rv = r.dequant(rw, r.input(n, 10)?, r.input(n, 11).ok(), 0)?;
+                    let (wv, rv) = if float {
+                        (r.f32s(w)?, r.f32s(rw)?)
+                    } else {
+                        (
+                            r.dequant(w, r.input(n, 8)?, r.input(n, 9).ok(), 0)?,
+                            r.dequant(rw, r.input(n, 10)?, r.input(n, 11).ok(), 0)?,
+                        )
+                    };
                     let bv = r.f32s(b)?;
                     let (wd, rd) = (dims(w), dims(rw));
-                    if wd.len() != 3 || rd.len() != 3 || wd[0] != 2 || wd[2] % 4 != 0 {
-                        return Err(r.err(format!("LSTM '{}': weight dims {wd:?}, {rd:?}", n.name)));
-                    }
-                    let (n_in, h4) = (wd[1], wd[2]);
+                    let (n_in, h4) = match wd.as_slice() {
+                        &[2, a, b] if float => (b, a),
+                        &[2, a, b] => (a, b),
+                        _ => (0, 0),
+                    };
                     let h = h4 / 4;
-                    if rd != [2, h, h4] || bv.len() != 2 * 2 * h4 {
+                    let r_dims = if float { [2, h4, h] } else { [2, h, h4] };
+                    if h4 == 0 || h4 % 4 != 0 || rd != r_dims || bv.len() != 2 * 2 * h4 {
                         return Err(r.err(format!(
-                            "LSTM '{}': R dims {rd:?}, B {}",
+                            "LSTM '{}': W dims {wd:?}, R dims {rd:?}, B {} values",
                             n.name,
                             bv.len()
                         )));
@@ -380,24 +391,52 @@ impl Params {
                         }
                         out
                     };
+                    // (4h, cols) of direction `dir` from m holding (2, 4h, cols) or (2, cols, 4h).
+                    let gates = |m: &[f32], dir: usize, cols: usize| -> Vec<f32> {
+                        let d = &m[dir * cols * h4..(dir + 1) * cols * h4];
+                        if float {
+                            d.to_vec()
+                        } else {
+                            transpose(d, cols, h4)
+                        }
+                    };
                     for dir in 0..2 {
                         let sfx = if dir == 0 { "" } else { "_reverse" };
-                        let wi = &wv[dir * n_in * h4..(dir + 1) * n_in * h4];
-                        let wh = &rv[dir * h * h4..(dir + 1) * h * h4];
                         let bd = &bv[dir * 2 * h4..(dir + 1) * 2 * h4];
                         let bias: Vec<f32> = (0..h4).map(|j| bd[j] + bd[h4 + j]).collect();
                         let bias = regate(bias, 1);
                         put(
                             format!("{module}.weight_ih_l0{sfx}"),
                             vec![h4, n_in],
-                            regate(transpose(wi, n_in, h4), n_in),
+                            regate(gates(&wv, dir, n_in), n_in),
                         );
                         put(
                             format!("{module}.weight_hh_l0{sfx}"),
                             vec![h4, h],
-                            regate(transpose(wh, h, h4), h),
+                            regate(gates(&rv, dir, h), h),
                         );
                         put(format!("{module}.bias_l0{sfx}"), vec![h4], bias);
+                    }
+                }
+                "Gemm" => {
+                    // y = x B (+ C), B (in, out), or (out, in) with transB = 1: a Linear.
+                    let Some(w) = n.inputs.get(1).and_then(|i| f.initializer(i)) else {
+                        continue;
+                    };
+                    let d = dims(w);
+                    let trans_b = n.attr_i("transB").unwrap_or(0) == 1;
+                    if d.len() != 2 || n.attr_i("transA").unwrap_or(0) != 0 {
+                        return Err(r.err(format!("Gemm '{}': weight dims {d:?}", n.name)));
+                    }
+                    let v = r.f32s(w)?;
+                    let (shape, v) = if trans_b {
+                        (d, v)
+                    } else {
+                        (vec![d[1], d[0]], transpose(&v, d[0], d[1]))
+                    };
+                    put(format!("{module}.weight"), shape, v);
+                    if let Ok(b) = r.input(n, 2) {
+                        put(format!("{module}.bias"), dims(b), r.f32s(b)?);
                     }
                 }
                 _ => {}
