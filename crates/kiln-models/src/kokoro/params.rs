@@ -632,3 +632,91 @@ impl Params {
         self.unused.borrow().iter().cloned().collect()
     }
 }
+
+#[cfg(test)]
+mod torch_tests {
+    use super::*;
+
+    fn param(shape: &[usize], f: impl Fn(usize) -> f32) -> Param {
+        let n = shape.iter().product();
+        Param {
+            shape: shape.to_vec(),
+            data: (0..n).map(f).collect(),
+        }
+    }
+
+    /// AdaIN with the norm's affine, (1 + gamma)(w n + b) + beta, is the folded fc's
+    /// (1 + gamma') n + beta' for any style s and normalized value n.
+    #[test]
+    fn instance_norm_affine_folds_into_the_style_projection() {
+        let (c, sd) = (3, 4);
+        let fc_w = param(&[2 * c, sd], |i| ((i * 7 % 11) as f32 - 5.0) / 8.0);
+        let fc_b = param(&[2 * c], |i| (i as f32 - 2.5) / 4.0);
+        let w = param(&[c], |i| 0.5 + i as f32);
+        let b = param(&[c], |i| i as f32 * 0.3 - 0.2);
+        let mut map = BTreeMap::new();
+        map.insert("a.norm.weight".to_string(), w.clone());
+        map.insert("a.norm.bias".to_string(), b.clone());
+        map.insert("a.fc.weight".to_string(), fc_w.clone());
+        map.insert("a.fc.bias".to_string(), fc_b.clone());
+        fold_instance_norms(&mut map).unwrap();
+        assert_eq!(map.len(), 2, "the norm's affine is gone");
+        let s = [0.3f64, -1.2, 0.7, 2.0];
+        let fc = |wt: &Param, bs: &Param, row: usize| -> f64 {
+            bs.data[row] as f64
+                + (0..sd)
+                    .map(|j| wt.data[row * sd + j] as f64 * s[j])
+                    .sum::<f64>()
+        };
+        let (fw, fb) = (&map["a.fc.weight"], &map["a.fc.bias"]);
+        for ch in 0..c {
+            let (g, be) = (fc(&fc_w, &fc_b, ch), fc(&fc_w, &fc_b, c + ch));
+            let (g2, be2) = (fc(fw, fb, ch), fc(fw, fb, c + ch));
+            for n in [-1.5f64, 0.0, 0.8] {
+                let want = (1.0 + g) * (w.data[ch] as f64 * n + b.data[ch] as f64) + be;
+                let got = (1.0 + g2) * n + be2;
+                assert!(
+                    (want - got).abs() < 1e-5,
+                    "channel {ch}, n {n}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    /// PyTorch's own weight-norm pair (g (2, 1, 1) ones, v (2, 3, 4)), from the torch fixture:
+    /// w = g v / |v| per output channel, under `decoder.x.weight`.
+    #[test]
+    fn weight_norm_pairs_from_pytorch_become_weights() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../kiln-formats/tests/fixtures/torch/state.pth"
+        );
+        let path = Path::new(path);
+        let tensors = kiln_formats::read_torch(path).unwrap();
+        let v = tensors
+            .iter()
+            .find(|(n, _)| n == "decoder.module.x.weight_v")
+            .unwrap()
+            .1
+            .data
+            .clone();
+        let p = Params::from_torch(path, tensors).unwrap();
+        let w = p.get("decoder.x.weight", &[2, 3, 4]).unwrap();
+        assert!(!p.has("decoder.x.weight_g") && !p.has("decoder.x.weight_v"));
+        for (row_w, row_v) in w.data.chunks(12).zip(v.chunks(12)) {
+            let norm = row_v
+                .iter()
+                .map(|&x| (x as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            for (&a, &b) in row_w.iter().zip(row_v) {
+                assert!((a as f64 - b as f64 / norm).abs() < 1e-6);
+            }
+        }
+        // A direction without its magnitude is an error naming it.
+        let mut t = kiln_formats::read_torch(path).unwrap();
+        t.retain(|(n, _)| n != "decoder.module.x.weight_g");
+        let e = Params::from_torch(path, t).err().unwrap().to_string();
+        assert!(e.contains("decoder.x.weight_v"), "{e}");
+    }
+}
