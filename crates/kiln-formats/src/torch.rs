@@ -117,11 +117,6 @@ pub fn read_torch(path: impl AsRef<Path>) -> Result<Vec<(String, TorchTensor)>, 
     parse_torch(path, &map)
 }
 
-/// Whether `b` starts like a `torch.save` zip archive or a legacy (pre-1.6) pickle.
-pub fn is_torch(b: &[u8]) -> bool {
-    b.starts_with(b"PK\x03\x04") || b.starts_with(b"\x80\x02\x8a\x0a")
-}
-
 fn invalid(path: &Path, what: String) -> FormatError {
     FormatError::Invalid {
         path: path.to_path_buf(),

@@ -176,7 +176,11 @@ fn dims(t: &OnnxTensor) -> Vec<usize> {
 /// w = g v / |v|: v (out, ...), g (out, 1, ...), the norm of each `out` slice of v.
 fn weight_norm(g_name: &str, g: &Param, v: &Param) -> Result<Param, String> {
     let out = v.shape.first().copied().unwrap_or(0);
-    if out == 0 || g.data.len() != out || !v.data.len().is_multiple_of(out) {
+    // g (out, 1, ...): the norm taken over every dim but the first (PyTorch's dim = 0).
+    let g_ok = g.shape.len() == v.shape.len()
+        && g.shape.first() == Some(&out)
+        && g.shape.iter().skip(1).all(|&d| d == 1);
+    if out == 0 || !g_ok || g.data.len() != out || !v.data.len().is_multiple_of(out) {
         return Err(format!(
             "weight norm '{g_name}': magnitude {:?} for direction {:?}",
             g.shape, v.shape
@@ -368,9 +372,9 @@ impl Params {
                     };
                     let bv = r.f32s(b)?;
                     let (wd, rd) = (dims(w), dims(rw));
-                    let (n_in, h4) = match wd.as_slice() {
-                        &[2, a, b] if float => (b, a),
-                        &[2, a, b] => (a, b),
+                    let (n_in, h4) = match *wd.as_slice() {
+                        [2, a, b] if float => (b, a),
+                        [2, a, b] => (a, b),
                         _ => (0, 0),
                     };
                     let h = h4 / 4;
