@@ -175,6 +175,9 @@ pub fn parse_torch(path: &Path, b: &[u8]) -> Result<Vec<(String, TorchTensor)>, 
     let mut budget = MAX_VISITS;
     vm.flatten(root, String::new(), 0, &mut budget, &mut leaves)?;
     let mut out = Vec::with_capacity(leaves.len());
+    // Views may share a storage, but all of them together may not hold more than two values
+    // per byte of the file (a dict reaching one tensor by a million paths is not a checkpoint).
+    let mut total = 0u64;
     for (name, t) in leaves {
         let Obj::Tensor {
             storage,
@@ -203,6 +206,12 @@ pub fn parse_torch(path: &Path, b: &[u8]) -> Result<Vec<(String, TorchTensor)>, 
                 "storage '{member}' has {} bytes for {numel} elements of {}",
                 data.len(),
                 dtype.name()
+            )));
+        }
+        total = total.saturating_add(size.iter().fold(1u64, |a, &d| a.saturating_mul(d)));
+        if total > 2 * b.len() as u64 {
+            return Err(bad(format!(
+                "the tensors so far hold {total} values, more than two per byte of the file"
             )));
         }
         let values = view(*dtype, data, *numel, *offset, size, stride).map_err(bad)?;
@@ -286,6 +295,16 @@ fn view(
 const MAX_VISITS: usize = 1 << 20;
 /// Nesting depth of dicts and lists.
 const MAX_DEPTH: usize = 64;
+/// Length of a tensor's dotted name.
+const MAX_NAME: usize = 4096;
+
+/// The first 64 characters of `name`, for errors.
+fn short(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((i, _)) => format!("{}...", &name[..i]),
+        None => name.to_string(),
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 enum Callable {
@@ -738,9 +757,15 @@ impl<'a> Pickle<'a> {
         let deep = || {
             invalid(
                 self.path,
-                format!("'{name}': nested deeper than {MAX_DEPTH}"),
+                format!("'{}': nested deeper than {MAX_DEPTH}", short(&name)),
             )
         };
+        if name.len() > MAX_NAME {
+            return Err(invalid(
+                self.path,
+                format!("'{}': a name longer than {MAX_NAME} bytes", short(&name)),
+            ));
+        }
         if *budget == 0 {
             return Err(invalid(
                 self.path,
@@ -879,6 +904,51 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("byte 2: pickle opcode 0x81"), "{e}");
+    }
+
+    /// A list holding itself: refused at the depth limit; pairs of references to the pair
+    /// before, 30 deep (2^30 paths to one tensor): refused at the visit limit, 12 deep: at the
+    /// limit on values; a dict holding itself under a long key: refused at the name limit.
+    #[test]
+    fn self_referential_and_exponential_containers_are_errors() {
+        let t = pickle(0, &[2, 3], &[3, 1]);
+        // `{'w': tensor}` without the protocol header and STOP.
+        let tensor = &t[2..t.len() - 1];
+        let parse = |p: &[u8]| {
+            parse_torch(Path::new("t.pth"), &checkpoint(p))
+                .unwrap_err()
+                .to_string()
+        };
+        let mut p = b"\x80\x02]q\x00(h\x00h\x00".to_vec();
+        p.extend(tensor);
+        p.extend(b"e.");
+        let e = parse(&p);
+        assert!(e.contains("nested deeper than 64"), "{e}");
+        let doubling = |levels: u8| {
+            let mut p = b"\x80\x02".to_vec();
+            p.extend(tensor); // memo 0
+            for i in 0..levels {
+                p.extend([b'h', i, b'h', i, 0x86, 0x94]);
+            }
+            p.push(b'.');
+            p
+        };
+        let e = parse(&doubling(30));
+        assert!(e.contains("more than a million objects"), "{e}");
+        // 2^12 paths, within the visit limit: their values together exceed the file's bytes.
+        let e = parse(&doubling(12));
+        assert!(e.contains("more than two per byte of the file"), "{e}");
+        let key = "k".repeat(200);
+        let mut p = b"\x80\x02}q\x00(X".to_vec();
+        p.extend((key.len() as u32).to_le_bytes());
+        p.extend(key.as_bytes());
+        p.extend(b"h\x00X\x01\x00\x00\x00t");
+        p.extend(tensor);
+        p.extend(b"u.");
+        let e = parse_torch(Path::new("t.pth"), &checkpoint(&p))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a name longer than 4096 bytes"), "{e}");
     }
 
     #[test]
