@@ -429,8 +429,19 @@ impl Params {
                     };
                     let d = dims(w);
                     let trans_b = n.attr_i("transB").unwrap_or(0) == 1;
-                    if d.len() != 2 || n.attr_i("transA").unwrap_or(0) != 0 {
-                        return Err(r.err(format!("Gemm '{}': weight dims {d:?}", n.name)));
+                    let unit = |a: &str| match n.attr(a) {
+                        Some(kiln_formats::onnx::Attr::Float(v)) => *v == 1.0,
+                        _ => true,
+                    };
+                    if d.len() != 2
+                        || n.attr_i("transA").unwrap_or(0) != 0
+                        || !unit("alpha")
+                        || !unit("beta")
+                    {
+                        return Err(r.err(format!(
+                            "Gemm '{}': weight dims {d:?} (a Linear: no transA, alpha = beta = 1)",
+                            n.name
+                        )));
                     }
                     let v = r.f32s(w)?;
                     let (shape, v) = if trans_b {
