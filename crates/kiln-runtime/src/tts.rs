@@ -45,17 +45,30 @@ pub struct TtsStats {
 }
 
 impl Tts {
-    /// `model_dir`: the kokoro-82m directory (model, config.json, voices.npz);
+    /// `model_dir`: a Kokoro directory: config.json, the model (`kokoro-v1.0.int8.onnx`, the
+    /// catalog's; else `kokoro-v1.0.onnx` or hexgrad's `kokoro-v1_0.pth`) and the voices
+    /// (`voices.npz`, else a `voices/` directory of `.pt` files, as hexgrad's repository has);
     /// `lexicon_dir`: misaki's lexicons, or None for phoneme input only.
     pub fn load(
         model_dir: &Path,
         lexicon_dir: Option<&Path>,
         threads: usize,
     ) -> Result<Tts, TtsError> {
+        let first = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| model_dir.join(n))
+                .find(|p| p.exists())
+                .unwrap_or_else(|| model_dir.join(names[0]))
+        };
         Self::load_files(
-            &model_dir.join("kokoro-v1.0.int8.onnx"),
+            &first(&[
+                "kokoro-v1.0.int8.onnx",
+                "kokoro-v1.0.onnx",
+                "kokoro-v1_0.pth",
+            ]),
             &model_dir.join("config.json"),
-            &model_dir.join("voices.npz"),
+            &first(&["voices.npz", "voices"]),
             lexicon_dir,
             threads,
         )
