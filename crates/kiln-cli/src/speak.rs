@@ -17,7 +17,8 @@ pub const DEFAULT_VOICE: &str = "jf_alpha";
 pub struct SpeakArgs {
     /// Text to speak, or `-` to read it from stdin.
     pub text: String,
-    /// TTS model: a directory or a catalog name.
+    /// TTS model: a catalog name, a directory, or a model file (a kokoro-onnx export or
+    /// hexgrad's `kokoro-v1_0.pth`; config.json and voices beside it, else the catalog's).
     #[arg(short = 'm', long, default_value = DEFAULT_TTS)]
     pub model: String,
     /// Voice name from the model's voice pack.
@@ -40,8 +41,11 @@ pub struct SpeakArgs {
     pub threads: Option<usize>,
 }
 
+/// `model`: a catalog name, a model directory, or a model file (`kokoro-v1_0.pth`, an ONNX
+/// export) whose `config.json` and voices (`voices.npz`, or a `voices/` directory of `.pt`
+/// files) lie beside it, else come from the catalog's Kokoro.
 pub fn load(model: &str, phonemes_only: bool, threads: Option<usize>) -> anyhow::Result<Tts> {
-    let dir = crate::resolve_model(model)?;
+    let path = crate::resolve_model(model)?;
     let lex = if phonemes_only {
         None
     } else {
@@ -49,7 +53,26 @@ pub fn load(model: &str, phonemes_only: bool, threads: Option<usize>) -> anyhow:
     };
     let threads = threads.unwrap_or_else(kiln_backend::cpu::default_threads);
     anyhow::ensure!(threads > 0, "-t/--threads must be at least 1");
-    Ok(Tts::load(&dir, lex.as_deref(), threads)?)
+    if path.is_dir() {
+        return Ok(Tts::load(&path, lex.as_deref(), threads)?);
+    }
+    let beside = |name: &str| path.parent().map(|d| d.join(name)).filter(|p| p.exists());
+    let catalog = || crate::resolve_model(DEFAULT_TTS);
+    let config = match beside("config.json") {
+        Some(c) => c,
+        None => catalog()?.join("config.json"),
+    };
+    let voices = match beside("voices.npz").or_else(|| beside("voices")) {
+        Some(v) => v,
+        None => catalog()?.join("voices.npz"),
+    };
+    Ok(Tts::load_files(
+        &path,
+        &config,
+        &voices,
+        lex.as_deref(),
+        threads,
+    )?)
 }
 
 fn read_text(text: &str) -> anyhow::Result<String> {

@@ -9,7 +9,9 @@ pub mod gguf;
 pub mod npy;
 pub mod onnx;
 pub mod safetensors;
+pub mod torch;
 pub mod whisper_ggml;
+pub mod zip;
 
 pub use ct2::{Ct2Dtype, Ct2File, Ct2Var};
 pub use error::FormatError;
@@ -17,4 +19,5 @@ pub use gguf::{GgufFile, GgufWriter, TensorInfo, Value};
 pub use npy::{parse_npy, parse_npz, read_npy, read_npz, NpyArray};
 pub use onnx::{OnnxFile, OnnxNode, OnnxTensor, OnnxType};
 pub use safetensors::{SafetensorsSet, StDtype, StTensor};
+pub use torch::{parse_torch, read_torch, TorchDtype, TorchTensor};
 pub use whisper_ggml::{is_whisper_ggml, GgmlHparams, GgmlTensor, WhisperGgmlFile};

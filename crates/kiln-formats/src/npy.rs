@@ -1,5 +1,5 @@
 //! NumPy `.npy` arrays (little-endian f32, C order) and `.npz` archives of them (zip, stored
-//! or deflated members are told apart; only stored members are read).
+//! or deflated members are told apart; only stored members are read; see [`crate::zip`]).
 
 use std::path::Path;
 
@@ -101,62 +101,25 @@ pub fn read_npz(path: impl AsRef<Path>) -> Result<Vec<(String, NpyArray)>, Forma
 
 /// The members of an `.npz` image held in memory; `path` names it in errors.
 pub fn parse_npz(path: &Path, b: &[u8]) -> Result<Vec<(String, NpyArray)>, FormatError> {
+    let members = crate::zip::members(path, b).map_err(|e| match e {
+        FormatError::Invalid { what, .. } if what.contains("no end of central directory") => {
+            invalid(path, "not an .npz archive (no zip entries)".into())
+        }
+        e => e,
+    })?;
     let mut out = Vec::new();
-    let mut pos = 0usize;
-    let u16_at = |p: usize| -> Option<usize> {
-        Some(u16::from_le_bytes([*b.get(p)?, *b.get(p + 1)?]) as usize)
-    };
-    let u32_at = |p: usize| -> Option<usize> {
-        Some(
-            u32::from_le_bytes([*b.get(p)?, *b.get(p + 1)?, *b.get(p + 2)?, *b.get(p + 3)?])
-                as usize,
-        )
-    };
-    // Local file headers (PK\x03\x04) in order, until the central directory.
-    while b.get(pos..pos + 4) == Some(b"PK\x03\x04") {
-        let trunc = || invalid(path, format!("zip entry at byte {pos} is truncated"));
-        let flags = u16_at(pos + 6).ok_or_else(trunc)?;
-        let method = u16_at(pos + 8).ok_or_else(trunc)?;
-        let mut csize = u32_at(pos + 18).ok_or_else(trunc)?;
-        let nlen = u16_at(pos + 26).ok_or_else(trunc)?;
-        let xlen = u16_at(pos + 28).ok_or_else(trunc)?;
-        let name_b = b.get(pos + 30..pos + 30 + nlen).ok_or_else(trunc)?;
-        let name = String::from_utf8_lossy(name_b).into_owned();
-        let extra = b
-            .get(pos + 30 + nlen..pos + 30 + nlen + xlen)
-            .ok_or_else(trunc)?;
-        // ZIP64: sizes in the extra field (id 1: uncompressed, compressed).
-        if csize == 0xffff_ffff {
-            let mut e = 0;
-            while e + 4 <= extra.len() {
-                let id = u16::from_le_bytes([extra[e], extra[e + 1]]);
-                let sz = u16::from_le_bytes([extra[e + 2], extra[e + 3]]) as usize;
-                if id == 1 && sz >= 16 && e + 4 + 16 <= extra.len() {
-                    let v = &extra[e + 12..e + 20];
-                    csize = u64::from_le_bytes(v.try_into().unwrap_or([0; 8])) as usize;
-                }
-                e += 4 + sz;
-            }
-        }
-        if flags & 8 != 0 {
+    for m in members {
+        if m.method != 0 {
             return Err(invalid(
                 path,
-                format!("member '{name}': streamed sizes are not supported"),
+                format!(
+                    "member '{}' is compressed (method {}); save with np.savez, not savez_compressed",
+                    m.name, m.method
+                ),
             ));
         }
-        let data_at = pos + 30 + nlen + xlen;
-        let data = b
-            .get(data_at..data_at.saturating_add(csize))
-            .ok_or_else(|| invalid(path, format!("member '{name}' runs past the end")))?;
-        if method != 0 {
-            return Err(invalid(
-                path,
-                format!("member '{name}' is compressed (method {method}); save with np.savez, not savez_compressed"),
-            ));
-        }
-        let key = name.strip_suffix(".npy").unwrap_or(&name).to_string();
-        out.push((key, parse_npy(path, &name, data)?));
-        pos = data_at + csize;
+        let key = m.name.strip_suffix(".npy").unwrap_or(&m.name).to_string();
+        out.push((key, parse_npy(path, &m.name, m.data(b))?));
     }
     if out.is_empty() {
         return Err(invalid(path, "not an .npz archive (no zip entries)".into()));

@@ -105,6 +105,14 @@ impl OnnxNode {
     pub fn attr(&self, name: &str) -> Option<&Attr> {
         self.attrs.iter().find(|(n, _)| n == name).map(|(_, a)| a)
     }
+
+    /// An integer attribute.
+    pub fn attr_i(&self, name: &str) -> Option<i64> {
+        match self.attr(name)? {
+            Attr::Int(v) => Some(*v),
+            _ => None,
+        }
+    }
 }
 
 /// An opened ONNX file: its graph's initializers and nodes.

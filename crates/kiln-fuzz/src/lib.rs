@@ -79,6 +79,11 @@ pub const TARGETS: &[Target] = &[
         seeds: seeds::voice_npz,
     },
     Target {
+        name: "torch",
+        run: torch,
+        seeds: seeds::torch,
+    },
+    Target {
         name: "audio",
         run: audio,
         seeds: seeds::audio,
@@ -259,6 +264,21 @@ pub fn voice_npz(data: &[u8]) -> bool {
     for voice in v {
         assert_eq!(voice.style(0).len(), VOICE_WIDTH);
     }
+    true
+}
+
+/// A PyTorch checkpoint (torch.save's zip: the pickle, storages, views); every tensor's
+/// values; then the same bytes as a Kokoro `.pt` voice.
+pub fn torch(data: &[u8]) -> bool {
+    let path = Path::new("model.pth");
+    let Ok(tensors) = kiln_formats::parse_torch(path, data) else {
+        return false;
+    };
+    for (name, t) in &tensors {
+        let n: usize = t.shape.iter().product();
+        assert_eq!(t.data.len(), n, "{name}");
+    }
+    let _ = kiln_models::kokoro::voices_from_bytes(Path::new("af.pt"), data, VOICE_WIDTH);
     true
 }
 

@@ -399,6 +399,16 @@ pub fn voice_npz() -> Vec<Vec<u8>> {
     ])]
 }
 
+/// Files written by PyTorch 2.11 itself (`tools/make_torch_fixtures.py`): a nested state dict
+/// (OrderedDict, f32 / f16 / bf16 / int64 / 0-d tensors, a transposed and a sliced view of one
+/// storage, weight-norm pairs) and a bare tensor.
+pub fn torch() -> Vec<Vec<u8>> {
+    vec![
+        include_bytes!("../../kiln-formats/tests/fixtures/torch/state.pth").to_vec(),
+        include_bytes!("../../kiln-formats/tests/fixtures/torch/voice.pt").to_vec(),
+    ]
+}
+
 /// A RIFF/WAVE file: PCM (format 1) or IEEE float (format 3).
 pub fn wav(format: u16, channels: u16, rate: u32, bits: u16, data: &[u8]) -> Vec<u8> {
     let mut b = b"RIFF".to_vec();

@@ -305,3 +305,326 @@ fn end_to_end_matches_onnx_runtime() {
         "the metrics cannot tell a 40 ms shift"
     );
 }
+
+// --- The same weights from hexgrad's PyTorch layout -------------------------------------------
+//
+// `tools/kokoro_pth.py` writes a `kokoro-v1_0.pth` in hexgrad's layout and torch.save's format
+// from the int8 export's dequantized weights (weight-normed convolutions split into g and v,
+// LSTM biases into their two halves, AdaIN norm affines and ALBERT's unused pooler added), so
+// loading it exercises every step of the checkpoint reader and the name map on a whole model.
+
+/// Writes `tensors` as a safetensors file of f32.
+fn write_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    let mut header = serde_json::Map::new();
+    let mut at = 0;
+    for (name, shape, data) in tensors {
+        let end = at + 4 * data.len();
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, end]}),
+        );
+        at = end;
+    }
+    let h = serde_json::to_vec(&header).unwrap();
+    let mut b = (h.len() as u64).to_le_bytes().to_vec();
+    b.extend(h);
+    for (_, _, data) in tensors {
+        b.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+fn tool(args: &[&std::ffi::OsStr]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/kokoro_pth.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 (the standard library is all tools/kokoro_pth.py needs)");
+    assert!(
+        out.status.success(),
+        "kokoro_pth.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn int8_params() -> kiln_models::kokoro::Params {
+    let f = kiln_formats::OnnxFile::open(model_dir().join("kokoro-v1.0.int8.onnx")).unwrap();
+    kiln_models::kokoro::Params::from_onnx(&f).unwrap()
+}
+
+/// The hexgrad-layout checkpoint, written once per test run.
+fn pth() -> PathBuf {
+    static PTH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PTH.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kokoro-pth");
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = int8_params();
+        let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = p
+            .names()
+            .map(|(n, s)| (n.to_string(), s.to_vec(), p.get(n, s).unwrap().data.clone()))
+            .collect();
+        let st = dir.join("params.safetensors");
+        write_safetensors(&st, &tensors);
+        let pth = dir.join("kokoro-v1_0.pth");
+        tool(&["model".as_ref(), st.as_os_str(), pth.as_os_str()]);
+        std::fs::remove_file(&st).unwrap();
+        pth
+    })
+    .clone()
+}
+
+/// Every parameter read from the checkpoint is the export's: exactly, or (weight-normed
+/// convolutions, rebuilt as g v / |v| from f32 g and v) to a few f32 roundings.
+#[test]
+fn pth_parameters_are_the_exports() {
+    let pth = pth();
+    let ours =
+        kiln_models::kokoro::Params::from_torch(&pth, kiln_formats::read_torch(&pth).unwrap())
+            .unwrap();
+    let theirs = int8_params();
+    let export_only = |n: &str| n.contains(".istft.") || n.starts_with("decoder.generator.istft.");
+    let want: Vec<&str> = theirs
+        .names()
+        .map(|(n, _)| n)
+        .filter(|n| !export_only(n))
+        .collect();
+    let got: Vec<&str> = ours.names().map(|(n, _)| n).collect();
+    assert_eq!(got, want, "parameter names");
+    assert!(!ours.is_quantized());
+    let mut worst = 0f64;
+    for (name, shape) in theirs.names().filter(|(n, _)| !export_only(n)) {
+        let (a, b) = (
+            ours.get(name, shape).unwrap(),
+            theirs.get(name, shape).unwrap(),
+        );
+        let scale = b.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+        for (x, y) in a.data.iter().zip(&b.data) {
+            worst = worst.max(((x - y).abs() / scale) as f64);
+        }
+    }
+    eprintln!("worst difference {worst:.2e} of a tensor's largest value");
+    assert!(worst < 1e-6, "parameters differ by {worst:.2e}");
+}
+
+/// The float model from the checkpoint against ONNX Runtime's int8 waveform, with ORT's
+/// durations. The weights are the export's, so the difference is the int8 graph's activation
+/// rounding alone (which the float model does not do); the bounds are the golden test's.
+#[test]
+fn pth_model_matches_onnx_runtime() {
+    let (c, fx) = (case(), fixture());
+    let b = CpuBackend::new(kiln_backend::cpu::default_threads());
+    let dir = model_dir();
+    let m = Kokoro::load(&b, &pth(), &dir.join("config.json")).unwrap();
+    assert!(
+        !m.quant,
+        "a float checkpoint runs without activation rounding"
+    );
+    let (_, style) = load(&b);
+    let dur: Vec<usize> = fx["durations"].iter().map(|&v| v as usize).collect();
+    let mut trace = Trace::new();
+    let audio = m
+        .synthesize_aligned(&b, &c.ids, &style, &dur, Some(&mut trace))
+        .unwrap();
+    assert_eq!(audio.len(), c.expected.len(), "waveform length");
+    let f0 = &trace.iter().find(|(n, _)| n == "f0").unwrap().1;
+    let f0_err = rel(f0, &fx["f0"]);
+    let dist = mel_distance(&audio, &c.expected);
+    let env = correlation(&envelope(&audio), &envelope(&c.expected));
+    eprintln!(
+        "pth vs ORT int8: F0 relative error {f0_err:.4}, log-mel distance {dist:.4}, envelope correlation {env:.4}"
+    );
+    assert!(f0_err < 0.02, "F0 relative error {f0_err:.4}");
+    assert!(dist < 0.15, "log-mel distance {dist:.4}");
+    assert!(env > 0.99, "energy envelope correlation {env:.4}");
+
+    // Against kiln's own float run of the export's weights: the same model but for the weight
+    // norm's roundings (1e-7 of a weight), so the same intermediates to ~1e-5 (text encoder,
+    // F0) and 1e-3 (the decoder's last AdaIN block). Past that the harmonic source amplifies
+    // them: its phase integrates F0 over every sample, and the STFT phase of its near-silent
+    // bins is numerically arbitrary (`gen.har` differs by ~0.4 while both are right), so the
+    // waveform is held to 5% (it differs by ~2%).
+    let mut f = Kokoro::load(
+        &b,
+        &dir.join("kokoro-v1.0.int8.onnx"),
+        &dir.join("config.json"),
+    )
+    .unwrap();
+    f.quant = false;
+    let mut t2 = Trace::new();
+    let same = f
+        .synthesize_aligned(&b, &c.ids, &style, &dur, Some(&mut t2))
+        .unwrap();
+    let at = |t: &Trace, name: &str| t.iter().find(|(n, _)| n == name).unwrap().1.clone();
+    for (name, bound) in [
+        ("d_en", 1e-6),
+        ("t_en", 1e-4),
+        ("f0", 1e-4),
+        ("dec.decode", 1e-2),
+    ] {
+        let r = rel(&at(&trace, name), &at(&t2, name));
+        eprintln!("pth vs the export run in f32: {name} relative error {r:.2e}");
+        assert!(r < bound, "{name}: relative error {r:.2e}");
+    }
+    let r = rel(&audio, &same);
+    eprintln!("pth vs the export run in f32: waveform relative error {r:.2e}");
+    assert!(r < 0.05, "waveform relative error {r:.2e}");
+}
+
+/// A voice saved with torch.save (a bare [510, 1, 256] tensor, and a dict of two) gives the
+/// `.npz` voice's style rows.
+#[test]
+fn pt_voices_match_the_npz() {
+    let voices = load_voices(&model_dir().join("voices.npz"), 256).unwrap();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kokoro-voices");
+    std::fs::create_dir_all(&dir).unwrap();
+    let pick = |v: &kiln_models::kokoro::Voice| -> (String, Vec<usize>, Vec<f32>) {
+        let rows: Vec<f32> = (1..=v.rows()).flat_map(|n| v.style(n).to_vec()).collect();
+        (v.name.clone(), vec![v.rows(), 1, 256], rows)
+    };
+    let (a, bv) = (&voices[0], &voices[1]);
+    let st = dir.join("one.safetensors");
+    write_safetensors(&st, &[pick(a)]);
+    let one = dir.join(format!("{}.pt", a.name));
+    tool(&["voice".as_ref(), st.as_os_str(), one.as_os_str()]);
+    write_safetensors(&st, &[pick(a), pick(bv)]);
+    let two = dir.join("pack.pt");
+    tool(&["voice".as_ref(), st.as_os_str(), two.as_os_str()]);
+    let got_one = load_voices(&one, 256).unwrap();
+    let got_two = load_voices(&two, 256).unwrap();
+    assert_eq!(got_one.len(), 1);
+    assert_eq!(got_two.len(), 2);
+    for (got, want) in got_one.iter().chain(&got_two).zip([a, a, bv]) {
+        assert_eq!(got.name, want.name);
+        assert_eq!(got.rows(), want.rows());
+        for n in [1, 2, 17, want.rows(), want.rows() + 40] {
+            assert_eq!(
+                got.style(n),
+                want.style(n),
+                "{} row for {n} phonemes",
+                want.name
+            );
+        }
+    }
+}
+
+// --- The fp32 ONNX export -----------------------------------------------------------------------
+//
+// `tools/kokoro_onnx_fp32.py` undoes the int8 export's dynamic quantization node by node
+// (MatMul / Gemm / Conv / LSTM / Gather on float weights, the float graph's names), giving the
+// graph the fp32 export is; ONNX Runtime runs it. It needs Python's `onnx` and numpy: without
+// them these tests say so and pass.
+
+fn fp32_onnx() -> Option<PathBuf> {
+    static FP32: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    FP32.get_or_init(|| {
+        let have = std::process::Command::new("python3")
+            .args(["-c", "import onnx, numpy"])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !have {
+            eprintln!("skipped: python3 with onnx and numpy is needed to build the fp32 graph");
+            return None;
+        }
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kokoro-fp32");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("kokoro-v1.0.fp32.onnx");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tools/kokoro_onnx_fp32.py"
+        );
+        let st = std::process::Command::new("python3")
+            .arg(script)
+            .arg(model_dir().join("kokoro-v1.0.int8.onnx"))
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "kokoro_onnx_fp32.py: {}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        Some(out)
+    })
+    .clone()
+}
+
+/// The fp32 graph's parameters are the int8 export's dequantized ones, exactly, under the same
+/// names; none runs on integers.
+#[test]
+fn fp32_onnx_parameters_are_the_int8_exports() {
+    let Some(path) = fp32_onnx() else { return };
+    let f = kiln_formats::OnnxFile::open(&path).unwrap();
+    let ours = kiln_models::kokoro::Params::from_onnx(&f).unwrap();
+    let theirs = int8_params();
+    let a: Vec<(&str, &[usize])> = ours.names().collect();
+    let b: Vec<(&str, &[usize])> = theirs.names().collect();
+    assert_eq!(a, b, "parameter names and shapes");
+    assert!(!ours.is_quantized());
+    for (name, shape) in theirs.names() {
+        let (x, y) = (
+            ours.get(name, shape).unwrap(),
+            theirs.get(name, shape).unwrap(),
+        );
+        assert!(x.data == y.data, "{name} differs");
+    }
+}
+
+/// The fp32 graph run by kiln: free-running (its own durations) against ORT's int8 waveform
+/// with the golden metrics, and the same waveform as kiln's float run of the int8 export's
+/// weights (bit for bit: the same weights and kernels). With `KILN_KOKORO_FP32_REF` naming an
+/// `.npy` of ORT's waveform for the fp32 graph, against that too.
+#[test]
+fn fp32_onnx_model_matches_onnx_runtime() {
+    let Some(path) = fp32_onnx() else { return };
+    let (c, fx) = (case(), fixture());
+    let b = CpuBackend::new(kiln_backend::cpu::default_threads());
+    let dir = model_dir();
+    let m = Kokoro::load(&b, &path, &dir.join("config.json")).unwrap();
+    assert!(!m.quant);
+    let (_, style) = load(&b);
+    let dur: Vec<usize> = fx["durations"].iter().map(|&v| v as usize).collect();
+    let mut trace = Trace::new();
+    let audio = m
+        .synthesize_aligned(&b, &c.ids, &style, &dur, Some(&mut trace))
+        .unwrap();
+    let f0 = &trace.iter().find(|(n, _)| n == "f0").unwrap().1;
+    let f0_err = rel(f0, &fx["f0"]);
+    let dist = mel_distance(&audio, &c.expected);
+    let env = correlation(&envelope(&audio), &envelope(&c.expected));
+    eprintln!(
+        "fp32 ONNX vs ORT int8: F0 relative error {f0_err:.4}, log-mel distance {dist:.4}, envelope correlation {env:.4}"
+    );
+    assert!(f0_err < 0.02, "F0 relative error {f0_err:.4}");
+    assert!(dist < 0.15, "log-mel distance {dist:.4}");
+    assert!(env > 0.99, "energy envelope correlation {env:.4}");
+
+    let mut f = Kokoro::load(
+        &b,
+        &dir.join("kokoro-v1.0.int8.onnx"),
+        &dir.join("config.json"),
+    )
+    .unwrap();
+    f.quant = false;
+    let same = f
+        .synthesize_aligned(&b, &c.ids, &style, &dur, None)
+        .unwrap();
+    assert!(
+        audio == same,
+        "the fp32 graph and the int8 one run in f32 differ"
+    );
+
+    if let Ok(r) = std::env::var("KILN_KOKORO_FP32_REF") {
+        let want = kiln_formats::read_npy(&r).unwrap().data;
+        let free = m.synthesize(&b, &c.ids, &style, c.speed, None).unwrap();
+        let n = free.len().min(want.len());
+        eprintln!(
+            "fp32 ONNX vs ORT fp32 (free-running, {} vs {} samples): log-mel distance {:.4}, envelope correlation {:.4}, waveform correlation {:.4}",
+            free.len(),
+            want.len(),
+            mel_distance(&free[..n], &want[..n]),
+            correlation(&envelope(&free[..n]), &envelope(&want[..n])),
+            correlation(&free[..n], &want[..n])
+        );
+    }
+}

@@ -45,20 +45,47 @@ pub struct TtsStats {
 }
 
 impl Tts {
-    /// `model_dir`: the kokoro-82m directory (model, config.json, voices.npz);
+    /// `model_dir`: a Kokoro directory: config.json, the model (`kokoro-v1.0.int8.onnx`, the
+    /// catalog's; else `kokoro-v1.0.onnx` or hexgrad's `kokoro-v1_0.pth`) and the voices
+    /// (`voices.npz`, else a `voices/` directory of `.pt` files, as hexgrad's repository has);
     /// `lexicon_dir`: misaki's lexicons, or None for phoneme input only.
     pub fn load(
         model_dir: &Path,
         lexicon_dir: Option<&Path>,
         threads: usize,
     ) -> Result<Tts, TtsError> {
-        let backend = CpuBackend::new(threads);
-        let model = Kokoro::load(
-            &backend,
-            &model_dir.join("kokoro-v1.0.int8.onnx"),
+        let first = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| model_dir.join(n))
+                .find(|p| p.exists())
+                .unwrap_or_else(|| model_dir.join(names[0]))
+        };
+        Self::load_files(
+            &first(&[
+                "kokoro-v1.0.int8.onnx",
+                "kokoro-v1.0.onnx",
+                "kokoro-v1_0.pth",
+            ]),
             &model_dir.join("config.json"),
-        )?;
-        let voices = load_voices(&model_dir.join("voices.npz"), 2 * model.config.style_dim)?;
+            &first(&["voices.npz", "voices"]),
+            lexicon_dir,
+            threads,
+        )
+    }
+
+    /// `model`: a Kokoro model file (ONNX export or hexgrad's `.pth`); `voices`: an `.npz`
+    /// pack, one `.npy` / `.pt` voice, or a directory of them (see [`load_voices`]).
+    pub fn load_files(
+        model: &Path,
+        config: &Path,
+        voices: &Path,
+        lexicon_dir: Option<&Path>,
+        threads: usize,
+    ) -> Result<Tts, TtsError> {
+        let backend = CpuBackend::new(threads);
+        let model = Kokoro::load(&backend, model, config)?;
+        let voices = load_voices(voices, 2 * model.config.style_dim)?;
         let g2p = match lexicon_dir {
             Some(d) => Some(G2p::load(d)?),
             None => None,

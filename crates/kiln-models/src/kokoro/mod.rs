@@ -173,34 +173,92 @@ impl Voice {
     }
 }
 
-/// Every voice of a `.npz` pack, or the single voice of an `.npy` file.
+/// Every voice of a `.npz` pack; the voice of an `.npy` file or of a PyTorch `.pt` holding one
+/// tensor (named after the file), or every tensor of a `.pt` holding a dict of them; or, for a
+/// directory (hexgrad's `voices/`), the voices of every `.pt` / `.npy` file in it, by name.
 pub fn load_voices(path: &Path, width: usize) -> Result<Vec<Voice>, ModelError> {
-    let bytes = std::fs::read(path).map_err(|e| ModelError::Config {
+    let cannot = |e: std::io::Error| ModelError::Config {
         file: path.into(),
         what: format!("cannot read: {e}"),
-    })?;
+    };
+    if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(cannot)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "pt" || e == "npy"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(ModelError::Config {
+                file: path.into(),
+                what: "no .pt or .npy voices in this directory".into(),
+            });
+        }
+        let mut out = Vec::new();
+        for f in files {
+            out.extend(load_voices(&f, width)?);
+        }
+        return Ok(out);
+    }
+    let bytes = std::fs::read(path).map_err(cannot)?;
     voices_from_bytes(path, &bytes, width)
 }
 
 /// [`load_voices`] on a file's bytes held in memory (`path` names it and its extension says
-/// whether it is one `.npy` voice or an `.npz` pack).
+/// whether it is one `.npy` voice, a PyTorch `.pt` / `.pth` or an `.npz` pack).
 pub fn voices_from_bytes(
     path: &Path,
     bytes: &[u8],
     width: usize,
 ) -> Result<Vec<Voice>, ModelError> {
-    if path.extension().is_some_and(|e| e == "npy") {
-        let a = kiln_formats::parse_npy(path, "array", bytes)?;
-        let name = path
-            .file_stem()
+    let stem = || {
+        path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        return Ok(vec![Voice::from_array(&name, &a, path, width)?]);
+            .unwrap_or_default()
+    };
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("npy") => {
+            let a = kiln_formats::parse_npy(path, "array", bytes)?;
+            Ok(vec![Voice::from_array(&stem(), &a, path, width)?])
+        }
+        Some("pt" | "pth") => {
+            let tensors = kiln_formats::parse_torch(path, bytes)?;
+            if tensors.is_empty() {
+                return Err(ModelError::Config {
+                    file: path.into(),
+                    what: "the checkpoint holds no tensors".into(),
+                });
+            }
+            tensors
+                .into_iter()
+                .map(|(name, t)| {
+                    let name = if name.is_empty() { stem() } else { name };
+                    let a = kiln_formats::NpyArray {
+                        shape: t.shape,
+                        data: t.data,
+                    };
+                    Voice::from_array(&name, &a, path, width)
+                })
+                .collect()
+        }
+        _ => kiln_formats::parse_npz(path, bytes)?
+            .iter()
+            .map(|(n, a)| Voice::from_array(n, a, path, width))
+            .collect(),
     }
-    kiln_formats::parse_npz(path, bytes)?
-        .iter()
-        .map(|(n, a)| Voice::from_array(n, a, path, width))
-        .collect()
+}
+
+/// Whether the file at `path` starts like a zip archive (a PyTorch checkpoint).
+fn is_zip(path: &Path) -> Result<bool, ModelError> {
+    use std::io::Read;
+    let mut head = [0u8; 4];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .map_err(|e| ModelError::Config {
+            file: path.into(),
+            what: format!("cannot read: {e}"),
+        })?;
+    Ok(n == 4 && head == *b"PK\x03\x04")
 }
 
 /// Named intermediate activations of one synthesis (for comparing against a reference).
@@ -218,11 +276,16 @@ pub struct Kokoro<B: Backend> {
 }
 
 impl<B: Backend> Kokoro<B> {
-    /// Loads `model` (the int8 ONNX file) with the hyper-parameters of `config`.
+    /// Loads `model` with the hyper-parameters of `config`. The file's first bytes pick the
+    /// format: a PyTorch checkpoint in hexgrad's layout (`kokoro-v1_0.pth`, a zip archive) or
+    /// a kokoro-onnx export (int8 or fp32).
     pub fn load(b: &B, model: &Path, config: &Path) -> Result<Self, ModelError> {
         let cfg = Config::from_json(config)?;
-        let onnx = OnnxFile::open(model)?;
-        let p = Params::from_onnx(&onnx)?;
+        let p = if is_zip(model)? {
+            Params::from_torch(model, kiln_formats::read_torch(model)?)?
+        } else {
+            Params::from_onnx(&OnnxFile::open(model)?)?
+        };
         Self::from_params(b, &p, cfg, model)
     }
 
@@ -233,7 +296,8 @@ impl<B: Backend> Kokoro<B> {
             text_encoder: TextEncoder::load(b, p, &cfg)?,
             decoder: Decoder::load(b, p, &cfg)?,
             config: cfg,
-            quant: true,
+            // Only a quantized export rounds activations; a float model runs the f32 kernels.
+            quant: p.is_quantized(),
             file: model.to_path_buf(),
         };
         // Everything the export holds is either read or an artifact of the export itself.

@@ -1,4 +1,5 @@
-//! Kokoro's parameters under hexgrad's canonical names, read from the int8 ONNX export.
+//! Kokoro's parameters under hexgrad's canonical names, read from the kokoro-onnx export (int8
+//! or fp32) or from hexgrad's PyTorch checkpoint ([`Params::from_torch`]).
 //!
 //! The export names most tensors after their consumer nodes (`onnx::MatMul_6547_quantized`,
 //! `/encoder/F0.0/Mul_output_0_quantized`), so names come from the graph: the consumer's scope
@@ -10,7 +11,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kiln_formats::{OnnxFile, OnnxNode, OnnxTensor};
 
@@ -172,6 +173,83 @@ fn dims(t: &OnnxTensor) -> Vec<usize> {
     t.dims.iter().map(|&d| d as usize).collect()
 }
 
+/// w = g v / |v|: v (out, ...), g (out, 1, ...), the norm of each `out` slice of v.
+fn weight_norm(g_name: &str, g: &Param, v: &Param) -> Result<Param, String> {
+    let out = v.shape.first().copied().unwrap_or(0);
+    // g (out, 1, ...): the norm taken over every dim but the first (PyTorch's dim = 0).
+    let g_ok = g.shape.len() == v.shape.len()
+        && g.shape.first() == Some(&out)
+        && g.shape.iter().skip(1).all(|&d| d == 1);
+    if out == 0 || !g_ok || g.data.len() != out || !v.data.len().is_multiple_of(out) {
+        return Err(format!(
+            "weight norm '{g_name}': magnitude {:?} for direction {:?}",
+            g.shape, v.shape
+        ));
+    }
+    let inner = v.data.len() / out;
+    let mut data = Vec::with_capacity(v.data.len());
+    for (row, &gv) in v.data.chunks_exact(inner.max(1)).zip(&g.data) {
+        let norm = row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+        let k = if norm > 0.0 { gv as f64 / norm } else { 0.0 };
+        data.extend(row.iter().map(|&x| (x as f64 * k) as f32));
+    }
+    Ok(Param {
+        shape: v.shape.clone(),
+        data,
+    })
+}
+
+/// Folds each AdaIN's instance-norm affine (`X.norm.weight`, `X.norm.bias`) into its style
+/// projection `X.fc` (see [`Params::from_torch`]); computed in f64, exact where w = 1, b = 0.
+fn fold_instance_norms(map: &mut BTreeMap<String, Param>) -> Result<(), String> {
+    let norms: Vec<String> = map
+        .keys()
+        .filter_map(|k| k.strip_suffix(".norm.weight"))
+        .filter(|base| map.contains_key(&format!("{base}.fc.weight")))
+        .map(str::to_string)
+        .collect();
+    for base in norms {
+        let take = |map: &mut BTreeMap<String, Param>, what: &str| {
+            map.remove(&format!("{base}.{what}"))
+                .ok_or_else(|| format!("AdaIN '{base}' has no '{what}'"))
+        };
+        let w = take(map, "norm.weight")?.data;
+        let b = take(map, "norm.bias")?.data;
+        let c = w.len();
+        let fw = map
+            .get_mut(&format!("{base}.fc.weight"))
+            .ok_or_else(|| format!("AdaIN '{base}' has no fc.weight"))?;
+        if b.len() != c || fw.shape.len() != 2 || fw.shape[0] != 2 * c {
+            return Err(format!(
+                "AdaIN '{base}': norm of {c} channels, bias {}, fc {:?}",
+                b.len(),
+                fw.shape
+            ));
+        }
+        let sd = fw.shape[1];
+        let (gw, bw) = fw.data.split_at_mut(c * sd);
+        for ch in 0..c {
+            let (wc, bc) = (w[ch] as f64, b[ch] as f64);
+            for j in 0..sd {
+                let gamma = gw[ch * sd + j] as f64;
+                bw[ch * sd + j] = (bw[ch * sd + j] as f64 + bc * gamma) as f32;
+                gw[ch * sd + j] = (wc * gamma) as f32;
+            }
+        }
+        let fb = map
+            .get_mut(&format!("{base}.fc.bias"))
+            .filter(|p| p.data.len() == 2 * c)
+            .ok_or_else(|| format!("AdaIN '{base}' has no fc.bias of {} values", 2 * c))?;
+        let (gb, bb) = fb.data.split_at_mut(c);
+        for ch in 0..c {
+            let (wc, bc, gamma) = (w[ch] as f64, b[ch] as f64, gb[ch] as f64);
+            bb[ch] = (bb[ch] as f64 + bc * (1.0 + gamma)) as f32;
+            gb[ch] = (wc * gamma + (wc - 1.0)) as f32;
+        }
+    }
+    Ok(())
+}
+
 /// (rows, cols) row-major -> (cols, rows)
 fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut out = vec![0f32; v.len()];
@@ -279,20 +357,31 @@ impl Params {
                     let v = r.dequant(table, r.input(n, 1)?, r.input(n, 2).ok(), 0)?;
                     put(name.to_string(), dims(table), v);
                 }
-                "DynamicQuantizeLSTM" => {
+                "LSTM" | "DynamicQuantizeLSTM" => {
+                    // W (2, 4h, in), R (2, 4h, h) for LSTM; transposed, (2, in, 4h) and
+                    // (2, h, 4h), and 8-bit for the dynamically quantized op. B (2, 8h).
+                    let float = n.op_type == "LSTM";
                     let (w, rw, b) = (r.input(n, 1)?, r.input(n, 2)?, r.input(n, 3)?);
-                    let wv = r.dequant(w, r.input(n, 8)?, r.input(n, 9).ok(), 0)?;
-                    let rv = r.dequant(rw, r.input(n, 10)?, r.input(n, 11).ok(), 0)?;
+                    let (wv, rv) = if float {
+                        (r.f32s(w)?, r.f32s(rw)?)
+                    } else {
+                        (
+                            r.dequant(w, r.input(n, 8)?, r.input(n, 9).ok(), 0)?,
+                            r.dequant(rw, r.input(n, 10)?, r.input(n, 11).ok(), 0)?,
+                        )
+                    };
                     let bv = r.f32s(b)?;
                     let (wd, rd) = (dims(w), dims(rw));
-                    if wd.len() != 3 || rd.len() != 3 || wd[0] != 2 || wd[2] % 4 != 0 {
-                        return Err(r.err(format!("LSTM '{}': weight dims {wd:?}, {rd:?}", n.name)));
-                    }
-                    let (n_in, h4) = (wd[1], wd[2]);
+                    let (n_in, h4) = match *wd.as_slice() {
+                        [2, a, b] if float => (b, a),
+                        [2, a, b] => (a, b),
+                        _ => (0, 0),
+                    };
                     let h = h4 / 4;
-                    if rd != [2, h, h4] || bv.len() != 2 * 2 * h4 {
+                    let r_dims = if float { [2, h4, h] } else { [2, h, h4] };
+                    if h4 == 0 || h4 % 4 != 0 || rd != r_dims || bv.len() != 2 * 2 * h4 {
                         return Err(r.err(format!(
-                            "LSTM '{}': R dims {rd:?}, B {}",
+                            "LSTM '{}': W dims {wd:?}, R dims {rd:?}, B {} values",
                             n.name,
                             bv.len()
                         )));
@@ -306,24 +395,63 @@ impl Params {
                         }
                         out
                     };
+                    // (4h, cols) of direction `dir` from m holding (2, 4h, cols) or (2, cols, 4h).
+                    let gates = |m: &[f32], dir: usize, cols: usize| -> Vec<f32> {
+                        let d = &m[dir * cols * h4..(dir + 1) * cols * h4];
+                        if float {
+                            d.to_vec()
+                        } else {
+                            transpose(d, cols, h4)
+                        }
+                    };
                     for dir in 0..2 {
                         let sfx = if dir == 0 { "" } else { "_reverse" };
-                        let wi = &wv[dir * n_in * h4..(dir + 1) * n_in * h4];
-                        let wh = &rv[dir * h * h4..(dir + 1) * h * h4];
                         let bd = &bv[dir * 2 * h4..(dir + 1) * 2 * h4];
                         let bias: Vec<f32> = (0..h4).map(|j| bd[j] + bd[h4 + j]).collect();
                         let bias = regate(bias, 1);
                         put(
                             format!("{module}.weight_ih_l0{sfx}"),
                             vec![h4, n_in],
-                            regate(transpose(wi, n_in, h4), n_in),
+                            regate(gates(&wv, dir, n_in), n_in),
                         );
                         put(
                             format!("{module}.weight_hh_l0{sfx}"),
                             vec![h4, h],
-                            regate(transpose(wh, h, h4), h),
+                            regate(gates(&rv, dir, h), h),
                         );
                         put(format!("{module}.bias_l0{sfx}"), vec![h4], bias);
+                    }
+                }
+                "Gemm" => {
+                    // y = x B (+ C), B (in, out), or (out, in) with transB = 1: a Linear.
+                    let Some(w) = n.inputs.get(1).and_then(|i| f.initializer(i)) else {
+                        continue;
+                    };
+                    let d = dims(w);
+                    let trans_b = n.attr_i("transB").unwrap_or(0) == 1;
+                    let unit = |a: &str| match n.attr(a) {
+                        Some(kiln_formats::onnx::Attr::Float(v)) => *v == 1.0,
+                        _ => true,
+                    };
+                    if d.len() != 2
+                        || n.attr_i("transA").unwrap_or(0) != 0
+                        || !unit("alpha")
+                        || !unit("beta")
+                    {
+                        return Err(r.err(format!(
+                            "Gemm '{}': weight dims {d:?} (a Linear: no transA, alpha = beta = 1)",
+                            n.name
+                        )));
+                    }
+                    let v = r.f32s(w)?;
+                    let (shape, v) = if trans_b {
+                        (d, v)
+                    } else {
+                        (vec![d[1], d[0]], transpose(&v, d[0], d[1]))
+                    };
+                    put(format!("{module}.weight"), shape, v);
+                    if let Ok(b) = r.input(n, 2) {
+                        put(format!("{module}.bias"), dims(b), r.f32s(b)?);
                     }
                 }
                 _ => {}
@@ -350,6 +478,116 @@ impl Params {
             map,
             quantized,
             integer,
+            unused,
+        })
+    }
+
+    /// From hexgrad's checkpoint (`kokoro-v1_0.pth`): a dict of the five modules' state dicts
+    /// (`bert`, `bert_encoder`, `predictor`, `text_encoder`, `decoder`), keys prefixed with
+    /// `module.` (training's DataParallel), read by [`kiln_formats::read_torch`] as
+    /// `<module>.module.<key>`. Folded into the names and forms the model reads:
+    ///
+    /// - weight norm: `X.weight_g` (out, 1, ..) and `X.weight_v` (or the parametrization's
+    ///   `X.parametrizations.weight.original0` / `original1`) -> `X.weight = g v / |v|`, the
+    ///   norm over every dim but the first;
+    /// - LSTM biases: `bias_ih_l0 + bias_hh_l0` -> `bias_l0` (each direction);
+    /// - AdaIN's instance-norm affine (`X.norm.weight` w, `X.norm.bias` b, present when the
+    ///   checkpoint has them) into its style projection `X.fc` ([gamma; beta] = W s + c):
+    ///   `(1 + gamma)(w n + b) + beta` is `(1 + gamma') n + beta'` with
+    ///   `gamma' = w gamma + w - 1` and `beta' = beta + b (1 + gamma)`, both linear in s;
+    /// - ALBERT's pooler and `position_ids` buffer (not used for speech) are dropped.
+    ///
+    /// Every weight is f32 and nothing runs on integers.
+    pub fn from_torch(
+        file: &Path,
+        tensors: Vec<(String, kiln_formats::TorchTensor)>,
+    ) -> Result<Params, ModelError> {
+        let err = |what: String| ModelError::Config {
+            file: file.to_path_buf(),
+            what,
+        };
+        let mut map: BTreeMap<String, Param> = BTreeMap::new();
+        for (name, t) in tensors {
+            let (section, key) = name.split_once('.').unwrap_or(("", &name));
+            let key = key.strip_prefix("module.").unwrap_or(key);
+            let name = if section.is_empty() {
+                key.to_string()
+            } else {
+                format!("{section}.{key}")
+            };
+            if name.starts_with("bert.pooler.") || name == "bert.embeddings.position_ids" {
+                continue;
+            }
+            let p = Param {
+                shape: t.shape,
+                data: t.data,
+            };
+            if map.insert(name.clone(), p).is_some() {
+                return Err(err(format!("tensor '{name}' appears twice")));
+            }
+        }
+        let mut out: BTreeMap<String, Param> = BTreeMap::new();
+        let names: Vec<String> = map.keys().cloned().collect();
+        for name in names {
+            let Some(p) = map.remove(&name) else {
+                continue; // consumed with its partner
+            };
+            let pair = |a: &str, b: &str| -> Option<String> {
+                name.strip_suffix(a).map(|base| format!("{base}{b}"))
+            };
+            if let Some(v_name) = pair(".weight_g", ".weight_v").or_else(|| {
+                pair(
+                    ".parametrizations.weight.original0",
+                    ".parametrizations.weight.original1",
+                )
+            }) {
+                let v = map
+                    .remove(&v_name)
+                    .ok_or_else(|| err(format!("'{name}' without its '{v_name}'")))?;
+                let base = v_name
+                    .strip_suffix(".weight_v")
+                    .or_else(|| v_name.strip_suffix(".parametrizations.weight.original1"))
+                    .unwrap_or(&v_name);
+                out.insert(
+                    format!("{base}.weight"),
+                    weight_norm(&name, &p, &v).map_err(err)?,
+                );
+            } else if name.ends_with(".weight_v") || name.ends_with(".original1") {
+                return Err(err(format!("'{name}' without its weight-norm magnitude")));
+            } else if let Some((base, sfx)) = name
+                .split_once(".bias_ih_l")
+                .or_else(|| name.split_once(".bias_hh_l"))
+            {
+                let (ih, hh) = (
+                    format!("{base}.bias_ih_l{sfx}"),
+                    format!("{base}.bias_hh_l{sfx}"),
+                );
+                let other = if name == ih { &hh } else { &ih };
+                let o = map
+                    .remove(other)
+                    .ok_or_else(|| err(format!("'{name}' without its '{other}'")))?;
+                if o.data.len() != p.data.len() {
+                    return Err(err(format!("'{name}' and '{other}' differ in size")));
+                }
+                let data = p.data.iter().zip(&o.data).map(|(a, b)| a + b).collect();
+                out.insert(
+                    format!("{base}.bias_l{sfx}"),
+                    Param {
+                        shape: p.shape,
+                        data,
+                    },
+                );
+            } else {
+                out.insert(name, p);
+            }
+        }
+        fold_instance_norms(&mut out).map_err(err)?;
+        let unused = RefCell::new(out.keys().cloned().collect());
+        Ok(Params {
+            file: file.to_path_buf(),
+            map: out,
+            quantized: BTreeMap::new(),
+            integer: BTreeSet::new(),
             unused,
         })
     }
@@ -394,6 +632,12 @@ impl Params {
         self.integer.contains(name)
     }
 
+    /// Whether any weight runs on integers (the int8 export): only then are activations
+    /// rounded to the export's uint8 grid.
+    pub fn is_quantized(&self) -> bool {
+        !self.integer.is_empty()
+    }
+
     pub fn has(&self, name: &str) -> bool {
         self.map.contains_key(name)
     }
@@ -401,5 +645,93 @@ impl Params {
     /// Parameters nobody read.
     pub fn unused(&self) -> Vec<String> {
         self.unused.borrow().iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod torch_tests {
+    use super::*;
+
+    fn param(shape: &[usize], f: impl Fn(usize) -> f32) -> Param {
+        let n = shape.iter().product();
+        Param {
+            shape: shape.to_vec(),
+            data: (0..n).map(f).collect(),
+        }
+    }
+
+    /// AdaIN with the norm's affine, (1 + gamma)(w n + b) + beta, is the folded fc's
+    /// (1 + gamma') n + beta' for any style s and normalized value n.
+    #[test]
+    fn instance_norm_affine_folds_into_the_style_projection() {
+        let (c, sd) = (3, 4);
+        let fc_w = param(&[2 * c, sd], |i| ((i * 7 % 11) as f32 - 5.0) / 8.0);
+        let fc_b = param(&[2 * c], |i| (i as f32 - 2.5) / 4.0);
+        let w = param(&[c], |i| 0.5 + i as f32);
+        let b = param(&[c], |i| i as f32 * 0.3 - 0.2);
+        let mut map = BTreeMap::new();
+        map.insert("a.norm.weight".to_string(), w.clone());
+        map.insert("a.norm.bias".to_string(), b.clone());
+        map.insert("a.fc.weight".to_string(), fc_w.clone());
+        map.insert("a.fc.bias".to_string(), fc_b.clone());
+        fold_instance_norms(&mut map).unwrap();
+        assert_eq!(map.len(), 2, "the norm's affine is gone");
+        let s = [0.3f64, -1.2, 0.7, 2.0];
+        let fc = |wt: &Param, bs: &Param, row: usize| -> f64 {
+            bs.data[row] as f64
+                + (0..sd)
+                    .map(|j| wt.data[row * sd + j] as f64 * s[j])
+                    .sum::<f64>()
+        };
+        let (fw, fb) = (&map["a.fc.weight"], &map["a.fc.bias"]);
+        for ch in 0..c {
+            let (g, be) = (fc(&fc_w, &fc_b, ch), fc(&fc_w, &fc_b, c + ch));
+            let (g2, be2) = (fc(fw, fb, ch), fc(fw, fb, c + ch));
+            for n in [-1.5f64, 0.0, 0.8] {
+                let want = (1.0 + g) * (w.data[ch] as f64 * n + b.data[ch] as f64) + be;
+                let got = (1.0 + g2) * n + be2;
+                assert!(
+                    (want - got).abs() < 1e-5,
+                    "channel {ch}, n {n}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    /// PyTorch's own weight-norm pair (g (2, 1, 1) ones, v (2, 3, 4)), from the torch fixture:
+    /// w = g v / |v| per output channel, under `decoder.x.weight`.
+    #[test]
+    fn weight_norm_pairs_from_pytorch_become_weights() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../kiln-formats/tests/fixtures/torch/state.pth"
+        );
+        let path = Path::new(path);
+        let tensors = kiln_formats::read_torch(path).unwrap();
+        let v = tensors
+            .iter()
+            .find(|(n, _)| n == "decoder.module.x.weight_v")
+            .unwrap()
+            .1
+            .data
+            .clone();
+        let p = Params::from_torch(path, tensors).unwrap();
+        let w = p.get("decoder.x.weight", &[2, 3, 4]).unwrap();
+        assert!(!p.has("decoder.x.weight_g") && !p.has("decoder.x.weight_v"));
+        for (row_w, row_v) in w.data.chunks(12).zip(v.chunks(12)) {
+            let norm = row_v
+                .iter()
+                .map(|&x| (x as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            for (&a, &b) in row_w.iter().zip(row_v) {
+                assert!((a as f64 - b as f64 / norm).abs() < 1e-6);
+            }
+        }
+        // A direction without its magnitude is an error naming it.
+        let mut t = kiln_formats::read_torch(path).unwrap();
+        t.retain(|(n, _)| n != "decoder.module.x.weight_g");
+        let e = Params::from_torch(path, t).err().unwrap().to_string();
+        assert!(e.contains("decoder.x.weight_v"), "{e}");
     }
 }
