@@ -512,19 +512,29 @@ fn pt_voices_match_the_npz() {
 //
 // `tools/kokoro_onnx_fp32.py` undoes the int8 export's dynamic quantization node by node
 // (MatMul / Gemm / Conv / LSTM / Gather on float weights, the float graph's names), giving the
-// graph the fp32 export is; ONNX Runtime runs it. It needs Python's `onnx` and numpy: without
-// them these tests say so and pass.
+// graph the fp32 export is; ONNX Runtime runs it. It needs Python's `onnx` and numpy, which
+// are installed with pip when missing (as the server test installs its client); failing that,
+// the tests fail.
 
 fn fp32_onnx() -> Option<PathBuf> {
     static FP32: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
     FP32.get_or_init(|| {
-        let have = std::process::Command::new("python3")
-            .args(["-c", "import onnx, numpy"])
-            .status()
-            .is_ok_and(|s| s.success());
-        if !have {
-            eprintln!("skipped: python3 with onnx and numpy is needed to build the fp32 graph");
-            return None;
+        let have = || {
+            std::process::Command::new("python3")
+                .args(["-c", "import onnx, numpy"])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !have() {
+            let st = std::process::Command::new("python3")
+                .args(["-m", "pip", "install", "--quiet", "onnx", "numpy"])
+                .status()
+                .expect("run python3 -m pip");
+            assert!(st.success(), "pip install onnx numpy failed");
+            assert!(
+                have(),
+                "onnx / numpy still not importable after pip install"
+            );
         }
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kokoro-fp32");
         std::fs::create_dir_all(&dir).unwrap();
