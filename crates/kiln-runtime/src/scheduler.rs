@@ -7,7 +7,8 @@
 //! [`Llama::forward_batch`]. Each sequence has its own KV cache slot, sampler and stop
 //! strings. A finished sequence leaves its tokens in its slot: the next request whose
 //! prompt starts the same way (system prompt, earlier turns) reuses that prefix (prefix
-//! cache). A request whose receiver is gone frees its slot before the next step.
+//! cache). A request whose receiver is gone frees its slot before the next step; one on
+//! hold ([`EventSink::held`]) sits the steps out until it is released.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
