@@ -119,8 +119,9 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         a.voice,
         tts.voices().collect::<Vec<_>>().join(", ")
     );
-    // Warm both models once (first-call page faults and lazily packed layouts) so the first
-    // turn is timed like every later one.
+    // Warm Whisper and Kokoro once (first-call page faults and lazily packed layouts), and
+    // the LLM's prefix cache with the system prompt (below), so the first turn is timed like
+    // every later one.
     let mut quick = TranscribeOptions::default();
     quick.temperatures = vec![0.0];
     stt.transcribe(&audio.samples[..audio.samples.len().min(16_000)], &quick)
@@ -150,6 +151,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         first_clause: !a.whole_sentences,
         first_words: a.first_words,
     };
+    pipeline.warm_llm(&opts).context("warming up the LLM")?;
 
     let mut runs = Vec::new();
     for rep in 0..a.reps {

@@ -131,6 +131,32 @@ fn ms_since(t0: Instant) -> f64 {
 }
 
 impl Voice<'_> {
+    /// Prefills the system prompt of `o` (one token generated and dropped), so that turns
+    /// find it in the scheduler's prefix cache and the first is timed like the later ones.
+    pub fn warm_llm(&self, o: &VoiceOptions) -> Result<(), VoiceError> {
+        let (tx, rx) = mpsc::channel();
+        self.llm
+            .submit(Request {
+                prompt: Prompt::Chat(conversation(o, "Hello.")),
+                opts: GenerateOptions {
+                    max_tokens: 1,
+                    ..o.generate.clone()
+                },
+                sink: Box::new(tx),
+            })
+            .map_err(|e| match e {
+                SubmitError::QueueFull => VoiceError::QueueFull,
+                SubmitError::Stopped => VoiceError::EngineStopped,
+            })?;
+        loop {
+            match rx.recv().map_err(|_| VoiceError::EngineStopped)? {
+                Event::Text(_) => {}
+                Event::Done(_) => return Ok(()),
+                Event::Error(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Answers 16 kHz mono `audio` with speech. `sink` returning false stops the pipeline
     /// (generation is cancelled); the stats so far are returned with `cancelled` set.
     pub fn converse(
@@ -152,12 +178,7 @@ impl Voice<'_> {
             return Ok(st);
         }
 
-        let system = o.system.as_deref().unwrap_or(DEFAULT_SYSTEM);
-        let mut messages = Vec::new();
-        if !system.trim().is_empty() {
-            messages.push(Message::new("system", system));
-        }
-        messages.push(Message::new("user", st.transcript.clone()));
+        let messages = conversation(o, &st.transcript);
         let (tx, rx) = mpsc::channel();
         let hold = Arc::new(AtomicBool::new(false));
         self.llm
@@ -293,6 +314,17 @@ impl Voice<'_> {
     }
 }
 
+/// The system prompt of `o` (or [`DEFAULT_SYSTEM`]) and the user's words.
+fn conversation(o: &VoiceOptions, user: &str) -> Vec<Message> {
+    let system = o.system.as_deref().unwrap_or(DEFAULT_SYSTEM);
+    let mut messages = Vec::new();
+    if !system.trim().is_empty() {
+        messages.push(Message::new("system", system));
+    }
+    messages.push(Message::new("user", user));
+    messages
+}
+
 /// Silence kept before the reply's first sound, in ms.
 const LEAD_KEEP_MS: f64 = 50.0;
 
@@ -351,8 +383,10 @@ pub struct SentenceStream {
 /// Words the first clause needs before a comma may end it.
 const CLAUSE_MIN_WORDS: usize = 4;
 
-/// Words the first phrase needs before the word that starts the next one.
-const PHRASE_MIN_WORDS: usize = 3;
+/// Words the first phrase needs before the word that starts the next one (as many as a
+/// clause: a shorter piece sounds clipped, and costs Kokoro about as much today: "I'm glad"
+/// takes longer than "I'm glad you're happy", PL-BERT being slower on short inputs).
+const PHRASE_MIN_WORDS: usize = 4;
 
 /// Words a phrase starts with (conjunctions, relatives, prepositions): a place where a
 /// speaker may pause inside a sentence. "of" is not one ("a cup | of tea").
@@ -365,7 +399,7 @@ const PHRASE_STARTS: &[&str] = &[
 impl SentenceStream {
     /// `first_clause`: the first piece may end at a comma, semicolon or colon (followed by a
     /// space) after at least four words, or before a word of [`PHRASE_STARTS`] after at
-    /// least three ("I'm glad you're happy | with the way I've responded.").
+    /// least four ("I'm glad you're happy | with the way I've responded.").
     pub fn new(first_clause: bool) -> Self {
         SentenceStream {
             buf: String::new(),
@@ -558,10 +592,11 @@ mod tests {
                 ["I'm glad you're happy with the way I've responded."]
             );
         }
-        // Fewer than three words before it, a longer word that starts like one, a phrase
+        // Fewer than four words before it, a longer word that starts like one, a phrase
         // word with punctuation attached: no break.
         for text in [
             "I'm happy to help you today. Yes.",
+            "I'm so glad that it worked. Yes.",
             "It happened within the hour. Yes.",
             "I really think so. Yes.",
         ] {
