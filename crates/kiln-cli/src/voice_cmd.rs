@@ -166,13 +166,14 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
     if a.reps > 1 {
         let mean = |f: fn(&VoiceStats) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
         eprintln!(
-            "mean of {} runs: STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms (TTS {:.0} ms after the first sentence) | total {:.0} ms",
+            "mean of {} runs: STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms (TTS {:.0} ms after the first sentence) | first sound {:.0} ms | total {:.0} ms",
             runs.len(),
             mean(|s| s.stt_ms),
             mean(|s| s.ttft_ms),
             mean(|s| s.first_sentence_ms),
             mean(|s| s.first_audio_ms),
             mean(|s| s.first_audio_ms - s.first_sentence_ms),
+            mean(|s| s.first_sound_ms),
             mean(|s| s.total_ms),
         );
     } else {
@@ -190,12 +191,13 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
 
 fn latencies(st: &VoiceStats) -> String {
     format!(
-        "STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms (TTS {:.0} ms after the first sentence) | total {:.0} ms",
+        "STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms (TTS {:.0} ms after the first sentence) | first sound {:.0} ms | total {:.0} ms",
         st.stt_ms,
         st.ttft_ms,
         st.first_sentence_ms,
         st.first_audio_ms,
         st.first_audio_ms - st.first_sentence_ms,
+        st.first_sound_ms,
         st.total_ms
     )
 }

@@ -85,6 +85,9 @@ pub struct VoiceStats {
     pub first_sentence_ms: f64,
     /// First audio samples ready.
     pub first_audio_ms: f64,
+    /// When a listener playing the first samples at once hears the first sound: first audio
+    /// plus the silence the reply starts with.
+    pub first_sound_ms: f64,
     pub total_ms: f64,
     /// Seconds of speech produced.
     pub audio_s: f64,
@@ -291,6 +294,9 @@ impl Voice<'_> {
             let samples = trim_silence(samples, lead.take(), trail);
             if st.audio_s == 0.0 {
                 st.first_audio_ms = ms_since(turn.t0);
+                let lead = samples.iter().position(|v| v.abs() >= SILENCE);
+                let lead = lead.unwrap_or(samples.len()) as f64 / SAMPLE_RATE as f64;
+                st.first_sound_ms = st.first_audio_ms + lead * 1e3;
             }
             st.audio_s += samples.len() as f64 / SAMPLE_RATE as f64;
             listening = sink(VoiceEvent::Audio(samples));
