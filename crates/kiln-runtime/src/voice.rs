@@ -254,7 +254,7 @@ impl Voice<'_> {
     /// LLM on hold while the first one is synthesized; false when the caller stopped
     /// listening. The reply starts [`LEAD_KEEP_MS`] before its first sound, and a sentence cut
     /// into pieces pauses [`JOIN_PAUSE_MS`] between them (Kokoro frames every utterance with
-    /// ~0.25 s of silence before and ~0.5 s after: a sentence's pause, not a phrase's).
+    /// ~0.27 s of silence before and ~0.6-0.75 s after: a sentence's pause, not a phrase's).
     fn say(
         &self,
         piece: &str,
