@@ -59,8 +59,8 @@ pub struct VoiceArgs {
     /// Threads per model (default: all CPUs).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Speak whole sentences only (by default the first clause is spoken on its own, for
-    /// earlier first audio).
+    /// Speak whole sentences only (by default the first clause or phrase, four words at
+    /// least, is spoken on its own, for earlier first audio).
     #[arg(long)]
     pub whole_sentences: bool,
     /// End the first spoken piece after N words when no sentence or clause has ended by
