@@ -3,9 +3,10 @@
 //!
 //! The LLM runs on the engine thread while this thread synthesizes: sentence `n` is spoken
 //! while sentence `n + 1` is generated, except for the first piece: the listener waits for
-//! it, so the LLM (far ahead of speech) is on hold while it is synthesized. Whisper and Kokoro sit behind mutexes (one request
-//! at a time per model), held only for one transcription or one sentence. `kiln voice` and
-//! the server's `/v1/audio/chat` both call [`Voice::converse`].
+//! it, so the LLM (far ahead of speech) is on hold while it is synthesized. Whisper and
+//! Kokoro sit behind mutexes (one request at a time per model), held only for one
+//! transcription or one sentence. `kiln voice` and the server's `/v1/audio/chat` both call
+//! [`Voice::converse`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -202,7 +203,8 @@ impl Voice<'_> {
         let mut turn = Turn {
             t0,
             hold: &hold,
-            mid_sentence: false,
+            pieces: 0,
+            first_cut: false,
         };
         loop {
             let ev = rx.recv().map_err(|_| VoiceError::EngineStopped)?;
@@ -216,7 +218,9 @@ impl Voice<'_> {
                         st.cancelled = true;
                         break;
                     }
-                    split.push(&t)
+                    let done = split.push(&t);
+                    turn.first_cut = split.first_cut();
+                    done
                 }
                 Event::Done(c) => {
                     st.prompt_tokens = c.prompt_tokens;
@@ -263,6 +267,13 @@ impl Voice<'_> {
         st: &mut VoiceStats,
         sink: &mut dyn FnMut(VoiceEvent<'_>) -> bool,
     ) -> Result<bool, VoiceError> {
+        // The first piece cut inside its sentence: the pause after it is a comma's, and the
+        // second piece goes on after that pause.
+        let (cut, after_cut) = (
+            turn.pieces == 0 && turn.first_cut,
+            turn.pieces == 1 && turn.first_cut,
+        );
+        turn.pieces += 1;
         let text = speakable(piece);
         if !text.chars().any(char::is_alphanumeric) {
             return Ok(true);
@@ -278,16 +289,12 @@ impl Voice<'_> {
         let ms = |v: f64| (v * SAMPLE_RATE as f64 / 1e3) as usize;
         let mut lead = if st.sentences == 1 {
             Some(ms(LEAD_KEEP_MS))
-        } else if turn.mid_sentence {
+        } else if after_cut {
             Some(ms(JOIN_PAUSE_MS / 3.0))
         } else {
             None
         };
-        let ends_sentence = text
-            .trim_end_matches(['"', '\'', '’', '”', ')'])
-            .ends_with(['.', '!', '?', '…']);
-        let trail = (!ends_sentence).then(|| ms(JOIN_PAUSE_MS * 2.0 / 3.0));
-        turn.mid_sentence = !ends_sentence;
+        let trail = cut.then(|| ms(JOIN_PAUSE_MS * 2.0 / 3.0));
         let mut listening = true;
         turn.hold.store(st.sentences == 1, Ordering::Release);
         let res = lock(self.tts).speak(&text, false, &o.voice, o.speed, &mut |samples| {
@@ -359,8 +366,10 @@ struct Turn<'a> {
     t0: Instant,
     /// Set while the LLM should yield the cores.
     hold: &'a AtomicBool,
-    /// The last piece ended inside a sentence.
-    mid_sentence: bool,
+    /// Pieces handed to [`Voice::say`] so far.
+    pieces: usize,
+    /// The first piece ends inside its sentence ([`SentenceStream::first_cut`]).
+    first_cut: bool,
 }
 
 /// `s` without markdown emphasis, headings and code marks, and symbols the speech front end
@@ -384,6 +393,7 @@ pub struct SentenceStream {
     first_clause: bool,
     first_words: usize,
     emitted: usize,
+    first_cut: bool,
 }
 
 /// Words the first clause needs before a comma may end it.
@@ -412,6 +422,7 @@ impl SentenceStream {
             first_clause,
             first_words: 0,
             emitted: 0,
+            first_cut: false,
         }
     }
 
@@ -450,10 +461,17 @@ impl SentenceStream {
             if let Some(end) = end {
                 let piece: String = self.buf.drain(..end).collect();
                 out.push(piece.trim().to_string());
+                self.first_cut = true;
             }
         }
         self.emitted += out.len();
         out
+    }
+
+    /// Whether the first piece ended inside its sentence (at a clause, a phrase or the word
+    /// cap).
+    pub fn first_cut(&self) -> bool {
+        self.first_cut
     }
 
     pub fn finish(&mut self) -> Vec<String> {
@@ -634,6 +652,7 @@ mod tests {
         }
         got.extend(ss.finish());
         assert_eq!(got, ["I'm glad you're", "happy with it.", "Yes."]);
+        assert!(ss.first_cut());
         // A sentence that ends first wins.
         let (pushed, rest) = {
             let mut ss = SentenceStream::new(false).first_words(5);
@@ -641,6 +660,9 @@ mod tests {
         };
         assert_eq!(pushed, ["Hi there."]);
         assert_eq!(rest, ["How are you doing today?"]);
+        let mut ss = SentenceStream::new(false).first_words(5);
+        ss.push("Hi there. How are you doing today? ");
+        assert!(!ss.first_cut());
     }
 
     #[test]
