@@ -59,8 +59,8 @@ pub struct VoiceArgs {
     /// Threads per model (default: all CPUs).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Speak whole sentences only (by default the first clause is spoken on its own, for
-    /// earlier first audio).
+    /// Speak whole sentences only (by default the first clause or phrase, four words at
+    /// least, is spoken on its own, for earlier first audio).
     #[arg(long)]
     pub whole_sentences: bool,
     /// End the first spoken piece after N words when no sentence or clause has ended by
@@ -119,8 +119,9 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         a.voice,
         tts.voices().collect::<Vec<_>>().join(", ")
     );
-    // Warm both models once (first-call page faults and lazily packed layouts) so the first
-    // turn is timed like every later one.
+    // Warm Whisper and Kokoro once (first-call page faults and lazily packed layouts), and
+    // the LLM's prefix cache with the system prompt (below), so the first turn is timed like
+    // every later one.
     let mut quick = TranscribeOptions::default();
     quick.temperatures = vec![0.0];
     stt.transcribe(&audio.samples[..audio.samples.len().min(16_000)], &quick)
@@ -150,6 +151,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         first_clause: !a.whole_sentences,
         first_words: a.first_words,
     };
+    pipeline.warm_llm(&opts).context("warming up the LLM")?;
 
     let mut runs = Vec::new();
     for rep in 0..a.reps {
@@ -164,13 +166,14 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
     if a.reps > 1 {
         let mean = |f: fn(&VoiceStats) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
         eprintln!(
-            "mean of {} runs: STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms (TTS {:.0} ms after the first sentence) | total {:.0} ms",
+            "mean of {} runs: STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms (TTS {:.0} ms after the first sentence) | first sound {:.0} ms | total {:.0} ms",
             runs.len(),
             mean(|s| s.stt_ms),
             mean(|s| s.ttft_ms),
             mean(|s| s.first_sentence_ms),
             mean(|s| s.first_audio_ms),
             mean(|s| s.first_audio_ms - s.first_sentence_ms),
+            mean(|s| s.first_sound_ms),
             mean(|s| s.total_ms),
         );
     } else {
@@ -188,12 +191,13 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
 
 fn latencies(st: &VoiceStats) -> String {
     format!(
-        "STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms (TTS {:.0} ms after the first sentence) | total {:.0} ms",
+        "STT {:.0} ms | TTFT {:.0} ms | first sentence {:.0} ms | first audio {:.0} ms (TTS {:.0} ms after the first sentence) | first sound {:.0} ms | total {:.0} ms",
         st.stt_ms,
         st.ttft_ms,
         st.first_sentence_ms,
         st.first_audio_ms,
         st.first_audio_ms - st.first_sentence_ms,
+        st.first_sound_ms,
         st.total_ms
     )
 }

@@ -65,17 +65,20 @@ fn voice_turn_on_jfk() {
         .unwrap_or_else(|| panic!("no reply line: {so}"));
     assert!(reply.chars().any(char::is_alphabetic), "empty reply: {so}");
 
-    // The stages happen in order: STT, first token, first audio, the end.
-    let (stt, ttft, first, total) = (
+    // The stages happen in order: STT, first token, first audio, the end; the reply starts
+    // with at most 50 ms of silence.
+    let (stt, ttft, first, sound, total) = (
         ms(&se, "STT"),
         ms(&se, "TTFT"),
         ms(&se, "first audio"),
+        ms(&se, "first sound"),
         ms(&se, "total"),
     );
     assert!(
         0.0 < stt && stt <= ttft && ttft <= first && first <= total,
         "{se}"
     );
+    assert!(first <= sound && sound <= first + 51.0, "{se}");
 
     let b = std::fs::read(&wav).unwrap();
     assert_eq!(&b[..4], b"RIFF");

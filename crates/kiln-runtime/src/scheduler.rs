@@ -7,7 +7,8 @@
 //! [`Llama::forward_batch`]. Each sequence has its own KV cache slot, sampler and stop
 //! strings. A finished sequence leaves its tokens in its slot: the next request whose
 //! prompt starts the same way (system prompt, earlier turns) reuses that prefix (prefix
-//! cache). A request whose receiver is gone frees its slot before the next step.
+//! cache). A request whose receiver is gone frees its slot before the next step; one on
+//! hold ([`EventSink::held`]) sits the steps out until it is released.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -52,6 +53,9 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// How often an engine whose every request is on hold looks again.
+const HOLD_POLL: Duration = Duration::from_millis(1);
+
 /// What to generate after.
 #[derive(Debug, Clone)]
 pub enum Prompt {
@@ -90,6 +94,12 @@ pub trait EventSink: Send {
     fn send(&mut self, e: Event) -> bool;
     /// Whether the receiver is gone (checked before every step).
     fn closed(&self) -> bool;
+    /// Whether the request is on hold: while true it is left out of the steps (its slot and
+    /// cache stay; the other requests go on), so its consumer gets the cores (checked
+    /// before every step).
+    fn held(&self) -> bool {
+        false
+    }
 }
 
 impl EventSink for Sender<Event> {
@@ -337,6 +347,16 @@ impl<'m, B: Backend> Engine<'m, B> {
                 return;
             }
             let res = catch_unwind(AssertUnwindSafe(|| self.step()));
+            if matches!(res, Ok(false)) && open {
+                // Every running request is on hold: wait for a new one or a release.
+                match rx.recv_timeout(HOLD_POLL) {
+                    Ok(req) => self.admit(req),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => open = false,
+                }
+            } else if matches!(res, Ok(false)) {
+                std::thread::sleep(HOLD_POLL);
+            }
             if res.is_err() {
                 // A bug, not bad input: fail the running requests, keep serving.
                 for i in 0..self.slots.len() {
@@ -441,8 +461,8 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 
     /// One batched forward: every decoding sequence's next token and prompt chunks of the
-    /// prefilling ones; then sampling.
-    fn step(&mut self) {
+    /// prefilling ones, requests on hold left out; then sampling. False when nothing ran.
+    fn step(&mut self) -> bool {
         for i in 0..self.slots.len() {
             if self.slots[i].seq.as_ref().is_some_and(|s| s.sink.closed()) {
                 self.release(i);
@@ -452,9 +472,14 @@ impl<'m, B: Backend> Engine<'m, B> {
         // Rows of this step: (slot, start, len) into the slot's pending tokens.
         let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.slots.len());
         let mut budget = self.chunk;
+        let held: Vec<bool> = self
+            .slots
+            .iter()
+            .map(|s| s.seq.as_ref().is_some_and(|q| q.sink.held()))
+            .collect();
         for (i, s) in self.slots.iter().enumerate() {
             if let Some(seq) = &s.seq {
-                if seq.next.is_some() {
+                if seq.next.is_some() && !held[i] {
                     plan.push((i, 0, 1));
                 }
             }
@@ -466,7 +491,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             .enumerate()
             .filter_map(|(i, s)| {
                 let seq = s.seq.as_ref()?;
-                (seq.next.is_none()).then_some((seq.t0, i))
+                (seq.next.is_none() && !held[i]).then_some((seq.t0, i))
             })
             .collect();
         pre.sort();
@@ -482,7 +507,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             plan.push((i, at, n));
         }
         if plan.is_empty() {
-            return;
+            return false;
         }
         plan.sort_by_key(|p| p.0);
 
@@ -532,7 +557,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                     );
                     self.slots[i].tokens.clear();
                 }
-                return;
+                return true;
             }
         };
         let vocab = llm.model.cfg.vocab_size;
@@ -566,6 +591,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 self.finish(i, f);
             }
         }
+        true
     }
 
     /// Ends slot `i`'s request: the held-back text, then `Done`.

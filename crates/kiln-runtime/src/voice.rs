@@ -2,11 +2,14 @@
 //! the [`Scheduler`] -> Kokoro speech out, sentence by sentence as the reply's text arrives.
 //!
 //! The LLM runs on the engine thread while this thread synthesizes: sentence `n` is spoken
-//! while sentence `n + 1` is generated. Whisper and Kokoro sit behind mutexes (one request
-//! at a time per model), held only for one transcription or one sentence. `kiln voice` and
-//! the server's `/v1/audio/chat` both call [`Voice::converse`].
+//! while sentence `n + 1` is generated, except for the first piece: the listener waits for
+//! it, so the LLM (far ahead of speech) is on hold while it is synthesized. Whisper and
+//! Kokoro sit behind mutexes (one request at a time per model), held only for one
+//! transcription or one sentence. `kiln voice` and the server's `/v1/audio/chat` both call
+//! [`Voice::converse`].
 
-use std::sync::{mpsc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use kiln_backend::cpu::CpuBackend;
@@ -15,7 +18,7 @@ use kiln_text::Message;
 use thiserror::Error;
 
 use crate::llm::{GenerateOptions, RuntimeError};
-use crate::scheduler::{Event, Prompt, Request, Scheduler, SubmitError};
+use crate::scheduler::{Event, EventSink, Prompt, Request, Scheduler, SubmitError};
 use crate::tts::{Tts, TtsError, SAMPLE_RATE};
 use crate::whisper::{Stt, TranscribeOptions, WhisperError};
 
@@ -50,8 +53,9 @@ pub struct VoiceOptions {
     pub speed: f32,
     pub generate: GenerateOptions,
     pub transcribe: TranscribeOptions,
-    /// Speak the reply's first clause (up to a comma after a few words) on its own, so the
-    /// first audio comes sooner.
+    /// Speak the reply's first clause or phrase on its own, so the first audio comes sooner:
+    /// the first piece ends at a comma after a few words, or before a word that starts a
+    /// phrase ("with", "and", "because", ...; see [`SentenceStream::new`]).
     pub first_clause: bool,
     /// When > 0, the first piece also ends after this many words (at a word boundary) if no
     /// sentence or clause has ended by then: earlier first audio, at the cost of a pause
@@ -82,6 +86,9 @@ pub struct VoiceStats {
     pub first_sentence_ms: f64,
     /// First audio samples ready.
     pub first_audio_ms: f64,
+    /// When a listener playing the first samples at once hears the first sound: first audio
+    /// plus the silence the reply starts with.
+    pub first_sound_ms: f64,
     pub total_ms: f64,
     /// Seconds of speech produced.
     pub audio_s: f64,
@@ -104,11 +111,56 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The reply's events, and a hold the pipeline sets while the LLM should yield the cores.
+/// The pipeline gone (its end of `hold` dropped) closes the request.
+struct ReplySink {
+    tx: mpsc::Sender<Event>,
+    hold: Arc<AtomicBool>,
+}
+
+impl EventSink for ReplySink {
+    fn send(&mut self, e: Event) -> bool {
+        self.tx.send(e).is_ok()
+    }
+    fn closed(&self) -> bool {
+        Arc::strong_count(&self.hold) == 1
+    }
+    fn held(&self) -> bool {
+        self.hold.load(Ordering::Acquire)
+    }
+}
+
 fn ms_since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1e3
 }
 
 impl Voice<'_> {
+    /// Prefills the system prompt of `o` (one token generated and dropped), so that turns
+    /// find it in the scheduler's prefix cache and the first is timed like the later ones.
+    pub fn warm_llm(&self, o: &VoiceOptions) -> Result<(), VoiceError> {
+        let (tx, rx) = mpsc::channel();
+        self.llm
+            .submit(Request {
+                prompt: Prompt::Chat(conversation(o, "Hello.")),
+                opts: GenerateOptions {
+                    max_tokens: 1,
+                    ..o.generate.clone()
+                },
+                sink: Box::new(tx),
+            })
+            .map_err(|e| match e {
+                SubmitError::QueueFull => VoiceError::QueueFull,
+                SubmitError::Stopped => VoiceError::EngineStopped,
+            })?;
+        loop {
+            match rx.recv().map_err(|_| VoiceError::EngineStopped)? {
+                Event::Text(_) => {}
+                Event::Done(_) => return Ok(()),
+                Event::Error(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Answers 16 kHz mono `audio` with speech. `sink` returning false stops the pipeline
     /// (generation is cancelled); the stats so far are returned with `cancelled` set.
     pub fn converse(
@@ -130,18 +182,17 @@ impl Voice<'_> {
             return Ok(st);
         }
 
-        let system = o.system.as_deref().unwrap_or(DEFAULT_SYSTEM);
-        let mut messages = Vec::new();
-        if !system.trim().is_empty() {
-            messages.push(Message::new("system", system));
-        }
-        messages.push(Message::new("user", st.transcript.clone()));
+        let messages = conversation(o, &st.transcript);
         let (tx, rx) = mpsc::channel();
+        let hold = Arc::new(AtomicBool::new(false));
         self.llm
             .submit(Request {
                 prompt: Prompt::Chat(messages),
                 opts: o.generate.clone(),
-                sink: Box::new(tx),
+                sink: Box::new(ReplySink {
+                    tx,
+                    hold: hold.clone(),
+                }),
             })
             .map_err(|e| match e {
                 SubmitError::QueueFull => VoiceError::QueueFull,
@@ -149,6 +200,12 @@ impl Voice<'_> {
             })?;
 
         let mut split = SentenceStream::new(o.first_clause).first_words(o.first_words);
+        let mut turn = Turn {
+            t0,
+            hold: &hold,
+            pieces: 0,
+            first_cut: false,
+        };
         loop {
             let ev = rx.recv().map_err(|_| VoiceError::EngineStopped)?;
             let done = match ev {
@@ -161,14 +218,16 @@ impl Voice<'_> {
                         st.cancelled = true;
                         break;
                     }
-                    split.push(&t)
+                    let done = split.push(&t);
+                    turn.first_cut = split.first_cut();
+                    done
                 }
                 Event::Done(c) => {
                     st.prompt_tokens = c.prompt_tokens;
                     st.completion_tokens = c.completion_tokens;
                     let rest = split.finish();
                     for s in &rest {
-                        if !self.say(s, o, t0, &mut st, sink)? {
+                        if !self.say(s, o, &mut turn, &mut st, sink)? {
                             break;
                         }
                     }
@@ -178,7 +237,7 @@ impl Voice<'_> {
             };
             let mut go_on = true;
             for s in &done {
-                go_on = self.say(s, o, t0, &mut st, sink)?;
+                go_on = self.say(s, o, &mut turn, &mut st, sink)?;
                 if !go_on {
                     break;
                 }
@@ -187,38 +246,64 @@ impl Voice<'_> {
                 break;
             }
         }
-        // Dropping `rx` cancels a generation still running (a sink that left).
+        // Dropping `hold` cancels a generation still running (a sink that left).
+        drop(hold);
         drop(rx);
         st.reply = st.reply.trim().to_string();
         st.total_ms = ms_since(t0);
         Ok(st)
     }
 
-    /// Speaks one sentence into `sink`; false when the caller stopped listening.
+    /// Speaks one piece (a sentence, or the first clause or phrase of one) into `sink`, the
+    /// LLM on hold while the first one is synthesized; false when the caller stopped
+    /// listening. The reply starts [`LEAD_KEEP_MS`] before its first sound, and a sentence cut
+    /// into pieces pauses [`JOIN_PAUSE_MS`] between them (Kokoro frames every utterance with
+    /// ~0.27 s of silence before and ~0.6-0.75 s after: a sentence's pause, not a phrase's).
     fn say(
         &self,
-        sentence: &str,
+        piece: &str,
         o: &VoiceOptions,
-        t0: Instant,
+        turn: &mut Turn<'_>,
         st: &mut VoiceStats,
         sink: &mut dyn FnMut(VoiceEvent<'_>) -> bool,
     ) -> Result<bool, VoiceError> {
-        let text = speakable(sentence);
+        // The first piece cut inside its sentence: the pause after it is a comma's, and the
+        // second piece goes on after that pause.
+        let (cut, after_cut) = (
+            turn.pieces == 0 && turn.first_cut,
+            turn.pieces == 1 && turn.first_cut,
+        );
+        turn.pieces += 1;
+        let text = speakable(piece);
         if !text.chars().any(char::is_alphanumeric) {
             return Ok(true);
         }
         if st.sentences == 0 {
-            st.first_sentence_ms = ms_since(t0);
+            st.first_sentence_ms = ms_since(turn.t0);
         }
         st.sentences += 1;
         if !sink(VoiceEvent::Sentence(&text)) {
             st.cancelled = true;
             return Ok(false);
         }
+        let ms = |v: f64| (v * SAMPLE_RATE as f64 / 1e3) as usize;
+        let mut lead = if st.sentences == 1 {
+            Some(ms(LEAD_KEEP_MS))
+        } else if after_cut {
+            Some(ms(JOIN_PAUSE_MS / 3.0))
+        } else {
+            None
+        };
+        let trail = cut.then(|| ms(JOIN_PAUSE_MS * 2.0 / 3.0));
         let mut listening = true;
+        turn.hold.store(st.sentences == 1, Ordering::Release);
         let res = lock(self.tts).speak(&text, false, &o.voice, o.speed, &mut |samples| {
+            let samples = trim_silence(samples, lead.take(), trail);
             if st.audio_s == 0.0 {
-                st.first_audio_ms = ms_since(t0);
+                st.first_audio_ms = ms_since(turn.t0);
+                let lead = samples.iter().position(|v| v.abs() >= SILENCE);
+                let lead = lead.unwrap_or(samples.len()) as f64 / SAMPLE_RATE as f64;
+                st.first_sound_ms = st.first_audio_ms + lead * 1e3;
             }
             st.audio_s += samples.len() as f64 / SAMPLE_RATE as f64;
             listening = sink(VoiceEvent::Audio(samples));
@@ -228,6 +313,7 @@ impl Voice<'_> {
                 Err(std::io::Error::other("the listener left"))
             }
         });
+        turn.hold.store(false, Ordering::Release);
         match res {
             Ok(_) => Ok(true),
             Err(_) if !listening => {
@@ -239,6 +325,51 @@ impl Voice<'_> {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// The system prompt of `o` (or [`DEFAULT_SYSTEM`]) and the user's words.
+fn conversation(o: &VoiceOptions, user: &str) -> Vec<Message> {
+    let system = o.system.as_deref().unwrap_or(DEFAULT_SYSTEM);
+    let mut messages = Vec::new();
+    if !system.trim().is_empty() {
+        messages.push(Message::new("system", system));
+    }
+    messages.push(Message::new("user", user));
+    messages
+}
+
+/// Silence kept before the reply's first sound, in ms.
+const LEAD_KEEP_MS: f64 = 50.0;
+
+/// The pause between the pieces of one sentence, in ms (two thirds after the first piece,
+/// one third before the next): a comma's.
+const JOIN_PAUSE_MS: f64 = 150.0;
+
+/// Below this amplitude (-50 dBFS) a sample is silence.
+const SILENCE: f32 = 0.003;
+
+/// `x` with the silence before its first sound cut to `lead` samples and after its last
+/// sound to `trail` (None: kept as is). All silence: `x` unchanged.
+fn trim_silence(x: &[f32], lead: Option<usize>, trail: Option<usize>) -> &[f32] {
+    let loud = |v: &f32| v.abs() >= SILENCE;
+    let (Some(first), Some(last)) = (x.iter().position(loud), x.iter().rposition(loud)) else {
+        return x;
+    };
+    let a = lead.map_or(0, |k| first.saturating_sub(k));
+    let b = trail.map_or(x.len(), |k| (last + 1 + k).min(x.len()));
+    &x[a..b]
+}
+
+/// One turn's state while its pieces are spoken.
+struct Turn<'a> {
+    /// When the audio was handed over.
+    t0: Instant,
+    /// Set while the LLM should yield the cores.
+    hold: &'a AtomicBool,
+    /// Pieces handed to [`Voice::say`] so far.
+    pieces: usize,
+    /// The first piece ends inside its sentence ([`SentenceStream::first_cut`]).
+    first_cut: bool,
 }
 
 /// `s` without markdown emphasis, headings and code marks, and symbols the speech front end
@@ -262,20 +393,36 @@ pub struct SentenceStream {
     first_clause: bool,
     first_words: usize,
     emitted: usize,
+    first_cut: bool,
 }
 
 /// Words the first clause needs before a comma may end it.
 const CLAUSE_MIN_WORDS: usize = 4;
 
+/// Words the first phrase needs before the word that starts the next one (as many as a
+/// clause: a shorter piece sounds clipped, and costs Kokoro about as much today: "I'm glad"
+/// takes longer than "I'm glad you're happy", PL-BERT being slower on short inputs).
+const PHRASE_MIN_WORDS: usize = 4;
+
+/// Words a phrase starts with (conjunctions, relatives, prepositions): a place where a
+/// speaker may pause inside a sentence. "of" is not one ("a cup | of tea").
+const PHRASE_STARTS: &[&str] = &[
+    "about", "after", "although", "and", "as", "at", "because", "before", "but", "by", "for",
+    "from", "if", "in", "on", "or", "since", "so", "than", "that", "though", "to", "unless",
+    "until", "when", "where", "which", "while", "who", "with",
+];
+
 impl SentenceStream {
     /// `first_clause`: the first piece may end at a comma, semicolon or colon (followed by a
-    /// space) after at least four words.
+    /// space) after at least four words, or before a word of [`PHRASE_STARTS`] after at
+    /// least four ("I'm glad you're happy | with the way I've responded.").
     pub fn new(first_clause: bool) -> Self {
         SentenceStream {
             buf: String::new(),
             first_clause,
             first_words: 0,
             emitted: 0,
+            first_cut: false,
         }
     }
 
@@ -305,15 +452,26 @@ impl SentenceStream {
             }
         }
         if self.emitted == 0 && out.is_empty() {
-            let clause = self.first_clause.then(|| clause_end(&self.buf)).flatten();
+            let clause = match (clause_end(&self.buf), phrase_end(&self.buf)) {
+                _ if !self.first_clause => None,
+                (Some(c), Some(p)) => Some(c.min(p)),
+                (c, p) => c.or(p),
+            };
             let end = clause.or_else(|| words_end(&self.buf, self.first_words));
             if let Some(end) = end {
                 let piece: String = self.buf.drain(..end).collect();
                 out.push(piece.trim().to_string());
+                self.first_cut = true;
             }
         }
         self.emitted += out.len();
         out
+    }
+
+    /// Whether the first piece ended inside its sentence (at a clause, a phrase or the word
+    /// cap).
+    pub fn first_cut(&self) -> bool {
+        self.first_cut
     }
 
     pub fn finish(&mut self) -> Vec<String> {
@@ -331,6 +489,32 @@ fn clause_end(s: &str) -> Option<usize> {
         let ends = matches!(b[i], b',' | b';' | b':') && b[i + 1].is_ascii_whitespace();
         (ends && s[..i].split_whitespace().count() >= CLAUSE_MIN_WORDS).then_some(i + 1)
     })
+}
+
+/// Byte offset of the first word of [`PHRASE_STARTS`] that has at least
+/// [`PHRASE_MIN_WORDS`] words before it, once that word is complete (the space after it has
+/// arrived; a word with punctuation attached starts no phrase).
+fn phrase_end(s: &str) -> Option<usize> {
+    let mut words = 0;
+    let mut at = 0;
+    for w in s.split_inclusive(char::is_whitespace) {
+        let word = w.trim_end();
+        let start = at;
+        at += w.len();
+        if word.is_empty() {
+            continue;
+        }
+        let bare = word.trim_end_matches(|c: char| c.is_ascii_punctuation());
+        let complete = w.len() > word.len() && bare.len() == word.len();
+        if words >= PHRASE_MIN_WORDS
+            && complete
+            && PHRASE_STARTS.contains(&bare.to_lowercase().as_str())
+        {
+            return Some(start);
+        }
+        words += 1;
+    }
+    None
 }
 
 /// Byte offset of the whitespace after the `n`-th word, when a word follows it (n > 0).
@@ -411,8 +595,43 @@ mod tests {
         );
         assert_eq!(rest, ["It is big, old, and lovely."]);
         // Numbers with commas are not clauses.
-        let (pushed, _) = stream("It costs 1,000 dollars and more. Yes.", 1, true);
-        assert_eq!(pushed, ["It costs 1,000 dollars and more."]);
+        let (pushed, _) = stream("It costs 1,000 dollars today. Yes.", 1, true);
+        assert_eq!(pushed, ["It costs 1,000 dollars today."]);
+    }
+
+    #[test]
+    fn first_phrase_before_a_phrase_word() {
+        let text = "I'm glad you're happy with the way I've responded. I'm happy to help.";
+        for n in [1, 4, 9] {
+            let (pushed, rest) = stream(text, n, true);
+            assert_eq!(
+                pushed,
+                ["I'm glad you're happy", "with the way I've responded."],
+                "pieces of {n}"
+            );
+            assert_eq!(rest, ["I'm happy to help."], "pieces of {n}");
+            let (pushed, _) = stream(text, n, false);
+            assert_eq!(
+                pushed,
+                ["I'm glad you're happy with the way I've responded."]
+            );
+        }
+        // Fewer than four words before it, a longer word that starts like one, a phrase
+        // word with punctuation attached: no break.
+        for text in [
+            "I'm happy to help you today. Yes.",
+            "I'm so glad that it worked. Yes.",
+            "It happened within the hour. Yes.",
+            "I really think so. Yes.",
+        ] {
+            let (pushed, _) = stream(text, 1, true);
+            assert_eq!(pushed, [text.trim_end_matches(" Yes.")], "{text}");
+        }
+        // Whichever boundary comes first ends the piece.
+        let (pushed, _) = stream("Yes, that is right, and I agree with you", 100, true);
+        assert_eq!(pushed, ["Yes, that is right,"]);
+        let (pushed, _) = stream("We can go there with you, and then home", 100, true);
+        assert_eq!(pushed, ["We can go there"]);
     }
 
     #[test]
@@ -433,6 +652,7 @@ mod tests {
         }
         got.extend(ss.finish());
         assert_eq!(got, ["I'm glad you're", "happy with it.", "Yes."]);
+        assert!(ss.first_cut());
         // A sentence that ends first wins.
         let (pushed, rest) = {
             let mut ss = SentenceStream::new(false).first_words(5);
@@ -440,6 +660,21 @@ mod tests {
         };
         assert_eq!(pushed, ["Hi there."]);
         assert_eq!(rest, ["How are you doing today?"]);
+        let mut ss = SentenceStream::new(false).first_words(5);
+        ss.push("Hi there. How are you doing today? ");
+        assert!(!ss.first_cut());
+    }
+
+    #[test]
+    fn silence_trimmed_to_the_margins() {
+        let mut x = vec![0.0f32; 100];
+        x[40] = 0.5;
+        x[45] = -0.2;
+        x[50] = 0.001; // below the threshold
+        assert_eq!(trim_silence(&x, Some(10), Some(5)), &x[30..51]);
+        assert_eq!(trim_silence(&x, None, Some(0)), &x[..46]);
+        assert_eq!(trim_silence(&x, Some(100), None), &x[..]);
+        assert_eq!(trim_silence(&x[..40], Some(0), Some(0)), &x[..40]);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! temperature 0 (and at temperature 0.9 with a seed) every request of a batch gets exactly
 //! the tokens `LlmSession::generate` gives it alone, whether it joins with the others, later,
 //! or with a prompt prefilled over several steps; the prefix cache reuses a shared start;
-//! a dropped receiver frees its slot; a full queue and bad prompts are refused cleanly.
+//! a dropped receiver frees its slot; a held request waits while the others run; a full
+//! queue and bad prompts are refused cleanly.
 
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Mutex, MutexGuard};
@@ -328,4 +329,58 @@ fn a_request_past_its_timeout_ends() {
     // The slot is free again.
     let (_, c2) = collect(&submit(&s, long, opts(2, SamplerConfig::greedy())));
     assert_eq!(c2.completion_tokens, 2);
+}
+
+/// A sink on hold while `hold` is set.
+struct Holding {
+    tx: std::sync::mpsc::Sender<Event>,
+    hold: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+impl EventSink for Holding {
+    fn send(&mut self, e: Event) -> bool {
+        self.tx.send(e).is_ok()
+    }
+    fn closed(&self) -> bool {
+        false
+    }
+    fn held(&self) -> bool {
+        self.hold.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_held_request_waits_and_the_others_go_on() {
+    let _g = serial();
+    let llm = load().unwrap();
+    let o = opts(12, SamplerConfig::greedy());
+    let prompt = |q: &str| {
+        llm.tokenize(&llm.render_chat(&chat(q)).unwrap(), false)
+            .unwrap()
+    };
+    let (want, _) = alone(&llm, &prompt(QUESTIONS[0]), &o);
+    drop(llm);
+    let s = scheduler(2, 128);
+    let hold = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (tx, held_rx) = channel();
+    s.submit(Request {
+        prompt: Prompt::Chat(chat(QUESTIONS[0])),
+        opts: o.clone(),
+        sink: Box::new(Holding {
+            tx,
+            hold: hold.clone(),
+        }),
+    })
+    .unwrap();
+    // Another request runs to its end meanwhile; the held one has not started.
+    let (_, c) = collect(&submit(&s, Prompt::Chat(chat(QUESTIONS[1])), o.clone()));
+    assert_eq!(c.completion_tokens, 12);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        held_rx.try_recv().is_err(),
+        "a held request produced output"
+    );
+    // Released, it gets what it gets alone.
+    hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (_, c) = collect(&held_rx);
+    assert_eq!(c.tokens, want);
 }
