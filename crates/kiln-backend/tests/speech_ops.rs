@@ -145,7 +145,7 @@ fn fp16_matmul_prefill_and_decode_match_naive() {
     }
 }
 
-/// Weights marked `prefer_batches` (AMX bf16 tiles from 32 rows of x where the CPU has them,
+/// Weights marked `prefer_batches` (AMX bf16 tiles from AMX_MIN_ROWS rows of x where the CPU has them,
 /// the usual kernels below that or without AMX): store with bias, residual add, three jobs.
 #[test]
 fn batched_weights_match_naive() {
@@ -155,6 +155,7 @@ fn batched_weights_match_naive() {
         (64, 240, 100),
         (17, 1152, 64),
         (50, 384, 9),
+        (50, 384, 7),
         (96, 64, 1),
     ] {
         let w = vec_of(rows * cols, &mut seed, 1.0);
@@ -166,7 +167,7 @@ fn batched_weights_match_naive() {
                 .map(|i| wr[r * cols + i] as f64 * x[t * cols + i] as f64)
                 .sum()
         };
-        let tiles = n >= 32 && amx::available();
+        let tiles = n >= kiln_backend::cpu::AMX_MIN_ROWS && amx::available();
         // bf16 inputs: 2^-9 relative per operand, random signs over cols terms.
         let tol = if tiles {
             4e-3 * (cols as f64).sqrt()

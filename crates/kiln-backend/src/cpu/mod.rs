@@ -7,6 +7,10 @@
 pub mod kernels;
 pub mod membw;
 mod ops;
+
+/// From this many rows of x, products over weights marked [`Backend::prefer_batches`] run on
+/// AMX bf16 tiles where the CPU has them.
+pub const AMX_MIN_ROWS: usize = ops::matmul_amx::MIN_ROWS;
 mod par;
 
 use std::sync::Mutex;
