@@ -460,6 +460,26 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn embed_positions(
+        &self,
+        table: &CpuWeight,
+        pos0: usize,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        if pos0 + n > table.rows {
+            return Err(BackendError::TokenOutOfRange {
+                id: (pos0 + n - 1) as u32,
+                vocab: table.rows,
+            });
+        }
+        let cols = out.cols;
+        for t in 0..n {
+            table.dequant_row(pos0 + t, &mut out.data[t * cols..(t + 1) * cols]);
+        }
+        Ok(())
+    }
+
     fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32, n: usize, out: &mut CpuTensor) {
         ops::norm::rms_norm(x, w, eps, n, out)
     }

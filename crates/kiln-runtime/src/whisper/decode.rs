@@ -355,7 +355,7 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
         // When timestamps are together more likely than any text token, take a timestamp.
         // (log_softmax's values, computed only where they are read.)
         let lse = log_sum_exp(logits);
-        let ts_lp = log_sum_exp(&logits[tb..].iter().map(|&v| v - lse).collect::<Vec<_>>());
+        let ts_lp = log_sum_exp_shifted(&logits[tb..], lse);
         let max_text = logits[..tb]
             .iter()
             .map(|&v| v - lse)
@@ -422,11 +422,20 @@ fn top_k(l: &[f32], k: usize) -> Vec<u32> {
 }
 
 pub fn log_sum_exp(x: &[f32]) -> f32 {
-    let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    log_sum_exp_shifted(x, 0.0)
+}
+
+/// log_sum_exp of the values `v - shift` (computed as the caller would store them, so the
+/// result is bit for bit that of the shifted vector), without making that vector.
+fn log_sum_exp_shifted(x: &[f32], shift: f32) -> f32 {
+    let max = x
+        .iter()
+        .map(|&v| v - shift)
+        .fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
         return max;
     }
-    let s: f64 = x.iter().map(|&v| ((v - max) as f64).exp()).sum();
+    let s: f64 = x.iter().map(|&v| ((v - shift - max) as f64).exp()).sum();
     max + s.ln() as f32
 }
 
