@@ -279,7 +279,20 @@ fn disconnects_free_slots_and_bad_requests_are_refused() {
             e => panic!("expected an error, got {e:?}"),
         }
     }
-    // The queue holds two waiting requests: a third is refused.
+    // The queue holds two waiting requests: a third is refused. The slot is taken first (its
+    // request has produced text), so all three wait whatever the engine thread's timing.
+    let blocker = submit(
+        &s,
+        Prompt::Text("Count to a thousand:".into()),
+        long.clone(),
+    );
+    match blocker
+        .recv_timeout(Duration::from_secs(120))
+        .expect("event")
+    {
+        Event::Text(_) => {}
+        e => panic!("expected text, got {e:?}"),
+    }
     let busy: Vec<_> = (0..3)
         .map(|_| {
             let (tx, rx) = channel();
@@ -296,6 +309,7 @@ fn disconnects_free_slots_and_bad_requests_are_refused() {
         .filter(|(r, _)| *r == Err(SubmitError::QueueFull))
         .count();
     assert!(refused >= 1, "a full queue must refuse");
+    collect(&blocker);
     for (r, rx) in &busy {
         if r.is_ok() {
             collect(rx);
