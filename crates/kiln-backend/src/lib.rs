@@ -488,6 +488,44 @@ pub trait Backend {
         self.rope(k, rope, kv_heads, pos0, n);
         self.kv_store(cache, layer, k, v, pos0, n);
     }
+    /// out += W x, as [`Backend::matmul_add`], where the caller's next op RMS-normalises
+    /// `out` with `next_norm` (weights, eps) for a product: a backend may prepare that op's
+    /// input here.
+    fn matmul_add_before_norm(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        n: usize,
+        out: &mut Self::Tensor,
+        next_norm: (&Self::Tensor, f32),
+    ) {
+        let _ = next_norm;
+        self.matmul_add(w, x, n, out);
+    }
+    /// [`Backend::qk_norm_rope_store`] for `shape`'s tokens, then [`Backend::attention`] of
+    /// the new q over the cache -> out: one call, so that a backend may fuse the two. q and
+    /// k may be left as they came or as qk_norm_rope_store leaves them; only `out` and the
+    /// cache are the result.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope_attention(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        v: &Self::Tensor,
+        qk_norm: Option<(&Self::Tensor, &Self::Tensor, f32)>,
+        rope: &RopeConfig,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        shape: AttnShape,
+        out: &mut Self::Tensor,
+    ) {
+        let (heads, kv_heads) = (shape.n_heads, shape.n_kv_heads);
+        let (pos0, n) = (shape.pos0, shape.n_tokens);
+        self.qk_norm_rope_store(
+            q, k, v, qk_norm, rope, heads, kv_heads, cache, layer, pos0, n,
+        );
+        self.attention(q, cache, layer, shape, out);
+    }
     /// Index of the largest of the first `cols` values of each of the first `n` rows (the
     /// first such index on ties): greedy sampling without copying logits to the host.
     fn argmax_rows(&self, x: &Self::Tensor, n: usize, cols: usize) -> Vec<u32> {

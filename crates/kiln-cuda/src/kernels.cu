@@ -145,17 +145,21 @@ __device__ __forceinline__ XQ xq_layout(const u8* base, int cols, int ntok) {
     return x;
 }
 
-// Adds block b of row r of m, dotted with the activations of ntok tokens, to acc.
+// Adds block b of row r of m, dotted with the activations of ntok tokens, to acc. F is the
+// matrix's format when the launch fixes it (the other formats' code then drops out), or -1:
+// m.fmt's.
+template <int F, int NT>
 __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, const XQ& x,
                                           int ntok, float* acc) {
+    const int fmt = F >= 0 ? F : m.fmt;
     const int nb = cols / 32;
     const size_t blk = (size_t)r * nb + b;
-    if (m.fmt == FMT_Q8_0) {
+    if (fmt == FMT_Q8_0) {
         const uint4 wa = __ldg((const uint4*)m.q + 2 * blk);
         const uint4 wb = __ldg((const uint4*)m.q + 2 * blk + 1);
         const float ws = h2f(__ldg((const u16*)m.s + blk));
 #pragma unroll
-        for (int t = 0; t < MAX_TOK; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t >= ntok) break;
             const uint4* xq = (const uint4*)(x.q + (size_t)t * (cols / 4) + b * 8);
             const uint4 xa = xq[0], xb = xq[1];
@@ -179,7 +183,7 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
     u32 hi4[4] = {(w4.x >> 4) & 0x0f0f0f0fu, (w4.y >> 4) & 0x0f0f0f0fu,
                   (w4.z >> 4) & 0x0f0f0f0fu, (w4.w >> 4) & 0x0f0f0f0fu};
     float s_lo, s_hi, m_lo, m_hi;
-    switch (m.fmt) {
+    switch (fmt) {
     case FMT_Q4_0: {
         const float d = h2f(__ldg((const u16*)m.s + blk));
         s_lo = s_hi = d;
@@ -218,7 +222,7 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
     }
     }
 #pragma unroll
-    for (int t = 0; t < MAX_TOK; t++) {
+    for (int t = 0; t < NT; t++) {
         if (t >= ntok) break;
         const uint4* xq = (const uint4*)(x.q + (size_t)t * (cols / 4) + b * 8);
         const uint4 xa = xq[0], xb = xq[1];
@@ -239,25 +243,26 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
 // Partial dots of NR consecutive rows r.. of m with the activations of ntok tokens: lane
 // `lane` of k-part `part` (of kw) takes blocks part * 32 + lane, stepping 32 * kw. The NR
 // rows' loads are independent, so a lane has NR of them in flight.
-template <int NR>
+template <int NR, int F, int NT>
 __device__ __forceinline__ void rows_dot(const Mat& m, int r, int cols, const XQ& x, int ntok,
                                          const float* xf, const float* norm_w, int part, int kw,
-                                         float (*acc)[MAX_TOK]) {
+                                         float (*acc)[NT]) {
     const int lane = threadIdx.x & 31;
     const int nb = cols / 32;
 #pragma unroll
     for (int i = 0; i < NR; i++)
 #pragma unroll
-        for (int t = 0; t < MAX_TOK; t++) acc[i][t] = 0.0f;
-    if (m.fmt == FMT_F32 || m.fmt == FMT_F16) {
+        for (int t = 0; t < NT; t++) acc[i][t] = 0.0f;
+    const int fmt = F >= 0 ? F : m.fmt;
+    if (fmt == FMT_F32 || fmt == FMT_F16) {
         for (int c = part * 32 + lane; c < cols; c += 32 * kw) {
             const float nw = norm_w ? norm_w[c] : 1.0f;
 #pragma unroll
             for (int i = 0; i < NR; i++) {
                 const size_t o = (size_t)(r + i) * cols + c;
-                const float w = m.fmt == FMT_F32 ? ((const float*)m.q)[o] : h2f(((const u16*)m.q)[o]);
+                const float w = fmt == FMT_F32 ? ((const float*)m.q)[o] : h2f(((const u16*)m.q)[o]);
 #pragma unroll
-                for (int t = 0; t < MAX_TOK; t++)
+                for (int t = 0; t < NT; t++)
                     if (t < ntok) acc[i][t] += w * (xf[(size_t)t * cols + c] * x.inv[t] * nw);
             }
         }
@@ -265,7 +270,7 @@ __device__ __forceinline__ void rows_dot(const Mat& m, int r, int cols, const XQ
     }
     for (int b = part * 32 + lane; b < nb; b += 32 * kw) {
 #pragma unroll
-        for (int i = 0; i < NR; i++) block_dot(m, r + i, b, cols, x, ntok, acc[i]);
+        for (int i = 0; i < NR; i++) block_dot<F, NT>(m, r + i, b, cols, x, ntok, acc[i]);
     }
 }
 
@@ -357,30 +362,30 @@ __device__ __forceinline__ size_t row_bytes(int fmt, int cols) {
 // A block has WARPS warps: WARPS / kw row groups of nr consecutive rows, each group's k
 // range split over kw warps (partial sums meet in shared memory). Every matrix's rows are
 // a multiple of nr (the host picks nr so), so no group straddles two matrices.
-template <int NR>
+template <int NR, int F, int NT>
 __device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int cols, int ntok,
                             const float* norm_w, int mode, int kw) {
-    __shared__ float red[WARPS][2 * NR][MAX_TOK];
+    __shared__ float red[WARPS][2 * NR][NT];
     const XQ xq = xq_layout(xqb, cols, ntok);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = warp / kw, part = warp % kw;
     const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
     const int row = (blockIdx.x * (WARPS / kw) + slot) * NR;
     const bool live = row < total;
-    float acc[2 * NR][MAX_TOK];
+    float acc[2 * NR][NT];
     Mat m = ms.m[0];
     int rr = row;
     if (live) {
         if (mode == MODE_GATE_UP) {
-            rows_dot<NR>(ms.m[0], row, cols, xq, ntok, x, norm_w, part, kw, acc);
-            rows_dot<NR>(ms.m[1], row, cols, xq, ntok, x, norm_w, part, kw, acc + NR);
+            rows_dot<NR, F, NT>(ms.m[0], row, cols, xq, ntok, x, norm_w, part, kw, acc);
+            rows_dot<NR, F, NT>(ms.m[1], row, cols, xq, ntok, x, norm_w, part, kw, acc + NR);
         } else {
             const int mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
             // A copy by value: a run-time index into the parameter array would move it
             // (and everything indexed with it) to local memory.
             m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
             rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
-            rows_dot<NR>(m, rr, cols, xq, ntok, x, norm_w, part, kw, acc);
+            rows_dot<NR, F, NT>(m, rr, cols, xq, ntok, x, norm_w, part, kw, acc);
         }
     }
     const int nacc = mode == MODE_GATE_UP ? 2 * NR : NR;
@@ -388,7 +393,7 @@ __device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int c
     for (int i = 0; i < 2 * NR; i++) {
         if (i >= nacc) break;
 #pragma unroll
-        for (int t = 0; t < MAX_TOK; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t >= ntok) break;
             float v = live ? warp_sum(acc[i][t]) : 0.0f;
             if (kw > 1 && lane == 0) red[warp][i][t] = v;
@@ -402,7 +407,7 @@ __device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int c
         for (int i = 0; i < 2 * NR; i++) {
             if (i >= nacc) break;
 #pragma unroll
-            for (int t = 0; t < MAX_TOK; t++) {
+            for (int t = 0; t < NT; t++) {
                 if (t >= ntok) break;
                 float v = 0.0f;
                 for (int p = 0; p < kw; p++) v += red[warp + p][i][t];
@@ -414,7 +419,7 @@ __device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int c
 #pragma unroll
     for (int i = 0; i < NR; i++) {
 #pragma unroll
-        for (int t = 0; t < MAX_TOK; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t >= ntok) break;
             if (mode == MODE_GATE_UP) {
                 ms.m[0].out[(size_t)t * ms.m[0].ld_out + row + i] = silu(acc[i][t]) * acc[NR + i][t];
@@ -428,16 +433,18 @@ __device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int c
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * WARPS)
-    matvec(Mats ms, const float* x, const u8* xqb, int cols, int ntok, const float* norm_w,
-           int mode, int nr, int kw) {
-    pdl_begin();
+// The matvec launch, NR rows a warp group and room for NT tokens (1: decode; MAX_TOK):
+// `prefetch` (with programmatic dependent launch) fetches the warp's weights into L2 while
+// the previous kernel finishes.
+template <int F, int NR, int NT>
+__device__ __forceinline__ void matvec_entry(const Mats& ms, const float* x, const u8* xqb,
+                                             int cols, int ntok, const float* norm_w, int mode,
+                                             int kw, int prefetch) {
     pdl_trigger();
-    // The weights this warp will read, fetched into L2 while the previous kernel finishes.
-    {
+    if (prefetch) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
-        const int row = (blockIdx.x * (WARPS / kw) + warp / kw) * nr;
+        const int row = (blockIdx.x * (WARPS / kw) + warp / kw) * NR;
         if (row < total) {
             const int nm = mode == MODE_GATE_UP ? 2 : 1;
             for (int j = 0; j < nm; j++) {
@@ -449,17 +456,318 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
                 const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
                 const size_t rb = row_bytes(m.fmt, cols);
                 const u8* base = m.q + (size_t)rr * rb;
-                for (size_t o = (size_t)((warp % kw) * 32 + lane) * 128; o < rb * nr;
+                for (size_t o = (size_t)((warp % kw) * 32 + lane) * 128; o < rb * NR;
                      o += (size_t)kw * 32 * 128)
                     prefetch_l2(base + o);
             }
         }
     }
     pdl_wait();
-    if (nr == 4) matvec_impl<4>(ms, x, xqb, cols, ntok, norm_w, mode, kw);
-    else if (nr == 2) matvec_impl<2>(ms, x, xqb, cols, ntok, norm_w, mode, kw);
-    else matvec_impl<1>(ms, x, xqb, cols, ntok, norm_w, mode, kw);
+    matvec_impl<NR, F, NT>(ms, x, xqb, cols, ntok, norm_w, mode, kw);
 }
+
+// matvec_<format>_<NR>_<NT>: `any` reads each matrix's format at run time (any mix); a
+// format's own kernels serve launches whose matrices all have it, with only its code
+// (fewer registers, more warps a multiprocessor). lib.rs's matvec_kernel names them.
+#define MATVEC1(NAME, F, NR, NT)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS)                                 \
+        matvec_##NAME##_##NR##_##NT(Mats ms, const float* x, const u8* xqb, int cols,         \
+                                    int ntok, const float* norm_w, int mode, int kw,         \
+                                    int prefetch) {                                           \
+        matvec_entry<F, NR, NT>(ms, x, xqb, cols, ntok, norm_w, mode, kw, prefetch);         \
+    }
+#define MATVEC(NAME, F)         \
+    MATVEC1(NAME, F, 1, 1)      \
+    MATVEC1(NAME, F, 2, 1)      \
+    MATVEC1(NAME, F, 1, 4)      \
+    MATVEC1(NAME, F, 2, 4)
+static_assert(MAX_TOK == 4, "the matvec kernels' names say 4 tokens");
+MATVEC(any, -1)
+MATVEC(q4_0, FMT_Q4_0)
+MATVEC(q4_1, FMT_Q4_1)
+MATVEC(q8_0, FMT_Q8_0)
+MATVEC(q4_k, FMT_Q4_K)
+MATVEC(q6_k, FMT_Q6_K)
+
+// ---- decode products: one token -------------------------------------------------------
+//
+// A block's weights are loaded first, before the wait on the previous kernel (programmatic
+// dependent launch), so their trip from DRAM overlaps that kernel's end; the activations
+// come quantized (quant_act, attn_combine, or the producing product's epilogue below).
+
+#define MVD_PRE 2
+
+// One 32-value block of a packed row, as loaded (the format decides which fields hold what).
+struct WBlk {
+    uint4 q;  // 4-bit values (Q8_0: the first 16 bytes)
+    uint4 r;  // Q8_0: the last 16 bytes; Q4_K: the super-block header; Q6_K: x, y high bits
+    u32 s;    // Q4_0/Q8_0: f16 scale; Q4_1: f16 (d, m); Q6_K: the u32 holding the two scales
+    u32 s2;   // Q6_K: the u32 holding the super-block's f16 d
+};
+
+template <int F>
+__device__ __forceinline__ WBlk wblk_load(const Mat& m, int r, int b, int nb) {
+    const int fmt = F >= 0 ? F : m.fmt;
+    const size_t blk = (size_t)r * nb + b;
+    WBlk w;
+    w.r = make_uint4(0, 0, 0, 0);
+    w.s = w.s2 = 0;
+    if (fmt == FMT_Q8_0) {
+        w.q = __ldg((const uint4*)m.q + 2 * blk);
+        w.r = __ldg((const uint4*)m.q + 2 * blk + 1);
+        w.s = __ldg((const u16*)m.s + blk);
+        return w;
+    }
+    w.q = __ldg((const uint4*)m.q + blk);
+    switch (fmt) {
+    case FMT_Q4_0: w.s = __ldg((const u16*)m.s + blk); break;
+    case FMT_Q4_1: w.s = __ldg((const u32*)m.s + blk); break;
+    case FMT_Q4_K: w.r = __ldg((const uint4*)(m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16)); break;
+    default: {  // FMT_Q6_K
+        const uint2 h = __ldg((const uint2*)m.s + blk);
+        w.r.x = h.x;
+        w.r.y = h.y;
+        const u8* rec = m.s2 + ((size_t)r * (nb / 8) + b / 8) * Q6K_REC;
+        w.s = __ldg((const u32*)(rec + 4 * ((b % 8) / 2)));
+        w.s2 = __ldg((const u32*)(rec + 16));
+        break;
+    }
+    }
+    return w;
+}
+
+// Byte i (0..11) of a Q4_K header's packed scales (the uint4's y, z, w words).
+__device__ __forceinline__ int q4k_byte(const uint4& h, int i) {
+    const u32 word = i < 4 ? h.y : (i < 8 ? h.z : h.w);
+    return (int)((word >> (8 * (i % 4))) & 0xff);
+}
+
+// Block b of a row (loaded as w) dotted with the block-quantized activations in shared
+// memory (q: 8 ints a block; d: a scale a block; sum: two half sums a block).
+template <int F>
+__device__ __forceinline__ float wblk_dot(const WBlk& w, int fmt_rt, int b, const int* xq,
+                                          const float* xd, const short* xs) {
+    const int fmt = F >= 0 ? F : fmt_rt;
+    const uint4 xa = *(const uint4*)(xq + b * 8), xb = *(const uint4*)(xq + b * 8 + 4);
+    if (fmt == FMT_Q8_0) {
+        int a = dp4a_ss((int)w.q.x, (int)xa.x, 0);
+        a = dp4a_ss((int)w.q.y, (int)xa.y, a);
+        a = dp4a_ss((int)w.q.z, (int)xa.z, a);
+        a = dp4a_ss((int)w.q.w, (int)xa.w, a);
+        a = dp4a_ss((int)w.r.x, (int)xb.x, a);
+        a = dp4a_ss((int)w.r.y, (int)xb.y, a);
+        a = dp4a_ss((int)w.r.z, (int)xb.z, a);
+        a = dp4a_ss((int)w.r.w, (int)xb.w, a);
+        return h2f((u16)w.s) * xd[b] * (float)a;
+    }
+    u32 lo4[4] = {w.q.x & 0x0f0f0f0fu, w.q.y & 0x0f0f0f0fu, w.q.z & 0x0f0f0f0fu,
+                  w.q.w & 0x0f0f0f0fu};
+    u32 hi4[4] = {(w.q.x >> 4) & 0x0f0f0f0fu, (w.q.y >> 4) & 0x0f0f0f0fu,
+                  (w.q.z >> 4) & 0x0f0f0f0fu, (w.q.w >> 4) & 0x0f0f0f0fu};
+    float s_lo, s_hi, m_lo, m_hi;
+    switch (fmt) {
+    case FMT_Q4_0: {
+        const float d = h2f((u16)w.s);
+        s_lo = s_hi = d;
+        m_lo = m_hi = -8.0f * d;
+        break;
+    }
+    case FMT_Q4_1:
+        s_lo = s_hi = h2f((u16)(w.s & 0xffff));
+        m_lo = m_hi = h2f((u16)(w.s >> 16));
+        break;
+    case FMT_Q4_K: {
+        const float d = h2f((u16)(w.r.x & 0xffff)), dmin = h2f((u16)(w.r.x >> 16));
+        const int j = b % 8;
+        int sc, mn;
+        if (j < 4) {
+            sc = q4k_byte(w.r, j) & 63;
+            mn = q4k_byte(w.r, j + 4) & 63;
+        } else {
+            sc = (q4k_byte(w.r, j + 4) & 0x0f) | ((q4k_byte(w.r, j - 4) >> 6) << 4);
+            mn = (q4k_byte(w.r, j + 4) >> 4) | ((q4k_byte(w.r, j) >> 6) << 4);
+        }
+        s_lo = s_hi = d * (float)sc;
+        m_lo = m_hi = -dmin * (float)mn;
+        break;
+    }
+    default: {  // FMT_Q6_K
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo4[i] |= spread2(w.r.x >> (8 * i));
+            hi4[i] |= spread2(w.r.y >> (8 * i));
+        }
+        const float d = h2f((u16)(w.s2 & 0xffff));
+        const int sh = 16 * ((b % 8) % 2);
+        s_lo = d * (float)(i8)((w.s >> sh) & 0xff);
+        s_hi = d * (float)(i8)((w.s >> (sh + 8)) & 0xff);
+        m_lo = -32.0f * s_lo;
+        m_hi = -32.0f * s_hi;
+        break;
+    }
+    }
+    int a = dp4a_us(lo4[0], (int)xa.x, 0);
+    a = dp4a_us(lo4[1], (int)xa.y, a);
+    a = dp4a_us(lo4[2], (int)xa.z, a);
+    a = dp4a_us(lo4[3], (int)xa.w, a);
+    int c = dp4a_us(hi4[0], (int)xb.x, 0);
+    c = dp4a_us(hi4[1], (int)xb.y, c);
+    c = dp4a_us(hi4[2], (int)xb.z, c);
+    c = dp4a_us(hi4[3], (int)xb.w, c);
+    const float s0 = (float)xs[2 * b], s1 = (float)xs[2 * b + 1];
+    return xd[b] * (s_lo * (float)a + m_lo * s0 + s_hi * (float)c + m_hi * s1);
+}
+
+// Where a decode product's epilogue writes its output rows quantized, for the next product
+// (only with ROWS = 4: a block's 8 warps x 4 rows are one 32-value block of the output):
+// q, d and sums for one token of `total` values (xq_layout), each block's 32 values times
+// norm_w (the next RMSNorm's weights, or none), and their sum of squares added into *ss
+// (zeroed at the step's start) so that the next product applies the 1 / rms itself.
+struct QOut {
+    u8* xq;
+    const float* norm_w;
+    float* ss;
+};
+
+// The decode product: out = W x (+ bias), out += W x, or out = silu(W0 x) * (W1 x) for one
+// token of quantized activations xqb (cols values), times 1 / rms(x) when ss_in holds x's
+// sum of squares (an RMSNorm whose weights are already in xqb's values). Each warp takes
+// ROWS consecutive rows, WARPS / kw warp groups a block, a row's blocks split over kw warps;
+// a lane's first MVD_PRE blocks of each of its rows are loaded before anything else.
+template <int F, int ROWS>
+__device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const float* ss_in,
+                                float eps, int mode, int kw, const QOut& qo) {
+    __shared__ float red[WARPS][2 * ROWS];
+    __shared__ float outv[WARPS * ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = warp / kw, part = warp % kw;
+    const int nb = cols / 32;
+    const bool gu = mode == MODE_GATE_UP;
+    const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
+    const int row = (blockIdx.x * (WARPS / kw) + slot) * ROWS;
+    const bool live = row < total;
+    // The rows' matrix, by value (see matvec_impl); a warp's rows never straddle two.
+    int mi = 0, rr = row;
+    if (!gu) {
+        mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
+        rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+    }
+    const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+    const Mat m1 = ms.m[1];
+    WBlk w0[ROWS][MVD_PRE], w1[ROWS][MVD_PRE];
+    pdl_trigger();
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < MVD_PRE; i++) {
+            const int b = part * 32 + lane + i * 32 * kw;
+            if (b < nb) {
+#pragma unroll
+                for (int j = 0; j < ROWS; j++) {
+                    w0[j][i] = wblk_load<F>(m, rr + j, b, nb);
+                    if (gu) w1[j][i] = wblk_load<F>(m1, rr + j, b, nb);
+                }
+            }
+        }
+    }
+    pdl_wait();
+    const XQ g = xq_layout(xqb, cols, 1);
+    float a0[ROWS], a1[ROWS];
+#pragma unroll
+    for (int j = 0; j < ROWS; j++) a0[j] = a1[j] = 0.0f;
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < MVD_PRE; i++) {
+            const int b = part * 32 + lane + i * 32 * kw;
+            if (b < nb) {
+#pragma unroll
+                for (int j = 0; j < ROWS; j++) {
+                    a0[j] += wblk_dot<F>(w0[j][i], m.fmt, b, g.q, g.d, g.sum);
+                    if (gu) a1[j] += wblk_dot<F>(w1[j][i], m1.fmt, b, g.q, g.d, g.sum);
+                }
+            }
+        }
+        for (int b = part * 32 + lane + MVD_PRE * 32 * kw; b < nb; b += 32 * kw) {
+#pragma unroll
+            for (int j = 0; j < ROWS; j++) {
+                a0[j] += wblk_dot<F>(wblk_load<F>(m, rr + j, b, nb), m.fmt, b, g.q, g.d, g.sum);
+                if (gu)
+                    a1[j] += wblk_dot<F>(wblk_load<F>(m1, rr + j, b, nb), m1.fmt, b, g.q, g.d,
+                                         g.sum);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ROWS; j++) {
+        a0[j] = warp_sum(a0[j]);
+        if (gu) a1[j] = warp_sum(a1[j]);
+    }
+    if (kw > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < ROWS; j++) {
+                red[warp][j] = a0[j];
+                red[warp][ROWS + j] = a1[j];
+            }
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int j = 0; j < ROWS; j++) {
+            a0[j] = a1[j] = 0.0f;
+            for (int p = 0; p < kw; p++) {
+                a0[j] += red[warp + p][j];
+                a1[j] += red[warp + p][ROWS + j];
+            }
+        }
+    }
+    const float r = ss_in ? rsqrtf(*ss_in / (float)cols + eps) : 1.0f;
+    if (live && lane == 0) {
+#pragma unroll
+        for (int j = 0; j < ROWS; j++) {
+            float v;
+            if (gu) {
+                v = silu(a0[j] * r) * (a1[j] * r);
+                ms.m[0].out[row + j] = v;
+            } else {
+                float* o = m.out + rr + j;
+                v = a0[j] * r + (m.bias ? m.bias[rr + j] : 0.0f);
+                if (mode == MODE_ADD) v += *o;
+                *o = v;
+            }
+            outv[warp * ROWS + j] = v;
+        }
+    }
+    if (ROWS != 4 || !qo.xq) return;
+    __syncthreads();
+    if (warp != 0) return;
+    // The block's 32 output values as quant_act would quantize them (times the next norm's
+    // weights; the 1 / rms is the next product's).
+    const int b = blockIdx.x;
+    const int c = b * 32 + lane;
+    const float v = outv[lane];
+    i8* q = (i8*)qo.xq;
+    float* d = (float*)(qo.xq + total);
+    short* sum = (short*)(d + total / 32);
+    quant_block(v * (qo.norm_w ? qo.norm_w[c] : 1.0f), b, lane, q, d, sum);
+    if (qo.ss) {
+        const float s2 = warp_sum(v * v);
+        if (lane == 0) atomicAdd(qo.ss, s2);
+    }
+}
+
+#define MATVEC_DEC1(NAME, F, ROWS)                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS)                                 \
+        matvec_dec_##NAME##_##ROWS(Mats ms, const u8* xqb, int cols, const float* ss_in,      \
+                                   float eps, int mode, int kw, QOut qo) {                    \
+        matvec_dec_impl<F, ROWS>(ms, xqb, cols, ss_in, eps, mode, kw, qo);                    \
+    }
+#define MATVEC_DEC(NAME, F) MATVEC_DEC1(NAME, F, 1) MATVEC_DEC1(NAME, F, 4)
+MATVEC_DEC(any, -1)
+MATVEC_DEC(q4_0, FMT_Q4_0)
+MATVEC_DEC(q4_1, FMT_Q4_1)
+MATVEC_DEC(q8_0, FMT_Q8_0)
+MATVEC_DEC(q4_k, FMT_Q4_K)
+MATVEC_DEC(q6_k, FMT_Q6_K)
 
 // Value c of row r of a packed matrix.
 __device__ float packed_value(const Mat& m, int r, int cols, int c) {
@@ -508,6 +816,7 @@ extern "C" __global__ void embed(Mat m, int cols, const u32* params, float* out)
 
 // out[t] = row params[0] + t of m (rows by position; params[0] is the step's pos0).
 extern "C" __global__ void embed_pos(Mat m, int cols, const u32* params, float* out) {
+    pdl_begin();
     const int t = blockIdx.y;
     const int row = (int)params[0] + t;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
@@ -624,7 +933,42 @@ extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const f
 
 #define ATT_WARPS 4
 #define ATT_WCHUNK 32
+#define ATT_TILE 64
+#define ATT_KU 4
 #define MAX_GROUP 8
+
+// EPL consecutive f16 values of row r from dimension lane * EPL (zeros past hd), by the
+// widest loads their alignment allows.
+template <typename T, bool NC>
+__device__ __forceinline__ T ld(const T* p) {
+    return NC ? __ldg(p) : *p;
+}
+
+// (NC: through the read-only path, for data no thread of the kernel writes.)
+template <int EPL, bool NC>
+__device__ __forceinline__ void load_row_h(const u16* r, int lane, int hd, float* out) {
+    const int d0 = lane * EPL;
+    if (EPL % 4 == 0 && d0 + EPL <= hd) {
+#pragma unroll
+        for (int e = 0; e < EPL; e += 4) {
+            const uint2 v = ld<uint2, NC>((const uint2*)(r + d0 + e));
+            out[e] = h2f((u16)(v.x & 0xffff));
+            out[e + 1] = h2f((u16)(v.x >> 16));
+            out[e + 2] = h2f((u16)(v.y & 0xffff));
+            out[e + 3] = h2f((u16)(v.y >> 16));
+        }
+    } else if (EPL % 2 == 0 && d0 + EPL <= hd) {
+#pragma unroll
+        for (int e = 0; e < EPL; e += 2) {
+            const u32 v = ld<u32, NC>((const u32*)(r + d0 + e));
+            out[e] = h2f((u16)(v & 0xffff));
+            out[e + 1] = h2f((u16)(v >> 16));
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) out[e] = d0 + e < hd ? h2f(ld<u16, NC>(r + d0 + e)) : 0.0f;
+    }
+}
 
 // grid (kv_heads, splits, ntok); each warp of a block owns ATT_WCHUNK consecutive keys and
 // every query head of its kv head. A lane scores one key against the query heads (q from
@@ -733,13 +1077,237 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
     }
 }
 
-// One entry point per EPL (head_dim / 32, rounded up); lib.rs picks attn_split_<EPL>.
-#define ATTN_SPLIT(E)                                                                     \
-    extern "C" __global__ void attn_split_##E(const float* q, const u16* kc, const u16* vc, \
-                                              int n_ctx, int heads, int kv_heads, int hd,   \
-                                              float scale, const u32* params, float* pa,    \
-                                              float* pml) {                                 \
-        attn_split_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);  \
+// What the decode attention (attn_dec_<EPL>) does first, for its one token: the per-head
+// RMSNorm (norm weights or null) and RoPE of q and of the new key, and the new key and
+// value stored into the cache (q and k themselves are left as they are).
+struct DecHeads {
+    const float* k;        // the new key rows (kv_heads * hd)
+    const float* v;        // the new value rows
+    const float* q_norm;   // per-head RMSNorm weights (hd) or null
+    const float* k_norm;
+    float eps;
+    const float* inv_freq;  // rope_dims / 2 values
+    int rope_dims;
+    int neox;
+};
+
+// Row x (hd values) normalised (norm_w, or not when null) and rotated for position pos
+// into out (shared memory; tmp: hd more), by one warp: `heads`' arithmetic, value for value.
+__device__ void head_norm_rope(const float* x, float* out, int hd, const float* norm_w,
+                               float eps, const DecHeads& dh, int pos, float* tmp) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int e = lane; e < hd; e += 32) ss += x[e] * x[e];
+    const float r = norm_w ? rsqrtf(warp_sum(ss) / (float)hd + eps) : 1.0f;
+    for (int e = lane; e < hd; e += 32) tmp[e] = norm_w ? x[e] * r * norm_w[e] : x[e];
+    __syncwarp();
+    for (int e = lane; e < hd; e += 32) {
+        float v = tmp[e];
+        if (e < dh.rope_dims) {
+            const int half = dh.rope_dims / 2;
+            int fi, partner;
+            float sign;
+            if (dh.neox) {
+                fi = e < half ? e : e - half;
+                partner = e < half ? e + half : e - half;
+                sign = e < half ? -1.0f : 1.0f;
+            } else {
+                fi = e / 2;
+                partner = e ^ 1;
+                sign = (e & 1) ? 1.0f : -1.0f;
+            }
+            float sn, cs;
+            sincosf((float)pos * dh.inv_freq[fi], &sn, &cs);
+            v = v * cs + sign * tmp[partner] * sn;
+        }
+        out[e] = v;
+    }
+    __syncwarp();
+}
+
+// The decode attention of one token: grid (kv_heads, splits), ATT_WARPS warps a block,
+// the heads' work (DecHeads) first. Split s of S takes keys [s * c, (s + 1) * c) of the
+// len = pos0 + 1 visible ones (c = len / S rounded up), so a
+// recorded grid spreads whatever length the step has over all its blocks. Keys go in tiles
+// of ATT_TILE: the warps score them (lanes split the head dimension, ATT_KU keys' rows in
+// flight at once, one warp sum per key and query head), one warp per query head takes the
+// softmax step over the tile, then the warps accumulate p * V rows (lanes split the head
+// dimension again). The warps' sums meet in shared memory; the block writes its softmax
+// partial (max, sum, weighted V) per query head for attn_combine.
+template <int EPL>
+__device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int heads,
+                              int kv_heads, int hd, float scale, const u32* params,
+                              float* part_acc, float* part_ml, const DecHeads& dh) {
+    __shared__ float sc[MAX_GROUP][ATT_TILE];
+    __shared__ float mls[MAX_GROUP][3];  // running max, running sum, this tile's correction
+    __shared__ float red[ATT_WARPS - 1][MAX_GROUP * EPL * 32];
+    pdl_begin();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kvh = blockIdx.x, split = blockIdx.y, n_split = gridDim.y, t = blockIdx.z;
+    const int g = heads / kv_heads;
+    const int len = (int)params[0] + t + 1;
+    const int c = (len + n_split - 1) / n_split;
+    const int k0 = split * c, k1 = min(len, k0 + c);
+    float qr[MAX_GROUP][EPL], acc[MAX_GROUP][EPL];
+    {
+        // q's rows and the new key, normalised and rotated, in the reduction buffer (free
+        // until the end; it holds (MAX_GROUP + 5) rows of 32 * EPL >= hd values), the split
+        // whose keys end at len storing the new key and value. q and k stay as they were:
+        // the other splits read q.
+        float* rows = &red[0][0];
+        float* tmp = rows + (MAX_GROUP + 1 + warp) * 32 * EPL;
+        const int pos = len - 1;
+        const bool owner = k1 > k0 && k1 == len;
+        for (int i = warp; i < g + (int)owner; i += ATT_WARPS) {
+            if (i < g)
+                head_norm_rope(q + ((size_t)kvh * g + i) * hd, rows + i * hd, hd, dh.q_norm,
+                               dh.eps, dh, pos, tmp);
+            else
+                head_norm_rope(dh.k + (size_t)kvh * hd, rows + g * hd, hd, dh.k_norm, dh.eps,
+                               dh, pos, tmp);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < MAX_GROUP; i++) {
+            if (i >= g) break;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                const int d = lane * EPL + e;
+                qr[i][e] = d < hd ? rows[i * hd + d] * scale : 0.0f;
+                acc[i][e] = 0.0f;
+            }
+        }
+        if (owner) {
+            const size_t at = ((size_t)kvh * n_ctx + pos) * hd;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                kc[at + d] = f2h(rows[g * hd + d]);
+                vc[at + d] = f2h(dh.v[(size_t)kvh * hd + d]);
+            }
+        }
+        // The rows are read and the new cache row is visible to the whole block.
+        __syncthreads();
+    }
+    if (threadIdx.x < MAX_GROUP) {
+        mls[threadIdx.x][0] = -KINF;
+        mls[threadIdx.x][1] = 0.0f;
+    }
+    const u16* kp = kc + (size_t)kvh * n_ctx * hd;
+    const u16* vp = vc + (size_t)kvh * n_ctx * hd;
+    for (int base = k0; base < k1; base += ATT_TILE) {
+        const int nk = min(ATT_TILE, k1 - base);
+        for (int j0 = warp; j0 < nk; j0 += ATT_KU * ATT_WARPS) {
+            float kf[ATT_KU][EPL];
+#pragma unroll
+            for (int u = 0; u < ATT_KU; u++) {
+                const int j = j0 + u * ATT_WARPS;
+                if (j < nk) load_row_h<EPL, false>(kp + (size_t)(base + j) * hd, lane, hd, kf[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_KU; u++) {
+                const int j = j0 + u * ATT_WARPS;
+                if (j >= nk) break;
+#pragma unroll
+                for (int i = 0; i < MAX_GROUP; i++) {
+                    if (i >= g) break;
+                    float p = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < EPL; e++) p += qr[i][e] * kf[u][e];
+                    p = warp_sum(p);
+                    if (lane == 0) sc[i][j] = p;
+                }
+            }
+        }
+        __syncthreads();
+        for (int i = warp; i < g; i += ATT_WARPS) {
+            const bool va = lane < nk, vb = lane + 32 < nk;
+            const float a = va ? sc[i][lane] : -KINF, b = vb ? sc[i][lane + 32] : -KINF;
+            const float mo = mls[i][0], lo = mls[i][1];
+            const float mn = fmaxf(mo, warp_max(fmaxf(a, b)));
+            const float pa = va ? expf(a - mn) : 0.0f, pb = vb ? expf(b - mn) : 0.0f;
+            if (va) sc[i][lane] = pa;
+            if (vb) sc[i][lane + 32] = pb;
+            const float sum = warp_sum(pa + pb);
+            if (lane == 0) {
+                const float cr = expf(mo - mn);
+                mls[i][0] = mn;
+                mls[i][1] = lo * cr + sum;
+                mls[i][2] = cr;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < MAX_GROUP; i++) {
+            if (i >= g) break;
+            const float cr = mls[i][2];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[i][e] *= cr;
+        }
+        for (int j0 = warp; j0 < nk; j0 += ATT_KU * ATT_WARPS) {
+            float vf[ATT_KU][EPL];
+#pragma unroll
+            for (int u = 0; u < ATT_KU; u++) {
+                const int j = j0 + u * ATT_WARPS;
+                if (j < nk) load_row_h<EPL, false>(vp + (size_t)(base + j) * hd, lane, hd, vf[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_KU; u++) {
+                const int j = j0 + u * ATT_WARPS;
+                if (j >= nk) break;
+#pragma unroll
+                for (int i = 0; i < MAX_GROUP; i++) {
+                    if (i >= g) break;
+                    const float p = sc[i][j];
+#pragma unroll
+                    for (int e = 0; e < EPL; e++) acc[i][e] += p * vf[u][e];
+                }
+            }
+        }
+        // The next tile rewrites the scores.
+        __syncthreads();
+    }
+    if (warp > 0) {
+#pragma unroll
+        for (int i = 0; i < MAX_GROUP; i++) {
+            if (i >= g) break;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) red[warp - 1][(i * EPL + e) * 32 + lane] = acc[i][e];
+        }
+    }
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < MAX_GROUP; i++) {
+        if (i >= g) break;
+        const size_t slot = ((size_t)t * heads + kvh * g + i) * n_split + split;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            float v = acc[i][e];
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS - 1; w++) v += red[w][(i * EPL + e) * 32 + lane];
+            const int d = lane * EPL + e;
+            if (d < hd) part_acc[slot * hd + d] = v;
+        }
+        if (lane == 0) {
+            part_ml[2 * slot] = mls[i][0];
+            part_ml[2 * slot + 1] = mls[i][1];
+        }
+    }
+}
+
+// One entry point per EPL (head_dim / 32, rounded up): lib.rs picks attn_split_<EPL>, or
+// for one token with its heads' work fused, attn_dec_<EPL> (grid (kv_heads, splits)).
+#define ATTN_SPLIT(E)                                                                        \
+    extern "C" __global__ void attn_split_##E(const float* q, const u16* kc, const u16* vc,  \
+                                              int n_ctx, int heads, int kv_heads, int hd,    \
+                                              float scale, const u32* params, float* pa,     \
+                                              float* pml) {                                  \
+        attn_split_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);   \
+    }                                                                                        \
+    extern "C" __global__ void attn_dec_##E(const float* q, u16* kc, u16* vc, int n_ctx,     \
+                                            int heads, int kv_heads, int hd, float scale,    \
+                                            const u32* params, float* pa, float* pml,        \
+                                            DecHeads dh) {                                   \
+        attn_dec_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml, dh); \
     }
 ATTN_SPLIT(1)
 ATTN_SPLIT(2)
@@ -915,6 +1483,7 @@ __device__ float block_sum(float v, float* red) {
 // the centred sum of squares (two passes, as the CPU backend).
 extern "C" __global__ void layer_norm(const float* x, const float* gamma, const float* beta,
                                       float eps, int cols, float* out) {
+    pdl_begin();
     __shared__ float red[32];
     const float* xr = x + (size_t)blockIdx.x * cols;
     float s = 0.0f;
@@ -932,6 +1501,7 @@ extern "C" __global__ void layer_norm(const float* x, const float* gamma, const 
 
 // x = x/2 * (1 + erf(x / sqrt(2))) in place.
 extern "C" __global__ void gelu(float* x, size_t n) {
+    pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
@@ -945,6 +1515,7 @@ extern "C" __global__ void gelu(float* x, size_t n) {
 extern "C" __global__ void __launch_bounds__(DQ)
 attn_dense_rows(const float* q, const float* k, const float* v, int heads, int n_q, int n_kv,
                 int causal, float scale, float* out) {
+    pdl_begin();
     constexpr int HD = 64;
     __shared__ float ks[DQ][HD + 1];
     __shared__ float vs[DQ][HD];
@@ -1013,6 +1584,7 @@ attn_dense_rows(const float* q, const float* k, const float* v, int heads, int n
 extern "C" __global__ void __launch_bounds__(FEW_THREADS)
 attn_dense_few(const float* q, const float* k, const float* v, int heads, int n_q, int n_kv,
                int causal, float scale, float* out) {
+    pdl_begin();
     constexpr int HD = 64;
     extern __shared__ float sc[];
     __shared__ float qs[HD];

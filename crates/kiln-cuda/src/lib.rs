@@ -48,6 +48,8 @@ const MAX_IDS: usize = 4096;
 /// Keys per attention warp and warps per block (kernels.cu ATT_WCHUNK, ATT_WARPS).
 const ATT_WCHUNK: usize = 32;
 const ATT_WARPS: usize = 4;
+/// Keys per decode attention split at a full cache, when that leaves the GPU enough blocks.
+const ATT_SPLIT_KEYS: usize = 16;
 /// Query heads per KV head the attention kernel holds (kernels.cu MAX_GROUP).
 const MAX_GROUP: usize = 8;
 
@@ -114,6 +116,29 @@ struct HeadGroup {
     rope: i32,
 }
 
+/// kernels.cu QOut: where a decode product writes its output quantized.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct QOut {
+    xq: u64,
+    norm_w: u64,
+    ss: u64,
+}
+
+/// kernels.cu DecHeads: the decode attention's own q/k norm, RoPE and cache store.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct DecHeads {
+    k: u64,
+    v: u64,
+    q_norm: u64,
+    k_norm: u64,
+    eps: f32,
+    inv_freq: u64,
+    rope_dims: i32,
+    neox: i32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct HeadGroups {
@@ -154,7 +179,29 @@ struct Scratch {
     argmax: Option<DevBuf>,
     im2col: Option<DevBuf>,
     xq: Option<DevBuf>,
+    /// The other activation buffer: a decode product writing its output quantized reads
+    /// its input from one and writes the other.
+    xq2: Option<DevBuf>,
 }
+
+/// Rows whose quantized form an activation buffer holds, written by the op that wrote the
+/// rows (attention's combine, a decode product's epilogue); taken by the next product.
+#[derive(Clone, Copy, PartialEq)]
+struct XqSrc {
+    /// The rows and their token count.
+    x: u64,
+    n: usize,
+    /// The RMSNorm weights the values were multiplied by (0: none), and where their sum of
+    /// squares is (0: the values are normalised already, or no norm).
+    norm: u64,
+    ss: u64,
+    /// The buffer.
+    xq: u64,
+}
+
+/// Sums of squares one step's decode products may accumulate (kernels.cu QOut), zeroed
+/// when the step starts.
+const SS_SLOTS: usize = 1024;
 
 fn ensure(slot: &mut Option<DevBuf>, bytes: usize) -> u64 {
     if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
@@ -182,9 +229,11 @@ pub struct CudaBackend {
     params: DevBuf,
     params_host: RefCell<Option<(u32, Vec<u32>)>>,
     recording: Cell<bool>,
-    /// (rows pointer, tokens) whose quantized form the activation buffer holds, when the
-    /// op that wrote the rows also quantized them (attention); taken by the next product.
-    xq_src: Cell<Option<(u64, usize)>>,
+    xq_src: Cell<Option<XqSrc>>,
+    /// Inside [`Backend::step`]: the sums of squares were zeroed, `ss_next` are taken.
+    in_step: Cell<bool>,
+    ss: DevBuf,
+    ss_next: Cell<usize>,
     graphs: RefCell<HashMap<u64, Graph>>,
     seen: RefCell<HashSet<u64>>,
     use_graphs: bool,
@@ -204,6 +253,26 @@ impl Drop for Blas {
         unsafe {
             let _ = cudarc::cublas::result::destroy_handle(self.0);
         }
+    }
+}
+
+/// The one format of a launch's matrices as kernels.cu's kernel names spell it, or `any` for
+/// a mix (or a float format).
+fn fmt_name(mats: &Mats, mode: i32) -> &'static str {
+    let n_used = if mode == MODE_GATE_UP {
+        2
+    } else {
+        mats.n_mats as usize
+    };
+    let fmt = mats.m[0].fmt;
+    match fmt {
+        _ if mats.m[..n_used].iter().any(|m| m.fmt != fmt) => "any",
+        pack::FMT_Q4_0 => "q4_0",
+        pack::FMT_Q4_1 => "q4_1",
+        pack::FMT_Q8_0 => "q8_0",
+        pack::FMT_Q4_K => "q4_k",
+        pack::FMT_Q6_K => "q6_k",
+        _ => "any",
     }
 }
 
@@ -237,6 +306,9 @@ impl CudaBackend {
             params_host: RefCell::new(None),
             recording: Cell::new(false),
             xq_src: Cell::new(None),
+            in_step: Cell::new(false),
+            ss: DevBuf::alloc(4 * SS_SLOTS),
+            ss_next: Cell::new(0),
             graphs: RefCell::default(),
             seen: RefCell::default(),
             use_graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
@@ -308,6 +380,7 @@ impl CudaBackend {
         n: usize,
         norm: Option<(&CudaTensor, f32)>,
         mode: i32,
+        qout: Option<u64>,
     ) {
         if n >= GEMM_MIN_TOKENS && self.blas.is_some() && !self.recording.get() {
             self.xq_src.set(None);
@@ -318,20 +391,117 @@ impl CudaBackend {
         } else {
             mats.row0[mats.n_mats as usize] as usize
         };
-        let (nr, kw) = self.matvec_shape(&mats, cols, total);
-        let blocks = total.div_ceil(WARPS / kw * nr) as u32;
-        let xq = {
+        let (xq_a, xq_b) = {
             let mut sc = self.scratch.borrow_mut();
-            let bytes = pack::xq_bytes(cols, MAX_TOK);
+            let bytes = pack::xq_bytes(cols.max(total), MAX_TOK);
             assert!(
-                !self.recording.get() || sc.xq.as_ref().is_some_and(|b| b.bytes >= bytes),
+                !self.recording.get()
+                    || [&sc.xq, &sc.xq2]
+                        .iter()
+                        .all(|b| b.as_ref().is_some_and(|b| b.bytes >= bytes)),
                 "activation buffer grown inside a recorded step"
             );
-            ensure(&mut sc.xq, bytes)
+            (ensure(&mut sc.xq, bytes), ensure(&mut sc.xq2, bytes))
         };
-        // Rows the attention just wrote already quantized (attn_combine) need no quant_act.
-        let pre_quantized = self.xq_src.take() == Some((x.0, n)) && norm.is_none() && n <= MAX_TOK;
+        let norm_w = norm.map_or(0u64, |(w, _)| w.buf.ptr);
+        let eps = norm.map_or(0f32, |(_, e)| e);
+        // Rows the previous op wrote already quantized (attn_combine, a decode product's
+        // epilogue) need no quant_act.
+        let src = self
+            .xq_src
+            .take()
+            .filter(|s| s.x == x.0 && s.n == n && s.norm == norm_w);
+        let quantized = |m: &Mat| m.fmt != FMT_F32 && m.fmt != FMT_F16;
+        let n_used = if mode == MODE_GATE_UP {
+            2
+        } else {
+            mats.n_mats as usize
+        };
+        if n == 1 && cols % 32 == 0 && mats.m[..n_used].iter().all(quantized) {
+            // One token (kernels.cu matvec_dec_impl).
+            let (xq_in, ss_in) = match src {
+                Some(s) => (s.xq, s.ss),
+                None => {
+                    self.quant_act(x.0, cols, 1, norm_w, eps, xq_a);
+                    (xq_a, 0)
+                }
+            };
+            let xq_out = if xq_in == xq_a { xq_b } else { xq_a };
+            // The output quantized too, for the next product (a step's sums of squares are
+            // zeroed at its start, so only inside one; 32 rows a block, one warp each four,
+            // so only for rows of at most four blocks a lane).
+            let ss_slot = self.ss_next.get();
+            let qo = match qout {
+                Some(next_norm)
+                    if self.in_step.get()
+                        && total % 32 == 0
+                        && cols / 32 <= 4 * 32
+                        && (next_norm == 0 || ss_slot < SS_SLOTS) =>
+                {
+                    let ss = if next_norm == 0 {
+                        0
+                    } else {
+                        self.ss_next.set(ss_slot + 1);
+                        self.ss.ptr + 4 * ss_slot as u64
+                    };
+                    self.xq_src.set(Some(XqSrc {
+                        x: mats.m[0].out,
+                        n: 1,
+                        norm: next_norm,
+                        ss,
+                        xq: xq_out,
+                    }));
+                    Some(QOut {
+                        xq: xq_out,
+                        norm_w: next_norm,
+                        ss,
+                    })
+                }
+                _ => None,
+            };
+            let nb = cols / 32;
+            let kw = match qo {
+                Some(_) => 1,
+                None => std::env::var("KILN_CUDA_KW")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|k| [1, 2, 4, 8].contains(k))
+                    .unwrap_or(nb.div_ceil(64).next_power_of_two().min(WARPS)),
+            };
+            let rows = if qo.is_some() { 4 } else { 1 };
+            let blocks = total.div_ceil(WARPS / kw * rows) as u32;
+            let name = format!("matvec_dec_{}_{rows}", fmt_name(&mats, mode));
+            let mut a = Args::default()
+                .a(mats)
+                .a(xq_in)
+                .a(cols as i32)
+                .a(ss_in)
+                .a(eps)
+                .a(mode)
+                .a(kw as i32)
+                .a(qo.unwrap_or_default());
+            self.dev.launch(
+                self.dev.func(&name),
+                (blocks, 1, 1),
+                (32 * WARPS as u32, 1, 1),
+                0,
+                &mut a.ptrs(),
+            );
+            return;
+        }
+        let pre_quantized = src.is_some_and(|s| s.ss == 0) && n <= MAX_TOK;
+        let xq = match src {
+            Some(s) if pre_quantized => s.xq,
+            _ => xq_a,
+        };
+        let (nr, kw) = self.matvec_shape(&mats, cols, total);
+        let blocks = total.div_ceil(WARPS / kw * nr) as u32;
         let prefetch = self.dev.pdl as i32;
+        // kernels.cu's matvec_<format>_<nr>_<tokens>: room for one token or MAX_TOK.
+        let nt = if n == 1 { 1 } else { MAX_TOK };
+        let func = self
+            .dev
+            .func(&format!("matvec_{}_{nr}_{nt}", fmt_name(&mats, mode)));
         let outs = mats.m.map(|m| m.out);
         let mut t0 = 0;
         while t0 < n {
@@ -340,22 +510,8 @@ impl CudaBackend {
                 m.out = outs[i] + (t0 * m.ld_out as usize * 4) as u64;
             }
             let xt = x.0 + (t0 * x.1 * 4) as u64;
-            let norm_w = norm.map_or(0u64, |(w, _)| w.buf.ptr);
-            let mut a = Args::default()
-                .a(xt)
-                .a(cols as i32)
-                .a(nt as i32)
-                .a(norm_w)
-                .a(norm.map_or(0f32, |(_, e)| e))
-                .a(xq);
             if !pre_quantized {
-                self.dev.launch(
-                    self.dev.func("quant_act"),
-                    (nt as u32, 1, 1),
-                    (1024, 1, 1),
-                    0,
-                    &mut a.ptrs(),
-                );
+                self.quant_act(xt, cols, nt, norm_w, eps, xq);
             }
             let mut a = Args::default()
                 .a(mats)
@@ -365,11 +521,10 @@ impl CudaBackend {
                 .a(nt as i32)
                 .a(norm_w)
                 .a(mode)
-                .a(nr as i32)
                 .a(kw as i32)
                 .a(prefetch);
             self.dev.launch(
-                self.dev.func("matvec"),
+                func,
                 (blocks, 1, 1),
                 (32 * WARPS as u32, 1, 1),
                 0,
@@ -402,7 +557,7 @@ impl CudaBackend {
         // Measured on an H200 (Qwen3-0.6B/4B shapes): two rows per warp pay only where a lane
         // has a single block of each row and rows are plentiful; four never did.
         let want = self.dev.num_sms * 8;
-        let nr = match env("KILN_CUDA_NR").filter(|n| [1, 2, 4].contains(n)) {
+        let nr = match env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)) {
             Some(n) if divides(n) => n,
             _ if nb <= 32 && divides(2) && total / 2 * kw >= want => 2,
             _ => 1,
@@ -905,12 +1060,25 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
     ) {
         let m = self.mats(&[(w, bias, out)]);
-        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_STORE);
+        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_STORE, None);
     }
 
     fn matmul_add(&self, w: &CudaWeight, x: &CudaTensor, n: usize, out: &mut CudaTensor) {
         let m = self.mats(&[(w, None, out)]);
-        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_ADD);
+        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_ADD, None);
+    }
+
+    fn matmul_add_before_norm(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        n: usize,
+        out: &mut CudaTensor,
+        next_norm: (&CudaTensor, f32),
+    ) {
+        let m = self.mats(&[(w, None, &*out)]);
+        let qout = Some(next_norm.0.buf.ptr);
+        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_ADD, qout);
     }
 
     fn matmul3(
@@ -926,7 +1094,15 @@ impl Backend for CudaBackend {
             (ws[1], biases[1], &*outs[1]),
             (ws[2], biases[2], &*outs[2]),
         ]);
-        self.matvec(m, (x.buf.ptr, x.cols), ws[0].cols, n, None, MODE_STORE);
+        self.matvec(
+            m,
+            (x.buf.ptr, x.cols),
+            ws[0].cols,
+            n,
+            None,
+            MODE_STORE,
+            None,
+        );
     }
 
     fn gate_up_silu(
@@ -938,7 +1114,15 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
     ) {
         let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
-        self.matvec(m, (x.buf.ptr, x.cols), gate.cols, n, None, MODE_GATE_UP);
+        self.matvec(
+            m,
+            (x.buf.ptr, x.cols),
+            gate.cols,
+            n,
+            None,
+            MODE_GATE_UP,
+            Some(0),
+        );
     }
 
     fn rms_norm_matmul3(
@@ -964,6 +1148,7 @@ impl Backend for CudaBackend {
             n,
             Some((norm_w, eps)),
             MODE_STORE,
+            None,
         );
     }
 
@@ -986,6 +1171,7 @@ impl Backend for CudaBackend {
             n,
             Some((norm_w, eps)),
             MODE_GATE_UP,
+            Some(0),
         );
     }
 
@@ -1075,6 +1261,56 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn qk_norm_rope_attention(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        v: &CudaTensor,
+        qk_norm: Option<(&CudaTensor, &CudaTensor, f32)>,
+        rope: &RopeConfig,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        s: AttnShape,
+        out: &mut CudaTensor,
+    ) {
+        let fused = s.n_tokens == 1
+            && s.n_heads % s.n_kv_heads == 0
+            && s.n_heads / s.n_kv_heads <= MAX_GROUP
+            && cache.head_dim % 8 == 0
+            && cache.head_dim <= 256;
+        if !fused {
+            self.qk_norm_rope_store(
+                q,
+                k,
+                v,
+                qk_norm,
+                rope,
+                s.n_heads,
+                s.n_kv_heads,
+                cache,
+                layer,
+                s.pos0,
+                s.n_tokens,
+            );
+            return self.attention(q, cache, layer, s, out);
+        }
+        // One token: the attention kernel normalises and rotates q and the new key itself
+        // and stores the new key and value (kernels.cu attn_dec_<EPL>).
+        let (qn, kn, eps) = qk_norm.map_or((0, 0, 0.0), |(a, b, e)| (a.buf.ptr, b.buf.ptr, e));
+        let dh = DecHeads {
+            k: k.buf.ptr,
+            v: v.buf.ptr,
+            q_norm: qn,
+            k_norm: kn,
+            eps,
+            inv_freq: self.rope_table(rope),
+            rope_dims: rope.dims as i32,
+            neox: (rope.style == RopeStyle::Neox) as i32,
+        };
+        let quant = s.head_dim % 32 == 0 && out.cols == s.n_heads * s.head_dim;
+        self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant, Some(dh));
+    }
+
     fn attention(
         &self,
         q: &CudaTensor,
@@ -1085,10 +1321,7 @@ impl Backend for CudaBackend {
     ) {
         let quant =
             s.n_tokens <= MAX_TOK && s.head_dim % 32 == 0 && out.cols == s.n_heads * s.head_dim;
-        self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant);
-        if quant {
-            self.xq_src.set(Some((out.buf.ptr, s.n_tokens)));
-        }
+        self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant, None);
     }
 
     fn attention_batch<'c, I>(&self, q: &CudaTensor, seqs: I, layer: usize, out: &mut CudaTensor)
@@ -1099,7 +1332,15 @@ impl Backend for CudaBackend {
         let mut row = 0;
         for (cache, s) in seqs {
             let off = (row * q.cols * 4) as u64;
-            self.attention_at(q.buf.ptr + off, cache, layer, s, out.buf.ptr + off, false);
+            self.attention_at(
+                q.buf.ptr + off,
+                cache,
+                layer,
+                s,
+                out.buf.ptr + off,
+                false,
+                None,
+            );
             row += s.n_tokens;
         }
     }
@@ -1165,6 +1406,16 @@ impl Backend for CudaBackend {
         pos0: usize,
         f: &mut dyn FnMut() -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
+        // Every run of f starts by zeroing the step's sums of squares (recorded with it).
+        let mut f = || {
+            self.dev.memset_u32(self.ss.ptr, 0, SS_SLOTS);
+            self.ss_next.set(0);
+            self.in_step.set(true);
+            let r = f();
+            self.in_step.set(false);
+            self.xq_src.set(None);
+            r
+        };
         if !self.use_graphs || self.recording.get() || tokens.len() > MAX_IDS {
             return f();
         }
@@ -1340,6 +1591,7 @@ impl Backend for CudaBackend {
             t_out,
             None,
             MODE_STORE,
+            None,
         );
         t_out
     }
@@ -1362,6 +1614,25 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// Quantizes n rows of x (cols values; RMS-normalised with norm_w first, when not 0)
+    /// into the activation buffer xq (kernels.cu quant_act).
+    fn quant_act(&self, x: u64, cols: usize, n: usize, norm_w: u64, eps: f32, xq: u64) {
+        let mut a = Args::default()
+            .a(x)
+            .a(cols as i32)
+            .a(n as i32)
+            .a(norm_w)
+            .a(eps)
+            .a(xq);
+        self.dev.launch(
+            self.dev.func("quant_act"),
+            (n as u32, 1, 1),
+            (1024, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
     /// Attention of the rows at `q_ptr` over `cache` (positions from the step parameters),
     /// into the rows at `out_ptr`.
     fn attention_at(
@@ -1372,6 +1643,7 @@ impl CudaBackend {
         s: AttnShape,
         out_ptr: u64,
         quant: bool,
+        dec: Option<DecHeads>,
     ) {
         self.xq_src.set(None);
         let g = s.n_heads / s.n_kv_heads;
@@ -1396,11 +1668,36 @@ impl CudaBackend {
             "attn_split_7",
             "attn_split_8",
         ];
-        let name = SPLIT[s.head_dim.div_ceil(32) - 1];
+        const DEC: [&str; 8] = [
+            "attn_dec_1",
+            "attn_dec_2",
+            "attn_dec_3",
+            "attn_dec_4",
+            "attn_dec_5",
+            "attn_dec_6",
+            "attn_dec_7",
+            "attn_dec_8",
+        ];
+        let epl = s.head_dim.div_ceil(32) - 1;
+        let name = if dec.is_some() { DEC[epl] } else { SPLIT[epl] };
         self.set_params(s.pos0, None);
-        // A grid that covers the whole cache, so one recording serves every position.
-        let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
-        let n_ws = splits * ATT_WARPS;
+        // A grid fixed by the cache's size, so one recording serves every position. The
+        // split kernel: ATT_WARPS warps of ATT_WCHUNK keys a block over the whole cache. The
+        // decode kernel: each split takes its share of the keys the step sees, about two
+        // blocks a multiprocessor (kernels.cu attn_dec_impl).
+        let (splits, n_ws) = match dec {
+            None => {
+                let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
+                (splits, splits * ATT_WARPS)
+            }
+            Some(_) => {
+                let splits = cache
+                    .n_ctx
+                    .div_ceil(ATT_SPLIT_KEYS)
+                    .min((2 * self.dev.num_sms / s.n_kv_heads).max(1));
+                (splits, splits)
+            }
+        };
         let slots = s.n_tokens * s.n_heads * n_ws;
         let (acc, ml) = {
             let mut sc = self.scratch.borrow_mut();
@@ -1423,6 +1720,9 @@ impl CudaBackend {
             .a(self.params.ptr)
             .a(acc)
             .a(ml);
+        if let Some(dh) = dec {
+            a = a.a(dh);
+        }
         self.dev.launch(
             self.dev.func(name),
             (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
@@ -1458,6 +1758,15 @@ impl CudaBackend {
             0,
             &mut a.ptrs(),
         );
+        if xq != 0 {
+            self.xq_src.set(Some(XqSrc {
+                x: out_ptr,
+                n: s.n_tokens,
+                norm: 0,
+                ss: 0,
+                xq,
+            }));
+        }
     }
 
     fn elementwise_n(&self, name: &str, mut args: Args, n: usize) {

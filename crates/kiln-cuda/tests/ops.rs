@@ -176,6 +176,71 @@ fn fused_norm_products_equal_their_parts() {
     }
 }
 
+/// A decode layer's products chained inside a step, where each writes its output quantized
+/// for the next (the RMSNorm's weights folded in, its 1 / rms applied by the consumer), in
+/// two formats, against the CPU doing the same ops.
+#[test]
+#[ignore]
+fn decode_products_chained_in_a_step() {
+    let (g, c) = (gpu(), CpuBackend::new(2));
+    let mut r = Rng(7);
+    let (dim, ffn) = (512, 768);
+    for ty in [GgmlType::Q4_0, GgmlType::Q6_K] {
+        let (wo, wgate, wup, wdown, wq) = (
+            r.v(dim * dim),
+            r.v(ffn * dim),
+            r.v(ffn * dim),
+            r.v(dim * ffn),
+            r.v(dim * dim),
+        );
+        let norms = (r.v(dim), r.v(dim));
+        let (x0, attn) = (r.v(dim), r.v(dim));
+        let mut outs = Vec::new();
+        macro_rules! run {
+            ($b:expr) => {{
+                let b = $b;
+                let o = weight(b, ty, dim, dim, &wo);
+                let gt = weight(b, ty, ffn, dim, &wgate);
+                let up = weight(b, ty, ffn, dim, &wup);
+                let dn = weight(b, ty, dim, ffn, &wdown);
+                let q = weight(b, ty, dim, dim, &wq);
+                let n1 = b.tensor_from(1, dim, &norms.0);
+                let n2 = b.tensor_from(1, dim, &norms.1);
+                let mut x = b.tensor_from(1, dim, &x0);
+                let a = b.tensor_from(1, dim, &attn);
+                let mut h = b.tensor(1, dim);
+                let mut f = b.tensor(1, ffn);
+                let mut qo = b.tensor(1, dim);
+                let (mut ko, mut vo) = (b.tensor(1, dim), b.tensor(1, dim));
+                b.step(kiln_backend::next_step_key(), &[0], 0, &mut || {
+                    b.matmul_add_before_norm(&o, &a, 1, &mut x, (&n1, 1e-5));
+                    b.rms_norm_gate_up_silu(&x, &n1, 1e-5, &gt, &up, 1, &mut h, &mut f);
+                    b.matmul_add_before_norm(&dn, &f, 1, &mut x, (&n2, 1e-5));
+                    b.rms_norm_matmul3(
+                        &x,
+                        &n2,
+                        1e-5,
+                        [&q, &q, &q],
+                        [None; 3],
+                        1,
+                        &mut h,
+                        [&mut qo, &mut ko, &mut vo],
+                    );
+                    Ok(())
+                })
+                .unwrap();
+                outs.push((read(b, &x, 1, dim), read(b, &qo, 1, dim)));
+            }};
+        }
+        run!(&g);
+        run!(&c);
+        let e = rel(&outs[0].0, &outs[1].0);
+        assert!(e < 2e-2, "{ty:?} residual: {e}");
+        let e = rel(&outs[0].1, &outs[1].1);
+        assert!(e < 2e-2, "{ty:?} next product: {e}");
+    }
+}
+
 #[test]
 #[ignore]
 fn embed_norm_add_argmax() {
@@ -236,6 +301,10 @@ fn heads_rope_cache_attention() {
         (64, 12, 4, RopeStyle::Interleaved, 64, false),
         (64, 6, 2, RopeStyle::Neox, 32, false),
         (128, 24, 8, RopeStyle::Interleaved, 128, false),
+        // A head size whose lanes' slices are not aligned for wide loads, one query head a
+        // KV head, and a group of eight.
+        (80, 8, 8, RopeStyle::Neox, 80, false),
+        (112, 16, 2, RopeStyle::Neox, 112, false),
     ] {
         let n_ctx = 700;
         let rope = rope_cfg(style, dims, hd);
@@ -283,6 +352,40 @@ fn heads_rope_cache_attention() {
                 heads / kvh
             );
             pos0 += n;
+        }
+        // Two decode steps through the fused call (the second reads the key and value the
+        // first stored).
+        for _ in 0..2 {
+            let (q, k, v) = (r.v(heads * hd), r.v(kvh * hd), r.v(kvh * hd));
+            let (mut qg, mut kgt, vg) = (
+                g.tensor_from(1, heads * hd, &q),
+                g.tensor_from(1, kvh * hd, &k),
+                g.tensor_from(1, kvh * hd, &v),
+            );
+            let (mut qc, mut kct, vc) = (
+                c.tensor_from(1, heads * hd, &q),
+                c.tensor_from(1, kvh * hd, &k),
+                c.tensor_from(1, kvh * hd, &v),
+            );
+            let shape = AttnShape {
+                n_heads: heads,
+                n_kv_heads: kvh,
+                head_dim: hd,
+                pos0,
+                n_tokens: 1,
+            };
+            let norms_g = qk.then_some((&qng, &kng, 1e-6));
+            let norms_c = qk.then_some((&qnc, &knc, 1e-6));
+            let (mut og, mut oc) = (g.tensor(1, heads * hd), c.tensor(1, heads * hd));
+            g.qk_norm_rope_attention(
+                &mut qg, &mut kgt, &vg, norms_g, &rope, &mut kg, 1, shape, &mut og,
+            );
+            c.qk_norm_rope_attention(
+                &mut qc, &mut kct, &vc, norms_c, &rope, &mut kc, 1, shape, &mut oc,
+            );
+            let e = rel(&read(&g, &og, 1, heads * hd), &read(&c, &oc, 1, heads * hd));
+            assert!(e < 5e-3, "fused decode attention hd={hd} pos0={pos0}: {e}");
+            pos0 += 1;
         }
         // The separate ops agree with the fused one.
         let x = r.v(2 * heads * hd);

@@ -411,22 +411,20 @@ impl<B: Backend> Llama<B> {
                 (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
                 _ => None,
             };
-            b.qk_norm_rope_store(
+            b.qk_norm_rope_attention(
                 &mut st.q,
                 &mut st.k,
                 &st.v,
                 qk_norm,
                 &c.rope,
-                c.n_heads,
-                c.n_kv_heads,
                 &mut st.kv,
                 il,
-                pos0,
-                n,
+                shape,
+                &mut st.attn,
             );
-            b.attention(&st.q, &st.kv, il, shape, &mut st.attn);
             self.trace(b, st.trace, "attn", il, &st.attn, n, c.q_dim());
-            b.matmul_add(&a.o, &st.attn, n, &mut st.x); // x += Wo attn
+            // x += Wo attn, then the FFN's norm of x.
+            b.matmul_add_before_norm(&a.o, &st.attn, n, &mut st.x, (&layer.ffn_norm, c.norm_eps));
 
             b.rms_norm_gate_up_silu(
                 &st.x,
@@ -438,7 +436,17 @@ impl<B: Backend> Llama<B> {
                 &mut st.h,
                 &mut st.gate,
             );
-            b.matmul_add(&layer.mlp.down, &st.gate, n, &mut st.x); // x += Wdown mlp
+            // x += Wdown mlp, then the next layer's attention norm of x.
+            match self.layers.get(il + 1) {
+                Some(next) => b.matmul_add_before_norm(
+                    &layer.mlp.down,
+                    &st.gate,
+                    n,
+                    &mut st.x,
+                    (&next.attn_norm, c.norm_eps),
+                ),
+                None => b.matmul_add(&layer.mlp.down, &st.gate, n, &mut st.x),
+            }
             self.trace(b, st.trace, "residual", il, &st.x, n, c.dim);
         }
         let output = self.output.as_ref().unwrap_or(&self.embed);
