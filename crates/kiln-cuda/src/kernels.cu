@@ -542,8 +542,69 @@ __device__ __forceinline__ int q4k_byte(const uint4& h, int i) {
     return (int)((word >> (8 * (i % 4))) & 0xff);
 }
 
-// Block b of a row (loaded as w) dotted with the block-quantized activations in shared
-// memory (q: 8 ints a block; d: a scale a block; sum: two half sums a block).
+// A loaded block's 4-bit formats: its values' low parts (lo4: values 0..15, hi4: 16..31, a
+// byte each; Q6_K's high bits added) and value = s * q + m over each half.
+struct WVals {
+    u32 lo4[4], hi4[4];
+    float s_lo, s_hi, m_lo, m_hi;
+};
+
+template <int F>
+__device__ __forceinline__ WVals wblk_vals(const WBlk& w, int fmt_rt, int b) {
+    const int fmt = F >= 0 ? F : fmt_rt;
+    WVals o;
+    const u32 q[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o.lo4[i] = q[i] & 0x0f0f0f0fu;
+        o.hi4[i] = (q[i] >> 4) & 0x0f0f0f0fu;
+    }
+    switch (fmt) {
+    case FMT_Q4_0: {
+        const float d = h2f((u16)w.s);
+        o.s_lo = o.s_hi = d;
+        o.m_lo = o.m_hi = -8.0f * d;
+        break;
+    }
+    case FMT_Q4_1:
+        o.s_lo = o.s_hi = h2f((u16)(w.s & 0xffff));
+        o.m_lo = o.m_hi = h2f((u16)(w.s >> 16));
+        break;
+    case FMT_Q4_K: {
+        const float d = h2f((u16)(w.r.x & 0xffff)), dmin = h2f((u16)(w.r.x >> 16));
+        const int j = b % 8;
+        int sc, mn;
+        if (j < 4) {
+            sc = q4k_byte(w.r, j) & 63;
+            mn = q4k_byte(w.r, j + 4) & 63;
+        } else {
+            sc = (q4k_byte(w.r, j + 4) & 0x0f) | ((q4k_byte(w.r, j - 4) >> 6) << 4);
+            mn = (q4k_byte(w.r, j + 4) >> 4) | ((q4k_byte(w.r, j) >> 6) << 4);
+        }
+        o.s_lo = o.s_hi = d * (float)sc;
+        o.m_lo = o.m_hi = -dmin * (float)mn;
+        break;
+    }
+    default: {  // FMT_Q6_K
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            o.lo4[i] |= spread2(w.r.x >> (8 * i));
+            o.hi4[i] |= spread2(w.r.y >> (8 * i));
+        }
+        const float d = h2f((u16)(w.s2 & 0xffff));
+        const int sh = 16 * ((b % 8) % 2);
+        o.s_lo = d * (float)(i8)((w.s >> sh) & 0xff);
+        o.s_hi = d * (float)(i8)((w.s >> (sh + 8)) & 0xff);
+        o.m_lo = -32.0f * o.s_lo;
+        o.m_hi = -32.0f * o.s_hi;
+        break;
+    }
+    }
+    return o;
+}
+
+// Block b of a row (loaded as w) dotted with the block-quantized activations (q: 8 ints a
+// block; d: a scale a block; sum: two half sums a block).
 template <int F>
 __device__ __forceinline__ float wblk_dot(const WBlk& w, int fmt_rt, int b, const int* xq,
                                           const float* xd, const short* xs) {
@@ -560,52 +621,10 @@ __device__ __forceinline__ float wblk_dot(const WBlk& w, int fmt_rt, int b, cons
         a = dp4a_ss((int)w.r.w, (int)xb.w, a);
         return h2f((u16)w.s) * xd[b] * (float)a;
     }
-    u32 lo4[4] = {w.q.x & 0x0f0f0f0fu, w.q.y & 0x0f0f0f0fu, w.q.z & 0x0f0f0f0fu,
-                  w.q.w & 0x0f0f0f0fu};
-    u32 hi4[4] = {(w.q.x >> 4) & 0x0f0f0f0fu, (w.q.y >> 4) & 0x0f0f0f0fu,
-                  (w.q.z >> 4) & 0x0f0f0f0fu, (w.q.w >> 4) & 0x0f0f0f0fu};
-    float s_lo, s_hi, m_lo, m_hi;
-    switch (fmt) {
-    case FMT_Q4_0: {
-        const float d = h2f((u16)w.s);
-        s_lo = s_hi = d;
-        m_lo = m_hi = -8.0f * d;
-        break;
-    }
-    case FMT_Q4_1:
-        s_lo = s_hi = h2f((u16)(w.s & 0xffff));
-        m_lo = m_hi = h2f((u16)(w.s >> 16));
-        break;
-    case FMT_Q4_K: {
-        const float d = h2f((u16)(w.r.x & 0xffff)), dmin = h2f((u16)(w.r.x >> 16));
-        const int j = b % 8;
-        int sc, mn;
-        if (j < 4) {
-            sc = q4k_byte(w.r, j) & 63;
-            mn = q4k_byte(w.r, j + 4) & 63;
-        } else {
-            sc = (q4k_byte(w.r, j + 4) & 0x0f) | ((q4k_byte(w.r, j - 4) >> 6) << 4);
-            mn = (q4k_byte(w.r, j + 4) >> 4) | ((q4k_byte(w.r, j) >> 6) << 4);
-        }
-        s_lo = s_hi = d * (float)sc;
-        m_lo = m_hi = -dmin * (float)mn;
-        break;
-    }
-    default: {  // FMT_Q6_K
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo4[i] |= spread2(w.r.x >> (8 * i));
-            hi4[i] |= spread2(w.r.y >> (8 * i));
-        }
-        const float d = h2f((u16)(w.s2 & 0xffff));
-        const int sh = 16 * ((b % 8) % 2);
-        s_lo = d * (float)(i8)((w.s >> sh) & 0xff);
-        s_hi = d * (float)(i8)((w.s >> (sh + 8)) & 0xff);
-        m_lo = -32.0f * s_lo;
-        m_hi = -32.0f * s_hi;
-        break;
-    }
-    }
+    const WVals o = wblk_vals<F>(w, fmt, b);
+    const u32* lo4 = o.lo4;
+    const u32* hi4 = o.hi4;
+    const float s_lo = o.s_lo, s_hi = o.s_hi, m_lo = o.m_lo, m_hi = o.m_hi;
     int a = dp4a_us(lo4[0], (int)xa.x, 0);
     a = dp4a_us(lo4[1], (int)xa.y, a);
     a = dp4a_us(lo4[2], (int)xa.z, a);
@@ -1434,13 +1453,62 @@ extern "C" __global__ void argmax(const float* x, int cols, unsigned long long* 
 
 // ---- prefill: f16 operands for cuBLAS's tensor-core GEMM --------------------------------
 
-// out (rows, cols) f16 = the packed matrix's values.
+__device__ __forceinline__ u32 h2pack(float a, float b) {
+    return (u32)f2h(a) | ((u32)f2h(b) << 16);
+}
+
+// out (rows, cols) f16 = the packed matrix's values: a thread per 32-value block (its
+// 16 or 32 bytes read at once, 64 bytes written), or per value for the float formats.
 extern "C" __global__ void dequant_f16(Mat m, int rows, int cols, u16* out) {
     pdl_begin();
-    const size_t n = (size_t)rows * cols;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = f2h(packed_value(m, (int)(i / cols), cols, (int)(i % cols)));
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    if (m.fmt == FMT_F32 || m.fmt == FMT_F16 || cols % 32 != 0) {
+        const size_t n = (size_t)rows * cols;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step)
+            out[i] = f2h(packed_value(m, (int)(i / cols), cols, (int)(i % cols)));
+        return;
+    }
+    const int nb = cols / 32;
+    const size_t nblk = (size_t)rows * nb;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nblk; i += step) {
+        const int r = (int)(i / nb), b = (int)(i % nb);
+        const WBlk w = wblk_load<-1>(m, r, b, nb);
+        uint4* o = (uint4*)(out + i * 32);
+        if (m.fmt == FMT_Q8_0) {
+            const float d = h2f((u16)w.s);
+            const u32 q[8] = {w.q.x, w.q.y, w.q.z, w.q.w, w.r.x, w.r.y, w.r.z, w.r.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u32 h[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const u32 word = q[(8 * k + 2 * j) / 4];
+                    const int sh = 8 * ((8 * k + 2 * j) % 4);
+                    h[j] = h2pack(d * (float)(i8)((word >> sh) & 0xff),
+                                  d * (float)(i8)((word >> (sh + 8)) & 0xff));
+                }
+                o[k] = make_uint4(h[0], h[1], h[2], h[3]);
+            }
+            continue;
+        }
+        const WVals v = wblk_vals<-1>(w, m.fmt, b);
+        // Values 0..15 from lo4's bytes, 16..31 from hi4's, eight a store.
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32* src = k < 2 ? v.lo4 : v.hi4;
+            const float sc = k < 2 ? v.s_lo : v.s_hi, mn = k < 2 ? v.m_lo : v.m_hi;
+            u32 h[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int e = 8 * (k % 2) + 2 * j;  // value index within the half
+                const u32 word = src[e / 4];
+                const int sh = 8 * (e % 4);
+                h[j] = h2pack(sc * (float)((word >> sh) & 0xff) + mn,
+                              sc * (float)((word >> (sh + 8)) & 0xff) + mn);
+            }
+            o[k] = make_uint4(h[0], h[1], h[2], h[3]);
+        }
+    }
 }
 
 // out row r (f16) = x row r, RMS-normalised with norm_w first when given; a block per row.

@@ -612,7 +612,14 @@ impl CudaBackend {
                 m.q
             } else {
                 let mut a = Args::default().a(*m).a(rows as i32).a(cols as i32).a(w16);
-                self.elementwise_n_args("dequant_f16", &mut a, rows * cols);
+                // A thread per 32-value block of the quantized formats (kernels.cu).
+                let per_block = m.fmt != FMT_F32 && cols % 32 == 0;
+                let threads = if per_block {
+                    rows * cols / 32
+                } else {
+                    rows * cols
+                };
+                self.elementwise_n_args("dequant_f16", &mut a, threads);
                 w16
             };
             let gate_up_second = mode == MODE_GATE_UP && i == 1;
