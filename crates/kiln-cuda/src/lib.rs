@@ -1665,29 +1665,9 @@ impl CudaBackend {
             "CUDA attention: head size {} (a multiple of 8, at most 256)",
             s.head_dim
         );
-        // kernels.cu's attn_split_<EPL>, EPL = head_dim / 32 rounded up.
-        const SPLIT: [&str; 8] = [
-            "attn_split_1",
-            "attn_split_2",
-            "attn_split_3",
-            "attn_split_4",
-            "attn_split_5",
-            "attn_split_6",
-            "attn_split_7",
-            "attn_split_8",
-        ];
-        const DEC: [&str; 8] = [
-            "attn_dec_1",
-            "attn_dec_2",
-            "attn_dec_3",
-            "attn_dec_4",
-            "attn_dec_5",
-            "attn_dec_6",
-            "attn_dec_7",
-            "attn_dec_8",
-        ];
-        let epl = s.head_dim.div_ceil(32) - 1;
-        let name = if dec.is_some() { DEC[epl] } else { SPLIT[epl] };
+        // kernels.cu's attn_split_<EPL> / attn_dec_<EPL>, EPL = head_dim / 32 rounded up.
+        let kind = if dec.is_some() { "dec" } else { "split" };
+        let name = format!("attn_{kind}_{}", s.head_dim.div_ceil(32));
         self.set_params(s.pos0, None);
         // A grid fixed by the cache's size, so one recording serves every position. The
         // split kernel: ATT_WARPS warps of ATT_WCHUNK keys a block over the whole cache. The
@@ -1732,7 +1712,7 @@ impl CudaBackend {
             a = a.a(dh);
         }
         self.dev.launch(
-            self.dev.func(name),
+            self.dev.func(&name),
             (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
             (32 * ATT_WARPS as u32, 1, 1),
             0,
