@@ -223,8 +223,6 @@ pub struct LstmShape {
     pub out_col: usize,
 }
 
-/// Index of the largest value of `r`, the first on ties (NaN never wins over a number
-/// before it).
 /// A key for [`Backend::step`] never handed out before in this process (every model state
 /// that records steps takes its keys here, so no two states share one).
 pub fn next_step_key() -> u64 {
@@ -232,6 +230,8 @@ pub fn next_step_key() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Index of the largest value of `r`, the first on ties (NaN never wins over a number
+/// before it).
 pub fn argmax_first(r: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in r.iter().enumerate() {
