@@ -322,7 +322,17 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             .models
             .first()
             .map_or(crate::speak::DEFAULT_TTS, |m| m.as_str());
-        return crate::speak::bench(text, a.phonemes, model, &a.voice, a.reps, &threads, a.json);
+        return crate::speak::bench(
+            text,
+            a.phonemes,
+            model,
+            &a.voice,
+            a.reps,
+            &threads,
+            a.json,
+            a.device,
+            a.adapter.as_deref(),
+        );
     }
     let names = match a.models.is_empty() && !a.membw {
         true => vec![DEFAULT_LLM.to_string()],

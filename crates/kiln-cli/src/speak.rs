@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use kiln_runtime::tts::{pcm16, wav_header, Tts};
+use kiln_backend::Backend;
+use kiln_runtime::tts::{model_dir_files, pcm16, wav_header, Tts};
 
 pub const DEFAULT_TTS: &str = "kokoro-82m";
 pub const DEFAULT_LEXICON: &str = "misaki-en-us";
@@ -39,40 +40,79 @@ pub struct SpeakArgs {
     /// Threads (default: all CPUs).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Where Kokoro runs: cpu, cuda (a build with `--features cuda`) or gpu (`--features
+    /// gpu`). On a GPU, the products run there and the signal ops without kernels of their
+    /// own go through the CPU backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: crate::Device,
+    /// With --device gpu: the first adapter whose name contains this (case-insensitive).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
 }
 
 /// `model`: a catalog name, a model directory, or a model file (`kokoro-v1_0.pth`, an ONNX
 /// export) whose `config.json` and voices (`voices.npz`, or a `voices/` directory of `.pt`
 /// files) lie beside it, else come from the catalog's Kokoro.
 pub fn load(model: &str, phonemes_only: bool, threads: Option<usize>) -> anyhow::Result<Tts> {
+    let threads = threads.unwrap_or_else(kiln_backend::cpu::default_threads);
+    anyhow::ensure!(threads > 0, "-t/--threads must be at least 1");
+    load_on(
+        kiln_backend::cpu::CpuBackend::new(threads),
+        model,
+        phonemes_only,
+    )
+}
+
+/// [`load`] on `backend`.
+pub fn load_on<B: Backend>(backend: B, model: &str, phonemes_only: bool) -> anyhow::Result<Tts<B>> {
     let path = crate::resolve_model(model)?;
     let lex = if phonemes_only {
         None
     } else {
         Some(crate::resolve_model(DEFAULT_LEXICON)?)
     };
-    let threads = threads.unwrap_or_else(kiln_backend::cpu::default_threads);
-    anyhow::ensure!(threads > 0, "-t/--threads must be at least 1");
-    if path.is_dir() {
-        return Ok(Tts::load(&path, lex.as_deref(), threads)?);
-    }
-    let beside = |name: &str| path.parent().map(|d| d.join(name)).filter(|p| p.exists());
-    let catalog = || crate::resolve_model(DEFAULT_TTS);
-    let config = match beside("config.json") {
-        Some(c) => c,
-        None => catalog()?.join("config.json"),
+    let (file, config, voices) = if path.is_dir() {
+        model_dir_files(&path)
+    } else {
+        let beside = |name: &str| path.parent().map(|d| d.join(name)).filter(|p| p.exists());
+        let catalog = || crate::resolve_model(DEFAULT_TTS);
+        let config = match beside("config.json") {
+            Some(c) => c,
+            None => catalog()?.join("config.json"),
+        };
+        let voices = match beside("voices.npz").or_else(|| beside("voices")) {
+            Some(v) => v,
+            None => catalog()?.join("voices.npz"),
+        };
+        (path.clone(), config, voices)
     };
-    let voices = match beside("voices.npz").or_else(|| beside("voices")) {
-        Some(v) => v,
-        None => catalog()?.join("voices.npz"),
-    };
-    Ok(Tts::load_files(
-        &path,
+    Ok(Tts::load_files_on(
+        backend,
+        &file,
         &config,
         &voices,
         lex.as_deref(),
-        threads,
     )?)
+}
+
+/// Runs `$body` with `$tts` bound to Kokoro loaded from `$model` on `$device`.
+macro_rules! with_tts {
+    ($device:expr, $adapter:expr, $model:expr, $phonemes:expr, $threads:expr, |$tts:ident| $body:expr) => {
+        match $device {
+            crate::Device::Cpu => {
+                let $tts = load($model, $phonemes, $threads)?;
+                $body
+            }
+            crate::Device::Cuda => {
+                let $tts = load_on(crate::cuda_backend()?, $model, $phonemes)?;
+                $body
+            }
+            crate::Device::Gpu => {
+                let $tts = load_on(crate::gpu_backend($adapter)?, $model, $phonemes)?;
+                $body
+            }
+        }
+    };
 }
 
 fn read_text(text: &str) -> anyhow::Result<String> {
@@ -94,7 +134,17 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         a.speed
     );
     let text = read_text(&a.text)?;
-    let tts = load(&a.model, a.phonemes, a.threads)?;
+    with_tts!(
+        a.device,
+        a.adapter.as_deref(),
+        &a.model,
+        a.phonemes,
+        a.threads,
+        |tts| speak_with(&tts, &a, &text)
+    )
+}
+
+fn speak_with<B: Backend>(tts: &Tts<B>, a: &SpeakArgs, text: &str) -> anyhow::Result<()> {
     let mut written = 0u64;
     let st = if a.output == "-" {
         let stdout = std::io::stdout();
@@ -102,7 +152,7 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         if !a.raw {
             out.write_all(&wav_header(u32::MAX - 36))?;
         }
-        tts.speak(&text, a.phonemes, &a.voice, a.speed, &mut |s| {
+        tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
             let b = pcm16(s);
             written += b.len() as u64;
             out.write_all(&b)?;
@@ -115,7 +165,7 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         if !a.raw {
             f.write_all(&wav_header(0))?;
         }
-        let st = tts.speak(&text, a.phonemes, &a.voice, a.speed, &mut |s| {
+        let st = tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
             let b = pcm16(s);
             written += b.len() as u64;
             f.write_all(&b)?;
@@ -141,6 +191,7 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
 
 /// `kiln bench --tts TEXT`: warm-up, then `reps` timed runs: time to first audio and real-time
 /// factor (synthesis time / audio duration), mean ± sd.
+#[allow(clippy::too_many_arguments)]
 pub fn bench(
     text: &str,
     phonemes: bool,
@@ -149,6 +200,8 @@ pub fn bench(
     reps: usize,
     threads: &[usize],
     json: bool,
+    device: crate::Device,
+    adapter: Option<&str>,
 ) -> anyhow::Result<()> {
     // TEXT may name a file (one utterance per line with --phonemes).
     let text = match std::fs::read_to_string(text) {
@@ -156,33 +209,72 @@ pub fn bench(
         Err(_) => text.to_string(),
     };
     let text = text.as_str();
+    if device != crate::Device::Cpu {
+        // One run: the threads are the CPU backend's.
+        let label = format!("{device:?}").to_lowercase();
+        return with_tts!(device, adapter, model, phonemes, None, |tts| bench_one(
+            &tts, text, phonemes, model, voice, reps, json, &label, None
+        ));
+    }
     for &t in threads {
         let tts = load(model, phonemes, Some(t))?;
-        let mut sink = |_: &[f32]| Ok(());
-        tts.speak(text, phonemes, voice, 1.0, &mut sink)?;
-        let (mut first, mut rtf, mut audio) = (Vec::new(), Vec::new(), 0.0);
-        for _ in 0..reps {
-            let st = tts.speak(text, phonemes, voice, 1.0, &mut sink)?;
-            first.push(st.first_audio_s);
-            rtf.push(st.total_s / st.audio_s.max(1e-9));
-            audio = st.audio_s;
-        }
-        let ms = |v: &[f64]| {
-            let m = v.iter().sum::<f64>() / v.len() as f64;
-            let sd = (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64)
-                .sqrt();
-            (m, sd)
+        bench_one(
+            &tts,
+            text,
+            phonemes,
+            model,
+            voice,
+            reps,
+            json,
+            "cpu",
+            Some(t),
+        )?;
+    }
+    Ok(())
+}
+
+/// One model's warm-up and timed runs: `device` and `threads` describe where it runs.
+#[allow(clippy::too_many_arguments)]
+fn bench_one<B: Backend>(
+    tts: &Tts<B>,
+    text: &str,
+    phonemes: bool,
+    model: &str,
+    voice: &str,
+    reps: usize,
+    json: bool,
+    device: &str,
+    threads: Option<usize>,
+) -> anyhow::Result<()> {
+    let mut sink = |_: &[f32]| Ok(());
+    tts.speak(text, phonemes, voice, 1.0, &mut sink)?;
+    let (mut first, mut rtf, mut audio) = (Vec::new(), Vec::new(), 0.0);
+    for _ in 0..reps {
+        let st = tts.speak(text, phonemes, voice, 1.0, &mut sink)?;
+        first.push(st.first_audio_s);
+        rtf.push(st.total_s / st.audio_s.max(1e-9));
+        audio = st.audio_s;
+    }
+    let ms = |v: &[f64]| {
+        let m = v.iter().sum::<f64>() / v.len() as f64;
+        let sd =
+            (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64).sqrt();
+        (m, sd)
+    };
+    let ((f, fsd), (r, rsd)) = (ms(&first), ms(&rtf));
+    let t = threads.map_or("null".to_string(), |t| t.to_string());
+    if json {
+        println!(
+            "{{\"model\":\"{model}\",\"voice\":\"{voice}\",\"device\":\"{device}\",\"threads\":{t},\"audio_s\":{audio:.3},\"first_audio_s\":{f:.4},\"first_audio_sd\":{fsd:.4},\"rtf\":{r:.4},\"rtf_sd\":{rsd:.4},\"reps\":{reps}}}"
+        );
+    } else {
+        let on = match threads {
+            Some(t) => format!("{t} threads"),
+            None => device.to_string(),
         };
-        let ((f, fsd), (r, rsd)) = (ms(&first), ms(&rtf));
-        if json {
-            println!(
-                "{{\"model\":\"{model}\",\"voice\":\"{voice}\",\"threads\":{t},\"audio_s\":{audio:.3},\"first_audio_s\":{f:.4},\"first_audio_sd\":{fsd:.4},\"rtf\":{r:.4},\"rtf_sd\":{rsd:.4},\"reps\":{reps}}}"
-            );
-        } else {
-            println!(
-                "| {model} | {voice} | {t} threads | {audio:.2} s audio | first audio {f:.3} ± {fsd:.3} s | RTF {r:.3} ± {rsd:.3} |"
-            );
-        }
+        println!(
+            "| {model} | {voice} | {on} | {audio:.2} s audio | first audio {f:.3} ± {fsd:.3} s | RTF {r:.3} ± {rsd:.3} |"
+        );
     }
     Ok(())
 }

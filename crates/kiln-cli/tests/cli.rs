@@ -227,8 +227,8 @@ fn model_that_does_not_fit_is_refused_before_loading() {
 
 #[test]
 fn device_without_its_backend_is_a_clear_error() {
-    // The test build has neither CUDA nor wgpu: every LLM and speech-to-text command says
-    // why, in one line, before loading anything.
+    // The test build has neither CUDA nor wgpu: every LLM, speech-to-text and text-to-speech
+    // command says why, in one line, before loading anything.
     let m = model();
     let m = m.to_str().unwrap();
     for (dev, says) in [("cuda", "CUDA"), ("gpu", "wgpu")] {
@@ -247,7 +247,18 @@ fn device_without_its_backend_is_a_clear_error() {
         // Speech to text too (the audio is not read before the backend is made).
         let stt = ["transcribe", "Cargo.toml", "--device", dev];
         let stt_bench = ["bench", "--stt", "Cargo.toml", "--device", dev];
-        for args in [&run[..], &ppl[..], &serve[..], &stt[..], &stt_bench[..]] {
+        // And text to speech (the backend is made before the model is looked for).
+        let tts = ["speak", "hello", "-o", "/dev/null", "--device", dev];
+        let tts_bench = ["bench", "--tts", "hello", "--device", dev];
+        for args in [
+            &run[..],
+            &ppl[..],
+            &serve[..],
+            &stt[..],
+            &stt_bench[..],
+            &tts[..],
+            &tts_bench[..],
+        ] {
             assert_clean_error(&kiln(args), says);
         }
     }

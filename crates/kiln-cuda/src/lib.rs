@@ -314,7 +314,7 @@ impl CudaBackend {
             use_graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             rope: RefCell::new(None),
             scratch: RefCell::default(),
-            cpu: CpuBackend::new(1),
+            cpu: CpuBackend::new(kiln_backend::cpu::default_threads()),
         })
     }
 

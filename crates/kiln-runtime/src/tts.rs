@@ -1,9 +1,10 @@
 //! Text-to-speech sessions: text -> sentences -> phonemes -> Kokoro audio, one sentence at a
 //! time, handed to the caller as soon as it is synthesized (streaming by sentence).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kiln_backend::cpu::CpuBackend;
+use kiln_backend::Backend;
 use kiln_models::kokoro::{load_voices, Kokoro, Voice};
 use kiln_models::ModelError;
 use kiln_text::speech::{chunk, normalize, sentences, G2p, G2pError};
@@ -28,9 +29,10 @@ pub enum TtsError {
 /// Kokoro's limit on phonemes per utterance (510 tokens plus the two pads).
 pub const MAX_PHONEMES: usize = 510;
 
-pub struct Tts {
-    backend: CpuBackend,
-    model: Kokoro<CpuBackend>,
+/// A Kokoro session on a backend (the CPU's unless loaded with [`Tts::load_files_on`]).
+pub struct Tts<B: Backend = CpuBackend> {
+    backend: B,
+    model: Kokoro<B>,
     voices: Vec<Voice>,
     g2p: Option<G2p>,
 }
@@ -44,34 +46,39 @@ pub struct TtsStats {
     pub chunks: usize,
 }
 
+/// The model, config and voices of a Kokoro directory: config.json, the model
+/// (`kokoro-v1.0.int8.onnx`, the catalog's; else `kokoro-v1.0.onnx` or hexgrad's
+/// `kokoro-v1_0.pth`) and the voices (`voices.npz`, else a `voices/` directory of `.pt`
+/// files, as hexgrad's repository has).
+pub fn model_dir_files(model_dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let first = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| model_dir.join(n))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| model_dir.join(names[0]))
+    };
+    (
+        first(&[
+            "kokoro-v1.0.int8.onnx",
+            "kokoro-v1.0.onnx",
+            "kokoro-v1_0.pth",
+        ]),
+        model_dir.join("config.json"),
+        first(&["voices.npz", "voices"]),
+    )
+}
+
 impl Tts {
-    /// `model_dir`: a Kokoro directory: config.json, the model (`kokoro-v1.0.int8.onnx`, the
-    /// catalog's; else `kokoro-v1.0.onnx` or hexgrad's `kokoro-v1_0.pth`) and the voices
-    /// (`voices.npz`, else a `voices/` directory of `.pt` files, as hexgrad's repository has);
-    /// `lexicon_dir`: misaki's lexicons, or None for phoneme input only.
+    /// `model_dir`: a Kokoro directory ([`model_dir_files`]); `lexicon_dir`: misaki's
+    /// lexicons, or None for phoneme input only.
     pub fn load(
         model_dir: &Path,
         lexicon_dir: Option<&Path>,
         threads: usize,
     ) -> Result<Tts, TtsError> {
-        let first = |names: &[&str]| {
-            names
-                .iter()
-                .map(|n| model_dir.join(n))
-                .find(|p| p.exists())
-                .unwrap_or_else(|| model_dir.join(names[0]))
-        };
-        Self::load_files(
-            &first(&[
-                "kokoro-v1.0.int8.onnx",
-                "kokoro-v1.0.onnx",
-                "kokoro-v1_0.pth",
-            ]),
-            &model_dir.join("config.json"),
-            &first(&["voices.npz", "voices"]),
-            lexicon_dir,
-            threads,
-        )
+        let (model, config, voices) = model_dir_files(model_dir);
+        Self::load_files(&model, &config, &voices, lexicon_dir, threads)
     }
 
     /// `model`: a Kokoro model file (ONNX export or hexgrad's `.pth`); `voices`: an `.npz`
@@ -83,7 +90,19 @@ impl Tts {
         lexicon_dir: Option<&Path>,
         threads: usize,
     ) -> Result<Tts, TtsError> {
-        let backend = CpuBackend::new(threads);
+        Tts::load_files_on(CpuBackend::new(threads), model, config, voices, lexicon_dir)
+    }
+}
+
+impl<B: Backend> Tts<B> {
+    /// [`Tts::load_files`] on `backend`.
+    pub fn load_files_on(
+        backend: B,
+        model: &Path,
+        config: &Path,
+        voices: &Path,
+        lexicon_dir: Option<&Path>,
+    ) -> Result<Tts<B>, TtsError> {
         let model = Kokoro::load(&backend, model, config)?;
         let voices = load_voices(voices, 2 * model.config.style_dim)?;
         let g2p = match lexicon_dir {

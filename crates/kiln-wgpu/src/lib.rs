@@ -137,7 +137,7 @@ impl WgpuBackend {
         Ok(WgpuBackend {
             gpu: Gpu::new(opt)?,
             scratch: RefCell::default(),
-            cpu: CpuBackend::new(1),
+            cpu: CpuBackend::new(kiln_backend::cpu::default_threads()),
         })
     }
 

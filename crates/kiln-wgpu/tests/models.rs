@@ -245,3 +245,82 @@ fn smollm2_batched_forward_matches_cpu() {
         100.0 * worst
     );
 }
+
+/// Log energy (dB) of each 10 ms frame of 24 kHz audio.
+fn envelope_db(x: &[f32]) -> Vec<f64> {
+    x.chunks(240)
+        .map(|f| {
+            let e = f.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / f.len() as f64;
+            10.0 * (e + 1e-12).log10()
+        })
+        .collect()
+}
+
+/// Kokoro-82M (the catalog's int8 export, the golden case's ids, voice row and speed) on
+/// wgpu, its products on the GPU and its signal ops through the CPU fallbacks, against the
+/// CPU backend: the same length of speech within 2% (durations are predicted, and a token
+/// near x.5 may round the other way) and the same energy envelope within 3 dB on average
+/// over the frames louder than 40 dB below the loudest.
+#[test]
+fn kokoro_speaks_like_the_cpu() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let c = CpuBackend::new(kiln_backend::cpu::default_threads());
+    let dir = kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
+    let case: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/assets/golden/kokoro_int8_jf_alpha_case.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let ids: Vec<u32> = case["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let voices = kiln_models::kokoro::load_voices(&dir.join("voices.npz"), 256).unwrap();
+    let voice = voices
+        .iter()
+        .find(|v| v.name == case["voice"].as_str().unwrap())
+        .unwrap();
+    let style = voice.style(case["style_row"].as_u64().unwrap() as usize + 1);
+    let speed = case["speed"].as_f64().unwrap() as f32;
+    let (model, config) = (dir.join("kokoro-v1.0.int8.onnx"), dir.join("config.json"));
+    let mg = kiln_models::kokoro::Kokoro::load(&g, &model, &config).unwrap();
+    let mc = kiln_models::kokoro::Kokoro::load(&c, &model, &config).unwrap();
+    let t0 = Instant::now();
+    let ag = mg.synthesize(&g, &ids, style, speed, None).unwrap();
+    let tg = t0.elapsed().as_secs_f64();
+    let ac = mc.synthesize(&c, &ids, style, speed, None).unwrap();
+    eprintln!(
+        "kokoro: wgpu {} samples in {tg:.2} s, cpu {} samples",
+        ag.len(),
+        ac.len()
+    );
+    let len_ratio = ag.len() as f64 / ac.len() as f64;
+    assert!(
+        (len_ratio - 1.0).abs() < 0.02,
+        "length {} vs {}",
+        ag.len(),
+        ac.len()
+    );
+    let (eg, ec) = (envelope_db(&ag), envelope_db(&ac));
+    let loudest = ec.iter().cloned().fold(f64::MIN, f64::max);
+    let (mut sum, mut n) = (0.0, 0);
+    for (a, b) in eg.iter().zip(&ec) {
+        if *b > loudest - 40.0 {
+            sum += (a - b).abs();
+            n += 1;
+        }
+    }
+    let mean = sum / n.max(1) as f64;
+    eprintln!("kokoro: envelope difference {mean:.2} dB over {n} frames");
+    assert!(
+        n > 50 && mean < 3.0,
+        "envelope difference {mean:.2} dB over {n} frames"
+    );
+}
