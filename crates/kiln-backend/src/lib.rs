@@ -24,6 +24,8 @@ pub enum BackendError {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("KV cache type {ty}: {what}")]
     KvType { ty: &'static str, what: String },
+    #[error("the {backend} backend cannot run this model: {what}")]
+    Unsupported { backend: String, what: String },
 }
 
 /// How a KV cache stores keys and values.
@@ -312,6 +314,18 @@ pub trait Backend {
     }
     /// Bytes the cache holds (keys and values of every layer).
     fn kv_cache_bytes(&self, cache: &Self::KvCache) -> usize;
+    /// Whether this backend's attention runs `heads` query heads over `kv_heads` KV heads of
+    /// `head_dim` values: models ask at load, so that a shape it cannot run is an error then
+    /// rather than a failure in the first step. The default takes any shape.
+    fn check_attention(
+        &self,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<(), BackendError> {
+        let _ = (heads, kv_heads, head_dim);
+        Ok(())
+    }
 
     // ---- ops; `n` is the number of active rows (tokens) ----
 

@@ -116,6 +116,22 @@ struct HeadGroup {
     rope: i32,
 }
 
+/// Whether the attention kernels run this shape (kernels.cu: at most MAX_GROUP query heads a
+/// KV head; head sizes a multiple of 8, at most 256).
+pub fn attention_supported(heads: usize, kv_heads: usize, head_dim: usize) -> Result<(), String> {
+    if kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP {
+        return Err(format!(
+            "{heads} query heads over {kv_heads} KV heads (at most {MAX_GROUP} a KV head)"
+        ));
+    }
+    if head_dim == 0 || head_dim % 8 != 0 || head_dim > 256 {
+        return Err(format!(
+            "head size {head_dim} (a multiple of 8, at most 256)"
+        ));
+    }
+    Ok(())
+}
+
 /// kernels.cu QOut: where a decode product writes its output quantized.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -933,6 +949,18 @@ impl Backend for CudaBackend {
                 what: "the CUDA backend stores keys and values as f16".into(),
             }),
         }
+    }
+
+    fn check_attention(
+        &self,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<(), BackendError> {
+        attention_supported(heads, kv_heads, head_dim).map_err(|what| BackendError::Unsupported {
+            backend: "CUDA".into(),
+            what,
+        })
     }
 
     fn kv_cache_bytes(&self, c: &CudaKvCache) -> usize {
@@ -1767,5 +1795,32 @@ impl CudaBackend {
             0,
             &mut args.ptrs(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_supported;
+
+    #[test]
+    fn attention_shapes_the_kernels_run() {
+        for (h, kv, hd) in [
+            (16, 8, 128),
+            (32, 8, 128),
+            (24, 8, 128),
+            (9, 3, 64),
+            (8, 8, 80),
+        ] {
+            assert!(attention_supported(h, kv, hd).is_ok(), "{h}/{kv}/{hd}");
+        }
+        for (h, kv, hd, says) in [
+            (32, 2, 128, "at most 8"),
+            (12, 5, 64, "12 query heads over 5"),
+            (8, 8, 100, "head size 100"),
+            (8, 8, 512, "head size 512"),
+        ] {
+            let e = attention_supported(h, kv, hd).unwrap_err();
+            assert!(e.contains(says), "{h}/{kv}/{hd}: {e}");
+        }
     }
 }

@@ -77,7 +77,8 @@ impl<'a> WeightMap<'a> {
     }
 
     /// The file (GGUF) or directory (safetensors) errors name when no single file applies.
-    fn origin(&self) -> PathBuf {
+    /// The file (or checkpoint directory) the weights come from.
+    pub fn origin(&self) -> PathBuf {
         match self.src {
             Source::Gguf(g) => g.path().into(),
             Source::SafeTensors { dir, .. } => dir.into(),

@@ -121,6 +121,18 @@ fn grid_1d(n: usize) -> (u32, u32, u32) {
     (x as u32, wgs.div_ceil(x) as u32, 1)
 }
 
+/// Whether the attention shaders run this shape (query heads a whole multiple of the KV
+/// heads; head sizes even, at most 256).
+pub fn attention_supported(heads: usize, kv_heads: usize, head_dim: usize) -> Result<(), String> {
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(format!("{heads} query heads over {kv_heads} KV heads"));
+    }
+    if head_dim == 0 || head_dim % 2 != 0 || head_dim > 256 {
+        return Err(format!("head size {head_dim} (even, at most 256)"));
+    }
+    Ok(())
+}
+
 pub struct WgpuBackend {
     gpu: Gpu,
     scratch: RefCell<Scratch>,
@@ -674,6 +686,18 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn check_attention(
+        &self,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<(), BackendError> {
+        attention_supported(heads, kv_heads, head_dim).map_err(|what| BackendError::Unsupported {
+            backend: "wgpu".into(),
+            what,
+        })
+    }
+
     fn kv_cache_bytes(&self, c: &WgpuKvCache) -> usize {
         (c.k.bytes + c.v.bytes) as usize
     }
@@ -1130,5 +1154,20 @@ impl WgpuBackend {
             head_dim,
             f16,
         }
+    }
+}
+
+#[cfg(test)]
+mod attention_shape_tests {
+    use super::attention_supported;
+
+    #[test]
+    fn attention_shapes_the_shaders_run() {
+        assert!(attention_supported(16, 8, 128).is_ok());
+        assert!(attention_supported(32, 2, 256).is_ok());
+        let e = attention_supported(12, 5, 64).unwrap_err();
+        assert!(e.contains("12 query heads over 5"), "{e}");
+        let e = attention_supported(8, 8, 300).unwrap_err();
+        assert!(e.contains("head size 300"), "{e}");
     }
 }

@@ -96,6 +96,11 @@ impl<B: Backend> Llama<B> {
     pub fn from_weights(b: &B, cfg: LlmConfig, w: WeightMap) -> Result<Self, ModelError> {
         use LayerParam as L;
         let (dim, q_dim, kv_dim, ffn) = (cfg.dim, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_dim);
+        b.check_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+            .map_err(|source| ModelError::Backend {
+                file: w.origin(),
+                source,
+            })?;
         let embed = w.matrix(b, Param::TokenEmbd, cfg.vocab_size, dim)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
