@@ -314,6 +314,11 @@ pub trait Backend {
     }
     /// Bytes the cache holds (keys and values of every layer).
     fn kv_cache_bytes(&self, cache: &Self::KvCache) -> usize;
+    /// What a cache asked for as `ty` (and accepted by `kv_cache_typed`) holds: a backend
+    /// may store a wider type narrower. The default stores what is asked.
+    fn kv_type_stored(&self, ty: KvType) -> KvType {
+        ty
+    }
     /// Whether this backend's attention runs `heads` query heads over `kv_heads` KV heads of
     /// `head_dim` values: models ask at load, so that a shape it cannot run is an error then
     /// rather than a failure in the first step. The default takes any shape.

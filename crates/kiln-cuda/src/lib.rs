@@ -963,6 +963,13 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn kv_type_stored(&self, ty: KvType) -> KvType {
+        match ty {
+            KvType::F32 | KvType::F16 => KvType::F16,
+            other => other,
+        }
+    }
+
     fn kv_cache_bytes(&self, c: &CudaKvCache) -> usize {
         c.k.bytes + c.v.bytes
     }

@@ -128,7 +128,7 @@ impl<B: Backend> Llm<B> {
     }
 
     pub fn kv_type(&self) -> KvType {
-        self.kv_type
+        self.backend.kv_type_stored(self.kv_type)
     }
 
     /// Ids the sampler may pick: the model's rows that the tokenizer can decode (checkpoints
@@ -161,7 +161,7 @@ impl<B: Backend> Llm<B> {
             n_ctx
         };
         let row = self
-            .kv_type
+            .kv_type()
             .ggml()
             .row_bytes(c.head_dim)
             .unwrap_or(4 * c.head_dim) as u64;
