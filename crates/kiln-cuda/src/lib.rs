@@ -211,8 +211,10 @@ struct XqSrc {
     /// squares is (0: the values are normalised already, or no norm).
     norm: u64,
     ss: u64,
-    /// The buffer.
+    /// The buffer, and whether it also holds the 1 / rms slot the float formats' products
+    /// read (attn_combine writes it; a decode product's epilogue does not).
     xq: u64,
+    inv: bool,
 }
 
 /// Sums of squares one step's decode products may accumulate (kernels.cu QOut), zeroed
@@ -466,6 +468,7 @@ impl CudaBackend {
                         norm: next_norm,
                         ss,
                         xq: xq_out,
+                        inv: false,
                     }));
                     Some(QOut {
                         xq: xq_out,
@@ -506,7 +509,8 @@ impl CudaBackend {
             );
             return;
         }
-        let pre_quantized = src.is_some_and(|s| s.ss == 0) && n <= MAX_TOK;
+        // (The matvec kernels read the 1 / rms slot: only a source that wrote it will do.)
+        let pre_quantized = src.is_some_and(|s| s.ss == 0 && s.inv) && n <= MAX_TOK;
         let xq = match src {
             Some(s) if pre_quantized => s.xq,
             _ => xq_a,
@@ -1788,6 +1792,7 @@ impl CudaBackend {
                 norm: 0,
                 ss: 0,
                 xq,
+                inv: true,
             }));
         }
     }
