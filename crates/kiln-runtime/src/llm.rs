@@ -391,11 +391,18 @@ impl<B: Backend> LlmSession<'_, B> {
         let mut sampler = Sampler::new(opts.sampler.clone());
         let mut out = TextOut::new(&llm.tokenizer, &opts.stop, on_text);
         let mut decode_forwards = 0usize;
+        // Greedy without penalties: each step's argmax is taken where the logits are (a GPU
+        // backend reads back one id, not the vocabulary's logits); the same tokens.
+        let device_argmax = opts.sampler.is_plain_argmax();
+        let mut picked: Option<u32> = None;
         let finish = loop {
             if out.generated.len() >= opts.max_tokens {
                 break FinishReason::MaxTokens;
             }
-            let next = sampler.sample(&logits[..llm.sample_vocab()], &self.tokens);
+            let next = match picked.take() {
+                Some(t) => t,
+                None => sampler.sample(&logits[..llm.sample_vocab()], &self.tokens),
+            };
             if let Some(finish) = out.push(next)? {
                 break finish;
             }
@@ -403,10 +410,20 @@ impl<B: Backend> LlmSession<'_, B> {
                 break FinishReason::ContextFull;
             }
             let pos = self.tokens.len();
-            let l = llm
-                .model
-                .forward(&llm.backend, &mut self.state, &[next], pos, false)?;
-            logits.copy_from_slice(l);
+            if device_argmax {
+                picked = Some(llm.model.forward_argmax_within(
+                    &llm.backend,
+                    &mut self.state,
+                    &[next],
+                    pos,
+                    llm.sample_vocab(),
+                )?);
+            } else {
+                let l = llm
+                    .model
+                    .forward(&llm.backend, &mut self.state, &[next], pos, false)?;
+                logits.copy_from_slice(l);
+            }
             self.tokens.push(next);
             decode_forwards += 1;
         };

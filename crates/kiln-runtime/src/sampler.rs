@@ -44,6 +44,15 @@ impl SamplerConfig {
             ..Default::default()
         }
     }
+
+    /// Picks the argmax of the logits as they come (greedy, no penalty changes them): the
+    /// pick a backend can make on the device (ties: the lowest id, as [`Sampler`] breaks them).
+    pub fn is_plain_argmax(&self) -> bool {
+        self.temperature <= 0.0
+            && self.repeat_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+    }
 }
 
 pub struct Sampler {

@@ -328,8 +328,21 @@ impl<B: Backend> Llama<B> {
         tokens: &[u32],
         pos0: usize,
     ) -> Result<u32, ModelError> {
+        self.forward_argmax_within(b, st, tokens, pos0, self.cfg.vocab_size)
+    }
+
+    /// [`Self::forward_argmax`] over the first `cols` logits only (the ids a tokenizer can
+    /// decode, where the embedding table is padded past them).
+    pub fn forward_argmax_within(
+        &self,
+        b: &B,
+        st: &mut LlamaState<B>,
+        tokens: &[u32],
+        pos0: usize,
+        cols: usize,
+    ) -> Result<u32, ModelError> {
         self.forward_device(b, st, tokens, pos0, false)?;
-        Ok(b.argmax_rows(&st.logits, 1, self.cfg.vocab_size)[0])
+        Ok(b.argmax_rows(&st.logits, 1, cols.min(self.cfg.vocab_size))[0])
     }
 
     /// Runs the forward pass leaving the logits on the device; returns their row count.
