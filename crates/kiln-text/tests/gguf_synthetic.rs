@@ -13,7 +13,13 @@ fn open(name: &str, meta: Vec<(&str, Value)>) -> GgufFile {
     for (k, v) in meta {
         w.meta(k, v);
     }
-    let path = std::env::temp_dir().join(format!("kiln-text-{}-{name}.gguf", std::process::id()));
+    // A path of its own for every call: tests running at once build the same vocabulary.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!(
+        "kiln-text-{}-{name}-{call}.gguf",
+        std::process::id()
+    ));
     w.write(&path).expect("write GGUF");
     let g = GgufFile::open(&path).expect("open GGUF");
     let _ = std::fs::remove_file(&path);
