@@ -545,6 +545,21 @@ pub trait Backend {
         );
         self.attention(q, cache, layer, shape, out);
     }
+    /// Candidates for sampling from row 0 of x: (value, column) pairs, in any order, that
+    /// include the `k` largest of its first `cols` values under `f32::total_cmp` (ties: the
+    /// lower column), into `out`; false (out untouched) where this backend does not select
+    /// them, and the caller reads the row. A device selects on the device, so a few
+    /// candidates travel instead of the row.
+    fn top_candidates(
+        &self,
+        x: &Self::Tensor,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(f32, u32)>,
+    ) -> bool {
+        let _ = (x, cols, k, out);
+        false
+    }
     /// Index of the largest of the first `cols` values of each of the first `n` rows (the
     /// first such index on ties): greedy sampling without copying logits to the host.
     fn argmax_rows(&self, x: &Self::Tensor, n: usize, cols: usize) -> Vec<u32> {

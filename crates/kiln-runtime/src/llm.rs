@@ -394,6 +394,8 @@ impl<B: Backend> LlmSession<'_, B> {
         // Greedy without penalties: each step's argmax is taken where the logits are (a GPU
         // backend reads back one id, not the vocabulary's logits); the same tokens.
         let device_argmax = opts.sampler.is_plain_argmax();
+        let top_k = opts.sampler.top_k_only();
+        let mut cand = Vec::new();
         let mut picked: Option<u32> = None;
         let finish = loop {
             if out.generated.len() >= opts.max_tokens {
@@ -418,6 +420,23 @@ impl<B: Backend> LlmSession<'_, B> {
                     pos,
                     llm.sample_vocab(),
                 )?);
+            } else if let Some(k) = top_k {
+                // Only the top k matter: the backend's candidates, where it selects them.
+                self.tokens.push(next);
+                match llm.model.forward_candidates(
+                    &llm.backend,
+                    &mut self.state,
+                    &[next],
+                    pos,
+                    llm.sample_vocab(),
+                    k,
+                    &mut cand,
+                )? {
+                    None => picked = Some(sampler.sample_candidates(&cand)),
+                    Some(l) => logits.copy_from_slice(l),
+                }
+                decode_forwards += 1;
+                continue;
             } else {
                 let l = llm
                     .model

@@ -48,10 +48,17 @@ impl SamplerConfig {
     /// Picks the argmax of the logits as they come (greedy, no penalty changes them): the
     /// pick a backend can make on the device (ties: the lowest id, as [`Sampler`] breaks them).
     pub fn is_plain_argmax(&self) -> bool {
-        self.temperature <= 0.0
-            && self.repeat_penalty == 1.0
-            && self.presence_penalty == 0.0
-            && self.frequency_penalty == 0.0
+        self.temperature <= 0.0 && !self.penalises()
+    }
+
+    fn penalises(&self) -> bool {
+        self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
+    /// Some(k) when a pick needs only the k largest logits (sampling with top-k and no
+    /// penalties): [`Sampler::sample_candidates`] then takes any list holding them.
+    pub fn top_k_only(&self) -> Option<usize> {
+        (self.temperature > 0.0 && !self.penalises() && self.top_k > 0).then_some(self.top_k)
     }
 }
 
@@ -87,11 +94,26 @@ impl Sampler {
         self.draw(logits, history, Some(draft))
     }
 
+    /// [`Sampler::sample`]'s pick from (logit, id) candidates that include the `k` largest
+    /// logits, for `k` = [`SamplerConfig::top_k_only`]: the same pick as from all the logits
+    /// (the same top k in the same order, the same draws from the random stream).
+    pub fn sample_candidates(&mut self, candidates: &[(f32, u32)]) -> u32 {
+        debug_assert!(self.cfg.top_k_only().is_some());
+        self.cand.clear();
+        self.cand.extend_from_slice(candidates);
+        self.pick(None)
+    }
+
     fn draw(&mut self, logits: &[f32], history: &[u32], draft: Option<u32>) -> u32 {
         self.cand.clear();
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
         self.apply_penalties(history);
+        self.pick(draft)
+    }
+
+    /// The pick from `self.cand` (penalties applied).
+    fn pick(&mut self, draft: Option<u32>) -> u32 {
         if self.cfg.temperature <= 0.0 {
             return argmax(&self.cand);
         }
@@ -262,6 +284,35 @@ mod tests {
             let bits =
                 |x: &[(f32, u32)]| x.iter().map(|&(l, i)| (l.to_bits(), i)).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "n {n} k {k}");
+        }
+    }
+
+    /// Picking from a superset of the top k (shuffled, as a device's chunks give it) is
+    /// picking from all the logits, draw for draw.
+    #[test]
+    fn candidates_pick_what_all_logits_pick() {
+        let mut rng = SplitMix64(11);
+        let logits: Vec<f32> = (0..5000)
+            .map(|_| (rng.next_f32() * 40.0).floor() / 4.0)
+            .collect();
+        let cfg = SamplerConfig {
+            temperature: 0.9,
+            top_k: 40,
+            seed: 5,
+            ..Default::default()
+        };
+        let k = cfg.top_k_only().unwrap();
+        // The top 3k in some order other than the sorted one.
+        let mut all: Vec<(f32, u32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (l, i as u32))
+            .collect();
+        top_sorted(&mut all, 3 * k);
+        all.reverse();
+        let (mut a, mut b) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
+        for _ in 0..200 {
+            assert_eq!(a.sample(&logits, &[]), b.sample_candidates(&all));
         }
     }
 

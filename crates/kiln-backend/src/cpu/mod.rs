@@ -378,6 +378,25 @@ impl Backend for CpuBackend {
         t
     }
 
+    fn top_candidates(
+        &self,
+        x: &CpuTensor,
+        cols: usize,
+        _k: usize,
+        out: &mut Vec<(f32, u32)>,
+    ) -> bool {
+        // Every value, straight from the tensor: the sampler selects (no copy of the row
+        // first).
+        out.clear();
+        out.extend(
+            x.data[..cols]
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (v, i as u32)),
+        );
+        true
+    }
+
     fn argmax_rows(&self, x: &CpuTensor, n: usize, cols: usize) -> Vec<u32> {
         // Straight from the tensor: no copy of the logits.
         (0..n)

@@ -331,6 +331,29 @@ impl<B: Backend> Llama<B> {
         self.forward_argmax_within(b, st, tokens, pos0, self.cfg.vocab_size)
     }
 
+    /// Like [`Self::forward`] for the last token only, for a pick that needs only the `k`
+    /// largest of the first `cols` logits: the backend's candidates ([`Backend::
+    /// top_candidates`]) in `out` and None, or, where it gives none, the logits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_candidates<'s>(
+        &self,
+        b: &B,
+        st: &'s mut LlamaState<B>,
+        tokens: &[u32],
+        pos0: usize,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(f32, u32)>,
+    ) -> Result<Option<&'s [f32]>, ModelError> {
+        self.forward_device(b, st, tokens, pos0, false)?;
+        let vocab = self.cfg.vocab_size;
+        if b.top_candidates(&st.logits, cols.min(vocab), k, out) {
+            return Ok(None);
+        }
+        b.read(&st.logits, 1, &mut st.logits_host[..vocab]);
+        Ok(Some(&st.logits_host[..vocab]))
+    }
+
     /// [`Self::forward_argmax`] over the first `cols` logits only (the ids a tokenizer can
     /// decode, where the embedding table is padded past them).
     pub fn forward_argmax_within(
