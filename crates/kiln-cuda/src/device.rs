@@ -139,6 +139,7 @@ pub const KERNELS: &[&str] = &[
     "kv_store",
     "im2col",
     "argmax",
+    "topk_chunks",
     "dequant_f16",
     "rows_f16",
     "layer_norm",

@@ -1451,6 +1451,41 @@ extern "C" __global__ void argmax(const float* x, int cols, unsigned long long* 
     if ((threadIdx.x & 31) == 0 && k != 0) atomicMax(best + blockIdx.y, k);
 }
 
+// Sampling candidates: block b sorts values [b * TOPK_CHUNK, (b + 1) * TOPK_CHUNK) of x (of
+// cols) as argmax keys (descending, a bitonic sort in shared memory; NaNs keep their place
+// in f32::total_cmp's order, past the chunk's end pads 0) and writes its first k keys to
+// out[b * k ..]: the chunks' tops together hold the row's top k.
+#define TOPK_CHUNK 2048
+extern "C" __global__ void __launch_bounds__(256)
+    topk_chunks(const float* x, int cols, int k, unsigned long long* out) {
+    pdl_begin();
+    __shared__ unsigned long long s[TOPK_CHUNK];
+    const int base = blockIdx.x * TOPK_CHUNK;
+    for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) {
+        const int c = base + i;
+        s[i] = c < cols ? argmax_key(x[c], c) : 0ull;
+    }
+    __syncthreads();
+    for (int size = 2; size <= TOPK_CHUNK; size <<= 1) {
+        for (int j = size >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) {
+                const int p = i ^ j;
+                if (p > i) {
+                    const unsigned long long a = s[i], b = s[p];
+                    // Runs with (i & size) == 0 descending, the others ascending: the last
+                    // merge (size = TOPK_CHUNK) leaves all of it descending.
+                    if ((i & size) == 0 ? a < b : a > b) {
+                        s[i] = b;
+                        s[p] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[(size_t)blockIdx.x * k + i] = s[i];
+}
+
 // ---- prefill: f16 operands for cuBLAS's tensor-core GEMM --------------------------------
 
 __device__ __forceinline__ u32 h2pack(float a, float b) {

@@ -193,6 +193,7 @@ struct Scratch {
     attn_acc: Option<DevBuf>,
     attn_ml: Option<DevBuf>,
     argmax: Option<DevBuf>,
+    topk: Option<DevBuf>,
     im2col: Option<DevBuf>,
     xq: Option<DevBuf>,
     /// The other activation buffer: a decode product writing its output quantized reads
@@ -250,6 +251,9 @@ pub struct CudaBackend {
     xq_src: Cell<Option<XqSrc>>,
     /// Inside [`Backend::step`]: the sums of squares were zeroed, `ss_next` are taken.
     in_step: Cell<bool>,
+    /// Sampling candidates selected on the GPU (kernels.cu topk_chunks; KILN_CUDA_TOPK=1
+    /// until it is measured on a GPU).
+    topk: bool,
     ss: DevBuf,
     ss_next: Cell<usize>,
     graphs: RefCell<HashMap<u64, Graph>>,
@@ -294,6 +298,9 @@ fn fmt_name(mats: &Mats, mode: i32) -> &'static str {
     }
 }
 
+/// Values a block of kernels.cu topk_chunks sorts (at most this many sampling candidates).
+const TOPK_CHUNK: usize = 2048;
+
 /// Tokens from which a product goes through cuBLAS instead of the matvec kernel.
 const GEMM_MIN_TOKENS: usize = 16;
 
@@ -325,6 +332,7 @@ impl CudaBackend {
             recording: Cell::new(false),
             xq_src: Cell::new(None),
             in_step: Cell::new(false),
+            topk: std::env::var("KILN_CUDA_TOPK").is_ok_and(|v| v == "1"),
             ss: DevBuf::alloc(4 * SS_SLOTS),
             ss_next: Cell::new(0),
             graphs: RefCell::default(),
@@ -334,6 +342,12 @@ impl CudaBackend {
             scratch: RefCell::default(),
             cpu: CpuBackend::new(kiln_backend::cpu::default_threads()),
         })
+    }
+
+    /// Sampling candidates selected on the GPU, as KILN_CUDA_TOPK=1 asks.
+    pub fn with_gpu_candidates(mut self) -> Self {
+        self.topk = true;
+        self
     }
 
     /// Every step launched op by op (no graph recording): for comparisons.
@@ -1424,6 +1438,48 @@ impl Backend for CudaBackend {
             src.buf.ptr + (src_row0 * src.cols * 4) as u64,
             n * src.cols * 4,
         );
+    }
+
+    fn top_candidates(
+        &self,
+        x: &CudaTensor,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(f32, u32)>,
+    ) -> bool {
+        if !self.topk || k == 0 || k > TOPK_CHUNK || cols == 0 {
+            return false;
+        }
+        self.xq_src.set(None);
+        let chunks = cols.div_ceil(TOPK_CHUNK);
+        let buf = ensure(&mut self.scratch.borrow_mut().topk, 8 * chunks * k);
+        let mut a = Args::default()
+            .a(x.buf.ptr)
+            .a(cols as i32)
+            .a(k as i32)
+            .a(buf);
+        self.dev.launch(
+            self.dev.func("topk_chunks"),
+            (chunks as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        let mut keys = vec![0u64; chunks * k];
+        self.dev.dtoh(&mut keys, buf);
+        out.clear();
+        out.extend(keys.iter().filter_map(|&key| {
+            // kernels.cu argmax_key: the value's order-preserving bits above !column.
+            let id = !(key as u32);
+            let b = (key >> 32) as u32;
+            let bits = if b & 0x8000_0000 != 0 {
+                b & 0x7fff_ffff
+            } else {
+                !b
+            };
+            ((id as usize) < cols).then_some((f32::from_bits(bits), id))
+        }));
+        true
     }
 
     fn argmax_rows(&self, x: &CudaTensor, n: usize, cols: usize) -> Vec<u32> {

@@ -176,6 +176,41 @@ fn fused_norm_products_equal_their_parts() {
     }
 }
 
+/// Sampling candidates selected on the GPU hold the row's top k in f32::total_cmp's order
+/// (ties by the lower column, NaNs and infinities included), for k from 1 to a whole chunk
+/// and rows shorter and longer than one.
+#[test]
+#[ignore]
+fn top_candidates_hold_the_top_k() {
+    let g = gpu().with_gpu_candidates();
+    let mut r = Rng(12);
+    let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    for (cols, k) in [
+        (151936, 40),
+        (151936, 1),
+        (5000, 256),
+        (100, 40),
+        (3000, 2048),
+    ] {
+        // Coarse values, so many ties; a NaN, infinities and a negative zero.
+        let mut v: Vec<f32> = r.v(cols).iter().map(|x| (x * 30.0).floor() / 4.0).collect();
+        v[cols / 3] = f32::NAN;
+        v[cols / 2] = f32::INFINITY;
+        v[cols - 1] = f32::NEG_INFINITY;
+        v[0] = -0.0;
+        let x = g.tensor_from(1, cols, &v);
+        let mut got = Vec::new();
+        assert!(g.top_candidates(&x, cols, k, &mut got), "cols {cols} k {k}");
+        got.sort_by(order);
+        got.truncate(k);
+        let mut want: Vec<(f32, u32)> = v.iter().enumerate().map(|(i, &l)| (l, i as u32)).collect();
+        want.sort_by(order);
+        want.truncate(k);
+        let bits = |x: &[(f32, u32)]| x.iter().map(|&(l, i)| (l.to_bits(), i)).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "cols {cols} k {k}");
+    }
+}
+
 /// A decode layer's products chained inside a step, where each writes its output quantized
 /// for the next (the RMSNorm's weights folded in, its 1 / rms applied by the consumer), in
 /// two formats, against the CPU doing the same ops.
