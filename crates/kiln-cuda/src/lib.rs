@@ -1483,6 +1483,16 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_rows(&self, x: &CudaTensor, n: usize, cols: usize) -> Vec<u32> {
+        // The kernel steps rows by `cols`: fewer columns than the rows hold, for several
+        // rows, go through the host.
+        if n > 1 && cols != x.cols {
+            let mut v = vec![0f32; n * x.cols];
+            self.read(x, n, &mut v);
+            return v
+                .chunks_exact(x.cols.max(1))
+                .map(|r| kiln_backend::argmax_first(&r[..cols]))
+                .collect();
+        }
         let out = ensure(&mut self.scratch.borrow_mut().argmax, 8 * n.max(1));
         self.dev.memset_u32(out, 0, 2 * n.max(1));
         let mut a = Args::default().a(x.buf.ptr).a(cols as i32).a(out);

@@ -314,6 +314,11 @@ fn embed_norm_add_argmax() {
     l[70001 + 69999] = 3.0;
     let lg = g.tensor_from(2, 70001, &l);
     assert_eq!(g.argmax_rows(&lg, 2, 70001), vec![5, 69999]);
+    // The first columns only: of one row (on the GPU) and of two (through the host).
+    assert_eq!(g.argmax_rows(&lg, 1, 800), vec![5]);
+    l[70001 + 12] = 8.0;
+    let lg = g.tensor_from(2, 70001, &l);
+    assert_eq!(g.argmax_rows(&lg, 2, 60000), vec![5, 12]);
 }
 
 fn rope_cfg(style: RopeStyle, dims: usize, hd: usize) -> RopeConfig {

@@ -227,6 +227,14 @@ fn embed_norm_elementwise_copies_argmax() {
         assert_eq!(g.argmax_rows(&lg, 2, 70001), vec![5, 12295]);
         let lc = c.tensor_from(2, 70001, &l);
         assert_eq!(c.argmax_rows(&lc, 2, 70001), vec![5, 12295]);
+        // One row's first columns only (the ids a tokenizer decodes): the maximum past them
+        // does not count.
+        let mut l = r.v(70001);
+        l[69000] = 9.0;
+        l[3] = 5.0;
+        let (lg, lc) = (g.tensor_from(1, 70001, &l), c.tensor_from(1, 70001, &l));
+        assert_eq!(g.argmax_rows(&lg, 1, 60000), vec![3]);
+        assert_eq!(c.argmax_rows(&lc, 1, 60000), vec![3]);
     }
 }
 
