@@ -232,11 +232,14 @@ pub fn next_step_key() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Index of the largest value of `r`, the first on ties (NaN never wins over a number
-/// before it).
+/// Index of the largest value of `r`, the first on ties (a NaN never wins; a row of NaNs
+/// gives 0), as the sampler's greedy pick.
 pub fn argmax_first(r: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in r.iter().enumerate() {
+    // From the first number: a NaN before it never wins either (all NaN: 0).
+    let Some(mut best) = r.iter().position(|x| !x.is_nan()) else {
+        return 0;
+    };
+    for (i, &x) in r.iter().enumerate().skip(best + 1) {
         if x > r[best] {
             best = i;
         }
@@ -828,4 +831,19 @@ pub trait Backend {
     );
     /// GELU, tanh approximation, over the first `n` values, in place.
     fn gelu_tanh(&self, x: &mut Self::Tensor, n: usize);
+}
+
+#[cfg(test)]
+mod argmax_tests {
+    use super::argmax_first;
+
+    /// The sampler's greedy pick: the first of equal maxima, NaNs never, wherever they are.
+    #[test]
+    fn argmax_first_skips_nans_and_keeps_the_first_tie() {
+        assert_eq!(argmax_first(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax_first(&[f32::NAN, 1.0, 2.0, f32::NAN]), 2);
+        assert_eq!(argmax_first(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(argmax_first(&[f32::NEG_INFINITY, f32::NAN, -1e30]), 2);
+        assert_eq!(argmax_first(&[]), 0);
+    }
 }

@@ -423,7 +423,7 @@ impl CudaBackend {
         } else {
             mats.row0[mats.n_mats as usize] as usize
         };
-        let (xq_a, xq_b) = {
+        let (xq_a, xq_b, grown) = {
             let mut sc = self.scratch.borrow_mut();
             let bytes = pack::xq_bytes(cols.max(total), MAX_TOK);
             assert!(
@@ -433,16 +433,20 @@ impl CudaBackend {
                         .all(|b| b.as_ref().is_some_and(|b| b.bytes >= bytes)),
                 "activation buffer grown inside a recorded step"
             );
-            (ensure(&mut sc.xq, bytes), ensure(&mut sc.xq2, bytes))
+            let before = [&sc.xq, &sc.xq2].map(|b| b.as_ref().map(|b| b.ptr));
+            let (a, b) = (ensure(&mut sc.xq, bytes), ensure(&mut sc.xq2, bytes));
+            (a, b, before != [Some(a), Some(b)])
         };
         let norm_w = norm.map_or(0u64, |(w, _)| w.buf.ptr);
         let eps = norm.map_or(0f32, |(_, e)| e);
         // Rows the previous op wrote already quantized (attn_combine, a decode product's
         // epilogue) need no quant_act.
+        // (Not when the buffers were just reallocated: the rows' quantized form went with
+        // the old ones, so they are quantized again from x.)
         let src = self
             .xq_src
             .take()
-            .filter(|s| s.x == x.0 && s.n == n && s.norm == norm_w);
+            .filter(|s| s.x == x.0 && s.n == n && s.norm == norm_w && !grown);
         let quantized = |m: &Mat| m.fmt != FMT_F32 && m.fmt != FMT_F16;
         let n_used = if mode == MODE_GATE_UP {
             2

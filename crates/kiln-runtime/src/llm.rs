@@ -422,8 +422,7 @@ impl<B: Backend> LlmSession<'_, B> {
                 )?);
             } else if let Some(k) = top_k {
                 // Only the top k matter: the backend's candidates, where it selects them.
-                self.tokens.push(next);
-                match llm.model.forward_candidates(
+                let got = llm.model.forward_candidates(
                     &llm.backend,
                     &mut self.state,
                     &[next],
@@ -431,7 +430,9 @@ impl<B: Backend> LlmSession<'_, B> {
                     llm.sample_vocab(),
                     k,
                     &mut cand,
-                )? {
+                )?;
+                self.tokens.push(next);
+                match got {
                     None => picked = Some(sampler.sample_candidates(&cand)),
                     Some(l) => logits.copy_from_slice(l),
                 }
