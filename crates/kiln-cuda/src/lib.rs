@@ -1,6 +1,6 @@
 //! kiln's CUDA backend.
 //!
-//! The driver API is loaded at run time through `cudarc` and the kernels (kernels.cu) are
+//! The driver API is loaded at run time through `cudarc` and the kernels (kernels/*.cu) are
 //! compiled by NVRTC on first use (PTX cached under `$KILN_HOME/cuda`), so building needs no
 //! CUDA toolkit and a machine without a GPU gets a clear error from [`CudaBackend::new`].
 //!
@@ -35,22 +35,22 @@ pub use device::CudaInitError;
 use device::{DevBuf, Device};
 use pack::{FMT_F16, FMT_F32};
 
-/// Tokens one matvec launch takes (kernels.cu MAX_TOK).
+/// Tokens one matvec launch takes (kernels/*.cu MAX_TOK).
 /// From this many queries, dense attention runs as attn_dense_rows (a thread per query), below
 /// as attn_dense_few (a block per query).
 const DENSE_ROWS_MIN_QUERIES: usize = 8;
 
 const MAX_TOK: usize = 4;
-/// Warps per matvec block (kernels.cu WARPS).
+/// Warps per matvec block (kernels/*.cu WARPS).
 const WARPS: usize = 8;
 /// Token ids the step parameters hold.
 const MAX_IDS: usize = 4096;
-/// Keys per attention warp and warps per block (kernels.cu ATT_WCHUNK, ATT_WARPS).
+/// Keys per attention warp and warps per block (kernels/*.cu ATT_WCHUNK, ATT_WARPS).
 const ATT_WCHUNK: usize = 32;
 const ATT_WARPS: usize = 4;
 /// Keys per decode attention split at a full cache, when that leaves the GPU enough blocks.
 const ATT_SPLIT_KEYS: usize = 16;
-/// Query heads per KV head the attention kernel holds (kernels.cu MAX_GROUP).
+/// Query heads per KV head the attention kernel holds (kernels/*.cu MAX_GROUP).
 const MAX_GROUP: usize = 8;
 
 pub struct CudaTensor {
@@ -116,7 +116,7 @@ struct HeadGroup {
     rope: i32,
 }
 
-/// Whether the attention kernels run this shape (kernels.cu: at most MAX_GROUP query heads a
+/// Whether the attention kernels run this shape (kernels/*.cu: at most MAX_GROUP query heads a
 /// KV head; head sizes a multiple of 8, at most 256).
 pub fn attention_supported(heads: usize, kv_heads: usize, head_dim: usize) -> Result<(), String> {
     if kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP {
@@ -132,7 +132,7 @@ pub fn attention_supported(heads: usize, kv_heads: usize, head_dim: usize) -> Re
     Ok(())
 }
 
-/// kernels.cu QOut: where a decode product writes its output quantized.
+/// kernels/*.cu QOut: where a decode product writes its output quantized.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct QOut {
@@ -141,7 +141,7 @@ struct QOut {
     ss: u64,
 }
 
-/// kernels.cu DecHeads: the decode attention's own q/k norm, RoPE and cache store.
+/// kernels/*.cu DecHeads: the decode attention's own q/k norm, RoPE and cache store.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct DecHeads {
@@ -218,7 +218,7 @@ struct XqSrc {
     inv: bool,
 }
 
-/// Sums of squares one step's decode products may accumulate (kernels.cu QOut), zeroed
+/// Sums of squares one step's decode products may accumulate (kernels/*.cu QOut), zeroed
 /// when the step starts.
 const SS_SLOTS: usize = 1024;
 
@@ -251,7 +251,7 @@ pub struct CudaBackend {
     xq_src: Cell<Option<XqSrc>>,
     /// Inside [`Backend::step`]: the sums of squares were zeroed, `ss_next` are taken.
     in_step: Cell<bool>,
-    /// Sampling candidates selected on the GPU (kernels.cu topk_chunks; KILN_CUDA_TOPK=1
+    /// Sampling candidates selected on the GPU (kernels/*.cu topk_chunks; KILN_CUDA_TOPK=1
     /// until it is measured on a GPU).
     topk: bool,
     ss: DevBuf,
@@ -278,7 +278,7 @@ impl Drop for Blas {
     }
 }
 
-/// The one format of a launch's matrices as kernels.cu's kernel names spell it, or `any` for
+/// The one format of a launch's matrices as kernels/*.cu's kernel names spell it, or `any` for
 /// a mix (or a float format).
 fn fmt_name(mats: &Mats, mode: i32) -> &'static str {
     let n_used = if mode == MODE_GATE_UP {
@@ -298,7 +298,7 @@ fn fmt_name(mats: &Mats, mode: i32) -> &'static str {
     }
 }
 
-/// Values a block of kernels.cu topk_chunks sorts (at most this many sampling candidates).
+/// Values a block of kernels/*.cu topk_chunks sorts (at most this many sampling candidates).
 const TOPK_CHUNK: usize = 2048;
 
 /// Tokens from which a product goes through cuBLAS instead of the matvec kernel.
@@ -454,7 +454,7 @@ impl CudaBackend {
             mats.n_mats as usize
         };
         if n == 1 && cols % 32 == 0 && mats.m[..n_used].iter().all(quantized) {
-            // One token (kernels.cu matvec_dec_impl).
+            // One token (kernels/*.cu matvec_dec_impl).
             let (xq_in, ss_in) = match src {
                 Some(s) => (s.xq, s.ss),
                 None => {
@@ -536,7 +536,7 @@ impl CudaBackend {
         let (nr, kw) = self.matvec_shape(&mats, cols, total);
         let blocks = total.div_ceil(WARPS / kw * nr) as u32;
         let prefetch = self.dev.pdl as i32;
-        // kernels.cu's matvec_<format>_<nr>_<tokens>: room for one token or MAX_TOK.
+        // kernels/*.cu's matvec_<format>_<nr>_<tokens>: room for one token or MAX_TOK.
         let nt = if n == 1 { 1 } else { MAX_TOK };
         let func = self
             .dev
@@ -650,7 +650,7 @@ impl CudaBackend {
                 m.q
             } else {
                 let mut a = Args::default().a(*m).a(rows as i32).a(cols as i32).a(w16);
-                // A thread per 32-value block of the quantized formats (kernels.cu).
+                // A thread per 32-value block of the quantized formats (kernels/*.cu).
                 let per_block = m.fmt != FMT_F32 && cols % 32 == 0;
                 let threads = if per_block {
                     rows * cols / 32
@@ -1360,7 +1360,7 @@ impl Backend for CudaBackend {
             return self.attention(q, cache, layer, s, out);
         }
         // One token: the attention kernel normalises and rotates q and the new key itself
-        // and stores the new key and value (kernels.cu attn_dec_<EPL>).
+        // and stores the new key and value (kernels/*.cu attn_dec_<EPL>).
         let (qn, kn, eps) = qk_norm.map_or((0, 0, 0.0), |(a, b, e)| (a.buf.ptr, b.buf.ptr, e));
         let dh = DecHeads {
             k: k.buf.ptr,
@@ -1473,7 +1473,7 @@ impl Backend for CudaBackend {
         self.dev.dtoh(&mut keys, buf);
         out.clear();
         out.extend(keys.iter().filter_map(|&key| {
-            // kernels.cu argmax_key: the value's order-preserving bits above !column.
+            // kernels/*.cu argmax_key: the value's order-preserving bits above !column.
             let id = !(key as u32);
             let b = (key >> 32) as u32;
             let bits = if b & 0x8000_0000 != 0 {
@@ -1633,7 +1633,7 @@ impl Backend for CudaBackend {
         if s.n_q == 0 {
             return;
         }
-        // kernels.cu attn_dense_*: heads of 64 (every Whisper model); scores of a few
+        // kernels/*.cu attn_dense_*: heads of 64 (every Whisper model); scores of a few
         // queries in shared memory (48 KiB). Others through the CPU backend.
         let few = s.n_q < DENSE_ROWS_MIN_QUERIES;
         if s.head_dim != 64 || (few && s.n_kv > 12 * 1024) || (s.causal && s.n_kv < s.n_q) {
@@ -1732,7 +1732,7 @@ impl Backend for CudaBackend {
 
 impl CudaBackend {
     /// Quantizes n rows of x (cols values; RMS-normalised with norm_w first, when not 0)
-    /// into the activation buffer xq (kernels.cu quant_act).
+    /// into the activation buffer xq (kernels/*.cu quant_act).
     fn quant_act(&self, x: u64, cols: usize, n: usize, norm_w: u64, eps: f32, xq: u64) {
         let mut a = Args::default()
             .a(x)
@@ -1774,14 +1774,14 @@ impl CudaBackend {
             "CUDA attention: head size {} (a multiple of 8, at most 256)",
             s.head_dim
         );
-        // kernels.cu's attn_split_<EPL> / attn_dec_<EPL>, EPL = head_dim / 32 rounded up.
+        // kernels/*.cu's attn_split_<EPL> / attn_dec_<EPL>, EPL = head_dim / 32 rounded up.
         let kind = if dec.is_some() { "dec" } else { "split" };
         let name = format!("attn_{kind}_{}", s.head_dim.div_ceil(32));
         self.set_params(s.pos0, None);
         // A grid fixed by the cache's size, so one recording serves every position. The
         // split kernel: ATT_WARPS warps of ATT_WCHUNK keys a block over the whole cache. The
         // decode kernel: each split takes its share of the keys the step sees, about two
-        // blocks a multiprocessor (kernels.cu attn_dec_impl).
+        // blocks a multiprocessor (kernels/*.cu attn_dec_impl).
         let (splits, n_ws) = match dec {
             None => {
                 let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);

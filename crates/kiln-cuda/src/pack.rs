@@ -1,4 +1,4 @@
-//! Host-side repacking of GGML blocks into the layouts the kernels read (kernels.cu).
+//! Host-side repacking of GGML blocks into the layouts the kernels read (kernels/*.cu).
 //!
 //! Every quantized format becomes blocks of 32 values; per block, 4-bit parts sit in one
 //! 16-byte vector (byte j holds values j and j + 16, low nibble first) so one 128-bit load
@@ -153,7 +153,7 @@ pub fn mlx_as_q4_1(
     Some(out)
 }
 
-/// Bytes of the quantized activations (kernels.cu quant_act) of `ntok` tokens of `cols`.
+/// Bytes of the quantized activations (kernels/*.cu quant_act) of `ntok` tokens of `cols`.
 pub fn xq_bytes(cols: usize, ntok: usize) -> usize {
     let nb = cols / 32;
     let bytes = ntok * cols + ntok * nb * 4 + ntok * (cols / 16) * 2 + ntok * 4;

@@ -1,6 +1,6 @@
 //! kiln's portable GPU backend: `wgpu` over Vulkan (Linux, Windows, Android; Mesa's
 //! lavapipe in CI) and Metal (Apple), kernels in WGSL (src/shaders/, one file per op
-//! family, mirroring kiln-cuda's kernels.cu).
+//! family, mirroring kiln-cuda's kernels).
 //!
 //! What runs on the GPU: the whole LLM path — embedding lookup, matrix-vector products for
 //! F32, F16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (other formats widened to f32 at load) with

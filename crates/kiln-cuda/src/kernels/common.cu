@@ -1,0 +1,109 @@
+// kiln's CUDA kernels, compiled at run time with NVRTC as one source: device.rs joins
+// src/kernels/*.cu in order (this file's definitions first; then products, rows,
+// attention, elementwise, speech). No headers: f16 conversions and the integer dot
+// products are PTX.
+//
+// Weights arrive repacked by pack.rs: every quantized format is cut into blocks of 32
+// values whose 4-bit parts sit in one 16-byte vector (byte j holds values j and j + 16, low
+// nibble first) and whose 8-bit parts sit in two; scales live in arrays of their own. A
+// matrix-vector product first quantizes the activations (after the RMSNorm it may fuse) to
+// int8 blocks once (quant_act, into global memory), then warps take rows, each lane one
+// block at a time, and products are dp4a.
+//
+// Positions and token ids are read from `params` (device memory: params[0] = first
+// position, params[2 + t] = token t), so that a recorded graph stays valid from step to step.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_Q4_0 2
+#define FMT_Q4_1 3
+#define FMT_Q8_0 4
+#define FMT_Q4_K 5
+#define FMT_Q6_K 6
+
+#define MODE_STORE 0
+#define MODE_ADD 1
+#define MODE_GATE_UP 2
+
+#define MAX_TOK 4
+#define WARPS 8
+#define QV 12
+#define Q6K_REC 20
+#define KINF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+// Unsigned bytes of a times signed bytes of b, summed into c.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int dp4a_ss(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// Programmatic dependent launch (sm_90+): a kernel lets the next one in the stream start as
+// soon as all its blocks run (pdl_trigger), and waits for the previous one to finish and
+// its writes to be visible (pdl_wait) before it touches anything that one wrote. Only
+// immutable data (weights) is read before the wait. No-ops when launched without the
+// attribute or on older GPUs.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+    pdl_trigger();
+    pdl_wait();
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Spreads 4 two-bit fields (bits 0..7 of t) into bits 4..5 of 4 bytes.
+__device__ __forceinline__ u32 spread2(u32 t) {
+    u32 b = (t & 0x03) | ((t & 0x0c) << 6) | ((t & 0x30) << 12) | ((t & 0xc0) << 18);
+    return b << 4;
+}
+
+// The scale and minimum of sub-block j (0..7) from a Q4_K super-block's 12 packed bytes.
+__device__ __forceinline__ void q4k_scale_min(const u8* sc, int j, int* d, int* m) {
+    if (j < 4) {
+        *d = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *d = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+

@@ -1,0 +1,192 @@
+// ---- elementwise ------------------------------------------------------------------------
+
+extern "C" __global__ void add(float* x, const float* y, size_t n) {
+    pdl_begin();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+extern "C" __global__ void silu_mul(float* g, const float* u, size_t n) {
+    pdl_begin();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        g[i] = silu(g[i]) * u[i];
+}
+
+extern "C" __global__ void scale(float* x, float s, size_t n) {
+    pdl_begin();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+// Rows t of (n, cols) f32 to f16 cache positions pos0 + t of each head plane:
+// x row t is (heads, head_dim); cache (heads, n_ctx, head_dim).
+extern "C" __global__ void kv_store(const float* x, u16* cache, int heads, int head_dim,
+                                    int n_ctx, const u32* params) {
+    pdl_begin();
+    const int t = blockIdx.y, pos = (int)params[0] + t;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < heads * head_dim;
+         i += gridDim.x * blockDim.x) {
+        const int h = i / head_dim, e = i % head_dim;
+        cache[((size_t)h * n_ctx + pos) * head_dim + e] = f2h(x[(size_t)t * heads * head_dim + i]);
+    }
+}
+
+// out (t_out, c_in * k): column c * k + j of row t is x[t * stride + j - pad][c].
+extern "C" __global__ void im2col(const float* x, int t_in, int c_in, int k, int stride, int pad,
+                                  int t_out, float* out) {
+    pdl_begin();
+    const size_t n = (size_t)t_out * c_in * k;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int col = (int)(i % ((size_t)c_in * k));
+        const int t = (int)(i / ((size_t)c_in * k));
+        const int c = col / k, j = col % k;
+        const int src = t * stride + j - pad;
+        out[i] = (src >= 0 && src < t_in) ? x[(size_t)src * c_in + c] : 0.0f;
+    }
+}
+
+// out[r] = the first index of the largest value of row r: blocks (grid.x) split a row
+// (grid.y), each folds its part into one 64-bit key, max'ed atomically into best[r]
+// (zeroed first): the value's order-preserving bits above ~index, so ties go to the first.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+    u32 b = __float_as_uint(v);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long)b << 32) | (u32)(~(u32)i);
+}
+
+extern "C" __global__ void argmax(const float* x, int cols, unsigned long long* best) {
+    pdl_begin();
+    const float* xr = x + (size_t)blockIdx.y * cols;
+    unsigned long long k = 0;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        const float y = xr[c];
+        if (y == y) {  // NaN never wins
+            const unsigned long long ky = argmax_key(y, c);
+            k = ky > k ? ky : k;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long ok = __shfl_xor_sync(0xffffffffu, k, o);
+        k = ok > k ? ok : k;
+    }
+    if ((threadIdx.x & 31) == 0 && k != 0) atomicMax(best + blockIdx.y, k);
+}
+
+// Sampling candidates: block b sorts values [b * TOPK_CHUNK, (b + 1) * TOPK_CHUNK) of x (of
+// cols) as argmax keys (descending, a bitonic sort in shared memory; NaNs keep their place
+// in f32::total_cmp's order, past the chunk's end pads 0) and writes its first k keys to
+// out[b * k ..]: the chunks' tops together hold the row's top k.
+#define TOPK_CHUNK 2048
+extern "C" __global__ void __launch_bounds__(256)
+    topk_chunks(const float* x, int cols, int k, unsigned long long* out) {
+    pdl_begin();
+    __shared__ unsigned long long s[TOPK_CHUNK];
+    const int base = blockIdx.x * TOPK_CHUNK;
+    for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) {
+        const int c = base + i;
+        s[i] = c < cols ? argmax_key(x[c], c) : 0ull;
+    }
+    __syncthreads();
+    for (int size = 2; size <= TOPK_CHUNK; size <<= 1) {
+        for (int j = size >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) {
+                const int p = i ^ j;
+                if (p > i) {
+                    const unsigned long long a = s[i], b = s[p];
+                    // Runs with (i & size) == 0 descending, the others ascending: the last
+                    // merge (size = TOPK_CHUNK) leaves all of it descending.
+                    if ((i & size) == 0 ? a < b : a > b) {
+                        s[i] = b;
+                        s[p] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[(size_t)blockIdx.x * k + i] = s[i];
+}
+
+// ---- prefill: f16 operands for cuBLAS's tensor-core GEMM --------------------------------
+
+__device__ __forceinline__ u32 h2pack(float a, float b) {
+    return (u32)f2h(a) | ((u32)f2h(b) << 16);
+}
+
+// out (rows, cols) f16 = the packed matrix's values: a thread per 32-value block (its
+// 16 or 32 bytes read at once, 64 bytes written), or per value for the float formats.
+extern "C" __global__ void dequant_f16(Mat m, int rows, int cols, u16* out) {
+    pdl_begin();
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    if (m.fmt == FMT_F32 || m.fmt == FMT_F16 || cols % 32 != 0) {
+        const size_t n = (size_t)rows * cols;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step)
+            out[i] = f2h(packed_value(m, (int)(i / cols), cols, (int)(i % cols)));
+        return;
+    }
+    const int nb = cols / 32;
+    const size_t nblk = (size_t)rows * nb;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nblk; i += step) {
+        const int r = (int)(i / nb), b = (int)(i % nb);
+        const WBlk w = wblk_load<-1>(m, r, b, nb);
+        uint4* o = (uint4*)(out + i * 32);
+        if (m.fmt == FMT_Q8_0) {
+            const float d = h2f((u16)w.s);
+            const u32 q[8] = {w.q.x, w.q.y, w.q.z, w.q.w, w.r.x, w.r.y, w.r.z, w.r.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u32 h[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const u32 word = q[(8 * k + 2 * j) / 4];
+                    const int sh = 8 * ((8 * k + 2 * j) % 4);
+                    h[j] = h2pack(d * (float)(i8)((word >> sh) & 0xff),
+                                  d * (float)(i8)((word >> (sh + 8)) & 0xff));
+                }
+                o[k] = make_uint4(h[0], h[1], h[2], h[3]);
+            }
+            continue;
+        }
+        const WVals v = wblk_vals<-1>(w, m.fmt, b);
+        // Values 0..15 from lo4's bytes, 16..31 from hi4's, eight a store.
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32* src = k < 2 ? v.lo4 : v.hi4;
+            const float sc = k < 2 ? v.s_lo : v.s_hi, mn = k < 2 ? v.m_lo : v.m_hi;
+            u32 h[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int e = 8 * (k % 2) + 2 * j;  // value index within the half
+                const u32 word = src[e / 4];
+                const int sh = 8 * (e % 4);
+                h[j] = h2pack(sc * (float)((word >> sh) & 0xff) + mn,
+                              sc * (float)((word >> (sh + 8)) & 0xff) + mn);
+            }
+            o[k] = make_uint4(h[0], h[1], h[2], h[3]);
+        }
+    }
+}
+
+// out row r (f16) = x row r, RMS-normalised with norm_w first when given; a block per row.
+extern "C" __global__ void rows_f16(const float* x, int cols, const float* norm_w, float eps,
+                                    u16* out) {
+    pdl_begin();
+    const float* xr = x + (size_t)blockIdx.x * cols;
+    const float r = norm_w ? block_inv_rms(xr, cols, eps) : 1.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        out[(size_t)blockIdx.x * cols + c] = f2h(xr[c] * r * (norm_w ? norm_w[c] : 1.0f));
+}
+
+// out[t * ld + r] += bias[r] for t < n, r < rows.
+extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int ld, int n) {
+    pdl_begin();
+    const size_t total = (size_t)rows * n;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[(i / rows) * ld + i % rows] += bias[i % rows];
+}
+

@@ -1,0 +1,683 @@
+// ---- matrices as the kernels see them ---------------------------------------------------
+
+struct Mat {
+    const u8* q;   // packed values (F32/F16: the values themselves)
+    const u8* s;   // per-block data: Q4_0/Q8_0 f16 scale; Q4_1 f16 (d, m); Q6_K high bits
+    const u8* s2;  // per-super-block data: Q4_K 16-byte header; Q6_K 20-byte record
+    const float* bias;
+    float* out;
+    int rows;
+    int fmt;
+    int ld_out;  // values between output rows (tokens)
+};
+
+struct Mats {
+    Mat m[3];
+    int n_mats;
+    int row0[4];  // mat i owns output rows row0[i]..row0[i + 1] of the launch
+};
+
+// Block-quantized activations of up to MAX_TOK tokens, written once per product by
+// quant_act into a global buffer (L2-resident) that every block of the product reads.
+// Layout (pack.rs's xq_bytes computes the same size): q ntok*cols bytes, d ntok*nb floats,
+// sums ntok*cols/16 shorts, inv ntok floats.
+struct XQ {
+    const int* q;      // [tok][cols / 4]: 4 int8 values per int
+    const float* d;    // [tok][cols / 32]
+    const short* sum;  // [tok][cols / 16]: sums of each half block's values
+    const float* inv;  // [tok]: the fused RMSNorm's 1 / rms (1 when not fused)
+};
+
+__device__ __forceinline__ XQ xq_layout(const u8* base, int cols, int ntok) {
+    const int nb = cols / 32;
+    XQ x;
+    x.q = (const int*)base;
+    x.d = (const float*)(base + (size_t)ntok * cols);
+    x.sum = (const short*)(x.d + ntok * nb);
+    x.inv = (const float*)(x.sum + ntok * (cols / 16));
+    return x;
+}
+
+// Adds block b of row r of m, dotted with the activations of ntok tokens, to acc. F is the
+// matrix's format when the launch fixes it (the other formats' code then drops out), or -1:
+// m.fmt's.
+template <int F, int NT>
+__device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, const XQ& x,
+                                          int ntok, float* acc) {
+    const int fmt = F >= 0 ? F : m.fmt;
+    const int nb = cols / 32;
+    const size_t blk = (size_t)r * nb + b;
+    if (fmt == FMT_Q8_0) {
+        const uint4 wa = __ldg((const uint4*)m.q + 2 * blk);
+        const uint4 wb = __ldg((const uint4*)m.q + 2 * blk + 1);
+        const float ws = h2f(__ldg((const u16*)m.s + blk));
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= ntok) break;
+            const uint4* xq = (const uint4*)(x.q + (size_t)t * (cols / 4) + b * 8);
+            const uint4 xa = xq[0], xb = xq[1];
+            int a = dp4a_ss((int)wa.x, (int)xa.x, 0);
+            a = dp4a_ss((int)wa.y, (int)xa.y, a);
+            a = dp4a_ss((int)wa.z, (int)xa.z, a);
+            a = dp4a_ss((int)wa.w, (int)xa.w, a);
+            a = dp4a_ss((int)wb.x, (int)xb.x, a);
+            a = dp4a_ss((int)wb.y, (int)xb.y, a);
+            a = dp4a_ss((int)wb.z, (int)xb.z, a);
+            a = dp4a_ss((int)wb.w, (int)xb.w, a);
+            acc[t] += ws * x.d[t * nb + b] * (float)a;
+        }
+        return;
+    }
+    // Formats with 4-bit low parts: q = lo (+ hi bits for Q6_K), value =
+    // s_lo * q + m_lo over the first 16 values, s_hi * q + m_hi over the last 16.
+    const uint4 w4 = __ldg((const uint4*)m.q + blk);
+    u32 lo4[4] = {w4.x & 0x0f0f0f0fu, w4.y & 0x0f0f0f0fu, w4.z & 0x0f0f0f0fu,
+                  w4.w & 0x0f0f0f0fu};
+    u32 hi4[4] = {(w4.x >> 4) & 0x0f0f0f0fu, (w4.y >> 4) & 0x0f0f0f0fu,
+                  (w4.z >> 4) & 0x0f0f0f0fu, (w4.w >> 4) & 0x0f0f0f0fu};
+    float s_lo, s_hi, m_lo, m_hi;
+    switch (fmt) {
+    case FMT_Q4_0: {
+        const float d = h2f(__ldg((const u16*)m.s + blk));
+        s_lo = s_hi = d;
+        m_lo = m_hi = -8.0f * d;
+        break;
+    }
+    case FMT_Q4_1: {
+        const u32 dm = __ldg((const u32*)m.s + blk);
+        s_lo = s_hi = h2f(dm & 0xffff);
+        m_lo = m_hi = h2f(dm >> 16);
+        break;
+    }
+    case FMT_Q4_K: {
+        const u8* hdr = m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16;
+        const float d = h2f(*(const u16*)hdr), dmin = h2f(*(const u16*)(hdr + 2));
+        int sc, mn;
+        q4k_scale_min(hdr + 4, b % 8, &sc, &mn);
+        s_lo = s_hi = d * (float)sc;
+        m_lo = m_hi = -dmin * (float)mn;
+        break;
+    }
+    default: {  // FMT_Q6_K
+        const uint2 h = __ldg((const uint2*)m.s + blk);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo4[i] |= spread2(h.x >> (8 * i));
+            hi4[i] |= spread2(h.y >> (8 * i));
+        }
+        const u8* rec = m.s2 + ((size_t)r * (nb / 8) + b / 8) * Q6K_REC;
+        const float d = h2f(*(const u16*)(rec + 16));
+        s_lo = d * (float)(i8)rec[2 * (b % 8)];
+        s_hi = d * (float)(i8)rec[2 * (b % 8) + 1];
+        m_lo = -32.0f * s_lo;
+        m_hi = -32.0f * s_hi;
+        break;
+    }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= ntok) break;
+        const uint4* xq = (const uint4*)(x.q + (size_t)t * (cols / 4) + b * 8);
+        const uint4 xa = xq[0], xb = xq[1];
+        int a = dp4a_us(lo4[0], (int)xa.x, 0);
+        a = dp4a_us(lo4[1], (int)xa.y, a);
+        a = dp4a_us(lo4[2], (int)xa.z, a);
+        a = dp4a_us(lo4[3], (int)xa.w, a);
+        int c = dp4a_us(hi4[0], (int)xb.x, 0);
+        c = dp4a_us(hi4[1], (int)xb.y, c);
+        c = dp4a_us(hi4[2], (int)xb.z, c);
+        c = dp4a_us(hi4[3], (int)xb.w, c);
+        const u32 sm = *(const u32*)(x.sum + (size_t)t * (cols / 16) + 2 * b);
+        const float s0 = (float)(short)(sm & 0xffff), s1 = (float)(short)(sm >> 16);
+        acc[t] += x.d[t * nb + b] * (s_lo * (float)a + m_lo * s0 + s_hi * (float)c + m_hi * s1);
+    }
+}
+
+// Partial dots of NR consecutive rows r.. of m with the activations of ntok tokens: lane
+// `lane` of k-part `part` (of kw) takes blocks part * 32 + lane, stepping 32 * kw. The NR
+// rows' loads are independent, so a lane has NR of them in flight.
+template <int NR, int F, int NT>
+__device__ __forceinline__ void rows_dot(const Mat& m, int r, int cols, const XQ& x, int ntok,
+                                         const float* xf, const float* norm_w, int part, int kw,
+                                         float (*acc)[NT]) {
+    const int lane = threadIdx.x & 31;
+    const int nb = cols / 32;
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[i][t] = 0.0f;
+    const int fmt = F >= 0 ? F : m.fmt;
+    if (fmt == FMT_F32 || fmt == FMT_F16) {
+        for (int c = part * 32 + lane; c < cols; c += 32 * kw) {
+            const float nw = norm_w ? norm_w[c] : 1.0f;
+#pragma unroll
+            for (int i = 0; i < NR; i++) {
+                const size_t o = (size_t)(r + i) * cols + c;
+                const float w = fmt == FMT_F32 ? ((const float*)m.q)[o] : h2f(((const u16*)m.q)[o]);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < ntok) acc[i][t] += w * (xf[(size_t)t * cols + c] * x.inv[t] * nw);
+            }
+        }
+        return;
+    }
+    for (int b = part * 32 + lane; b < nb; b += 32 * kw) {
+#pragma unroll
+        for (int i = 0; i < NR; i++) block_dot<F, NT>(m, r + i, b, cols, x, ntok, acc[i]);
+    }
+}
+
+// Lane `lane`'s value of 32-value block b to int8 (scale amax / 127), with the block's scale
+// and its two half sums.
+__device__ __forceinline__ void quant_block(float val, int b, int lane, i8* q, float* d,
+                                            short* sum) {
+    const float amax = warp_max(fabsf(val));
+    const float dd = amax / 127.0f;
+    const int qi = dd == 0.0f ? 0 : (int)rintf(val / dd);
+    q[b * 32 + lane] = (i8)qi;
+    float hs = (float)qi;
+    for (int o = 8; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
+    if (lane == 0) d[b] = dd;
+    if (lane == 0 || lane == 16) sum[2 * b + lane / 16] = (short)hs;
+}
+
+// Quantizes token blockIdx.x of x (cols values; normalised by an RMSNorm with weights norm_w
+// first, when given) into the global activation buffer xq laid out for ntok tokens. A block
+// of QA_WARPS warps; warp w owns 32-value blocks w, w + QA_WARPS, ...: with at most QV of
+// them every load of the row is in registers at once.
+#define QA_WARPS 32
+extern "C" __global__ void quant_act(const float* x, int cols, int ntok, const float* norm_w,
+                                     float eps, u8* xq) {
+    pdl_begin();
+    __shared__ float red[QA_WARPS];
+    const int t = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nb = cols / 32;
+    const bool quant = cols % 32 == 0;
+    const float* xt = x + (size_t)t * cols;
+    float* inv = (float*)(xq + (size_t)ntok * cols + (size_t)ntok * nb * 4 +
+                          (size_t)ntok * (cols / 16) * 2);
+    float v[QV];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < QV; i++) {
+        const int b = warp + i * QA_WARPS;
+        v[i] = (quant && b < nb) ? xt[b * 32 + lane] : 0.0f;
+        ss += v[i] * v[i];
+    }
+    if (quant) {
+        for (int b = warp + QV * QA_WARPS; b < nb; b += QA_WARPS) {
+            const float u = xt[b * 32 + lane];
+            ss += u * u;
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xt[c] * xt[c];
+    }
+    float r = 1.0f;
+    if (norm_w) {
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        float u = lane < QA_WARPS ? red[lane] : 0.0f;
+        u = warp_sum(u);
+        r = rsqrtf(u / (float)cols + eps);
+    }
+    if (threadIdx.x == 0) inv[t] = r;
+    if (!quant) return;
+    i8* q = (i8*)xq + (size_t)t * cols;
+    float* d = (float*)(xq + (size_t)ntok * cols) + (size_t)t * nb;
+    short* sum = (short*)((float*)(xq + (size_t)ntok * cols) + (size_t)ntok * nb) +
+                 (size_t)t * (cols / 16);
+#pragma unroll
+    for (int i = 0; i < QV; i++) {
+        const int b = warp + i * QA_WARPS;
+        if (b >= nb) break;
+        quant_block(v[i] * r * (norm_w ? norm_w[b * 32 + lane] : 1.0f), b, lane, q, d, sum);
+    }
+    for (int b = warp + QV * QA_WARPS; b < nb; b += QA_WARPS)
+        quant_block(xt[b * 32 + lane] * r * (norm_w ? norm_w[b * 32 + lane] : 1.0f), b, lane, q,
+                    d, sum);
+}
+
+// Bytes of a packed matrix's row in m.q (pack.rs's layout).
+__device__ __forceinline__ size_t row_bytes(int fmt, int cols) {
+    switch (fmt) {
+    case FMT_F32: return (size_t)cols * 4;
+    case FMT_F16: return (size_t)cols * 2;
+    case FMT_Q8_0: return (size_t)cols;
+    default: return (size_t)cols / 2;
+    }
+}
+
+// out = W x (+ bias), out += W x, or out = silu(W0 x) * (W1 x), for the matrices of `ms`
+// over ntok tokens of x (cols values each, quantized by quant_act into xqb; the float
+// formats read x itself, RMS-normalised with norm_w and quant_act's 1 / rms).
+// A block has WARPS warps: WARPS / kw row groups of nr consecutive rows, each group's k
+// range split over kw warps (partial sums meet in shared memory). Every matrix's rows are
+// a multiple of nr (the host picks nr so), so no group straddles two matrices.
+template <int NR, int F, int NT>
+__device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int cols, int ntok,
+                            const float* norm_w, int mode, int kw) {
+    __shared__ float red[WARPS][2 * NR][NT];
+    const XQ xq = xq_layout(xqb, cols, ntok);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = warp / kw, part = warp % kw;
+    const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
+    const int row = (blockIdx.x * (WARPS / kw) + slot) * NR;
+    const bool live = row < total;
+    float acc[2 * NR][NT];
+    Mat m = ms.m[0];
+    int rr = row;
+    if (live) {
+        if (mode == MODE_GATE_UP) {
+            rows_dot<NR, F, NT>(ms.m[0], row, cols, xq, ntok, x, norm_w, part, kw, acc);
+            rows_dot<NR, F, NT>(ms.m[1], row, cols, xq, ntok, x, norm_w, part, kw, acc + NR);
+        } else {
+            const int mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
+            // A copy by value: a run-time index into the parameter array would move it
+            // (and everything indexed with it) to local memory.
+            m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+            rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+            rows_dot<NR, F, NT>(m, rr, cols, xq, ntok, x, norm_w, part, kw, acc);
+        }
+    }
+    const int nacc = mode == MODE_GATE_UP ? 2 * NR : NR;
+#pragma unroll
+    for (int i = 0; i < 2 * NR; i++) {
+        if (i >= nacc) break;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= ntok) break;
+            float v = live ? warp_sum(acc[i][t]) : 0.0f;
+            if (kw > 1 && lane == 0) red[warp][i][t] = v;
+            acc[i][t] = v;
+        }
+    }
+    if (kw > 1) {
+        __syncthreads();
+        if (part != 0 || !live) return;
+#pragma unroll
+        for (int i = 0; i < 2 * NR; i++) {
+            if (i >= nacc) break;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= ntok) break;
+                float v = 0.0f;
+                for (int p = 0; p < kw; p++) v += red[warp + p][i][t];
+                acc[i][t] = v;
+            }
+        }
+    }
+    if (!live || lane != 0) return;
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= ntok) break;
+            if (mode == MODE_GATE_UP) {
+                ms.m[0].out[(size_t)t * ms.m[0].ld_out + row + i] = silu(acc[i][t]) * acc[NR + i][t];
+            } else {
+                float* o = m.out + (size_t)t * m.ld_out + rr + i;
+                const float bv = m.bias ? m.bias[rr + i] : 0.0f;
+                if (mode == MODE_ADD) *o += acc[i][t] + bv;
+                else *o = acc[i][t] + bv;
+            }
+        }
+    }
+}
+
+// The matvec launch, NR rows a warp group and room for NT tokens (1: decode; MAX_TOK):
+// `prefetch` (with programmatic dependent launch) fetches the warp's weights into L2 while
+// the previous kernel finishes.
+template <int F, int NR, int NT>
+__device__ __forceinline__ void matvec_entry(const Mats& ms, const float* x, const u8* xqb,
+                                             int cols, int ntok, const float* norm_w, int mode,
+                                             int kw, int prefetch) {
+    pdl_trigger();
+    if (prefetch) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
+        const int row = (blockIdx.x * (WARPS / kw) + warp / kw) * NR;
+        if (row < total) {
+            const int nm = mode == MODE_GATE_UP ? 2 : 1;
+            for (int j = 0; j < nm; j++) {
+                int mi = j, rr = row;
+                if (mode != MODE_GATE_UP) {
+                    mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
+                    rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+                }
+                const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+                const size_t rb = row_bytes(m.fmt, cols);
+                const u8* base = m.q + (size_t)rr * rb;
+                for (size_t o = (size_t)((warp % kw) * 32 + lane) * 128; o < rb * NR;
+                     o += (size_t)kw * 32 * 128)
+                    prefetch_l2(base + o);
+            }
+        }
+    }
+    pdl_wait();
+    matvec_impl<NR, F, NT>(ms, x, xqb, cols, ntok, norm_w, mode, kw);
+}
+
+// matvec_<format>_<NR>_<NT>: `any` reads each matrix's format at run time (any mix); a
+// format's own kernels serve launches whose matrices all have it, with only its code
+// (fewer registers, more warps a multiprocessor). lib.rs's matvec_kernel names them.
+#define MATVEC1(NAME, F, NR, NT)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS)                                 \
+        matvec_##NAME##_##NR##_##NT(Mats ms, const float* x, const u8* xqb, int cols,         \
+                                    int ntok, const float* norm_w, int mode, int kw,         \
+                                    int prefetch) {                                           \
+        matvec_entry<F, NR, NT>(ms, x, xqb, cols, ntok, norm_w, mode, kw, prefetch);         \
+    }
+#define MATVEC(NAME, F)         \
+    MATVEC1(NAME, F, 1, 1)      \
+    MATVEC1(NAME, F, 2, 1)      \
+    MATVEC1(NAME, F, 1, 4)      \
+    MATVEC1(NAME, F, 2, 4)
+static_assert(MAX_TOK == 4, "the matvec kernels' names say 4 tokens");
+MATVEC(any, -1)
+MATVEC(q4_0, FMT_Q4_0)
+MATVEC(q4_1, FMT_Q4_1)
+MATVEC(q8_0, FMT_Q8_0)
+MATVEC(q4_k, FMT_Q4_K)
+MATVEC(q6_k, FMT_Q6_K)
+
+// ---- decode products: one token -------------------------------------------------------
+//
+// A block's weights are loaded first, before the wait on the previous kernel (programmatic
+// dependent launch), so their trip from DRAM overlaps that kernel's end; the activations
+// come quantized (quant_act, attn_combine, or the producing product's epilogue below).
+
+#define MVD_PRE 2
+
+// One 32-value block of a packed row, as loaded (the format decides which fields hold what).
+struct WBlk {
+    uint4 q;  // 4-bit values (Q8_0: the first 16 bytes)
+    uint4 r;  // Q8_0: the last 16 bytes; Q4_K: the super-block header; Q6_K: x, y high bits
+    u32 s;    // Q4_0/Q8_0: f16 scale; Q4_1: f16 (d, m); Q6_K: the u32 holding the two scales
+    u32 s2;   // Q6_K: the u32 holding the super-block's f16 d
+};
+
+template <int F>
+__device__ __forceinline__ WBlk wblk_load(const Mat& m, int r, int b, int nb) {
+    const int fmt = F >= 0 ? F : m.fmt;
+    const size_t blk = (size_t)r * nb + b;
+    WBlk w;
+    w.r = make_uint4(0, 0, 0, 0);
+    w.s = w.s2 = 0;
+    if (fmt == FMT_Q8_0) {
+        w.q = __ldg((const uint4*)m.q + 2 * blk);
+        w.r = __ldg((const uint4*)m.q + 2 * blk + 1);
+        w.s = __ldg((const u16*)m.s + blk);
+        return w;
+    }
+    w.q = __ldg((const uint4*)m.q + blk);
+    switch (fmt) {
+    case FMT_Q4_0: w.s = __ldg((const u16*)m.s + blk); break;
+    case FMT_Q4_1: w.s = __ldg((const u32*)m.s + blk); break;
+    case FMT_Q4_K: w.r = __ldg((const uint4*)(m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16)); break;
+    default: {  // FMT_Q6_K
+        const uint2 h = __ldg((const uint2*)m.s + blk);
+        w.r.x = h.x;
+        w.r.y = h.y;
+        const u8* rec = m.s2 + ((size_t)r * (nb / 8) + b / 8) * Q6K_REC;
+        w.s = __ldg((const u32*)(rec + 4 * ((b % 8) / 2)));
+        w.s2 = __ldg((const u32*)(rec + 16));
+        break;
+    }
+    }
+    return w;
+}
+
+// Byte i (0..11) of a Q4_K header's packed scales (the uint4's y, z, w words).
+__device__ __forceinline__ int q4k_byte(const uint4& h, int i) {
+    const u32 word = i < 4 ? h.y : (i < 8 ? h.z : h.w);
+    return (int)((word >> (8 * (i % 4))) & 0xff);
+}
+
+// A loaded block's 4-bit formats: its values' low parts (lo4: values 0..15, hi4: 16..31, a
+// byte each; Q6_K's high bits added) and value = s * q + m over each half.
+struct WVals {
+    u32 lo4[4], hi4[4];
+    float s_lo, s_hi, m_lo, m_hi;
+};
+
+template <int F>
+__device__ __forceinline__ WVals wblk_vals(const WBlk& w, int fmt_rt, int b) {
+    const int fmt = F >= 0 ? F : fmt_rt;
+    WVals o;
+    const u32 q[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o.lo4[i] = q[i] & 0x0f0f0f0fu;
+        o.hi4[i] = (q[i] >> 4) & 0x0f0f0f0fu;
+    }
+    switch (fmt) {
+    case FMT_Q4_0: {
+        const float d = h2f((u16)w.s);
+        o.s_lo = o.s_hi = d;
+        o.m_lo = o.m_hi = -8.0f * d;
+        break;
+    }
+    case FMT_Q4_1:
+        o.s_lo = o.s_hi = h2f((u16)(w.s & 0xffff));
+        o.m_lo = o.m_hi = h2f((u16)(w.s >> 16));
+        break;
+    case FMT_Q4_K: {
+        const float d = h2f((u16)(w.r.x & 0xffff)), dmin = h2f((u16)(w.r.x >> 16));
+        const int j = b % 8;
+        int sc, mn;
+        if (j < 4) {
+            sc = q4k_byte(w.r, j) & 63;
+            mn = q4k_byte(w.r, j + 4) & 63;
+        } else {
+            sc = (q4k_byte(w.r, j + 4) & 0x0f) | ((q4k_byte(w.r, j - 4) >> 6) << 4);
+            mn = (q4k_byte(w.r, j + 4) >> 4) | ((q4k_byte(w.r, j) >> 6) << 4);
+        }
+        o.s_lo = o.s_hi = d * (float)sc;
+        o.m_lo = o.m_hi = -dmin * (float)mn;
+        break;
+    }
+    default: {  // FMT_Q6_K
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            o.lo4[i] |= spread2(w.r.x >> (8 * i));
+            o.hi4[i] |= spread2(w.r.y >> (8 * i));
+        }
+        const float d = h2f((u16)(w.s2 & 0xffff));
+        const int sh = 16 * ((b % 8) % 2);
+        o.s_lo = d * (float)(i8)((w.s >> sh) & 0xff);
+        o.s_hi = d * (float)(i8)((w.s >> (sh + 8)) & 0xff);
+        o.m_lo = -32.0f * o.s_lo;
+        o.m_hi = -32.0f * o.s_hi;
+        break;
+    }
+    }
+    return o;
+}
+
+// Block b of a row (loaded as w) dotted with the block-quantized activations (q: 8 ints a
+// block; d: a scale a block; sum: two half sums a block).
+template <int F>
+__device__ __forceinline__ float wblk_dot(const WBlk& w, int fmt_rt, int b, const int* xq,
+                                          const float* xd, const short* xs) {
+    const int fmt = F >= 0 ? F : fmt_rt;
+    const uint4 xa = *(const uint4*)(xq + b * 8), xb = *(const uint4*)(xq + b * 8 + 4);
+    if (fmt == FMT_Q8_0) {
+        int a = dp4a_ss((int)w.q.x, (int)xa.x, 0);
+        a = dp4a_ss((int)w.q.y, (int)xa.y, a);
+        a = dp4a_ss((int)w.q.z, (int)xa.z, a);
+        a = dp4a_ss((int)w.q.w, (int)xa.w, a);
+        a = dp4a_ss((int)w.r.x, (int)xb.x, a);
+        a = dp4a_ss((int)w.r.y, (int)xb.y, a);
+        a = dp4a_ss((int)w.r.z, (int)xb.z, a);
+        a = dp4a_ss((int)w.r.w, (int)xb.w, a);
+        return h2f((u16)w.s) * xd[b] * (float)a;
+    }
+    const WVals o = wblk_vals<F>(w, fmt, b);
+    const u32* lo4 = o.lo4;
+    const u32* hi4 = o.hi4;
+    const float s_lo = o.s_lo, s_hi = o.s_hi, m_lo = o.m_lo, m_hi = o.m_hi;
+    int a = dp4a_us(lo4[0], (int)xa.x, 0);
+    a = dp4a_us(lo4[1], (int)xa.y, a);
+    a = dp4a_us(lo4[2], (int)xa.z, a);
+    a = dp4a_us(lo4[3], (int)xa.w, a);
+    int c = dp4a_us(hi4[0], (int)xb.x, 0);
+    c = dp4a_us(hi4[1], (int)xb.y, c);
+    c = dp4a_us(hi4[2], (int)xb.z, c);
+    c = dp4a_us(hi4[3], (int)xb.w, c);
+    const float s0 = (float)xs[2 * b], s1 = (float)xs[2 * b + 1];
+    return xd[b] * (s_lo * (float)a + m_lo * s0 + s_hi * (float)c + m_hi * s1);
+}
+
+// Where a decode product's epilogue writes its output rows quantized, for the next product
+// (only with ROWS = 4: a block's 8 warps x 4 rows are one 32-value block of the output):
+// q, d and sums for one token of `total` values (xq_layout), each block's 32 values times
+// norm_w (the next RMSNorm's weights, or none), and their sum of squares added into *ss
+// (zeroed at the step's start) so that the next product applies the 1 / rms itself.
+struct QOut {
+    u8* xq;
+    const float* norm_w;
+    float* ss;
+};
+
+// The decode product: out = W x (+ bias), out += W x, or out = silu(W0 x) * (W1 x) for one
+// token of quantized activations xqb (cols values), times 1 / rms(x) when ss_in holds x's
+// sum of squares (an RMSNorm whose weights are already in xqb's values). Each warp takes
+// ROWS consecutive rows, WARPS / kw warp groups a block, a row's blocks split over kw warps;
+// a lane's first MVD_PRE blocks of each of its rows are loaded before anything else.
+template <int F, int ROWS>
+__device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const float* ss_in,
+                                float eps, int mode, int kw, const QOut& qo) {
+    __shared__ float red[WARPS][2 * ROWS];
+    __shared__ float outv[WARPS * ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = warp / kw, part = warp % kw;
+    const int nb = cols / 32;
+    const bool gu = mode == MODE_GATE_UP;
+    const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
+    const int row = (blockIdx.x * (WARPS / kw) + slot) * ROWS;
+    const bool live = row < total;
+    // The rows' matrix, by value (see matvec_impl); a warp's rows never straddle two.
+    int mi = 0, rr = row;
+    if (!gu) {
+        mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
+        rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+    }
+    const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+    const Mat m1 = ms.m[1];
+    WBlk w0[ROWS][MVD_PRE], w1[ROWS][MVD_PRE];
+    pdl_trigger();
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < MVD_PRE; i++) {
+            const int b = part * 32 + lane + i * 32 * kw;
+            if (b < nb) {
+#pragma unroll
+                for (int j = 0; j < ROWS; j++) {
+                    w0[j][i] = wblk_load<F>(m, rr + j, b, nb);
+                    if (gu) w1[j][i] = wblk_load<F>(m1, rr + j, b, nb);
+                }
+            }
+        }
+    }
+    pdl_wait();
+    const XQ g = xq_layout(xqb, cols, 1);
+    float a0[ROWS], a1[ROWS];
+#pragma unroll
+    for (int j = 0; j < ROWS; j++) a0[j] = a1[j] = 0.0f;
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < MVD_PRE; i++) {
+            const int b = part * 32 + lane + i * 32 * kw;
+            if (b < nb) {
+#pragma unroll
+                for (int j = 0; j < ROWS; j++) {
+                    a0[j] += wblk_dot<F>(w0[j][i], m.fmt, b, g.q, g.d, g.sum);
+                    if (gu) a1[j] += wblk_dot<F>(w1[j][i], m1.fmt, b, g.q, g.d, g.sum);
+                }
+            }
+        }
+        for (int b = part * 32 + lane + MVD_PRE * 32 * kw; b < nb; b += 32 * kw) {
+#pragma unroll
+            for (int j = 0; j < ROWS; j++) {
+                a0[j] += wblk_dot<F>(wblk_load<F>(m, rr + j, b, nb), m.fmt, b, g.q, g.d, g.sum);
+                if (gu)
+                    a1[j] += wblk_dot<F>(wblk_load<F>(m1, rr + j, b, nb), m1.fmt, b, g.q, g.d,
+                                         g.sum);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ROWS; j++) {
+        a0[j] = warp_sum(a0[j]);
+        if (gu) a1[j] = warp_sum(a1[j]);
+    }
+    if (kw > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < ROWS; j++) {
+                red[warp][j] = a0[j];
+                red[warp][ROWS + j] = a1[j];
+            }
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int j = 0; j < ROWS; j++) {
+            a0[j] = a1[j] = 0.0f;
+            for (int p = 0; p < kw; p++) {
+                a0[j] += red[warp + p][j];
+                a1[j] += red[warp + p][ROWS + j];
+            }
+        }
+    }
+    const float r = ss_in ? rsqrtf(*ss_in / (float)cols + eps) : 1.0f;
+    if (live && lane == 0) {
+#pragma unroll
+        for (int j = 0; j < ROWS; j++) {
+            float v;
+            if (gu) {
+                v = silu(a0[j] * r) * (a1[j] * r);
+                ms.m[0].out[row + j] = v;
+            } else {
+                float* o = m.out + rr + j;
+                v = a0[j] * r + (m.bias ? m.bias[rr + j] : 0.0f);
+                if (mode == MODE_ADD) v += *o;
+                *o = v;
+            }
+            outv[warp * ROWS + j] = v;
+        }
+    }
+    if (ROWS != 4 || !qo.xq) return;
+    __syncthreads();
+    if (warp != 0) return;
+    // The block's 32 output values as quant_act would quantize them (times the next norm's
+    // weights; the 1 / rms is the next product's).
+    const int b = blockIdx.x;
+    const int c = b * 32 + lane;
+    const float v = outv[lane];
+    i8* q = (i8*)qo.xq;
+    float* d = (float*)(qo.xq + total);
+    short* sum = (short*)(d + total / 32);
+    quant_block(v * (qo.norm_w ? qo.norm_w[c] : 1.0f), b, lane, q, d, sum);
+    if (qo.ss) {
+        const float s2 = warp_sum(v * v);
+        if (lane == 0) atomicAdd(qo.ss, s2);
+    }
+}
+
+#define MATVEC_DEC1(NAME, F, ROWS)                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS)                                 \
+        matvec_dec_##NAME##_##ROWS(Mats ms, const u8* xqb, int cols, const float* ss_in,      \
+                                   float eps, int mode, int kw, QOut qo) {                    \
+        matvec_dec_impl<F, ROWS>(ms, xqb, cols, ss_in, eps, mode, kw, qo);                    \
+    }
+#define MATVEC_DEC(NAME, F) MATVEC_DEC1(NAME, F, 1) MATVEC_DEC1(NAME, F, 4)
+MATVEC_DEC(any, -1)
+MATVEC_DEC(q4_0, FMT_Q4_0)
+MATVEC_DEC(q4_1, FMT_Q4_1)
+MATVEC_DEC(q8_0, FMT_Q8_0)
+MATVEC_DEC(q4_k, FMT_Q4_K)
+MATVEC_DEC(q6_k, FMT_Q6_K)
+

@@ -1,0 +1,83 @@
+// ---- embedding rows, RMSNorm ---------------------------------------------------------
+
+// Value c of row r of a packed matrix.
+__device__ float packed_value(const Mat& m, int r, int cols, int c) {
+    const int nb = cols / 32, b = c / 32, j = c % 32;
+    const size_t blk = (size_t)r * nb + b;
+    switch (m.fmt) {
+    case FMT_F32: return ((const float*)m.q)[(size_t)r * cols + c];
+    case FMT_F16: return h2f(((const u16*)m.q)[(size_t)r * cols + c]);
+    case FMT_Q8_0: return h2f(((const u16*)m.s)[blk]) * (float)((const i8*)m.q)[blk * 32 + j];
+    default: break;
+    }
+    const u8 byte = m.q[blk * 16 + (j % 16)];
+    int q = j < 16 ? (byte & 15) : (byte >> 4);
+    switch (m.fmt) {
+    case FMT_Q4_0: return h2f(((const u16*)m.s)[blk]) * (float)(q - 8);
+    case FMT_Q4_1: {
+        const u32 dm = ((const u32*)m.s)[blk];
+        return h2f(dm & 0xffff) * (float)q + h2f(dm >> 16);
+    }
+    case FMT_Q4_K: {
+        const u8* hdr = m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16;
+        int sc, mn;
+        q4k_scale_min(hdr + 4, b % 8, &sc, &mn);
+        return h2f(*(const u16*)hdr) * (float)sc * (float)q -
+               h2f(*(const u16*)(hdr + 2)) * (float)mn;
+    }
+    default: {  // FMT_Q6_K
+        const uint2 h = ((const uint2*)m.s)[blk];
+        const u32 hb = j < 16 ? (h.x >> (2 * j)) & 3 : (h.y >> (2 * (j - 16))) & 3;
+        q |= (int)(hb << 4);
+        const u8* rec = m.s2 + ((size_t)r * (nb / 8) + b / 8) * Q6K_REC;
+        return h2f(*(const u16*)(rec + 16)) * (float)(i8)rec[2 * (b % 8) + j / 16] *
+               (float)(q - 32);
+    }
+    }
+}
+
+// out[t] = row params[2 + t] of the table (ntok tokens).
+extern "C" __global__ void embed(Mat m, int cols, const u32* params, float* out) {
+    pdl_begin();
+    const int t = blockIdx.y;
+    const u32 id = params[2 + t];
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+        out[(size_t)t * cols + c] = packed_value(m, (int)id, cols, c);
+}
+
+// out[t] = row params[0] + t of m (rows by position; params[0] is the step's pos0).
+extern "C" __global__ void embed_pos(Mat m, int cols, const u32* params, float* out) {
+    pdl_begin();
+    const int t = blockIdx.y;
+    const int row = (int)params[0] + t;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+        out[(size_t)t * cols + c] = packed_value(m, row, cols, c);
+}
+
+// 1 / rms of the row xr (cols values) plus eps, computed by the whole block.
+__device__ float block_inv_rms(const float* xr, int cols, float eps) {
+    __shared__ float red[32];
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = rsqrtf(v / (float)cols + eps);
+    }
+    __syncthreads();
+    return red[0];
+}
+
+// out[r] = x[r] / rms(x[r]) * w, one block per row.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, int cols,
+                                    float* out) {
+    pdl_begin();
+    const float* xr = x + (size_t)blockIdx.x * cols;
+    const float r = block_inv_rms(xr, cols, eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        out[(size_t)blockIdx.x * cols + c] = xr[c] * r * w[c];
+}
+
