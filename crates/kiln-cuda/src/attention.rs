@@ -1,0 +1,274 @@
+//! Attention: the per-head work (q/k norm, RoPE, KV store) and split-K attention over the
+//! f16 cache, for prompts and for one decode token (kernels/attention.cu).
+
+use super::*;
+
+/// Keys per attention warp and warps per block (kernels/*.cu ATT_WCHUNK, ATT_WARPS).
+pub(crate) const ATT_WCHUNK: usize = 32;
+
+pub(crate) const ATT_WARPS: usize = 4;
+
+/// Keys per decode attention split at a full cache, when that leaves the GPU enough blocks.
+pub(crate) const ATT_SPLIT_KEYS: usize = 16;
+
+/// Query heads per KV head the attention kernel holds (kernels/*.cu MAX_GROUP).
+pub(crate) const MAX_GROUP: usize = 8;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct HeadGroup {
+    pub(crate) x: u64,
+    pub(crate) norm_w: u64,
+    pub(crate) cache: u64,
+    pub(crate) heads: i32,
+    pub(crate) rope: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct HeadGroups {
+    pub(crate) g: [HeadGroup; 3],
+    pub(crate) n: i32,
+    pub(crate) row0: [i32; 4],
+}
+
+/// kernels/*.cu DecHeads: the decode attention's own q/k norm, RoPE and cache store.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct DecHeads {
+    pub(crate) k: u64,
+    pub(crate) v: u64,
+    pub(crate) q_norm: u64,
+    pub(crate) k_norm: u64,
+    pub(crate) eps: f32,
+    pub(crate) inv_freq: u64,
+    pub(crate) rope_dims: i32,
+    pub(crate) neox: i32,
+}
+
+/// Whether the attention kernels run this shape (kernels/*.cu: at most MAX_GROUP query heads a
+/// KV head; head sizes a multiple of 8, at most 256).
+pub fn attention_supported(heads: usize, kv_heads: usize, head_dim: usize) -> Result<(), String> {
+    if kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP {
+        return Err(format!(
+            "{heads} query heads over {kv_heads} KV heads (at most {MAX_GROUP} a KV head)"
+        ));
+    }
+    if head_dim == 0 || head_dim % 8 != 0 || head_dim > 256 {
+        return Err(format!(
+            "head size {head_dim} (a multiple of 8, at most 256)"
+        ));
+    }
+    Ok(())
+}
+
+impl CudaBackend {
+    pub(crate) fn rope_table(&self, rope: &RopeConfig) -> u64 {
+        let mut slot = self.rope.borrow_mut();
+        if slot.as_ref().is_none_or(|(c, _)| c != rope) {
+            assert!(
+                !self.recording.get(),
+                "RoPE table changed inside a recorded step"
+            );
+            let f = rope.inv_freqs();
+            let buf = DevBuf::alloc(4 * f.len());
+            self.dev.htod(buf.ptr, &f);
+            *slot = Some((rope.clone(), buf));
+        }
+        slot.as_ref().unwrap().1.ptr
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn heads_launch(
+        &self,
+        groups: &[HeadGroup],
+        head_dim: usize,
+        eps: f32,
+        rope: Option<&RopeConfig>,
+        n_ctx: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        assert!(head_dim <= 256, "head size {head_dim} > 256");
+        self.set_params(pos0, None);
+        let mut hg = HeadGroups {
+            n: groups.len() as i32,
+            ..Default::default()
+        };
+        let mut r = 0;
+        for (i, g) in groups.iter().enumerate() {
+            hg.g[i] = *g;
+            hg.row0[i] = r;
+            r += g.heads;
+        }
+        hg.row0[groups.len()] = r;
+        let (table, dims, neox) = match rope {
+            Some(c) => (
+                self.rope_table(c),
+                c.dims as i32,
+                (c.style == RopeStyle::Neox) as i32,
+            ),
+            None => (0u64, 0, 0),
+        };
+        let mut a = Args::default()
+            .a(hg)
+            .a(head_dim as i32)
+            .a(eps)
+            .a(table)
+            .a(dims)
+            .a(neox)
+            .a(n_ctx as i32)
+            .a(self.params.ptr);
+        self.dev.launch(
+            self.dev.func("heads"),
+            ((r as usize).div_ceil(WARPS) as u32, n as u32, 1),
+            (32 * WARPS as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
+    /// Attention of the rows at `q_ptr` over `cache` (positions from the step parameters),
+    /// into the rows at `out_ptr`.
+    pub(crate) fn attention_at(
+        &self,
+        q_ptr: u64,
+        cache: &CudaKvCache,
+        layer: usize,
+        s: AttnShape,
+        out_ptr: u64,
+        quant: bool,
+        dec: Option<DecHeads>,
+    ) {
+        self.xq_src.set(None);
+        let g = s.n_heads / s.n_kv_heads;
+        assert!(
+            g <= MAX_GROUP && s.n_heads % s.n_kv_heads == 0,
+            "{} query heads per KV head: at most {MAX_GROUP}",
+            g
+        );
+        assert!(
+            s.head_dim % 8 == 0 && s.head_dim <= 256,
+            "CUDA attention: head size {} (a multiple of 8, at most 256)",
+            s.head_dim
+        );
+        // kernels/*.cu's attn_split_<EPL> / attn_dec_<EPL>, EPL = head_dim / 32 rounded up.
+        let kind = if dec.is_some() { "dec" } else { "split" };
+        let name = format!("attn_{kind}_{}", s.head_dim.div_ceil(32));
+        self.set_params(s.pos0, None);
+        // A grid fixed by the cache's size, so one recording serves every position. The
+        // split kernel: ATT_WARPS warps of ATT_WCHUNK keys a block over the whole cache. The
+        // decode kernel: each split takes its share of the keys the step sees, about two
+        // blocks a multiprocessor (kernels/*.cu attn_dec_impl).
+        let (splits, n_ws) = match dec {
+            None => {
+                let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
+                (splits, splits * ATT_WARPS)
+            }
+            Some(_) => {
+                let splits = cache
+                    .n_ctx
+                    .div_ceil(ATT_SPLIT_KEYS)
+                    .min((2 * self.dev.num_sms / s.n_kv_heads).max(1));
+                (splits, splits)
+            }
+        };
+        let slots = s.n_tokens * s.n_heads * n_ws;
+        let (acc, ml) = {
+            let mut sc = self.scratch.borrow_mut();
+            (
+                ensure(&mut sc.attn_acc, slots * s.head_dim * 4),
+                ensure(&mut sc.attn_ml, slots * 2 * 4),
+            )
+        };
+        let plane = cache.plane(layer) as u64;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let mut a = Args::default()
+            .a(q_ptr)
+            .a(cache.k.ptr + plane)
+            .a(cache.v.ptr + plane)
+            .a(cache.n_ctx as i32)
+            .a(s.n_heads as i32)
+            .a(s.n_kv_heads as i32)
+            .a(s.head_dim as i32)
+            .a(scale)
+            .a(self.params.ptr)
+            .a(acc)
+            .a(ml);
+        if let Some(dh) = dec {
+            a = a.a(dh);
+        }
+        self.dev.launch(
+            self.dev.func(&name),
+            (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
+            (32 * ATT_WARPS as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        let xq = match quant {
+            true => {
+                let mut sc = self.scratch.borrow_mut();
+                let bytes = pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK);
+                assert!(
+                    !self.recording.get() || sc.xq.as_ref().is_some_and(|b| b.bytes >= bytes),
+                    "activation buffer grown inside a recorded step"
+                );
+                ensure(&mut sc.xq, bytes)
+            }
+            false => 0u64,
+        };
+        let mut a = Args::default()
+            .a(acc)
+            .a(ml)
+            .a(n_ws as i32)
+            .a(s.head_dim as i32)
+            .a(out_ptr)
+            .a(xq)
+            .a(s.n_tokens as i32)
+            .a(s.n_heads as i32);
+        self.dev.launch(
+            self.dev.func("attn_combine"),
+            ((s.n_tokens * s.n_heads) as u32, 1, 1),
+            (s.head_dim as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        if xq != 0 {
+            self.xq_src.set(Some(XqSrc {
+                x: out_ptr,
+                n: s.n_tokens,
+                norm: 0,
+                ss: 0,
+                xq,
+                inv: true,
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_supported;
+
+    #[test]
+    fn attention_shapes_the_kernels_run() {
+        for (h, kv, hd) in [
+            (16, 8, 128),
+            (32, 8, 128),
+            (24, 8, 128),
+            (9, 3, 64),
+            (8, 8, 80),
+        ] {
+            assert!(attention_supported(h, kv, hd).is_ok(), "{h}/{kv}/{hd}");
+        }
+        for (h, kv, hd, says) in [
+            (32, 2, 128, "at most 8"),
+            (12, 5, 64, "12 query heads over 5"),
+            (8, 8, 100, "head size 100"),
+            (8, 8, 512, "head size 512"),
+        ] {
+            let e = attention_supported(h, kv, hd).unwrap_err();
+            assert!(e.contains(says), "{h}/{kv}/{hd}: {e}");
+        }
+    }
+}

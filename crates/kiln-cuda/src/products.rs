@@ -1,0 +1,441 @@
+//! The products: matrices as the kernels see them, the one-token products and their hand-over
+//! of quantized activations (kernels/products.cu), cuBLAS for prompts.
+
+use super::*;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Mat {
+    pub(crate) q: u64,
+    pub(crate) s: u64,
+    pub(crate) s2: u64,
+    pub(crate) bias: u64,
+    pub(crate) out: u64,
+    pub(crate) rows: i32,
+    pub(crate) fmt: i32,
+    pub(crate) ld_out: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Mats {
+    pub(crate) m: [Mat; 3],
+    pub(crate) n_mats: i32,
+    pub(crate) row0: [i32; 4],
+}
+
+/// kernels/*.cu QOut: where a decode product writes its output quantized.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct QOut {
+    pub(crate) xq: u64,
+    pub(crate) norm_w: u64,
+    pub(crate) ss: u64,
+}
+
+pub(crate) const MODE_STORE: i32 = 0;
+
+pub(crate) const MODE_ADD: i32 = 1;
+
+pub(crate) const MODE_GATE_UP: i32 = 2;
+
+/// Rows whose quantized form an activation buffer holds, written by the op that wrote the
+/// rows (attention's combine, a decode product's epilogue); taken by the next product.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) struct XqSrc {
+    /// The rows and their token count.
+    pub(crate) x: u64,
+    pub(crate) n: usize,
+    /// The RMSNorm weights the values were multiplied by (0: none), and where their sum of
+    /// squares is (0: the values are normalised already, or no norm).
+    pub(crate) norm: u64,
+    pub(crate) ss: u64,
+    /// The buffer, and whether it also holds the 1 / rms slot the float formats' products
+    /// read (attn_combine writes it; a decode product's epilogue does not).
+    pub(crate) xq: u64,
+    pub(crate) inv: bool,
+}
+
+/// Sums of squares one step's decode products may accumulate (kernels/*.cu QOut), zeroed
+/// when the step starts.
+pub(crate) const SS_SLOTS: usize = 1024;
+
+/// The one format of a launch's matrices as kernels/*.cu's kernel names spell it, or `any` for
+/// a mix (or a float format).
+fn fmt_name(mats: &Mats, mode: i32) -> &'static str {
+    let n_used = if mode == MODE_GATE_UP {
+        2
+    } else {
+        mats.n_mats as usize
+    };
+    let fmt = mats.m[0].fmt;
+    match fmt {
+        _ if mats.m[..n_used].iter().any(|m| m.fmt != fmt) => "any",
+        pack::FMT_Q4_0 => "q4_0",
+        pack::FMT_Q4_1 => "q4_1",
+        pack::FMT_Q8_0 => "q8_0",
+        pack::FMT_Q4_K => "q4_k",
+        pack::FMT_Q6_K => "q6_k",
+        _ => "any",
+    }
+}
+
+/// Tokens from which a product goes through cuBLAS instead of the matvec kernel.
+pub(crate) const GEMM_MIN_TOKENS: usize = 16;
+
+impl CudaBackend {
+    pub(crate) fn mat(&self, w: &CudaWeight, bias: Option<&CudaTensor>, out: &CudaTensor) -> Mat {
+        Mat {
+            q: w.q.ptr,
+            s: w.s.ptr,
+            s2: w.s2.ptr,
+            bias: bias.map_or(0, |b| b.buf.ptr),
+            out: out.buf.ptr,
+            rows: w.rows as i32,
+            fmt: w.fmt,
+            ld_out: out.cols as i32,
+        }
+    }
+
+    pub(crate) fn mats(&self, list: &[(&CudaWeight, Option<&CudaTensor>, &CudaTensor)]) -> Mats {
+        let mut m = Mats {
+            n_mats: list.len() as i32,
+            ..Default::default()
+        };
+        let mut r = 0;
+        for (i, (w, b, o)) in list.iter().enumerate() {
+            m.m[i] = self.mat(w, *b, o);
+            m.row0[i] = r;
+            r += w.rows as i32;
+        }
+        m.row0[list.len()] = r;
+        m
+    }
+
+    /// One matvec launch per MAX_TOK tokens over the matrices of `mats`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matvec(
+        &self,
+        mut mats: Mats,
+        x: (u64, usize),
+        cols: usize,
+        n: usize,
+        norm: Option<(&CudaTensor, f32)>,
+        mode: i32,
+        qout: Option<u64>,
+    ) {
+        if n >= GEMM_MIN_TOKENS && self.blas.is_some() && !self.recording.get() {
+            self.xq_src.set(None);
+            return self.gemm(&mats, x, cols, n, norm, mode);
+        }
+        let total = if mode == MODE_GATE_UP {
+            mats.m[0].rows as usize
+        } else {
+            mats.row0[mats.n_mats as usize] as usize
+        };
+        let (xq_a, xq_b, grown) = {
+            let mut sc = self.scratch.borrow_mut();
+            let bytes = pack::xq_bytes(cols.max(total), MAX_TOK);
+            assert!(
+                !self.recording.get()
+                    || [&sc.xq, &sc.xq2]
+                        .iter()
+                        .all(|b| b.as_ref().is_some_and(|b| b.bytes >= bytes)),
+                "activation buffer grown inside a recorded step"
+            );
+            let before = [&sc.xq, &sc.xq2].map(|b| b.as_ref().map(|b| b.ptr));
+            let (a, b) = (ensure(&mut sc.xq, bytes), ensure(&mut sc.xq2, bytes));
+            (a, b, before != [Some(a), Some(b)])
+        };
+        let norm_w = norm.map_or(0u64, |(w, _)| w.buf.ptr);
+        let eps = norm.map_or(0f32, |(_, e)| e);
+        // Rows the previous op wrote already quantized (attn_combine, a decode product's
+        // epilogue) need no quant_act.
+        // (Not when the buffers were just reallocated: the rows' quantized form went with
+        // the old ones, so they are quantized again from x.)
+        let src = self
+            .xq_src
+            .take()
+            .filter(|s| s.x == x.0 && s.n == n && s.norm == norm_w && !grown);
+        let quantized = |m: &Mat| m.fmt != FMT_F32 && m.fmt != FMT_F16;
+        let n_used = if mode == MODE_GATE_UP {
+            2
+        } else {
+            mats.n_mats as usize
+        };
+        if n == 1 && cols % 32 == 0 && mats.m[..n_used].iter().all(quantized) {
+            // One token (kernels/*.cu matvec_dec_impl).
+            let (xq_in, ss_in) = match src {
+                Some(s) => (s.xq, s.ss),
+                None => {
+                    self.quant_act(x.0, cols, 1, norm_w, eps, xq_a);
+                    (xq_a, 0)
+                }
+            };
+            let xq_out = if xq_in == xq_a { xq_b } else { xq_a };
+            // The output quantized too, for the next product (a step's sums of squares are
+            // zeroed at its start, so only inside one; 32 rows a block, one warp each four,
+            // so only for rows of at most four blocks a lane).
+            let ss_slot = self.ss_next.get();
+            let qo = match qout {
+                Some(next_norm)
+                    if self.in_step.get()
+                        && total % 32 == 0
+                        && cols / 32 <= 4 * 32
+                        && (next_norm == 0 || ss_slot < SS_SLOTS) =>
+                {
+                    let ss = if next_norm == 0 {
+                        0
+                    } else {
+                        self.ss_next.set(ss_slot + 1);
+                        self.ss.ptr + 4 * ss_slot as u64
+                    };
+                    self.xq_src.set(Some(XqSrc {
+                        x: mats.m[0].out,
+                        n: 1,
+                        norm: next_norm,
+                        ss,
+                        xq: xq_out,
+                        inv: false,
+                    }));
+                    Some(QOut {
+                        xq: xq_out,
+                        norm_w: next_norm,
+                        ss,
+                    })
+                }
+                _ => None,
+            };
+            // A row a warp, whatever its length: measured on an H200, splitting rows over
+            // 2/4/8 warps was slower on every shape (Qwen3-4B tg128: 518/497/432/348 t/s).
+            let kw = match qo {
+                Some(_) => 1,
+                None => std::env::var("KILN_CUDA_KW")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|k| [1, 2, 4, 8].contains(k))
+                    .unwrap_or(1),
+            };
+            let rows = if qo.is_some() { 4 } else { 1 };
+            let blocks = total.div_ceil(WARPS / kw * rows) as u32;
+            let name = format!("matvec_dec_{}_{rows}", fmt_name(&mats, mode));
+            let mut a = Args::default()
+                .a(mats)
+                .a(xq_in)
+                .a(cols as i32)
+                .a(ss_in)
+                .a(eps)
+                .a(mode)
+                .a(kw as i32)
+                .a(qo.unwrap_or_default());
+            self.dev.launch(
+                self.dev.func(&name),
+                (blocks, 1, 1),
+                (32 * WARPS as u32, 1, 1),
+                0,
+                &mut a.ptrs(),
+            );
+            return;
+        }
+        // (The matvec kernels read the 1 / rms slot: only a source that wrote it will do.)
+        let pre_quantized = src.is_some_and(|s| s.ss == 0 && s.inv) && n <= MAX_TOK;
+        let xq = match src {
+            Some(s) if pre_quantized => s.xq,
+            _ => xq_a,
+        };
+        let (nr, kw) = self.matvec_shape(&mats, cols, total);
+        let blocks = total.div_ceil(WARPS / kw * nr) as u32;
+        let prefetch = self.dev.pdl as i32;
+        // kernels/*.cu's matvec_<format>_<nr>_<tokens>: room for one token or MAX_TOK.
+        let nt = if n == 1 { 1 } else { MAX_TOK };
+        let func = self
+            .dev
+            .func(&format!("matvec_{}_{nr}_{nt}", fmt_name(&mats, mode)));
+        let outs = mats.m.map(|m| m.out);
+        let mut t0 = 0;
+        while t0 < n {
+            let nt = (n - t0).min(MAX_TOK);
+            for (i, m) in mats.m.iter_mut().enumerate() {
+                m.out = outs[i] + (t0 * m.ld_out as usize * 4) as u64;
+            }
+            let xt = x.0 + (t0 * x.1 * 4) as u64;
+            if !pre_quantized {
+                self.quant_act(xt, cols, nt, norm_w, eps, xq);
+            }
+            let mut a = Args::default()
+                .a(mats)
+                .a(xt)
+                .a(xq)
+                .a(cols as i32)
+                .a(nt as i32)
+                .a(norm_w)
+                .a(mode)
+                .a(kw as i32)
+                .a(prefetch);
+            self.dev.launch(
+                func,
+                (blocks, 1, 1),
+                (32 * WARPS as u32, 1, 1),
+                0,
+                &mut a.ptrs(),
+            );
+            t0 += nt;
+        }
+    }
+
+    /// Rows per warp group (nr) and warps per row group (kw) of a matvec launch: rows split
+    /// over k when a row has many blocks, and rows grouped while that still leaves enough
+    /// warps to keep every multiprocessor's loads in flight. KILN_CUDA_NR / KILN_CUDA_KW
+    /// override (for tuning).
+    pub(crate) fn matvec_shape(&self, mats: &Mats, cols: usize, total: usize) -> (usize, usize) {
+        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        let nb = cols / 32;
+        let kw = env("KILN_CUDA_KW")
+            .filter(|k| [1, 2, 4, 8].contains(k))
+            .unwrap_or(match nb {
+                0..128 => 1,
+                128..256 => 2,
+                _ => 4,
+            });
+        let divides = |nr: usize| {
+            mats.row0[..=mats.n_mats as usize]
+                .iter()
+                .chain(std::iter::once(&(total as i32)))
+                .all(|&r| r as usize % nr == 0)
+        };
+        // Measured on an H200 (Qwen3-0.6B/4B shapes): two rows per warp pay only where a lane
+        // has a single block of each row and rows are plentiful; four never did.
+        let want = self.dev.num_sms * 8;
+        let nr = match env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)) {
+            Some(n) if divides(n) => n,
+            _ if nb <= 32 && divides(2) && total / 2 * kw >= want => 2,
+            _ => 1,
+        };
+        (nr, kw)
+    }
+
+    /// The products of `mats` for n tokens through cuBLAS: each matrix widened to f16 (the
+    /// activations too, after the fused RMSNorm), f32 accumulation on the tensor cores.
+    pub(crate) fn gemm(
+        &self,
+        mats: &Mats,
+        x: (u64, usize),
+        cols: usize,
+        n: usize,
+        norm: Option<(&CudaTensor, f32)>,
+        mode: i32,
+    ) {
+        use cudarc::cublas::sys as cb;
+        let h = self.blas.as_ref().unwrap().0;
+        let max_rows = mats.m[..mats.n_mats as usize]
+            .iter()
+            .map(|m| m.rows as usize)
+            .max()
+            .unwrap_or(0);
+        let (w16, x16, tmp) = {
+            let mut sc = self.scratch.borrow_mut();
+            (
+                ensure(&mut sc.w16, max_rows * cols * 2),
+                ensure(&mut sc.x16, n * cols * 2),
+                ensure(&mut sc.tmp, n * max_rows * 4),
+            )
+        };
+        assert_eq!(x.1, cols, "gemm: activations of {} columns for {cols}", x.1);
+        let mut a = Args::default()
+            .a(x.0)
+            .a(cols as i32)
+            .a(norm.map_or(0u64, |(w, _)| w.buf.ptr))
+            .a(norm.map_or(0f32, |(_, e)| e))
+            .a(x16);
+        self.dev.launch(
+            self.dev.func("rows_f16"),
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        for (i, m) in mats.m[..mats.n_mats as usize].iter().enumerate() {
+            let rows = m.rows as usize;
+            let wp = if m.fmt == FMT_F16 {
+                m.q
+            } else {
+                let mut a = Args::default().a(*m).a(rows as i32).a(cols as i32).a(w16);
+                // A thread per 32-value block of the quantized formats (kernels/*.cu).
+                let per_block = m.fmt != FMT_F32 && cols % 32 == 0;
+                let threads = if per_block {
+                    rows * cols / 32
+                } else {
+                    rows * cols
+                };
+                self.elementwise_n_args("dequant_f16", &mut a, threads);
+                w16
+            };
+            let gate_up_second = mode == MODE_GATE_UP && i == 1;
+            let (out, ld) = match gate_up_second {
+                true => (tmp, rows),
+                false => (m.out, m.ld_out as usize),
+            };
+            let alpha = 1f32;
+            let beta = if mode == MODE_ADD { 1f32 } else { 0f32 };
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    h,
+                    cb::cublasOperation_t::CUBLAS_OP_T,
+                    cb::cublasOperation_t::CUBLAS_OP_N,
+                    rows as i32,
+                    n as i32,
+                    cols as i32,
+                    &alpha as *const f32 as *const c_void,
+                    wp as *const c_void,
+                    cb::cudaDataType_t::CUDA_R_16F,
+                    cols as i32,
+                    x16 as *const c_void,
+                    cb::cudaDataType_t::CUDA_R_16F,
+                    cols as i32,
+                    &beta as *const f32 as *const c_void,
+                    out as *mut c_void,
+                    cb::cudaDataType_t::CUDA_R_32F,
+                    ld as i32,
+                    cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .unwrap_or_else(|e| panic!("cuBLAS GEMM failed: {e:?}"));
+            if m.bias != 0 {
+                let mut a = Args::default()
+                    .a(out)
+                    .a(m.bias)
+                    .a(rows as i32)
+                    .a(ld as i32)
+                    .a(n as i32);
+                self.elementwise_n_args("add_bias", &mut a, rows * n);
+            }
+        }
+        if mode == MODE_GATE_UP {
+            // out = silu(gate) * up, both (n, rows) with the output's row stride = rows.
+            let m = &mats.m[0];
+            assert_eq!(m.ld_out, m.rows, "gate/up output rows are the FFN width");
+            let a = Args::default().a(m.out).a(tmp);
+            self.elementwise("silu_mul", a, n * m.rows as usize);
+        }
+    }
+
+    /// Quantizes n rows of x (cols values; RMS-normalised with norm_w first, when not 0)
+    /// into the activation buffer xq (kernels/*.cu quant_act).
+    pub(crate) fn quant_act(&self, x: u64, cols: usize, n: usize, norm_w: u64, eps: f32, xq: u64) {
+        let mut a = Args::default()
+            .a(x)
+            .a(cols as i32)
+            .a(n as i32)
+            .a(norm_w)
+            .a(eps)
+            .a(xq);
+        self.dev.launch(
+            self.dev.func("quant_act"),
+            (n as u32, 1, 1),
+            (1024, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+}
