@@ -11,6 +11,28 @@ pub(crate) const ATT_WARPS: usize = 4;
 /// Keys per decode attention split at a full cache, when that leaves the GPU enough blocks.
 pub(crate) const ATT_SPLIT_KEYS: usize = 16;
 
+/// kernels/attention.cu's attn_split_<EPL> and attn_dec_<EPL>, by EPL - 1.
+const ATTN_SPLIT: [&str; 8] = [
+    "attn_split_1",
+    "attn_split_2",
+    "attn_split_3",
+    "attn_split_4",
+    "attn_split_5",
+    "attn_split_6",
+    "attn_split_7",
+    "attn_split_8",
+];
+const ATTN_DEC: [&str; 8] = [
+    "attn_dec_1",
+    "attn_dec_2",
+    "attn_dec_3",
+    "attn_dec_4",
+    "attn_dec_5",
+    "attn_dec_6",
+    "attn_dec_7",
+    "attn_dec_8",
+];
+
 /// Query heads per KV head the attention kernel holds (kernels/*.cu MAX_GROUP).
 pub(crate) const MAX_GROUP: usize = 8;
 
@@ -153,8 +175,10 @@ impl CudaBackend {
             s.head_dim
         );
         // kernels/*.cu's attn_split_<EPL> / attn_dec_<EPL>, EPL = head_dim / 32 rounded up.
-        let kind = if dec.is_some() { "dec" } else { "split" };
-        let name = format!("attn_{kind}_{}", s.head_dim.div_ceil(32));
+        let name = match dec {
+            Some(_) => ATTN_DEC[s.head_dim.div_ceil(32) - 1],
+            None => ATTN_SPLIT[s.head_dim.div_ceil(32) - 1],
+        };
         self.set_params(s.pos0, None);
         // A grid fixed by the cache's size, so one recording serves every position. The
         // split kernel: ATT_WARPS warps of ATT_WCHUNK keys a block over the whole cache. The
@@ -199,7 +223,7 @@ impl CudaBackend {
             a = a.a(dh);
         }
         self.dev.launch(
-            self.dev.func(&name),
+            self.dev.func(name),
             (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
             (32 * ATT_WARPS as u32, 1, 1),
             0,
@@ -248,7 +272,15 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::attention_supported;
+    use super::{attention_supported, ATTN_DEC, ATTN_SPLIT};
+
+    /// The launch tables name kernels the module loads.
+    #[test]
+    fn attention_kernel_tables_name_loaded_kernels() {
+        for n in ATTN_SPLIT.iter().chain(&ATTN_DEC) {
+            assert!(crate::device::KERNELS.contains(n), "{n}");
+        }
+    }
 
     #[test]
     fn attention_shapes_the_kernels_run() {

@@ -111,6 +111,8 @@ struct Scratch {
     attn_ml: Option<DevBuf>,
     argmax: Option<DevBuf>,
     topk: Option<DevBuf>,
+    /// The candidates' keys on the host, kept from token to token.
+    topk_keys: Vec<u64>,
     im2col: Option<DevBuf>,
     xq: Option<DevBuf>,
     /// The other activation buffer: a decode product writing its output quantized reads
@@ -139,6 +141,24 @@ impl Drop for Graph {
     }
 }
 
+/// Tuning overrides, read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
+/// and KILN_CUDA_NR (rows a warp group: 1, 2).
+#[derive(Default)]
+struct Tune {
+    kw: Option<usize>,
+    nr: Option<usize>,
+}
+
+impl Tune {
+    fn from_env() -> Tune {
+        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        Tune {
+            kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
+            nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
+        }
+    }
+}
+
 pub struct CudaBackend {
     /// Step parameters on the device: [pos0, n, ids...]; `params_host` mirrors them.
     params: DevBuf,
@@ -150,6 +170,7 @@ pub struct CudaBackend {
     /// Sampling candidates selected on the GPU (kernels/*.cu topk_chunks; KILN_CUDA_TOPK=1
     /// until it is measured on a GPU).
     topk: bool,
+    tune: Tune,
     ss: DevBuf,
     ss_next: Cell<usize>,
     graphs: RefCell<HashMap<u64, Graph>>,
@@ -206,6 +227,7 @@ impl CudaBackend {
             xq_src: Cell::new(None),
             in_step: Cell::new(false),
             topk: std::env::var("KILN_CUDA_TOPK").is_ok_and(|v| v == "1"),
+            tune: Tune::from_env(),
             ss: DevBuf::alloc(4 * SS_SLOTS),
             ss_next: Cell::new(0),
             graphs: RefCell::default(),
@@ -941,8 +963,9 @@ impl Backend for CudaBackend {
             0,
             &mut a.ptrs(),
         );
-        let mut keys = vec![0u64; chunks * k];
-        self.dev.dtoh(&mut keys, buf);
+        let keys = &mut self.scratch.borrow_mut().topk_keys;
+        keys.resize(chunks * k, 0);
+        self.dev.dtoh(keys, buf);
         out.clear();
         out.extend(keys.iter().filter_map(|&key| {
             // kernels/*.cu argmax_key: the value's order-preserving bits above !column.

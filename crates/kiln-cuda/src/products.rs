@@ -60,9 +60,9 @@ pub(crate) struct XqSrc {
 /// when the step starts.
 pub(crate) const SS_SLOTS: usize = 1024;
 
-/// The one format of a launch's matrices as kernels/*.cu's kernel names spell it, or `any` for
-/// a mix (or a float format).
-fn fmt_name(mats: &Mats, mode: i32) -> &'static str {
+/// The one format of a launch's matrices as an index of the kernel tables below: 0 (`any`)
+/// for a mix (or a float format), then Q4_0, Q4_1, Q8_0, Q4_K, Q6_K.
+fn fmt_index(mats: &Mats, mode: i32) -> usize {
     let n_used = if mode == MODE_GATE_UP {
         2
     } else {
@@ -70,15 +70,54 @@ fn fmt_name(mats: &Mats, mode: i32) -> &'static str {
     };
     let fmt = mats.m[0].fmt;
     match fmt {
-        _ if mats.m[..n_used].iter().any(|m| m.fmt != fmt) => "any",
-        pack::FMT_Q4_0 => "q4_0",
-        pack::FMT_Q4_1 => "q4_1",
-        pack::FMT_Q8_0 => "q8_0",
-        pack::FMT_Q4_K => "q4_k",
-        pack::FMT_Q6_K => "q6_k",
-        _ => "any",
+        _ if mats.m[..n_used].iter().any(|m| m.fmt != fmt) => 0,
+        pack::FMT_Q4_0 => 1,
+        pack::FMT_Q4_1 => 2,
+        pack::FMT_Q8_0 => 3,
+        pack::FMT_Q4_K => 4,
+        pack::FMT_Q6_K => 5,
+        _ => 0,
     }
 }
+
+/// kernels/products.cu's matvec_<format>_<nr>_<tokens>, by [`fmt_index`], nr 1/2 and room
+/// for one token / MAX_TOK (names, not formatted per launch).
+const MATVEC: [[[&str; 2]; 2]; 6] = [
+    [
+        ["matvec_any_1_1", "matvec_any_1_4"],
+        ["matvec_any_2_1", "matvec_any_2_4"],
+    ],
+    [
+        ["matvec_q4_0_1_1", "matvec_q4_0_1_4"],
+        ["matvec_q4_0_2_1", "matvec_q4_0_2_4"],
+    ],
+    [
+        ["matvec_q4_1_1_1", "matvec_q4_1_1_4"],
+        ["matvec_q4_1_2_1", "matvec_q4_1_2_4"],
+    ],
+    [
+        ["matvec_q8_0_1_1", "matvec_q8_0_1_4"],
+        ["matvec_q8_0_2_1", "matvec_q8_0_2_4"],
+    ],
+    [
+        ["matvec_q4_k_1_1", "matvec_q4_k_1_4"],
+        ["matvec_q4_k_2_1", "matvec_q4_k_2_4"],
+    ],
+    [
+        ["matvec_q6_k_1_1", "matvec_q6_k_1_4"],
+        ["matvec_q6_k_2_1", "matvec_q6_k_2_4"],
+    ],
+];
+
+/// kernels/products.cu's matvec_dec_<format>_<rows>, by [`fmt_index`] and rows 1 / 4.
+const MATVEC_DEC: [[&str; 2]; 6] = [
+    ["matvec_dec_any_1", "matvec_dec_any_4"],
+    ["matvec_dec_q4_0_1", "matvec_dec_q4_0_4"],
+    ["matvec_dec_q4_1_1", "matvec_dec_q4_1_4"],
+    ["matvec_dec_q8_0_1", "matvec_dec_q8_0_4"],
+    ["matvec_dec_q4_k_1", "matvec_dec_q4_k_4"],
+    ["matvec_dec_q6_k_1", "matvec_dec_q6_k_4"],
+];
 
 /// Tokens from which a product goes through cuBLAS instead of the matvec kernel.
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
@@ -210,15 +249,11 @@ impl CudaBackend {
             // 2/4/8 warps was slower on every shape (Qwen3-4B tg128: 518/497/432/348 t/s).
             let kw = match qo {
                 Some(_) => 1,
-                None => std::env::var("KILN_CUDA_KW")
-                    .ok()
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .filter(|k| [1, 2, 4, 8].contains(k))
-                    .unwrap_or(1),
+                None => self.tune.kw.unwrap_or(1),
             };
             let rows = if qo.is_some() { 4 } else { 1 };
             let blocks = total.div_ceil(WARPS / kw * rows) as u32;
-            let name = format!("matvec_dec_{}_{rows}", fmt_name(&mats, mode));
+            let name = MATVEC_DEC[fmt_index(&mats, mode)][(rows == 4) as usize];
             let mut a = Args::default()
                 .a(mats)
                 .a(xq_in)
@@ -229,7 +264,7 @@ impl CudaBackend {
                 .a(kw as i32)
                 .a(qo.unwrap_or_default());
             self.dev.launch(
-                self.dev.func(&name),
+                self.dev.func(name),
                 (blocks, 1, 1),
                 (32 * WARPS as u32, 1, 1),
                 0,
@@ -247,10 +282,9 @@ impl CudaBackend {
         let blocks = total.div_ceil(WARPS / kw * nr) as u32;
         let prefetch = self.dev.pdl as i32;
         // kernels/*.cu's matvec_<format>_<nr>_<tokens>: room for one token or MAX_TOK.
-        let nt = if n == 1 { 1 } else { MAX_TOK };
         let func = self
             .dev
-            .func(&format!("matvec_{}_{nr}_{nt}", fmt_name(&mats, mode)));
+            .func(MATVEC[fmt_index(&mats, mode)][nr - 1][(n > 1) as usize]);
         let outs = mats.m.map(|m| m.out);
         let mut t0 = 0;
         while t0 < n {
@@ -288,15 +322,12 @@ impl CudaBackend {
     /// warps to keep every multiprocessor's loads in flight. KILN_CUDA_NR / KILN_CUDA_KW
     /// override (for tuning).
     pub(crate) fn matvec_shape(&self, mats: &Mats, cols: usize, total: usize) -> (usize, usize) {
-        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
         let nb = cols / 32;
-        let kw = env("KILN_CUDA_KW")
-            .filter(|k| [1, 2, 4, 8].contains(k))
-            .unwrap_or(match nb {
-                0..128 => 1,
-                128..256 => 2,
-                _ => 4,
-            });
+        let kw = self.tune.kw.unwrap_or(match nb {
+            0..128 => 1,
+            128..256 => 2,
+            _ => 4,
+        });
         let divides = |nr: usize| {
             mats.row0[..=mats.n_mats as usize]
                 .iter()
@@ -306,7 +337,7 @@ impl CudaBackend {
         // Measured on an H200 (Qwen3-0.6B/4B shapes): two rows per warp pay only where a lane
         // has a single block of each row and rows are plentiful; four never did.
         let want = self.dev.num_sms * 8;
-        let nr = match env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)) {
+        let nr = match self.tune.nr {
             Some(n) if divides(n) => n,
             _ if nb <= 32 && divides(2) && total / 2 * kw >= want => 2,
             _ => 1,
@@ -437,5 +468,23 @@ impl CudaBackend {
             0,
             &mut a.ptrs(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MATVEC, MATVEC_DEC};
+
+    /// The launch tables name kernels the module loads.
+    #[test]
+    fn product_kernel_tables_name_loaded_kernels() {
+        let names = MATVEC
+            .iter()
+            .flatten()
+            .flatten()
+            .chain(MATVEC_DEC.iter().flatten());
+        for n in names {
+            assert!(crate::device::KERNELS.contains(n), "{n}");
+        }
     }
 }

@@ -433,7 +433,7 @@ impl<B: Backend> LlmSession<'_, B> {
                 )?;
                 self.tokens.push(next);
                 match got {
-                    None => picked = Some(sampler.sample_candidates(&cand)),
+                    None => picked = Some(sampler.sample_candidates(&mut cand)),
                     Some(l) => logits.copy_from_slice(l),
                 }
                 decode_forwards += 1;

@@ -97,10 +97,11 @@ impl Sampler {
     /// [`Sampler::sample`]'s pick from (logit, id) candidates that include the `k` largest
     /// logits, for `k` = [`SamplerConfig::top_k_only`]: the same pick as from all the logits
     /// (the same top k in the same order, the same draws from the random stream).
-    pub fn sample_candidates(&mut self, candidates: &[(f32, u32)]) -> u32 {
+    /// The list is taken over, not copied (`candidates` gets another buffer back to fill
+    /// next time: a CPU row's candidates are the whole vocabulary).
+    pub fn sample_candidates(&mut self, candidates: &mut Vec<(f32, u32)>) -> u32 {
         debug_assert!(self.cfg.top_k_only().is_some());
-        self.cand.clear();
-        self.cand.extend_from_slice(candidates);
+        std::mem::swap(&mut self.cand, candidates);
         self.pick(None)
     }
 
@@ -312,7 +313,10 @@ mod tests {
         all.reverse();
         let (mut a, mut b) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
         for _ in 0..200 {
-            assert_eq!(a.sample(&logits, &[]), b.sample_candidates(&all));
+            assert_eq!(
+                a.sample(&logits, &[]),
+                b.sample_candidates(&mut all.clone())
+            );
         }
     }
 
