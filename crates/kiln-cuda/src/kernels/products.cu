@@ -38,6 +38,28 @@ __device__ __forceinline__ XQ xq_layout(const u8* base, int cols, int ntok) {
     return x;
 }
 
+// 16 values of a byte each (unsigned: 4-bit parts, Q6_K's with their high bits) in w[0..4]
+// dotted with 16 int8 activations.
+__device__ __forceinline__ int dot16_us(const u32* w, const uint4& x) {
+    int a = dp4a_us(w[0], (int)x.x, 0);
+    a = dp4a_us(w[1], (int)x.y, a);
+    a = dp4a_us(w[2], (int)x.z, a);
+    return dp4a_us(w[3], (int)x.w, a);
+}
+
+// 32 int8 weights (wa: the first 16, wb: the last) dotted with 32 int8 activations.
+__device__ __forceinline__ int dot32_ss(const uint4& wa, const uint4& wb, const uint4& xa,
+                                        const uint4& xb) {
+    int a = dp4a_ss((int)wa.x, (int)xa.x, 0);
+    a = dp4a_ss((int)wa.y, (int)xa.y, a);
+    a = dp4a_ss((int)wa.z, (int)xa.z, a);
+    a = dp4a_ss((int)wa.w, (int)xa.w, a);
+    a = dp4a_ss((int)wb.x, (int)xb.x, a);
+    a = dp4a_ss((int)wb.y, (int)xb.y, a);
+    a = dp4a_ss((int)wb.z, (int)xb.z, a);
+    return dp4a_ss((int)wb.w, (int)xb.w, a);
+}
+
 // Adds block b of row r of m, dotted with the activations of ntok tokens, to acc. F is the
 // matrix's format when the launch fixes it (the other formats' code then drops out), or -1:
 // m.fmt's.
@@ -56,14 +78,7 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
             if (t >= ntok) break;
             const uint4* xq = (const uint4*)(x.q + (size_t)t * (cols / 4) + b * 8);
             const uint4 xa = xq[0], xb = xq[1];
-            int a = dp4a_ss((int)wa.x, (int)xa.x, 0);
-            a = dp4a_ss((int)wa.y, (int)xa.y, a);
-            a = dp4a_ss((int)wa.z, (int)xa.z, a);
-            a = dp4a_ss((int)wa.w, (int)xa.w, a);
-            a = dp4a_ss((int)wb.x, (int)xb.x, a);
-            a = dp4a_ss((int)wb.y, (int)xb.y, a);
-            a = dp4a_ss((int)wb.z, (int)xb.z, a);
-            a = dp4a_ss((int)wb.w, (int)xb.w, a);
+            const int a = dot32_ss(wa, wb, xa, xb);
             acc[t] += ws * x.d[t * nb + b] * (float)a;
         }
         return;
@@ -119,14 +134,7 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
         if (t >= ntok) break;
         const uint4* xq = (const uint4*)(x.q + (size_t)t * (cols / 4) + b * 8);
         const uint4 xa = xq[0], xb = xq[1];
-        int a = dp4a_us(lo4[0], (int)xa.x, 0);
-        a = dp4a_us(lo4[1], (int)xa.y, a);
-        a = dp4a_us(lo4[2], (int)xa.z, a);
-        a = dp4a_us(lo4[3], (int)xa.w, a);
-        int c = dp4a_us(hi4[0], (int)xb.x, 0);
-        c = dp4a_us(hi4[1], (int)xb.y, c);
-        c = dp4a_us(hi4[2], (int)xb.z, c);
-        c = dp4a_us(hi4[3], (int)xb.w, c);
+        const int a = dot16_us(lo4, xa), c = dot16_us(hi4, xb);
         const u32 sm = *(const u32*)(x.sum + (size_t)t * (cols / 16) + 2 * b);
         const float s0 = (float)(short)(sm & 0xffff), s1 = (float)(short)(sm >> 16);
         acc[t] += x.d[t * nb + b] * (s_lo * (float)a + m_lo * s0 + s_hi * (float)c + m_hi * s1);
@@ -504,28 +512,14 @@ __device__ __forceinline__ float wblk_dot(const WBlk& w, int fmt_rt, int b, cons
     const int fmt = F >= 0 ? F : fmt_rt;
     const uint4 xa = *(const uint4*)(xq + b * 8), xb = *(const uint4*)(xq + b * 8 + 4);
     if (fmt == FMT_Q8_0) {
-        int a = dp4a_ss((int)w.q.x, (int)xa.x, 0);
-        a = dp4a_ss((int)w.q.y, (int)xa.y, a);
-        a = dp4a_ss((int)w.q.z, (int)xa.z, a);
-        a = dp4a_ss((int)w.q.w, (int)xa.w, a);
-        a = dp4a_ss((int)w.r.x, (int)xb.x, a);
-        a = dp4a_ss((int)w.r.y, (int)xb.y, a);
-        a = dp4a_ss((int)w.r.z, (int)xb.z, a);
-        a = dp4a_ss((int)w.r.w, (int)xb.w, a);
+        const int a = dot32_ss(w.q, w.r, xa, xb);
         return h2f((u16)w.s) * xd[b] * (float)a;
     }
     const WVals o = wblk_vals<F>(w, fmt, b);
     const u32* lo4 = o.lo4;
     const u32* hi4 = o.hi4;
     const float s_lo = o.s_lo, s_hi = o.s_hi, m_lo = o.m_lo, m_hi = o.m_hi;
-    int a = dp4a_us(lo4[0], (int)xa.x, 0);
-    a = dp4a_us(lo4[1], (int)xa.y, a);
-    a = dp4a_us(lo4[2], (int)xa.z, a);
-    a = dp4a_us(lo4[3], (int)xa.w, a);
-    int c = dp4a_us(hi4[0], (int)xb.x, 0);
-    c = dp4a_us(hi4[1], (int)xb.y, c);
-    c = dp4a_us(hi4[2], (int)xb.z, c);
-    c = dp4a_us(hi4[3], (int)xb.w, c);
+    const int a = dot16_us(lo4, xa), c = dot16_us(hi4, xb);
     const float s0 = (float)xs[2 * b], s1 = (float)xs[2 * b + 1];
     return xd[b] * (s_lo * (float)a + m_lo * s0 + s_hi * (float)c + m_hi * s1);
 }
