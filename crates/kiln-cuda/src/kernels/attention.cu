@@ -273,6 +273,18 @@ __device__ void head_norm_rope(const float* x, float* out, int hd, const float* 
     __syncwarp();
 }
 
+// Rows base + j of the f16 cache at p for j = j0, j0 + ATT_WARPS, ... (ATT_KU of them, those
+// below nk), as load_row_h reads them: all their loads in flight at once.
+template <int EPL>
+__device__ __forceinline__ void load_tile_rows(const u16* p, int base, int j0, int nk, int hd,
+                                               int lane, float (*out)[EPL]) {
+#pragma unroll
+    for (int u = 0; u < ATT_KU; u++) {
+        const int j = j0 + u * ATT_WARPS;
+        if (j < nk) load_row_h<EPL, false>(p + (size_t)(base + j) * hd, lane, hd, out[u]);
+    }
+}
+
 // The decode attention of one token: grid (kv_heads, splits), ATT_WARPS warps a block,
 // the heads' work (DecHeads) first. Split s of S takes keys [s * c, (s + 1) * c) of the
 // len = pos0 + 1 visible ones (c = len / S rounded up), so a
@@ -345,11 +357,7 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
         const int nk = min(ATT_TILE, k1 - base);
         for (int j0 = warp; j0 < nk; j0 += ATT_KU * ATT_WARPS) {
             float kf[ATT_KU][EPL];
-#pragma unroll
-            for (int u = 0; u < ATT_KU; u++) {
-                const int j = j0 + u * ATT_WARPS;
-                if (j < nk) load_row_h<EPL, false>(kp + (size_t)(base + j) * hd, lane, hd, kf[u]);
-            }
+            load_tile_rows<EPL>(kp, base, j0, nk, hd, lane, kf);
 #pragma unroll
             for (int u = 0; u < ATT_KU; u++) {
                 const int j = j0 + u * ATT_WARPS;
@@ -392,11 +400,7 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
         }
         for (int j0 = warp; j0 < nk; j0 += ATT_KU * ATT_WARPS) {
             float vf[ATT_KU][EPL];
-#pragma unroll
-            for (int u = 0; u < ATT_KU; u++) {
-                const int j = j0 + u * ATT_WARPS;
-                if (j < nk) load_row_h<EPL, false>(vp + (size_t)(base + j) * hd, lane, hd, vf[u]);
-            }
+            load_tile_rows<EPL>(vp, base, j0, nk, hd, lane, vf);
 #pragma unroll
             for (int u = 0; u < ATT_KU; u++) {
                 const int j = j0 + u * ATT_WARPS;
