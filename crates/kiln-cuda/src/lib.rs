@@ -165,7 +165,7 @@ pub struct CudaBackend {
     params_host: RefCell<Option<(u32, Vec<u32>)>>,
     recording: Cell<bool>,
     xq_src: Cell<Option<XqSrc>>,
-    /// Inside [`Backend::step`]: the sums of squares were zeroed, `ss_next` are taken.
+    /// Inside [`Backend::step`]: the sums-of-squares slots from `ss_next` on are free.
     in_step: Cell<bool>,
     /// Sampling candidates selected on the GPU (kernels/*.cu topk_chunks; KILN_CUDA_TOPK=1
     /// until it is measured on a GPU).
@@ -1018,9 +1018,8 @@ impl Backend for CudaBackend {
         pos0: usize,
         f: &mut dyn FnMut() -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
-        // Every run of f starts by zeroing the step's sums of squares (recorded with it).
+        // Every run of f hands out the step's sums-of-squares slots from the start.
         let mut f = || {
-            self.dev.memset_u32(self.ss.ptr, 0, SS_SLOTS);
             self.ss_next.set(0);
             self.in_step.set(true);
             let r = f();

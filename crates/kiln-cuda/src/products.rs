@@ -56,9 +56,10 @@ pub(crate) struct XqSrc {
     pub(crate) inv: bool,
 }
 
-/// Sums of squares one step's decode products may accumulate (kernels/*.cu QOut), zeroed
-/// when the step starts.
-pub(crate) const SS_SLOTS: usize = 1024;
+/// Floats of the per-block sums of squares one step's decode products may leave for their
+/// consumers (kernels/products.cu QOut: a float per 32 output values; every block writes its
+/// own, so nothing needs zeroing).
+pub(crate) const SS_SLOTS: usize = 1 << 16;
 
 /// The one format of a launch's matrices as an index of the kernel tables below: 0 (`any`)
 /// for a mix (or a float format), then Q4_0, Q4_1, Q8_0, Q4_K, Q6_K.
@@ -212,8 +213,8 @@ impl CudaBackend {
                 }
             };
             let xq_out = if xq_in == xq_a { xq_b } else { xq_a };
-            // The output quantized too, for the next product (a step's sums of squares are
-            // zeroed at its start, so only inside one; 32 rows a block, one warp each four,
+            // The output quantized too, for the next product (its slots of partial sums of
+            // squares are a step's, so only inside one; 32 rows a block, one warp each four,
             // so only for rows of at most four blocks a lane).
             let ss_slot = self.ss_next.get();
             let qo = match qout {
@@ -221,12 +222,12 @@ impl CudaBackend {
                     if self.in_step.get()
                         && total % 32 == 0
                         && cols / 32 <= 4 * 32
-                        && (next_norm == 0 || ss_slot < SS_SLOTS) =>
+                        && (next_norm == 0 || ss_slot + total / 32 <= SS_SLOTS) =>
                 {
                     let ss = if next_norm == 0 {
                         0
                     } else {
-                        self.ss_next.set(ss_slot + 1);
+                        self.ss_next.set(ss_slot + total / 32);
                         self.ss.ptr + 4 * ss_slot as u64
                     };
                     self.xq_src.set(Some(XqSrc {

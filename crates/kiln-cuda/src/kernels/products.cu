@@ -527,8 +527,8 @@ __device__ __forceinline__ float wblk_dot(const WBlk& w, int fmt_rt, int b, cons
 // Where a decode product's epilogue writes its output rows quantized, for the next product
 // (only with ROWS = 4: a block's 8 warps x 4 rows are one 32-value block of the output):
 // q, d and sums for one token of `total` values (xq_layout), each block's 32 values times
-// norm_w (the next RMSNorm's weights, or none), and their sum of squares added into *ss
-// (zeroed at the step's start) so that the next product applies the 1 / rms itself.
+// norm_w (the next RMSNorm's weights, or none), and their sum of squares into ss[block]
+// so that the next product applies the 1 / rms itself (summing the partials in order).
 struct QOut {
     u8* xq;
     const float* norm_w;
@@ -626,7 +626,14 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
             }
         }
     }
-    const float r = ss_in ? rsqrtf(*ss_in / (float)cols + eps) : 1.0f;
+    // x's sum of squares from the producer's per-block partials, in one fixed order (a
+    // warp's lanes over cols / 32 partials, then the shuffle tree): the same every run.
+    float r = 1.0f;
+    if (ss_in) {
+        float t = 0.0f;
+        for (int i = lane; i < nb; i += 32) t += ss_in[i];
+        r = rsqrtf(warp_sum(t) / (float)cols + eps);
+    }
     if (live && lane == 0) {
 #pragma unroll
         for (int j = 0; j < ROWS; j++) {
@@ -657,7 +664,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     quant_block(v * (qo.norm_w ? qo.norm_w[c] : 1.0f), b, lane, q, d, sum);
     if (qo.ss) {
         const float s2 = warp_sum(v * v);
-        if (lane == 0) atomicAdd(qo.ss, s2);
+        if (lane == 0) qo.ss[b] = s2;
     }
 }
 
