@@ -33,6 +33,14 @@ const ATTN_DEC: [&str; 8] = [
     "attn_dec_8",
 ];
 
+/// From this many tokens a prompt's attention runs as two cuBLAS products per chunk of
+/// queries (attention_gemm), below as the split kernel.
+pub(crate) const PROMPT_GEMM_MIN_TOKENS: usize = 16;
+
+/// Bytes of f32 scores and f16 probabilities one query chunk of attention_gemm takes at most
+/// (a long prompt over a long cache runs as several chunks).
+pub(crate) const PROMPT_ATTN_BYTES: usize = 256 << 20;
+
 /// Query heads per KV head the attention kernel holds (kernels/*.cu MAX_GROUP).
 pub(crate) const MAX_GROUP: usize = 8;
 
@@ -163,6 +171,15 @@ impl CudaBackend {
         dec: Option<DecHeads>,
     ) {
         self.xq_src.set(None);
+        if dec.is_none()
+            && !quant
+            && s.n_tokens >= PROMPT_GEMM_MIN_TOKENS
+            && self.tune.prompt_gemm
+            && self.blas.is_some()
+            && !self.recording.get()
+        {
+            return self.attention_gemm(q_ptr, cache, layer, s, out_ptr);
+        }
         let g = s.n_heads / s.n_kv_heads;
         assert!(
             g <= MAX_GROUP && s.n_heads % s.n_kv_heads == 0,
@@ -266,6 +283,138 @@ impl CudaBackend {
                 xq,
                 inv: true,
             }));
+        }
+    }
+}
+
+impl CudaBackend {
+    /// A prompt's attention on the tensor cores, per chunk of queries: scores = q k^T for each
+    /// KV head's query heads at once (one strided batched product over the KV heads), the
+    /// causal softmax into f16 probabilities, then out = p v (one batched product per query
+    /// head of a group, written into the output rows in place).
+    fn attention_gemm(
+        &self,
+        q_ptr: u64,
+        cache: &CudaKvCache,
+        layer: usize,
+        s: AttnShape,
+        out_ptr: u64,
+    ) {
+        use cudarc::cublas::sys as cb;
+        let h = self.blas.as_ref().unwrap().0;
+        let (heads, kvh, hd) = (s.n_heads, s.n_kv_heads, s.head_dim);
+        let g = heads / kvh;
+        assert!(
+            heads % kvh == 0 && hd % 8 == 0,
+            "prompt attention: {heads} heads over {kvh}, head size {hd}"
+        );
+        // Rows of scores and probabilities padded to 8 values (16-byte aligned f16 rows).
+        let ld_all = (s.pos0 + s.n_tokens).next_multiple_of(8);
+        let chunk = (self.prompt_attn_bytes.get() / (heads * ld_all * 6)).clamp(1, s.n_tokens);
+        let (q16, sc, pr) = {
+            let mut b = self.scratch.borrow_mut();
+            (
+                ensure(&mut b.x16, chunk * heads * hd * 2),
+                ensure(&mut b.attn_acc, chunk * heads * ld_all * 4),
+                ensure(&mut b.attn_ml, chunk * heads * ld_all * 2),
+            )
+        };
+        let plane = cache.plane(layer) as u64;
+        let (kp, vp) = (cache.k.ptr + plane, cache.v.ptr + plane);
+        let kv_stride = (cache.n_ctx * hd) as i64;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (one, zero) = (1f32, 0f32);
+        let (f16, f32t) = (
+            cb::cudaDataType_t::CUDA_R_16F,
+            cb::cudaDataType_t::CUDA_R_32F,
+        );
+        for t0 in (0..s.n_tokens).step_by(chunk) {
+            let nc = (s.n_tokens - t0).min(chunk);
+            let len = s.pos0 + t0 + nc;
+            let ld = len.next_multiple_of(8);
+            let mut a = Args::default()
+                .a(q_ptr + (t0 * heads * hd * 4) as u64)
+                .a(heads as i32)
+                .a(hd as i32)
+                .a(nc as i32)
+                .a(scale)
+                .a(q16);
+            self.elementwise_n_args("attn_q16", &mut a, nc * heads * hd);
+            // Column-major: scores^T (len x g*nc) of KV head b = K_b (len x hd) q16_b^T.
+            unsafe {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    h,
+                    cb::cublasOperation_t::CUBLAS_OP_T,
+                    cb::cublasOperation_t::CUBLAS_OP_N,
+                    len as i32,
+                    (g * nc) as i32,
+                    hd as i32,
+                    &one as *const f32 as *const c_void,
+                    kp as *const c_void,
+                    f16,
+                    hd as i32,
+                    kv_stride,
+                    q16 as *const c_void,
+                    f16,
+                    hd as i32,
+                    (g * nc * hd) as i64,
+                    &zero as *const f32 as *const c_void,
+                    sc as *mut c_void,
+                    f32t,
+                    ld as i32,
+                    (g * nc * ld) as i64,
+                    kvh as i32,
+                    cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .unwrap_or_else(|e| panic!("cuBLAS attention scores failed: {e:?}"));
+            let mut a = Args::default()
+                .a(sc)
+                .a(len as i32)
+                .a(ld as i32)
+                .a((s.pos0 + t0) as i32)
+                .a(nc as i32)
+                .a(pr);
+            self.dev.launch(
+                self.dev.func("attn_softmax_causal"),
+                (nc as u32, heads as u32, 1),
+                (256, 1, 1),
+                0,
+                &mut a.ptrs(),
+            );
+            // Column-major: out^T (hd x nc) of query head b*g + j = V_b (hd x len) p^T, into
+            // the output rows (heads * hd apart) at the head's columns.
+            for j in 0..g {
+                unsafe {
+                    cudarc::cublas::result::gemm_strided_batched_ex(
+                        h,
+                        cb::cublasOperation_t::CUBLAS_OP_N,
+                        cb::cublasOperation_t::CUBLAS_OP_N,
+                        hd as i32,
+                        nc as i32,
+                        len as i32,
+                        &one as *const f32 as *const c_void,
+                        vp as *const c_void,
+                        f16,
+                        hd as i32,
+                        kv_stride,
+                        (pr + (j * nc * ld * 2) as u64) as *const c_void,
+                        f16,
+                        ld as i32,
+                        (g * nc * ld) as i64,
+                        &zero as *const f32 as *const c_void,
+                        (out_ptr + ((t0 * heads + j) * hd * 4) as u64) as *mut c_void,
+                        f32t,
+                        (heads * hd) as i32,
+                        (g * hd) as i64,
+                        kvh as i32,
+                        cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .unwrap_or_else(|e| panic!("cuBLAS attention values failed: {e:?}"));
+            }
         }
     }
 }

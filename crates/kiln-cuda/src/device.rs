@@ -142,6 +142,8 @@ pub const KERNELS: &[&str] = &[
     "attn_dec_7",
     "attn_dec_8",
     "attn_combine",
+    "attn_q16",
+    "attn_softmax_causal",
     "add",
     "silu_mul",
     "scale",

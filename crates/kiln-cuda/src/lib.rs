@@ -142,11 +142,13 @@ impl Drop for Graph {
 }
 
 /// Tuning overrides, read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
-/// and KILN_CUDA_NR (rows a warp group: 1, 2).
+/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_PROMPT_GEMM.
 #[derive(Default)]
 struct Tune {
     kw: Option<usize>,
     nr: Option<usize>,
+    /// Prompt attention through cuBLAS (KILN_CUDA_PROMPT_GEMM=0: the split kernel instead).
+    prompt_gemm: bool,
 }
 
 impl Tune {
@@ -155,6 +157,7 @@ impl Tune {
         Tune {
             kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
             nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
+            prompt_gemm: std::env::var("KILN_CUDA_PROMPT_GEMM").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -167,8 +170,8 @@ pub struct CudaBackend {
     xq_src: Cell<Option<XqSrc>>,
     /// Inside [`Backend::step`]: the sums-of-squares slots from `ss_next` on are free.
     in_step: Cell<bool>,
-    /// Sampling candidates selected on the GPU (kernels/*.cu topk_chunks; KILN_CUDA_TOPK=1
-    /// until it is measured on a GPU).
+    /// Sampling candidates selected on the GPU (kernels/*.cu topk_chunks; KILN_CUDA_TOPK=0
+    /// turns it off: the logits go to the host).
     topk: bool,
     tune: Tune,
     ss: DevBuf,
@@ -178,6 +181,8 @@ pub struct CudaBackend {
     use_graphs: bool,
     rope: RefCell<Option<(RopeConfig, DevBuf)>>,
     scratch: RefCell<Scratch>,
+    /// Bytes of scores and probabilities one query chunk of the prompt attention may take.
+    prompt_attn_bytes: Cell<usize>,
     /// cuBLAS, for prompt-sized products (None where libcublas is missing).
     blas: Option<Blas>,
     cpu: CpuBackend,
@@ -226,7 +231,7 @@ impl CudaBackend {
             recording: Cell::new(false),
             xq_src: Cell::new(None),
             in_step: Cell::new(false),
-            topk: std::env::var("KILN_CUDA_TOPK").is_ok_and(|v| v == "1"),
+            topk: std::env::var("KILN_CUDA_TOPK").map_or(true, |v| v != "0"),
             tune: Tune::from_env(),
             ss: DevBuf::alloc(4 * SS_SLOTS),
             ss_next: Cell::new(0),
@@ -235,14 +240,21 @@ impl CudaBackend {
             use_graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             rope: RefCell::new(None),
             scratch: RefCell::default(),
+            prompt_attn_bytes: Cell::new(PROMPT_ATTN_BYTES),
             cpu: CpuBackend::new(kiln_backend::cpu::default_threads()),
         })
     }
 
-    /// Sampling candidates selected on the GPU, as KILN_CUDA_TOPK=1 asks.
+    /// Sampling candidates selected on the GPU (the default; KILN_CUDA_TOPK=0 turns it off).
     pub fn with_gpu_candidates(mut self) -> Self {
         self.topk = true;
         self
+    }
+
+    /// Bounds the scores and probabilities of one query chunk of the prompt attention (for
+    /// tests: a small bound splits a prompt into many chunks).
+    pub fn set_prompt_attention_bytes(&self, bytes: usize) {
+        self.prompt_attn_bytes.set(bytes.max(1));
     }
 
     /// Every step launched op by op (no graph recording): for comparisons.

@@ -353,9 +353,10 @@ fn heads_rope_cache_attention() {
         let kn = r.v(hd);
         let (qng, qnc) = (g.tensor_from(1, hd, &qn), c.tensor_from(1, hd, &qn));
         let (kng, knc) = (g.tensor_from(1, hd, &kn), c.tensor_from(1, hd, &kn));
-        // A prompt of 300 at 0, then 37 at 300 and 1 at 337 (decode), each checked.
+        // A prompt of 300 at 0, then 37 at 300 (both through cuBLAS), 9 at 337 (the split
+        // kernel) and 1 at 346 (decode), each checked.
         let mut pos0 = 0;
-        for n in [300, 37, 1] {
+        for n in [300, 37, 9, 1] {
             let (q, k, v) = (r.v(n * heads * hd), r.v(n * kvh * hd), r.v(n * kvh * hd));
             let mut qg = g.tensor_from(n, heads * hd, &q);
             let mut kgt = g.tensor_from(n, kvh * hd, &k);
@@ -391,6 +392,14 @@ fn heads_rope_cache_attention() {
                 "attention hd={hd} g={} n={n} pos0={pos0}: {e}",
                 heads / kvh
             );
+            // The same prompt attention in query chunks of 7.
+            let ld = (pos0 + n).next_multiple_of(8);
+            g.set_prompt_attention_bytes(7 * heads * ld * 6);
+            let mut og = g.tensor(n, heads * hd);
+            g.attention(&qg, &kg, 1, shape, &mut og);
+            g.set_prompt_attention_bytes(256 << 20);
+            let e = rel(&read(&g, &og, n, heads * hd), &read(&c, &oc, n, heads * hd));
+            assert!(e < 5e-3, "chunked attention hd={hd} n={n} pos0={pos0}: {e}");
             pos0 += n;
         }
         // Two decode steps through the fused call (the second reads the key and value the

@@ -506,3 +506,43 @@ extern "C" __global__ void attn_combine(const float* part_acc, const float* part
     }
 }
 
+
+// ---- prompt attention as two tensor-core products (cuBLAS) --------------------------------
+// Scores = q k^T per KV head (its query heads' rows together), causal softmax into f16
+// probabilities, out = p v per query head: the products are cuBLAS's, these two kernels the
+// steps between.
+
+// Queries of nc tokens, (nc, heads, hd) f32, to (heads, nc, hd) f16 times scale: a KV head's
+// query heads are then consecutive rows of one score product's left operand.
+extern "C" __global__ void attn_q16(const float* q, int heads, int hd, int nc, float scale,
+                                    u16* out) {
+    pdl_begin();
+    const size_t n = (size_t)nc * heads * hd;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int d = (int)(i % hd), h = (int)(i / hd % heads), t = (int)(i / hd / heads);
+        out[((size_t)h * nc + t) * hd + d] = f2h(q[i] * scale);
+    }
+}
+
+// grid (nc, heads): row (h, t) of the scores (heads, nc, ld) f32 over len keys, softmax over
+// the keys 0..=pos0 + t the query at position pos0 + t sees, into the probabilities
+// (heads, nc, ld) f16, zero for the keys after it.
+extern "C" __global__ void attn_softmax_causal(const float* s, int len, int ld, int pos0, int nc,
+                                               u16* p) {
+    pdl_begin();
+    __shared__ float red[32];
+    const int t = blockIdx.x, h = blockIdx.y;
+    const size_t row = ((size_t)h * nc + t) * ld;
+    const float* sr = s + row;
+    u16* pr = p + row;
+    const int seen = min(len, pos0 + t + 1);
+    float mx = -KINF;
+    for (int j = threadIdx.x; j < seen; j += blockDim.x) mx = fmaxf(mx, sr[j]);
+    mx = block_max(mx, red);
+    float l = 0.0f;
+    for (int j = threadIdx.x; j < seen; j += blockDim.x) l += expf(sr[j] - mx);
+    const float inv = 1.0f / block_sum(l, red);
+    for (int j = threadIdx.x; j < len; j += blockDim.x)
+        pr[j] = f2h(j < seen ? expf(sr[j] - mx) * inv : 0.0f);
+}

@@ -1,20 +1,5 @@
 // ---- Whisper: layer norm, GELU, attention without a cache ------------------------------
 
-// The sum of v over the block (every thread gets it); red holds 32 floats.
-__device__ float block_sum(float v, float* red) {
-    v = warp_sum(v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float s = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        s = warp_sum(s);
-        if (threadIdx.x == 0) red[0] = s;
-    }
-    __syncthreads();
-    return red[0];
-}
-
 // out[r] = (x[r] - mean) / sqrt(var + eps) * gamma + beta, one block per row: the mean, then
 // the centred sum of squares (two passes, as the CPU backend).
 extern "C" __global__ void layer_norm(const float* x, const float* gamma, const float* beta,
@@ -143,18 +128,7 @@ attn_dense_few(const float* q, const float* k, const float* v, int heads, int n_
         sc[j] = a;
         mx = fmaxf(mx, a);
     }
-    // The block's max (a max through block_sum's layout).
-    mx = warp_max(mx);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float s = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : -KINF;
-        s = warp_max(s);
-        if (threadIdx.x == 0) red[0] = s;
-    }
-    __syncthreads();
-    mx = red[0];
+    mx = block_max(mx, red);
     float ls = 0.0f;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         const float p = expf(sc[j] - mx);
