@@ -17,6 +17,8 @@
 #                   (default "qwen3-0.6b:Q4_0,Q8_0,Q4_K_M"; also qwen3-4b, llama3.2-3b)
 #   TESTS (env)     optional: a directory with the `ops` and `models` test binaries of
 #                   kiln-cuda, run while the files are written (the GPU is idle then)
+#   PREPARE_ONLY=1  (env) build llama.cpp and write the files only; files already written
+#                   (in $KILN_HOME/bench) are kept, and an existing build is reused
 #
 # llama.cpp is built with CUDA for sm_90 (GGML_CUDA=ON, CMAKE_CUDA_ARCHITECTURES=90) and run
 # with flash attention on and every layer on the GPU (-fa 1 -ngl 99); both engines run
@@ -70,7 +72,11 @@ tar xzf "$TOK" -C "$KILN_HOME/models"
 # H200's machine: 0.6B/4B/3B in 191 s together instead of about 8 minutes one after the
 # other), then both engines on each.
 write_shape() {
-    local s="$1" quants="$2" t0
+    local s="$1" quants="$2" t0 q missing=0
+    for q in ${quants//,/ }; do
+        [ -s "$KILN_HOME/bench/$s-shape-$(echo "$q" | tr 'A-Z' 'a-z').gguf" ] || missing=1
+    done
+    [ "$missing" = 0 ] && { echo "$s: models already written"; return; }
     t0=$(date +%s)
     PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py "$KILN_HOME/bench" \
         --llama-quantize "$QBIN" --no-verify --no-smollm2 \
@@ -94,6 +100,9 @@ if [ -n "${TESTS:-}" ]; then
 fi
 wait "${WRITERS[@]}"
 [ -n "$BUILD_PID" ] && wait "$BUILD_PID"
+# PREPARE_ONLY=1: llama.cpp built and the files written, nothing run (a later call on the
+# same machine runs the table without either).
+[ "${PREPARE_ONLY:-0}" = 1 ] && exit 0
 "$LB" --version 2>&1 | head -2
 for spec in $SHAPES; do
     s="${spec%%:*}"; QUANTS="${spec#*:}"

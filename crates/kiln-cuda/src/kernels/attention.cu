@@ -285,6 +285,25 @@ __device__ __forceinline__ void load_tile_rows(const u16* p, int base, int j0, i
     }
 }
 
+// load_tile_rows, except that on a split's first pass (first) the rows below n_pre come from
+// pre, which holds them already (loaded before the kernel's dependency wait).
+template <int EPL>
+__device__ __forceinline__ void tile_rows_or_pre(const u16* p, int base, int j0, int nk, int hd,
+                                                 int lane, float (*out)[EPL], bool first,
+                                                 int n_pre, const float (*pre)[EPL]) {
+#pragma unroll
+    for (int u = 0; u < ATT_KU; u++) {
+        const int j = j0 + u * ATT_WARPS;
+        if (j >= nk) continue;
+        if (first && j < n_pre) {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) out[u][e] = pre[u][e];
+        } else {
+            load_row_h<EPL, false>(p + (size_t)(base + j) * hd, lane, hd, out[u]);
+        }
+    }
+}
+
 // The decode attention of one token: grid (kv_heads, splits), ATT_WARPS warps a block,
 // the heads' work (DecHeads) first. Split s of S takes keys [s * c, (s + 1) * c) of the
 // len = pos0 + 1 visible ones (c = len / S rounded up), so a
@@ -301,13 +320,24 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
     __shared__ float sc[MAX_GROUP][ATT_TILE];
     __shared__ float mls[MAX_GROUP][3];  // running max, running sum, this tile's correction
     __shared__ float red[ATT_WARPS - 1][MAX_GROUP * EPL * 32];
-    pdl_begin();
+    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, split = blockIdx.y, n_split = gridDim.y, t = blockIdx.z;
     const int g = heads / kv_heads;
+    // The step's position was copied in before its first kernel started, so it is read
+    // before the wait; so are a warp's first keys and values of this split (ATT_KU rows
+    // each) older than the new one: earlier steps wrote them, and those finished before
+    // this one was launched (the host reads each step's token first).
     const int len = (int)params[0] + t + 1;
     const int c = (len + n_split - 1) / n_split;
     const int k0 = split * c, k1 = min(len, k0 + c);
+    const u16* kp = kc + (size_t)kvh * n_ctx * hd;
+    const u16* vp = vc + (size_t)kvh * n_ctx * hd;
+    float kpre[ATT_KU][EPL], vpre[ATT_KU][EPL];
+    const int n_pre = min(min(ATT_TILE, k1 - k0), len - 1 - k0);
+    load_tile_rows<EPL>(kp, k0, warp, n_pre, hd, lane, kpre);
+    load_tile_rows<EPL>(vp, k0, warp, n_pre, hd, lane, vpre);
+    pdl_wait();
     float qr[MAX_GROUP][EPL], acc[MAX_GROUP][EPL];
     {
         // q's rows and the new key, normalised and rotated, in the reduction buffer (free
@@ -351,13 +381,12 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
         mls[threadIdx.x][0] = -KINF;
         mls[threadIdx.x][1] = 0.0f;
     }
-    const u16* kp = kc + (size_t)kvh * n_ctx * hd;
-    const u16* vp = vc + (size_t)kvh * n_ctx * hd;
     for (int base = k0; base < k1; base += ATT_TILE) {
         const int nk = min(ATT_TILE, k1 - base);
         for (int j0 = warp; j0 < nk; j0 += ATT_KU * ATT_WARPS) {
             float kf[ATT_KU][EPL];
-            load_tile_rows<EPL>(kp, base, j0, nk, hd, lane, kf);
+            tile_rows_or_pre<EPL>(kp, base, j0, nk, hd, lane, kf, base == k0 && j0 == warp,
+                                  n_pre, kpre);
 #pragma unroll
             for (int u = 0; u < ATT_KU; u++) {
                 const int j = j0 + u * ATT_WARPS;
@@ -400,7 +429,8 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
         }
         for (int j0 = warp; j0 < nk; j0 += ATT_KU * ATT_WARPS) {
             float vf[ATT_KU][EPL];
-            load_tile_rows<EPL>(vp, base, j0, nk, hd, lane, vf);
+            tile_rows_or_pre<EPL>(vp, base, j0, nk, hd, lane, vf, base == k0 && j0 == warp,
+                                  n_pre, vpre);
 #pragma unroll
             for (int u = 0; u < ATT_KU; u++) {
                 const int j = j0 + u * ATT_WARPS;

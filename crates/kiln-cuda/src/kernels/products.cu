@@ -575,7 +575,20 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
             }
         }
     }
+    // The epilogue's other inputs are loaded before the products so that their latency hides
+    // behind them: the bias (a weight: before the wait), then the residual rows and x's sum
+    // of squares from the producer's per-block partials, in one fixed order (a warp's lanes
+    // over cols / 32 partials, then the shuffle tree below): the same every run.
+    const bool adds = live && lane == 0 && !gu;
+    float bias[ROWS], res[ROWS];
+#pragma unroll
+    for (int j = 0; j < ROWS; j++) bias[j] = adds && m.bias ? m.bias[rr + j] : 0.0f;
     pdl_wait();
+#pragma unroll
+    for (int j = 0; j < ROWS; j++) res[j] = adds && mode == MODE_ADD ? m.out[rr + j] : 0.0f;
+    float ss = 0.0f;
+    if (ss_in)
+        for (int i = lane; i < nb; i += 32) ss += ss_in[i];
     const XQ g = xq_layout(xqb, cols, 1);
     float a0[ROWS], a1[ROWS];
 #pragma unroll
@@ -626,14 +639,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
             }
         }
     }
-    // x's sum of squares from the producer's per-block partials, in one fixed order (a
-    // warp's lanes over cols / 32 partials, then the shuffle tree): the same every run.
-    float r = 1.0f;
-    if (ss_in) {
-        float t = 0.0f;
-        for (int i = lane; i < nb; i += 32) t += ss_in[i];
-        r = rsqrtf(warp_sum(t) / (float)cols + eps);
-    }
+    const float r = ss_in ? rsqrtf(warp_sum(ss) / (float)cols + eps) : 1.0f;
     if (live && lane == 0) {
 #pragma unroll
         for (int j = 0; j < ROWS; j++) {
@@ -642,10 +648,9 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
                 v = silu(a0[j] * r) * (a1[j] * r);
                 ms.m[0].out[row + j] = v;
             } else {
-                float* o = m.out + rr + j;
-                v = a0[j] * r + (m.bias ? m.bias[rr + j] : 0.0f);
-                if (mode == MODE_ADD) v += *o;
-                *o = v;
+                v = a0[j] * r + bias[j];
+                if (mode == MODE_ADD) v += res[j];
+                m.out[rr + j] = v;
             }
             outv[warp * ROWS + j] = v;
         }
