@@ -7,6 +7,82 @@
 #[macro_export]
 macro_rules! cpu_fallback_ops {
     () => {
+        $crate::cpu_fallback_sequence_ops!();
+        $crate::cpu_fallback_signal_ops!();
+    };
+}
+
+/// [`cpu_fallback_ops`]' recurrent and spectral ops (LSTMs, STFT, iSTFT): sequential or small
+/// work that a device backend with kernels for the rest still runs on the CPU.
+#[macro_export]
+macro_rules! cpu_fallback_sequence_ops {
+    () => {
+        fn bilstm_steps(
+            &self,
+            gx: &Self::Tensor,
+            w_hh: &Self::Tensor,
+            len: usize,
+            hidden: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let (cg, ch) = (self.to_cpu(gx), self.to_cpu(w_hh));
+            let mut co = self.to_cpu(out);
+            self.cpu.bilstm_steps(&cg, &ch, len, hidden, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn istft(
+            &self,
+            spec: &Self::Tensor,
+            frames: usize,
+            n_fft: usize,
+            hop: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let cs = self.to_cpu(spec);
+            let mut co = self.to_cpu(out);
+            self.cpu.istft(&cs, frames, n_fft, hop, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn lstm(
+            &self,
+            x: &Self::Tensor,
+            w_ih: &Self::Tensor,
+            w_hh: &Self::Tensor,
+            bias: &Self::Tensor,
+            s: $crate::LstmShape,
+            out: &mut Self::Tensor,
+        ) {
+            let (cx, ci, ch, cb) = (
+                self.to_cpu(x),
+                self.to_cpu(w_ih),
+                self.to_cpu(w_hh),
+                self.to_cpu(bias),
+            );
+            let mut co = self.to_cpu(out);
+            self.cpu.lstm(&cx, &ci, &ch, &cb, s, &mut co);
+            self.from_cpu(&co, out);
+        }
+        fn stft(
+            &self,
+            signal: &Self::Tensor,
+            len: usize,
+            n_fft: usize,
+            hop: usize,
+            out: &mut Self::Tensor,
+        ) {
+            let cs = self.to_cpu(signal);
+            let mut co = self.to_cpu(out);
+            self.cpu.stft(&cs, len, n_fft, hop, &mut co);
+            self.from_cpu(&co, out);
+        }
+    };
+}
+
+/// [`cpu_fallback_ops`]' feature-map ops (convolutions, norms, activations, the uint8
+/// rounding, the BERT's attention).
+#[macro_export]
+macro_rules! cpu_fallback_signal_ops {
+    () => {
         fn ada_in(&self, x: &mut Self::Tensor, gb: &Self::Tensor, c: usize, len: usize, eps: f32) {
             let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
             self.cpu.ada_in(&mut cx, &cg, c, len, eps);
@@ -23,19 +99,6 @@ macro_rules! cpu_fallback_ops {
             let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
             self.cpu.ada_layer_norm(&mut cx, &cg, len, c, eps);
             self.from_cpu(&cx, x);
-        }
-        fn bilstm_steps(
-            &self,
-            gx: &Self::Tensor,
-            w_hh: &Self::Tensor,
-            len: usize,
-            hidden: usize,
-            out: &mut Self::Tensor,
-        ) {
-            let (cg, ch) = (self.to_cpu(gx), self.to_cpu(w_hh));
-            let mut co = self.to_cpu(out);
-            self.cpu.bilstm_steps(&cg, &ch, len, hidden, &mut co);
-            self.from_cpu(&co, out);
         }
         fn conv1d_nc(
             &self,
@@ -75,60 +138,15 @@ macro_rules! cpu_fallback_ops {
             self.cpu.gelu_tanh(&mut cx, n);
             self.from_cpu(&cx, x);
         }
-        fn istft(
-            &self,
-            spec: &Self::Tensor,
-            frames: usize,
-            n_fft: usize,
-            hop: usize,
-            out: &mut Self::Tensor,
-        ) {
-            let cs = self.to_cpu(spec);
-            let mut co = self.to_cpu(out);
-            self.cpu.istft(&cs, frames, n_fft, hop, &mut co);
-            self.from_cpu(&co, out);
-        }
         fn leaky_relu(&self, x: &mut Self::Tensor, slope: f32, n: usize) {
             let mut cx = self.to_cpu(x);
             self.cpu.leaky_relu(&mut cx, slope, n);
             self.from_cpu(&cx, x);
         }
-        fn lstm(
-            &self,
-            x: &Self::Tensor,
-            w_ih: &Self::Tensor,
-            w_hh: &Self::Tensor,
-            bias: &Self::Tensor,
-            s: $crate::LstmShape,
-            out: &mut Self::Tensor,
-        ) {
-            let (cx, ci, ch, cb) = (
-                self.to_cpu(x),
-                self.to_cpu(w_ih),
-                self.to_cpu(w_hh),
-                self.to_cpu(bias),
-            );
-            let mut co = self.to_cpu(out);
-            self.cpu.lstm(&cx, &ci, &ch, &cb, s, &mut co);
-            self.from_cpu(&co, out);
-        }
         fn snake(&self, x: &mut Self::Tensor, alpha: &Self::Tensor, c: usize, len: usize) {
             let (mut cx, ca) = (self.to_cpu(x), self.to_cpu(alpha));
             self.cpu.snake(&mut cx, &ca, c, len);
             self.from_cpu(&cx, x);
-        }
-        fn stft(
-            &self,
-            signal: &Self::Tensor,
-            len: usize,
-            n_fft: usize,
-            hop: usize,
-            out: &mut Self::Tensor,
-        ) {
-            let cs = self.to_cpu(signal);
-            let mut co = self.to_cpu(out);
-            self.cpu.stft(&cs, len, n_fft, hop, &mut co);
-            self.from_cpu(&co, out);
         }
         fn transpose(&self, x: &Self::Tensor, rows: usize, cols: usize, out: &mut Self::Tensor) {
             let cx = self.to_cpu(x);
@@ -149,7 +167,6 @@ macro_rules! cpu_fallback_ops {
             self.cpu.upsample_nearest(&cx, c, len, factor, &mut co);
             self.from_cpu(&co, out);
         }
-
         fn layer_norm_rows(
             &self,
             x: &mut Self::Tensor,

@@ -19,6 +19,7 @@ const SOURCE: &str = concat!(
     include_str!("kernels/attention.cu"),
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/speech.cu"),
+    include_str!("kernels/signal.cu"),
 );
 
 /// Why the CUDA backend could not start.
@@ -159,6 +160,19 @@ pub const KERNELS: &[&str] = &[
     "attn_dense_rows",
     "attn_dense_few",
     "add_bias",
+    "im2col_nc",
+    "fill_rows",
+    "conv1d_direct",
+    "col2im_t",
+    "conv_t_direct",
+    "norm_rows",
+    "snake_rows",
+    "leaky_relu",
+    "gelu_tanh",
+    "transpose_rows",
+    "upsample_nearest",
+    "range_keys",
+    "fake_quant_u8",
 ];
 
 /// Host time per kind of driver call (KILN_CUDA_TIMES=1), printed when the device is dropped:

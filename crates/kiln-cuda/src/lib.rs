@@ -20,6 +20,7 @@ mod attention;
 mod device;
 pub mod pack;
 mod products;
+mod signal;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -29,8 +30,8 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
-    AttnShape, Backend, BackendError, DenseAttnShape, KvType, MlxWeightData, RopeConfig, RopeStyle,
-    WeightData,
+    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, MlxWeightData,
+    RopeConfig, RopeStyle, WeightData,
 };
 
 pub use device::CudaInitError;
@@ -114,6 +115,8 @@ struct Scratch {
     /// The candidates' keys on the host, kept from token to token.
     topk_keys: Vec<u64>,
     im2col: Option<DevBuf>,
+    /// fake_quant_u8's range (two order-preserving keys).
+    range: Option<DevBuf>,
     xq: Option<DevBuf>,
     /// The other activation buffer: a decode product writing its output quantized reads
     /// its input from one and writes the other.
@@ -1090,9 +1093,134 @@ impl Backend for CudaBackend {
 
     // ---- speech ops ----
 
-    // On the CPU backend, through host copies (kiln_backend::cpu_fallback_ops); Whisper's
-    // layer norm, GELU and dense attention have kernels.
-    kiln_backend::cpu_fallback_ops!();
+    // The LSTM recurrences and the STFT on the CPU backend, through host copies
+    // (kiln_backend::cpu_fallback_sequence_ops); Kokoro's feature-map ops (signal.rs) and
+    // Whisper's layer norm, GELU and dense attention have kernels.
+    kiln_backend::cpu_fallback_sequence_ops!();
+
+    fn conv1d_nc(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        s: Conv1dShape,
+        out: &mut CudaTensor,
+    ) {
+        self.conv1d_nc_gpu(x, w, bias, s, out)
+    }
+
+    fn conv_transpose1d(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        s: Conv1dShape,
+        out: &mut CudaTensor,
+    ) {
+        self.conv_transpose1d_gpu(x, w, bias, s, out)
+    }
+
+    fn ada_in(&self, x: &mut CudaTensor, gb: &CudaTensor, c: usize, len: usize, eps: f32) {
+        assert!(
+            gb.rows * gb.cols >= 2 * c,
+            "ada_in: gamma/beta of {c} channels"
+        );
+        self.norm_rows(x, gb.buf.ptr, 0, c, len, eps, signal::NORM_ADA_IN)
+    }
+
+    fn ada_layer_norm(&self, x: &mut CudaTensor, gb: &CudaTensor, len: usize, c: usize, eps: f32) {
+        assert!(
+            gb.rows * gb.cols >= 2 * c,
+            "ada_layer_norm: gamma/beta of {c} channels"
+        );
+        self.norm_rows(x, gb.buf.ptr, 0, len, c, eps, signal::NORM_ADA_LAYER)
+    }
+
+    fn layer_norm_rows(
+        &self,
+        x: &mut CudaTensor,
+        w: Option<&CudaTensor>,
+        b: Option<&CudaTensor>,
+        eps: f32,
+        rows: usize,
+        cols: usize,
+    ) {
+        let (w, b) = (w.map_or(0, |t| t.buf.ptr), b.map_or(0, |t| t.buf.ptr));
+        self.norm_rows(x, w, b, rows, cols, eps, signal::NORM_LAYER)
+    }
+
+    fn snake(&self, x: &mut CudaTensor, alpha: &CudaTensor, c: usize, len: usize) {
+        assert!(
+            x.rows * x.cols >= c * len,
+            "snake: tensor smaller than {c} x {len}"
+        );
+        let mut a = Args::default()
+            .a(x.buf.ptr)
+            .a(alpha.buf.ptr)
+            .a(c as i32)
+            .a(len as i32);
+        self.elementwise_n_args("snake_rows", &mut a, c * len);
+    }
+
+    fn leaky_relu(&self, x: &mut CudaTensor, slope: f32, n: usize) {
+        let a = Args::default().a(x.buf.ptr).a(slope);
+        self.elementwise("leaky_relu", a, n);
+    }
+
+    fn gelu_tanh(&self, x: &mut CudaTensor, n: usize) {
+        let a = Args::default().a(x.buf.ptr);
+        self.elementwise("gelu_tanh", a, n);
+    }
+
+    fn transpose(&self, x: &CudaTensor, rows: usize, cols: usize, out: &mut CudaTensor) {
+        self.transpose_gpu(x, rows, cols, out)
+    }
+
+    fn fake_quant_u8(&self, x: &mut CudaTensor, n: usize) {
+        self.fake_quant_gpu(x, n)
+    }
+
+    fn upsample_nearest(
+        &self,
+        x: &CudaTensor,
+        c: usize,
+        len: usize,
+        factor: usize,
+        out: &mut CudaTensor,
+    ) {
+        let n = c * len * factor;
+        assert!(
+            out.rows * out.cols >= n,
+            "upsample_nearest: output smaller than {n}"
+        );
+        let mut a = Args::default()
+            .a(x.buf.ptr)
+            .a(len as i32)
+            .a(factor as i32)
+            .a(n)
+            .a(out.buf.ptr);
+        self.elementwise_n_args("upsample_nearest", &mut a, n);
+    }
+
+    fn self_attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        heads: usize,
+        head_dim: usize,
+        len: usize,
+        out: &mut CudaTensor,
+    ) {
+        let s = DenseAttnShape {
+            heads,
+            head_dim,
+            n_q: len,
+            n_kv: len,
+            causal: false,
+        };
+        self.attention_dense(q, k, v, s, out)
+    }
 
     fn layer_norm(
         &self,

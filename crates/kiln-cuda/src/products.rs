@@ -364,30 +364,85 @@ impl CudaBackend {
             .map(|m| m.rows as usize)
             .max()
             .unwrap_or(0);
+        // f32 weights (Kokoro's, a widened format's) keep f32 arithmetic, as the CPU's: an
+        // f16 product would round both operands.
+        let f32w = mats.m[..mats.n_mats as usize]
+            .iter()
+            .all(|m| m.fmt == FMT_F32);
         let (w16, x16, tmp) = {
             let mut sc = self.scratch.borrow_mut();
+            let xb = if f32w { 4 } else { 2 };
             (
-                ensure(&mut sc.w16, max_rows * cols * 2),
-                ensure(&mut sc.x16, n * cols * 2),
+                if f32w {
+                    0
+                } else {
+                    ensure(&mut sc.w16, max_rows * cols * 2)
+                },
+                ensure(&mut sc.x16, n * cols * xb),
                 ensure(&mut sc.tmp, n * max_rows * 4),
             )
         };
         assert_eq!(x.1, cols, "gemm: activations of {} columns for {cols}", x.1);
-        let mut a = Args::default()
-            .a(x.0)
-            .a(cols as i32)
-            .a(norm.map_or(0u64, |(w, _)| w.buf.ptr))
-            .a(norm.map_or(0f32, |(_, e)| e))
-            .a(x16);
-        self.dev.launch(
-            self.dev.func("rows_f16"),
-            (n as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &mut a.ptrs(),
-        );
+        let norm_w = norm.map_or(0u64, |(w, _)| w.buf.ptr);
+        let eps = norm.map_or(0f32, |(_, e)| e);
+        // The activations (RMS-normalised first, with a norm): f16 for the tensor cores, or
+        // f32 as they are.
+        let xp = match (f32w, norm) {
+            (true, None) => x.0,
+            (true, Some(_)) => {
+                let mut a = Args::default()
+                    .a(x.0)
+                    .a(norm_w)
+                    .a(eps)
+                    .a(cols as i32)
+                    .a(x16);
+                self.dev.launch(
+                    self.dev.func("rms_norm"),
+                    (n as u32, 1, 1),
+                    (256, 1, 1),
+                    0,
+                    &mut a.ptrs(),
+                );
+                x16
+            }
+            (false, _) => {
+                let mut a = Args::default()
+                    .a(x.0)
+                    .a(cols as i32)
+                    .a(norm_w)
+                    .a(eps)
+                    .a(x16);
+                self.dev.launch(
+                    self.dev.func("rows_f16"),
+                    (n as u32, 1, 1),
+                    (256, 1, 1),
+                    0,
+                    &mut a.ptrs(),
+                );
+                x16
+            }
+        };
         for (i, m) in mats.m[..mats.n_mats as usize].iter().enumerate() {
             let rows = m.rows as usize;
+            let gate_up_second = mode == MODE_GATE_UP && i == 1;
+            let (out, ld) = match gate_up_second {
+                true => (tmp, rows),
+                false => (m.out, m.ld_out as usize),
+            };
+            let beta = if mode == MODE_ADD { 1f32 } else { 0f32 };
+            if f32w {
+                // Column-major out^T (rows x n) = W^T x^T, both f32.
+                self.sgemm(
+                    (true, false),
+                    (rows, n, cols),
+                    (m.q, cols),
+                    (xp, cols),
+                    beta,
+                    (out, ld),
+                );
+                self.gemm_bias(m, out, rows, ld, n);
+                continue;
+            }
             let wp = if m.fmt == FMT_F16 {
                 m.q
             } else {
@@ -402,13 +457,7 @@ impl CudaBackend {
                 self.elementwise_n_args("dequant_f16", &mut a, threads);
                 w16
             };
-            let gate_up_second = mode == MODE_GATE_UP && i == 1;
-            let (out, ld) = match gate_up_second {
-                true => (tmp, rows),
-                false => (m.out, m.ld_out as usize),
-            };
             let alpha = 1f32;
-            let beta = if mode == MODE_ADD { 1f32 } else { 0f32 };
             unsafe {
                 cudarc::cublas::result::gemm_ex(
                     h,
@@ -433,15 +482,7 @@ impl CudaBackend {
                 )
             }
             .unwrap_or_else(|e| panic!("cuBLAS GEMM failed: {e:?}"));
-            if m.bias != 0 {
-                let mut a = Args::default()
-                    .a(out)
-                    .a(m.bias)
-                    .a(rows as i32)
-                    .a(ld as i32)
-                    .a(n as i32);
-                self.elementwise_n_args("add_bias", &mut a, rows * n);
-            }
+            self.gemm_bias(m, out, rows, ld, n);
         }
         if mode == MODE_GATE_UP {
             // out = silu(gate) * up, both (n, rows) with the output's row stride = rows.
@@ -449,6 +490,19 @@ impl CudaBackend {
             assert_eq!(m.ld_out, m.rows, "gate/up output rows are the FFN width");
             let a = Args::default().a(m.out).a(tmp);
             self.elementwise("silu_mul", a, n * m.rows as usize);
+        }
+    }
+
+    /// A gemm output's bias, added to its n rows (rows values, ld apart).
+    fn gemm_bias(&self, m: &Mat, out: u64, rows: usize, ld: usize, n: usize) {
+        if m.bias != 0 {
+            let mut a = Args::default()
+                .a(out)
+                .a(m.bias)
+                .a(rows as i32)
+                .a(ld as i32)
+                .a(n as i32);
+            self.elementwise_n_args("add_bias", &mut a, rows * n);
         }
     }
 

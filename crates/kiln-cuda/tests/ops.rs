@@ -9,7 +9,9 @@
 //! holds f16, so bounds are a few 1e-3 for products and 1e-2 where both meet.
 
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::{AttnShape, Backend, RopeConfig, RopeScaling, RopeStyle, WeightData};
+use kiln_backend::{
+    AttnShape, Backend, Conv1dShape, RopeConfig, RopeScaling, RopeStyle, WeightData,
+};
 use kiln_cuda::CudaBackend;
 use kiln_quant::GgmlType;
 
@@ -522,4 +524,227 @@ fn whisper_layer_norm_gelu_dense_attention() {
         // Both in f32 (the CPU's encoder path may round through bf16 tiles on AMX: 1e-2).
         assert!(e < 1e-2, "attention_dense {shape:?}: {e}");
     }
+}
+
+/// Kokoro's feature-map ops (kernels/signal.cu) against the CPU backend: convolutions plain,
+/// dilated, strided, grouped and transposed, the norms, activations, transpose, upsampling,
+/// the uint8 rounding (exactly) and the BERT's attention.
+#[test]
+#[ignore]
+fn kokoro_signal_ops_match_the_cpu() {
+    // The CPU's f32 reference for the norms and activations; the convolutions and the product
+    // against the sums written out below in f64 (the CPU's fast convolutions may round through
+    // bf16 where the CPU has AMX). Every check runs; the failures are reported together.
+    let (g, c) = (gpu(), CpuBackend::reference());
+    let mut bad: Vec<String> = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            bad.push(what)
+        }
+    };
+    let mut r = Rng(21);
+    let conv = |c_in, c_out, len_in, k, stride, pad, dilation, groups, output_pad| Conv1dShape {
+        c_in,
+        c_out,
+        len_in,
+        k,
+        stride,
+        pad,
+        dilation,
+        groups,
+        output_pad,
+    };
+    for (s, transposed) in [
+        (conv(64, 48, 300, 7, 1, 9, 3, 1, 0), false),
+        (conv(32, 32, 257, 1, 1, 0, 1, 1, 0), false),
+        (conv(16, 24, 101, 3, 2, 1, 1, 1, 0), false),
+        (conv(24, 24, 99, 3, 1, 1, 1, 24, 0), false),
+        (conv(16, 8, 50, 5, 1, 2, 1, 2, 0), false),
+        (conv(64, 32, 40, 20, 10, 5, 1, 1, 0), true),
+        (conv(24, 24, 33, 3, 2, 1, 1, 24, 1), true),
+        (conv(16, 8, 20, 4, 2, 1, 1, 1, 1), true),
+    ] {
+        let (wr, wc) = match transposed {
+            false => (s.c_out, s.c_in / s.groups * s.k),
+            true => (s.c_in, s.c_out / s.groups * s.k),
+        };
+        let lo = match transposed {
+            false => s.len_out(),
+            true => s.len_out_transposed(),
+        };
+        let (x, w, b) = (r.v(s.c_in * s.len_in), r.v(wr * wc), r.v(s.c_out));
+        let xg = g.tensor_from(s.c_in, s.len_in, &x);
+        let wg = g.tensor_from(wr, wc, &w);
+        let bg = g.tensor_from(1, s.c_out, &b);
+        let mut og = g.tensor(s.c_out, lo);
+        for bias in [true, false] {
+            let bgo = bias.then_some(&bg);
+            match transposed {
+                true => g.conv_transpose1d(&xg, &wg, bgo, s, &mut og),
+                false => g.conv1d_nc(&xg, &wg, bgo, s, &mut og),
+            }
+            let want = conv_f64(&x, &w, bias.then_some(&b[..]), s, transposed);
+            let e = rel(&read(&g, &og, s.c_out, lo), &want);
+            check(
+                e < 1e-5,
+                format!("conv (transposed {transposed}, bias {bias}) {s:?}: {e}"),
+            );
+        }
+    }
+    // The norms over (c, len) channels, (len, c) steps and plain rows.
+    let (ch, len) = (48, 300);
+    let x: Vec<f32> = r.v(ch * len).iter().map(|v| v * 3.0 + 0.5).collect();
+    let gb = r.v(2 * ch);
+    let (gbg, gbc) = (g.tensor_from(1, 2 * ch, &gb), c.tensor_from(1, 2 * ch, &gb));
+    let (mut xg, mut xc) = (g.tensor_from(ch, len, &x), c.tensor_from(ch, len, &x));
+    g.ada_in(&mut xg, &gbg, ch, len, 1e-5);
+    c.ada_in(&mut xc, &gbc, ch, len, 1e-5);
+    let e = rel(&read(&g, &xg, ch, len), &read(&c, &xc, ch, len));
+    check(e < 1e-5, format!("ada_in: {e}"));
+    let (mut xg, mut xc) = (g.tensor_from(len, ch, &x), c.tensor_from(len, ch, &x));
+    g.ada_layer_norm(&mut xg, &gbg, len, ch, 1e-5);
+    c.ada_layer_norm(&mut xc, &gbc, len, ch, 1e-5);
+    let e = rel(&read(&g, &xg, len, ch), &read(&c, &xc, len, ch));
+    check(e < 1e-5, format!("ada_layer_norm: {e}"));
+    let (rows, cols) = (31, 768);
+    let x: Vec<f32> = r.v(rows * cols).iter().map(|v| v * 2.0 - 0.3).collect();
+    let (lw, lb) = (r.v(cols), r.v(cols));
+    let (lwg, lwc) = (g.tensor_from(1, cols, &lw), c.tensor_from(1, cols, &lw));
+    let (lbg, lbc) = (g.tensor_from(1, cols, &lb), c.tensor_from(1, cols, &lb));
+    for affine in [true, false] {
+        let (mut xg, mut xc) = (g.tensor_from(rows, cols, &x), c.tensor_from(rows, cols, &x));
+        let (wg, bg) = (affine.then_some(&lwg), affine.then_some(&lbg));
+        let (wc, bc) = (affine.then_some(&lwc), affine.then_some(&lbc));
+        g.layer_norm_rows(&mut xg, wg, bg, 1e-12, rows, cols);
+        c.layer_norm_rows(&mut xc, wc, bc, 1e-12, rows, cols);
+        let e = rel(&read(&g, &xg, rows, cols), &read(&c, &xc, rows, cols));
+        check(e < 1e-5, format!("layer_norm_rows (affine {affine}): {e}"));
+        // GELU (tanh) on the normalised rows.
+        g.gelu_tanh(&mut xg, rows * cols);
+        c.gelu_tanh(&mut xc, rows * cols);
+        let e = rel(&read(&g, &xg, rows, cols), &read(&c, &xc, rows, cols));
+        check(e < 1e-5, format!("gelu_tanh: {e}"));
+    }
+    // Snake, leaky ReLU, transpose and upsampling.
+    let x: Vec<f32> = r.v(ch * len).iter().map(|v| v * 4.0).collect();
+    let alpha: Vec<f32> = r.v(ch).iter().map(|v| 0.3 + v.abs()).collect();
+    let (ag, ac) = (g.tensor_from(1, ch, &alpha), c.tensor_from(1, ch, &alpha));
+    let (mut xg, mut xc) = (g.tensor_from(ch, len, &x), c.tensor_from(ch, len, &x));
+    g.snake(&mut xg, &ag, ch, len);
+    c.snake(&mut xc, &ac, ch, len);
+    let e = rel(&read(&g, &xg, ch, len), &read(&c, &xc, ch, len));
+    check(e < 1e-5, format!("snake: {e}"));
+    g.leaky_relu(&mut xg, 0.2, ch * len);
+    c.leaky_relu(&mut xc, 0.2, ch * len);
+    let e = rel(&read(&g, &xg, ch, len), &read(&c, &xc, ch, len));
+    check(e < 1e-5, format!("leaky_relu: {e}"));
+    let (mut tg, mut tc) = (g.tensor(len, ch), c.tensor(len, ch));
+    g.transpose(&xg, ch, len, &mut tg);
+    c.transpose(&xc, ch, len, &mut tc);
+    let e = rel(&read(&g, &tg, len, ch), &read(&c, &tc, len, ch));
+    check(e < 1e-5, format!("transpose: {e}"));
+    let (mut ug, mut uc) = (g.tensor(5, 17 * 3), c.tensor(5, 17 * 3));
+    // (From the same input bits: snake's sines differ between the two in the last bits.)
+    let (x0g, x0c) = (g.tensor_from(ch, len, &x), c.tensor_from(ch, len, &x));
+    g.upsample_nearest(&x0g, 5, 17, 3, &mut ug);
+    c.upsample_nearest(&x0c, 5, 17, 3, &mut uc);
+    check(
+        read(&g, &ug, 5, 51) == read(&c, &uc, 5, 51),
+        format!("upsample_nearest"),
+    );
+    // The uint8 rounding: the same grid, value for value (one range all positive).
+    for shift in [0.0, 5.0] {
+        let x: Vec<f32> = r.v(70_001).iter().map(|v| v * 3.0 + shift).collect();
+        let (mut xg, mut xc) = (g.tensor_from(1, x.len(), &x), c.tensor_from(1, x.len(), &x));
+        g.fake_quant_u8(&mut xg, x.len());
+        c.fake_quant_u8(&mut xc, x.len());
+        let (got, want) = (read(&g, &xg, 1, x.len()), read(&c, &xc, 1, x.len()));
+        let off = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        check(
+            off == 0,
+            format!("fake_quant_u8 (shift {shift}): {off} values off the CPU's grid"),
+        );
+    }
+    // f32 products of a prompt's rows (cuBLAS in f32, as the CPU multiplies them).
+    let (rows, cols, n) = (96, 768, 31);
+    let (w, x, b) = (r.v(rows * cols), r.v(n * cols), r.v(rows));
+    let wg = weight(&g, GgmlType::F32, rows, cols, &w);
+    let (xg, bg) = (g.tensor_from(n, cols, &x), g.tensor_from(1, rows, &b));
+    let mut og = g.tensor(n, rows);
+    g.matmul(&wg, &xg, Some(&bg), n, &mut og);
+    let want: Vec<f32> = (0..n * rows)
+        .map(|i| {
+            let (t, o) = (i / rows, i % rows);
+            let d: f64 = (0..cols)
+                .map(|j| w[o * cols + j] as f64 * x[t * cols + j] as f64)
+                .sum();
+            (d + b[o] as f64) as f32
+        })
+        .collect();
+    let e = rel(&read(&g, &og, n, rows), &want);
+    check(e < 1e-5, format!("f32 matmul of {n} rows: {e}"));
+    // The BERT's bidirectional attention (heads of 64).
+    let (heads, hd, n) = (12, 64, 40);
+    let (q, k, v) = (
+        r.v(n * heads * hd),
+        r.v(n * heads * hd),
+        r.v(n * heads * hd),
+    );
+    let (qg, kg, vg) = (
+        g.tensor_from(n, heads * hd, &q),
+        g.tensor_from(n, heads * hd, &k),
+        g.tensor_from(n, heads * hd, &v),
+    );
+    let (qc, kc, vc) = (
+        c.tensor_from(n, heads * hd, &q),
+        c.tensor_from(n, heads * hd, &k),
+        c.tensor_from(n, heads * hd, &v),
+    );
+    let (mut og, mut oc) = (g.tensor(n, heads * hd), c.tensor(n, heads * hd));
+    g.self_attention(&qg, &kg, &vg, heads, hd, n, &mut og);
+    c.self_attention(&qc, &kc, &vc, heads, hd, n, &mut oc);
+    let e = rel(&read(&g, &og, n, heads * hd), &read(&c, &oc, n, heads * hd));
+    check(e < 1e-4, format!("self_attention: {e}"));
+    drop(check);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// conv1d_nc / conv_transpose1d as their docs write them, summed in f64.
+fn conv_f64(x: &[f32], w: &[f32], b: Option<&[f32]>, s: Conv1dShape, transposed: bool) -> Vec<f32> {
+    let (cig, cog) = (s.c_in / s.groups, s.c_out / s.groups);
+    let lo = if transposed {
+        s.len_out_transposed()
+    } else {
+        s.len_out()
+    };
+    let mut y: Vec<f64> = (0..s.c_out * lo)
+        .map(|i| b.map_or(0.0, |b| b[i / lo] as f64))
+        .collect();
+    for o in 0..s.c_out {
+        let g = o / cog;
+        for i in 0..cig {
+            let ci = g * cig + i;
+            for j in 0..s.k {
+                let wv = match transposed {
+                    false => w[(o * cig + i) * s.k + j],
+                    true => w[(ci * cog + o % cog) * s.k + j],
+                } as f64;
+                for t in 0..if transposed { s.len_in } else { lo } {
+                    // conv: out t reads x[t * stride + j * dil - pad]; transposed: x[t]
+                    // writes out[t * stride + j * dil - pad].
+                    let p = (t * s.stride + j * s.dilation) as isize - s.pad as isize;
+                    match transposed {
+                        false if p >= 0 && (p as usize) < s.len_in => {
+                            y[o * lo + t] += wv * x[ci * s.len_in + p as usize] as f64
+                        }
+                        true if p >= 0 && (p as usize) < lo => {
+                            y[o * lo + p as usize] += wv * x[ci * s.len_in + t] as f64
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    y.into_iter().map(|v| v as f32).collect()
 }
