@@ -77,6 +77,50 @@ impl CudaBackend {
             .a(out)
     }
 
+    /// What a convolution (or, with `transposed`, a transposed one) of shape s does before
+    /// its product: checks the tensors' sizes, and runs it whole with a thread per output
+    /// where it is grouped (or cuBLAS is missing). Returns the output length when the product
+    /// is still to run.
+    fn conv_direct(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        s: Conv1dShape,
+        out: &mut CudaTensor,
+        transposed: bool,
+    ) -> Option<usize> {
+        self.xq_src.set(None);
+        let (lo, w_len, name) = match transposed {
+            false => (
+                s.len_out(),
+                s.c_out * (s.c_in / s.groups.max(1)),
+                "conv1d_direct",
+            ),
+            true => (
+                s.len_out_transposed(),
+                s.c_in * (s.c_out / s.groups.max(1)),
+                "conv_t_direct",
+            ),
+        };
+        assert!(
+            x.rows * x.cols >= s.c_in * s.len_in
+                && w.rows * w.cols >= w_len * s.k
+                && out.rows * out.cols >= s.c_out * lo,
+            "convolution (transposed: {transposed}): tensors smaller than the shape {s:?}"
+        );
+        if lo == 0 {
+            return None;
+        }
+        if s.groups != 1 || self.blas.is_none() {
+            let mut a =
+                Self::conv_args(x.buf.ptr, w.buf.ptr, ptr_or_null(bias), &s, lo, out.buf.ptr);
+            self.elementwise_n_args(name, &mut a, s.c_out * lo);
+            return None;
+        }
+        Some(lo)
+    }
+
     /// out (c_out, len_out) = conv1d(x (c_in, len_in), w (c_out, c_in / groups, k)) + bias.
     pub(crate) fn conv1d_nc_gpu(
         &self,
@@ -86,23 +130,10 @@ impl CudaBackend {
         s: Conv1dShape,
         out: &mut CudaTensor,
     ) {
-        self.xq_src.set(None);
-        let lo = s.len_out();
-        let kk = s.c_in / s.groups.max(1) * s.k;
-        assert!(
-            x.rows * x.cols >= s.c_in * s.len_in
-                && w.rows * w.cols >= s.c_out * kk
-                && out.rows * out.cols >= s.c_out * lo,
-            "conv1d: tensors smaller than the shape {s:?}"
-        );
-        if lo == 0 {
+        let Some(lo) = self.conv_direct(x, w, bias, s, out, false) else {
             return;
-        }
-        if s.groups != 1 || self.blas.is_none() {
-            let mut a =
-                Self::conv_args(x.buf.ptr, w.buf.ptr, ptr_or_null(bias), &s, lo, out.buf.ptr);
-            return self.elementwise_n_args("conv1d_direct", &mut a, s.c_out * lo);
-        }
+        };
+        let kk = s.c_in * s.k;
         // The taps of every output step as columns (the input itself for a plain 1-tap
         // convolution), then out^T (lo x c_out) = col^T W^T on top of the bias.
         let plain = s.k == 1 && s.stride == 1 && s.pad == 0 && lo == s.len_in;
@@ -149,23 +180,9 @@ impl CudaBackend {
         s: Conv1dShape,
         out: &mut CudaTensor,
     ) {
-        self.xq_src.set(None);
-        let lo = s.len_out_transposed();
-        let cog = s.c_out / s.groups.max(1);
-        assert!(
-            x.rows * x.cols >= s.c_in * s.len_in
-                && w.rows * w.cols >= s.c_in * cog * s.k
-                && out.rows * out.cols >= s.c_out * lo,
-            "conv_transpose1d: tensors smaller than the shape {s:?}"
-        );
-        if lo == 0 {
+        let Some(lo) = self.conv_direct(x, w, bias, s, out, true) else {
             return;
-        }
-        if s.groups != 1 || self.blas.is_none() {
-            let mut a =
-                Self::conv_args(x.buf.ptr, w.buf.ptr, ptr_or_null(bias), &s, lo, out.buf.ptr);
-            return self.elementwise_n_args("conv_t_direct", &mut a, s.c_out * lo);
-        }
+        };
         // cols^T (len_in x c_out * k) = x^T W, then each output gathers its taps.
         let ck = s.c_out * s.k;
         let cols = ensure(&mut self.scratch.borrow_mut().tmp, ck * s.len_in * 4);
