@@ -849,6 +849,10 @@ impl Backend for CpuBackend {
         s: Conv1dShape,
         out: &mut CpuTensor,
     ) {
+        // The reference multiplies in f32 (the fast path may round through bf16 on AMX).
+        if self.reference {
+            return ops::conv1d_nc::conv1d_direct(&self.pool, x, w, bias, s, out);
+        }
         ops::conv1d_nc::conv1d(&self.pool, x, w, bias, s, out)
     }
 
@@ -936,6 +940,9 @@ impl Backend for CpuBackend {
         s: Conv1dShape,
         out: &mut CpuTensor,
     ) {
+        if self.reference {
+            return ops::conv1d_nc::conv_transpose1d_direct(&self.pool, x, w, bias, s, out);
+        }
         ops::conv1d_nc::conv_transpose1d(&self.pool, x, w, bias, s, out)
     }
 
