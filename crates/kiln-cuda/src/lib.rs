@@ -64,6 +64,8 @@ pub struct CudaWeight {
     rows: usize,
     cols: usize,
     stored_bytes: usize,
+    /// FMT_F32 holding another format widened at load (pack.rs).
+    widened: bool,
     q: DevBuf,
     s: DevBuf,
     s2: DevBuf,
@@ -379,6 +381,7 @@ impl Backend for CudaBackend {
             rows: w.rows,
             cols: w.cols,
             stored_bytes,
+            widened: p.fmt == FMT_F32 && w.ty != kiln_quant::GgmlType::F32,
             q,
             s,
             s2,

@@ -14,6 +14,10 @@ pub(crate) struct Mat {
     pub(crate) rows: i32,
     pub(crate) fmt: i32,
     pub(crate) ld_out: i32,
+    /// 1 where an FMT_F32 matrix holds another format widened (kernels/*.cu Mat: the
+    /// struct's padding, read by none of them; the host's gemm keeps f32 arithmetic for
+    /// genuine f32 weights only).
+    pub(crate) widened: i32,
 }
 
 #[repr(C)]
@@ -134,6 +138,7 @@ impl CudaBackend {
             rows: w.rows as i32,
             fmt: w.fmt,
             ld_out: out.cols as i32,
+            widened: w.widened as i32,
         }
     }
 
@@ -364,11 +369,12 @@ impl CudaBackend {
             .map(|m| m.rows as usize)
             .max()
             .unwrap_or(0);
-        // f32 weights (Kokoro's, a widened format's) keep f32 arithmetic, as the CPU's: an
-        // f16 product would round both operands.
+        // f32 weights (Kokoro's) keep f32 arithmetic, as the CPU's: an f16 product would
+        // round both operands. (Formats widened to f32 at load, BF16 or Q5_0 say, stay on the
+        // tensor cores.)
         let f32w = mats.m[..mats.n_mats as usize]
             .iter()
-            .all(|m| m.fmt == FMT_F32);
+            .all(|m| m.fmt == FMT_F32 && m.widened == 0);
         let (w16, x16, tmp) = {
             let mut sc = self.scratch.borrow_mut();
             let xb = if f32w { 4 } else { 2 };

@@ -355,10 +355,11 @@ fn heads_rope_cache_attention() {
         let kn = r.v(hd);
         let (qng, qnc) = (g.tensor_from(1, hd, &qn), c.tensor_from(1, hd, &qn));
         let (kng, knc) = (g.tensor_from(1, hd, &kn), c.tensor_from(1, hd, &kn));
-        // A prompt of 300 at 0, then 37 at 300 (both through cuBLAS), 9 at 337 (the split
-        // kernel) and 1 at 346 (decode), each checked.
+        // A prompt of 600 at 0, then 37 at 600 (both through cuBLAS), 9 at 637 (the split
+        // kernel) and 1 at 646 (decode: over 16 keys a split, so past the keys each warp
+        // loads before its wait), each checked.
         let mut pos0 = 0;
-        for n in [300, 37, 9, 1] {
+        for n in [600, 37, 9, 1] {
             let (q, k, v) = (r.v(n * heads * hd), r.v(n * kvh * hd), r.v(n * kvh * hd));
             let mut qg = g.tensor_from(n, heads * hd, &q);
             let mut kgt = g.tensor_from(n, kvh * hd, &k);
@@ -652,9 +653,15 @@ fn kokoro_signal_ops_match_the_cpu() {
         read(&g, &ug, 5, 51) == read(&c, &uc, 5, 51),
         format!("upsample_nearest"),
     );
-    // The uint8 rounding: the same grid, value for value (one range all positive).
-    for shift in [0.0, 5.0] {
-        let x: Vec<f32> = r.v(70_001).iter().map(|v| v * 3.0 + shift).collect();
+    // The uint8 rounding: the same grid, value for value (one range all positive; one of
+    // exact halves between grid points, where rounding half to even decides).
+    // (-127.5..=127.5 in halves: scale exactly 1, every other value a tie.)
+    let ties: Vec<f32> = (-255..=255).map(|i| i as f32 * 0.5).collect();
+    for shift in [0.0, 5.0, f32::NAN] {
+        let x: Vec<f32> = match shift.is_nan() {
+            true => ties.clone(),
+            false => r.v(70_001).iter().map(|v| v * 3.0 + shift).collect(),
+        };
         let (mut xg, mut xc) = (g.tensor_from(1, x.len(), &x), c.tensor_from(1, x.len(), &x));
         g.fake_quant_u8(&mut xg, x.len());
         c.fake_quant_u8(&mut xc, x.len());
@@ -662,7 +669,9 @@ fn kokoro_signal_ops_match_the_cpu() {
         let off = got.iter().zip(&want).filter(|(a, b)| a != b).count();
         check(
             off == 0,
-            format!("fake_quant_u8 (shift {shift}): {off} values off the CPU's grid"),
+            format!(
+                "fake_quant_u8 (shift {shift}, NaN: the ties): {off} values off the CPU's grid"
+            ),
         );
     }
     // f32 products of a prompt's rows (cuBLAS in f32, as the CPU multiplies them).

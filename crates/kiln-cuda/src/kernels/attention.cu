@@ -324,10 +324,12 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, split = blockIdx.y, n_split = gridDim.y, t = blockIdx.z;
     const int g = heads / kv_heads;
-    // The step's position was copied in before its first kernel started, so it is read
-    // before the wait; so are a warp's first keys and values of this split (ATT_KU rows
-    // each) older than the new one: earlier steps wrote them, and those finished before
-    // this one was launched (the host reads each step's token first).
+    // Read before the wait (under PDL a kernel's start may overlap several kernels before
+    // it, not only the last): the step's position, copied in before the step's first kernel
+    // (a copy waits for every kernel before it and every later kernel waits for the copy),
+    // and a warp's first keys and values of this split (ATT_KU rows each) older than the
+    // new one, which earlier steps or prompt chunks wrote: each step starts with that copy
+    // of its position, and the host reads each step's token before launching the next.
     const int len = (int)params[0] + t + 1;
     const int c = (len + n_split - 1) / n_split;
     const int k0 = split * c, k1 = min(len, k0 + c);

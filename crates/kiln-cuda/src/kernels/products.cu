@@ -9,6 +9,7 @@ struct Mat {
     int rows;
     int fmt;
     int ld_out;  // values between output rows (tokens)
+    int widened;  // (host side only: where the struct's padding was)
 };
 
 struct Mats {
