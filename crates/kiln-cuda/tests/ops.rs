@@ -757,3 +757,67 @@ fn conv_f64(x: &[f32], w: &[f32], b: Option<&[f32]>, s: Conv1dShape, transposed:
     }
     y.into_iter().map(|v| v as f32).collect()
 }
+
+/// Prompt-sized products of f32 weights (Kokoro's, a BERT's) through cuBLAS in f32: with the
+/// fused RMSNorm, as gate/up + SwiGLU and accumulating, against the CPU's f32 reference.
+#[test]
+#[ignore]
+fn f32_prompt_products_match_the_reference() {
+    let (g, c) = (gpu(), CpuBackend::reference());
+    let mut r = Rng(31);
+    let (dim, q, kv, ffn, n) = (256, 256, 64, 384, 20);
+    let ws: Vec<Vec<f32>> = [q, kv, kv].iter().map(|&rows| r.v(rows * dim)).collect();
+    let wg: Vec<_> = (0..3)
+        .map(|i| weight(&g, GgmlType::F32, [q, kv, kv][i], dim, &ws[i]))
+        .collect();
+    let wc: Vec<_> = (0..3)
+        .map(|i| weight(&c, GgmlType::F32, [q, kv, kv][i], dim, &ws[i]))
+        .collect();
+    let (x, norm) = (r.v(n * dim), r.v(dim));
+    let (xg, xc) = (g.tensor_from(n, dim, &x), c.tensor_from(n, dim, &x));
+    let (ng, nc) = (g.tensor_from(1, dim, &norm), c.tensor_from(1, dim, &norm));
+    let (mut hg, mut hc) = (g.tensor(n, dim), c.tensor(n, dim));
+    let mut og: Vec<_> = [q, kv, kv].iter().map(|&k| g.tensor(n, k)).collect();
+    let mut oc: Vec<_> = [q, kv, kv].iter().map(|&k| c.tensor(n, k)).collect();
+    {
+        let [a, b, d] = &mut og[..] else {
+            unreachable!()
+        };
+        let w = [&wg[0], &wg[1], &wg[2]];
+        g.rms_norm_matmul3(&xg, &ng, 1e-5, w, [None; 3], n, &mut hg, [a, b, d]);
+        let [a, b, d] = &mut oc[..] else {
+            unreachable!()
+        };
+        let w = [&wc[0], &wc[1], &wc[2]];
+        c.rms_norm_matmul3(&xc, &nc, 1e-5, w, [None; 3], n, &mut hc, [a, b, d]);
+    }
+    for (i, k) in [q, kv, kv].into_iter().enumerate() {
+        let e = rel(&read(&g, &og[i], n, k), &read(&c, &oc[i], n, k));
+        assert!(e < 1e-5, "f32 norm + matmul3 part {i}: {e}");
+    }
+    let (wgate, wup) = (r.v(ffn * dim), r.v(ffn * dim));
+    let (gg, gu) = (
+        weight(&g, GgmlType::F32, ffn, dim, &wgate),
+        weight(&g, GgmlType::F32, ffn, dim, &wup),
+    );
+    let (cg, cu) = (
+        weight(&c, GgmlType::F32, ffn, dim, &wgate),
+        weight(&c, GgmlType::F32, ffn, dim, &wup),
+    );
+    let (mut fg, mut fc) = (g.tensor(n, ffn), c.tensor(n, ffn));
+    g.rms_norm_gate_up_silu(&xg, &ng, 1e-5, &gg, &gu, n, &mut hg, &mut fg);
+    c.rms_norm_gate_up_silu(&xc, &nc, 1e-5, &cg, &cu, n, &mut hc, &mut fc);
+    let e = rel(&read(&g, &fg, n, ffn), &read(&c, &fc, n, ffn));
+    assert!(e < 1e-5, "f32 norm + gate/up + SwiGLU: {e}");
+    // down(ffn -> dim) added onto the rows.
+    let wd = r.v(dim * ffn);
+    let (dg, dc) = (
+        weight(&g, GgmlType::F32, dim, ffn, &wd),
+        weight(&c, GgmlType::F32, dim, ffn, &wd),
+    );
+    let (mut yg, mut yc) = (g.tensor_from(n, dim, &x), c.tensor_from(n, dim, &x));
+    g.matmul_add(&dg, &fg, n, &mut yg);
+    c.matmul_add(&dc, &fc, n, &mut yc);
+    let e = rel(&read(&g, &yg, n, dim), &read(&c, &yc, n, dim));
+    assert!(e < 1e-5, "f32 matmul_add: {e}");
+}
