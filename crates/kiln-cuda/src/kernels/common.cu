@@ -96,6 +96,23 @@ __device__ float block_max(float v, float* red) {
     return red[0];
 }
 
+// The mean of row r (cols values) and 1 / sqrt(var + eps) (biased variance: the mean, then
+// the centred sum of squares, two passes as the CPU backend), by the whole block; red holds
+// 32 floats.
+__device__ __forceinline__ void row_moments(const float* r, int cols, float eps, float* red,
+                                            float* mean, float* inv) {
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += r[c];
+    const float m = block_sum(s, red) / (float)cols;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float d = r[c] - m;
+        ss += d * d;
+    }
+    *mean = m;
+    *inv = 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // Programmatic dependent launch (sm_90+): a kernel lets the next one in the stream start as

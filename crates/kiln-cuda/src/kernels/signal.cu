@@ -107,15 +107,8 @@ extern "C" __global__ void norm_rows(float* x, const float* a, const float* b, i
     pdl_begin();
     __shared__ float red[32];
     float* r = x + (size_t)blockIdx.x * cols;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += r[c];
-    const float mean = block_sum(s, red) / (float)cols;
-    float ss = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        const float d = r[c] - mean;
-        ss += d * d;
-    }
-    const float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
+    float mean, inv;
+    row_moments(r, cols, eps, red, &mean, &inv);
     const int row = blockIdx.x;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = (r[c] - mean) * inv;

@@ -1,21 +1,13 @@
 // ---- Whisper: layer norm, GELU, attention without a cache ------------------------------
 
-// out[r] = (x[r] - mean) / sqrt(var + eps) * gamma + beta, one block per row: the mean, then
-// the centred sum of squares (two passes, as the CPU backend).
+// out[r] = (x[r] - mean) / sqrt(var + eps) * gamma + beta, one block per row.
 extern "C" __global__ void layer_norm(const float* x, const float* gamma, const float* beta,
                                       float eps, int cols, float* out) {
     pdl_begin();
     __shared__ float red[32];
     const float* xr = x + (size_t)blockIdx.x * cols;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c];
-    const float mean = block_sum(s, red) / (float)cols;
-    float ss = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        const float d = xr[c] - mean;
-        ss += d * d;
-    }
-    const float r = 1.0f / sqrtf(block_sum(ss, red) / (float)cols + eps);
+    float mean, r;
+    row_moments(xr, cols, eps, red, &mean, &r);
     float* o = out + (size_t)blockIdx.x * cols;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = (xr[c] - mean) * r * gamma[c] + beta[c];
 }
