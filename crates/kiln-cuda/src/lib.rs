@@ -597,19 +597,7 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32, n: usize, out: &mut CudaTensor) {
-        let mut a = Args::default()
-            .a(x.buf.ptr)
-            .a(w.buf.ptr)
-            .a(eps)
-            .a(x.cols as i32)
-            .a(out.buf.ptr);
-        self.dev.launch(
-            self.dev.func("rms_norm"),
-            (n as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &mut a.ptrs(),
-        );
+        self.rms_norm_rows(x.buf.ptr, w.buf.ptr, eps, x.cols, n, out.buf.ptr);
     }
 
     fn rms_norm_heads(&self, x: &mut CudaTensor, w: &CudaTensor, eps: f32, n: usize) {
@@ -1245,13 +1233,7 @@ impl Backend for CudaBackend {
             .a(eps)
             .a(x.cols as i32)
             .a(out.buf.ptr);
-        self.dev.launch(
-            self.dev.func("layer_norm"),
-            (n as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &mut a.ptrs(),
-        );
+        self.launch_rows("layer_norm", n, &mut a);
     }
 
     fn gelu(&self, x: &mut CudaTensor, n: usize) {
@@ -1368,6 +1350,23 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// A kernel that takes a row a block (256 threads) over `rows` rows.
+    fn launch_rows(&self, name: &str, rows: usize, args: &mut Args) {
+        self.dev.launch(
+            self.dev.func(name),
+            (rows as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut args.ptrs(),
+        );
+    }
+
+    /// rms_norm: n rows of x (cols values) normalised, times w, into out.
+    pub(crate) fn rms_norm_rows(&self, x: u64, w: u64, eps: f32, cols: usize, n: usize, out: u64) {
+        let mut a = Args::default().a(x).a(w).a(eps).a(cols as i32).a(out);
+        self.launch_rows("rms_norm", n, &mut a);
+    }
+
     fn elementwise_n(&self, name: &str, mut args: Args, n: usize) {
         self.xq_src.set(None);
         let blocks = n.div_ceil(256).clamp(1, 65535) as u32;

@@ -396,19 +396,7 @@ impl CudaBackend {
         let xp = match (f32w, norm) {
             (true, None) => x.0,
             (true, Some(_)) => {
-                let mut a = Args::default()
-                    .a(x.0)
-                    .a(norm_w)
-                    .a(eps)
-                    .a(cols as i32)
-                    .a(x16);
-                self.dev.launch(
-                    self.dev.func("rms_norm"),
-                    (n as u32, 1, 1),
-                    (256, 1, 1),
-                    0,
-                    &mut a.ptrs(),
-                );
+                self.rms_norm_rows(x.0, norm_w, eps, cols, n, x16);
                 x16
             }
             (false, _) => {
@@ -418,13 +406,7 @@ impl CudaBackend {
                     .a(norm_w)
                     .a(eps)
                     .a(x16);
-                self.dev.launch(
-                    self.dev.func("rows_f16"),
-                    (n as u32, 1, 1),
-                    (256, 1, 1),
-                    0,
-                    &mut a.ptrs(),
-                );
+                self.launch_rows("rows_f16", n, &mut a);
                 x16
             }
         };

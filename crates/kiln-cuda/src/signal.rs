@@ -236,13 +236,7 @@ impl CudaBackend {
             .a(cols as i32)
             .a(eps)
             .a(mode);
-        self.dev.launch(
-            self.dev.func("norm_rows"),
-            (rows as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &mut args.ptrs(),
-        );
+        self.launch_rows("norm_rows", rows, &mut args);
     }
 
     /// The first n values of x rounded to their uint8 grid (ONNX DynamicQuantizeLinear): the
