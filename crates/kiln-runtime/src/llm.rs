@@ -431,13 +431,10 @@ impl<B: Backend> LlmSession<'_, B> {
                     k,
                     &mut cand,
                 )?;
-                self.tokens.push(next);
                 match got {
                     None => picked = Some(sampler.sample_candidates(&mut cand)),
                     Some(l) => logits.copy_from_slice(l),
                 }
-                decode_forwards += 1;
-                continue;
             } else {
                 let l = llm
                     .model
