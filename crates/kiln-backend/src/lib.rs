@@ -232,6 +232,74 @@ pub fn next_step_key() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// One sequence of a batched step: its KV cache, and its rows' shape (`shape.n_tokens` rows
+/// of the step's tensors, stacked in the order of the sequences, at positions `shape.pos0..`).
+pub struct SeqKv<'a, C> {
+    pub cache: &'a mut C,
+    pub shape: AttnShape,
+}
+
+/// [`Backend::qk_norm_rope_attention`] composed of the plain ops: one sequence directly; for
+/// several, the per-head norm over every row at once, RoPE and the KV store per sequence on
+/// its rows gathered into `tmp` (its own positions), then one [`Backend::attention_batch`].
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_rope_attention_seqs<B: Backend>(
+    b: &B,
+    q: &mut B::Tensor,
+    k: &mut B::Tensor,
+    v: &B::Tensor,
+    qk_norm: Option<(&B::Tensor, &B::Tensor, f32)>,
+    rope: &RopeConfig,
+    seqs: &mut [SeqKv<'_, B::KvCache>],
+    layer: usize,
+    out: &mut B::Tensor,
+    tmp: [&mut B::Tensor; 3],
+) {
+    if let [one] = seqs {
+        let s = one.shape;
+        b.qk_norm_rope_store(
+            q,
+            k,
+            v,
+            qk_norm,
+            rope,
+            s.n_heads,
+            s.n_kv_heads,
+            one.cache,
+            layer,
+            s.pos0,
+            s.n_tokens,
+        );
+        return b.attention(q, one.cache, layer, s, out);
+    }
+    let n: usize = seqs.iter().map(|s| s.shape.n_tokens).sum();
+    if let Some((qn, kn, eps)) = qk_norm {
+        b.rms_norm_heads(q, qn, eps, n);
+        b.rms_norm_heads(k, kn, eps, n);
+    }
+    let [sq, sk, sv] = tmp;
+    let mut r0 = 0;
+    for s in seqs.iter_mut() {
+        let AttnShape {
+            n_heads,
+            n_kv_heads,
+            pos0,
+            n_tokens: ns,
+            ..
+        } = s.shape;
+        b.copy_rows(q, r0, ns, sq, 0);
+        b.copy_rows(k, r0, ns, sk, 0);
+        b.copy_rows(v, r0, ns, sv, 0);
+        b.rope(sq, rope, n_heads, pos0, ns);
+        b.rope(sk, rope, n_kv_heads, pos0, ns);
+        b.kv_store(s.cache, layer, sk, sv, pos0, ns);
+        b.copy_rows(sq, 0, ns, q, r0);
+        r0 += ns;
+    }
+    let shapes = seqs.iter().map(|s| (&*s.cache, s.shape));
+    b.attention_batch(q, shapes, layer, out);
+}
+
 /// Index of the largest value of `r`, the first on ties (a NaN never wins; a row of NaNs
 /// gives 0), as the sampler's greedy pick.
 pub fn argmax_first(r: &[f32]) -> u32 {
@@ -524,10 +592,13 @@ pub trait Backend {
         let _ = next_norm;
         self.matmul_add(w, x, n, out);
     }
-    /// [`Backend::qk_norm_rope_store`] for `shape`'s tokens, then [`Backend::attention`] of
-    /// the new q over the cache -> out: one call, so that a backend may fuse the two. q and
-    /// k may be left as they came or as qk_norm_rope_store leaves them; only `out` and the
-    /// cache are the result.
+    /// The attention side of a step over one or more sequences whose rows are stacked in
+    /// q, k, v and out in the order of `seqs` (each its own cache, positions and token count):
+    /// [`Backend::qk_norm_rope_store`] of each sequence's rows, then its attention over its
+    /// cache -> its rows of out. One call, so that a backend may fuse the parts and run every
+    /// sequence in one launch. q and k may be left as they came or rotated; only `out` and the
+    /// caches are the result. `tmp` (rows of q's, k's and v's widths, as many as the largest
+    /// sequence) is scratch the default uses for several sequences; an override may leave it.
     #[allow(clippy::too_many_arguments)]
     fn qk_norm_rope_attention(
         &self,
@@ -536,17 +607,14 @@ pub trait Backend {
         v: &Self::Tensor,
         qk_norm: Option<(&Self::Tensor, &Self::Tensor, f32)>,
         rope: &RopeConfig,
-        cache: &mut Self::KvCache,
+        seqs: &mut [SeqKv<'_, Self::KvCache>],
         layer: usize,
-        shape: AttnShape,
         out: &mut Self::Tensor,
-    ) {
-        let (heads, kv_heads) = (shape.n_heads, shape.n_kv_heads);
-        let (pos0, n) = (shape.pos0, shape.n_tokens);
-        self.qk_norm_rope_store(
-            q, k, v, qk_norm, rope, heads, kv_heads, cache, layer, pos0, n,
-        );
-        self.attention(q, cache, layer, shape, out);
+        tmp: [&mut Self::Tensor; 3],
+    ) where
+        Self: Sized,
+    {
+        qk_norm_rope_attention_seqs(self, q, k, v, qk_norm, rope, seqs, layer, out, tmp)
     }
     /// Candidates for sampling from row 0 of x: (value, column) pairs, in any order, that
     /// include the `k` largest of its first `cols` values under `f32::total_cmp` (ties: the

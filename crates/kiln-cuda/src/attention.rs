@@ -33,6 +33,28 @@ const ATTN_DEC: [&str; 8] = [
     "attn_dec_8",
 ];
 
+/// kernels/attention.cu's attn_dec_seqs_<EPL>, by EPL - 1.
+const ATTN_DEC_SEQS: [&str; 8] = [
+    "attn_dec_seqs_1",
+    "attn_dec_seqs_2",
+    "attn_dec_seqs_3",
+    "attn_dec_seqs_4",
+    "attn_dec_seqs_5",
+    "attn_dec_seqs_6",
+    "attn_dec_seqs_7",
+    "attn_dec_seqs_8",
+];
+
+/// kernels/*.cu SeqDesc: one sequence of a batched decode step.
+#[repr(C)]
+#[derive(Clone, Copy, Default, PartialEq)]
+pub(crate) struct SeqDesc {
+    pub(crate) k: u64,
+    pub(crate) v: u64,
+    pub(crate) len: i32,
+    pub(crate) n_ctx: i32,
+}
+
 /// From this many tokens a prompt's attention runs as two cuBLAS products per chunk of
 /// queries (attention_gemm), below as the split kernel.
 pub(crate) const PROMPT_GEMM_MIN_TOKENS: usize = 16;
@@ -93,6 +115,160 @@ pub fn attention_supported(heads: usize, kv_heads: usize, head_dim: usize) -> Re
 }
 
 impl CudaBackend {
+    /// [`Backend::qk_norm_rope_attention`] of one sequence: one decode token has its heads'
+    /// work fused into the attention kernel (kernels/*.cu attn_dec_<EPL>).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn qk_norm_rope_attention_one(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        v: &CudaTensor,
+        qk_norm: Option<(&CudaTensor, &CudaTensor, f32)>,
+        rope: &RopeConfig,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        s: AttnShape,
+        out: &mut CudaTensor,
+    ) {
+        let fused = s.n_tokens == 1
+            && s.n_heads % s.n_kv_heads == 0
+            && s.n_heads / s.n_kv_heads <= MAX_GROUP
+            && cache.head_dim % 8 == 0
+            && cache.head_dim <= 256;
+        if !fused {
+            self.qk_norm_rope_store(
+                q,
+                k,
+                v,
+                qk_norm,
+                rope,
+                s.n_heads,
+                s.n_kv_heads,
+                cache,
+                layer,
+                s.pos0,
+                s.n_tokens,
+            );
+            return self.attention(q, cache, layer, s, out);
+        }
+        // One token: the attention kernel normalises and rotates q and the new key itself
+        // and stores the new key and value (kernels/*.cu attn_dec_<EPL>).
+        let (qn, kn, eps) = qk_norm.map_or((0, 0, 0.0), |(a, b, e)| (a.buf.ptr, b.buf.ptr, e));
+        let dh = DecHeads {
+            k: k.buf.ptr,
+            v: v.buf.ptr,
+            q_norm: qn,
+            k_norm: kn,
+            eps,
+            inv_freq: self.rope_table(rope),
+            rope_dims: rope.dims as i32,
+            neox: (rope.style == RopeStyle::Neox) as i32,
+        };
+        let quant = s.head_dim % 32 == 0 && out.cols == s.n_heads * s.head_dim;
+        self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant, Some(dh));
+    }
+
+
+    /// The attention side of one token of each of `seqs` (rows stacked in order), each over
+    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<EPL>) and one combine.
+    pub(crate) fn attention_seqs(
+        &self,
+        q_ptr: u64,
+        seqs: &[SeqKv<'_, CudaKvCache>],
+        layer: usize,
+        out_ptr: u64,
+        dh: DecHeads,
+    ) {
+        self.xq_src.set(None);
+        let s = seqs[0].shape;
+        let n = seqs.len();
+        // The sequences' table, uploaded when it changed (once a step: every layer reads it).
+        let table = {
+            let mut sc = self.scratch.borrow_mut();
+            let mut descs = std::mem::take(&mut sc.seq_descs);
+            descs.clear();
+            descs.extend(seqs.iter().map(|x| SeqDesc {
+                k: x.cache.k.ptr,
+                v: x.cache.v.ptr,
+                len: (x.shape.pos0 + 1) as i32,
+                n_ctx: x.cache.n_ctx as i32,
+            }));
+            let buf = ensure(&mut sc.seq_table, n * std::mem::size_of::<SeqDesc>());
+            if sc.seq_table_host != descs || sc.seq_table_at != buf {
+                self.dev.htod(buf, &descs);
+                sc.seq_table_host.clone_from(&descs);
+                sc.seq_table_at = buf;
+            }
+            sc.seq_descs = descs;
+            buf
+        };
+        // Splits by the longest sequence, about two blocks a multiprocessor in all.
+        let longest = seqs.iter().map(|x| x.shape.pos0 + 1).max().unwrap_or(1);
+        let splits = longest
+            .div_ceil(ATT_SPLIT_KEYS)
+            .min((2 * self.dev.num_sms / (s.n_kv_heads * n)).max(1));
+        let slots = n * s.n_heads * splits;
+        let (acc, ml) = {
+            let mut sc = self.scratch.borrow_mut();
+            (
+                ensure(&mut sc.attn_acc, slots * s.head_dim * 4),
+                ensure(&mut sc.attn_ml, slots * 2 * 4),
+            )
+        };
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let mut a = Args::default()
+            .a(q_ptr)
+            .a(table)
+            .a(layer as i32)
+            .a(s.n_heads as i32)
+            .a(s.n_kv_heads as i32)
+            .a(s.head_dim as i32)
+            .a(scale)
+            .a(acc)
+            .a(ml)
+            .a(dh);
+        self.dev.launch(
+            self.dev.func(ATTN_DEC_SEQS[s.head_dim.div_ceil(32) - 1]),
+            (s.n_kv_heads as u32, splits as u32, n as u32),
+            (32 * ATT_WARPS as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads);
+    }
+
+    /// kernels/*.cu attn_combine: the splits' partial softmax sums of `ntok * heads` rows into
+    /// out (and, with xq, quantized for the next product).
+    #[allow(clippy::too_many_arguments)]
+    fn attn_combine(
+        &self,
+        acc: u64,
+        ml: u64,
+        n_ws: usize,
+        head_dim: usize,
+        out_ptr: u64,
+        xq: u64,
+        ntok: usize,
+        heads: usize,
+    ) {
+        let mut a = Args::default()
+            .a(acc)
+            .a(ml)
+            .a(n_ws as i32)
+            .a(head_dim as i32)
+            .a(out_ptr)
+            .a(xq)
+            .a(ntok as i32)
+            .a(heads as i32);
+        self.dev.launch(
+            self.dev.func("attn_combine"),
+            ((ntok * heads) as u32, 1, 1),
+            (head_dim as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
     pub(crate) fn rope_table(&self, rope: &RopeConfig) -> u64 {
         let mut slot = self.rope.borrow_mut();
         if slot.as_ref().is_none_or(|(c, _)| c != rope) {
@@ -258,22 +434,7 @@ impl CudaBackend {
             }
             false => 0u64,
         };
-        let mut a = Args::default()
-            .a(acc)
-            .a(ml)
-            .a(n_ws as i32)
-            .a(s.head_dim as i32)
-            .a(out_ptr)
-            .a(xq)
-            .a(s.n_tokens as i32)
-            .a(s.n_heads as i32);
-        self.dev.launch(
-            self.dev.func("attn_combine"),
-            ((s.n_tokens * s.n_heads) as u32, 1, 1),
-            (s.head_dim as u32, 1, 1),
-            0,
-            &mut a.ptrs(),
-        );
+        self.attn_combine(acc, ml, n_ws, s.head_dim, out_ptr, xq, s.n_tokens, s.n_heads);
         if xq != 0 {
             self.xq_src.set(Some(XqSrc {
                 x: out_ptr,

@@ -31,7 +31,7 @@ use cudarc::driver::sys;
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
     AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, MlxWeightData,
-    RopeConfig, RopeStyle, WeightData,
+    RopeConfig, RopeStyle, SeqKv, WeightData,
 };
 
 pub use device::CudaInitError;
@@ -123,6 +123,12 @@ struct Scratch {
     /// The other activation buffer: a decode product writing its output quantized reads
     /// its input from one and writes the other.
     xq2: Option<DevBuf>,
+    /// A batched decode step's sequences (kernels/*.cu SeqDesc): built here, on the device,
+    /// and what the device holds (and where), so an unchanged table is not sent again.
+    seq_descs: Vec<SeqDesc>,
+    seq_table: Option<DevBuf>,
+    seq_table_host: Vec<SeqDesc>,
+    seq_table_at: u64,
 }
 
 fn ensure(slot: &mut Option<DevBuf>, bytes: usize) -> u64 {
@@ -833,34 +839,30 @@ impl Backend for CudaBackend {
         v: &CudaTensor,
         qk_norm: Option<(&CudaTensor, &CudaTensor, f32)>,
         rope: &RopeConfig,
-        cache: &mut CudaKvCache,
+        seqs: &mut [SeqKv<'_, CudaKvCache>],
         layer: usize,
-        s: AttnShape,
         out: &mut CudaTensor,
+        tmp: [&mut CudaTensor; 3],
     ) {
-        let fused = s.n_tokens == 1
-            && s.n_heads % s.n_kv_heads == 0
-            && s.n_heads / s.n_kv_heads <= MAX_GROUP
-            && cache.head_dim % 8 == 0
-            && cache.head_dim <= 256;
-        if !fused {
-            self.qk_norm_rope_store(
-                q,
-                k,
-                v,
-                qk_norm,
-                rope,
-                s.n_heads,
-                s.n_kv_heads,
-                cache,
-                layer,
-                s.pos0,
-                s.n_tokens,
-            );
-            return self.attention(q, cache, layer, s, out);
+        if let [one] = seqs {
+            let s = one.shape;
+            return self.qk_norm_rope_attention_one(q, k, v, qk_norm, rope, one.cache, layer, s, out);
         }
-        // One token: the attention kernel normalises and rotates q and the new key itself
-        // and stores the new key and value (kernels/*.cu attn_dec_<EPL>).
+        let s = seqs.first().map(|s| s.shape);
+        let fused = s.is_some_and(|s| {
+            s.n_heads % s.n_kv_heads == 0
+                && s.n_heads / s.n_kv_heads <= MAX_GROUP
+                && s.head_dim % 8 == 0
+                && s.head_dim <= 256
+        }) && seqs.len() <= 65535
+            && seqs.iter().all(|x| x.shape.n_tokens == 1 && x.cache.head_dim == x.shape.head_dim);
+        if !fused {
+            return kiln_backend::qk_norm_rope_attention_seqs(
+                self, q, k, v, qk_norm, rope, seqs, layer, out, tmp,
+            );
+        }
+        // One token a sequence: one launch for them all, each normalising and rotating its
+        // q and new key and storing its key and value as the one-sequence kernel does.
         let (qn, kn, eps) = qk_norm.map_or((0, 0, 0.0), |(a, b, e)| (a.buf.ptr, b.buf.ptr, e));
         let dh = DecHeads {
             k: k.buf.ptr,
@@ -872,8 +874,7 @@ impl Backend for CudaBackend {
             rope_dims: rope.dims as i32,
             neox: (rope.style == RopeStyle::Neox) as i32,
         };
-        let quant = s.head_dim % 32 == 0 && out.cols == s.n_heads * s.head_dim;
-        self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant, Some(dh));
+        self.attention_seqs(q.buf.ptr, seqs, layer, out.buf.ptr, dh);
     }
 
     fn attention(
@@ -988,19 +989,13 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_rows(&self, x: &CudaTensor, n: usize, cols: usize) -> Vec<u32> {
-        // The kernel steps rows by `cols`: fewer columns than the rows hold, for several
-        // rows, go through the host.
-        if n > 1 && cols != x.cols {
-            let mut v = vec![0f32; n * x.cols];
-            self.read(x, n, &mut v);
-            return v
-                .chunks_exact(x.cols.max(1))
-                .map(|r| kiln_backend::argmax_first(&r[..cols]))
-                .collect();
-        }
         let out = ensure(&mut self.scratch.borrow_mut().argmax, 8 * n.max(1));
         self.dev.memset_u32(out, 0, 2 * n.max(1));
-        let mut a = Args::default().a(x.buf.ptr).a(cols as i32).a(out);
+        let mut a = Args::default()
+            .a(x.buf.ptr)
+            .a(cols as i32)
+            .a(x.cols as i32)
+            .a(out);
         let bx = cols.div_ceil(256 * 8).clamp(1, 256) as u32;
         self.dev.launch(
             self.dev.func("argmax"),

@@ -10,7 +10,7 @@
 
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
-    AttnShape, Backend, Conv1dShape, RopeConfig, RopeScaling, RopeStyle, WeightData,
+    AttnShape, Backend, Conv1dShape, RopeConfig, RopeScaling, RopeStyle, SeqKv, WeightData,
 };
 use kiln_cuda::CudaBackend;
 use kiln_quant::GgmlType;
@@ -429,11 +429,29 @@ fn heads_rope_cache_attention() {
             let norms_g = qk.then_some((&qng, &kng, 1e-6));
             let norms_c = qk.then_some((&qnc, &knc, 1e-6));
             let (mut og, mut oc) = (g.tensor(1, heads * hd), c.tensor(1, heads * hd));
+            let [t0, t1, t2] = [0, 1, 2].map(|_| g.tensor(1, 1));
             g.qk_norm_rope_attention(
-                &mut qg, &mut kgt, &vg, norms_g, &rope, &mut kg, 1, shape, &mut og,
+                &mut qg,
+                &mut kgt,
+                &vg,
+                norms_g,
+                &rope,
+                &mut [SeqKv { cache: &mut kg, shape }],
+                1,
+                &mut og,
+                [&mut { t0 }, &mut { t1 }, &mut { t2 }],
             );
+            let [t0, t1, t2] = [0, 1, 2].map(|_| c.tensor(1, 1));
             c.qk_norm_rope_attention(
-                &mut qc, &mut kct, &vc, norms_c, &rope, &mut kc, 1, shape, &mut oc,
+                &mut qc,
+                &mut kct,
+                &vc,
+                norms_c,
+                &rope,
+                &mut [SeqKv { cache: &mut kc, shape }],
+                1,
+                &mut oc,
+                [&mut { t0 }, &mut { t1 }, &mut { t2 }],
             );
             let e = rel(&read(&g, &og, 1, heads * hd), &read(&c, &oc, 1, heads * hd));
             assert!(e < 5e-3, "fused decode attention hd={hd} pos0={pos0}: {e}");
@@ -449,6 +467,130 @@ fn heads_rope_cache_attention() {
         c.rope(&mut xc, &rope, heads, 55, 2);
         let e = rel(&read(&g, &xg, 2, heads * hd), &read(&c, &xc, 2, heads * hd));
         assert!(e < 1e-5, "rms_norm_heads + rope: {e}");
+    }
+}
+
+/// Several sequences in one step, each over its own cache at its own position: one token
+/// each (the batched decode kernel, one launch for all), then a mixed step (a prompt chunk
+/// beside decode tokens: the composed path), against the CPU doing the same; and each
+/// sequence's rows equal to what it gets alone on the GPU (batch invariance).
+#[test]
+#[ignore]
+fn batched_attention_over_sequences() {
+    let (g, c) = (gpu(), CpuBackend::new(2));
+    let mut r = Rng(11);
+    for (hd, heads, kvh, qk) in [(128, 16, 8, true), (64, 12, 4, false), (80, 8, 8, false)] {
+        let rope = rope_cfg(RopeStyle::Neox, hd, hd);
+        let (qn, kn) = (r.v(hd), r.v(hd));
+        let (qng, qnc) = (g.tensor_from(1, hd, &qn), c.tensor_from(1, hd, &qn));
+        let (kng, knc) = (g.tensor_from(1, hd, &kn), c.tensor_from(1, hd, &kn));
+        // Four sequences of different lengths (and cache sizes), their prompts stored first.
+        let lens = [5usize, 300, 41, 1];
+        let ctxs = [64usize, 400, 128, 32];
+        let mut kg: Vec<_> = ctxs.iter().map(|&n| g.kv_cache(2, n, kvh, hd)).collect();
+        let mut kc: Vec<_> = ctxs.iter().map(|&n| c.kv_cache(2, n, kvh, hd)).collect();
+        let mut alone: Vec<_> = ctxs.iter().map(|&n| g.kv_cache(2, n, kvh, hd)).collect();
+        for (i, &n) in lens.iter().enumerate() {
+            let (k, v) = (r.v(n * kvh * hd), r.v(n * kvh * hd));
+            for layer in 0..2 {
+                let (kt, vt) = (g.tensor_from(n, kvh * hd, &k), g.tensor_from(n, kvh * hd, &v));
+                g.kv_store(&mut kg[i], layer, &kt, &vt, 0, n);
+                g.kv_store(&mut alone[i], layer, &kt, &vt, 0, n);
+                let (kt, vt) = (c.tensor_from(n, kvh * hd, &k), c.tensor_from(n, kvh * hd, &v));
+                c.kv_store(&mut kc[i], layer, &kt, &vt, 0, n);
+            }
+        }
+        let mut pos = lens;
+        // Two decode steps (the second reads what the first stored), then a mixed step.
+        for tokens in [[1usize, 1, 1, 1], [1, 1, 1, 1], [1, 7, 1, 3]] {
+            let rows: usize = tokens.iter().sum();
+            let (q, k, v) = (r.v(rows * heads * hd), r.v(rows * kvh * hd), r.v(rows * kvh * hd));
+            let shapes: Vec<AttnShape> = (0..4)
+                .map(|i| AttnShape {
+                    n_heads: heads,
+                    n_kv_heads: kvh,
+                    head_dim: hd,
+                    pos0: pos[i],
+                    n_tokens: tokens[i],
+                })
+                .collect();
+            let norms_g = qk.then_some((&qng, &kng, 1e-6));
+            let norms_c = qk.then_some((&qnc, &knc, 1e-6));
+            let og = {
+                let mut qg = g.tensor_from(rows, heads * hd, &q);
+                let mut kgt = g.tensor_from(rows, kvh * hd, &k);
+                let vg = g.tensor_from(rows, kvh * hd, &v);
+                let mut og = g.tensor(rows, heads * hd);
+                let mut seqs: Vec<_> = kg
+                    .iter_mut()
+                    .zip(&shapes)
+                    .map(|(cache, &shape)| SeqKv { cache, shape })
+                    .collect();
+                let (mut t0, mut t1, mut t2) =
+                    (g.tensor(8, heads * hd), g.tensor(8, kvh * hd), g.tensor(8, kvh * hd));
+                g.qk_norm_rope_attention(
+                    &mut qg, &mut kgt, &vg, norms_g, &rope, &mut seqs, 1, &mut og,
+                    [&mut t0, &mut t1, &mut t2],
+                );
+                read(&g, &og, rows, heads * hd)
+            };
+            let oc = {
+                let mut qc = c.tensor_from(rows, heads * hd, &q);
+                let mut kct = c.tensor_from(rows, kvh * hd, &k);
+                let vc = c.tensor_from(rows, kvh * hd, &v);
+                let mut oc = c.tensor(rows, heads * hd);
+                let mut seqs: Vec<_> = kc
+                    .iter_mut()
+                    .zip(&shapes)
+                    .map(|(cache, &shape)| SeqKv { cache, shape })
+                    .collect();
+                let (mut t0, mut t1, mut t2) =
+                    (c.tensor(8, heads * hd), c.tensor(8, kvh * hd), c.tensor(8, kvh * hd));
+                c.qk_norm_rope_attention(
+                    &mut qc, &mut kct, &vc, norms_c, &rope, &mut seqs, 1, &mut oc,
+                    [&mut t0, &mut t1, &mut t2],
+                );
+                read(&c, &oc, rows, heads * hd)
+            };
+            let e = rel(&og, &oc);
+            assert!(e < 5e-3, "batched attention hd={hd} tokens={tokens:?}: {e}");
+            // Each sequence alone on the GPU: the same rows, bit for bit, for the decode steps.
+            let mut r0 = 0;
+            for i in 0..4 {
+                let n = tokens[i];
+                let (qr, kr, vr) = (
+                    &q[r0 * heads * hd..(r0 + n) * heads * hd],
+                    &k[r0 * kvh * hd..(r0 + n) * kvh * hd],
+                    &v[r0 * kvh * hd..(r0 + n) * kvh * hd],
+                );
+                let mut qg = g.tensor_from(n, heads * hd, qr);
+                let mut kgt = g.tensor_from(n, kvh * hd, kr);
+                let vg = g.tensor_from(n, kvh * hd, vr);
+                let mut o1 = g.tensor(n, heads * hd);
+                let (mut t0, mut t1, mut t2) = (g.tensor(1, 1), g.tensor(1, 1), g.tensor(1, 1));
+                g.qk_norm_rope_attention(
+                    &mut qg,
+                    &mut kgt,
+                    &vg,
+                    norms_g,
+                    &rope,
+                    &mut [SeqKv { cache: &mut alone[i], shape: shapes[i] }],
+                    1,
+                    &mut o1,
+                    [&mut t0, &mut t1, &mut t2],
+                );
+                let got = &og[r0 * heads * hd..(r0 + n) * heads * hd];
+                let want = read(&g, &o1, n, heads * hd);
+                if tokens == [1, 1, 1, 1] {
+                    assert_eq!(got, &want[..], "sequence {i} batched vs alone, hd={hd}");
+                } else {
+                    let e = rel(got, &want);
+                    assert!(e < 5e-3, "sequence {i} mixed step vs alone, hd={hd}: {e}");
+                }
+                r0 += n;
+                pos[i] += n;
+            }
+        }
     }
 }
 

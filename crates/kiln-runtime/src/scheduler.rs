@@ -4,7 +4,7 @@
 //! Requests arrive over a channel and join between steps. Each step feeds every decoding
 //! sequence its next token and the prefilling ones a chunk of their prompt (a long prompt
 //! is spread over several steps so running streams keep flowing), all in one
-//! [`Llama::forward_batch`]. Each sequence has its own KV cache slot, sampler and stop
+//! [`Llama::forward_seqs`]. Each sequence has its own KV cache slot, sampler and stop
 //! strings. A finished sequence leaves its tokens in its slot: the next request whose
 //! prompt starts the same way (system prompt, earlier turns) reuses that prefix (prefix
 //! cache). A request whose receiver is gone frees its slot before the next step; one on
@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kiln_backend::Backend;
-use kiln_models::llm::{LlamaBatch, LlamaState, SeqChunk};
+use kiln_models::llm::{LlamaCache, LlamaScratch, Logits, SeqChunk};
 use kiln_text::{Message, StreamDecoder};
 
 use crate::llm::{FinishReason, GenerateOptions, Llm, RuntimeError};
@@ -260,7 +260,7 @@ struct Seq<'t> {
 }
 
 struct Slot<'t, B: Backend> {
-    state: LlamaState<B>,
+    cache: LlamaCache<B>,
     /// Tokens whose keys and values are in the cache, in position order.
     tokens: Vec<u32>,
     last_used: u64,
@@ -277,7 +277,9 @@ struct Waiting {
 struct Engine<'m, B: Backend> {
     llm: &'m Llm<B>,
     slots: Vec<Slot<'m, B>>,
-    batch: LlamaBatch<B>,
+    scratch: LlamaScratch<B>,
+    /// Sampling candidates, handed back and forth with the samplers.
+    cand: Vec<(f32, u32)>,
     waiting: VecDeque<Waiting>,
     n_ctx: usize,
     chunk: usize,
@@ -296,7 +298,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         let chunk = cfg.prefill_chunk.max(1);
         let slots = (0..n_slots)
             .map(|_| Slot {
-                state: llm.model.new_state(&llm.backend, n_ctx, 1),
+                cache: llm.model.new_cache(&llm.backend, n_ctx),
                 tokens: Vec::new(),
                 last_used: 0,
                 seq: None,
@@ -305,7 +307,10 @@ impl<'m, B: Backend> Engine<'m, B> {
         Engine {
             llm,
             slots,
-            batch: llm.model.new_batch(&llm.backend, n_slots + chunk, n_slots),
+            scratch: llm
+                .model
+                .new_scratch(&llm.backend, n_slots + chunk, n_slots, n_slots),
+            cand: Vec::new(),
             waiting: VecDeque::new(),
             n_ctx,
             chunk,
@@ -535,32 +540,40 @@ impl<'m, B: Backend> Engine<'m, B> {
                 chunks.push(SeqChunk {
                     pos0: slot.tokens.len(),
                     tokens: feed,
-                    state: &mut slot.state,
+                    cache: &mut slot.cache,
                 });
             }
             llm.model
-                .forward_batch(&llm.backend, &mut self.batch, &mut chunks)
-                .map(|l| l.to_vec())
+                .forward_seqs(&llm.backend, &mut self.scratch, &mut chunks, Logits::Last)
         };
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
-        let logits = match res {
-            Ok(l) => l,
-            Err(e) => {
-                let msg = e.to_string();
-                for &(i, _, _) in &plan {
-                    self.fail(
-                        i,
-                        RuntimeError::Path {
-                            path: "forward".into(),
-                            what: msg.clone(),
-                        },
-                    );
-                    self.slots[i].tokens.clear();
-                }
-                return true;
+        if let Err(e) = res {
+            let msg = e.to_string();
+            for &(i, _, _) in &plan {
+                self.fail(
+                    i,
+                    RuntimeError::Path {
+                        path: "forward".into(),
+                        what: msg.clone(),
+                    },
+                );
+                self.slots[i].tokens.clear();
             }
+            return true;
+        }
+        // Greedy requests take their tokens where the logits are (one pick for every row);
+        // the others read their row, or the backend's top-k candidates of it.
+        let cols = llm.sample_vocab();
+        let greedy = plan.iter().any(|&(i, _, _)| {
+            let seq = self.slots[i].seq.as_ref().expect("planned");
+            seq.opts.sampler.is_plain_argmax()
+        });
+        let argmax = match greedy {
+            true => llm
+                .model
+                .argmax(&llm.backend, &self.scratch, plan.len(), cols),
+            false => Vec::new(),
         };
-        let vocab = llm.model.cfg.vocab_size;
         self.clock += 1;
         for (j, (&(i, _, _), feed)) in plan.iter().zip(&feeds).enumerate() {
             let slot = &mut self.slots[i];
@@ -570,7 +583,24 @@ impl<'m, B: Backend> Engine<'m, B> {
             if seq.next.is_none() && slot.tokens.len() < seq.prompt.len() {
                 continue; // more prompt to prefill
             }
-            let finish = sample(seq, &slot.tokens, &logits[j * vocab..(j + 1) * vocab], llm);
+            let finish = if seq.generated.len() >= seq.opts.max_tokens {
+                Ok(Some(FinishReason::MaxTokens))
+            } else {
+                let cfg = &seq.sampler.cfg;
+                let next = if cfg.is_plain_argmax() {
+                    argmax[j]
+                } else if let Some(k) = cfg.top_k_only() {
+                    let (b, sc) = (&llm.backend, &mut self.scratch);
+                    match llm.model.candidates(b, sc, j, cols, k, &mut self.cand) {
+                        None => seq.sampler.sample_candidates(&mut self.cand),
+                        Some(l) => seq.sampler.sample(&l[..cols], &slot.tokens),
+                    }
+                } else {
+                    let l = llm.model.logits_row(&llm.backend, &mut self.scratch, j);
+                    seq.sampler.sample(&l[..cols], &slot.tokens)
+                };
+                emit(seq, next, llm)
+            };
             let finish = match finish {
                 Ok(f) => f,
                 Err(e) => {
@@ -578,10 +608,9 @@ impl<'m, B: Backend> Engine<'m, B> {
                     continue;
                 }
             };
+            let slot = &self.slots[i];
             let finish = finish
-                .or_else(|| {
-                    (slot.tokens.len() >= slot.state.n_ctx).then_some(FinishReason::ContextFull)
-                })
+                .or_else(|| (slot.tokens.len() >= slot.cache.n_ctx).then_some(FinishReason::ContextFull))
                 .or_else(|| {
                     let seq = slot.seq.as_ref()?;
                     let late = self.timeout.is_some_and(|t| seq.t0.elapsed() >= t);
@@ -638,19 +667,14 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 }
 
-/// Samples the sequence's next token from `logits` (history: the slot's tokens) and emits
-/// its text; returns why generation ends here, if it does. The order of checks is
-/// [`crate::LlmSession::generate`]'s, so a request gets the tokens it would get alone.
-fn sample<B: Backend>(
+/// Records the sequence's sampled token and emits its text; returns why generation ends
+/// here, if it does. The order of checks is [`crate::LlmSession::generate`]'s, so a request
+/// gets the tokens it would get alone.
+fn emit<B: Backend>(
     seq: &mut Seq<'_>,
-    history: &[u32],
-    logits: &[f32],
+    next: u32,
     llm: &Llm<B>,
 ) -> Result<Option<FinishReason>, RuntimeError> {
-    if seq.generated.len() >= seq.opts.max_tokens {
-        return Ok(Some(FinishReason::MaxTokens));
-    }
-    let next = seq.sampler.sample(logits, history);
     seq.first.get_or_insert_with(Instant::now);
     seq.generated.push(next);
     seq.next = Some(next);

@@ -173,7 +173,7 @@ fn hf_fixtures_match_cpu_logits() {
 /// within the same 8% of their spread, at every step of both sequences.
 #[test]
 fn smollm2_batched_forward_matches_cpu() {
-    use kiln_models::llm::SeqChunk;
+    use kiln_models::llm::{Logits, SeqChunk};
     let Some(g) = gpu() else {
         return;
     };
@@ -182,9 +182,9 @@ fn smollm2_batched_forward_matches_cpu() {
     let (mg, c) = (Llama::load(&g, &file).unwrap(), CpuBackend::new(2));
     let mc = Llama::load(&c, &file).unwrap();
     let vocab = mc.cfg.vocab_size;
-    let (mut bg, mut bc) = (mg.new_batch(&g, 64, 2), mc.new_batch(&c, 64, 2));
-    let mut sg: Vec<_> = (0..2).map(|_| mg.new_state(&g, 256, 64)).collect();
-    let mut sc: Vec<_> = (0..2).map(|_| mc.new_state(&c, 256, 64)).collect();
+    let (mut bg, mut bc) = (mg.new_scratch(&g, 64, 2, 2), mc.new_scratch(&c, 64, 2, 2));
+    let mut sg: Vec<_> = (0..2).map(|_| mg.new_cache(&g, 256)).collect();
+    let mut sc: Vec<_> = (0..2).map(|_| mc.new_cache(&c, 256)).collect();
     let mut toks: Vec<Vec<u32>> = prompts.to_vec();
     let mut pos = [0usize; 2];
     let mut worst = 0f32;
@@ -194,26 +194,28 @@ fn smollm2_batched_forward_matches_cpu() {
                 .iter_mut()
                 .zip(&toks)
                 .zip(pos)
-                .map(|((state, t), pos0)| SeqChunk {
-                    state,
+                .map(|((cache, t), pos0)| SeqChunk {
+                    cache,
                     tokens: t,
                     pos0,
                 })
                 .collect();
-            mg.forward_batch(&g, &mut bg, &mut seqs).unwrap().to_vec()
+            let rows = mg.forward_seqs(&g, &mut bg, &mut seqs, Logits::Last).unwrap();
+            mg.logits(&g, &mut bg, rows).to_vec()
         };
         let lc = {
             let mut seqs: Vec<SeqChunk<'_, _>> = sc
                 .iter_mut()
                 .zip(&toks)
                 .zip(pos)
-                .map(|((state, t), pos0)| SeqChunk {
-                    state,
+                .map(|((cache, t), pos0)| SeqChunk {
+                    cache,
                     tokens: t,
                     pos0,
                 })
                 .collect();
-            mc.forward_batch(&c, &mut bc, &mut seqs).unwrap().to_vec()
+            let rows = mc.forward_seqs(&c, &mut bc, &mut seqs, Logits::Last).unwrap();
+            mc.logits(&c, &mut bc, rows).to_vec()
         };
         for s in 0..2 {
             let (a, b) = (&lg[s * vocab..][..vocab], &lc[s * vocab..][..vocab]);

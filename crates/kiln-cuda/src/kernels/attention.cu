@@ -315,22 +315,21 @@ __device__ __forceinline__ void tile_rows_or_pre(const u16* p, int base, int j0,
 // partial (max, sum, weighted V) per query head for attn_combine.
 template <int EPL>
 __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int heads,
-                              int kv_heads, int hd, float scale, const u32* params,
+                              int kv_heads, int hd, float scale, int len, int t,
                               float* part_acc, float* part_ml, const DecHeads& dh) {
     __shared__ float sc[MAX_GROUP][ATT_TILE];
     __shared__ float mls[MAX_GROUP][3];  // running max, running sum, this tile's correction
     __shared__ float red[ATT_WARPS - 1][MAX_GROUP * EPL * 32];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kvh = blockIdx.x, split = blockIdx.y, n_split = gridDim.y, t = blockIdx.z;
+    const int kvh = blockIdx.x, split = blockIdx.y, n_split = gridDim.y;
     const int g = heads / kv_heads;
     // Read before the wait (under PDL a kernel's start may overlap several kernels before
-    // it, not only the last): the step's position, copied in before the step's first kernel
-    // (a copy waits for every kernel before it and every later kernel waits for the copy),
-    // and a warp's first keys and values of this split (ATT_KU rows each) older than the
-    // new one, which earlier steps or prompt chunks wrote: each step starts with that copy
-    // of its position, and the host reads each step's token before launching the next.
-    const int len = (int)params[0] + t + 1;
+    // it, not only the last): `len`, which the caller read from what a copy put on the
+    // device before the step's attention (a copy waits for every kernel before it and every
+    // later kernel waits for the copy), and a warp's first keys and values of this split
+    // (ATT_KU rows each) older than the new one, which earlier steps or prompt chunks wrote:
+    // a copy precedes them, and the host reads each step's tokens before launching the next.
     const int c = (len + n_split - 1) / n_split;
     const int k0 = split * c, k1 = min(len, k0 + c);
     const u16* kp = kc + (size_t)kvh * n_ctx * hd;
@@ -478,8 +477,20 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
     }
 }
 
+// One sequence of a batched decode step (attn_dec_seqs_<EPL>): its cache (the f16 planes
+// of layer 0; a layer's start is layer * kv_heads * n_ctx * hd further) and the keys its
+// token sees (its position + 1).
+struct SeqDesc {
+    u16* k;
+    u16* v;
+    int len;
+    int n_ctx;
+};
+
 // One entry point per EPL (head_dim / 32, rounded up): lib.rs picks attn_split_<EPL>, or
-// for one token with its heads' work fused, attn_dec_<EPL> (grid (kv_heads, splits)).
+// for one token with its heads' work fused, attn_dec_<EPL> (grid (kv_heads, splits)), or for
+// one token of each of several sequences attn_dec_seqs_<EPL> (grid (kv_heads, splits,
+// sequences); sequence z's rows of q, k, v and out are row z).
 #define ATTN_SPLIT(E)                                                                        \
     extern "C" __global__ void attn_split_##E(const float* q, const u16* kc, const u16* vc,  \
                                               int n_ctx, int heads, int kv_heads, int hd,    \
@@ -491,7 +502,21 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
                                             int heads, int kv_heads, int hd, float scale,    \
                                             const u32* params, float* pa, float* pml,        \
                                             DecHeads dh) {                                   \
-        attn_dec_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml, dh); \
+        attn_dec_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale,                      \
+                         (int)params[0] + (int)blockIdx.z + 1, blockIdx.z, pa, pml, dh);     \
+    }                                                                                        \
+    extern "C" __global__ void attn_dec_seqs_##E(const float* q, const SeqDesc* seqs,        \
+                                                 int layer, int heads, int kv_heads, int hd, \
+                                                 float scale, float* pa, float* pml,         \
+                                                 DecHeads dh) {                              \
+        const int z = blockIdx.z;                                                            \
+        const SeqDesc sd = seqs[z];                                                          \
+        const size_t plane = (size_t)layer * kv_heads * sd.n_ctx * hd;                       \
+        DecHeads d = dh;                                                                     \
+        d.k += (size_t)z * kv_heads * hd;                                                    \
+        d.v += (size_t)z * kv_heads * hd;                                                    \
+        attn_dec_impl<E>(q + (size_t)z * heads * hd, sd.k + plane, sd.v + plane, sd.n_ctx,   \
+                         heads, kv_heads, hd, scale, sd.len, z, pa, pml, d);                 \
     }
 ATTN_SPLIT(1)
 ATTN_SPLIT(2)

@@ -49,18 +49,19 @@ extern "C" __global__ void im2col(const float* x, int t_in, int c_in, int k, int
     }
 }
 
-// out[r] = the first index of the largest value of row r: blocks (grid.x) split a row
-// (grid.y), each folds its part into one 64-bit key, max'ed atomically into best[r]
-// (zeroed first): the value's order-preserving bits above ~index, so ties go to the first.
+// out[r] = the first index of the largest of the first `cols` values of row r (grid.y; rows
+// `ld` apart): blocks (grid.x) split a row, each folds its part into one 64-bit key, max'ed
+// atomically into best[r] (zeroed first): the value's order-preserving bits above ~index,
+// so ties go to the first.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
     u32 b = __float_as_uint(v);
     b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
     return ((unsigned long long)b << 32) | (u32)(~(u32)i);
 }
 
-extern "C" __global__ void argmax(const float* x, int cols, unsigned long long* best) {
+extern "C" __global__ void argmax(const float* x, int cols, int ld, unsigned long long* best) {
     pdl_begin();
-    const float* xr = x + (size_t)blockIdx.y * cols;
+    const float* xr = x + (size_t)blockIdx.y * ld;
     unsigned long long k = 0;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
         const float y = xr[c];

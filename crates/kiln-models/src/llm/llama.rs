@@ -6,15 +6,15 @@
 //!                  x += Wdown · (silu(Wgate·norm(x)) * Wup·norm(x))
 //! logits = Wout · norm(x)
 
-use kiln_backend::{AttnShape, Backend, KvType};
+use kiln_backend::{AttnShape, Backend, SeqKv};
 use kiln_formats::GgufFile;
 use kiln_quant::GgmlType;
 
 use super::{HfCheckpoint, LayerParam, LlmConfig, Param};
 use crate::{ModelError, Source, WeightMap};
 
-mod batch;
-pub use batch::{LlamaBatch, SeqChunk};
+mod state;
+pub use state::{LlamaCache, LlamaScratch, LlamaState, Logits, SeqChunk};
 
 pub struct Attention<B: Backend> {
     pub q: B::Weight, // attn_q   (q_dim, dim)
@@ -47,27 +47,6 @@ pub struct Llama<B: Backend> {
     pub layers: Vec<Layer<B>>,
     pub norm: B::Tensor,           // output_norm (dim)
     pub output: Option<B::Weight>, // output (vocab, dim); None when tied to `embed`
-}
-
-/// Everything one sequence needs while decoding, allocated once: the KV cache and scratch
-/// activations for up to `max_batch` tokens per forward call.
-pub struct LlamaState<B: Backend> {
-    pub n_ctx: usize,
-    pub max_batch: usize,
-    kv: B::KvCache,
-    x: B::Tensor,
-    h: B::Tensor,
-    q: B::Tensor,
-    k: B::Tensor,
-    v: B::Tensor,
-    attn: B::Tensor,
-    gate: B::Tensor,
-    last: B::Tensor,
-    logits: B::Tensor,
-    logits_host: Vec<f32>,
-    trace: bool,
-    /// Unique per state: the key under which a backend may record this state's decode step.
-    step_key: u64,
 }
 
 impl<B: Backend> Llama<B> {
@@ -247,61 +226,6 @@ impl<B: Backend> Llama<B> {
         tables * c.vocab_size * c.dim + c.n_layers * (attn + mlp) + self.vector_params()
     }
 
-    pub fn new_state(&self, b: &B, n_ctx: usize, max_batch: usize) -> LlamaState<B> {
-        let kv = b.kv_cache(
-            self.cfg.n_layers,
-            n_ctx,
-            self.cfg.n_kv_heads,
-            self.cfg.head_dim,
-        );
-        self.state_with(b, n_ctx, max_batch, kv)
-    }
-
-    /// A state whose KV cache stores keys and values as `kv`.
-    pub fn new_state_kv(
-        &self,
-        b: &B,
-        n_ctx: usize,
-        max_batch: usize,
-        kv: KvType,
-    ) -> Result<LlamaState<B>, ModelError> {
-        let c = &self.cfg;
-        let cache = b
-            .kv_cache_typed(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim, kv)
-            .map_err(|source| ModelError::Backend {
-                file: Default::default(),
-                source,
-            })?;
-        Ok(self.state_with(b, n_ctx, max_batch, cache))
-    }
-
-    fn state_with(&self, b: &B, n_ctx: usize, max_batch: usize, kv: B::KvCache) -> LlamaState<B> {
-        let c = &self.cfg;
-        let max_batch = max_batch.max(1);
-        LlamaState {
-            n_ctx,
-            max_batch,
-            kv,
-            x: b.tensor(max_batch, c.dim),
-            h: b.tensor(max_batch, c.dim),
-            q: b.tensor(max_batch, c.q_dim()),
-            k: b.tensor(max_batch, c.kv_dim()),
-            v: b.tensor(max_batch, c.kv_dim()),
-            attn: b.tensor(max_batch, c.q_dim()),
-            gate: b.tensor(max_batch, c.ffn_dim),
-            last: b.tensor(max_batch, c.dim),
-            logits: b.tensor(max_batch, c.vocab_size),
-            logits_host: vec![0.0; max_batch * c.vocab_size],
-            trace: std::env::var_os("KILN_TRACE").is_some(),
-            step_key: kiln_backend::next_step_key(),
-        }
-    }
-
-    /// Bytes of the state's KV cache.
-    pub fn kv_bytes(&self, b: &B, st: &LlamaState<B>) -> usize {
-        b.kv_cache_bytes(&st.kv)
-    }
-
     /// Runs `tokens` at positions `pos0..`, filling the KV cache. Returns the logits of the
     /// last token (`vocab`), or of every token of the last chunk when `all_logits` (then at
     /// most `max_batch` tokens may be passed).
@@ -313,10 +237,9 @@ impl<B: Backend> Llama<B> {
         pos0: usize,
         all_logits: bool,
     ) -> Result<&'s [f32], ModelError> {
-        let n_out = self.forward_device(b, st, tokens, pos0, all_logits)?;
-        let vocab = self.cfg.vocab_size;
-        b.read(&st.logits, n_out, &mut st.logits_host[..n_out * vocab]);
-        Ok(&st.logits_host[..n_out * vocab])
+        let out = if all_logits { Logits::All } else { Logits::Last };
+        let n_out = self.forward_one(b, st, tokens, pos0, out)?;
+        Ok(self.logits(b, &mut st.scratch, n_out))
     }
 
     /// Like [`Self::forward`] for the last token only, returning its greedy (argmax) token
@@ -345,13 +268,8 @@ impl<B: Backend> Llama<B> {
         k: usize,
         out: &mut Vec<(f32, u32)>,
     ) -> Result<Option<&'s [f32]>, ModelError> {
-        self.forward_device(b, st, tokens, pos0, false)?;
-        let vocab = self.cfg.vocab_size;
-        if b.top_candidates(&st.logits, cols.min(vocab), k, out) {
-            return Ok(None);
-        }
-        b.read(&st.logits, 1, &mut st.logits_host[..vocab]);
-        Ok(Some(&st.logits_host[..vocab]))
+        self.forward_one(b, st, tokens, pos0, Logits::Last)?;
+        Ok(self.candidates(b, &mut st.scratch, 0, cols, k, out))
     }
 
     /// [`Self::forward_argmax`] over the first `cols` logits only (the ids a tokenizer can
@@ -364,144 +282,258 @@ impl<B: Backend> Llama<B> {
         pos0: usize,
         cols: usize,
     ) -> Result<u32, ModelError> {
-        self.forward_device(b, st, tokens, pos0, false)?;
-        Ok(b.argmax_rows(&st.logits, 1, cols.min(self.cfg.vocab_size))[0])
+        self.forward_one(b, st, tokens, pos0, Logits::Last)?;
+        Ok(self.argmax(b, &st.scratch, 1, cols)[0])
     }
 
-    /// Runs the forward pass leaving the logits on the device; returns their row count.
-    fn forward_device(
+    /// One sequence's tokens, in chunks of the state's `max_batch`; returns the logit rows of
+    /// the last chunk left on the device.
+    fn forward_one(
         &self,
         b: &B,
         st: &mut LlamaState<B>,
         tokens: &[u32],
         pos0: usize,
-        all_logits: bool,
+        out: Logits,
     ) -> Result<usize, ModelError> {
         assert!(
             pos0 + tokens.len() <= st.n_ctx,
             "caller checks the context length"
         );
-        assert!(!all_logits || tokens.len() <= st.max_batch);
-        let vocab = self.cfg.vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::Backend {
-                file: Default::default(),
-                source: kiln_backend::BackendError::TokenOutOfRange { id, vocab },
-            });
-        }
-        if tokens.len() == 1 && !all_logits && !st.trace {
-            // One decode step: the same ops on the same buffers every time, so a backend may
-            // record it once and replay it.
-            let key = st.step_key;
-            let mut res = Ok(0);
-            b.step(key, tokens, pos0, &mut || {
-                res = self.forward_chunk(b, st, tokens, pos0, false);
-                Ok(())
-            })
-            .map_err(|source| ModelError::Backend {
-                file: Default::default(),
-                source,
-            })?;
-            res?;
-            return Ok(1);
-        }
+        assert!(out == Logits::Last || tokens.len() <= st.max_batch);
         let mut pos = pos0;
         let mut n_out = 0;
         for chunk in tokens.chunks(st.max_batch) {
-            n_out = self.forward_chunk(b, st, chunk, pos, all_logits)?;
+            let mut seq = [SeqChunk {
+                cache: &mut st.cache,
+                tokens: chunk,
+                pos0: pos,
+            }];
+            n_out = self.forward_seqs(b, &mut st.scratch, &mut seq, out)?;
             pos += chunk.len();
         }
         Ok(n_out)
     }
 
-    fn forward_chunk(
+    /// The forward: every sequence of `seqs` runs its tokens at its positions, each filling
+    /// its own cache, in one pass over the weights (their rows stacked, so each matrix is
+    /// read once for all of them; only RoPE, the KV store and attention see sequences, and
+    /// every op is row-wise, so a sequence gets the logits it would get alone). Leaves the
+    /// logits on the device (read them with [`Self::logits`], [`Self::argmax`],
+    /// [`Self::candidates`]) and returns their row count: one per sequence for
+    /// [`Logits::Last`], one per token for [`Logits::All`]. The caller keeps every chunk
+    /// non-empty and inside its cache, `Σ tokens <= max_rows` and `seqs.len() <= max_seqs`.
+    pub fn forward_seqs(
         &self,
         b: &B,
-        st: &mut LlamaState<B>,
-        tokens: &[u32],
-        pos0: usize,
-        all_logits: bool,
+        sc: &mut LlamaScratch<B>,
+        seqs: &mut [SeqChunk<'_, B>],
+        out: Logits,
     ) -> Result<usize, ModelError> {
         let c = &self.cfg;
-        let n = tokens.len();
-        b.embed(&self.embed, tokens, &mut st.x)
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let rows_out = match out {
+            Logits::Last => seqs.len(),
+            Logits::All => n,
+        };
+        assert!(
+            n <= sc.max_rows && seqs.len() <= sc.max_seqs && rows_out <= sc.logit_rows,
+            "batch too big"
+        );
+        assert!(
+            seqs.iter()
+                .all(|s| !s.tokens.is_empty() && s.pos0 + s.tokens.len() <= s.cache.n_ctx),
+            "caller checks every chunk"
+        );
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let vocab = c.vocab_size;
+        sc.ids.clear();
+        sc.ids
+            .extend(seqs.iter().flat_map(|s| s.tokens.iter().copied()));
+        if let Some(&id) = sc.ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::Backend {
+                file: Default::default(),
+                source: kiln_backend::BackendError::TokenOutOfRange { id, vocab },
+            });
+        }
+        let shape = |s: &SeqChunk<'_, B>| AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            pos0: s.pos0,
+            n_tokens: s.tokens.len(),
+        };
+        if let [one] = seqs {
+            let s = shape(one);
+            let mut kv = [SeqKv {
+                cache: &mut one.cache.kv,
+                shape: s,
+            }];
+            if n == 1 && out == Logits::Last && !sc.trace {
+                // One decode step: the same ops on the same buffers every time, so a backend
+                // may record it once and replay it (a key per scratch and cache).
+                let key = (sc.key << 32) ^ one.cache.key;
+                let mut res = Ok(0);
+                b.step(key, one.tokens, s.pos0, &mut || {
+                    res = self.forward_rows(b, sc, &mut kv, out);
+                    Ok(())
+                })
+                .map_err(|source| ModelError::Backend {
+                    file: Default::default(),
+                    source,
+                })?;
+                return res;
+            }
+            return self.forward_rows(b, sc, &mut kv, out);
+        }
+        let mut kv: Vec<SeqKv<'_, B::KvCache>> = seqs
+            .iter_mut()
+            .map(|s| SeqKv {
+                shape: shape(s),
+                cache: &mut s.cache.kv,
+            })
+            .collect();
+        self.forward_rows(b, sc, &mut kv, out)
+    }
+
+    /// The layers over the stacked token rows of `sc.ids` (sequences `kv`), then the logits.
+    fn forward_rows(
+        &self,
+        b: &B,
+        sc: &mut LlamaScratch<B>,
+        kv: &mut [SeqKv<'_, B::KvCache>],
+        out: Logits,
+    ) -> Result<usize, ModelError> {
+        let c = &self.cfg;
+        let n = sc.ids.len();
+        b.embed(&self.embed, &sc.ids, &mut sc.x)
             .map_err(|source| ModelError::Backend {
                 file: Default::default(),
                 source,
             })?;
-        let shape = AttnShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-            pos0,
-            n_tokens: n,
-        };
         for (il, layer) in self.layers.iter().enumerate() {
             let a = &layer.attn;
             b.rms_norm_matmul3(
-                &st.x,
+                &sc.x,
                 &layer.attn_norm,
                 c.norm_eps,
                 [&a.q, &a.k, &a.v],
                 [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
                 n,
-                &mut st.h,
-                [&mut st.q, &mut st.k, &mut st.v],
+                &mut sc.h,
+                [&mut sc.q, &mut sc.k, &mut sc.v],
             );
             let qk_norm = match (&a.q_norm, &a.k_norm) {
                 (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
                 _ => None,
             };
+            let [sq, sk, sv] = &mut sc.seq_rows;
             b.qk_norm_rope_attention(
-                &mut st.q,
-                &mut st.k,
-                &st.v,
+                &mut sc.q,
+                &mut sc.k,
+                &sc.v,
                 qk_norm,
                 &c.rope,
-                &mut st.kv,
+                kv,
                 il,
-                shape,
-                &mut st.attn,
+                &mut sc.attn,
+                [sq, sk, sv],
             );
-            self.trace(b, st.trace, "attn", il, &st.attn, n, c.q_dim());
+            self.trace(b, sc.trace, "attn", il, &sc.attn, n, c.q_dim());
             // x += Wo attn, then the FFN's norm of x.
-            b.matmul_add_before_norm(&a.o, &st.attn, n, &mut st.x, (&layer.ffn_norm, c.norm_eps));
+            b.matmul_add_before_norm(&a.o, &sc.attn, n, &mut sc.x, (&layer.ffn_norm, c.norm_eps));
 
             b.rms_norm_gate_up_silu(
-                &st.x,
+                &sc.x,
                 &layer.ffn_norm,
                 c.norm_eps,
                 &layer.mlp.gate,
                 &layer.mlp.up,
                 n,
-                &mut st.h,
-                &mut st.gate,
+                &mut sc.h,
+                &mut sc.gate,
             );
             // x += Wdown mlp, then the next layer's attention norm of x.
             match self.layers.get(il + 1) {
                 Some(next) => b.matmul_add_before_norm(
                     &layer.mlp.down,
-                    &st.gate,
+                    &sc.gate,
                     n,
-                    &mut st.x,
+                    &mut sc.x,
                     (&next.attn_norm, c.norm_eps),
                 ),
-                None => b.matmul_add(&layer.mlp.down, &st.gate, n, &mut st.x),
+                None => b.matmul_add(&layer.mlp.down, &sc.gate, n, &mut sc.x),
             }
-            self.trace(b, st.trace, "residual", il, &st.x, n, c.dim);
+            self.trace(b, sc.trace, "residual", il, &sc.x, n, c.dim);
         }
         let output = self.output.as_ref().unwrap_or(&self.embed);
-        if all_logits {
-            b.rms_norm(&st.x, &self.norm, c.norm_eps, n, &mut st.h);
-            b.matmul(output, &st.h, None, n, &mut st.logits);
-            Ok(n)
-        } else {
-            // Only the last token's logits are needed.
-            b.copy_row(&st.x, n - 1, &mut st.last);
-            b.rms_norm(&st.last, &self.norm, c.norm_eps, 1, &mut st.h);
-            b.matmul(output, &st.h, None, 1, &mut st.logits);
-            Ok(1)
+        if out == Logits::All || kv.len() == n {
+            // Every row's logits (every sequence has one token: its row is its last).
+            b.rms_norm(&sc.x, &self.norm, c.norm_eps, n, &mut sc.h);
+            b.matmul(output, &sc.h, None, n, &mut sc.logits);
+            return Ok(n);
         }
+        // Only each sequence's last token needs logits.
+        let mut r = 0;
+        for (j, s) in kv.iter().enumerate() {
+            r += s.shape.n_tokens;
+            b.copy_rows(&sc.x, r - 1, 1, &mut sc.last, j);
+        }
+        let m = kv.len();
+        b.rms_norm(&sc.last, &self.norm, c.norm_eps, m, &mut sc.last_h);
+        b.matmul(output, &sc.last_h, None, m, &mut sc.logits);
+        Ok(m)
+    }
+
+    /// The first `rows` rows of the last forward's logits, on the host (`rows x vocab`).
+    pub fn logits<'s>(&self, b: &B, sc: &'s mut LlamaScratch<B>, rows: usize) -> &'s [f32] {
+        let vocab = self.cfg.vocab_size;
+        b.read(&sc.logits, rows, &mut sc.logits_host[..rows * vocab]);
+        &sc.logits_host[..rows * vocab]
+    }
+
+    /// Row `row` of the last forward's logits, on the host (`vocab`).
+    pub fn logits_row<'s>(&self, b: &B, sc: &'s mut LlamaScratch<B>, row: usize) -> &'s [f32] {
+        if row == 0 {
+            return self.logits(b, sc, 1);
+        }
+        let vocab = self.cfg.vocab_size;
+        b.copy_rows(&sc.logits, row, 1, &mut sc.pick, 0);
+        b.read(&sc.pick, 1, &mut sc.logits_host[..vocab]);
+        &sc.logits_host[..vocab]
+    }
+
+    /// The greedy token of each of the first `rows` rows of the last forward's logits, over
+    /// their first `cols` columns, picked where the logits are.
+    pub fn argmax(&self, b: &B, sc: &LlamaScratch<B>, rows: usize, cols: usize) -> Vec<u32> {
+        b.argmax_rows(&sc.logits, rows, cols.min(self.cfg.vocab_size))
+    }
+
+    /// Candidates for a pick that needs only the `k` largest of the first `cols` logits of
+    /// row `row`: the backend's ([`Backend::top_candidates`]) in `out` and None, or, where it
+    /// gives none, the row's logits.
+    pub fn candidates<'s>(
+        &self,
+        b: &B,
+        sc: &'s mut LlamaScratch<B>,
+        row: usize,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(f32, u32)>,
+    ) -> Option<&'s [f32]> {
+        let cols = cols.min(self.cfg.vocab_size);
+        let t = if row == 0 {
+            &sc.logits
+        } else {
+            b.copy_rows(&sc.logits, row, 1, &mut sc.pick, 0);
+            &sc.pick
+        };
+        if b.top_candidates(t, cols, k, out) {
+            return None;
+        }
+        Some(self.logits_row(b, sc, row))
     }
 
     /// With `KILN_TRACE` set, prints a named activation's summary per layer (stderr), so a

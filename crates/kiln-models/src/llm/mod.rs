@@ -7,5 +7,5 @@ pub mod names;
 
 pub use config::LlmConfig;
 pub use hf::{is_hf_dir, parse_config, HfCheckpoint, MlxQuant};
-pub use llama::{Llama, LlamaBatch, LlamaState, SeqChunk};
+pub use llama::{Llama, LlamaCache, LlamaScratch, LlamaState, Logits, SeqChunk};
 pub use names::{LayerParam, Naming, Param};

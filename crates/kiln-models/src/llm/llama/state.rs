@@ -1,0 +1,171 @@
+//! What a forward runs on: a KV cache per sequence ([`LlamaCache`]) and the activations of
+//! one forward over the stacked tokens of its sequences ([`LlamaScratch`]), both allocated
+//! once; [`LlamaState`] is one of each, for a single sequence (`run`, `bench`, `chat`).
+
+use kiln_backend::{Backend, KvType};
+
+use super::Llama;
+use crate::ModelError;
+
+/// One sequence's keys and values for `n_ctx` positions (a KV cache slot).
+pub struct LlamaCache<B: Backend> {
+    pub n_ctx: usize,
+    pub(super) kv: B::KvCache,
+    /// Unique per cache: with the scratch's, the key under which a backend may record a
+    /// decode step of this sequence.
+    pub(super) key: u64,
+}
+
+/// Activations of one forward over up to `max_rows` stacked tokens of up to `max_seqs`
+/// sequences, and the logits of up to `logit_rows` rows.
+pub struct LlamaScratch<B: Backend> {
+    pub max_rows: usize,
+    pub max_seqs: usize,
+    pub logit_rows: usize,
+    pub(super) x: B::Tensor,
+    pub(super) h: B::Tensor,
+    pub(super) q: B::Tensor,
+    pub(super) k: B::Tensor,
+    pub(super) v: B::Tensor,
+    pub(super) attn: B::Tensor,
+    pub(super) gate: B::Tensor,
+    /// One sequence's rows of q, k, v (the attention side's scratch when a step holds
+    /// several sequences; a row when it never does).
+    pub(super) seq_rows: [B::Tensor; 3],
+    /// The last row of each sequence, and its norm.
+    pub(super) last: B::Tensor,
+    pub(super) last_h: B::Tensor,
+    pub(super) logits: B::Tensor,
+    /// One row of logits picked out of `logits` (several sequences' steps).
+    pub(super) pick: B::Tensor,
+    pub(super) logits_host: Vec<f32>,
+    pub(super) ids: Vec<u32>,
+    pub(super) trace: bool,
+    pub(super) key: u64,
+}
+
+/// A sequence's cache and a scratch for it: everything one sequence needs while decoding,
+/// allocated once.
+pub struct LlamaState<B: Backend> {
+    pub n_ctx: usize,
+    pub max_batch: usize,
+    pub(super) cache: LlamaCache<B>,
+    pub(super) scratch: LlamaScratch<B>,
+}
+
+/// One sequence's part of a forward: `tokens` at positions `pos0..` of its own cache.
+pub struct SeqChunk<'a, B: Backend> {
+    pub cache: &'a mut LlamaCache<B>,
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+}
+
+/// Which rows' logits a forward computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Each sequence's last token (row j: sequence j).
+    Last,
+    /// Every token, in the order they were stacked.
+    All,
+}
+
+impl<B: Backend> Llama<B> {
+    /// A KV cache of `n_ctx` positions in the backend's default type.
+    pub fn new_cache(&self, b: &B, n_ctx: usize) -> LlamaCache<B> {
+        let c = &self.cfg;
+        LlamaCache {
+            n_ctx,
+            kv: b.kv_cache(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim),
+            key: kiln_backend::next_step_key(),
+        }
+    }
+
+    /// A KV cache of `n_ctx` positions storing keys and values as `kv`.
+    pub fn new_cache_kv(&self, b: &B, n_ctx: usize, kv: KvType) -> Result<LlamaCache<B>, ModelError> {
+        let c = &self.cfg;
+        let kv = b
+            .kv_cache_typed(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim, kv)
+            .map_err(|source| ModelError::Backend {
+                file: Default::default(),
+                source,
+            })?;
+        Ok(LlamaCache {
+            n_ctx,
+            kv,
+            key: kiln_backend::next_step_key(),
+        })
+    }
+
+    /// Scratch for forwards of up to `max_rows` tokens from up to `max_seqs` sequences, with
+    /// logits for up to `logit_rows` rows (`max_seqs` for [`Logits::Last`] alone).
+    pub fn new_scratch(
+        &self,
+        b: &B,
+        max_rows: usize,
+        max_seqs: usize,
+        logit_rows: usize,
+    ) -> LlamaScratch<B> {
+        let c = &self.cfg;
+        let (r, s) = (max_rows.max(1), max_seqs.max(1));
+        let l = logit_rows.max(s);
+        // Only a step of several sequences gathers one's rows.
+        let sr = if s > 1 { r } else { 1 };
+        LlamaScratch {
+            max_rows: r,
+            max_seqs: s,
+            logit_rows: l,
+            x: b.tensor(r, c.dim),
+            h: b.tensor(r, c.dim),
+            q: b.tensor(r, c.q_dim()),
+            k: b.tensor(r, c.kv_dim()),
+            v: b.tensor(r, c.kv_dim()),
+            attn: b.tensor(r, c.q_dim()),
+            gate: b.tensor(r, c.ffn_dim),
+            seq_rows: [
+                b.tensor(sr, c.q_dim()),
+                b.tensor(sr, c.kv_dim()),
+                b.tensor(sr, c.kv_dim()),
+            ],
+            last: b.tensor(s, c.dim),
+            last_h: b.tensor(s, c.dim),
+            logits: b.tensor(l, c.vocab_size),
+            pick: b.tensor(1, if s > 1 { c.vocab_size } else { 1 }),
+            logits_host: vec![0.0; l * c.vocab_size],
+            ids: Vec::with_capacity(r),
+            trace: std::env::var_os("KILN_TRACE").is_some(),
+            key: kiln_backend::next_step_key(),
+        }
+    }
+
+    pub fn new_state(&self, b: &B, n_ctx: usize, max_batch: usize) -> LlamaState<B> {
+        let cache = self.new_cache(b, n_ctx);
+        self.state_with(b, max_batch, cache)
+    }
+
+    /// A state whose KV cache stores keys and values as `kv`.
+    pub fn new_state_kv(
+        &self,
+        b: &B,
+        n_ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<LlamaState<B>, ModelError> {
+        let cache = self.new_cache_kv(b, n_ctx, kv)?;
+        Ok(self.state_with(b, max_batch, cache))
+    }
+
+    fn state_with(&self, b: &B, max_batch: usize, cache: LlamaCache<B>) -> LlamaState<B> {
+        let max_batch = max_batch.max(1);
+        LlamaState {
+            n_ctx: cache.n_ctx,
+            max_batch,
+            cache,
+            scratch: self.new_scratch(b, max_batch, 1, max_batch),
+        }
+    }
+
+    /// Bytes of the state's KV cache.
+    pub fn kv_bytes(&self, b: &B, st: &LlamaState<B>) -> usize {
+        b.kv_cache_bytes(&st.cache.kv)
+    }
+}
