@@ -53,6 +53,8 @@ pub(crate) struct SeqDesc {
     pub(crate) v: u64,
     pub(crate) len: i32,
     pub(crate) n_ctx: i32,
+    pub(crate) splits: i32,
+    pub(crate) pad: i32,
 }
 
 /// From this many tokens a prompt's attention runs as two cuBLAS products per chunk of
@@ -192,6 +194,8 @@ impl CudaBackend {
                 v: x.cache.v.ptr,
                 len: (x.shape.pos0 + 1) as i32,
                 n_ctx: x.cache.n_ctx as i32,
+                splits: self.dec_splits(x.cache.n_ctx, s.n_kv_heads) as i32,
+                pad: 0,
             }));
             let buf = ensure(&mut sc.seq_table, n * std::mem::size_of::<SeqDesc>());
             if sc.seq_table_host != descs || sc.seq_table_at != buf {
@@ -202,11 +206,13 @@ impl CudaBackend {
             sc.seq_descs = descs;
             buf
         };
-        // Splits by the longest sequence, about two blocks a multiprocessor in all.
-        let longest = seqs.iter().map(|x| x.shape.pos0 + 1).max().unwrap_or(1);
-        let splits = longest
-            .div_ceil(ATT_SPLIT_KEYS)
-            .min((2 * self.dev.num_sms / (s.n_kv_heads * n)).max(1));
+        // Each sequence split as it is alone (so its sums are the same whatever else the
+        // step holds); the grid has the most any of them has.
+        let splits = seqs
+            .iter()
+            .map(|x| self.dec_splits(x.cache.n_ctx, s.n_kv_heads))
+            .max()
+            .unwrap_or(1);
         let slots = n * s.n_heads * splits;
         let (acc, ml) = {
             let mut sc = self.scratch.borrow_mut();
@@ -235,6 +241,15 @@ impl CudaBackend {
             &mut a.ptrs(),
         );
         self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads);
+    }
+
+    /// Splits of one decode token's attention over a cache of `n_ctx` positions: a grid
+    /// fixed by the cache's size (one recording serves every position), each split its share
+    /// of the keys the step sees, about two blocks a multiprocessor.
+    pub(crate) fn dec_splits(&self, n_ctx: usize, kv_heads: usize) -> usize {
+        n_ctx
+            .div_ceil(ATT_SPLIT_KEYS)
+            .min((2 * self.dev.num_sms / kv_heads).max(1))
     }
 
     /// kernels/*.cu attn_combine: the splits' partial softmax sums of `ntok * heads` rows into
@@ -278,6 +293,7 @@ impl CudaBackend {
             );
             let f = rope.inv_freqs();
             let buf = DevBuf::alloc(4 * f.len());
+            scratch_moved();
             self.dev.htod(buf.ptr, &f);
             *slot = Some((rope.clone(), buf));
         }
@@ -383,10 +399,7 @@ impl CudaBackend {
                 (splits, splits * ATT_WARPS)
             }
             Some(_) => {
-                let splits = cache
-                    .n_ctx
-                    .div_ceil(ATT_SPLIT_KEYS)
-                    .min((2 * self.dev.num_sms / s.n_kv_heads).max(1));
+                let splits = self.dec_splits(cache.n_ctx, s.n_kv_heads);
                 (splits, splits)
             }
         };

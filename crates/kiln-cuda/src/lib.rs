@@ -131,9 +131,18 @@ struct Scratch {
     seq_table_at: u64,
 }
 
+/// Bumped whenever a scratch buffer (or the RoPE table) is reallocated: a recorded step holds
+/// the old addresses, so [`Backend::step`] drops every recording made before.
+static SCRATCH_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn scratch_moved() {
+    SCRATCH_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn ensure(slot: &mut Option<DevBuf>, bytes: usize) -> u64 {
     if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
         *slot = Some(DevBuf::alloc(bytes));
+        scratch_moved();
     }
     slot.as_ref().unwrap().ptr
 }
@@ -189,6 +198,8 @@ pub struct CudaBackend {
     ss_next: Cell<usize>,
     graphs: RefCell<HashMap<u64, Graph>>,
     seen: RefCell<HashSet<u64>>,
+    /// SCRATCH_GEN when `graphs` were recorded.
+    graphs_gen: Cell<u64>,
     use_graphs: bool,
     rope: RefCell<Option<(RopeConfig, DevBuf)>>,
     scratch: RefCell<Scratch>,
@@ -248,6 +259,7 @@ impl CudaBackend {
             ss_next: Cell::new(0),
             graphs: RefCell::default(),
             seen: RefCell::default(),
+            graphs_gen: Cell::new(SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed)),
             use_graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             rope: RefCell::new(None),
             scratch: RefCell::default(),
@@ -1032,6 +1044,14 @@ impl Backend for CudaBackend {
             return f();
         }
         self.set_params(pos0, Some(tokens));
+        // A buffer moved since the recordings (a batch of several sequences grew one, say):
+        // they would write to freed memory, so each step is recorded again.
+        let gen = SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed);
+        if gen != self.graphs_gen.get() {
+            self.graphs.borrow_mut().clear();
+            self.seen.borrow_mut().clear();
+            self.graphs_gen.set(gen);
+        }
         if let Some(g) = self.graphs.borrow().get(&key) {
             let t0 = self.dev.t0();
             unsafe { sys::cuGraphLaunch(g.exec, self.dev.cu_stream()).result() }

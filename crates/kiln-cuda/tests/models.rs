@@ -170,3 +170,125 @@ fn recorded_decode_step_equals_eager_launches() {
         assert_eq!(a, tg[0], "{dir}: device argmax");
     }
 }
+
+/// The server's path on the GPU: sequences decoded together in one forward per step (each
+/// at its own position over its own cache; greedy picks on the device for every row at
+/// once) against each sequence decoded alone. Prints how many of them agree token for token
+/// and how far their logits are apart, in groups of 3 (the one-token products, each a
+/// batch of its own size) and 20 (the prompt-sized products), on f32 weights and Q8_0.
+#[test]
+#[ignore]
+fn batched_greedy_equals_alone() {
+    use kiln_models::llm::{Logits, SeqChunk};
+    let g = CudaBackend::new().expect("a CUDA GPU");
+    for (dir, quant) in [("qwen3", None), ("llama3", Some(GgmlType::Q8_0))] {
+        let m = load(&g, dir, quant);
+        let (prompts, _, _) = model_ref(dir);
+        let base = &prompts[0];
+        let steps = 16;
+        for n_seqs in [3usize, 20] {
+            // Prompts of different lengths: a rotation of the reference prompt, cut.
+            let ps: Vec<Vec<u32>> = (0..n_seqs)
+                .map(|i| {
+                    let mut p = base.clone();
+                    p.rotate_left(i % base.len());
+                    p.truncate(base.len() - i % 4);
+                    p
+                })
+                .collect();
+            let alone: Vec<Vec<u32>> = ps
+                .iter()
+                .map(|p| {
+                    let mut st = m.new_state(&g, 64, 16);
+                    let mut t = m.forward_argmax(&g, &mut st, p, 0).unwrap();
+                    let mut out = vec![t];
+                    for i in 1..steps {
+                        t = m.forward_argmax(&g, &mut st, &[t], p.len() + i - 1).unwrap();
+                        out.push(t);
+                    }
+                    out
+                })
+                .collect();
+            let mut caches: Vec<_> = (0..n_seqs).map(|_| m.new_cache(&g, 64)).collect();
+            let mut sc = m.new_scratch(&g, 64, n_seqs, n_seqs);
+            // Each prompt in a forward of its own, then every sequence's token in one.
+            let mut last: Vec<u32> = Vec::new();
+            for (p, cache) in ps.iter().zip(caches.iter_mut()) {
+                let mut seq = [SeqChunk {
+                    cache,
+                    tokens: p,
+                    pos0: 0,
+                }];
+                m.forward_seqs(&g, &mut sc, &mut seq, Logits::Last).unwrap();
+                last.push(m.argmax(&g, &sc, 1, m.cfg.vocab_size)[0]);
+            }
+            let mut batched: Vec<Vec<u32>> = last.iter().map(|&t| vec![t]).collect();
+            for i in 1..steps {
+                let feeds: Vec<[u32; 1]> = batched.iter().map(|o| [o[i - 1]]).collect();
+                let mut seqs: Vec<SeqChunk<'_, _>> = caches
+                    .iter_mut()
+                    .zip(&feeds)
+                    .zip(&ps)
+                    .map(|((cache, f), p)| SeqChunk {
+                        cache,
+                        tokens: f,
+                        pos0: p.len() + i - 1,
+                    })
+                    .collect();
+                let rows = m.forward_seqs(&g, &mut sc, &mut seqs, Logits::Last).unwrap();
+                let picks = m.argmax(&g, &sc, rows, m.cfg.vocab_size);
+                for (o, t) in batched.iter_mut().zip(picks) {
+                    o.push(t);
+                }
+            }
+            let same = alone.iter().zip(&batched).filter(|(a, b)| a == b).count();
+            eprintln!(
+                "{dir} {:?}, {n_seqs} sequences: {same} of {n_seqs} batched greedy outputs equal alone",
+                quant.map(|q| q.name())
+            );
+            assert_eq!(same, n_seqs, "{dir}: {alone:?}\nvs\n{batched:?}");
+        }
+    }
+}
+
+/// A decode step recorded (CUDA graph) before a batch of several sequences grew the
+/// backend's scratch buffers, replayed after it: the greedy tokens of an uninterrupted run
+/// (the recording must not write to the buffers the batch freed).
+#[test]
+#[ignore]
+fn recorded_step_after_a_batch_grew_scratch() {
+    use kiln_models::llm::{Logits, SeqChunk};
+    let g = CudaBackend::new().expect("a CUDA GPU");
+    let m = load(&g, "qwen3", Some(GgmlType::Q8_0));
+    let (prompts, _, _) = model_ref("qwen3");
+    let p = &prompts[0];
+    let run = |batch_after: Option<usize>| -> Vec<u32> {
+        let mut st = m.new_state(&g, 64, 16);
+        let mut t = m.forward_argmax(&g, &mut st, p, 0).unwrap();
+        let mut out = vec![t];
+        for i in 1..12 {
+            if batch_after == Some(i) {
+                // 20 other sequences, one step: the attention's partials outgrow the
+                // buffers the recorded step of `st` points at.
+                let mut caches: Vec<_> = (0..20).map(|_| m.new_cache(&g, 64)).collect();
+                let mut sc = m.new_scratch(&g, 64, 20, 20);
+                let feed = [1u32];
+                let mut seqs: Vec<SeqChunk<'_, _>> = caches
+                    .iter_mut()
+                    .map(|cache| SeqChunk {
+                        cache,
+                        tokens: &feed,
+                        pos0: 0,
+                    })
+                    .collect();
+                m.forward_seqs(&g, &mut sc, &mut seqs, Logits::Last).unwrap();
+            }
+            t = m.forward_argmax(&g, &mut st, &[t], p.len() + i - 1).unwrap();
+            out.push(t);
+        }
+        g.synchronize().unwrap();
+        out
+    };
+    let want = run(None);
+    assert_eq!(run(Some(6)), want);
+}

@@ -316,14 +316,24 @@ __device__ __forceinline__ void tile_rows_or_pre(const u16* p, int base, int j0,
 template <int EPL>
 __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int heads,
                               int kv_heads, int hd, float scale, int len, int t,
-                              float* part_acc, float* part_ml, const DecHeads& dh) {
+                              int n_split, float* part_acc, float* part_ml,
+                              const DecHeads& dh) {
     __shared__ float sc[MAX_GROUP][ATT_TILE];
     __shared__ float mls[MAX_GROUP][3];  // running max, running sum, this tile's correction
     __shared__ float red[ATT_WARPS - 1][MAX_GROUP * EPL * 32];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kvh = blockIdx.x, split = blockIdx.y, n_split = gridDim.y;
+    // This sequence's keys go to its first n_split splits (the grid may hold more for
+    // other sequences: those write an empty partial, which attn_combine skips); partials
+    // are laid out by the grid's splits.
+    const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
     const int g = heads / kv_heads;
+    if (split >= n_split) {
+        pdl_wait();
+        if (threadIdx.x < g)
+            part_ml[2 * (((size_t)t * heads + kvh * g + threadIdx.x) * ld_split + split)] = -KINF;
+        return;
+    }
     // Read before the wait (under PDL a kernel's start may overlap several kernels before
     // it, not only the last): `len`, which the caller read from what a copy put on the
     // device before the step's attention (a copy waits for every kernel before it and every
@@ -461,7 +471,7 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
 #pragma unroll
     for (int i = 0; i < MAX_GROUP; i++) {
         if (i >= g) break;
-        const size_t slot = ((size_t)t * heads + kvh * g + i) * n_split + split;
+        const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
             float v = acc[i][e];
@@ -478,13 +488,15 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
 }
 
 // One sequence of a batched decode step (attn_dec_seqs_<EPL>): its cache (the f16 planes
-// of layer 0; a layer's start is layer * kv_heads * n_ctx * hd further) and the keys its
-// token sees (its position + 1).
+// of layer 0; a layer's start is layer * kv_heads * n_ctx * hd further), the keys its
+// token sees (its position + 1) and its splits.
 struct SeqDesc {
     u16* k;
     u16* v;
     int len;
     int n_ctx;
+    int splits;  // as attn_dec_<EPL>'s grid for this sequence alone, so the same sums
+    int pad;
 };
 
 // One entry point per EPL (head_dim / 32, rounded up): lib.rs picks attn_split_<EPL>, or
@@ -503,7 +515,8 @@ struct SeqDesc {
                                             const u32* params, float* pa, float* pml,        \
                                             DecHeads dh) {                                   \
         attn_dec_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale,                      \
-                         (int)params[0] + (int)blockIdx.z + 1, blockIdx.z, pa, pml, dh);     \
+                         (int)params[0] + (int)blockIdx.z + 1, blockIdx.z, gridDim.y, pa,    \
+                         pml, dh);                                                           \
     }                                                                                        \
     extern "C" __global__ void attn_dec_seqs_##E(const float* q, const SeqDesc* seqs,        \
                                                  int layer, int heads, int kv_heads, int hd, \
@@ -516,7 +529,7 @@ struct SeqDesc {
         d.k += (size_t)z * kv_heads * hd;                                                    \
         d.v += (size_t)z * kv_heads * hd;                                                    \
         attn_dec_impl<E>(q + (size_t)z * heads * hd, sd.k + plane, sd.v + plane, sd.n_ctx,   \
-                         heads, kv_heads, hd, scale, sd.len, z, pa, pml, d);                 \
+                         heads, kv_heads, hd, scale, sd.len, z, sd.splits, pa, pml, d);      \
     }
 ATTN_SPLIT(1)
 ATTN_SPLIT(2)

@@ -374,8 +374,9 @@ impl<B: Backend> Llama<B> {
             if n == 1 && out == Logits::Last && !sc.trace {
                 // One decode step: the same ops on the same buffers every time, so a backend
                 // may record it once and replay it (a key per scratch and cache).
+                // (A replay runs no closure: the row count is the step's, one.)
                 let key = (sc.key << 32) ^ one.cache.key;
-                let mut res = Ok(0);
+                let mut res = Ok(1);
                 b.step(key, one.tokens, s.pos0, &mut || {
                     res = self.forward_rows(b, sc, &mut kv, out);
                     Ok(())
