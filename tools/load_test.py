@@ -4,7 +4,7 @@
 Usage:
 
     python3 tools/load_test.py [--kiln target/release/kiln] [--clients 32] [--minutes 10]
-        [--cancel 0.2] [--serve-args "-t 2 --parallel 4"] [--json OUT.json]
+        [--cancel 0.2] [--serve-args "-t 2 --parallel 4"] [--json OUT.json] [--gpu]
 
 Starts `kiln serve` on a free port (default model), then runs `--clients` threads for
 `--minutes`. Each client loops: a streamed chat completion (one of a few prompts, max_tokens
@@ -13,8 +13,9 @@ chunks. Every 5 s the server's resident memory (VmRSS) is sampled. At the end it
 requests finished / cancelled / failed (a failure is any request that was not cancelled by
 its client and did not end with [DONE] after HTTP 200), streamed tokens per second over the
 run, time to first token and total latency (p50, p99), and RSS over time: after warm-up
-(the first minute) the RSS must stay within 10% of its post-warm-up level. Exit status 1
-when any request failed or RSS grew more than 10%.
+(the first minute) the RSS must stay within 10% of its post-warm-up level; with --gpu the
+server's device memory (nvidia-smi) is sampled and held to the same bound. Exit status 1
+when any request failed or memory grew more than 10%.
 
 Standard library only.
 """
@@ -131,6 +132,24 @@ def one_request(port: int, model: str, rng: random.Random, cancel_p: float, st: 
         conn.close()
 
 
+def gpu_mib(pid: int) -> int | None:
+    """Device memory (MiB) of process `pid` by nvidia-smi, else of the whole GPU."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory",
+             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            p, mib = [x.strip() for x in line.split(",")]
+            if p == str(pid):
+                return int(mib)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10).stdout
+        return int(out.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", default="target/release/kiln")
@@ -139,6 +158,9 @@ def main() -> int:
     ap.add_argument("--cancel", type=float, default=0.2)
     ap.add_argument("--serve-args", default="-t 2 --parallel 4")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--gpu", action="store_true",
+                    help="also sample the server's GPU memory (nvidia-smi) and hold it to "
+                         "the same 10%% bound")
     a = ap.parse_args()
 
     srv = subprocess.Popen(
@@ -178,10 +200,14 @@ def main() -> int:
     t0 = time.monotonic()
     for t in threads:
         t.start()
+    gpu: list[tuple[float, int]] = []
     while any(t.is_alive() for t in threads):
         r = rss_kib(srv.pid)
         if r is not None:
             rss.append((time.monotonic() - t0, r))
+        g = gpu_mib(srv.pid) if a.gpu else None
+        if g is not None:
+            gpu.append((time.monotonic() - t0, g))
         time.sleep(5)
     elapsed = time.monotonic() - t0
     r = rss_kib(srv.pid)
@@ -213,11 +239,24 @@ def main() -> int:
         "rss_growth_after_warmup": round(growth, 4),
         "rss_mib_series": [(round(t), round(v / 1024, 1)) for t, v in rss[:: max(1, len(rss) // 24)]],
     }
+    gpu_growth = 0.0
+    if a.gpu:
+        gw = [v for t, v in gpu if t >= 60] or [v for _, v in gpu]
+        if gw:
+            gpu_growth = (max(gw) - gw[0]) / max(gw[0], 1)
+            res["gpu_mib_after_warmup"] = gw[0]
+            res["gpu_mib_peak"] = max(gw)
+            res["gpu_mib_last"] = gw[-1]
+            res["gpu_growth_after_warmup"] = round(gpu_growth, 4)
+            res["gpu_mib_series"] = [(round(t), v) for t, v in gpu[:: max(1, len(gpu) // 24)]]
+        else:
+            res["gpu_mib_series"] = "nvidia-smi gave no reading"
+            gpu_growth = float("inf")
     print(json.dumps(res, indent=2))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)
-    ok = not st.failed and growth <= 0.10
+    ok = not st.failed and growth <= 0.10 and gpu_growth <= 0.10
     return 0 if ok else 1
 
 

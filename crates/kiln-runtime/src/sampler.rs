@@ -66,6 +66,8 @@ pub struct Sampler {
     pub cfg: SamplerConfig,
     rng: SplitMix64,
     cand: Vec<(f32, u32)>,
+    /// Scratch for the unfiltered draw's weights (kept from token to token).
+    weights: Vec<f32>,
     counts: HashMap<u32, u32>,
 }
 
@@ -76,6 +78,7 @@ impl Sampler {
             cfg,
             rng,
             cand: Vec::new(),
+            weights: Vec::new(),
             counts: HashMap::new(),
         }
     }
@@ -117,6 +120,10 @@ impl Sampler {
     fn pick(&mut self, draft: Option<u32>) -> u32 {
         if self.cfg.temperature <= 0.0 {
             return argmax(&self.cand);
+        }
+        let c = &self.cfg;
+        if c.top_k == 0 && c.top_p >= 1.0 && c.min_p <= 0.0 {
+            return self.pick_unfiltered(draft);
         }
         let (c2, cand) = (&self.cfg, &mut self.cand);
         top_sorted(cand, c2.top_k);
@@ -173,6 +180,60 @@ impl Sampler {
             .find(|&id| Some(id) != draft)
             .or(draft)
             .unwrap_or(cand[cand.len() - 1].1)
+    }
+
+    /// The pick from all of `self.cand` at the temperature, no filter: softmax(l / T) drawn
+    /// in one pass in the candidates' order (the distribution [`Self::pick`]'s sorted scan
+    /// draws from, without sorting a vocabulary: 151936 logits sorted cost ~3.5 ms a
+    /// token, this pass ~0.3 ms). NaN logits never win; with no finite logit, the argmax.
+    fn pick_unfiltered(&mut self, draft: Option<u32>) -> u32 {
+        let t = self.cfg.temperature;
+        let max = self
+            .cand
+            .iter()
+            .map(|c| c.0)
+            .filter(|l| !l.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
+            return argmax(&self.cand);
+        }
+        self.weights.clear();
+        self.weights.extend(self.cand.iter().map(|&(l, _)| {
+            let w = ((l - max) / t).exp();
+            if w.is_nan() {
+                0.0
+            } else {
+                w
+            }
+        }));
+        let sum: f32 = self.weights.iter().sum();
+        let mut total = sum;
+        if let Some(d) = draft {
+            let w_d = self
+                .cand
+                .iter()
+                .zip(&self.weights)
+                .find(|(c, _)| c.1 == d)
+                .map_or(0.0, |(_, &w)| w);
+            if self.rng.next_f32() * sum < w_d {
+                return d;
+            }
+            total = sum - w_d;
+        }
+        let mut r = self.rng.next_f32() * total;
+        let mut last = None;
+        for (&w, &(_, id)) in self.weights.iter().zip(&self.cand) {
+            if Some(id) == draft || w <= 0.0 {
+                continue;
+            }
+            last = Some(id);
+            r -= w;
+            if r <= 0.0 {
+                return id;
+            }
+        }
+        // Rounding left r above 0: the last token with weight.
+        last.or(draft).unwrap_or_else(|| argmax(&self.cand))
     }
 
     fn apply_penalties(&mut self, history: &[u32]) {
@@ -249,6 +310,50 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With no filter (top-k 0, top-p 1, min-p 0) the one-pass draw follows softmax(l / T):
+    /// 60000 seeded draws over 6 logits (one NaN, one -inf: never drawn) land within 4
+    /// standard deviations of each probability; and a draft is kept or refused so that
+    /// the result has the same distribution.
+    #[test]
+    fn unfiltered_draw_follows_the_softmax() {
+        let logits = [1.0f32, f32::NAN, 2.5, -0.5, f32::NEG_INFINITY, 2.0];
+        let t = 0.8f32;
+        let w: Vec<f64> = logits
+            .iter()
+            .map(|&l| if l.is_finite() { ((l - 2.5) / t).exp() as f64 } else { 0.0 })
+            .collect();
+        let total: f64 = w.iter().sum();
+        for draft in [None, Some(5u32)] {
+            let mut s = Sampler::new(SamplerConfig {
+                temperature: t,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: 3,
+                ..Default::default()
+            });
+            let n = 60000;
+            let mut counts = [0usize; 6];
+            for _ in 0..n {
+                let id = match draft {
+                    None => s.sample(&logits, &[]),
+                    Some(d) => s.sample_draft(&logits, &[], d),
+                };
+                counts[id as usize] += 1;
+            }
+            for (i, &c) in counts.iter().enumerate() {
+                let p = w[i] / total;
+                let sd = (n as f64 * p * (1.0 - p)).sqrt();
+                let got = c as f64;
+                assert!(
+                    (got - n as f64 * p).abs() <= 4.0 * sd + 1e-9,
+                    "{draft:?}: token {i} drawn {c} times, expected {:.0} +- {sd:.0}",
+                    n as f64 * p
+                );
+            }
+        }
+    }
 
     /// Selecting the top k first gives exactly the list sorting everything and truncating
     /// gives, ties (same logit, several ids) and NaNs included.
