@@ -7,6 +7,7 @@
 
 pub mod cpu;
 mod fallback;
+pub mod options;
 mod rope;
 
 use kiln_quant::{GgmlType, MlxLayout, QuantError};

@@ -170,7 +170,6 @@ impl CudaBackend {
         self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant, Some(dh));
     }
 
-
     /// The attention side of one token of each of `seqs` (rows stacked in order), each over
     /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<EPL>) and one combine.
     pub(crate) fn attention_seqs(
@@ -447,7 +446,9 @@ impl CudaBackend {
             }
             false => 0u64,
         };
-        self.attn_combine(acc, ml, n_ws, s.head_dim, out_ptr, xq, s.n_tokens, s.n_heads);
+        self.attn_combine(
+            acc, ml, n_ws, s.head_dim, out_ptr, xq, s.n_tokens, s.n_heads,
+        );
         if xq != 0 {
             self.xq_src.set(Some(XqSrc {
                 x: out_ptr,

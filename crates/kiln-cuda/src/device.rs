@@ -215,7 +215,7 @@ pub struct Device {
     pub funcs: Vec<sys::CUfunction>,
     pub num_sms: usize,
     pub name: String,
-    /// Kernels launched with programmatic stream serialization (sm_90+; KILN_CUDA_PDL=0
+    /// Kernels launched with programmatic stream serialization (sm_90+; KILN_CUDA_NO_PDL=1
     /// turns it off): each may start while the previous one finishes (kernels/*.cu pdl_*), a
     /// decode product loading its first weights into registers meanwhile. Measured on an
     /// H200 (Qwen3-0.6B shape, Q4_0, tg128): 1350 vs 1158 tok/s without.
@@ -283,7 +283,7 @@ impl Device {
         let stream = ctx
             .new_stream()
             .map_err(|e| init_err("creating a stream", e))?;
-        let skip = std::env::var("KILN_CUDA_SKIP").map_or(vec![], |v| {
+        let skip = kiln_backend::options::value("KILN_CUDA_SKIP").map_or(vec![], |v| {
             // A name, or a prefix of names ("matvec" for them all).
             let names: Vec<&str> = v.split(',').collect();
             KERNELS
@@ -294,15 +294,13 @@ impl Device {
                 .collect()
         });
         Ok(Device {
-            times: std::env::var("KILN_CUDA_TIMES")
-                .is_ok_and(|v| v == "1")
-                .then(HostTimes::default),
+            times: kiln_backend::options::flag("KILN_CUDA_TIMES").then(HostTimes::default),
             ctx,
             stream,
             _module: module,
             funcs,
             num_sms,
-            pdl: major >= 9 && std::env::var("KILN_CUDA_PDL").map_or(true, |v| v != "0"),
+            pdl: major >= 9 && !kiln_backend::options::flag("KILN_CUDA_NO_PDL"),
             skip,
             name,
         })

@@ -162,22 +162,22 @@ impl Drop for Graph {
 }
 
 /// Tuning overrides, read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
-/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_PROMPT_GEMM.
+/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM.
 #[derive(Default)]
 struct Tune {
     kw: Option<usize>,
     nr: Option<usize>,
-    /// Prompt attention through cuBLAS (KILN_CUDA_PROMPT_GEMM=0: the split kernel instead).
+    /// Prompt attention through cuBLAS (KILN_CUDA_NO_PROMPT_GEMM=1: the split kernel instead).
     prompt_gemm: bool,
 }
 
 impl Tune {
     fn from_env() -> Tune {
-        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        let env = kiln_backend::options::parsed::<usize>;
         Tune {
             kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
             nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
-            prompt_gemm: std::env::var("KILN_CUDA_PROMPT_GEMM").map_or(true, |v| v != "0"),
+            prompt_gemm: !kiln_backend::options::flag("KILN_CUDA_NO_PROMPT_GEMM"),
         }
     }
 }
@@ -190,7 +190,7 @@ pub struct CudaBackend {
     xq_src: Cell<Option<XqSrc>>,
     /// Inside [`Backend::step`]: the sums-of-squares slots from `ss_next` on are free.
     in_step: Cell<bool>,
-    /// Sampling candidates selected on the GPU (kernels/*.cu topk_chunks; KILN_CUDA_TOPK=0
+    /// Sampling candidates selected on the GPU (kernels/*.cu topk_chunks; KILN_CUDA_NO_TOPK=1
     /// turns it off: the logits go to the host).
     topk: bool,
     tune: Tune,
@@ -253,14 +253,14 @@ impl CudaBackend {
             recording: Cell::new(false),
             xq_src: Cell::new(None),
             in_step: Cell::new(false),
-            topk: std::env::var("KILN_CUDA_TOPK").map_or(true, |v| v != "0"),
+            topk: !kiln_backend::options::flag("KILN_CUDA_NO_TOPK"),
             tune: Tune::from_env(),
             ss: DevBuf::alloc(4 * SS_SLOTS),
             ss_next: Cell::new(0),
             graphs: RefCell::default(),
             seen: RefCell::default(),
             graphs_gen: Cell::new(SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed)),
-            use_graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            use_graphs: !kiln_backend::options::flag("KILN_CUDA_NO_GRAPHS"),
             rope: RefCell::new(None),
             scratch: RefCell::default(),
             prompt_attn_bytes: Cell::new(PROMPT_ATTN_BYTES),
@@ -268,7 +268,7 @@ impl CudaBackend {
         })
     }
 
-    /// Sampling candidates selected on the GPU (the default; KILN_CUDA_TOPK=0 turns it off).
+    /// Sampling candidates selected on the GPU (the default; KILN_CUDA_NO_TOPK=1 turns it off).
     pub fn with_gpu_candidates(mut self) -> Self {
         self.topk = true;
         self
@@ -858,7 +858,8 @@ impl Backend for CudaBackend {
     ) {
         if let [one] = seqs {
             let s = one.shape;
-            return self.qk_norm_rope_attention_one(q, k, v, qk_norm, rope, one.cache, layer, s, out);
+            return self
+                .qk_norm_rope_attention_one(q, k, v, qk_norm, rope, one.cache, layer, s, out);
         }
         let s = seqs.first().map(|s| s.shape);
         let fused = s.is_some_and(|s| {
@@ -867,7 +868,9 @@ impl Backend for CudaBackend {
                 && s.head_dim % 8 == 0
                 && s.head_dim <= 256
         }) && seqs.len() <= 65535
-            && seqs.iter().all(|x| x.shape.n_tokens == 1 && x.cache.head_dim == x.shape.head_dim);
+            && seqs
+                .iter()
+                .all(|x| x.shape.n_tokens == 1 && x.cache.head_dim == x.shape.head_dim);
         if !fused {
             return kiln_backend::qk_norm_rope_attention_seqs(
                 self, q, k, v, qk_norm, rope, seqs, layer, out, tmp,

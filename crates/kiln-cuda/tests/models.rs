@@ -203,7 +203,9 @@ fn batched_greedy_equals_alone() {
                     let mut t = m.forward_argmax(&g, &mut st, p, 0).unwrap();
                     let mut out = vec![t];
                     for i in 1..steps {
-                        t = m.forward_argmax(&g, &mut st, &[t], p.len() + i - 1).unwrap();
+                        t = m
+                            .forward_argmax(&g, &mut st, &[t], p.len() + i - 1)
+                            .unwrap();
                         out.push(t);
                     }
                     out
@@ -235,7 +237,9 @@ fn batched_greedy_equals_alone() {
                         pos0: p.len() + i - 1,
                     })
                     .collect();
-                let rows = m.forward_seqs(&g, &mut sc, &mut seqs, Logits::Last).unwrap();
+                let rows = m
+                    .forward_seqs(&g, &mut sc, &mut seqs, Logits::Last)
+                    .unwrap();
                 let picks = m.argmax(&g, &sc, rows, m.cfg.vocab_size);
                 for (o, t) in batched.iter_mut().zip(picks) {
                     o.push(t);
@@ -281,9 +285,12 @@ fn recorded_step_after_a_batch_grew_scratch() {
                         pos0: 0,
                     })
                     .collect();
-                m.forward_seqs(&g, &mut sc, &mut seqs, Logits::Last).unwrap();
+                m.forward_seqs(&g, &mut sc, &mut seqs, Logits::Last)
+                    .unwrap();
             }
-            t = m.forward_argmax(&g, &mut st, &[t], p.len() + i - 1).unwrap();
+            t = m
+                .forward_argmax(&g, &mut st, &[t], p.len() + i - 1)
+                .unwrap();
             out.push(t);
         }
         g.synchronize().unwrap();

@@ -436,7 +436,10 @@ fn heads_rope_cache_attention() {
                 &vg,
                 norms_g,
                 &rope,
-                &mut [SeqKv { cache: &mut kg, shape }],
+                &mut [SeqKv {
+                    cache: &mut kg,
+                    shape,
+                }],
                 1,
                 &mut og,
                 [&mut { t0 }, &mut { t1 }, &mut { t2 }],
@@ -448,7 +451,10 @@ fn heads_rope_cache_attention() {
                 &vc,
                 norms_c,
                 &rope,
-                &mut [SeqKv { cache: &mut kc, shape }],
+                &mut [SeqKv {
+                    cache: &mut kc,
+                    shape,
+                }],
                 1,
                 &mut oc,
                 [&mut { t0 }, &mut { t1 }, &mut { t2 }],
@@ -493,10 +499,16 @@ fn batched_attention_over_sequences() {
         for (i, &n) in lens.iter().enumerate() {
             let (k, v) = (r.v(n * kvh * hd), r.v(n * kvh * hd));
             for layer in 0..2 {
-                let (kt, vt) = (g.tensor_from(n, kvh * hd, &k), g.tensor_from(n, kvh * hd, &v));
+                let (kt, vt) = (
+                    g.tensor_from(n, kvh * hd, &k),
+                    g.tensor_from(n, kvh * hd, &v),
+                );
                 g.kv_store(&mut kg[i], layer, &kt, &vt, 0, n);
                 g.kv_store(&mut alone[i], layer, &kt, &vt, 0, n);
-                let (kt, vt) = (c.tensor_from(n, kvh * hd, &k), c.tensor_from(n, kvh * hd, &v));
+                let (kt, vt) = (
+                    c.tensor_from(n, kvh * hd, &k),
+                    c.tensor_from(n, kvh * hd, &v),
+                );
                 c.kv_store(&mut kc[i], layer, &kt, &vt, 0, n);
             }
         }
@@ -504,7 +516,11 @@ fn batched_attention_over_sequences() {
         // Two decode steps (the second reads what the first stored), then a mixed step.
         for tokens in [[1usize, 1, 1, 1], [1, 1, 1, 1], [1, 7, 1, 3]] {
             let rows: usize = tokens.iter().sum();
-            let (q, k, v) = (r.v(rows * heads * hd), r.v(rows * kvh * hd), r.v(rows * kvh * hd));
+            let (q, k, v) = (
+                r.v(rows * heads * hd),
+                r.v(rows * kvh * hd),
+                r.v(rows * kvh * hd),
+            );
             let shapes: Vec<AttnShape> = (0..4)
                 .map(|i| AttnShape {
                     n_heads: heads,
@@ -526,10 +542,20 @@ fn batched_attention_over_sequences() {
                     .zip(&shapes)
                     .map(|(cache, &shape)| SeqKv { cache, shape })
                     .collect();
-                let (mut t0, mut t1, mut t2) =
-                    (g.tensor(8, heads * hd), g.tensor(8, kvh * hd), g.tensor(8, kvh * hd));
+                let (mut t0, mut t1, mut t2) = (
+                    g.tensor(8, heads * hd),
+                    g.tensor(8, kvh * hd),
+                    g.tensor(8, kvh * hd),
+                );
                 g.qk_norm_rope_attention(
-                    &mut qg, &mut kgt, &vg, norms_g, &rope, &mut seqs, 1, &mut og,
+                    &mut qg,
+                    &mut kgt,
+                    &vg,
+                    norms_g,
+                    &rope,
+                    &mut seqs,
+                    1,
+                    &mut og,
                     [&mut t0, &mut t1, &mut t2],
                 );
                 read(&g, &og, rows, heads * hd)
@@ -544,10 +570,20 @@ fn batched_attention_over_sequences() {
                     .zip(&shapes)
                     .map(|(cache, &shape)| SeqKv { cache, shape })
                     .collect();
-                let (mut t0, mut t1, mut t2) =
-                    (c.tensor(8, heads * hd), c.tensor(8, kvh * hd), c.tensor(8, kvh * hd));
+                let (mut t0, mut t1, mut t2) = (
+                    c.tensor(8, heads * hd),
+                    c.tensor(8, kvh * hd),
+                    c.tensor(8, kvh * hd),
+                );
                 c.qk_norm_rope_attention(
-                    &mut qc, &mut kct, &vc, norms_c, &rope, &mut seqs, 1, &mut oc,
+                    &mut qc,
+                    &mut kct,
+                    &vc,
+                    norms_c,
+                    &rope,
+                    &mut seqs,
+                    1,
+                    &mut oc,
                     [&mut t0, &mut t1, &mut t2],
                 );
                 read(&c, &oc, rows, heads * hd)
@@ -574,7 +610,10 @@ fn batched_attention_over_sequences() {
                     &vg,
                     norms_g,
                     &rope,
-                    &mut [SeqKv { cache: &mut alone[i], shape: shapes[i] }],
+                    &mut [SeqKv {
+                        cache: &mut alone[i],
+                        shape: shapes[i],
+                    }],
                     1,
                     &mut o1,
                     [&mut t0, &mut t1, &mut t2],

@@ -6,10 +6,7 @@ use crate::RuntimeError;
 /// Bytes a new allocation can have now: `KILN_MEMORY_LIMIT` (bytes) when set, else Linux's
 /// MemAvailable; `None` where neither is known (then nothing is refused).
 pub fn available_bytes() -> Option<u64> {
-    if let Some(v) = std::env::var("KILN_MEMORY_LIMIT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    if let Some(v) = kiln_backend::options::parsed("KILN_MEMORY_LIMIT") {
         return Some(v);
     }
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -21,7 +18,7 @@ pub fn available_bytes() -> Option<u64> {
 /// Errors when `need` bytes (for `what`) exceed what is available.
 /// `KILN_NO_MEMORY_CHECK=1` skips the check.
 pub fn check_fits(need: u64, what: &str) -> Result<(), RuntimeError> {
-    if std::env::var_os("KILN_NO_MEMORY_CHECK").is_some_and(|v| v != "0") {
+    if kiln_backend::options::flag("KILN_NO_MEMORY_CHECK") {
         return Ok(());
     }
     match available_bytes() {

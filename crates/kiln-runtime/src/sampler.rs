@@ -321,7 +321,13 @@ mod tests {
         let t = 0.8f32;
         let w: Vec<f64> = logits
             .iter()
-            .map(|&l| if l.is_finite() { ((l - 2.5) / t).exp() as f64 } else { 0.0 })
+            .map(|&l| {
+                if l.is_finite() {
+                    ((l - 2.5) / t).exp() as f64
+                } else {
+                    0.0
+                }
+            })
             .collect();
         let total: f64 = w.iter().sum();
         for draft in [None, Some(5u32)] {

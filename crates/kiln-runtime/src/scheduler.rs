@@ -610,7 +610,9 @@ impl<'m, B: Backend> Engine<'m, B> {
             };
             let slot = &self.slots[i];
             let finish = finish
-                .or_else(|| (slot.tokens.len() >= slot.cache.n_ctx).then_some(FinishReason::ContextFull))
+                .or_else(|| {
+                    (slot.tokens.len() >= slot.cache.n_ctx).then_some(FinishReason::ContextFull)
+                })
                 .or_else(|| {
                     let seq = slot.seq.as_ref()?;
                     let late = self.timeout.is_some_and(|t| seq.t0.elapsed() >= t);

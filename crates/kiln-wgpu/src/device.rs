@@ -197,7 +197,7 @@ impl Gpu {
             )));
         }
         let subgroups = !opt.no_subgroups
-            && std::env::var("KILN_WGPU_SUBGROUPS").map_or(true, |v| v != "0")
+            && !kiln_backend::options::flag("KILN_WGPU_NO_SUBGROUPS")
             && adapter.features().contains(wgpu::Features::SUBGROUP);
         let mut features = wgpu::Features::empty();
         if subgroups {
@@ -206,7 +206,7 @@ impl Gpu {
         let timestamps = wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        let profile = std::env::var("KILN_WGPU_PROFILE").is_ok_and(|v| v == "1");
+        let profile = kiln_backend::options::flag("KILN_WGPU_PROFILE");
         if profile {
             if !adapter.features().contains(timestamps) {
                 return Err(WgpuInitError(format!(
@@ -315,14 +315,13 @@ impl Gpu {
         // Measured on an H200 (Qwen3-0.6B Q4_0 tg128): whole steps 382 t/s, every 16
         // dispatches 418, 32: 423, 64: 415. A CPU adapter (lavapipe) gains nothing from
         // overlap, only more submissions.
-        let flush_every = std::env::var("KILN_WGPU_FLUSH")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {
+        let flush_every = kiln_backend::options::parsed("KILN_WGPU_FLUSH").unwrap_or(
+            if info.device_type == wgpu::DeviceType::Cpu {
                 0
             } else {
                 32
-            });
+            },
+        );
         Ok(Gpu {
             fused_prologue,
             max_binding: lim.max_storage_buffer_binding_size.min(lim.max_buffer_size),

@@ -200,7 +200,9 @@ fn smollm2_batched_forward_matches_cpu() {
                     pos0,
                 })
                 .collect();
-            let rows = mg.forward_seqs(&g, &mut bg, &mut seqs, Logits::Last).unwrap();
+            let rows = mg
+                .forward_seqs(&g, &mut bg, &mut seqs, Logits::Last)
+                .unwrap();
             mg.logits(&g, &mut bg, rows).to_vec()
         };
         let lc = {
@@ -214,7 +216,9 @@ fn smollm2_batched_forward_matches_cpu() {
                     pos0,
                 })
                 .collect();
-            let rows = mc.forward_seqs(&c, &mut bc, &mut seqs, Logits::Last).unwrap();
+            let rows = mc
+                .forward_seqs(&c, &mut bc, &mut seqs, Logits::Last)
+                .unwrap();
             mc.logits(&c, &mut bc, rows).to_vec()
         };
         for s in 0..2 {

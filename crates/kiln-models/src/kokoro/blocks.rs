@@ -23,8 +23,8 @@ pub struct Ctx<'a, B: Backend> {
 
 impl<'a, B: Backend> Ctx<'a, B> {
     pub fn new(b: &'a B, quant: bool, trace: Option<&'a std::cell::RefCell<super::Trace>>) -> Self {
-        let timer = std::env::var_os("KILN_KOKORO_TIMES")
-            .map(|_| std::cell::Cell::new(std::time::Instant::now()));
+        let timer = kiln_backend::options::flag("KILN_KOKORO_TIMES")
+            .then(|| std::cell::Cell::new(std::time::Instant::now()));
         Ctx {
             b,
             quant,

@@ -237,7 +237,11 @@ impl<B: Backend> Llama<B> {
         pos0: usize,
         all_logits: bool,
     ) -> Result<&'s [f32], ModelError> {
-        let out = if all_logits { Logits::All } else { Logits::Last };
+        let out = if all_logits {
+            Logits::All
+        } else {
+            Logits::Last
+        };
         let n_out = self.forward_one(b, st, tokens, pos0, out)?;
         Ok(self.logits(b, &mut st.scratch, n_out))
     }

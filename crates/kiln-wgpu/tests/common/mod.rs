@@ -21,7 +21,7 @@ impl Rng {
 }
 
 fn required() -> bool {
-    std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1")
+    kiln_backend::options::flag("KILN_REQUIRE_GPU")
 }
 
 /// The default backend, or None (after saying why) where this machine has no adapter.

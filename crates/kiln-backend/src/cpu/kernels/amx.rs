@@ -34,7 +34,7 @@ const TILE: usize = 16 * TK;
 pub fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        let off = std::env::var_os("KILN_NO_AMX").is_some_and(|v| !v.is_empty() && v != "0");
+        let off = crate::options::flag("KILN_NO_AMX");
         !off && !super::simd_disabled() && detect()
     })
 }

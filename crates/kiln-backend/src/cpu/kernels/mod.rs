@@ -298,7 +298,7 @@ pub static SCALAR: Kernels = Kernels {
 /// paths ask on every call).
 pub fn simd_disabled() -> bool {
     static OFF: OnceLock<bool> = OnceLock::new();
-    *OFF.get_or_init(|| std::env::var_os("KILN_NO_SIMD").is_some_and(|v| !v.is_empty() && v != "0"))
+    *OFF.get_or_init(|| crate::options::flag("KILN_NO_SIMD"))
 }
 
 /// Whether f32 code may use 512-bit vectors: AVX-512F is present, SIMD is on, and
@@ -307,7 +307,7 @@ pub fn simd_disabled() -> bool {
 pub fn avx512_allowed() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        let off = std::env::var_os("KILN_NO_AVX512").is_some_and(|v| !v.is_empty() && v != "0");
+        let off = crate::options::flag("KILN_NO_AVX512");
         #[cfg(target_arch = "x86_64")]
         return !simd_disabled() && !off && std::is_x86_feature_detected!("avx512f");
         #[allow(unreachable_code)]

@@ -271,7 +271,7 @@ type TileFn = fn(&[f32], &[f32], usize, usize, usize, usize, usize, &mut [[f32; 
 fn tile_fn() -> TileFn {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::env::var_os("KILN_NO_SIMD").is_none() {
+        if !crate::cpu::kernels::simd_disabled() {
             if is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU has AVX-512F (checked above); bounds are checked inside.
                 return |a, b, c, d, e, f, g, h| unsafe { tile_avx512(a, b, c, d, e, f, g, h) };

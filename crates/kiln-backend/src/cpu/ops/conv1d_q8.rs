@@ -282,7 +282,7 @@ fn avx512() -> bool {
     {
         static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *OK.get_or_init(|| {
-            std::env::var_os("KILN_NO_SIMD").is_none() && is_x86_feature_detected!("avx512bw")
+            !crate::cpu::kernels::simd_disabled() && is_x86_feature_detected!("avx512bw")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

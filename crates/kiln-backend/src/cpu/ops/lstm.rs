@@ -110,7 +110,7 @@ unsafe fn direction(
     out: *mut f32,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::env::var_os("KILN_NO_SIMD").is_none() && is_x86_feature_detected!("avx512f") {
+    if !crate::cpu::kernels::simd_disabled() && is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F (checked); out as the caller promises.
         return unsafe { direction_avx512(gx, w_hh, len, h, dir, out) };
     }

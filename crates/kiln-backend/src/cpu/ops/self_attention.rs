@@ -100,7 +100,7 @@ unsafe fn head(
     out: *mut f32,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::env::var_os("KILN_NO_SIMD").is_none() && is_x86_feature_detected!("avx512f") {
+    if !crate::cpu::kernels::simd_disabled() && is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F (checked); out as the caller promises.
         return unsafe { head_avx512(q, k, v, h, hd, d, len, out) };
     }

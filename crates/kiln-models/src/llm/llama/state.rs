@@ -81,7 +81,12 @@ impl<B: Backend> Llama<B> {
     }
 
     /// A KV cache of `n_ctx` positions storing keys and values as `kv`.
-    pub fn new_cache_kv(&self, b: &B, n_ctx: usize, kv: KvType) -> Result<LlamaCache<B>, ModelError> {
+    pub fn new_cache_kv(
+        &self,
+        b: &B,
+        n_ctx: usize,
+        kv: KvType,
+    ) -> Result<LlamaCache<B>, ModelError> {
         let c = &self.cfg;
         let kv = b
             .kv_cache_typed(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim, kv)
@@ -132,7 +137,7 @@ impl<B: Backend> Llama<B> {
             pick: b.tensor(1, if s > 1 { c.vocab_size } else { 1 }),
             logits_host: vec![0.0; l * c.vocab_size],
             ids: Vec::with_capacity(r),
-            trace: std::env::var_os("KILN_TRACE").is_some(),
+            trace: kiln_backend::options::flag("KILN_TRACE"),
             key: kiln_backend::next_step_key(),
         }
     }
