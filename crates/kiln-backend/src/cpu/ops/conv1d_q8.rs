@@ -1,4 +1,5 @@
-//! Stride-1 convolutions on integers through AMX int8 tiles, as ONNX's `ConvInteger` after
+//! Convolutions on integers through AMX int8 tiles, or AVX-512 VNNI where the CPU has no
+//! tiles (AMD, most Intel parts), as ONNX's `ConvInteger` after
 //! `DynamicQuantizeLinear` computes them: x (c_in, len) rounded to its per-tensor uint8 grid
 //! (xq, scale sx, zero point zx), the weight held as uint8 (wq, scale sw[o], zero point zw[o]):
 //!
@@ -15,6 +16,10 @@
 //! The input may first go through a per-channel affine map and Snake ([`Pre`]: the AdaIN and
 //! Snake ahead of the vocoder's convolutions), applied as it is rounded, and the result may be
 //! added to `out` (the residual sum after it): neither is a pass over memory of its own.
+//!
+//! VNNI multiplies u8 by s8 only: its weight is packed as wq - 128 (bytes XOR 0x80), so its
+//! sum C' = C - 128 Sx, and the epilogue's term zw Sx becomes (zw - 128) Sx: the same exact
+//! integers.
 
 use super::vmath;
 use crate::cpu::kernels::amx::{self, BlockI32, MB, NB};
@@ -27,12 +32,29 @@ const KC: usize = 64;
 /// Output positions per thread-local chunk (its B rows stay in L2 for every output block).
 const CHUNK: usize = 256;
 
+/// The integer kernel a packed weight is laid out for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    Amx,
+    /// AVX-512 VNNI (`vpdpbusd`): the weight's bytes are wq - 128.
+    Vnni,
+}
+
+/// The integer kernel this CPU runs: AMX tiles where present, else AVX-512 VNNI.
+fn isa() -> Option<Isa> {
+    if amx::available() {
+        return Some(Isa::Amx);
+    }
+    vnni::available().then_some(Isa::Vnni)
+}
+
 /// An integer convolution weight in tile order.
 #[derive(Debug)]
 pub struct PackedConvQ8 {
     pub c_in: usize,
     pub c_out: usize,
     pub k: usize,
+    isa: Isa,
     /// A per tap: [tap][op rows][cp bytes], zero-padded.
     a: Vec<u8>,
     op: usize,
@@ -55,7 +77,7 @@ pub fn applies(s: &Conv1dShape) -> bool {
         && (s.stride == 1 || s.dilation == 1)
         && s.groups == 1
         && s.k >= 1
-        && amx::available()
+        && isa().is_some()
 }
 
 /// Packs wq (c_out, c_in, k) with per-tensor (1 value) or per-output-channel zero points and
@@ -66,6 +88,8 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
     if q.len() != c_out * c_in * k || !per(zero.len()) || !per(scale.len()) {
         return None;
     }
+    let isa = isa()?;
+    let flip = if isa == Isa::Vnni { 0x80 } else { 0 };
     let (op, cp) = (amx::round_up(c_out, MB), amx::round_up(c_in, KC));
     let mut a = vec![0u8; k * op * cp];
     let mut w_sum = vec![0i32; c_out];
@@ -73,7 +97,7 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
         for i in 0..c_in {
             for j in 0..k {
                 let v = q[(o * c_in + i) * k + j];
-                a[(j * op + o) * cp + i] = v;
+                a[(j * op + o) * cp + i] = v ^ flip;
                 w_sum[o] += v as i32;
             }
         }
@@ -84,6 +108,7 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
         c_in,
         c_out,
         k,
+        isa,
         a,
         op,
         cp,
@@ -356,6 +381,119 @@ fn finish(dst: &mut [f32], c: &[i32], sx: &[i32], ao: f32, co: i32, zw: i32, b: 
     }
 }
 
+/// The block of [`amx::conv_block_u8`] on AVX-512 VNNI: 16 time steps a vector (a B row's
+/// 16 groups of 4 channel bytes, as laid out), 8 output rows' weights broadcast in turn.
+mod vnni {
+    use crate::cpu::kernels::amx::{BlockI32, MB, NB};
+
+    pub fn available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *OK.get_or_init(|| {
+                !crate::cpu::kernels::simd_disabled()
+                    && !crate::options::flag("KILN_NO_AVX512")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// C[r][t] = Σ_{j < taps} Σ_{p < nq} Σ_{e < 4} a'[j][r][4p + e] x[j][p][t][e] for the
+    /// first `rows` (rounded up to 8) of the 32 rows and the 32 columns, with a' the signed
+    /// bytes at `a + j * a_tap + r * lda` and x the unsigned ones at `b + b_off[j] + p * ldb`
+    /// (4 a column): `vpdpbusd`, exact i32 sums.
+    ///
+    /// # Safety
+    /// [`available`] returned true; the rows of a (up to the next multiple of 8 past `rows`,
+    /// nq * 4 bytes each) and of b (nq rows of 128 bytes from each tap's offset) lie inside
+    /// the caller's buffers.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn conv_block(
+        a: *const u8,
+        lda: usize,
+        a_tap: usize,
+        b: *const u8,
+        ldb: usize,
+        b_off: &[usize],
+        nq: usize,
+        rows: usize,
+        c: &mut BlockI32,
+    ) {
+        // SAFETY: the features are present (available) and the reads in bounds (caller).
+        unsafe { block(a, lda, a_tap, b, ldb, b_off, nq, rows, c) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block(
+        a: *const u8,
+        lda: usize,
+        a_tap: usize,
+        b: *const u8,
+        ldb: usize,
+        b_off: &[usize],
+        nq: usize,
+        rows: usize,
+        c: &mut BlockI32,
+    ) {
+        use std::arch::x86_64::*;
+        const R: usize = 8;
+        debug_assert!(NB == 32 && MB % R == 0);
+        for r0 in (0..MB).step_by(R) {
+            let out = &mut c.0[r0 * NB..(r0 + R) * NB];
+            if r0 >= rows {
+                out.fill(0);
+                continue;
+            }
+            // SAFETY (all below): reads within the bounds the caller vouched for.
+            unsafe {
+                let mut acc = [[_mm512_setzero_si512(); 2]; R];
+                for (j, &bo) in b_off.iter().enumerate() {
+                    let aj = a.add(j * a_tap + r0 * lda);
+                    let bj = b.add(bo);
+                    for p in 0..nq {
+                        let xr = bj.add(p * ldb);
+                        let x0 = _mm512_loadu_si512(xr as *const _);
+                        let x1 = _mm512_loadu_si512(xr.add(64) as *const _);
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let wv = std::ptr::read_unaligned(aj.add(i * lda + 4 * p) as *const i32);
+                            let wv = _mm512_set1_epi32(wv);
+                            acc[0] = _mm512_dpbusd_epi32(acc[0], x0, wv);
+                            acc[1] = _mm512_dpbusd_epi32(acc[1], x1, wv);
+                        }
+                    }
+                }
+                for (i, acc) in acc.iter().enumerate() {
+                    _mm512_storeu_si512(out[i * NB..].as_mut_ptr() as *mut _, acc[0]);
+                    _mm512_storeu_si512(out[i * NB + 16..].as_mut_ptr() as *mut _, acc[1]);
+                }
+            }
+        }
+    }
+
+    /// Without x86_64 there is no VNNI ([`available`] is false: never called).
+    #[cfg(not(target_arch = "x86_64"))]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn conv_block(
+        _: *const u8,
+        _: usize,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: &[usize],
+        _: usize,
+        _: usize,
+        _: &mut BlockI32,
+    ) {
+        unreachable!("AVX-512 VNNI is x86_64 only")
+    }
+}
+
 thread_local! {
     /// The quantized input in groups of 4 channels per time step (kept between calls).
     static XQ: std::cell::RefCell<Vec<u32>> = Default::default();
@@ -588,8 +726,13 @@ pub fn conv1d(
                 .map(|t| (0..k).map(|j| colsum[t * st + j * dil - v0]).sum())
                 .collect();
             let mut blk = BlockI32::default();
-            // SAFETY: AMX checked by applies() (the weight was packed only then).
-            unsafe { amx::tiles_on() };
+            let amx_tiles = w.isa == Isa::Amx;
+            // The VNNI kernel's sums are 128 Sx short (its weight is wq - 128).
+            let zw_of = |o: usize| w.w_zero[o] - if amx_tiles { 0 } else { 128 };
+            if amx_tiles {
+                // SAFETY: AMX checked by isa() (the weight was packed for it only then).
+                unsafe { amx::tiles_on() };
+            }
             for c0 in (t0..t1).step_by(CHUNK) {
                 let c1 = (c0 + CHUNK).min(t1);
                 for ob in 0..op / MB {
@@ -598,16 +741,15 @@ pub fn conv1d(
                         // bytes per tap); B rows 0..nq, columns tb..tb+32+(k-1)dil lie in
                         // xq (xs >= round_up(lo, 32) + (k-1) dil).
                         unsafe {
-                            amx::conv_block_u8(
-                                w.a.as_ptr().add(ob * MB * cp),
-                                cp,
-                                op * cp,
-                                (xq.as_ptr() as *const u8).add(tb * 4),
-                                xs * 4,
-                                &b_off,
-                                cp / KC,
-                                &mut blk,
-                            )
+                            let a = w.a.as_ptr().add(ob * MB * cp);
+                            let b = (xq.as_ptr() as *const u8).add(tb * 4);
+                            if amx_tiles {
+                                amx::conv_block_u8(a, cp, op * cp, b, xs * 4, &b_off, cp / KC, &mut blk)
+                            } else {
+                                // Groups past c_in are zeros: left out.
+                                let rows = (c_out - ob * MB).min(MB);
+                                vnni::conv_block(a, cp, op * cp, b, xs * 4, &b_off, c_in.div_ceil(4), rows, &mut blk)
+                            }
                         };
                         let nt = (c1 - tb).min(NB);
                         for r in 0..MB {
@@ -626,7 +768,7 @@ pub fn conv1d(
                                 &sxt[tb - t0..tb - t0 + nt],
                                 a_o[o],
                                 c_o[o],
-                                w.w_zero[o],
+                                zw_of(o),
                                 bias_of(o),
                                 acc,
                             );
@@ -634,8 +776,10 @@ pub fn conv1d(
                     }
                 }
             }
-            // SAFETY: as above.
-            unsafe { amx::tiles_off() };
+            if amx_tiles {
+                // SAFETY: as above.
+                unsafe { amx::tiles_off() };
+            }
         });
     });
 }
@@ -648,8 +792,8 @@ mod tests {
     /// padding, dilation, tails of both tile dimensions and per-channel weight grids.
     #[test]
     fn matches_direct_on_the_rounded_input() {
-        if !amx::available() {
-            eprintln!("AMX not available here: skipped");
+        if isa().is_none() {
+            eprintln!("no integer convolution kernel (AMX, AVX-512 VNNI) here: skipped");
             return;
         }
         let pool = Pool::new(2);
@@ -734,8 +878,8 @@ mod tests {
     /// one (ada_in_row, snake_row, rounding, the direct form, a sum).
     #[test]
     fn folded_ada_in_snake_matches_the_ops() {
-        if !amx::available() {
-            eprintln!("AMX not available here: skipped");
+        if isa().is_none() {
+            eprintln!("no integer convolution kernel (AMX, AVX-512 VNNI) here: skipped");
             return;
         }
         let pool = Pool::new(2);
