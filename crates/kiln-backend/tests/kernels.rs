@@ -267,10 +267,16 @@ fn decoded_tiles_equal_four_row_kernels_exactly() {
 }
 
 /// `KILN_REQUIRE_KERNELS=a,b` (CI sets it for the aarch64 run) fails unless those sets are
-/// available here, so a detection slip cannot leave a set untested.
+/// available here, so a detection slip cannot leave a set untested. Besides the product
+/// kernel sets: "amx" (AMX tiles) and the integer convolution kernel ("amx" or
+/// "avx512-vnni-conv").
 #[test]
 fn required_kernel_sets_are_available() {
-    let names: Vec<&str> = available().iter().map(|k| k.name).collect();
+    let mut names: Vec<&str> = available().iter().map(|k| k.name).collect();
+    if kiln_backend::cpu::kernels::amx::available() {
+        names.push("amx");
+    }
+    names.extend(kiln_backend::cpu::integer_conv_kernel());
     eprintln!("kernel sets: {names:?}");
     #[cfg(target_arch = "aarch64")]
     assert!(names.contains(&"neon"), "{names:?}");

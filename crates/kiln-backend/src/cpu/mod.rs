@@ -206,6 +206,12 @@ pub fn lower_thread_priority(nice: i32) -> bool {
     }
 }
 
+/// The integer convolution kernel of this CPU (Kokoro's int8 layers): "amx" or
+/// "avx512-vnni-conv", or None where neither runs.
+pub fn integer_conv_kernel() -> Option<&'static str> {
+    ops::conv1d_q8::kernel_name()
+}
+
 pub fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())

@@ -48,6 +48,15 @@ fn isa() -> Option<Isa> {
     vnni::available().then_some(Isa::Vnni)
 }
 
+/// The integer convolution kernel this CPU runs, by name ("amx", "avx512-vnni-conv"), or
+/// None (Kokoro's int8 convolutions then run in f32 on the rounded input).
+pub fn kernel_name() -> Option<&'static str> {
+    isa().map(|i| match i {
+        Isa::Amx => "amx",
+        Isa::Vnni => "avx512-vnni-conv",
+    })
+}
+
 /// An integer convolution weight in tile order.
 #[derive(Debug)]
 pub struct PackedConvQ8 {
