@@ -155,17 +155,7 @@ impl CudaBackend {
         }
         // One token: the attention kernel normalises and rotates q and the new key itself
         // and stores the new key and value (kernels/*.cu attn_dec_<EPL>).
-        let (qn, kn, eps) = qk_norm.map_or((0, 0, 0.0), |(a, b, e)| (a.buf.ptr, b.buf.ptr, e));
-        let dh = DecHeads {
-            k: k.buf.ptr,
-            v: v.buf.ptr,
-            q_norm: qn,
-            k_norm: kn,
-            eps,
-            inv_freq: self.rope_table(rope),
-            rope_dims: rope.dims as i32,
-            neox: (rope.style == RopeStyle::Neox) as i32,
-        };
+        let dh = self.dec_heads(k, v, qk_norm, rope);
         let quant = s.head_dim % 32 == 0 && out.cols == s.n_heads * s.head_dim;
         self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant, Some(dh));
     }
@@ -240,6 +230,28 @@ impl CudaBackend {
             &mut a.ptrs(),
         );
         self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads);
+    }
+
+    /// What the decode attention kernels do first for their tokens (rows of k and v, the
+    /// q/k norms, RoPE).
+    pub(crate) fn dec_heads(
+        &self,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        qk_norm: Option<(&CudaTensor, &CudaTensor, f32)>,
+        rope: &RopeConfig,
+    ) -> DecHeads {
+        let (qn, kn, eps) = qk_norm.map_or((0, 0, 0.0), |(a, b, e)| (a.buf.ptr, b.buf.ptr, e));
+        DecHeads {
+            k: k.buf.ptr,
+            v: v.buf.ptr,
+            q_norm: qn,
+            k_norm: kn,
+            eps,
+            inv_freq: self.rope_table(rope),
+            rope_dims: rope.dims as i32,
+            neox: (rope.style == RopeStyle::Neox) as i32,
+        }
     }
 
     /// Splits of one decode token's attention over a cache of `n_ctx` positions: a grid

@@ -878,17 +878,7 @@ impl Backend for CudaBackend {
         }
         // One token a sequence: one launch for them all, each normalising and rotating its
         // q and new key and storing its key and value as the one-sequence kernel does.
-        let (qn, kn, eps) = qk_norm.map_or((0, 0, 0.0), |(a, b, e)| (a.buf.ptr, b.buf.ptr, e));
-        let dh = DecHeads {
-            k: k.buf.ptr,
-            v: v.buf.ptr,
-            q_norm: qn,
-            k_norm: kn,
-            eps,
-            inv_freq: self.rope_table(rope),
-            rope_dims: rope.dims as i32,
-            neox: (rope.style == RopeStyle::Neox) as i32,
-        };
+        let dh = self.dec_heads(k, v, qk_norm, rope);
         self.attention_seqs(q.buf.ptr, seqs, layer, out.buf.ptr, dh);
     }
 

@@ -476,6 +476,45 @@ fn heads_rope_cache_attention() {
     }
 }
 
+/// One `qk_norm_rope_attention` of the sequences (`caches[i]` with `shapes[i]`) whose rows of
+/// q, k and v (host values) are stacked; returns the attention output rows.
+fn step_seqs<B: Backend>(
+    b: &B,
+    caches: &mut [B::KvCache],
+    shapes: &[AttnShape],
+    [q, k, v]: [&[f32]; 3],
+    norms: Option<(&B::Tensor, &B::Tensor, f32)>,
+    rope: &RopeConfig,
+) -> Vec<f32> {
+    let s = shapes[0];
+    let (qd, kd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+    let rows: usize = shapes.iter().map(|s| s.n_tokens).sum();
+    let (mut qt, mut kt, vt) = (
+        b.tensor_from(rows, qd, q),
+        b.tensor_from(rows, kd, k),
+        b.tensor_from(rows, kd, v),
+    );
+    let mut out = b.tensor(rows, qd);
+    let mut seqs: Vec<_> = caches
+        .iter_mut()
+        .zip(shapes)
+        .map(|(cache, &shape)| SeqKv { cache, shape })
+        .collect();
+    let (mut t0, mut t1, mut t2) = (b.tensor(rows, qd), b.tensor(rows, kd), b.tensor(rows, kd));
+    b.qk_norm_rope_attention(
+        &mut qt,
+        &mut kt,
+        &vt,
+        norms,
+        rope,
+        &mut seqs,
+        1,
+        &mut out,
+        [&mut t0, &mut t1, &mut t2],
+    );
+    read(b, &out, rows, qd)
+}
+
 /// Several sequences in one step, each over its own cache at its own position: one token
 /// each (the batched decode kernel, one launch for all), then a mixed step (a prompt chunk
 /// beside decode tokens: the composed path), against the CPU doing the same; and each
@@ -532,62 +571,8 @@ fn batched_attention_over_sequences() {
                 .collect();
             let norms_g = qk.then_some((&qng, &kng, 1e-6));
             let norms_c = qk.then_some((&qnc, &knc, 1e-6));
-            let og = {
-                let mut qg = g.tensor_from(rows, heads * hd, &q);
-                let mut kgt = g.tensor_from(rows, kvh * hd, &k);
-                let vg = g.tensor_from(rows, kvh * hd, &v);
-                let mut og = g.tensor(rows, heads * hd);
-                let mut seqs: Vec<_> = kg
-                    .iter_mut()
-                    .zip(&shapes)
-                    .map(|(cache, &shape)| SeqKv { cache, shape })
-                    .collect();
-                let (mut t0, mut t1, mut t2) = (
-                    g.tensor(8, heads * hd),
-                    g.tensor(8, kvh * hd),
-                    g.tensor(8, kvh * hd),
-                );
-                g.qk_norm_rope_attention(
-                    &mut qg,
-                    &mut kgt,
-                    &vg,
-                    norms_g,
-                    &rope,
-                    &mut seqs,
-                    1,
-                    &mut og,
-                    [&mut t0, &mut t1, &mut t2],
-                );
-                read(&g, &og, rows, heads * hd)
-            };
-            let oc = {
-                let mut qc = c.tensor_from(rows, heads * hd, &q);
-                let mut kct = c.tensor_from(rows, kvh * hd, &k);
-                let vc = c.tensor_from(rows, kvh * hd, &v);
-                let mut oc = c.tensor(rows, heads * hd);
-                let mut seqs: Vec<_> = kc
-                    .iter_mut()
-                    .zip(&shapes)
-                    .map(|(cache, &shape)| SeqKv { cache, shape })
-                    .collect();
-                let (mut t0, mut t1, mut t2) = (
-                    c.tensor(8, heads * hd),
-                    c.tensor(8, kvh * hd),
-                    c.tensor(8, kvh * hd),
-                );
-                c.qk_norm_rope_attention(
-                    &mut qc,
-                    &mut kct,
-                    &vc,
-                    norms_c,
-                    &rope,
-                    &mut seqs,
-                    1,
-                    &mut oc,
-                    [&mut t0, &mut t1, &mut t2],
-                );
-                read(&c, &oc, rows, heads * hd)
-            };
+            let og = step_seqs(&g, &mut kg, &shapes, [&q, &k, &v], norms_g, &rope);
+            let oc = step_seqs(&c, &mut kc, &shapes, [&q, &k, &v], norms_c, &rope);
             let e = rel(&og, &oc);
             assert!(e < 5e-3, "batched attention hd={hd} tokens={tokens:?}: {e}");
             // Each sequence alone on the GPU: the same rows, bit for bit, for the decode steps.
@@ -599,27 +584,10 @@ fn batched_attention_over_sequences() {
                     &k[r0 * kvh * hd..(r0 + n) * kvh * hd],
                     &v[r0 * kvh * hd..(r0 + n) * kvh * hd],
                 );
-                let mut qg = g.tensor_from(n, heads * hd, qr);
-                let mut kgt = g.tensor_from(n, kvh * hd, kr);
-                let vg = g.tensor_from(n, kvh * hd, vr);
-                let mut o1 = g.tensor(n, heads * hd);
-                let (mut t0, mut t1, mut t2) = (g.tensor(1, 1), g.tensor(1, 1), g.tensor(1, 1));
-                g.qk_norm_rope_attention(
-                    &mut qg,
-                    &mut kgt,
-                    &vg,
-                    norms_g,
-                    &rope,
-                    &mut [SeqKv {
-                        cache: &mut alone[i],
-                        shape: shapes[i],
-                    }],
-                    1,
-                    &mut o1,
-                    [&mut t0, &mut t1, &mut t2],
-                );
+                let alone_i = std::slice::from_mut(&mut alone[i]);
+                let sh = &shapes[i..=i];
+                let want = step_seqs(&g, alone_i, sh, [qr, kr, vr], norms_g, &rope);
                 let got = &og[r0 * heads * hd..(r0 + n) * heads * hd];
-                let want = read(&g, &o1, n, heads * hd);
                 if tokens == [1, 1, 1, 1] {
                     assert_eq!(got, &want[..], "sequence {i} batched vs alone, hd={hd}");
                 } else {

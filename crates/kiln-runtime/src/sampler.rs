@@ -151,28 +151,8 @@ impl Sampler {
             .iter()
             .map(|&(l, _)| ((l - max) / c2.temperature).exp())
             .collect();
-        let sum: f32 = weights.iter().sum();
-        let mut total = sum;
-        if let Some(d) = draft {
-            let w_d = cand
-                .iter()
-                .zip(&weights)
-                .find(|(c, _)| c.1 == d)
-                .map_or(0.0, |(_, &w)| w);
-            if self.rng.next_f32() * sum < w_d {
-                return d;
-            }
-            total = sum - w_d;
-        }
-        let mut r = self.rng.next_f32() * total;
-        for (w, &(_, id)) in weights.iter().zip(cand.iter()) {
-            if Some(id) == draft {
-                continue;
-            }
-            r -= w;
-            if r <= 0.0 {
-                return id;
-            }
+        if let Some(id) = draw_weighted(&mut self.rng, cand, &weights, draft) {
+            return id;
         }
         cand.iter()
             .rev()
@@ -206,33 +186,17 @@ impl Sampler {
                 w
             }
         }));
-        let sum: f32 = self.weights.iter().sum();
-        let mut total = sum;
-        if let Some(d) = draft {
-            let w_d = self
-                .cand
-                .iter()
-                .zip(&self.weights)
-                .find(|(c, _)| c.1 == d)
-                .map_or(0.0, |(_, &w)| w);
-            if self.rng.next_f32() * sum < w_d {
-                return d;
-            }
-            total = sum - w_d;
+        if let Some(id) = draw_weighted(&mut self.rng, &self.cand, &self.weights, draft) {
+            return id;
         }
-        let mut r = self.rng.next_f32() * total;
-        let mut last = None;
-        for (&w, &(_, id)) in self.weights.iter().zip(&self.cand) {
-            if Some(id) == draft || w <= 0.0 {
-                continue;
-            }
-            last = Some(id);
-            r -= w;
-            if r <= 0.0 {
-                return id;
-            }
-        }
-        // Rounding left r above 0: the last token with weight.
+        let last = self
+            .cand
+            .iter()
+            .zip(&self.weights)
+            .rev()
+            .find(|(c, &w)| w > 0.0 && Some(c.1) != draft)
+            .map(|(c, _)| c.1);
+        // Rounding left the draw without a pick: the last token with weight.
         last.or(draft).unwrap_or_else(|| argmax(&self.cand))
     }
 
@@ -260,6 +224,42 @@ impl Sampler {
             *l -= c.presence_penalty + c.frequency_penalty * n as f32;
         }
     }
+}
+
+/// An id of `cand` drawn with probability proportional to its weight (zero weights never);
+/// a draft, when given, is kept with its probability and otherwise left out of the draw
+/// (speculative sampling: the result has the plain draw's distribution). None when rounding
+/// leaves the scan without a pick.
+fn draw_weighted(
+    rng: &mut SplitMix64,
+    cand: &[(f32, u32)],
+    weights: &[f32],
+    draft: Option<u32>,
+) -> Option<u32> {
+    let sum: f32 = weights.iter().sum();
+    let mut total = sum;
+    if let Some(d) = draft {
+        let w_d = cand
+            .iter()
+            .zip(weights)
+            .find(|(c, _)| c.1 == d)
+            .map_or(0.0, |(_, &w)| w);
+        if rng.next_f32() * sum < w_d {
+            return Some(d);
+        }
+        total = sum - w_d;
+    }
+    let mut r = rng.next_f32() * total;
+    for (&w, &(_, id)) in weights.iter().zip(cand) {
+        if Some(id) == draft || w <= 0.0 {
+            continue;
+        }
+        r -= w;
+        if r <= 0.0 {
+            return Some(id);
+        }
+    }
+    None
 }
 
 /// Descending by logit, ties by lower id first (a total order, so runs repeat exactly).

@@ -470,7 +470,8 @@ mod vnni {
                         let x0 = _mm512_loadu_si512(xr as *const _);
                         let x1 = _mm512_loadu_si512(xr.add(64) as *const _);
                         for (i, acc) in acc.iter_mut().enumerate() {
-                            let wv = std::ptr::read_unaligned(aj.add(i * lda + 4 * p) as *const i32);
+                            let wv =
+                                std::ptr::read_unaligned(aj.add(i * lda + 4 * p) as *const i32);
                             let wv = _mm512_set1_epi32(wv);
                             acc[0] = _mm512_dpbusd_epi32(acc[0], x0, wv);
                             acc[1] = _mm512_dpbusd_epi32(acc[1], x1, wv);
@@ -753,11 +754,30 @@ pub fn conv1d(
                             let a = w.a.as_ptr().add(ob * MB * cp);
                             let b = (xq.as_ptr() as *const u8).add(tb * 4);
                             if amx_tiles {
-                                amx::conv_block_u8(a, cp, op * cp, b, xs * 4, &b_off, cp / KC, &mut blk)
+                                amx::conv_block_u8(
+                                    a,
+                                    cp,
+                                    op * cp,
+                                    b,
+                                    xs * 4,
+                                    &b_off,
+                                    cp / KC,
+                                    &mut blk,
+                                )
                             } else {
                                 // Groups past c_in are zeros: left out.
                                 let rows = (c_out - ob * MB).min(MB);
-                                vnni::conv_block(a, cp, op * cp, b, xs * 4, &b_off, c_in.div_ceil(4), rows, &mut blk)
+                                vnni::conv_block(
+                                    a,
+                                    cp,
+                                    op * cp,
+                                    b,
+                                    xs * 4,
+                                    &b_off,
+                                    c_in.div_ceil(4),
+                                    rows,
+                                    &mut blk,
+                                )
                             }
                         };
                         let nt = (c1 - tb).min(NB);
