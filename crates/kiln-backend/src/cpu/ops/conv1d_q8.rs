@@ -420,26 +420,9 @@ mod vnni {
     /// nq * 4 bytes each) and of b (nq rows of 128 bytes from each tap's offset) lie inside
     /// the caller's buffers.
     #[cfg(target_arch = "x86_64")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn conv_block(
-        a: *const u8,
-        lda: usize,
-        a_tap: usize,
-        b: *const u8,
-        ldb: usize,
-        b_off: &[usize],
-        nq: usize,
-        rows: usize,
-        c: &mut BlockI32,
-    ) {
-        // SAFETY: the features are present (available) and the reads in bounds (caller).
-        unsafe { block(a, lda, a_tap, b, ldb, b_off, nq, rows, c) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn block(
+    pub unsafe fn conv_block(
         a: *const u8,
         lda: usize,
         a_tap: usize,
