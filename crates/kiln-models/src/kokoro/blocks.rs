@@ -79,6 +79,9 @@ pub fn tensor<B: Backend>(
 /// y = W x + b: W (out, in) (`<name>.weight`, `<name>.bias`).
 pub struct Linear<B: Backend> {
     w: B::Weight,
+    /// The backend's integer form of the weight (a convolution of one tap over the tokens),
+    /// where it multiplies this layer on integers.
+    w8: Option<B::Weight>,
     bias: Option<B::Tensor>,
     integer: bool,
     pub n_in: usize,
@@ -113,6 +116,7 @@ impl<B: Backend> Linear<B> {
         }
         Ok(Linear {
             w,
+            w8: None,
             bias: bias.map(|v| b.tensor_from(1, n_out, v)),
             integer: false,
             n_in,
@@ -152,19 +156,57 @@ impl<B: Backend> Linear<B> {
         } else {
             None
         };
+        let integer = p.is_integer(&wn);
+        let w8 = match (integer, p.quantized(&wn)) {
+            (true, Some(q)) => {
+                let wq = ConvWeightQ8 {
+                    q: &q.q,
+                    zero: &q.zero,
+                    scale: &q.scale,
+                };
+                b.conv_weight_q8(wq, Self::conv_shape(n_in, n_out, 0))
+            }
+            _ => None,
+        };
         Ok(Linear {
             w,
+            w8,
             bias,
-            integer: p.is_integer(&wn),
+            integer,
             n_in,
             n_out,
         })
     }
 
+    /// The layer as a convolution of one tap over `n` tokens: (n_in, n) -> (n_out, n).
+    fn conv_shape(n_in: usize, n_out: usize, n: usize) -> Conv1dShape {
+        Conv1dShape {
+            c_in: n_in,
+            c_out: n_out,
+            len_in: n,
+            k: 1,
+            stride: 1,
+            pad: 0,
+            dilation: 1,
+            groups: 1,
+            output_pad: 0,
+        }
+    }
+
     /// x (n, n_in) -> (n, n_out)
     pub fn forward(&self, cx: &Ctx<B>, x: &B::Tensor, n: usize) -> B::Tensor {
         let mut out = cx.b.tensor(n, self.n_out);
-        if self.integer && cx.quant {
+        if let (Some(w8), true) = (&self.w8, self.integer && cx.quant) {
+            // On integers (the export's MatMulInteger): tokens as the time axis of a
+            // convolution of one tap, whose input rounding is the same per-tensor grid.
+            let b = cx.b;
+            let mut xt = b.tensor(self.n_in, n);
+            b.transpose(x, n, self.n_in, &mut xt);
+            let mut ot = b.tensor(self.n_out, n);
+            let s = Self::conv_shape(self.n_in, self.n_out, n);
+            b.conv1d_q8(&xt, w8, self.bias.as_ref(), s, &mut ot);
+            b.transpose(&ot, self.n_out, n, &mut out);
+        } else if self.integer && cx.quant {
             let q = cx.quantized(x, n, self.n_in);
             cx.b.matmul(&self.w, &q, self.bias.as_ref(), n, &mut out);
         } else {

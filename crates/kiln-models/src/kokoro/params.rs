@@ -35,7 +35,8 @@ pub struct QuantParam {
 pub struct Params {
     file: PathBuf,
     map: BTreeMap<String, Param>,
-    /// The integer form of convolution weights that the export runs on integers.
+    /// The integer form of the convolution and linear weights that the export runs on
+    /// integers (a linear one as a convolution of one tap: (n_out, n_in)).
     quantized: BTreeMap<String, QuantParam>,
     /// Weights the export multiplies on integers (their inputs are dynamically quantized).
     integer: BTreeSet<String>,
@@ -289,6 +290,27 @@ impl Params {
                     }
                     let v = r.dequant(w, r.scale_of(w, n)?, zp, 1)?;
                     integer.insert(format!("{module}.weight"));
+                    // Its integers too, as a convolution of one tap (n_out, n_in) with zero
+                    // points and scales per tensor or per output column.
+                    let shift = if w.ty == kiln_formats::OnnxType::I8 {
+                        128.0
+                    } else {
+                        0.0
+                    };
+                    let qv = transpose(&r.f32s(w)?, d[0], d[1]);
+                    let zero = match zp {
+                        Some(z) => r.f32s(z)?,
+                        None => vec![0.0],
+                    };
+                    if qv.iter().all(|&x| (0.0..=255.0).contains(&(x + shift))) {
+                        quantized
+                            .entry(format!("{module}.weight"))
+                            .or_insert(QuantParam {
+                                q: qv.iter().map(|&x| (x + shift) as u8).collect(),
+                                zero: zero.iter().map(|&z| (z + shift) as i32).collect(),
+                                scale: r.f32s(r.scale_of(w, n)?)?,
+                            });
+                    }
                     put(
                         format!("{module}.weight"),
                         vec![d[1], d[0]],
