@@ -886,6 +886,67 @@ mod tests {
         }
     }
 
+    /// The VNNI block against plain integer sums, wherever VNNI runs (on AMX machines too,
+    /// where `conv1d` takes the tiles): signed weight bytes, unsigned input bytes, two taps
+    /// at different offsets, 13 groups of 4 channels, 19 live rows of 32 (the rest zeroed).
+    #[test]
+    fn vnni_block_equals_integer_sums() {
+        if !vnni::available() {
+            eprintln!("AVX-512 VNNI not available here: skipped");
+            return;
+        }
+        let mut seed = 0x9e37_79b9u32;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        let (nq, rows, lda) = (13usize, 19usize, 64usize);
+        let a_tap = MB * lda;
+        let ldb = 4 * 80; // 80 words a channel group
+        let b_off = [0usize, 4 * 7];
+        let a: Vec<u8> = (0..b_off.len() * a_tap).map(|_| rnd() as u8).collect();
+        let b: Vec<u8> = (0..nq * ldb).map(|_| rnd() as u8).collect();
+        let mut blk = BlockI32::default();
+        blk.0.fill(i32::MIN);
+        // SAFETY: VNNI is available; the rows read lie in a (32 rows of 64 bytes a tap) and b
+        // (13 rows of 80 words, 32 words from offsets 0 and 7).
+        unsafe {
+            vnni::conv_block(
+                a.as_ptr(),
+                lda,
+                a_tap,
+                b.as_ptr(),
+                ldb,
+                &b_off,
+                nq,
+                rows,
+                &mut blk,
+            )
+        };
+        for r in 0..MB {
+            for t in 0..NB {
+                let want: i32 = if r >= rows.next_multiple_of(8) {
+                    0
+                } else {
+                    let mut acc = 0i32;
+                    for (j, &bo) in b_off.iter().enumerate() {
+                        for p in 0..nq {
+                            for e in 0..4 {
+                                let w = a[j * a_tap + r * lda + 4 * p + e] as i8 as i32;
+                                let x = b[bo + p * ldb + 4 * t + e] as i32;
+                                acc += w * x;
+                            }
+                        }
+                    }
+                    acc
+                };
+                assert_eq!(blk.0[r * NB + t], want, "row {r} column {t}");
+            }
+        }
+    }
+
     /// With AdaIN and Snake folded in and the result added to out: against the ops one by
     /// one (ada_in_row, snake_row, rounding, the direct form, a sum).
     #[test]
