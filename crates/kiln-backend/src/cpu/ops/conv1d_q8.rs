@@ -393,7 +393,7 @@ fn finish(dst: &mut [f32], c: &[i32], sx: &[i32], ao: f32, co: i32, zw: i32, b: 
 /// The block of [`amx::conv_block_u8`] on AVX-512 VNNI: 16 time steps a vector (a B row's
 /// 16 groups of 4 channel bytes, as laid out), 8 output rows' weights broadcast in turn.
 mod vnni {
-    use crate::cpu::kernels::amx::{BlockI32, MB, NB};
+    use crate::cpu::kernels::amx::BlockI32;
 
     pub fn available() -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -433,6 +433,7 @@ mod vnni {
         rows: usize,
         c: &mut BlockI32,
     ) {
+        use crate::cpu::kernels::amx::{MB, NB};
         use std::arch::x86_64::*;
         const R: usize = 8;
         debug_assert!(NB == 32 && MB % R == 0);
