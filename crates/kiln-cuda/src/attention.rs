@@ -173,35 +173,34 @@ impl CudaBackend {
         self.xq_src.set(None);
         let s = seqs[0].shape;
         let n = seqs.len();
-        // The sequences' table, uploaded when it changed (once a step: every layer reads it).
-        let table = {
+        // The sequences' table, sent when it changed (once a step: every layer reads it).
+        // Each sequence is split as it is alone (so its sums are the same whatever else the
+        // step holds); the grid has the most splits any of them has.
+        let (table, splits) = {
             let mut sc = self.scratch.borrow_mut();
-            let mut descs = std::mem::take(&mut sc.seq_descs);
-            descs.clear();
-            descs.extend(seqs.iter().map(|x| SeqDesc {
-                k: x.cache.k.ptr,
-                v: x.cache.v.ptr,
-                len: (x.shape.pos0 + 1) as i32,
-                n_ctx: x.cache.n_ctx as i32,
-                splits: self.dec_splits(x.cache.n_ctx, s.n_kv_heads) as i32,
-                pad: 0,
-            }));
+            let before = sc.seq_table.as_ref().map(|b| b.ptr);
             let buf = ensure(&mut sc.seq_table, n * std::mem::size_of::<SeqDesc>());
-            if sc.seq_table_host != descs || sc.seq_table_at != buf {
-                self.dev.htod(buf, &descs);
-                sc.seq_table_host.clone_from(&descs);
-                sc.seq_table_at = buf;
+            let host = &mut sc.seq_table_host;
+            let mut changed = before != Some(buf) || host.len() != n;
+            host.resize(n, SeqDesc::default());
+            for (d, x) in host.iter_mut().zip(seqs) {
+                let new = SeqDesc {
+                    k: x.cache.k.ptr,
+                    v: x.cache.v.ptr,
+                    len: (x.shape.pos0 + 1) as i32,
+                    n_ctx: x.cache.n_ctx as i32,
+                    splits: self.dec_splits(x.cache.n_ctx, s.n_kv_heads) as i32,
+                    pad: 0,
+                };
+                changed |= *d != new;
+                *d = new;
             }
-            sc.seq_descs = descs;
-            buf
+            if changed {
+                self.dev.htod(buf, host);
+            }
+            let splits = host.iter().map(|d| d.splits as usize).max().unwrap_or(1);
+            (buf, splits)
         };
-        // Each sequence split as it is alone (so its sums are the same whatever else the
-        // step holds); the grid has the most any of them has.
-        let splits = seqs
-            .iter()
-            .map(|x| self.dec_splits(x.cache.n_ctx, s.n_kv_heads))
-            .max()
-            .unwrap_or(1);
         let slots = n * s.n_heads * splits;
         let (acc, ml) = {
             let mut sc = self.scratch.borrow_mut();

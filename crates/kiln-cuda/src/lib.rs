@@ -123,12 +123,10 @@ struct Scratch {
     /// The other activation buffer: a decode product writing its output quantized reads
     /// its input from one and writes the other.
     xq2: Option<DevBuf>,
-    /// A batched decode step's sequences (kernels/*.cu SeqDesc): built here, on the device,
-    /// and what the device holds (and where), so an unchanged table is not sent again.
-    seq_descs: Vec<SeqDesc>,
+    /// A batched decode step's sequences (kernels/*.cu SeqDesc) on the device, and what it
+    /// holds, so an unchanged table is not sent again.
     seq_table: Option<DevBuf>,
     seq_table_host: Vec<SeqDesc>,
-    seq_table_at: u64,
 }
 
 /// Bumped whenever a scratch buffer (or the RoPE table) is reallocated: a recorded step holds

@@ -158,6 +158,35 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    /// The integer form of quantized weight `w` whose values (in the layout the kernel wants)
+    /// are `q`: int8 shifted to uint8 with its zero points, so the sums are the same; None
+    /// where a value falls outside uint8.
+    fn quant_param(
+        &self,
+        w: &OnnxTensor,
+        q: Vec<f32>,
+        zp: Option<&OnnxTensor>,
+        node: &OnnxNode,
+    ) -> Result<Option<QuantParam>, ModelError> {
+        let shift = if w.ty == kiln_formats::OnnxType::I8 {
+            128.0
+        } else {
+            0.0
+        };
+        if !q.iter().all(|&x| (0.0..=255.0).contains(&(x + shift))) {
+            return Ok(None);
+        }
+        let zero = match zp {
+            Some(z) => self.f32s(z)?,
+            None => vec![0.0],
+        };
+        Ok(Some(QuantParam {
+            q: q.iter().map(|&x| (x + shift) as u8).collect(),
+            zero: zero.iter().map(|&z| (z + shift) as i32).collect(),
+            scale: self.f32s(self.scale_of(w, node)?)?,
+        }))
+    }
+
     /// Scale initializer of a quantized weight `<base>_quantized`: `<base>_scale`.
     fn scale_of(&self, q: &OnnxTensor, node: &OnnxNode) -> Result<&'a OnnxTensor, ModelError> {
         let base = q.name.strip_suffix("_quantized").ok_or_else(|| {
@@ -292,24 +321,9 @@ impl Params {
                     integer.insert(format!("{module}.weight"));
                     // Its integers too, as a convolution of one tap (n_out, n_in) with zero
                     // points and scales per tensor or per output column.
-                    let shift = if w.ty == kiln_formats::OnnxType::I8 {
-                        128.0
-                    } else {
-                        0.0
-                    };
                     let qv = transpose(&r.f32s(w)?, d[0], d[1]);
-                    let zero = match zp {
-                        Some(z) => r.f32s(z)?,
-                        None => vec![0.0],
-                    };
-                    if qv.iter().all(|&x| (0.0..=255.0).contains(&(x + shift))) {
-                        quantized
-                            .entry(format!("{module}.weight"))
-                            .or_insert(QuantParam {
-                                q: qv.iter().map(|&x| (x + shift) as u8).collect(),
-                                zero: zero.iter().map(|&z| (z + shift) as i32).collect(),
-                                scale: r.f32s(r.scale_of(w, n)?)?,
-                            });
+                    if let Some(q) = r.quant_param(w, qv, zp, n)? {
+                        quantized.entry(format!("{module}.weight")).or_insert(q);
                     }
                     put(
                         format!("{module}.weight"),
@@ -337,24 +351,8 @@ impl Params {
                     let zp = r.input(n, 3).ok();
                     let v = r.dequant(w, r.scale_of(w, n)?, zp, 0)?;
                     integer.insert(format!("{module}.weight"));
-                    let shift = if w.ty == kiln_formats::OnnxType::I8 {
-                        128.0
-                    } else {
-                        0.0
-                    };
-                    let qv = r.f32s(w)?;
-                    let zero = match zp {
-                        Some(z) => r.f32s(z)?,
-                        None => vec![0.0],
-                    };
-                    if qv.iter().all(|&x| (0.0..=255.0).contains(&(x + shift))) {
-                        quantized
-                            .entry(format!("{module}.weight"))
-                            .or_insert(QuantParam {
-                                q: qv.iter().map(|&x| (x + shift) as u8).collect(),
-                                zero: zero.iter().map(|&z| (z + shift) as i32).collect(),
-                                scale: r.f32s(r.scale_of(w, n)?)?,
-                            });
+                    if let Some(q) = r.quant_param(w, r.f32s(w)?, zp, n)? {
+                        quantized.entry(format!("{module}.weight")).or_insert(q);
                     }
                     put(format!("{module}.weight"), dims(w), v);
                 }

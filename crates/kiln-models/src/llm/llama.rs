@@ -528,17 +528,17 @@ impl<B: Backend> Llama<B> {
         k: usize,
         out: &mut Vec<(f32, u32)>,
     ) -> Option<&'s [f32]> {
-        let cols = cols.min(self.cfg.vocab_size);
-        let t = if row == 0 {
-            &sc.logits
-        } else {
+        let vocab = self.cfg.vocab_size;
+        if row != 0 {
             b.copy_rows(&sc.logits, row, 1, &mut sc.pick, 0);
-            &sc.pick
-        };
-        if b.top_candidates(t, cols, k, out) {
+        }
+        // The row, as row 0 of a tensor (picked out once, for the candidates or the read).
+        let t = if row == 0 { &sc.logits } else { &sc.pick };
+        if b.top_candidates(t, cols.min(vocab), k, out) {
             return None;
         }
-        Some(self.logits_row(b, sc, row))
+        b.read(t, 1, &mut sc.logits_host[..vocab]);
+        Some(&sc.logits_host[..vocab])
     }
 
     /// With `KILN_TRACE` set, prints a named activation's summary per layer (stderr), so a
