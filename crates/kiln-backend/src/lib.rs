@@ -645,10 +645,13 @@ pub trait Backend {
     /// `key` and replays the recording afterwards, with the step's token ids and positions as
     /// its only inputs; so for one key, `f` must enqueue the same ops on the same buffers,
     /// for the same number of tokens, every time. Keys are never reused for other buffers
-    /// (the caller makes them unique per model state). The default runs `f`.
+    /// (the caller makes them unique per model state). Without a key the step runs `f`
+    /// as it is, never recorded (its ops still see one step: the same fused ops as a
+    /// recorded one, so a sequence's sums do not depend on which of the two ran it). The
+    /// default runs `f`.
     fn step(
         &self,
-        key: u64,
+        key: Option<u64>,
         tokens: &[u32],
         pos0: usize,
         f: &mut dyn FnMut() -> Result<(), BackendError>,

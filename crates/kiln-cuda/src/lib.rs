@@ -1017,7 +1017,7 @@ impl Backend for CudaBackend {
 
     fn step(
         &self,
-        key: u64,
+        key: Option<u64>,
         tokens: &[u32],
         pos0: usize,
         f: &mut dyn FnMut() -> Result<(), BackendError>,
@@ -1031,9 +1031,10 @@ impl Backend for CudaBackend {
             self.xq_src.set(None);
             r
         };
-        if !self.use_graphs || self.recording.get() || tokens.len() > MAX_IDS {
-            return f();
-        }
+        let key = match key {
+            Some(k) if self.use_graphs && !self.recording.get() && tokens.len() <= MAX_IDS => k,
+            _ => return f(),
+        };
         self.set_params(pos0, Some(tokens));
         // A buffer moved since the recordings (a batch of several sequences grew one, say):
         // they would write to freed memory, so each step is recorded again.

@@ -114,18 +114,42 @@ const MATVEC: [[[&str; 2]; 2]; 6] = [
     ],
 ];
 
-/// kernels/products.cu's matvec_dec_<format>_<rows>, by [`fmt_index`] and rows 1 / 4.
-const MATVEC_DEC: [[&str; 2]; 6] = [
-    ["matvec_dec_any_1", "matvec_dec_any_4"],
-    ["matvec_dec_q4_0_1", "matvec_dec_q4_0_4"],
-    ["matvec_dec_q4_1_1", "matvec_dec_q4_1_4"],
-    ["matvec_dec_q8_0_1", "matvec_dec_q8_0_4"],
-    ["matvec_dec_q4_k_1", "matvec_dec_q4_k_4"],
-    ["matvec_dec_q6_k_1", "matvec_dec_q6_k_4"],
+/// kernels/products.cu's matvec_dec_<format>_<rows>_<tokens>, by [`fmt_index`], rows 1 / 4
+/// and room for one token / DEC_TILE.
+const MATVEC_DEC: [[[&str; 2]; 2]; 6] = [
+    [
+        ["matvec_dec_any_1_1", "matvec_dec_any_1_8"],
+        ["matvec_dec_any_4_1", "matvec_dec_any_4_8"],
+    ],
+    [
+        ["matvec_dec_q4_0_1_1", "matvec_dec_q4_0_1_8"],
+        ["matvec_dec_q4_0_4_1", "matvec_dec_q4_0_4_8"],
+    ],
+    [
+        ["matvec_dec_q4_1_1_1", "matvec_dec_q4_1_1_8"],
+        ["matvec_dec_q4_1_4_1", "matvec_dec_q4_1_4_8"],
+    ],
+    [
+        ["matvec_dec_q8_0_1_1", "matvec_dec_q8_0_1_8"],
+        ["matvec_dec_q8_0_4_1", "matvec_dec_q8_0_4_8"],
+    ],
+    [
+        ["matvec_dec_q4_k_1_1", "matvec_dec_q4_k_1_8"],
+        ["matvec_dec_q4_k_4_1", "matvec_dec_q4_k_4_8"],
+    ],
+    [
+        ["matvec_dec_q6_k_1_1", "matvec_dec_q6_k_1_8"],
+        ["matvec_dec_q6_k_4_1", "matvec_dec_q6_k_4_8"],
+    ],
 ];
 
-/// Tokens from which a product goes through cuBLAS instead of the matvec kernel.
-pub(crate) const GEMM_MIN_TOKENS: usize = 16;
+/// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
+const DEC_TILE: usize = 8;
+
+/// Tokens up to which a product of quantized weights runs as the decode kernel, each token's
+/// sums computed as they are alone (batch-invariant: a server's answer does not depend on
+/// what else it runs); from here on through cuBLAS (the tensor cores: prompts).
+pub(crate) const DEC_MAX_TOK: usize = 64;
 
 impl CudaBackend {
     pub(crate) fn mat(&self, w: &CudaWeight, bias: Option<&CudaTensor>, out: &CudaTensor) -> Mat {
@@ -169,7 +193,7 @@ impl CudaBackend {
         mode: i32,
         qout: Option<u64>,
     ) {
-        if n >= GEMM_MIN_TOKENS && self.blas.is_some() && !self.recording.get() {
+        if n > DEC_MAX_TOK && self.blas.is_some() && !self.recording.get() {
             self.xq_src.set(None);
             return self.gemm(&mats, x, cols, n, norm, mode);
         }
@@ -178,9 +202,22 @@ impl CudaBackend {
         } else {
             mats.row0[mats.n_mats as usize] as usize
         };
+        let quantized = |m: &Mat| m.fmt != FMT_F32 && m.fmt != FMT_F16;
+        let n_used = if mode == MODE_GATE_UP {
+            2
+        } else {
+            mats.n_mats as usize
+        };
+        let dec = n <= DEC_MAX_TOK && cols % 32 == 0 && mats.m[..n_used].iter().all(quantized);
+        // Rows written quantized for the next product (decode kernels with 4 rows a warp:
+        // 32 rows a block, a lane's block of a row at most four of them).
+        let fuse_out = qout.is_some() && self.in_step.get() && total % 32 == 0 && cols / 32 <= 4 * 32;
         let (xq_a, xq_b, grown) = {
             let mut sc = self.scratch.borrow_mut();
-            let bytes = pack::xq_bytes(cols.max(total), MAX_TOK);
+            // Room for any decode launch's tokens, so that a batch never grows them (nor
+            // drops the step's recordings).
+            let width = if dec && fuse_out { cols.max(total) } else { cols };
+            let bytes = pack::xq_bytes(width, DEC_MAX_TOK.max(MAX_TOK));
             assert!(
                 !self.recording.get()
                     || [&sc.xq, &sc.xq2]
@@ -188,56 +225,67 @@ impl CudaBackend {
                         .all(|b| b.as_ref().is_some_and(|b| b.bytes >= bytes)),
                 "activation buffer grown inside a recorded step"
             );
-            let before = [&sc.xq, &sc.xq2].map(|b| b.as_ref().map(|b| b.ptr));
+            // A buffer that grows keeps what it held (a previous op's quantized rows, which
+            // this product may read): the same sums whether or not it had to grow.
+            let sc = &mut *sc;
+            let mut moved = [(0u64, 0u64); 2];
+            for (i, slot) in [&mut sc.xq, &mut sc.xq2].into_iter().enumerate() {
+                if slot.as_ref().is_some_and(|b| b.bytes < bytes) {
+                    let old = slot.take().expect("checked");
+                    let new = ensure(slot, bytes);
+                    self.dev.dtod(new, old.ptr, old.bytes);
+                    moved[i] = (old.ptr, new);
+                }
+            }
             let (a, b) = (ensure(&mut sc.xq, bytes), ensure(&mut sc.xq2, bytes));
-            (a, b, before != [Some(a), Some(b)])
+            (a, b, moved)
         };
         let norm_w = norm.map_or(0u64, |(w, _)| w.buf.ptr);
         let eps = norm.map_or(0f32, |(_, e)| e);
         // Rows the previous op wrote already quantized (attn_combine, a decode product's
-        // epilogue) need no quant_act.
-        // (Not when the buffers were just reallocated: the rows' quantized form went with
-        // the old ones, so they are quantized again from x.)
+        // epilogue) need no quant_act (where a buffer just grew, they are in its new place).
         let src = self
             .xq_src
             .take()
-            .filter(|s| s.x == x.0 && s.n == n && s.norm == norm_w && !grown);
-        let quantized = |m: &Mat| m.fmt != FMT_F32 && m.fmt != FMT_F16;
-        let n_used = if mode == MODE_GATE_UP {
-            2
-        } else {
-            mats.n_mats as usize
-        };
-        if n == 1 && cols % 32 == 0 && mats.m[..n_used].iter().all(quantized) {
-            // One token (kernels/*.cu matvec_dec_impl).
+            .filter(|s| s.x == x.0 && s.n == n && s.norm == norm_w)
+            .map(|mut s| {
+                if let Some(&(_, new)) = grown.iter().find(|m| m.0 == s.xq && m.1 != 0) {
+                    s.xq = new;
+                }
+                s
+            });
+        if dec {
+            // 1..DEC_MAX_TOK tokens (kernels/*.cu matvec_dec_impl): each token's arithmetic
+            // the same whatever the number of tokens, so every choice below depends on the
+            // matrices only, never on n.
             let (xq_in, ss_in) = match src {
                 Some(s) => (s.xq, s.ss),
                 None => {
-                    self.quant_act(x.0, cols, 1, norm_w, eps, xq_a);
+                    self.quant_act(x.0, cols, n, norm_w, eps, xq_a);
                     (xq_a, 0)
                 }
             };
             let xq_out = if xq_in == xq_a { xq_b } else { xq_a };
-            // The output quantized too, for the next product (its slots of partial sums of
-            // squares are a step's, so only inside one; 32 rows a block, one warp each four,
-            // so only for rows of at most four blocks a lane).
-            let ss_slot = self.ss_next.get();
+            // The output quantized too, for the next product; its sums of squares in the
+            // step's slots, handed out in turn and from the start again when they run out
+            // (a product writes its slots after the wait on the previous kernel, and its
+            // consumer is the next product: slots two products back are free).
             let qo = match qout {
-                Some(next_norm)
-                    if self.in_step.get()
-                        && total % 32 == 0
-                        && cols / 32 <= 4 * 32
-                        && (next_norm == 0 || ss_slot + total / 32 <= SS_SLOTS) =>
-                {
+                Some(next_norm) if fuse_out => {
                     let ss = if next_norm == 0 {
                         0
                     } else {
-                        self.ss_next.set(ss_slot + total / 32);
-                        self.ss.ptr + 4 * ss_slot as u64
+                        let need = n * total / 32;
+                        let mut slot = self.ss_next.get();
+                        if slot + need > SS_SLOTS {
+                            slot = 0;
+                        }
+                        self.ss_next.set(slot + need);
+                        self.ss.ptr + 4 * slot as u64
                     };
                     self.xq_src.set(Some(XqSrc {
                         x: mats.m[0].out,
-                        n: 1,
+                        n,
                         norm: next_norm,
                         ss,
                         xq: xq_out,
@@ -253,17 +301,20 @@ impl CudaBackend {
             };
             // A row a warp, whatever its length: measured on an H200, splitting rows over
             // 2/4/8 warps was slower on every shape (Qwen3-4B tg128: 518/497/432/348 t/s).
+            // (KILN_CUDA_KW tunes one token's launches without an epilogue only.)
             let kw = match qo {
-                Some(_) => 1,
-                None => self.tune.kw.unwrap_or(1),
+                None if n == 1 => self.tune.kw.unwrap_or(1),
+                _ => 1,
             };
             let rows = if qo.is_some() { 4 } else { 1 };
-            let blocks = total.div_ceil(WARPS / kw * rows) as u32;
-            let name = MATVEC_DEC[fmt_index(&mats, mode)][(rows == 4) as usize];
+            let nt = if n == 1 { 1 } else { DEC_TILE };
+            let blocks = (total.div_ceil(WARPS / kw * rows) * n.div_ceil(nt)) as u32;
+            let name = MATVEC_DEC[fmt_index(&mats, mode)][(rows == 4) as usize][(nt > 1) as usize];
             let mut a = Args::default()
                 .a(mats)
                 .a(xq_in)
                 .a(cols as i32)
+                .a(n as i32)
                 .a(ss_in)
                 .a(eps)
                 .a(mode)
@@ -525,7 +576,7 @@ mod tests {
             .iter()
             .flatten()
             .flatten()
-            .chain(MATVEC_DEC.iter().flatten());
+            .chain(MATVEC_DEC.iter().flatten().flatten());
         for n in names {
             assert!(crate::device::KERNELS.contains(n), "{n}");
         }

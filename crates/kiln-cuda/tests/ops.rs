@@ -89,7 +89,7 @@ fn matmul_every_format_and_token_count() {
                 weight(&g, ty, rows, cols, &w),
                 weight(&c, ty, rows, cols, &w),
             );
-            for n in [1, 3, 6] {
+            for n in [1, 3, 6, 17, 64, 65] {
                 let x = r.v(n * cols);
                 let (xg, xc) = (g.tensor_from(n, cols, &x), c.tensor_from(n, cols, &x));
                 let (bg, bc) = (g.tensor_from(1, rows, &bias), c.tensor_from(1, rows, &bias));
@@ -215,14 +215,15 @@ fn top_candidates_hold_the_top_k() {
 
 /// A decode layer's products chained inside a step, where each writes its output quantized
 /// for the next (the RMSNorm's weights folded in, its 1 / rms applied by the consumer), in
-/// two formats, against the CPU doing the same ops.
+/// two formats, for 1 to 64 tokens, against the CPU doing the same ops; and each token's
+/// results the same bits as when it runs alone (the decode products are batch-invariant).
 #[test]
 #[ignore]
 fn decode_products_chained_in_a_step() {
     let (g, c) = (gpu(), CpuBackend::new(2));
     let mut r = Rng(7);
     let (dim, ffn) = (512, 768);
-    for ty in [GgmlType::Q4_0, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q8_0] {
         let (wo, wgate, wup, wdown, wq) = (
             r.v(dim * dim),
             r.v(ffn * dim),
@@ -231,50 +232,73 @@ fn decode_products_chained_in_a_step() {
             r.v(dim * dim),
         );
         let norms = (r.v(dim), r.v(dim));
-        let (x0, attn) = (r.v(dim), r.v(dim));
-        let mut outs = Vec::new();
-        macro_rules! run {
-            ($b:expr) => {{
-                let b = $b;
-                let o = weight(b, ty, dim, dim, &wo);
-                let gt = weight(b, ty, ffn, dim, &wgate);
-                let up = weight(b, ty, ffn, dim, &wup);
-                let dn = weight(b, ty, dim, ffn, &wdown);
-                let q = weight(b, ty, dim, dim, &wq);
-                let n1 = b.tensor_from(1, dim, &norms.0);
-                let n2 = b.tensor_from(1, dim, &norms.1);
-                let mut x = b.tensor_from(1, dim, &x0);
-                let a = b.tensor_from(1, dim, &attn);
-                let mut h = b.tensor(1, dim);
-                let mut f = b.tensor(1, ffn);
-                let mut qo = b.tensor(1, dim);
-                let (mut ko, mut vo) = (b.tensor(1, dim), b.tensor(1, dim));
-                b.step(kiln_backend::next_step_key(), &[0], 0, &mut || {
-                    b.matmul_add_before_norm(&o, &a, 1, &mut x, (&n1, 1e-5));
-                    b.rms_norm_gate_up_silu(&x, &n1, 1e-5, &gt, &up, 1, &mut h, &mut f);
-                    b.matmul_add_before_norm(&dn, &f, 1, &mut x, (&n2, 1e-5));
-                    b.rms_norm_matmul3(
-                        &x,
-                        &n2,
-                        1e-5,
-                        [&q, &q, &q],
-                        [None; 3],
-                        1,
-                        &mut h,
-                        [&mut qo, &mut ko, &mut vo],
-                    );
-                    Ok(())
-                })
-                .unwrap();
-                outs.push((read(b, &x, 1, dim), read(b, &qo, 1, dim)));
-            }};
+        let n_max = 64;
+        let (x0, attn) = (r.v(n_max * dim), r.v(n_max * dim));
+        // The chain over tokens t0..t0 + n: the residual rows and the next product's.
+        fn chain<B: Backend>(
+            b: &B,
+            ty: GgmlType,
+            (dim, ffn): (usize, usize),
+            w: [&[f32]; 5],
+            norms: (&[f32], &[f32]),
+            (x0, attn): (&[f32], &[f32]),
+        ) -> (Vec<f32>, Vec<f32>) {
+            let n = x0.len() / dim;
+            let o = weight(b, ty, dim, dim, w[0]);
+            let gt = weight(b, ty, ffn, dim, w[1]);
+            let up = weight(b, ty, ffn, dim, w[2]);
+            let dn = weight(b, ty, dim, ffn, w[3]);
+            let q = weight(b, ty, dim, dim, w[4]);
+            let n1 = b.tensor_from(1, dim, norms.0);
+            let n2 = b.tensor_from(1, dim, norms.1);
+            let mut x = b.tensor_from(n, dim, x0);
+            let a = b.tensor_from(n, dim, attn);
+            let mut h = b.tensor(n, dim);
+            let mut f = b.tensor(n, ffn);
+            let mut qo = b.tensor(n, dim);
+            let (mut ko, mut vo) = (b.tensor(n, dim), b.tensor(n, dim));
+            b.step(None, &[], 0, &mut || {
+                b.matmul_add_before_norm(&o, &a, n, &mut x, (&n1, 1e-5));
+                b.rms_norm_gate_up_silu(&x, &n1, 1e-5, &gt, &up, n, &mut h, &mut f);
+                b.matmul_add_before_norm(&dn, &f, n, &mut x, (&n2, 1e-5));
+                b.rms_norm_matmul3(
+                    &x,
+                    &n2,
+                    1e-5,
+                    [&q, &q, &q],
+                    [None; 3],
+                    n,
+                    &mut h,
+                    [&mut qo, &mut ko, &mut vo],
+                );
+                Ok(())
+            })
+            .unwrap();
+            (read(b, &x, n, dim), read(b, &qo, n, dim))
         }
-        run!(&g);
-        run!(&c);
-        let e = rel(&outs[0].0, &outs[1].0);
-        assert!(e < 2e-2, "{ty:?} residual: {e}");
-        let e = rel(&outs[0].1, &outs[1].1);
-        assert!(e < 2e-2, "{ty:?} next product: {e}");
+        let w = [&wo[..], &wgate, &wup, &wdown, &wq];
+        let ns = (&norms.0[..], &norms.1[..]);
+        let alone: Vec<(Vec<f32>, Vec<f32>)> = (0..n_max)
+            .map(|t| {
+                let rows = t * dim..(t + 1) * dim;
+                chain(&g, ty, (dim, ffn), w, ns, (&x0[rows.clone()], &attn[rows]))
+            })
+            .collect();
+        for n in [1, 2, 9, 64] {
+            let xs = (&x0[..n * dim], &attn[..n * dim]);
+            let got = chain(&g, ty, (dim, ffn), w, ns, xs);
+            let want = chain(&c, ty, (dim, ffn), w, ns, xs);
+            let e = rel(&got.0, &want.0);
+            assert!(e < 2e-2, "{ty:?} n={n} residual: {e}");
+            let e = rel(&got.1, &want.1);
+            assert!(e < 2e-2, "{ty:?} n={n} next product: {e}");
+            for (t, (x1, q1)) in alone.iter().take(n).enumerate() {
+                let rows = t * dim..(t + 1) * dim;
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.0[rows.clone()]), bits(x1), "{ty:?} n={n} token {t}: residual");
+                assert_eq!(bits(&got.1[rows]), bits(q1), "{ty:?} n={n} token {t}: next product");
+            }
+        }
     }
 }
 

@@ -2,9 +2,9 @@
 //! together, one batched forward per step.
 //!
 //! Requests arrive over a channel and join between steps. Each step feeds every decoding
-//! sequence its next token and the prefilling ones a chunk of their prompt (a long prompt
-//! is spread over several steps so running streams keep flowing), all in one
-//! [`Llama::forward_seqs`]. Each sequence has its own KV cache slot, sampler and stop
+//! sequence its next token in one [`Llama::forward_seqs`], then the prefilling ones a chunk
+//! of their prompt each (a long prompt is spread over several steps so running streams keep
+//! flowing). Each sequence has its own KV cache slot, sampler and stop
 //! strings. A finished sequence leaves its tokens in its slot: the next request whose
 //! prompt starts the same way (system prompt, earlier turns) reuses that prefix (prefix
 //! cache). A request whose receiver is gone frees its slot before the next step; one on
@@ -465,8 +465,15 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
-    /// One batched forward: every decoding sequence's next token and prompt chunks of the
-    /// prefilling ones, requests on hold left out; then sampling. False when nothing ran.
+    /// One step: every decoding sequence's next token in one batched forward, then prompt
+    /// chunks of the prefilling ones, each in a forward of its own (requests on hold left
+    /// out); sampling after each. False when nothing ran.
+    ///
+    /// A prompt is cut at the same places whatever else runs (multiples of the chunk from
+    /// its start), and decode rows never share a forward with a prompt: each sequence's
+    /// products see the same rows as when it runs alone, so on backends whose products are
+    /// batch-invariant (the CPU's; CUDA's up to 64 rows) a request's answer does not depend
+    /// on what else the server runs.
     fn step(&mut self) -> bool {
         for i in 0..self.slots.len() {
             if self.slots[i].seq.as_ref().is_some_and(|s| s.sink.closed()) {
@@ -474,22 +481,21 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
         }
         self.assign();
-        // Rows of this step: (slot, start, len) into the slot's pending tokens.
-        let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.slots.len());
-        let mut budget = self.chunk;
         let held: Vec<bool> = self
             .slots
             .iter()
             .map(|s| s.seq.as_ref().is_some_and(|q| q.sink.held()))
             .collect();
-        for (i, s) in self.slots.iter().enumerate() {
-            if let Some(seq) = &s.seq {
-                if seq.next.is_some() && !held[i] {
-                    plan.push((i, 0, 1));
-                }
-            }
-        }
-        // Prefill: oldest request first, within the step's chunk.
+        // Rows of each forward: (slot, start, len) into the slot's pending tokens.
+        let decode: Vec<(usize, usize, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| s.seq.as_ref().is_some_and(|q| q.next.is_some()) && !held[*i])
+            .map(|(i, _)| (i, 0, 1))
+            .collect();
+        // Prefill: oldest request first, whole chunks within the step's budget (the first
+        // always).
         let mut pre: Vec<(Instant, usize)> = self
             .slots
             .iter()
@@ -500,22 +506,38 @@ impl<'m, B: Backend> Engine<'m, B> {
             })
             .collect();
         pre.sort();
+        let mut budget = self.chunk;
+        let mut prefill = Vec::new();
         for (_, i) in pre {
-            if budget == 0 {
-                break;
-            }
             let s = &self.slots[i];
             let seq = s.seq.as_ref().expect("filtered");
             let at = s.tokens.len();
-            let n = (seq.prompt.len() - at).min(budget);
-            budget -= n;
-            plan.push((i, at, n));
+            let n = (seq.prompt.len() - at).min(self.chunk - at % self.chunk);
+            if n > budget && !prefill.is_empty() {
+                break;
+            }
+            budget = budget.saturating_sub(n);
+            prefill.push([(i, at, n)]);
         }
-        if plan.is_empty() {
+        if decode.is_empty() && prefill.is_empty() {
             return false;
         }
-        plan.sort_by_key(|p| p.0);
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        if !decode.is_empty() {
+            self.forward(&decode);
+        }
+        for p in &prefill {
+            // (A request may have failed in the decode forward: its slot is free then.)
+            if self.slots[p[0].0].seq.is_some() {
+                self.forward(p);
+            }
+        }
+        true
+    }
 
+    /// One forward over `plan`'s rows (slots in increasing order), then each finished
+    /// row's sampling.
+    fn forward(&mut self, plan: &[(usize, usize, usize)]) {
         let llm = self.llm;
         // Each slot's tokens for this step.
         let feeds: Vec<Vec<u32>> = plan
@@ -546,10 +568,9 @@ impl<'m, B: Backend> Engine<'m, B> {
             llm.model
                 .forward_seqs(&llm.backend, &mut self.scratch, &mut chunks, Logits::Last)
         };
-        self.stats.steps.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = res {
             let msg = e.to_string();
-            for &(i, _, _) in &plan {
+            for &(i, _, _) in plan {
                 self.fail(
                     i,
                     RuntimeError::Path {
@@ -559,7 +580,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 );
                 self.slots[i].tokens.clear();
             }
-            return true;
+            return;
         }
         // Greedy requests take their tokens where the logits are (one pick for every row);
         // the others read their row, or the backend's top-k candidates of it.
@@ -622,7 +643,6 @@ impl<'m, B: Backend> Engine<'m, B> {
                 self.finish(i, f);
             }
         }
-        true
     }
 
     /// Ends slot `i`'s request: the held-back text, then `Done`.

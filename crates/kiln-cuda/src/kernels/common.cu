@@ -31,6 +31,7 @@ typedef unsigned int u32;
 #define MODE_GATE_UP 2
 
 #define MAX_TOK 4
+#define DEC_TILE 8
 #define WARPS 8
 #define QV 12
 #define Q6K_REC 20

@@ -41,8 +41,8 @@ __device__ __forceinline__ XQ xq_layout(const u8* base, int cols, int ntok) {
 
 // 16 values of a byte each (unsigned: 4-bit parts, Q6_K's with their high bits) in w[0..4]
 // dotted with 16 int8 activations.
-__device__ __forceinline__ int dot16_us(const u32* w, const uint4& x) {
-    int a = dp4a_us(w[0], (int)x.x, 0);
+__device__ __forceinline__ int dot16_us(const u32* w, const uint4& x, int acc = 0) {
+    int a = dp4a_us(w[0], (int)x.x, acc);
     a = dp4a_us(w[1], (int)x.y, a);
     a = dp4a_us(w[2], (int)x.z, a);
     return dp4a_us(w[3], (int)x.w, a);
@@ -505,42 +505,122 @@ __device__ __forceinline__ WVals wblk_vals(const WBlk& w, int fmt_rt, int b) {
     return o;
 }
 
-// Block b of a row (loaded as w) dotted with the block-quantized activations (q: 8 ints a
-// block; d: a scale a block; sum: two half sums a block).
+// One token's block-quantized activations: q (8 ints a block), d (a scale a block), sum (two
+// half sums a block).
+struct XTok {
+    const int* q;
+    const float* d;
+    const short* sum;
+};
+
+__device__ __forceinline__ XTok xtok(const XQ& g, int t, int cols) {
+    XTok x;
+    x.q = g.q + (size_t)t * (cols / 4);
+    x.d = g.d + (size_t)t * (cols / 32);
+    x.sum = g.sum + (size_t)t * (cols / 16);
+    return x;
+}
+
+// acc + block b of a row (loaded as w; its 4-bit formats' values unpacked as v) dotted with
+// one token's activations. Every rounding is spelled out (no contraction left to the
+// compiler), so a token's sums are the same in every kernel that takes it, whatever the
+// number of tokens beside it: the decode products are batch-invariant.
 template <int F>
-__device__ __forceinline__ float wblk_dot(const WBlk& w, int fmt_rt, int b, const int* xq,
-                                          const float* xd, const short* xs) {
+__device__ __forceinline__ float wblk_acc(float acc, const WBlk& w, const WVals& v, int fmt_rt,
+                                          int b, const XTok& x) {
     const int fmt = F >= 0 ? F : fmt_rt;
-    const uint4 xa = *(const uint4*)(xq + b * 8), xb = *(const uint4*)(xq + b * 8 + 4);
+    const uint4 xa = *(const uint4*)(x.q + b * 8), xb = *(const uint4*)(x.q + b * 8 + 4);
     if (fmt == FMT_Q8_0) {
         const int a = dot32_ss(w.q, w.r, xa, xb);
-        return h2f((u16)w.s) * xd[b] * (float)a;
+        return __fmaf_rn(__fmul_rn(h2f((u16)w.s), x.d[b]), (float)a, acc);
     }
-    const WVals o = wblk_vals<F>(w, fmt, b);
-    const u32* lo4 = o.lo4;
-    const u32* hi4 = o.hi4;
-    const float s_lo = o.s_lo, s_hi = o.s_hi, m_lo = o.m_lo, m_hi = o.m_hi;
-    const int a = dot16_us(lo4, xa), c = dot16_us(hi4, xb);
-    const float s0 = (float)xs[2 * b], s1 = (float)xs[2 * b + 1];
-    return xd[b] * (s_lo * (float)a + m_lo * s0 + s_hi * (float)c + m_hi * s1);
+    const u32 sm = *(const u32*)(x.sum + 2 * b);
+    const int s0 = (short)(sm & 0xffff), s1 = (short)(sm >> 16);
+    float u;
+    if (fmt == FMT_Q6_K) {
+        // Two halves with scales of their own.
+        const int a = dot16_us(v.lo4, xa), c = dot16_us(v.hi4, xb);
+        u = __fmul_rn(v.s_lo, (float)a);
+        u = __fmaf_rn(v.m_lo, (float)s0, u);
+        u = __fmaf_rn(v.s_hi, (float)c, u);
+        u = __fmaf_rn(v.m_hi, (float)s1, u);
+    } else {
+        // One scale and offset for the block: the halves' integer sums added first (exact).
+        const int a = dot16_us(v.hi4, xb, dot16_us(v.lo4, xa));
+        u = __fmaf_rn(v.m_lo, (float)(s0 + s1), __fmul_rn(v.s_lo, (float)a));
+    }
+    return __fmaf_rn(x.d[b], u, acc);
+}
+
+// A loaded block's values, unpacked once for all the tokens it meets (Q8_0: none).
+template <int F>
+__device__ __forceinline__ WVals wblk_unpack(const WBlk& w, int fmt_rt, int b) {
+    const int fmt = F >= 0 ? F : fmt_rt;
+    if (fmt == FMT_Q8_0) {
+        WVals v;
+        return v;
+    }
+    return wblk_vals<F>(w, fmt, b);
 }
 
 // Where a decode product's epilogue writes its output rows quantized, for the next product
 // (only with ROWS = 4: a block's 8 warps x 4 rows are one 32-value block of the output):
-// q, d and sums for one token of `total` values (xq_layout), each block's 32 values times
-// norm_w (the next RMSNorm's weights, or none), and their sum of squares into ss[block]
-// so that the next product applies the 1 / rms itself (summing the partials in order).
+// q, d and sums for each token of `total` values (xq_layout for the launch's tokens), each
+// block's 32 values times norm_w (the next RMSNorm's weights, or none), and their sum of
+// squares into ss[token][block] so that the next product applies the 1 / rms itself
+// (summing the partials in order).
 struct QOut {
     u8* xq;
     const float* norm_w;
     float* ss;
 };
 
-// The decode product: out = W x (+ bias), out += W x, or out = silu(W0 x) * (W1 x) for one
-// token of quantized activations xqb (cols values), times 1 / rms(x) when ss_in holds x's
-// sum of squares (an RMSNorm whose weights are already in xqb's values). Each warp takes
-// ROWS consecutive rows, WARPS / kw warp groups a block, a row's blocks split over kw warps;
-// a lane's first MVD_PRE blocks of each of its rows are loaded before anything else.
+// A decode product's output value from its row's sums (a0; a1: the up half of a gate/up
+// pair), x's 1 / rms r, the bias and the residual: the one expression every decode kernel
+// uses, so that the value is the same whichever ran it.
+__device__ __forceinline__ float dec_out(float a0, float a1, float r, float bias, float res,
+                                         int mode) {
+    if (mode == MODE_GATE_UP) return __fmul_rn(silu(__fmul_rn(a0, r)), __fmul_rn(a1, r));
+    const float v = __fmaf_rn(a0, r, bias);
+    return mode == MODE_ADD ? __fadd_rn(v, res) : v;
+}
+
+// x's 1 / rms from the producer's per-block sums of squares (one token's nb partials; a
+// warp's lanes over them in order, then the shuffle tree), or 1 without them.
+__device__ __forceinline__ float dec_inv_rms(const float* ss_in, int nb, int cols, float eps,
+                                             int lane) {
+    if (!ss_in) return 1.0f;
+    float ss = 0.0f;
+    for (int i = lane; i < nb; i += 32) ss += ss_in[i];
+    return rsqrtf(warp_sum(ss) / (float)cols + eps);
+}
+
+// The epilogue's quantized copy: a warp writes token tg's 32 output values v (one 32-value
+// block b of the output's `total`, laid out for ntok tokens) as quant_act would quantize
+// them (times the next norm's weights; the 1 / rms is the next product's), and their sum
+// of squares.
+__device__ __forceinline__ void dec_quant_out(const QOut& qo, float v, int b, int tg, int ntok,
+                                              int total, int lane) {
+    const int c = b * 32 + lane;
+    i8* q = (i8*)qo.xq + (size_t)tg * total;
+    float* d = (float*)(qo.xq + (size_t)ntok * total) + (size_t)tg * (total / 32);
+    short* sum = (short*)((float*)(qo.xq + (size_t)ntok * total) + (size_t)ntok * (total / 32)) +
+                 (size_t)tg * (total / 16);
+    quant_block(qo.norm_w ? __fmul_rn(v, qo.norm_w[c]) : v, b, lane, q, d, sum);
+    if (qo.ss) {
+        const float s2 = warp_sum(__fmul_rn(v, v));
+        if (lane == 0) qo.ss[(size_t)tg * (total / 32) + b] = s2;
+    }
+}
+
+// The decode product for one token: out = W x (+ bias), out += W x, or
+// out = silu(W0 x) * (W1 x) for quantized activations xqb (cols values), times 1 / rms(x)
+// when ss_in holds x's sums of squares (an RMSNorm whose weights are already in xqb's
+// values). Each warp takes ROWS consecutive rows, WARPS / kw warp groups a block, a row's
+// blocks split over kw warps; a lane's first MVD_PRE blocks of each of its rows are loaded
+// before anything else. A row's sums: the lane's blocks in order, the warp's shuffle tree,
+// then the k parts in order; matvec_dec_tokens takes the same steps for each of its tokens
+// (with kw = 1), so a token's result is the same alone or among 63 others.
 template <int F, int ROWS>
 __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const float* ss_in,
                                 float eps, int mode, int kw, const QOut& qo) {
@@ -577,9 +657,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
         }
     }
     // The epilogue's other inputs are loaded before the products so that their latency hides
-    // behind them: the bias (a weight: before the wait), then the residual rows and x's sum
-    // of squares from the producer's per-block partials, in one fixed order (a warp's lanes
-    // over cols / 32 partials, then the shuffle tree below): the same every run.
+    // behind them: the bias (a weight: before the wait), then the residual rows.
     const bool adds = live && lane == 0 && !gu;
     float bias[ROWS], res[ROWS];
 #pragma unroll
@@ -587,10 +665,9 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     pdl_wait();
 #pragma unroll
     for (int j = 0; j < ROWS; j++) res[j] = adds && mode == MODE_ADD ? m.out[rr + j] : 0.0f;
-    float ss = 0.0f;
-    if (ss_in)
-        for (int i = lane; i < nb; i += 32) ss += ss_in[i];
+    const float r = dec_inv_rms(ss_in, nb, cols, eps, lane);
     const XQ g = xq_layout(xqb, cols, 1);
+    const XTok x = xtok(g, 0, cols);
     float a0[ROWS], a1[ROWS];
 #pragma unroll
     for (int j = 0; j < ROWS; j++) a0[j] = a1[j] = 0.0f;
@@ -601,18 +678,23 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
             if (b < nb) {
 #pragma unroll
                 for (int j = 0; j < ROWS; j++) {
-                    a0[j] += wblk_dot<F>(w0[j][i], m.fmt, b, g.q, g.d, g.sum);
-                    if (gu) a1[j] += wblk_dot<F>(w1[j][i], m1.fmt, b, g.q, g.d, g.sum);
+                    a0[j] = wblk_acc<F>(a0[j], w0[j][i], wblk_unpack<F>(w0[j][i], m.fmt, b),
+                                        m.fmt, b, x);
+                    if (gu)
+                        a1[j] = wblk_acc<F>(a1[j], w1[j][i], wblk_unpack<F>(w1[j][i], m1.fmt, b),
+                                            m1.fmt, b, x);
                 }
             }
         }
         for (int b = part * 32 + lane + MVD_PRE * 32 * kw; b < nb; b += 32 * kw) {
 #pragma unroll
             for (int j = 0; j < ROWS; j++) {
-                a0[j] += wblk_dot<F>(wblk_load<F>(m, rr + j, b, nb), m.fmt, b, g.q, g.d, g.sum);
-                if (gu)
-                    a1[j] += wblk_dot<F>(wblk_load<F>(m1, rr + j, b, nb), m1.fmt, b, g.q, g.d,
-                                         g.sum);
+                const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
+                a0[j] = wblk_acc<F>(a0[j], wa, wblk_unpack<F>(wa, m.fmt, b), m.fmt, b, x);
+                if (gu) {
+                    const WBlk wb = wblk_load<F>(m1, rr + j, b, nb);
+                    a1[j] = wblk_acc<F>(a1[j], wb, wblk_unpack<F>(wb, m1.fmt, b), m1.fmt, b, x);
+                }
             }
         }
     }
@@ -635,56 +717,127 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
         for (int j = 0; j < ROWS; j++) {
             a0[j] = a1[j] = 0.0f;
             for (int p = 0; p < kw; p++) {
-                a0[j] += red[warp + p][j];
-                a1[j] += red[warp + p][ROWS + j];
+                a0[j] = __fadd_rn(a0[j], red[warp + p][j]);
+                a1[j] = __fadd_rn(a1[j], red[warp + p][ROWS + j]);
             }
         }
     }
-    const float r = ss_in ? rsqrtf(warp_sum(ss) / (float)cols + eps) : 1.0f;
     if (live && lane == 0) {
 #pragma unroll
         for (int j = 0; j < ROWS; j++) {
-            float v;
-            if (gu) {
-                v = silu(a0[j] * r) * (a1[j] * r);
-                ms.m[0].out[row + j] = v;
-            } else {
-                v = a0[j] * r + bias[j];
-                if (mode == MODE_ADD) v += res[j];
-                m.out[rr + j] = v;
-            }
+            const float v = dec_out(a0[j], a1[j], r, bias[j], res[j], mode);
+            (gu ? ms.m[0].out[row + j] : m.out[rr + j]) = v;
             outv[warp * ROWS + j] = v;
         }
     }
     if (ROWS != 4 || !qo.xq) return;
     __syncthreads();
     if (warp != 0) return;
-    // The block's 32 output values as quant_act would quantize them (times the next norm's
-    // weights; the 1 / rms is the next product's).
-    const int b = blockIdx.x;
-    const int c = b * 32 + lane;
-    const float v = outv[lane];
-    i8* q = (i8*)qo.xq;
-    float* d = (float*)(qo.xq + total);
-    short* sum = (short*)(d + total / 32);
-    quant_block(v * (qo.norm_w ? qo.norm_w[c] : 1.0f), b, lane, q, d, sum);
-    if (qo.ss) {
-        const float s2 = warp_sum(v * v);
-        if (lane == 0) qo.ss[b] = s2;
-    }
+    dec_quant_out(qo, outv[lane], blockIdx.x, 0, 1, total, lane);
 }
 
+// The decode product for 2..DEC_MAX_TOK tokens (kw = 1): block i takes row group
+// i / tiles and tokens (i % tiles) * NT.. (a row group's tiles run side by side, so its
+// weights come from DRAM once and from L2 after). A warp's rows one after the other, each
+// block of a row loaded once and dotted with the NT tokens: each token's sums taken in
+// matvec_dec_impl's order, its output by the same expressions.
+template <int F, int ROWS, int NT>
+__device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int ntok,
+                                  const float* ss_in, float eps, int mode, const QOut& qo) {
+    __shared__ float outv[NT][WARPS * ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nb = cols / 32;
+    const bool gu = mode == MODE_GATE_UP;
+    const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
+    const int tiles = (ntok + NT - 1) / NT;
+    const int rb = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * NT;
+    const int nt = min(NT, ntok - t0);
+    const int row = (rb * WARPS + warp) * ROWS;
+    const bool live = row < total;
+    int mi = 0, rr = row;
+    if (!gu) {
+        mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
+        rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+    }
+    const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+    const Mat m1 = ms.m[1];
+    pdl_trigger();
+    pdl_wait();
+    const XQ g = xq_layout(xqb, cols, ntok);
+    float r[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        r[t] = t < nt ? dec_inv_rms(ss_in ? ss_in + (size_t)(t0 + t) * nb : nullptr, nb, cols,
+                                    eps, lane)
+                      : 1.0f;
+#pragma unroll 1
+    for (int j = 0; j < ROWS; j++) {
+        float a0[NT], a1[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) a0[t] = a1[t] = 0.0f;
+        if (live) {
+            for (int b = lane; b < nb; b += 32) {
+                const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
+                const WVals va = wblk_unpack<F>(wa, m.fmt, b);
+                WBlk wb;
+                WVals vb;
+                if (gu) {
+                    wb = wblk_load<F>(m1, rr + j, b, nb);
+                    vb = wblk_unpack<F>(wb, m1.fmt, b);
+                }
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= nt) break;
+                    const XTok x = xtok(g, t0 + t, cols);
+                    a0[t] = wblk_acc<F>(a0[t], wa, va, m.fmt, b, x);
+                    if (gu) a1[t] = wblk_acc<F>(a1[t], wb, vb, m1.fmt, b, x);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            a0[t] = warp_sum(a0[t]);
+            if (gu) a1[t] = warp_sum(a1[t]);
+        }
+        if (live && lane == 0) {
+            const float bias = !gu && m.bias ? m.bias[rr + j] : 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= nt) break;
+                float* o = gu ? ms.m[0].out + (size_t)(t0 + t) * ms.m[0].ld_out + row + j
+                              : m.out + (size_t)(t0 + t) * m.ld_out + rr + j;
+                const float v = dec_out(a0[t], a1[t], r[t], bias, mode == MODE_ADD ? *o : 0.0f, mode);
+                *o = v;
+                outv[t][warp * ROWS + j] = v;
+            }
+        }
+    }
+    if (ROWS != 4 || !qo.xq) return;
+    __syncthreads();
+    // Warp t quantizes token t's 32 values of the block.
+    if (warp < nt) dec_quant_out(qo, outv[warp][lane], rb, t0 + warp, ntok, total, lane);
+}
+
+// matvec_dec_<format>_<ROWS>_<NT>: NT = 1 for one token (matvec_dec_impl), DEC_TILE for
+// 2..DEC_MAX_TOK (matvec_dec_tokens).
 #define MATVEC_DEC1(NAME, F, ROWS)                                                           \
     extern "C" __global__ void __launch_bounds__(32 * WARPS)                                 \
-        matvec_dec_##NAME##_##ROWS(Mats ms, const u8* xqb, int cols, const float* ss_in,      \
-                                   float eps, int mode, int kw, QOut qo) {                    \
+        matvec_dec_##NAME##_##ROWS##_1(Mats ms, const u8* xqb, int cols, int ntok,            \
+                                       const float* ss_in, float eps, int mode, int kw,       \
+                                       QOut qo) {                                             \
         matvec_dec_impl<F, ROWS>(ms, xqb, cols, ss_in, eps, mode, kw, qo);                    \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, 2)                              \
+        matvec_dec_##NAME##_##ROWS##_8(Mats ms, const u8* xqb, int cols, int ntok,            \
+                                       const float* ss_in, float eps, int mode, int kw,       \
+                                       QOut qo) {                                             \
+        matvec_dec_tokens<F, ROWS, DEC_TILE>(ms, xqb, cols, ntok, ss_in, eps, mode, qo);      \
     }
 #define MATVEC_DEC(NAME, F) MATVEC_DEC1(NAME, F, 1) MATVEC_DEC1(NAME, F, 4)
+static_assert(DEC_TILE == 8 && WARPS >= DEC_TILE, "the decode kernels' names say 8 tokens");
 MATVEC_DEC(any, -1)
 MATVEC_DEC(q4_0, FMT_Q4_0)
 MATVEC_DEC(q4_1, FMT_Q4_1)
 MATVEC_DEC(q8_0, FMT_Q8_0)
 MATVEC_DEC(q4_k, FMT_Q4_K)
 MATVEC_DEC(q6_k, FMT_Q6_K)
-

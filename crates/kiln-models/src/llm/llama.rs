@@ -381,7 +381,7 @@ impl<B: Backend> Llama<B> {
                 // (A replay runs no closure: the row count is the step's, one.)
                 let key = (sc.key << 32) ^ one.cache.key;
                 let mut res = Ok(1);
-                b.step(key, one.tokens, s.pos0, &mut || {
+                b.step(Some(key), one.tokens, s.pos0, &mut || {
                     res = self.forward_rows(b, sc, &mut kv, out);
                     Ok(())
                 })
@@ -391,7 +391,7 @@ impl<B: Backend> Llama<B> {
                 })?;
                 return res;
             }
-            return self.forward_rows(b, sc, &mut kv, out);
+            return self.unrecorded_step(b, sc, &mut kv, out);
         }
         let mut kv: Vec<SeqKv<'_, B::KvCache>> = seqs
             .iter_mut()
@@ -400,7 +400,28 @@ impl<B: Backend> Llama<B> {
                 cache: &mut s.cache.kv,
             })
             .collect();
-        self.forward_rows(b, sc, &mut kv, out)
+        self.unrecorded_step(b, sc, &mut kv, out)
+    }
+
+    /// A step of its own, not recorded: the ops fuse as in a recorded one, so a sequence's
+    /// sums are the same whichever of the two ran it.
+    fn unrecorded_step(
+        &self,
+        b: &B,
+        sc: &mut LlamaScratch<B>,
+        kv: &mut [SeqKv<'_, B::KvCache>],
+        out: Logits,
+    ) -> Result<usize, ModelError> {
+        let mut res = Ok(0);
+        b.step(None, &[], 0, &mut || {
+            res = self.forward_rows(b, sc, kv, out);
+            Ok(())
+        })
+        .map_err(|source| ModelError::Backend {
+            file: Default::default(),
+            source,
+        })?;
+        res
     }
 
     /// The layers over the stacked token rows of `sc.ids` (sequences `kv`), then the logits.
