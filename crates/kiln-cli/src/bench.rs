@@ -11,7 +11,7 @@ use clap::Args;
 use kiln_backend::cpu::{default_threads, membw, CpuBackend, Pool};
 use kiln_backend::Backend;
 use kiln_formats::GgufFile;
-use kiln_models::llm::Llama;
+use kiln_models::llm::{Llama, Logits, SeqChunk};
 use serde_json::json;
 
 use crate::{resolve_model, DEFAULT_LLM};
@@ -45,6 +45,11 @@ pub struct BenchArgs {
         default_value = "128"
     )]
     n_gen: Vec<usize>,
+    /// Sequences decoded together in each `tg` test, comma-separated (llama-batched-bench's
+    /// -npl): P sequences each at its own cache, one batched forward a step for all of them
+    /// (as `kiln serve --parallel` runs them), reported as `tgNxP`, tokens/s over all P.
+    #[arg(long = "parallel", value_delimiter = ',', default_value = "1")]
+    parallel: Vec<usize>,
     /// Timed repetitions of each test, after one untimed warm-up run.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
@@ -88,21 +93,23 @@ pub struct BenchArgs {
 enum Test {
     /// One forward of `n` prompt tokens from position 0.
     Prompt(usize),
-    /// `n` single-token decode steps from position 0.
-    Gen(usize),
+    /// `n` single-token decode steps from position 0, of `p` sequences together.
+    Gen(usize, usize),
 }
 
 impl Test {
     fn name(self) -> String {
         match self {
             Test::Prompt(n) => format!("pp{n}"),
-            Test::Gen(n) => format!("tg{n}"),
+            Test::Gen(n, 1) => format!("tg{n}"),
+            Test::Gen(n, p) => format!("tg{n}x{p}"),
         }
     }
 
     fn tokens(self) -> usize {
         match self {
-            Test::Prompt(n) | Test::Gen(n) => n,
+            Test::Prompt(n) => n,
+            Test::Gen(n, p) => n * p,
         }
     }
 }
@@ -180,11 +187,20 @@ fn run_test<B: Backend>(
     let tokens = random_tokens(n, llama.cfg.vocab_size, SEED);
     let max_batch = match test {
         Test::Prompt(n) => n.min(UBATCH),
-        Test::Gen(_) => 1,
+        Test::Gen(..) => 1,
     };
     // Every run starts at position 0, so the cache left by the previous one is never read:
     // one state serves as a fresh state for every run.
-    let mut st = llama.new_state(b, n, max_batch);
+    let (ctx, par) = match test {
+        Test::Gen(n, p) => (n, p),
+        Test::Prompt(n) => (n, 1),
+    };
+    let mut st = llama.new_state(b, if par > 1 { 1 } else { ctx }, max_batch);
+    // The parallel test's caches and scratch (rows for every sequence's token).
+    let mut par = (par > 1).then(|| {
+        let caches: Vec<_> = (0..par).map(|_| llama.new_cache(b, ctx)).collect();
+        (caches, llama.new_scratch(b, par, par, par))
+    });
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..=reps {
         let t0 = Instant::now();
@@ -192,11 +208,32 @@ fn run_test<B: Backend>(
             Test::Prompt(_) => {
                 llama.forward(b, &mut st, &tokens, 0, false)?;
             }
-            Test::Gen(_) => {
+            Test::Gen(_, 1) => {
                 // Each step ends with a greedy pick (as decoding does), so a device backend
                 // is timed to the token on the host, not to the queueing of its work.
                 for (pos, &tok) in tokens.iter().enumerate() {
                     llama.forward_argmax(b, &mut st, &[tok], pos)?;
+                }
+            }
+            Test::Gen(n, p) => {
+                let par = par.as_mut().expect("made for parallel tests");
+                let vocab = llama.cfg.vocab_size;
+                for pos in 0..n {
+                    // Sequence i reads the fixed tokens from offset i.
+                    let feeds: Vec<[u32; 1]> =
+                        (0..p).map(|i| [tokens[(pos + i) % n]]).collect();
+                    let mut seqs: Vec<SeqChunk<'_, B>> = par
+                        .0
+                        .iter_mut()
+                        .zip(&feeds)
+                        .map(|(cache, f)| SeqChunk {
+                            cache,
+                            tokens: f,
+                            pos0: pos,
+                        })
+                        .collect();
+                    let rows = llama.forward_seqs(b, &mut par.1, &mut seqs, Logits::Last)?;
+                    llama.argmax(b, &par.1, rows, vocab);
                 }
             }
         }
@@ -231,7 +268,8 @@ impl<B: Backend> Measured<'_, B> {
     /// Effective GB/s of a decode test at its mean tokens/s.
     fn gbps(&self, avg_ts: f64) -> Option<f64> {
         match self.test {
-            Test::Gen(n) => Some(self.model.decode_gbps(n, avg_ts)),
+            Test::Gen(n, 1) => Some(self.model.decode_gbps(n, avg_ts)),
+            Test::Gen(..) => None,
             Test::Prompt(_) => None,
         }
     }
@@ -263,7 +301,7 @@ impl<B: Backend> Measured<'_, B> {
         let (avg_ns, sd_ns) = mean_sd(&ns);
         let (n_prompt, n_gen) = match self.test {
             Test::Prompt(n) => (n, 0),
-            Test::Gen(n) => (0, n),
+            Test::Gen(n, _) => (0, n),
         };
         let mut o = json!({
             "model_filename": m.file.display().to_string(),
@@ -274,6 +312,10 @@ impl<B: Backend> Measured<'_, B> {
             "n_threads": self.threads,
             "n_prompt": n_prompt,
             "n_gen": n_gen,
+            "n_parallel": match self.test {
+                Test::Gen(_, p) => p,
+                Test::Prompt(_) => 1,
+            },
             "avg_ns": avg_ns.round() as u64,
             "stddev_ns": sd_ns.round() as u64,
             "avg_ts": avg_ts,
@@ -317,6 +359,10 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         !threads.contains(&0),
         "-t/--threads: thread counts must be at least 1"
     );
+    anyhow::ensure!(
+        !a.parallel.contains(&0),
+        "--parallel: sequence counts must be at least 1"
+    );
     if let Some(text) = &a.tts {
         let model = a
             .models
@@ -339,7 +385,11 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         false => a.models.clone(),
     };
     let tests: Vec<Test> = (a.n_prompt.iter().map(|&n| Test::Prompt(n)))
-        .chain(a.n_gen.iter().map(|&n| Test::Gen(n)))
+        .chain(
+            a.n_gen
+                .iter()
+                .flat_map(|&n| a.parallel.iter().map(move |&p| Test::Gen(n, p))),
+        )
         .filter(|t| t.tokens() > 0)
         .collect();
     anyhow::ensure!(

@@ -8,7 +8,9 @@ pub(crate) const ATT_WCHUNK: usize = 32;
 
 pub(crate) const ATT_WARPS: usize = 4;
 
-/// Keys per decode attention split at a full cache, when that leaves the GPU enough blocks.
+/// Keys per decode attention split at a full cache, when that leaves the GPU enough blocks;
+/// a shorter sequence uses fewer of its splits, of at least this many keys each
+/// (kernels/attention.cu ATT_SPLIT_KEYS).
 pub(crate) const ATT_SPLIT_KEYS: usize = 16;
 
 /// kernels/attention.cu's attn_split_<EPL> and attn_dec_<EPL>, by EPL - 1.

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -144,6 +144,11 @@ pub struct SchedulerStats {
     pub running: AtomicUsize,
     /// Batched forward passes.
     pub steps: AtomicUsize,
+    /// Nanoseconds of the engine's steps (sampling, streaming and bookkeeping included).
+    pub step_ns: AtomicU64,
+    /// Nanoseconds of those in the model: forwards and their greedy picks, to the picked
+    /// tokens on the host (the rest of `step_ns` is the host's own work between forwards).
+    pub forward_ns: AtomicU64,
 }
 
 /// The handle to the engine thread; cheap to share (`submit` takes `&self`).
@@ -475,6 +480,16 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// batch-invariant (the CPU's; CUDA's up to 64 rows) a request's answer does not depend
     /// on what else the server runs.
     fn step(&mut self) -> bool {
+        let t0 = Instant::now();
+        let ran = self.step_inner();
+        if ran {
+            let ns = t0.elapsed().as_nanos() as u64;
+            self.stats.step_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+        ran
+    }
+
+    fn step_inner(&mut self) -> bool {
         for i in 0..self.slots.len() {
             if self.slots[i].seq.as_ref().is_some_and(|s| s.sink.closed()) {
                 self.release(i);
@@ -550,6 +565,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 }
             })
             .collect();
+        let t0 = Instant::now();
         let res = {
             let mut chunks: Vec<SeqChunk<'_, B>> = Vec::with_capacity(plan.len());
             let mut rest: &mut [Slot<'m, B>] = &mut self.slots;
@@ -595,6 +611,8 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .argmax(&llm.backend, &self.scratch, plan.len(), cols),
             false => Vec::new(),
         };
+        let ns = t0.elapsed().as_nanos() as u64;
+        self.stats.forward_ns.fetch_add(ns, Ordering::Relaxed);
         self.clock += 1;
         for (j, (&(i, _, _), feed)) in plan.iter().zip(&feeds).enumerate() {
             let slot = &mut self.slots[i];

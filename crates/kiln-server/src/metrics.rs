@@ -134,6 +134,24 @@ impl Metrics {
             "Batched forward passes.",
             s.steps.load(Ordering::Relaxed) as u64,
         );
+        let secs = |a: &AtomicU64| {
+            let ns = a.load(Ordering::Relaxed);
+            format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000)
+        };
+        for (name, help, v) in [
+            (
+                "kiln_engine_step_seconds_total",
+                "Time in the engine's steps (forwards, sampling, streaming, bookkeeping).",
+                secs(&s.step_ns),
+            ),
+            (
+                "kiln_engine_forward_seconds_total",
+                "Time of those in the model's forwards and greedy picks.",
+                secs(&s.forward_ns),
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
         let ttft = self.ttft.lock().unwrap_or_else(|p| p.into_inner());
         ttft.write(
             &mut out,

@@ -83,6 +83,9 @@ extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const f
 #define ATT_WCHUNK 32
 #define ATT_TILE 64
 #define ATT_KU 4
+// Keys a decode split takes at least (attention.rs ATT_SPLIT_KEYS): a sequence uses
+// ceil(len / ATT_SPLIT_KEYS) of its splits, at most all of them.
+#define ATT_SPLIT_KEYS 16
 #define MAX_GROUP 8
 
 // EPL consecutive f16 values of row r from dimension lane * EPL (zeros past hd), by the
@@ -328,6 +331,10 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
     // are laid out by the grid's splits.
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
     const int g = heads / kv_heads;
+    // Splits of ATT_SPLIT_KEYS keys or more while the cache is short (a grid made for a
+    // full cache, replayed at every position): the same count for a length and cache
+    // size whatever else the launch holds.
+    n_split = min(n_split, max(1, (len + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS));
     if (split >= n_split) {
         pdl_wait();
         if (threadIdx.x < g)

@@ -1,0 +1,108 @@
+//! The server's scheduler on CUDA: 32 concurrent greedy requests (different prompts and
+//! lengths, joining while others decode) each get exactly the tokens the same prompt gets
+//! alone through the single-sequence generation loop. A request's answer must not depend on
+//! what else the server runs (the batched decode products are batch-invariant).
+//!
+//! Needs an NVIDIA GPU: `cargo test --release -p kiln-cuda -- --ignored`.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::channel;
+use std::time::Duration;
+
+use kiln_cuda::CudaBackend;
+use kiln_quant::GgmlType;
+use kiln_runtime::{
+    Event, GenerateOptions, Llm, Prompt, Request, SamplerConfig, Scheduler, SchedulerConfig,
+};
+
+fn fixture(dir: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-models/tests/fixtures/hf")
+        .join(dir)
+}
+
+fn prompts(dir: &str, n: usize) -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(fixture("reference.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let base: Vec<u32> = r["models"][dir]["prompts"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    // Rotations of the reference prompt, cut to different lengths, some longer than it.
+    (0..n)
+        .map(|i| {
+            let mut p = base.clone();
+            p.rotate_left(i % base.len());
+            if i % 3 == 0 {
+                p.extend_from_slice(&base);
+            }
+            p.truncate(p.len() - i % 5);
+            p
+        })
+        .collect()
+}
+
+#[test]
+#[ignore]
+fn scheduler_greedy_equals_alone() {
+    for (dir, quant) in [("qwen3", Some(GgmlType::Q4_0)), ("llama3", Some(GgmlType::Q8_0))] {
+        let n = 32;
+        let ps = prompts(dir, n);
+        let opts = |i: usize| GenerateOptions {
+            max_tokens: 12 + i % 7,
+            sampler: SamplerConfig::greedy(),
+            stop: Vec::new(),
+        };
+        let load = move || Llm::load_quantized(CudaBackend::new().expect("a CUDA GPU"), &fixture(dir), quant);
+        let alone: Vec<Vec<u32>> = {
+            let llm = load().unwrap();
+            ps.iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let mut s = llm.session(256, 64);
+                    s.generate(p, &opts(i), &mut |_| true).unwrap().tokens
+                })
+                .collect()
+        };
+        let s = Scheduler::spawn(
+            SchedulerConfig {
+                slots: n,
+                n_ctx: 256,
+                prefill_chunk: 64,
+                max_queue: 64,
+                timeout: None,
+            },
+            load,
+        )
+        .unwrap();
+        let rxs: Vec<_> = ps
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (tx, rx) = channel();
+                s.submit(Request {
+                    prompt: Prompt::Tokens(p.clone()),
+                    opts: opts(i),
+                    sink: Box::new(tx),
+                })
+                .unwrap();
+                rx
+            })
+            .collect();
+        let batched: Vec<Vec<u32>> = rxs
+            .iter()
+            .map(|rx| loop {
+                match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+                    Event::Text(_) => {}
+                    Event::Done(c) => break c.tokens,
+                    Event::Error(e) => panic!("request failed: {e}"),
+                }
+            })
+            .collect();
+        let same = alone.iter().zip(&batched).filter(|(a, b)| a == b).count();
+        eprintln!("{dir} {quant:?}: {same} of {n} concurrent greedy requests equal alone");
+        assert_eq!(same, n, "{dir}: {alone:?}\nvs\n{batched:?}");
+    }
+}
