@@ -378,20 +378,10 @@ impl<B: Backend> Llama<B> {
             if n == 1 && out == Logits::Last && !sc.trace {
                 // One decode step: the same ops on the same buffers every time, so a backend
                 // may record it once and replay it (a key per scratch and cache).
-                // (A replay runs no closure: the row count is the step's, one.)
                 let key = (sc.key << 32) ^ one.cache.key;
-                let mut res = Ok(1);
-                b.step(Some(key), one.tokens, s.pos0, &mut || {
-                    res = self.forward_rows(b, sc, &mut kv, out);
-                    Ok(())
-                })
-                .map_err(|source| ModelError::Backend {
-                    file: Default::default(),
-                    source,
-                })?;
-                return res;
+                return self.step(b, sc, &mut kv, out, Some((key, one.tokens, s.pos0)));
             }
-            return self.unrecorded_step(b, sc, &mut kv, out);
+            return self.step(b, sc, &mut kv, out, None);
         }
         let mut kv: Vec<SeqKv<'_, B::KvCache>> = seqs
             .iter_mut()
@@ -400,20 +390,27 @@ impl<B: Backend> Llama<B> {
                 cache: &mut s.cache.kv,
             })
             .collect();
-        self.unrecorded_step(b, sc, &mut kv, out)
+        self.step(b, sc, &mut kv, out, None)
     }
 
-    /// A step of its own, not recorded: the ops fuse as in a recorded one, so a sequence's
-    /// sums are the same whichever of the two ran it.
-    fn unrecorded_step(
+    /// `forward_rows` as one backend step: recorded for replay under `record`'s key (with the
+    /// step's tokens and first position), or not recorded, the ops fusing as in a recorded
+    /// one, so a sequence's sums are the same whichever of the two ran it.
+    fn step(
         &self,
         b: &B,
         sc: &mut LlamaScratch<B>,
         kv: &mut [SeqKv<'_, B::KvCache>],
         out: Logits,
+        record: Option<(u64, &[u32], usize)>,
     ) -> Result<usize, ModelError> {
-        let mut res = Ok(0);
-        b.step(None, &[], 0, &mut || {
+        // (A replay runs no closure: its row count is the recorded step's, one.)
+        let mut res = Ok(1);
+        let (key, tokens, pos0) = match record {
+            Some((k, t, p)) => (Some(k), t, p),
+            None => (None, &[][..], 0),
+        };
+        b.step(key, tokens, pos0, &mut || {
             res = self.forward_rows(b, sc, kv, out);
             Ok(())
         })
