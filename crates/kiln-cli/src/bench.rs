@@ -50,6 +50,9 @@ pub struct BenchArgs {
     /// (as `kiln serve --parallel` runs them), reported as `tgNxP`, tokens/s over all P.
     #[arg(long = "parallel", value_delimiter = ',', default_value = "1")]
     parallel: Vec<usize>,
+    /// How the KV cache stores keys and values: f32, f16, q8_0 (llama-bench's -ctk/-ctv).
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f32", value_parser = crate::parse_kv)]
+    kv_type: kiln_backend::KvType,
     /// Timed repetitions of each test, after one untimed warm-up run.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
@@ -181,6 +184,7 @@ fn run_test<B: Backend>(
     b: &B,
     test: Test,
     reps: usize,
+    kv: kiln_backend::KvType,
 ) -> anyhow::Result<Vec<u64>> {
     let llama = &m.model;
     let n = test.tokens();
@@ -195,12 +199,17 @@ fn run_test<B: Backend>(
         Test::Gen(n, p) => (n, p),
         Test::Prompt(n) => (n, 1),
     };
-    let mut st = llama.new_state(b, if par > 1 { 1 } else { ctx }, max_batch);
+    let mut st = llama.new_state_kv(b, if par > 1 { 1 } else { ctx }, max_batch, kv)?;
     // The parallel test's caches and scratch (rows for every sequence's token).
-    let mut par = (par > 1).then(|| {
-        let caches: Vec<_> = (0..par).map(|_| llama.new_cache(b, ctx)).collect();
-        (caches, llama.new_scratch(b, par, par, par))
-    });
+    let mut par = match par > 1 {
+        true => {
+            let caches = (0..par)
+                .map(|_| llama.new_cache_kv(b, ctx, kv))
+                .collect::<Result<Vec<_>, _>>()?;
+            Some((caches, llama.new_scratch(b, par, par, par)))
+        }
+        false => None,
+    };
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..=reps {
         let t0 = Instant::now();
@@ -414,6 +423,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let run = Run {
         tests: &tests,
         reps: a.reps,
+        kv: a.kv_type,
         json: a.json,
         cpu: &cpu,
     };
@@ -475,6 +485,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
 struct Run<'a> {
     tests: &'a [Test],
     reps: usize,
+    kv: kiln_backend::KvType,
     json: bool,
     cpu: &'a str,
 }
@@ -492,7 +503,7 @@ impl Run<'_> {
     ) -> anyhow::Result<()> {
         for &test in self.tests {
             let test_time = rfc3339_utc(SystemTime::now());
-            let samples_ns = run_test(m, b, test, self.reps)?;
+            let samples_ns = run_test(m, b, test, self.reps, self.kv)?;
             let r = Measured {
                 model: m,
                 backend,

@@ -148,7 +148,7 @@ pub struct ModelArgs {
     pub adapter: Option<String>,
 }
 
-fn parse_kv(s: &str) -> Result<kiln_backend::KvType, String> {
+pub(crate) fn parse_kv(s: &str) -> Result<kiln_backend::KvType, String> {
     kiln_backend::KvType::parse(s)
         .ok_or_else(|| format!("unknown KV cache type '{s}' (f32, f16, q8_0)"))
 }

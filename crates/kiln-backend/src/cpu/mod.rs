@@ -680,6 +680,19 @@ impl Backend for CpuBackend {
     ) {
         assert_eq!(shape.head_dim, cache.head_dim);
         if let Some(p) = &cache.packed {
+            if let Some((k, v)) = p.f16_layer(layer) {
+                // f16 read as it is by the tiled kernel, where it runs.
+                let seg = ops::attention::SegOf {
+                    k,
+                    v,
+                    n_ctx: cache.n_ctx,
+                    s: shape,
+                    row0: 0,
+                };
+                if ops::attention::attention_segs_f16(&self.pool, q, &[seg], out) {
+                    return;
+                }
+            }
             // Widened to f32 for the positions in use, then the f32 kernel.
             let (k, v) = &mut *p.widened(&self.pool, layer, shape.pos0 + shape.n_tokens);
             return ops::attention::attention(&self.pool, q, k, v, cache.n_ctx, shape, out);
@@ -706,13 +719,27 @@ impl Backend for CpuBackend {
             },
             row0: 0,
         };
-        // f32 caches gather into one call (one pool job); a packed cache runs alone on its
-        // widened copy.
+        // f32 caches gather into one call (one pool job); a packed cache runs alone, f16 read
+        // as it is where the tiled kernel runs, otherwise on its widened copy.
         let mut segs = [NONE; MAX_SEGS];
         let (mut n, mut row0) = (0, 0);
         for (cache, shape) in seqs {
             assert_eq!(shape.head_dim, cache.head_dim);
             if let Some(p) = &cache.packed {
+                let direct = p.f16_layer(layer).is_some_and(|(k, v)| {
+                    let seg = ops::attention::SegOf {
+                        k,
+                        v,
+                        n_ctx: cache.n_ctx,
+                        s: shape,
+                        row0,
+                    };
+                    ops::attention::attention_segs_f16(&self.pool, q, &[seg], out)
+                });
+                if direct {
+                    row0 += shape.n_tokens;
+                    continue;
+                }
                 let (k, v) = &mut *p.widened(&self.pool, layer, shape.pos0 + shape.n_tokens);
                 let seg = Seg {
                     k,

@@ -35,12 +35,45 @@ pub const MAX_SEGS: usize = 64;
 /// One sequence of a batched attention: its layer of its cache (`k`, `v` laid out
 /// (kv_heads, n_ctx, hd)), its shape, and where its tokens' rows start in q and out.
 #[derive(Clone, Copy)]
-pub struct Seg<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+pub struct SegOf<'a, E> {
+    pub k: &'a [E],
+    pub v: &'a [E],
     pub n_ctx: usize,
     pub s: AttnShape,
     pub row0: usize,
+}
+
+/// A sequence over an f32 cache.
+pub type Seg<'a> = SegOf<'a, f32>;
+
+/// `attention_segs` over f16 caches (values as their bit patterns) read as they are, the
+/// tiled kernel widening each block of keys or values as it loads it: the sums of the
+/// widened f32 cache, bit for bit, at half the memory traffic. False (nothing done) where
+/// the tiled kernel does not run (no AVX2/F16C, or a head size it lacks).
+pub fn attention_segs_f16(
+    pool: &Pool,
+    q: &CpuTensor,
+    segs: &[SegOf<'_, u16>],
+    out: &mut CpuTensor,
+) -> bool {
+    assert!(segs.len() <= MAX_SEGS, "at most {MAX_SEGS} sequences per call");
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (avx2, avx512) = simd_ok();
+        if avx2
+            && std::is_x86_feature_detected!("f16c")
+            && segs
+                .iter()
+                .all(|g| super::attention_tiled::handles(g.s.head_dim))
+        {
+            if !segs.is_empty() {
+                super::attention_tiled::attention(pool, q, segs, out, avx512);
+            }
+            return true;
+        }
+    }
+    let _ = (pool, q, segs, out);
+    false
 }
 
 /// Attention of every sequence of `segs` (at most `MAX_SEGS`, disjoint rows): with the
@@ -118,7 +151,7 @@ struct Items<'a> {
 }
 
 /// (AVX2 + FMA, AVX-512F) usable, unless SIMD is disabled.
-fn simd_ok() -> (bool, bool) {
+pub(crate) fn simd_ok() -> (bool, bool) {
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 = !crate::cpu::kernels::simd_disabled()

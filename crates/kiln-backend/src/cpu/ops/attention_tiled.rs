@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{softmax, zigzag, Seg, MAX_SEGS};
+use super::attention::{softmax, zigzag, SegOf, MAX_SEGS};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
 
@@ -20,13 +20,43 @@ const TILE_TOKENS: usize = 4;
 /// them).
 const PV_BLOCK: usize = 32;
 
+/// A cache element: f32, or f16 as its bits (u16), widened as it loads.
+pub trait KvElem: Copy + Sync {
+    /// 8 values at p as f32. The caller checked AVX2 + F16C.
+    unsafe fn ld8(p: *const Self) -> __m256;
+    /// 16 values at p as f32. The caller checked AVX-512F.
+    unsafe fn ld16(p: *const Self) -> __m512;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    unsafe fn ld8(p: *const f32) -> __m256 {
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn ld16(p: *const f32) -> __m512 {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+}
+
+impl KvElem for u16 {
+    #[inline(always)]
+    unsafe fn ld8(p: *const u16) -> __m256 {
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn ld16(p: *const u16) -> __m512 {
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+}
+
 /// Whether this path takes the shape (head sizes with compiled kernels).
 pub fn handles(hd: usize) -> bool {
     matches!(hd, 64 | 128)
 }
 
 #[derive(Default)]
-struct Scratch {
+pub struct Scratch {
     scores: Vec<f32>,
     /// Two accumulator sets per query (even and odd positions), HD each.
     o: Vec<f32>,
@@ -38,9 +68,15 @@ thread_local! {
 
 /// Causal grouped-query attention of every sequence in `segs` (see
 /// `attention::attention_segs`) as one pool job, `avx512` choosing 512-bit vectors. The
-/// caller checked AVX2 + FMA (and AVX-512F when `avx512`), `handles` for every head size,
-/// and that `segs` is not empty.
-pub fn attention(pool: &Pool, q: &CpuTensor, segs: &[Seg<'_>], out: &mut CpuTensor, avx512: bool) {
+/// caller checked AVX2 + FMA (+ F16C for an f16 cache; AVX-512F when `avx512`), `handles`
+/// for every head size, and that `segs` is not empty.
+pub fn attention<E: Entries>(
+    pool: &Pool,
+    q: &CpuTensor,
+    segs: &[SegOf<'_, E>],
+    out: &mut CpuTensor,
+    avx512: bool,
+) {
     let dst = SharedMut(out.data.as_mut_ptr());
     let out_cols = out.cols;
     let hd = segs[0].s.head_dim;
@@ -73,38 +109,56 @@ pub fn attention(pool: &Pool, q: &CpuTensor, segs: &[Seg<'_>], out: &mut CpuTens
             // not inherit target features).
             unsafe {
                 match (avx512, hd) {
-                    (true, 64) => tiles_avx512::<64>(&job, i0, i1, sc),
-                    (true, _) => tiles_avx512::<128>(&job, i0, i1, sc),
-                    (false, 64) => tiles_avx2::<64>(&job, i0, i1, sc),
-                    (false, _) => tiles_avx2::<128>(&job, i0, i1, sc),
+                    (true, 64) => E::tiles_avx512::<64>(&job, i0, i1, sc),
+                    (true, _) => E::tiles_avx512::<128>(&job, i0, i1, sc),
+                    (false, 64) => E::tiles_avx2::<64>(&job, i0, i1, sc),
+                    (false, _) => E::tiles_avx2::<128>(&job, i0, i1, sc),
                 }
             }
         })
     });
 }
 
-struct Job<'a> {
+pub struct Job<'a, E> {
     q: &'a CpuTensor,
-    segs: &'a [Seg<'a>],
+    segs: &'a [SegOf<'a, E>],
     starts: &'a [usize],
     dst: SharedMut,
     out_cols: usize,
 }
 
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn tiles_avx512<const HD: usize>(job: &Job, i0: usize, i1: usize, sc: &mut Scratch) {
-    unsafe { tiles::<HD, true>(job, i0, i1, sc) }
+/// The entry points by cache element (the f16 ones also need F16C).
+pub trait Entries: KvElem {
+    unsafe fn tiles_avx512<const HD: usize>(job: &Job<Self>, i0: usize, i1: usize, sc: &mut Scratch);
+    unsafe fn tiles_avx2<const HD: usize>(job: &Job<Self>, i0: usize, i1: usize, sc: &mut Scratch);
 }
 
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tiles_avx2<const HD: usize>(job: &Job, i0: usize, i1: usize, sc: &mut Scratch) {
-    unsafe { tiles::<HD, false>(job, i0, i1, sc) }
+impl Entries for f32 {
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn tiles_avx512<const HD: usize>(job: &Job<f32>, i0: usize, i1: usize, sc: &mut Scratch) {
+        unsafe { tiles::<HD, true, f32>(job, i0, i1, sc) }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tiles_avx2<const HD: usize>(job: &Job<f32>, i0: usize, i1: usize, sc: &mut Scratch) {
+        unsafe { tiles::<HD, false, f32>(job, i0, i1, sc) }
+    }
+}
+
+impl Entries for u16 {
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn tiles_avx512<const HD: usize>(job: &Job<u16>, i0: usize, i1: usize, sc: &mut Scratch) {
+        unsafe { tiles::<HD, true, u16>(job, i0, i1, sc) }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tiles_avx2<const HD: usize>(job: &Job<u16>, i0: usize, i1: usize, sc: &mut Scratch) {
+        unsafe { tiles::<HD, false, u16>(job, i0, i1, sc) }
+    }
 }
 
 /// Work items i0..i1, each (sequence, tile of its tokens, kv head).
 #[inline(always)]
-unsafe fn tiles<const HD: usize, const W512: bool>(
-    job: &Job,
+unsafe fn tiles<const HD: usize, const W512: bool, E: KvElem>(
+    job: &Job<E>,
     i0: usize,
     i1: usize,
     scr: &mut Scratch,
@@ -116,7 +170,7 @@ unsafe fn tiles<const HD: usize, const W512: bool>(
         while job.starts[j + 1] <= i {
             j += 1;
         }
-        let Seg {
+        let SegOf {
             k,
             v,
             n_ctx,
@@ -146,7 +200,7 @@ unsafe fn tiles<const HD: usize, const W512: bool>(
                 let row = &mut scores[m * max_len..(m + 1) * max_len];
                 if p0 + 8 <= len {
                     unsafe {
-                        score8::<HD, W512>(
+                        score8::<HD, W512, E>(
                             qm,
                             &kh[p0 * HD..(p0 + 8) * HD],
                             scale,
@@ -156,7 +210,7 @@ unsafe fn tiles<const HD: usize, const W512: bool>(
                 } else {
                     for p in p0..len {
                         row[p] =
-                            unsafe { score1::<HD, W512>(qm, &kh[p * HD..(p + 1) * HD]) } * scale;
+                            unsafe { score1::<HD, W512, E>(qm, &kh[p * HD..(p + 1) * HD]) } * scale;
                     }
                 }
             }
@@ -176,7 +230,7 @@ unsafe fn tiles<const HD: usize, const W512: bool>(
                 let p1 = (p0 + PV_BLOCK).min(len);
                 let w = &scores[m * max_len + p0..m * max_len + p1];
                 let om = &mut o[m * 2 * HD..(m + 1) * 2 * HD];
-                unsafe { pv::<HD, W512>(w, &vh[p0 * HD..p1 * HD], om) };
+                unsafe { pv::<HD, W512, E>(w, &vh[p0 * HD..p1 * HD], om) };
             }
         }
         for m in 0..m_count {
@@ -194,9 +248,9 @@ unsafe fn tiles<const HD: usize, const W512: bool>(
 
 /// Scores of 8 consecutive positions (k: 8 rows of HD) for q, times `scale`, into out.
 #[inline(always)]
-unsafe fn score8<const HD: usize, const W512: bool>(
+unsafe fn score8<const HD: usize, const W512: bool, E: KvElem>(
     q: &[f32],
-    k: &[f32],
+    k: &[E],
     scale: f32,
     out: &mut [f32],
 ) {
@@ -209,7 +263,7 @@ unsafe fn score8<const HD: usize, const W512: bool>(
             for c in 0..HD / 16 {
                 let qv = _mm512_loadu_ps(qp.add(16 * c));
                 for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp.add(j * HD + 16 * c)), *a);
+                    *a = _mm512_fmadd_ps(qv, E::ld16(kp.add(j * HD + 16 * c)), *a);
                 }
             }
             for j in 0..8 {
@@ -222,7 +276,7 @@ unsafe fn score8<const HD: usize, const W512: bool>(
             for c in 0..HD / 8 {
                 let qv = _mm256_loadu_ps(qp.add(8 * c));
                 for (j, a) in h.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add(j * HD + 8 * c)), *a);
+                    *a = _mm256_fmadd_ps(qv, E::ld8(kp.add(j * HD + 8 * c)), *a);
                 }
             }
         }
@@ -242,28 +296,20 @@ unsafe fn score8<const HD: usize, const W512: bool>(
 
 /// q . k for one position.
 #[inline(always)]
-unsafe fn score1<const HD: usize, const W512: bool>(q: &[f32], k: &[f32]) -> f32 {
+unsafe fn score1<const HD: usize, const W512: bool, E: KvElem>(q: &[f32], k: &[E]) -> f32 {
     assert!(q.len() == HD && k.len() == HD);
     unsafe {
         let (qp, kp) = (q.as_ptr(), k.as_ptr());
         if W512 {
             let mut a = _mm512_setzero_ps();
             for c in 0..HD / 16 {
-                a = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(qp.add(16 * c)),
-                    _mm512_loadu_ps(kp.add(16 * c)),
-                    a,
-                );
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(16 * c)), E::ld16(kp.add(16 * c)), a);
             }
             _mm512_reduce_add_ps(a)
         } else {
             let mut a = _mm256_setzero_ps();
             for c in 0..HD / 8 {
-                a = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(qp.add(8 * c)),
-                    _mm256_loadu_ps(kp.add(8 * c)),
-                    a,
-                );
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(8 * c)), E::ld8(kp.add(8 * c)), a);
             }
             let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -275,7 +321,7 @@ unsafe fn score1<const HD: usize, const W512: bool>(q: &[f32], k: &[f32]) -> f32
 /// o[set] += w[i] * v[i] over a block of positions (starting at an even position), set =
 /// the position's parity; `o` holds the two sets, HD each.
 #[inline(always)]
-unsafe fn pv<const HD: usize, const W512: bool>(w: &[f32], v: &[f32], o: &mut [f32]) {
+unsafe fn pv<const HD: usize, const W512: bool, E: KvElem>(w: &[f32], v: &[E], o: &mut [f32]) {
     assert!(v.len() == w.len() * HD && o.len() == 2 * HD);
     unsafe {
         let (vp, op) = (v.as_ptr(), o.as_mut_ptr());
@@ -290,7 +336,7 @@ unsafe fn pv<const HD: usize, const W512: bool>(w: &[f32], v: &[f32], o: &mut [f
                 let wv = _mm512_set1_ps(wi);
                 let a = &mut acc[i & 1];
                 for c in 0..HD / 16 {
-                    a[c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vp.add(i * HD + 16 * c)), a[c]);
+                    a[c] = _mm512_fmadd_ps(wv, E::ld16(vp.add(i * HD + 16 * c)), a[c]);
                 }
             }
             for (s, a) in acc.iter().enumerate() {
@@ -307,7 +353,7 @@ unsafe fn pv<const HD: usize, const W512: bool>(w: &[f32], v: &[f32], o: &mut [f
             for (i, &wi) in w.iter().enumerate() {
                 let wv = _mm256_set1_ps(wi);
                 for c in 0..HD / 8 {
-                    acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(i * HD + 8 * c)), acc[c]);
+                    acc[c] = _mm256_fmadd_ps(wv, E::ld8(vp.add(i * HD + 8 * c)), acc[c]);
                 }
             }
             for c in 0..HD / 8 {
