@@ -229,8 +229,7 @@ fn run_test<B: Backend>(
                 let vocab = llama.cfg.vocab_size;
                 for pos in 0..n {
                     // Sequence i reads the fixed tokens from offset i.
-                    let feeds: Vec<[u32; 1]> =
-                        (0..p).map(|i| [tokens[(pos + i) % n]]).collect();
+                    let feeds: Vec<[u32; 1]> = (0..p).map(|i| [tokens[(pos + i) % n]]).collect();
                     let mut seqs: Vec<SeqChunk<'_, B>> = par
                         .0
                         .iter_mut()

@@ -211,12 +211,17 @@ impl CudaBackend {
         let dec = n <= DEC_MAX_TOK && cols % 32 == 0 && mats.m[..n_used].iter().all(quantized);
         // Rows written quantized for the next product (decode kernels with 4 rows a warp:
         // 32 rows a block, a lane's block of a row at most four of them).
-        let fuse_out = qout.is_some() && self.in_step.get() && total % 32 == 0 && cols / 32 <= 4 * 32;
+        let fuse_out =
+            qout.is_some() && self.in_step.get() && total % 32 == 0 && cols / 32 <= 4 * 32;
         let (xq_a, xq_b, grown) = {
             let mut sc = self.scratch.borrow_mut();
             // Room for any decode launch's tokens, so that a batch never grows them (nor
             // drops the step's recordings).
-            let width = if dec && fuse_out { cols.max(total) } else { cols };
+            let width = if dec && fuse_out {
+                cols.max(total)
+            } else {
+                cols
+            };
             let bytes = pack::xq_bytes(width, DEC_MAX_TOK.max(MAX_TOK));
             assert!(
                 !self.recording.get()

@@ -295,8 +295,16 @@ fn decode_products_chained_in_a_step() {
             for (t, (x1, q1)) in alone.iter().take(n).enumerate() {
                 let rows = t * dim..(t + 1) * dim;
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got.0[rows.clone()]), bits(x1), "{ty:?} n={n} token {t}: residual");
-                assert_eq!(bits(&got.1[rows]), bits(q1), "{ty:?} n={n} token {t}: next product");
+                assert_eq!(
+                    bits(&got.0[rows.clone()]),
+                    bits(x1),
+                    "{ty:?} n={n} token {t}: residual"
+                );
+                assert_eq!(
+                    bits(&got.1[rows]),
+                    bits(q1),
+                    "{ty:?} n={n} token {t}: next product"
+                );
             }
         }
     }

@@ -47,7 +47,10 @@ fn prompts(dir: &str, n: usize) -> Vec<Vec<u32>> {
 #[test]
 #[ignore]
 fn scheduler_greedy_equals_alone() {
-    for (dir, quant) in [("qwen3", Some(GgmlType::Q4_0)), ("llama3", Some(GgmlType::Q8_0))] {
+    for (dir, quant) in [
+        ("qwen3", Some(GgmlType::Q4_0)),
+        ("llama3", Some(GgmlType::Q8_0)),
+    ] {
         let n = 32;
         let ps = prompts(dir, n);
         let opts = |i: usize| GenerateOptions {
@@ -55,7 +58,13 @@ fn scheduler_greedy_equals_alone() {
             sampler: SamplerConfig::greedy(),
             stop: Vec::new(),
         };
-        let load = move || Llm::load_quantized(CudaBackend::new().expect("a CUDA GPU"), &fixture(dir), quant);
+        let load = move || {
+            Llm::load_quantized(
+                CudaBackend::new().expect("a CUDA GPU"),
+                &fixture(dir),
+                quant,
+            )
+        };
         let alone: Vec<Vec<u32>> = {
             let llm = load().unwrap();
             ps.iter()

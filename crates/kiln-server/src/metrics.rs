@@ -150,7 +150,10 @@ impl Metrics {
                 secs(&s.forward_ns),
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         }
         let ttft = self.ttft.lock().unwrap_or_else(|p| p.into_inner());
         ttft.write(

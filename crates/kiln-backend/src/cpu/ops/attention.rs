@@ -56,7 +56,10 @@ pub fn attention_segs_f16(
     segs: &[SegOf<'_, u16>],
     out: &mut CpuTensor,
 ) -> bool {
-    assert!(segs.len() <= MAX_SEGS, "at most {MAX_SEGS} sequences per call");
+    assert!(
+        segs.len() <= MAX_SEGS,
+        "at most {MAX_SEGS} sequences per call"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         let (avx2, avx512) = simd_ok();

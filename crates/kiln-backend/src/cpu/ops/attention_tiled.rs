@@ -129,13 +129,23 @@ pub struct Job<'a, E> {
 
 /// The entry points by cache element (the f16 ones also need F16C).
 pub trait Entries: KvElem {
-    unsafe fn tiles_avx512<const HD: usize>(job: &Job<Self>, i0: usize, i1: usize, sc: &mut Scratch);
+    unsafe fn tiles_avx512<const HD: usize>(
+        job: &Job<Self>,
+        i0: usize,
+        i1: usize,
+        sc: &mut Scratch,
+    );
     unsafe fn tiles_avx2<const HD: usize>(job: &Job<Self>, i0: usize, i1: usize, sc: &mut Scratch);
 }
 
 impl Entries for f32 {
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn tiles_avx512<const HD: usize>(job: &Job<f32>, i0: usize, i1: usize, sc: &mut Scratch) {
+    unsafe fn tiles_avx512<const HD: usize>(
+        job: &Job<f32>,
+        i0: usize,
+        i1: usize,
+        sc: &mut Scratch,
+    ) {
         unsafe { tiles::<HD, true, f32>(job, i0, i1, sc) }
     }
     #[target_feature(enable = "avx2,fma")]
@@ -146,7 +156,12 @@ impl Entries for f32 {
 
 impl Entries for u16 {
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn tiles_avx512<const HD: usize>(job: &Job<u16>, i0: usize, i1: usize, sc: &mut Scratch) {
+    unsafe fn tiles_avx512<const HD: usize>(
+        job: &Job<u16>,
+        i0: usize,
+        i1: usize,
+        sc: &mut Scratch,
+    ) {
         unsafe { tiles::<HD, true, u16>(job, i0, i1, sc) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]

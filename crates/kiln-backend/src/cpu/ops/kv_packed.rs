@@ -239,8 +239,20 @@ mod tests {
                 cols: heads * hd,
             };
             let segs16 = [
-                SegOf { k: k16, v: v16, n_ctx, s: shape(shapes[0]), row0: 0 },
-                SegOf { k: k16, v: v16, n_ctx, s: shape(shapes[1]), row0: 1 },
+                SegOf {
+                    k: k16,
+                    v: v16,
+                    n_ctx,
+                    s: shape(shapes[0]),
+                    row0: 0,
+                },
+                SegOf {
+                    k: k16,
+                    v: v16,
+                    n_ctx,
+                    s: shape(shapes[1]),
+                    row0: 1,
+                },
             ];
             let ran = attention_segs_f16(&pool, &q, &segs16, &mut got);
             #[cfg(target_arch = "x86_64")]
@@ -260,8 +272,20 @@ mod tests {
                 cols: heads * hd,
             };
             let segs: [Seg<'_>; 2] = [
-                SegOf { k: kw, v: vw, n_ctx, s: shape(shapes[0]), row0: 0 },
-                SegOf { k: kw, v: vw, n_ctx, s: shape(shapes[1]), row0: 1 },
+                SegOf {
+                    k: kw,
+                    v: vw,
+                    n_ctx,
+                    s: shape(shapes[0]),
+                    row0: 0,
+                },
+                SegOf {
+                    k: kw,
+                    v: vw,
+                    n_ctx,
+                    s: shape(shapes[1]),
+                    row0: 1,
+                },
             ];
             attention_segs(&pool, &q, &segs, &mut want);
             let bits = |t: &CpuTensor| t.data.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
