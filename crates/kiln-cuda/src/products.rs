@@ -213,7 +213,7 @@ impl CudaBackend {
         // 32 rows a block, a lane's block of a row at most four of them).
         let fuse_out =
             qout.is_some() && self.in_step.get() && total % 32 == 0 && cols / 32 <= 4 * 32;
-        let (xq_a, xq_b, grown) = {
+        let (xq_a, xq_b, moved) = {
             let mut sc = self.scratch.borrow_mut();
             // Room for any decode launch's tokens, so that a batch never grows them (nor
             // drops the step's recordings).
@@ -254,7 +254,7 @@ impl CudaBackend {
             .take()
             .filter(|s| s.x == x.0 && s.n == n && s.norm == norm_w)
             .map(|mut s| {
-                if let Some(&(_, new)) = grown.iter().find(|m| m.0 == s.xq && m.1 != 0) {
+                if let Some(&(_, new)) = moved.iter().find(|m| m.0 == s.xq && m.1 != 0) {
                     s.xq = new;
                 }
                 s

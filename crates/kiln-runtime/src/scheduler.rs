@@ -142,7 +142,7 @@ pub struct SchedulerStats {
     pub queued: AtomicUsize,
     /// Requests in a slot.
     pub running: AtomicUsize,
-    /// Batched forward passes.
+    /// Engine steps (the decode rows' forward and any prompt chunks' forwards each).
     pub steps: AtomicUsize,
     /// Nanoseconds of the engine's steps (sampling, streaming and bookkeeping included).
     pub step_ns: AtomicU64,
@@ -541,11 +541,10 @@ impl<'m, B: Backend> Engine<'m, B> {
         if !decode.is_empty() {
             self.forward(&decode);
         }
+        // (The decode forward touches decode slots only: every planned chunk's is still
+        // there.)
         for p in &prefill {
-            // (A request may have failed in the decode forward: its slot is free then.)
-            if self.slots[p[0].0].seq.is_some() {
-                self.forward(p);
-            }
+            self.forward(p);
         }
         true
     }

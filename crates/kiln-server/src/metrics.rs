@@ -131,7 +131,7 @@ impl Metrics {
         counter(
             &mut out,
             "kiln_batch_steps_total",
-            "Batched forward passes.",
+            "Engine steps (the decode rows' forward and any prompt chunks' forwards each).",
             s.steps.load(Ordering::Relaxed) as u64,
         );
         let secs = |a: &AtomicU64| {
