@@ -274,11 +274,16 @@ unsafe fn score8<const HD: usize, const W512: bool, E: KvElem>(
         let (qp, kp) = (q.as_ptr(), k.as_ptr());
         let mut h = [_mm256_setzero_ps(); 8];
         if W512 {
+            // Row by row (the cache read in address order, which the prefetchers follow),
+            // the query in registers; each lane's sum taken over c in order as before.
+            let mut qv = [_mm512_setzero_ps(); 8];
+            for (c, x) in qv.iter_mut().enumerate().take(HD / 16) {
+                *x = _mm512_loadu_ps(qp.add(16 * c));
+            }
             let mut acc = [_mm512_setzero_ps(); 8];
-            for c in 0..HD / 16 {
-                let qv = _mm512_loadu_ps(qp.add(16 * c));
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(qv, E::ld16(kp.add(j * HD + 16 * c)), *a);
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (c, x) in qv.iter().enumerate().take(HD / 16) {
+                    *a = _mm512_fmadd_ps(*x, E::ld16(kp.add(j * HD + 16 * c)), *a);
                 }
             }
             for j in 0..8 {
@@ -341,23 +346,33 @@ unsafe fn pv<const HD: usize, const W512: bool, E: KvElem>(w: &[f32], v: &[E], o
     unsafe {
         let (vp, op) = (v.as_ptr(), o.as_mut_ptr());
         if W512 {
-            let mut acc = [[_mm512_setzero_ps(); 8]; 2];
-            for (s, a) in acc.iter_mut().enumerate() {
+            // The two sets as two named arrays, positions taken in pairs: a set chosen by a
+            // runtime index would live on the stack, each FMA a load and a store.
+            let (mut a0, mut a1) = ([_mm512_setzero_ps(); 8], [_mm512_setzero_ps(); 8]);
+            for c in 0..HD / 16 {
+                a0[c] = _mm512_loadu_ps(op.add(16 * c));
+                a1[c] = _mm512_loadu_ps(op.add(HD + 16 * c));
+            }
+            let pairs = w.len() / 2;
+            for i in 0..pairs {
+                let (w0, w1) = (_mm512_set1_ps(w[2 * i]), _mm512_set1_ps(w[2 * i + 1]));
+                let (r0, r1) = (vp.add(2 * i * HD), vp.add((2 * i + 1) * HD));
                 for c in 0..HD / 16 {
-                    a[c] = _mm512_loadu_ps(op.add(s * HD + 16 * c));
+                    a0[c] = _mm512_fmadd_ps(w0, E::ld16(r0.add(16 * c)), a0[c]);
+                }
+                for c in 0..HD / 16 {
+                    a1[c] = _mm512_fmadd_ps(w1, E::ld16(r1.add(16 * c)), a1[c]);
                 }
             }
-            for (i, &wi) in w.iter().enumerate() {
-                let wv = _mm512_set1_ps(wi);
-                let a = &mut acc[i & 1];
+            if w.len() % 2 == 1 {
+                let (wv, r) = (_mm512_set1_ps(w[2 * pairs]), vp.add(2 * pairs * HD));
                 for c in 0..HD / 16 {
-                    a[c] = _mm512_fmadd_ps(wv, E::ld16(vp.add(i * HD + 16 * c)), a[c]);
+                    a0[c] = _mm512_fmadd_ps(wv, E::ld16(r.add(16 * c)), a0[c]);
                 }
             }
-            for (s, a) in acc.iter().enumerate() {
-                for c in 0..HD / 16 {
-                    _mm512_storeu_ps(op.add(s * HD + 16 * c), a[c]);
-                }
+            for c in 0..HD / 16 {
+                _mm512_storeu_ps(op.add(16 * c), a0[c]);
+                _mm512_storeu_ps(op.add(HD + 16 * c), a1[c]);
             }
         } else {
             // One set (the second stays zero): 16-lane sets would not fit 16 registers.
