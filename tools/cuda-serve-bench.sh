@@ -14,8 +14,9 @@
 #   PARALLEL, CTX   (env) slots of both servers and tokens a slot (default 64, 1024)
 #   ROUNDS, R       (env) rounds of both servers in turn, repetitions a row (default 2, 5;
 #                   the rows are medians)
-#   TESTS           (env) optional: a directory of kiln-cuda test binaries (`ops`, `models`),
-#                   run --ignored while llama.cpp builds
+#   TESTS           (env) optional: a directory of kiln-cuda test binaries (`ops`, `models`,
+#                   `scheduler`, `conformance`: those present), run --ignored while
+#                   llama.cpp builds
 #   SERVERS         (env) which servers run (default "kiln llama"; "base" adds the kiln
 #                   binary $KILN_BASE, an earlier build, as "kiln-base")
 #   STAGE=build     (env) build llama-server only (start it with setsid in one call, run
@@ -79,7 +80,8 @@ if [ ! -s "$F" ]; then
     echo "$F written in $(( $(date +%s) - t0 )) s"
 fi
 if [ -n "${TESTS:-}" ]; then
-    for t in ops models; do
+    for t in ops models scheduler conformance; do
+        [ -x "$TESTS/$t" ] || continue
         echo "== $t --ignored --test-threads=1"
         { "$TESTS/$t" --ignored --test-threads=1 2>&1 || echo "$t: exit status $?"; } \
             | grep -E "^test |test result|panicked|exit status|equal alone" -A2 || true
