@@ -228,7 +228,10 @@ fn fetch_source(
 }
 
 fn python() -> String {
-    std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into())
+    std::env::var("KILN_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python3".into())
 }
 
 fn single_file(dir: &Path) -> Result<Option<PathBuf>, AssetError> {

@@ -280,7 +280,7 @@ fn required_kernel_sets_are_available() {
     eprintln!("kernel sets: {names:?}");
     #[cfg(target_arch = "aarch64")]
     assert!(names.contains(&"neon"), "{names:?}");
-    let required = std::env::var("KILN_REQUIRE_KERNELS").unwrap_or_default();
+    let required = kiln_backend::options::value("KILN_REQUIRE_KERNELS").unwrap_or_default();
     for r in required.split(',').filter(|r| !r.is_empty()) {
         assert!(
             names.contains(&r),

@@ -79,6 +79,51 @@ pub fn gpu_backend(_adapter: Option<&str>) -> anyhow::Result<kiln_backend::cpu::
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    opts: RuntimeFlags,
+}
+
+/// How kiln computes, for any command; each flag wins over its environment variable
+/// (README, "Environment").
+#[derive(clap::Args)]
+struct RuntimeFlags {
+    /// CPU: the scalar kernels only [env: KILN_NO_SIMD]
+    #[arg(long, global = true)]
+    no_simd: bool,
+    /// CPU: the AVX2 kernels on an AVX-512 machine [env: KILN_NO_AVX512]
+    #[arg(long, global = true)]
+    no_avx512: bool,
+    /// CPU: no AMX tiles, as most CPUs (AMD, Apple, consumer Intel) [env: KILN_NO_AMX]
+    #[arg(long, global = true)]
+    no_amx: bool,
+    /// CUDA: launch decode steps op by op instead of replaying graphs [env: KILN_CUDA_NO_GRAPHS]
+    #[arg(long, global = true)]
+    no_cuda_graphs: bool,
+    /// Bytes a model may take before it is refused (default: the memory available)
+    /// [env: KILN_MEMORY_LIMIT]
+    #[arg(long, global = true, value_name = "BYTES")]
+    memory_limit: Option<u64>,
+    /// Load models without checking that they fit in memory [env: KILN_NO_MEMORY_CHECK]
+    #[arg(long, global = true)]
+    no_memory_check: bool,
+    /// Print a summary of named activations per layer to stderr [env: KILN_TRACE]
+    #[arg(long, global = true)]
+    trace: bool,
+}
+
+impl RuntimeFlags {
+    /// The flags over the environment's options.
+    fn options(&self) -> kiln_backend::options::RuntimeOptions {
+        let mut o = kiln_backend::options::RuntimeOptions::from_env();
+        o.no_simd |= self.no_simd;
+        o.no_avx512 |= self.no_avx512;
+        o.no_amx |= self.no_amx;
+        o.no_cuda_graphs |= self.no_cuda_graphs;
+        o.memory_limit = self.memory_limit.or(o.memory_limit);
+        o.no_memory_check |= self.no_memory_check;
+        o.trace |= self.trace;
+        o
+    }
 }
 
 #[derive(Subcommand)]
@@ -170,6 +215,8 @@ pub fn parse_quant(s: &str) -> Result<kiln_quant::GgmlType, String> {
 fn main() -> ExitCode {
     kiln_backend::cpu::retain_freed_memory();
     let cli = Cli::parse();
+    // Before anything reads them (nothing has: no backend exists yet).
+    let _ = kiln_backend::options::init(cli.opts.options());
     let res = match cli.cmd {
         Cmd::Run(a) => llm_cmd::run(a),
         Cmd::Chat(a) => llm_cmd::chat(a),

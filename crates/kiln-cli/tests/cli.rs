@@ -223,6 +223,20 @@ fn model_that_does_not_fit_is_refused_before_loading() {
     // Enough memory: it answers.
     let out = run("100000000000", &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // Flags win over the variables: --memory-limit over KILN_MEMORY_LIMIT (either way), and
+    // --no-memory-check loads what the limit refuses. A flag after the command or before it.
+    let out = run("100000000000", &["--memory-limit", "50000000"]);
+    assert_clean_error(&out, "needs 92 MiB of memory but 48 MiB is available");
+    let out = run("50000000", &["--memory-limit", "100000000000"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run("50000000", &["--no-memory-check"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["--memory-limit", "50000000", "run", "-m", m, "-p", "hi"])
+        .env_remove("KILN_MEMORY_LIMIT")
+        .output()
+        .expect("run kiln");
+    assert_clean_error(&out, "needs 92 MiB of memory but 48 MiB is available");
 }
 
 #[test]

@@ -195,7 +195,7 @@ pub const KERNELS: &[&str] = &[
     "fake_quant_u8",
 ];
 
-/// Host time per kind of driver call (KILN_CUDA_TIMES=1), printed when the device is dropped:
+/// Host time per kind of driver call (KILN_CUDA_TIMES=1, a `dev-switches` build), printed when the device is dropped:
 /// where a decode step's host time goes.
 #[derive(Default)]
 pub struct HostTimes {
@@ -239,7 +239,7 @@ pub struct Device {
 
 /// Where compiled PTX is kept: `$KILN_HOME/cuda` (KILN_HOME defaults to ~/.cache/kiln).
 fn cache_dir() -> Option<PathBuf> {
-    let home = std::env::var_os("KILN_HOME")
+    let home = kiln_backend::options::value("KILN_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln")))?;
     Some(home.join("cuda"))
@@ -295,7 +295,7 @@ impl Device {
         let stream = ctx
             .new_stream()
             .map_err(|e| init_err("creating a stream", e))?;
-        let skip = kiln_backend::options::value("KILN_CUDA_SKIP").map_or(vec![], |v| {
+        let skip = kiln_backend::options::dev_value("KILN_CUDA_SKIP").map_or(vec![], |v| {
             // A name, or a prefix of names ("matvec" for them all).
             let names: Vec<&str> = v.split(',').collect();
             KERNELS
@@ -306,13 +306,13 @@ impl Device {
                 .collect()
         });
         Ok(Device {
-            times: kiln_backend::options::flag("KILN_CUDA_TIMES").then(HostTimes::default),
+            times: kiln_backend::options::dev_flag("KILN_CUDA_TIMES").then(HostTimes::default),
             ctx,
             stream,
             _module: module,
             funcs,
             num_sms,
-            pdl: major >= 9 && !kiln_backend::options::flag("KILN_CUDA_NO_PDL"),
+            pdl: major >= 9 && !kiln_backend::options::dev_flag("KILN_CUDA_NO_PDL"),
             skip,
             name,
         })

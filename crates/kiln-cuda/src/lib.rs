@@ -159,7 +159,7 @@ impl Drop for Graph {
     }
 }
 
-/// Tuning overrides, read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
+/// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
 /// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM.
 #[derive(Default)]
 struct Tune {
@@ -171,11 +171,11 @@ struct Tune {
 
 impl Tune {
     fn from_env() -> Tune {
-        let env = kiln_backend::options::parsed::<usize>;
+        let env = kiln_backend::options::dev_parsed::<usize>;
         Tune {
             kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
             nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
-            prompt_gemm: !kiln_backend::options::flag("KILN_CUDA_NO_PROMPT_GEMM"),
+            prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
         }
     }
 }
@@ -251,14 +251,14 @@ impl CudaBackend {
             recording: Cell::new(false),
             xq_src: Cell::new(None),
             in_step: Cell::new(false),
-            topk: !kiln_backend::options::flag("KILN_CUDA_NO_TOPK"),
+            topk: !kiln_backend::options::dev_flag("KILN_CUDA_NO_TOPK"),
             tune: Tune::from_env(),
             ss: DevBuf::alloc(4 * SS_SLOTS),
             ss_next: Cell::new(0),
             graphs: RefCell::default(),
             seen: RefCell::default(),
             graphs_gen: Cell::new(SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed)),
-            use_graphs: !kiln_backend::options::flag("KILN_CUDA_NO_GRAPHS"),
+            use_graphs: !kiln_backend::options::get().no_cuda_graphs,
             rope: RefCell::new(None),
             scratch: RefCell::default(),
             prompt_attn_bytes: Cell::new(PROMPT_ATTN_BYTES),

@@ -200,7 +200,7 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn dump(trace: &Trace, audio: &[f32]) {
-    if let Ok(dir) = std::env::var("KILN_KOKORO_DUMP") {
+    if let Some(dir) = kiln_backend::options::value("KILN_KOKORO_DUMP") {
         for (name, v) in trace
             .iter()
             .chain([("audio".to_string(), audio.to_vec())].iter())
@@ -624,7 +624,7 @@ fn fp32_onnx_model_matches_onnx_runtime() {
         "the fp32 graph and the int8 one run in f32 differ"
     );
 
-    if let Ok(r) = std::env::var("KILN_KOKORO_FP32_REF") {
+    if let Some(r) = kiln_backend::options::value("KILN_KOKORO_FP32_REF") {
         let want = kiln_formats::read_npy(&r).unwrap().data;
         let free = m.synthesize(&b, &c.ids, &style, c.speed, None).unwrap();
         let n = free.len().min(want.len());

@@ -37,7 +37,7 @@ pub enum RuntimeError {
     EmptyPrompt,
     #[error("the draft model {} does not share the model's tokenizer: {what}", path.display())]
     DraftMismatch { path: PathBuf, what: String },
-    #[error("{what} needs {} of memory but {} is available (KILN_NO_MEMORY_CHECK=1 tries anyway)", crate::memory::size_label(*need), crate::memory::size_label(*have))]
+    #[error("{what} needs {} of memory but {} is available (--no-memory-check or KILN_NO_MEMORY_CHECK=1 tries anyway)", crate::memory::size_label(*need), crate::memory::size_label(*have))]
     OutOfMemory { what: String, need: u64, have: u64 },
 }
 

@@ -3,10 +3,11 @@
 
 use crate::RuntimeError;
 
-/// Bytes a new allocation can have now: `KILN_MEMORY_LIMIT` (bytes) when set, else Linux's
+/// Bytes a new allocation can have now: the memory limit option (`--memory-limit`,
+/// `KILN_MEMORY_LIMIT`) when set, else Linux's
 /// MemAvailable; `None` where neither is known (then nothing is refused).
 pub fn available_bytes() -> Option<u64> {
-    if let Some(v) = kiln_backend::options::parsed("KILN_MEMORY_LIMIT") {
+    if let Some(v) = kiln_backend::options::get().memory_limit {
         return Some(v);
     }
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -16,9 +17,9 @@ pub fn available_bytes() -> Option<u64> {
 }
 
 /// Errors when `need` bytes (for `what`) exceed what is available.
-/// `KILN_NO_MEMORY_CHECK=1` skips the check.
+/// `--no-memory-check` (`KILN_NO_MEMORY_CHECK`) skips the check.
 pub fn check_fits(need: u64, what: &str) -> Result<(), RuntimeError> {
-    if kiln_backend::options::flag("KILN_NO_MEMORY_CHECK") {
+    if kiln_backend::options::get().no_memory_check {
         return Ok(());
     }
     match available_bytes() {

@@ -197,7 +197,7 @@ impl Gpu {
             )));
         }
         let subgroups = !opt.no_subgroups
-            && !kiln_backend::options::flag("KILN_WGPU_NO_SUBGROUPS")
+            && !kiln_backend::options::dev_flag("KILN_WGPU_NO_SUBGROUPS")
             && adapter.features().contains(wgpu::Features::SUBGROUP);
         let mut features = wgpu::Features::empty();
         if subgroups {
@@ -206,7 +206,7 @@ impl Gpu {
         let timestamps = wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        let profile = kiln_backend::options::flag("KILN_WGPU_PROFILE");
+        let profile = kiln_backend::options::dev_flag("KILN_WGPU_PROFILE");
         if profile {
             if !adapter.features().contains(timestamps) {
                 return Err(WgpuInitError(format!(
@@ -315,7 +315,7 @@ impl Gpu {
         // Measured on an H200 (Qwen3-0.6B Q4_0 tg128): whole steps 382 t/s, every 16
         // dispatches 418, 32: 423, 64: 415. A CPU adapter (lavapipe) gains nothing from
         // overlap, only more submissions.
-        let flush_every = kiln_backend::options::parsed("KILN_WGPU_FLUSH").unwrap_or(
+        let flush_every = kiln_backend::options::dev_parsed("KILN_WGPU_FLUSH").unwrap_or(
             if info.device_type == wgpu::DeviceType::Cpu {
                 0
             } else {

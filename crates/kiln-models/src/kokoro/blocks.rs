@@ -17,13 +17,13 @@ pub struct Ctx<'a, B: Backend> {
     pub quant: bool,
     /// Named activations, when tracing.
     pub trace: Option<&'a std::cell::RefCell<super::Trace>>,
-    /// With `KILN_KOKORO_TIMES` set: the time of the last [`Ctx::lap`].
+    /// With `KILN_KOKORO_TIMES` set (a `dev-switches` build): the time of the last [`Ctx::lap`].
     pub timer: Option<std::cell::Cell<std::time::Instant>>,
 }
 
 impl<'a, B: Backend> Ctx<'a, B> {
     pub fn new(b: &'a B, quant: bool, trace: Option<&'a std::cell::RefCell<super::Trace>>) -> Self {
-        let timer = kiln_backend::options::flag("KILN_KOKORO_TIMES")
+        let timer = kiln_backend::options::dev_flag("KILN_KOKORO_TIMES")
             .then(|| std::cell::Cell::new(std::time::Instant::now()));
         Ctx {
             b,

@@ -34,7 +34,7 @@ const TILE: usize = 16 * TK;
 pub fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        let off = crate::options::flag("KILN_NO_AMX");
+        let off = crate::options::get().no_amx;
         !off && !super::simd_disabled() && detect()
     })
 }

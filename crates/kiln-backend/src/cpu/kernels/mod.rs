@@ -294,20 +294,18 @@ pub static SCALAR: Kernels = Kernels {
     q6_k: scalar::dot_q6_k,
 };
 
-/// Whether `KILN_NO_SIMD` asks for the scalar kernels (read once per process: the hot
-/// paths ask on every call).
+/// Whether the options ask for the scalar kernels (`--no-simd`, `KILN_NO_SIMD`).
 pub fn simd_disabled() -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    *OFF.get_or_init(|| crate::options::flag("KILN_NO_SIMD"))
+    crate::options::get().no_simd
 }
 
 /// Whether f32 code may use 512-bit vectors: AVX-512F is present, SIMD is on, and
-/// `KILN_NO_AVX512` does not ask for the AVX2 versions (to test them on AVX-512 machines).
+/// the options (`--no-avx512`, `KILN_NO_AVX512`) do not ask for the AVX2 versions (to test them on AVX-512 machines).
 /// Read once per process.
 pub fn avx512_allowed() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        let off = crate::options::flag("KILN_NO_AVX512");
+        let off = crate::options::get().no_avx512;
         #[cfg(target_arch = "x86_64")]
         return !simd_disabled() && !off && std::is_x86_feature_detected!("avx512f");
         #[allow(unreachable_code)]

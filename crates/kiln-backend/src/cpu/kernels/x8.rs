@@ -31,11 +31,11 @@ use kiln_quant::GgmlType;
 pub const ROWS: usize = 8;
 
 /// How far ahead of the group being computed the weights are prefetched, in bytes
-/// (`KILN_X8_PREFETCH` overrides the default of 8 KiB; 0 leaves it to the hardware
-/// prefetcher). Measured on a 2-core Xeon: +25-30% decode over no software prefetch.
+/// (8 KiB; `KILN_X8_PREFETCH` in a `dev-switches` build sets it, 0 leaving it to the
+/// hardware prefetcher). Measured on a 2-core Xeon: +25-30% decode over no software prefetch.
 pub fn prefetch_distance() -> usize {
     static PF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PF.get_or_init(|| crate::options::parsed("KILN_X8_PREFETCH").unwrap_or(8192))
+    *PF.get_or_init(|| crate::options::dev_parsed("KILN_X8_PREFETCH").unwrap_or(8192))
 }
 
 /// Whether the x86 kernels of `ty` prefetch their own weights (the legacy formats; the

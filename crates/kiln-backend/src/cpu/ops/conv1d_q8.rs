@@ -401,7 +401,7 @@ mod vnni {
             static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
             *OK.get_or_init(|| {
                 !crate::cpu::kernels::simd_disabled()
-                    && !crate::options::flag("KILN_NO_AVX512")
+                    && !crate::options::get().no_avx512
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")
             })

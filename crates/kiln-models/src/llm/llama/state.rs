@@ -137,7 +137,7 @@ impl<B: Backend> Llama<B> {
             pick: b.tensor(1, if s > 1 { c.vocab_size } else { 1 }),
             logits_host: vec![0.0; l * c.vocab_size],
             ids: Vec::with_capacity(r),
-            trace: kiln_backend::options::flag("KILN_TRACE"),
+            trace: kiln_backend::options::get().trace,
             key: kiln_backend::next_step_key(),
         }
     }
