@@ -5,7 +5,7 @@ use clap::Args;
 use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_runtime::{Llm, Scheduler, SchedulerConfig};
 use kiln_server::{AppState, AudioModels, ServerConfig};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::speak::{DEFAULT_TTS, DEFAULT_VOICE};
 use crate::stt_cmd::{Quant, SttModelArgs, DEFAULT_STT};
@@ -147,17 +147,19 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     if !a.no_audio {
-        let stt_threads = threads;
+        // Whisper and Kokoro on the LLM's device, each on a thread of its own.
+        let (device, adapter) = (a.model.device, a.model.adapter.as_deref());
         audio.stt = optional(&a.stt, DEFAULT_STT, "speech-to-text", |m| {
-            crate::stt_cmd::load(&SttModelArgs {
+            let args = SttModelArgs {
                 model: m.to_string(),
-                threads: stt_threads,
+                threads,
                 quant: Quant::None,
-            })
+            };
+            crate::stt_cmd::spawn(device, adapter, &args)
         })?
-        .map(|(id, m)| (id, Arc::new(Mutex::new(m))));
+        .map(|(id, m)| (id, Arc::new(m)));
         audio.tts = optional(&a.tts, DEFAULT_TTS, "text-to-speech", |m| {
-            crate::speak::load(m, false, threads)
+            crate::speak::spawn(device, adapter, m, threads)
         })?
         .map(|(id, m)| {
             let mut voices: Vec<String> = m.voices().map(str::to_string).collect();
@@ -165,15 +167,14 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             if let Some(i) = voices.iter().position(|v| v == DEFAULT_VOICE) {
                 voices[..=i].rotate_right(1);
             }
-            (id, Arc::new(Mutex::new(m)), voices)
+            (id, Arc::new(m), voices)
         });
     }
-    for (what, id) in [
-        ("speech-to-text", audio.stt.as_ref().map(|s| &s.0)),
-        ("text-to-speech", audio.tts.as_ref().map(|t| &t.0)),
-    ] {
-        if let Some(id) = id {
-            eprintln!("kiln serve: {what}: {id}");
+    let stt = audio.stt.as_ref().map(|s| (&s.0, s.1.backend()));
+    let tts = audio.tts.as_ref().map(|t| (&t.0, t.1.backend()));
+    for (what, model) in [("speech-to-text", stt), ("text-to-speech", tts)] {
+        if let Some((id, backend)) = model {
+            eprintln!("kiln serve: {what}: {id} ({backend})");
         }
     }
     let state = AppState::with_audio(
@@ -208,7 +209,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// A backend that could not be opened on the scheduler's thread, as a load error.
-fn backend_err(path: &std::path::Path, e: anyhow::Error) -> kiln_runtime::RuntimeError {
+pub(crate) fn backend_err(path: &std::path::Path, e: anyhow::Error) -> kiln_runtime::RuntimeError {
     kiln_runtime::RuntimeError::Path {
         path: path.to_path_buf(),
         what: e.to_string(),

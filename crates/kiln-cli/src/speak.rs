@@ -63,6 +63,27 @@ pub fn load(model: &str, phonemes_only: bool, threads: Option<usize>) -> anyhow:
     )
 }
 
+/// Kokoro `model` on `device` (`adapter`: the wgpu one; `threads`: the CPU's), on a thread of
+/// its own (the server's and the voice pipeline's text-to-speech).
+pub fn spawn(
+    device: crate::Device,
+    adapter: Option<&str>,
+    model: &str,
+    threads: Option<usize>,
+) -> anyhow::Result<kiln_runtime::speech::TextToSpeech> {
+    use kiln_runtime::speech::TextToSpeech;
+    let (model, adapter) = (model.to_string(), adapter.map(str::to_string));
+    match device {
+        crate::Device::Cpu => TextToSpeech::spawn(move || load(&model, false, threads)),
+        crate::Device::Cuda => {
+            TextToSpeech::spawn(move || load_on(crate::cuda_backend()?, &model, false))
+        }
+        crate::Device::Gpu => TextToSpeech::spawn(move || {
+            load_on(crate::gpu_backend(adapter.as_deref())?, &model, false)
+        }),
+    }
+}
+
 /// [`load`] on `backend`.
 pub fn load_on<B: Backend>(backend: B, model: &str, phonemes_only: bool) -> anyhow::Result<Tts<B>> {
     let path = crate::resolve_model(model)?;

@@ -37,7 +37,7 @@ pub enum Quant {
     Q4_0,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct SttModelArgs {
     /// Whisper model: a catalog name, a CTranslate2 model directory, a whisper.cpp ggml
     /// `.bin` (f32, f16, q4_0..q8_0) or a Hugging Face directory (config.json +
@@ -111,6 +111,24 @@ pub fn load_on<B: Backend>(backend: B, m: &SttModelArgs) -> anyhow::Result<Stt<B
         Quant::Q4_0 => Some(GgmlType::Q4_0),
     };
     Ok(Stt::load(backend, &path, LoadOptions { quant })?)
+}
+
+/// Whisper from `m` on `device` (`adapter`: the wgpu one), on a thread of its own (the
+/// server's and the voice pipeline's speech-to-text).
+pub fn spawn(
+    device: crate::Device,
+    adapter: Option<&str>,
+    m: &SttModelArgs,
+) -> anyhow::Result<kiln_runtime::speech::SpeechToText> {
+    use kiln_runtime::speech::SpeechToText;
+    let (m, adapter) = (m.clone(), adapter.map(str::to_string));
+    match device {
+        crate::Device::Cpu => SpeechToText::spawn(move || load(&m)),
+        crate::Device::Cuda => SpeechToText::spawn(move || load_on(crate::cuda_backend()?, &m)),
+        crate::Device::Gpu => {
+            SpeechToText::spawn(move || load_on(crate::gpu_backend(adapter.as_deref())?, &m))
+        }
+    }
 }
 
 /// Runs `$body` with `$stt` bound to Whisper loaded from `$m` on `$device`.

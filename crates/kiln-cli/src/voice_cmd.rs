@@ -4,7 +4,6 @@
 
 use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use anyhow::Context;
 use clap::Args;
@@ -59,6 +58,12 @@ pub struct VoiceArgs {
     /// Threads per model (default: all CPUs).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Where the three models run.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: crate::Device,
+    /// With --device gpu: the first adapter whose name contains this.
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
     /// Speak whole sentences only (by default the first clause or phrase, four words at
     /// least, is spoken on its own, for earlier first audio).
     #[arg(long)]
@@ -92,27 +97,45 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
     let llm_path = resolve_model(&a.model)?;
     let file = kiln_runtime::find_gguf(&llm_path)?;
     let load_path = file.clone();
-    let sched = Scheduler::spawn(
-        SchedulerConfig {
-            slots: 1,
-            n_ctx: 2048,
-            ..Default::default()
-        },
-        move || {
+    let cfg = SchedulerConfig {
+        slots: 1,
+        n_ctx: 2048,
+        ..Default::default()
+    };
+    let (device, adapter) = (a.device, a.adapter.clone());
+    let sched = match device {
+        crate::Device::Cpu => Scheduler::spawn(cfg, move || {
             // The LLM is far ahead of speech (tokens come ~20x faster than they are spoken):
             // its engine thread and pool yield the cores to Whisper and Kokoro while those
             // run, and take them whenever they are idle. First audio waits on Kokoro alone.
             kiln_backend::cpu::lower_thread_priority(10);
             Llm::load(CpuBackend::new(threads), &load_path)
-        },
-    )
+        }),
+        crate::Device::Cuda => {
+            drop(crate::cuda_backend()?);
+            Scheduler::spawn(cfg, move || {
+                let b = crate::cuda_backend()
+                    .map_err(|e| crate::serve_cmd::backend_err(&load_path, e))?;
+                Llm::load(b, &load_path)
+            })
+        }
+        crate::Device::Gpu => {
+            drop(crate::gpu_backend(adapter.as_deref())?);
+            Scheduler::spawn(cfg, move || {
+                let b = crate::gpu_backend(adapter.as_deref())
+                    .map_err(|e| crate::serve_cmd::backend_err(&load_path, e))?;
+                Llm::load(b, &load_path)
+            })
+        }
+    }
     .with_context(|| format!("loading {}", file.display()))?;
-    let stt = crate::stt_cmd::load(&SttModelArgs {
+    let stt_args = SttModelArgs {
         model: a.stt.clone(),
         threads: Some(threads),
         quant: a.stt_quant,
-    })?;
-    let tts = crate::speak::load(&a.tts, false, Some(threads))?;
+    };
+    let stt = crate::stt_cmd::spawn(device, a.adapter.as_deref(), &stt_args)?;
+    let tts = crate::speak::spawn(device, a.adapter.as_deref(), &a.tts, Some(threads))?;
     anyhow::ensure!(
         tts.voices().any(|v| v == a.voice),
         "unknown voice '{}' (voices: {})",
@@ -128,7 +151,6 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         .context("warming up Whisper")?;
     tts.speak("Hi.", false, &a.voice, 1.0, &mut |_| Ok(()))
         .context("warming up Kokoro")?;
-    let (stt, tts) = (Mutex::new(stt), Mutex::new(tts));
     let pipeline = Voice {
         stt: &stt,
         llm: &sched,

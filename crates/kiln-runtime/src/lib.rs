@@ -10,6 +10,7 @@ mod perplexity;
 pub mod sampler;
 pub mod scheduler;
 mod speculative;
+pub mod speech;
 mod stop;
 pub mod tts;
 pub mod voice;

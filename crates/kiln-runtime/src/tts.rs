@@ -121,6 +121,11 @@ impl<B: Backend> Tts<B> {
         self.voices.iter().map(|v| v.name.as_str())
     }
 
+    /// The backend's name (`cpu`, `cuda`, ...).
+    pub fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+
     fn voice(&self, name: &str) -> Result<&Voice, TtsError> {
         self.voices
             .iter()

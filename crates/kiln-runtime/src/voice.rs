@@ -4,26 +4,23 @@
 //! The LLM runs on the engine thread while this thread synthesizes: sentence `n` is spoken
 //! while sentence `n + 1` is generated, except for the first piece: the listener waits for
 //! it, so the LLM (far ahead of speech) is on hold while it is synthesized. Whisper and
-//! Kokoro sit behind mutexes (one request at a time per model), held only for one
-//! transcription or one sentence. `kiln voice` and the server's `/v1/audio/chat` both call
+//! Kokoro each live on a thread of their own ([`crate::speech`]: one request at a time per
+//! model, on the device they were loaded on), called for one transcription or one sentence. `kiln voice` and the server's `/v1/audio/chat` both call
 //! [`Voice::converse`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use kiln_backend::cpu::CpuBackend;
 use kiln_text::speech::sentences;
 use kiln_text::Message;
 use thiserror::Error;
 
 use crate::llm::{GenerateOptions, RuntimeError};
 use crate::scheduler::{Event, EventSink, Prompt, Request, Scheduler, SubmitError};
-use crate::tts::{Tts, TtsError, SAMPLE_RATE};
-use crate::whisper::{Stt, TranscribeOptions, WhisperError};
-
-/// Whisper on the CPU backend.
-pub type SttModel = Stt<CpuBackend>;
+use crate::speech::{SpeechToText, TextToSpeech};
+use crate::tts::{TtsError, SAMPLE_RATE};
+use crate::whisper::{TranscribeOptions, WhisperError};
 
 /// The system prompt a voice reply gets when the caller gives none: short spoken sentences.
 pub const DEFAULT_SYSTEM: &str = "You are a helpful voice assistant. Answer in one to three \
@@ -101,9 +98,9 @@ pub struct VoiceStats {
 
 /// The three models of a voice conversation.
 pub struct Voice<'a> {
-    pub stt: &'a Mutex<SttModel>,
+    pub stt: &'a SpeechToText,
     pub llm: &'a Scheduler,
-    pub tts: &'a Mutex<Tts>,
+    pub tts: &'a TextToSpeech,
 }
 
 /// A mutex whose holder panicked still guards a usable model (every call starts afresh).
@@ -171,7 +168,7 @@ impl Voice<'_> {
     ) -> Result<VoiceStats, VoiceError> {
         let t0 = Instant::now();
         let mut st = VoiceStats::default();
-        let transcript = lock(self.stt).transcribe(audio, &o.transcribe)?;
+        let transcript = self.stt.transcribe(audio, &o.transcribe)?;
         st.transcript = transcript.text.trim().to_string();
         st.stt_ms = ms_since(t0);
         if st.transcript.is_empty() {
@@ -297,22 +294,24 @@ impl Voice<'_> {
         let trail = cut.then(|| ms(JOIN_PAUSE_MS * 2.0 / 3.0));
         let mut listening = true;
         turn.hold.store(st.sentences == 1, Ordering::Release);
-        let res = lock(self.tts).speak(&text, false, &o.voice, o.speed, &mut |samples| {
-            let samples = trim_silence(samples, lead.take(), trail);
-            if st.audio_s == 0.0 {
-                st.first_audio_ms = ms_since(turn.t0);
-                let lead = samples.iter().position(|v| v.abs() >= SILENCE);
-                let lead = lead.unwrap_or(samples.len()) as f64 / SAMPLE_RATE as f64;
-                st.first_sound_ms = st.first_audio_ms + lead * 1e3;
-            }
-            st.audio_s += samples.len() as f64 / SAMPLE_RATE as f64;
-            listening = sink(VoiceEvent::Audio(samples));
-            if listening {
-                Ok(())
-            } else {
-                Err(std::io::Error::other("the listener left"))
-            }
-        });
+        let res = self
+            .tts
+            .speak(&text, false, &o.voice, o.speed, &mut |samples| {
+                let samples = trim_silence(samples, lead.take(), trail);
+                if st.audio_s == 0.0 {
+                    st.first_audio_ms = ms_since(turn.t0);
+                    let lead = samples.iter().position(|v| v.abs() >= SILENCE);
+                    let lead = lead.unwrap_or(samples.len()) as f64 / SAMPLE_RATE as f64;
+                    st.first_sound_ms = st.first_audio_ms + lead * 1e3;
+                }
+                st.audio_s += samples.len() as f64 / SAMPLE_RATE as f64;
+                listening = sink(VoiceEvent::Audio(samples));
+                if listening {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::other("the listener left"))
+                }
+            });
         turn.hold.store(false, Ordering::Release);
         match res {
             Ok(_) => Ok(true),

@@ -2,20 +2,22 @@
 //! (Kokoro, streamed sentence by sentence) and `POST /v1/audio/chat` (speech in, speech out:
 //! [`kiln_runtime::voice`]'s pipeline, streamed).
 //!
-//! Whisper and Kokoro run on tokio's blocking threads behind their mutexes (one request at
-//! a time per model); audio leaves through a bounded channel as each sentence is ready, so
+//! Whisper and Kokoro each live on a thread of their own, on the device the server was
+//! given ([`kiln_runtime::speech`]: one request at a time per model), called from tokio's
+//! blocking threads; audio leaves through a bounded channel as each sentence is ready, so
 //! the async workers only move bytes.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Multipart, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kiln_runtime::tts::{pcm16, wav_header, Tts, TtsError};
-use kiln_runtime::voice::{lock, SttModel, Voice, VoiceError, VoiceEvent, VoiceOptions};
+use kiln_runtime::speech::{SpeechToText, TextToSpeech};
+use kiln_runtime::tts::{pcm16, wav_header, TtsError};
+use kiln_runtime::voice::{Voice, VoiceError, VoiceEvent, VoiceOptions};
 use kiln_runtime::whisper::{output, TranscribeOptions, WhisperError};
 use kiln_runtime::{GenerateOptions, SamplerConfig};
 use kiln_text::speech::sentences;
@@ -28,9 +30,9 @@ use crate::{json_response, parse, read_body, ApiError, AppState};
 /// Speech models beside the LLM; either may be absent (its routes then answer 404).
 pub struct AudioModels {
     /// Whisper: the id clients name, the model.
-    pub stt: Option<(String, Arc<Mutex<SttModel>>)>,
+    pub stt: Option<(String, Arc<SpeechToText>)>,
     /// Kokoro: the id, the model, its voices (the first is the default).
-    pub tts: Option<(String, Arc<Mutex<Tts>>, Vec<String>)>,
+    pub tts: Option<(String, Arc<TextToSpeech>, Vec<String>)>,
     /// Largest upload (multipart body) in bytes for the audio-in routes.
     pub max_upload: usize,
     /// Longest audio, in seconds, the audio-in routes take (after decoding).
@@ -83,7 +85,7 @@ fn check_model(given: Option<&str>, id: &str, aliases: &[&str]) -> Result<(), Ap
 }
 
 impl AppState {
-    fn stt(&self) -> Result<(&str, Arc<Mutex<SttModel>>), ApiError> {
+    fn stt(&self) -> Result<(&str, Arc<SpeechToText>), ApiError> {
         let (id, m) = self
             .audio
             .stt
@@ -92,7 +94,7 @@ impl AppState {
         Ok((id, m.clone()))
     }
 
-    fn tts(&self) -> Result<(&str, Arc<Mutex<Tts>>), ApiError> {
+    fn tts(&self) -> Result<(&str, Arc<TextToSpeech>), ApiError> {
         let (id, m, _) = self
             .audio
             .tts
@@ -298,7 +300,7 @@ pub async fn transcriptions(
         let max_secs = st.audio.max_audio_secs;
         let t = blocking(move || {
             let samples = decode_limited(&name, &bytes, max_secs)?;
-            Ok(lock(&stt).transcribe(&samples, &o)?)
+            Ok(stt.transcribe(&samples, &o)?)
         })
         .await?;
         let text = |body: String, ty: &'static str| {
@@ -432,13 +434,13 @@ pub async fn speech(State(st): State<Arc<AppState>>, headers: HeaderMap, body: B
         let t0 = Instant::now();
         let (tx, mut rx) = mpsc::channel::<Msg>(8);
         let input = req.input;
-        // Sentence by sentence, the model locked for one sentence at a time (other requests
+        // Sentence by sentence, one sentence a call to the model (other requests
         // interleave) and never while waiting on a slow client.
         tokio::task::spawn_blocking(move || {
             let mut spoken = false;
             for sentence in sentences(&input) {
                 let mut pcm = Vec::new();
-                let res = lock(&tts).speak(&sentence, false, &voice, speed, &mut |s| {
+                let res = tts.speak(&sentence, false, &voice, speed, &mut |s| {
                     pcm.extend(pcm16(s));
                     Ok(())
                 });

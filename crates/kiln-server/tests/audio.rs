@@ -5,10 +5,11 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use kiln_backend::cpu::{default_threads, CpuBackend};
+use kiln_runtime::speech::{SpeechToText, TextToSpeech};
 use kiln_runtime::tts::Tts;
 use kiln_runtime::whisper::Stt;
 use kiln_runtime::{Llm, Scheduler, SchedulerConfig};
@@ -40,17 +41,23 @@ fn server() -> SocketAddr {
             move || Llm::load(CpuBackend::new(t), &llm),
         )
         .unwrap();
-        let stt = Stt::load(
-            CpuBackend::new(t),
-            &resolve("whisper-tiny.en"),
-            Default::default(),
-        )
+        // Each on a thread of its own, as `kiln serve` runs them.
+        let stt = SpeechToText::spawn(move || {
+            Stt::load(
+                CpuBackend::new(t),
+                &resolve("whisper-tiny.en"),
+                Default::default(),
+            )
+        })
         .unwrap();
-        let tts = Tts::load(&resolve("kokoro-82m"), Some(&resolve("misaki-en-us")), t).unwrap();
+        let tts = TextToSpeech::spawn(move || {
+            Tts::load(&resolve("kokoro-82m"), Some(&resolve("misaki-en-us")), t)
+        })
+        .unwrap();
         let voices: Vec<String> = tts.voices().map(str::to_string).collect();
         let audio = AudioModels {
-            stt: Some(("whisper-tiny.en".into(), Arc::new(Mutex::new(stt)))),
-            tts: Some(("kokoro-82m".into(), Arc::new(Mutex::new(tts)), voices)),
+            stt: Some(("whisper-tiny.en".into(), Arc::new(stt))),
+            tts: Some(("kokoro-82m".into(), Arc::new(tts), voices)),
             max_upload: 4 << 20,
             max_audio_secs: 60.0,
         };
