@@ -9,7 +9,7 @@
 //! [`Voice::converse`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use kiln_text::speech::sentences;
@@ -101,11 +101,6 @@ pub struct Voice<'a> {
     pub stt: &'a SpeechToText,
     pub llm: &'a Scheduler,
     pub tts: &'a TextToSpeech,
-}
-
-/// A mutex whose holder panicked still guards a usable model (every call starts afresh).
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The reply's events, and a hold the pipeline sets while the LLM should yield the cores.
