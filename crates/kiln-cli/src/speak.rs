@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use kiln_backend::Backend;
+use kiln_runtime::speech::TextToSpeech;
 use kiln_runtime::tts::{model_dir_files, pcm16, wav_header, Tts};
 
 pub const DEFAULT_TTS: &str = "kokoro-82m";
@@ -69,18 +70,19 @@ pub fn spawn(
     device: crate::Device,
     adapter: Option<&str>,
     model: &str,
+    phonemes_only: bool,
     threads: Option<usize>,
-) -> anyhow::Result<kiln_runtime::speech::TextToSpeech> {
-    use kiln_runtime::speech::TextToSpeech;
+) -> anyhow::Result<TextToSpeech> {
     let (model, adapter) = (model.to_string(), adapter.map(str::to_string));
+    let p = phonemes_only;
     match device {
-        crate::Device::Cpu => TextToSpeech::spawn(move || load(&model, false, threads)),
+        crate::Device::Cpu => TextToSpeech::spawn(move || load(&model, p, threads)),
         crate::Device::Cuda => {
-            TextToSpeech::spawn(move || load_on(crate::cuda_backend()?, &model, false))
+            TextToSpeech::spawn(move || load_on(crate::cuda_backend()?, &model, p))
         }
-        crate::Device::Gpu => TextToSpeech::spawn(move || {
-            load_on(crate::gpu_backend(adapter.as_deref())?, &model, false)
-        }),
+        crate::Device::Gpu => {
+            TextToSpeech::spawn(move || load_on(crate::gpu_backend(adapter.as_deref())?, &model, p))
+        }
     }
 }
 
@@ -116,26 +118,6 @@ pub fn load_on<B: Backend>(backend: B, model: &str, phonemes_only: bool) -> anyh
     )?)
 }
 
-/// Runs `$body` with `$tts` bound to Kokoro loaded from `$model` on `$device`.
-macro_rules! with_tts {
-    ($device:expr, $adapter:expr, $model:expr, $phonemes:expr, $threads:expr, |$tts:ident| $body:expr) => {
-        match $device {
-            crate::Device::Cpu => {
-                let $tts = load($model, $phonemes, $threads)?;
-                $body
-            }
-            crate::Device::Cuda => {
-                let $tts = load_on(crate::cuda_backend()?, $model, $phonemes)?;
-                $body
-            }
-            crate::Device::Gpu => {
-                let $tts = load_on(crate::gpu_backend($adapter)?, $model, $phonemes)?;
-                $body
-            }
-        }
-    };
-}
-
 fn read_text(text: &str) -> anyhow::Result<String> {
     if text == "-" {
         let mut s = String::new();
@@ -155,17 +137,14 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         a.speed
     );
     let text = read_text(&a.text)?;
-    with_tts!(
+    let tts = spawn(
         a.device,
         a.adapter.as_deref(),
         &a.model,
         a.phonemes,
         a.threads,
-        |tts| speak_with(&tts, &a, &text)
-    )
-}
-
-fn speak_with<B: Backend>(tts: &Tts<B>, a: &SpeakArgs, text: &str) -> anyhow::Result<()> {
+    )?;
+    let text = text.as_str();
     let mut written = 0u64;
     let st = if a.output == "-" {
         let stdout = std::io::stdout();
@@ -233,12 +212,11 @@ pub fn bench(
     if device != crate::Device::Cpu {
         // One run: the threads are the CPU backend's.
         let label = format!("{device:?}").to_lowercase();
-        return with_tts!(device, adapter, model, phonemes, None, |tts| bench_one(
-            &tts, text, phonemes, model, voice, reps, json, &label, None
-        ));
+        let tts = spawn(device, adapter, model, phonemes, None)?;
+        return bench_one(&tts, text, phonemes, model, voice, reps, json, &label, None);
     }
     for &t in threads {
-        let tts = load(model, phonemes, Some(t))?;
+        let tts = spawn(device, adapter, model, phonemes, Some(t))?;
         bench_one(
             &tts,
             text,
@@ -256,8 +234,8 @@ pub fn bench(
 
 /// One model's warm-up and timed runs: `device` and `threads` describe where it runs.
 #[allow(clippy::too_many_arguments)]
-fn bench_one<B: Backend>(
-    tts: &Tts<B>,
+fn bench_one(
+    tts: &TextToSpeech,
     text: &str,
     phonemes: bool,
     model: &str,

@@ -131,26 +131,6 @@ pub fn spawn(
     }
 }
 
-/// Runs `$body` with `$stt` bound to Whisper loaded from `$m` on `$device`.
-macro_rules! with_stt {
-    ($device:expr, $adapter:expr, $m:expr, |$stt:ident| $body:expr) => {
-        match $device {
-            crate::Device::Cpu => {
-                let $stt = load($m)?;
-                $body
-            }
-            crate::Device::Cuda => {
-                let $stt = load_on(crate::cuda_backend()?, $m)?;
-                $body
-            }
-            crate::Device::Gpu => {
-                let $stt = load_on(crate::gpu_backend($adapter)?, $m)?;
-                $body
-            }
-        }
-    };
-}
-
 pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
     let mut o = TranscribeOptions::default();
     o.decode.beam_size = a.beam.max(1);
@@ -169,18 +149,9 @@ pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
 
 pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
     // The backend first (a missing GPU is the cheapest thing to report), then the audio.
-    with_stt!(a.device, a.adapter.as_deref(), &a.model, |stt| {
-        let audio = kiln_audio::load_16k(&a.file)?;
-        transcribe_on(&a, &audio, stt)
-    })
-}
-
-fn transcribe_on<B: Backend>(
-    a: &TranscribeArgs,
-    audio: &kiln_audio::Audio,
-    stt: Stt<B>,
-) -> anyhow::Result<()> {
-    let t = stt.transcribe(&audio.samples, &options(a))?;
+    let stt = spawn(a.device, a.adapter.as_deref(), &a.model)?;
+    let audio = kiln_audio::load_16k(&a.file)?;
+    let t = stt.transcribe(&audio.samples, &options(&a))?;
     let out = match a.format {
         Format::Txt => output::txt(&t),
         Format::Srt => output::srt(&t),
@@ -192,7 +163,7 @@ fn transcribe_on<B: Backend>(
     eprintln!(
         "audio {:.1} s | load {:.0} ms | mel {:.0} ms | encode {:.0} ms ({} windows) | decode {:.0} ms ({} tokens, {:.1} ms/token) | total {:.0} ms | RTF {:.3}",
         s.audio_s,
-        stt.load_ms,
+        stt.load_ms(),
         s.mel_ms,
         s.encode_ms,
         s.windows,
@@ -215,19 +186,8 @@ pub fn bench(
     device: crate::Device,
     adapter: Option<&str>,
 ) -> anyhow::Result<()> {
-    with_stt!(device, adapter, m, |stt| {
-        let audio = kiln_audio::load_16k(file)?;
-        bench_on(&stt, &audio, m, reps, json)
-    })
-}
-
-fn bench_on<B: Backend>(
-    stt: &Stt<B>,
-    audio: &kiln_audio::Audio,
-    m: &SttModelArgs,
-    reps: usize,
-    json: bool,
-) -> anyhow::Result<()> {
+    let stt = spawn(device, adapter, m)?;
+    let audio = kiln_audio::load_16k(file)?;
     let mut o = TranscribeOptions::default();
     o.temperatures = vec![0.0];
     stt.transcribe(&audio.samples, &o).context("warm-up")?;

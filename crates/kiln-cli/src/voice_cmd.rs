@@ -135,7 +135,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         quant: a.stt_quant,
     };
     let stt = crate::stt_cmd::spawn(device, a.adapter.as_deref(), &stt_args)?;
-    let tts = crate::speak::spawn(device, a.adapter.as_deref(), &a.tts, Some(threads))?;
+    let tts = crate::speak::spawn(device, a.adapter.as_deref(), &a.tts, false, Some(threads))?;
     anyhow::ensure!(
         tts.voices().any(|v| v == a.voice),
         "unknown voice '{}' (voices: {})",

@@ -172,6 +172,7 @@ impl<B: Backend> Transcribe for Stt<B> {
 pub struct SpeechToText {
     model: Resident<Box<dyn Transcribe>>,
     backend: String,
+    load_ms: f64,
 }
 
 impl SpeechToText {
@@ -182,14 +183,23 @@ impl SpeechToText {
         B: Backend + 'static,
         E: Send + 'static,
     {
-        let (name_tx, name_rx) = mpsc::channel();
+        let (info_tx, info_rx) = mpsc::channel();
         let model = Resident::spawn("kiln-stt", move || {
             let stt = load()?;
-            let _ = name_tx.send(stt.backend.name());
+            let _ = info_tx.send((stt.backend.name(), stt.load_ms));
             Ok(Box::new(stt) as Box<dyn Transcribe>)
         })?;
-        let backend = name_rx.recv().unwrap_or_default();
-        Ok(SpeechToText { model, backend })
+        let (backend, load_ms) = info_rx.recv().unwrap_or_default();
+        Ok(SpeechToText {
+            model,
+            backend,
+            load_ms,
+        })
+    }
+
+    /// How long the load took, in ms.
+    pub fn load_ms(&self) -> f64 {
+        self.load_ms
     }
 
     /// The backend's name (`cpu`, `cuda`, ...).
