@@ -6,10 +6,8 @@ use anyhow::Context;
 use clap::Args;
 use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_backend::Backend;
-use kiln_runtime::{
-    DraftModel, Drafter, GenerateOptions, GenerationDefaults, GenerationStats, Llm, LlmSession,
-    PromptLookup, RuntimeError, SamplerConfig,
-};
+use kiln_runtime::engine::{EngineInfo, EngineSetup, LlmEngine};
+use kiln_runtime::{GenerateOptions, GenerationDefaults, GenerationStats, Llm, SamplerConfig};
 use kiln_text::Message;
 
 use crate::{resolve_model, Device, ModelArgs};
@@ -92,41 +90,6 @@ pub struct SpecArgs {
     pub draft_max: u16,
 }
 
-/// The draft model, loaded when asked for (it must outlive the drafter that borrows it).
-fn load_draft<B: Backend>(
-    spec: &SpecArgs,
-    load: &dyn Fn(&str) -> anyhow::Result<Llm<B>>,
-) -> anyhow::Result<Option<Llm<B>>> {
-    spec.draft.as_deref().map(load).transpose()
-}
-
-fn drafter<'a, B: Backend>(
-    spec: &SpecArgs,
-    llm: &Llm<B>,
-    draft: Option<&'a Llm<B>>,
-    n_ctx: usize,
-) -> anyhow::Result<Option<Box<dyn Drafter + 'a>>> {
-    let k = spec.draft_max as usize;
-    Ok(match (spec.lookup, draft) {
-        (Some(n), _) => Some(Box::new(PromptLookup::new(n as usize, k))),
-        (None, Some(d)) => Some(Box::new(DraftModel::new(llm, d, n_ctx, k)?)),
-        (None, None) => None,
-    })
-}
-
-fn generate<B: Backend>(
-    session: &mut LlmSession<'_, B>,
-    drafter: &mut Option<Box<dyn Drafter + '_>>,
-    ids: &[u32],
-    opts: &GenerateOptions,
-    on_text: &mut dyn FnMut(&str) -> bool,
-) -> Result<GenerationStats, RuntimeError> {
-    match drafter {
-        Some(d) => session.generate_speculative(ids, opts, d.as_mut(), on_text),
-        None => session.generate(ids, opts, on_text),
-    }
-}
-
 #[derive(Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -159,16 +122,6 @@ pub struct ChatArgs {
     pub spec: SpecArgs,
 }
 
-/// Loads `model` on the CPU with the backend options of `m`.
-pub fn load(model: &str, m: &ModelArgs) -> anyhow::Result<Llm<CpuBackend>> {
-    let backend = if m.reference {
-        CpuBackend::reference()
-    } else {
-        CpuBackend::new(m.threads.unwrap_or_else(default_threads).max(1))
-    };
-    load_on(backend, model, m)
-}
-
 /// Loads `model` onto `backend` with the options of `m`.
 pub fn load_on<B: Backend>(backend: B, model: &str, m: &ModelArgs) -> anyhow::Result<Llm<B>> {
     let path = resolve_model(model)?;
@@ -198,42 +151,66 @@ pub fn check_device(m: &ModelArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Evaluates `$body` with `$l` bound to the model loader of `$m.device` (the CPU, or a new
-/// CUDA / wgpu backend per model, opened before the model is looked at, so a missing GPU is
-/// the first error): `$body` is a generic call, instantiated per backend.
-macro_rules! with_device {
-    ($m:expr, |$l:ident| $body:expr) => {{
-        let m: &$crate::ModelArgs = $m;
-        $crate::llm_cmd::check_reference(m)?;
-        match m.device {
-            $crate::Device::Cpu => {
-                let $l = &|name: &str| $crate::llm_cmd::load(name, m);
-                $body
-            }
-            $crate::Device::Cuda => {
-                let $l = &|name: &str| $crate::llm_cmd::load_on($crate::cuda_backend()?, name, m);
-                $body
-            }
-            $crate::Device::Gpu => {
-                let $l = &|name: &str| {
-                    $crate::llm_cmd::load_on($crate::gpu_backend(m.adapter.as_deref())?, name, m)
-                };
-                $body
-            }
-        }
-    }};
+/// The LLM engine for `m` (its model, device and options; `spec`: speculative decoding; a
+/// session of `n_ctx` positions) on a thread of its own. The one place a command's device
+/// picks a backend type: everything after talks to the device-erased engine.
+pub fn spawn_engine(
+    m: &ModelArgs,
+    spec: Option<&SpecArgs>,
+    n_ctx: usize,
+) -> anyhow::Result<LlmEngine> {
+    check_reference(m)?;
+    let spec = spec.cloned();
+    // The backend first (a missing GPU is the first error), then the models, on the engine's
+    // thread.
+    fn setup<B: Backend>(
+        backend: &dyn Fn() -> anyhow::Result<B>,
+        m: &ModelArgs,
+        spec: Option<SpecArgs>,
+        n_ctx: usize,
+    ) -> anyhow::Result<EngineSetup<B>> {
+        let llm = load_on(backend()?, &m.model, m)?;
+        let draft = match spec.as_ref().and_then(|s| s.draft.as_deref()) {
+            Some(d) => Some(load_on(backend()?, d, m)?),
+            None => None,
+        };
+        Ok(EngineSetup {
+            llm,
+            draft,
+            n_ctx,
+            lookup: spec.as_ref().and_then(|s| s.lookup).map(usize::from),
+            draft_max: spec.map_or(4, |s| s.draft_max as usize),
+        })
+    }
+    let m = m.clone();
+    match m.device {
+        Device::Cpu => LlmEngine::spawn(move || {
+            let cpu = || {
+                Ok(if m.reference {
+                    CpuBackend::reference()
+                } else {
+                    CpuBackend::new(m.threads.unwrap_or_else(default_threads).max(1))
+                })
+            };
+            setup(&cpu, &m, spec, n_ctx)
+        }),
+        Device::Cuda => LlmEngine::spawn(move || setup(&crate::cuda_backend, &m, spec, n_ctx)),
+        Device::Gpu => LlmEngine::spawn(move || {
+            let adapter = m.adapter.clone();
+            setup(&|| crate::gpu_backend(adapter.as_deref()), &m, spec, n_ctx)
+        }),
+    }
 }
-pub(crate) use with_device;
 
 /// Weights and KV cache sizes, printed at load.
-fn memory_line<B: Backend>(llm: &Llm<B>, s: &LlmSession<'_, B>) -> String {
+fn memory_line(e: &EngineInfo) -> String {
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     format!(
         "memory: weights {:.1} MiB | KV cache {} x {} positions {:.1} MiB",
-        mib(llm.model.weight_bytes(&llm.backend)),
-        llm.kv_type().name(),
-        s.n_ctx(),
-        mib(s.kv_bytes())
+        mib(e.weight_bytes),
+        e.kv_type,
+        e.n_ctx,
+        mib(e.kv_bytes)
     )
 }
 
@@ -265,15 +242,7 @@ fn stats_line(s: &GenerationStats) -> String {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    with_device!(&a.model, |l| run_on(&a, l))
-}
-
-fn run_on<B: Backend>(
-    a: &RunArgs,
-    load: &dyn Fn(&str) -> anyhow::Result<Llm<B>>,
-) -> anyhow::Result<()> {
-    let llm = load(&a.model.model)?;
-    let draft = load_draft(&a.spec, load)?;
+    let llm = spawn_engine(&a.model, Some(&a.spec), a.model.ctx_size)?;
     let ids = if a.raw {
         llm.tokenize(&a.prompt, true)?
     } else {
@@ -284,13 +253,9 @@ fn run_on<B: Backend>(
         msgs.push(Message::new("user", &a.prompt));
         llm.tokenize(&llm.render_chat(&msgs)?, false)?
     };
-    llm.check_kv_memory(a.model.ctx_size, 1)?;
-    let mut session = llm.session(a.model.ctx_size, 512);
-    let memory = memory_line(&llm, &session);
-    let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
     let mut out = std::io::stdout().lock();
-    let opts = a.sampling.options(&llm.generation);
-    let stats = generate(&mut session, &mut drafter, &ids, &opts, &mut |t| {
+    let opts = a.sampling.options(&llm.info().generation);
+    let stats = llm.generate(&ids, &opts, &mut |t| {
         // A closed stdout (e.g. `| head`) ends generation quietly.
         out.write_all(t.as_bytes())
             .and_then(|_| out.flush())
@@ -298,34 +263,24 @@ fn run_on<B: Backend>(
     })?;
     let _ = writeln!(out);
     // After the answer, so a failed run stays one line on stderr.
-    eprintln!("{memory}");
+    eprintln!("{}", memory_line(llm.info()));
     eprintln!("{}", stats_line(&stats));
     Ok(())
 }
 
 pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
-    with_device!(&a.model, |l| chat_on(&a, l))
-}
-
-fn chat_on<B: Backend>(
-    a: &ChatArgs,
-    load: &dyn Fn(&str) -> anyhow::Result<Llm<B>>,
-) -> anyhow::Result<()> {
-    let llm = load(&a.model.model)?;
-    let draft = load_draft(&a.spec, load)?;
-    llm.check_kv_memory(a.model.ctx_size, 1)?;
-    let mut session = llm.session(a.model.ctx_size, 512);
-    eprintln!("{}", memory_line(&llm, &session));
-    let mut drafter = drafter(&a.spec, &llm, draft.as_ref(), session.n_ctx())?;
+    let llm = spawn_engine(&a.model, Some(&a.spec), a.model.ctx_size)?;
+    let info = llm.info();
+    eprintln!("{}", memory_line(info));
     let mut msgs = Vec::new();
     if let Some(s) = &a.system {
         msgs.push(Message::new("system", s));
     }
-    let opts = a.sampling.options(&llm.generation);
+    let opts = a.sampling.options(&info.generation);
     eprintln!(
         "kiln chat — {} ({}); /reset clears, /exit or Ctrl-D quits",
-        llm.path.display(),
-        llm.backend.name()
+        info.path.display(),
+        info.backend
     );
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -341,7 +296,7 @@ fn chat_on<B: Backend>(
             "/exit" | "/quit" => break,
             "/reset" => {
                 msgs.retain(|m: &Message| m.role == "system");
-                session.reset();
+                llm.reset();
                 continue;
             }
             _ => {}
@@ -350,7 +305,7 @@ fn chat_on<B: Backend>(
         let ids = llm.tokenize(&llm.render_chat(&msgs)?, false)?;
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();
-        let res = generate(&mut session, &mut drafter, &ids, &opts, &mut |t| {
+        let res = llm.generate(&ids, &opts, &mut |t| {
             reply.push_str(t);
             out.write_all(t.as_bytes())
                 .and_then(|_| out.flush())

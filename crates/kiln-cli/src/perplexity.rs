@@ -22,24 +22,16 @@ pub struct PerplexityArgs {
 
 pub fn perplexity(a: PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file))?;
-    crate::llm_cmd::with_device!(&a.model, |l| perplexity_on(&a, &text, l))
-}
-
-fn perplexity_on<B: kiln_backend::Backend>(
-    a: &PerplexityArgs,
-    text: &str,
-    load: &dyn Fn(&str) -> anyhow::Result<kiln_runtime::Llm<B>>,
-) -> anyhow::Result<()> {
-    let llm = load(&a.model.model)?;
     // llama-perplexity's default context.
     let n_ctx = if a.model.ctx_size == 0 {
         512
     } else {
         a.model.ctx_size
     };
-    let tokens = llm.tokenize(text, true)?;
-    let add_bos =
-        llm.tokenizer.bos_id().is_some() && tokens.first() == llm.tokenizer.bos_id().as_ref();
+    let llm = crate::llm_cmd::spawn_engine(&a.model, None, n_ctx)?;
+    let tokens = llm.tokenize(&text, true)?;
+    let bos = llm.bos_id();
+    let add_bos = bos.is_some() && tokens.first() == bos.as_ref();
     let n_chunks = match a.chunks {
         0 => tokens.len() / n_ctx,
         c => c.min(tokens.len() / n_ctx),

@@ -2,11 +2,13 @@
 //! pipeline (speech in, speech out) over them.
 
 pub mod calibrate;
+pub mod engine;
 mod generation;
 mod llm;
 pub mod memory;
 pub mod mix;
 mod perplexity;
+pub mod resident;
 pub mod sampler;
 pub mod scheduler;
 mod speculative;
