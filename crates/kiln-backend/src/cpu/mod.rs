@@ -521,7 +521,9 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        if !self.reference && w.ty == GgmlType::F32 && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
+        // (An MLX weight's `ty` is F32 too, its bytes packed q: it goes to the jobs below.)
+        let f32_weight = w.ty == GgmlType::F32 && w.mlx.is_none();
+        if !self.reference && f32_weight && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
             if w.amx.is_some() {
                 // A tile-order copy made at load: no per-call packing of the f32 weight.
                 let mut jobs = [Job {
