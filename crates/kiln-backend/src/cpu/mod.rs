@@ -865,6 +865,11 @@ impl Backend for CpuBackend {
         );
         let (hd, n_ctx) = (src.head_dim, src.n_ctx);
         let n = n.min(n_ctx);
+        match (&src.packed, &mut dst.packed) {
+            (Some(s), Some(d)) => return d.copy_from(s, n),
+            (None, None) => {}
+            _ => panic!("kv_copy between caches of different types"),
+        }
         for (layer, (sk, sv)) in src.k.iter().zip(&src.v).enumerate() {
             for h in 0..src.kv_dim / hd {
                 let r = h * n_ctx * hd..(h * n_ctx + n) * hd;
