@@ -5,6 +5,8 @@
 //! capacity of rows) and `B::KvCache`, and call the ops below. The CPU backend
 //! ([`cpu::CpuBackend`]) is the numerical reference every other backend is tested against.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod cpu;
 mod fallback;
 pub mod options;

@@ -976,13 +976,15 @@ impl Backend for WgpuBackend {
         if n == 0 {
             return Vec::new();
         }
-        // The shaders step rows by `cols`: fewer columns than the rows hold only for one row
-        // (greedy sampling over the ids a tokenizer decodes).
-        assert!(
-            cols <= x.cols && (n == 1 || cols == x.cols),
-            "argmax over {cols} of {} columns, {n} rows",
-            x.cols
-        );
+        assert!(cols <= x.cols, "argmax over {cols} of {} columns", x.cols);
+        // The shaders step rows by `cols`: several rows' first columns are gathered first.
+        if n > 1 && cols < x.cols {
+            let packed = self.tensor(n, cols);
+            for r in 0..n {
+                self.copy_words(&x.buf, r * x.cols, &packed.buf, r * cols, cols);
+            }
+            return self.argmax_rows(&packed, n, cols);
+        }
         // Parts of ARGMAX_CHUNK columns, then one merge per row; the indices follow the
         // parts' (value, index) pairs.
         let parts = cols.div_ceil(ARGMAX_CHUNK).max(1);

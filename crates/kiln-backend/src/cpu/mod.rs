@@ -521,7 +521,9 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) {
-        if !self.reference && w.ty == GgmlType::F32 && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
+        // (An MLX weight's `ty` is F32 too, its bytes packed q: it goes to the jobs below.)
+        let f32_weight = w.ty == GgmlType::F32 && w.mlx.is_none();
+        if !self.reference && f32_weight && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
             if w.amx.is_some() {
                 // A tile-order copy made at load: no per-call packing of the f32 weight.
                 let mut jobs = [Job {
@@ -863,6 +865,11 @@ impl Backend for CpuBackend {
         );
         let (hd, n_ctx) = (src.head_dim, src.n_ctx);
         let n = n.min(n_ctx);
+        match (&src.packed, &mut dst.packed) {
+            (Some(s), Some(d)) => return d.copy_from(s, n),
+            (None, None) => {}
+            _ => panic!("kv_copy between caches of different types"),
+        }
         for (layer, (sk, sv)) in src.k.iter().zip(&src.v).enumerate() {
             for h in 0..src.kv_dim / hd {
                 let r = h * n_ctx * hd..(h * n_ctx + n) * hd;

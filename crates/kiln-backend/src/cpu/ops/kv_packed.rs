@@ -83,6 +83,32 @@ impl PackedKv {
         }
     }
 
+    /// Copies positions `0..n` of every layer from `src`, a cache of the same shape and type.
+    pub fn copy_from(&mut self, src: &PackedKv, n: usize) {
+        assert!(
+            (
+                self.ty,
+                self.n_ctx,
+                self.kv_heads,
+                self.head_dim,
+                self.k.len()
+            ) == (src.ty, src.n_ctx, src.kv_heads, src.head_dim, src.k.len()),
+            "kv_copy between packed caches of different shapes or types"
+        );
+        let n = n.min(self.n_ctx);
+        for (dst, src) in self
+            .k
+            .iter_mut()
+            .zip(&src.k)
+            .chain(self.v.iter_mut().zip(&src.v))
+        {
+            for h in 0..self.kv_heads {
+                let r = h * self.n_ctx * self.row..(h * self.n_ctx + n) * self.row;
+                dst[r.clone()].copy_from_slice(&src[r]);
+            }
+        }
+    }
+
     /// `layer`'s keys and values as f16 bits, (kv_heads, n_ctx, hd), for kernels that read
     /// them as they are (an f16 cache whose buffers are 2-byte aligned, as allocations are).
     pub fn f16_layer(&self, layer: usize) -> Option<(&[u16], &[u16])> {

@@ -1,0 +1,51 @@
+//! The backend conformance suite (`kiln_backend::conformance`) on every wgpu kernel variant
+//! the adapter runs (`common::backends()`: subgroup reductions and the workgroup-memory
+//! fallback, fused and separate matvec prologue), against the CPU reference.
+//!
+//! Without a GPU adapter each test prints why and passes; with `KILN_REQUIRE_GPU=1` (CI,
+//! after tools/setup-lavapipe.sh) a missing adapter fails.
+
+mod common;
+
+use kiln_backend::conformance::Tolerances;
+use kiln_wgpu::WgpuBackend;
+
+/// Bounds (max |gpu - reference| / max |reference|), measured on lavapipe with a margin.
+fn tolerances() -> Tolerances {
+    Tolerances {
+        // Dequantized rows: the same formulas in f32.
+        embed: 1e-6,
+        // Norms, activations, RoPE (from a host-computed table): f32 in another order.
+        norm: 1e-5,
+        // ada_in runs on the CPU's fast path (through copies): its x * scale + shift form
+        // cancels only to the last bits on a channel of one sample (2e-5 seen).
+        signal_norm: 5e-5,
+        elementwise: 1e-5,
+        rope: 1e-5,
+        // Quantized products take activations in int8 blocks as the CPU does, but a GPU may
+        // divide within 2.5 ULP (Vulkan's precision rule for d = max/127 and 1/d), so an
+        // activation at a rounding midpoint can take the other int8 step, moving an output
+        // by that step times its weight (2.4e-4 seen on an H200; lavapipe rounds as the CPU:
+        // ~1e-6). The fused products have held 2e-4.
+        product: 1e-3,
+        fused_product: 2e-4,
+        batched: 1e-3,
+        // f32 arithmetic either way; through an f16 cache (against the reference's f16
+        // cache) a key rotated a last bit differently may round to the other f16 (2e-5 seen).
+        attention: 1e-5,
+        attention_packed: 1e-4,
+        attention_dense: 1e-5,
+        conv: 1e-5,
+        lstm: 1e-5,
+        stft: 1e-5,
+    }
+}
+
+fn run(op: fn(&WgpuBackend, &Tolerances)) {
+    let tol = tolerances();
+    for b in common::backends() {
+        op(&b, &tol);
+    }
+}
+
+kiln_backend::conformance_tests!(run);
