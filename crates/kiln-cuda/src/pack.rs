@@ -156,8 +156,9 @@ pub fn mlx_as_q4_1(
 /// Bytes of the quantized activations (kernels/*.cu quant_act) of `ntok` tokens of `cols`.
 pub fn xq_bytes(cols: usize, ntok: usize) -> usize {
     let nb = cols / 32;
-    let bytes = ntok * cols + ntok * nb * 4 + ntok * (cols / 16) * 2 + ntok * 4;
-    bytes.div_ceil(16) * 16
+    // inv from the next multiple of 4 bytes (kernels/products.cu, xq_inv_offset).
+    let inv = (ntok * cols + ntok * nb * 4 + ntok * (cols / 16) * 2).div_ceil(4) * 4;
+    (inv + ntok * 4).div_ceil(16) * 16
 }
 
 #[cfg(test)]

@@ -578,7 +578,7 @@ extern "C" __global__ void attn_combine(const float* part_acc, const float* part
     // quant_block indexes by block within the token: shift the bases so b is that index.
     quant_block(v, b, threadIdx.x & 31, q, d, sum);
     if (h == 0 && threadIdx.x == 0) {
-        float* inv = (float*)(sum + (size_t)(ntok - t) * (cols / 16));
+        float* inv = (float*)(xq + xq_inv_offset(cols, ntok));
         inv[t] = 1.0f;
     }
 }

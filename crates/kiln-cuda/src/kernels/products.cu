@@ -21,7 +21,9 @@ struct Mats {
 // Block-quantized activations of up to MAX_TOK tokens, written once per product by
 // quant_act into a global buffer (L2-resident) that every block of the product reads.
 // Layout (pack.rs's xq_bytes computes the same size): q ntok*cols bytes, d ntok*nb floats,
-// sums ntok*cols/16 shorts, inv ntok floats.
+// sums ntok*cols/16 shorts, inv ntok floats from the next multiple of 4 bytes (rows whose
+// width is not a multiple of 32, products of f32 and f16 weights, use inv only; their
+// ntok*cols bytes need not end on a float).
 struct XQ {
     const int* q;      // [tok][cols / 4]: 4 int8 values per int
     const float* d;    // [tok][cols / 32]
@@ -29,13 +31,20 @@ struct XQ {
     const float* inv;  // [tok]: the fused RMSNorm's 1 / rms (1 when not fused)
 };
 
+// Byte offset of inv in the layout above.
+__device__ __forceinline__ size_t xq_inv_offset(int cols, int ntok) {
+    const size_t o = (size_t)ntok * cols + (size_t)ntok * (cols / 32) * 4 +
+                     (size_t)ntok * (cols / 16) * 2;
+    return (o + 3) & ~(size_t)3;
+}
+
 __device__ __forceinline__ XQ xq_layout(const u8* base, int cols, int ntok) {
     const int nb = cols / 32;
     XQ x;
     x.q = (const int*)base;
     x.d = (const float*)(base + (size_t)ntok * cols);
     x.sum = (const short*)(x.d + ntok * nb);
-    x.inv = (const float*)(x.sum + ntok * (cols / 16));
+    x.inv = (const float*)(base + xq_inv_offset(cols, ntok));
     return x;
 }
 
@@ -204,8 +213,7 @@ extern "C" __global__ void quant_act(const float* x, int cols, int ntok, const f
     const int nb = cols / 32;
     const bool quant = cols % 32 == 0;
     const float* xt = x + (size_t)t * cols;
-    float* inv = (float*)(xq + (size_t)ntok * cols + (size_t)ntok * nb * 4 +
-                          (size_t)ntok * (cols / 16) * 2);
+    float* inv = (float*)(xq + xq_inv_offset(cols, ntok));
     float v[QV];
     float ss = 0.0f;
 #pragma unroll
