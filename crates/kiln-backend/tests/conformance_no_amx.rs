@@ -1,5 +1,7 @@
 //! The conformance suite on the CPU backend with `KILN_NO_AMX=1` (its own test binary: the
 //! kernel choice is made once per process, before the first backend).
+//! x86-64 only (the choice does not exist elsewhere).
+#![cfg(target_arch = "x86_64")]
 
 use kiln_backend::conformance::Tolerances;
 use kiln_backend::cpu::CpuBackend;
