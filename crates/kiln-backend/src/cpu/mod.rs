@@ -707,7 +707,7 @@ impl Backend for CpuBackend {
     where
         I: Iterator<Item = (&'c CpuKvCache, AttnShape)>,
     {
-        use ops::attention::{attention_segs, Seg, MAX_SEGS};
+        use ops::attention::{attention_segs, Seg, SegOf, MAX_SEGS};
         const NONE: Seg<'static> = Seg {
             k: &[],
             v: &[],
@@ -721,53 +721,68 @@ impl Backend for CpuBackend {
             },
             row0: 0,
         };
-        // f32 caches gather into one call (one pool job); a packed cache runs alone, f16 read
-        // as it is where the tiled kernel runs, otherwise on its widened copy.
+        // f32 caches gather into one call (one pool job), f16 caches read as they are into
+        // another where the tiled kernel runs; any other packed cache runs alone on its
+        // widened copy. Each query's arithmetic is the one it gets alone.
         let mut segs = [NONE; MAX_SEGS];
-        let (mut n, mut row0) = (0, 0);
+        let mut segs16: [SegOf<u16>; MAX_SEGS] = [SegOf {
+            k: &[],
+            v: &[],
+            n_ctx: 0,
+            s: NONE.s,
+            row0: 0,
+        }; MAX_SEGS];
+        let (mut n, mut n16, mut row0) = (0, 0, 0);
         for (cache, shape) in seqs {
             assert_eq!(shape.head_dim, cache.head_dim);
-            if let Some(p) = &cache.packed {
-                let direct = p.f16_layer(layer).is_some_and(|(k, v)| {
-                    let seg = ops::attention::SegOf {
+            let f16 = cache.packed.as_ref().and_then(|p| p.f16_layer(layer));
+            match (&cache.packed, f16) {
+                (Some(_), Some((k, v))) if ops::attention::f16_direct(shape.head_dim) => {
+                    if n16 == MAX_SEGS {
+                        ops::attention::attention_segs_f16(&self.pool, q, &segs16[..n16], out);
+                        n16 = 0;
+                    }
+                    segs16[n16] = SegOf {
                         k,
                         v,
                         n_ctx: cache.n_ctx,
                         s: shape,
                         row0,
                     };
-                    ops::attention::attention_segs_f16(&self.pool, q, &[seg], out)
-                });
-                if direct {
-                    row0 += shape.n_tokens;
-                    continue;
+                    n16 += 1;
                 }
-                let (k, v) = &mut *p.widened(&self.pool, layer, shape.pos0 + shape.n_tokens);
-                let seg = Seg {
-                    k,
-                    v,
-                    n_ctx: cache.n_ctx,
-                    s: shape,
-                    row0,
-                };
-                attention_segs(&self.pool, q, &[seg], out);
-            } else {
-                if n == MAX_SEGS {
-                    attention_segs(&self.pool, q, &segs[..n], out);
-                    n = 0;
+                (Some(p), _) => {
+                    let (k, v) = &mut *p.widened(&self.pool, layer, shape.pos0 + shape.n_tokens);
+                    let seg = Seg {
+                        k,
+                        v,
+                        n_ctx: cache.n_ctx,
+                        s: shape,
+                        row0,
+                    };
+                    attention_segs(&self.pool, q, &[seg], out);
                 }
-                segs[n] = Seg {
-                    k: &cache.k[layer],
-                    v: &cache.v[layer],
-                    n_ctx: cache.n_ctx,
-                    s: shape,
-                    row0,
-                };
-                n += 1;
+                (None, _) => {
+                    if n == MAX_SEGS {
+                        attention_segs(&self.pool, q, &segs[..n], out);
+                        n = 0;
+                    }
+                    segs[n] = Seg {
+                        k: &cache.k[layer],
+                        v: &cache.v[layer],
+                        n_ctx: cache.n_ctx,
+                        s: shape,
+                        row0,
+                    };
+                    n += 1;
+                }
             }
             row0 += shape.n_tokens;
         }
         attention_segs(&self.pool, q, &segs[..n], out);
+        if n16 > 0 {
+            ops::attention::attention_segs_f16(&self.pool, q, &segs16[..n16], out);
+        }
     }
 
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {

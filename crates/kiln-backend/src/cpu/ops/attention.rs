@@ -46,6 +46,20 @@ pub struct SegOf<'a, E> {
 /// A sequence over an f32 cache.
 pub type Seg<'a> = SegOf<'a, f32>;
 
+/// Whether `attention_segs_f16` runs for head size `hd` on this CPU (AVX2 + F16C, a head size
+/// the tiled kernel has).
+pub fn f16_direct(hd: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd_ok().0 && std::is_x86_feature_detected!("f16c") && super::attention_tiled::handles(hd)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = hd;
+        false
+    }
+}
+
 /// `attention_segs` over f16 caches (values as their bit patterns) read as they are, the
 /// tiled kernel widening each block of keys or values as it loads it: the sums of the
 /// widened f32 cache, bit for bit, at half the memory traffic. False (nothing done) where
