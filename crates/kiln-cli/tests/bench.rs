@@ -177,6 +177,11 @@ fn bad_input_is_a_one_line_error() {
         (&["-m", trunc][..], "truncated.gguf"),
         (&["-t", "0"][..], "at least 1"),
         (&["-p", "0", "-n", "0"][..], "nothing to measure"),
+        // A model that does not fit is refused before loading, as by every command.
+        (
+            &["--memory-limit", "50000000"][..],
+            "of memory but 48 MiB is available",
+        ),
     ] {
         let out = kiln(&[&["bench"][..], args].concat());
         let err = text(&out.stderr);
