@@ -377,27 +377,8 @@ fn kokoro_signal_ops_match_the_cpu() {
         }
     };
     let mut r = Rng(21);
-    let conv = |c_in, c_out, len_in, k, stride, pad, dilation, groups, output_pad| Conv1dShape {
-        c_in,
-        c_out,
-        len_in,
-        k,
-        stride,
-        pad,
-        dilation,
-        groups,
-        output_pad,
-    };
-    for (s, transposed) in [
-        (conv(64, 48, 300, 7, 1, 9, 3, 1, 0), false),
-        (conv(32, 32, 257, 1, 1, 0, 1, 1, 0), false),
-        (conv(16, 24, 101, 3, 2, 1, 1, 1, 0), false),
-        (conv(24, 24, 99, 3, 1, 1, 1, 24, 0), false),
-        (conv(16, 8, 50, 5, 1, 2, 1, 2, 0), false),
-        (conv(64, 32, 40, 20, 10, 5, 1, 1, 0), true),
-        (conv(24, 24, 33, 3, 2, 1, 1, 24, 1), true),
-        (conv(16, 8, 20, 4, 2, 1, 1, 1, 1), true),
-    ] {
+    // The conformance suite's shapes, here against f64 sums.
+    for (s, transposed) in kiln_backend::conformance::CONV_NC_CASES {
         let (wr, wc) = match transposed {
             false => (s.c_out, s.c_in / s.groups * s.k),
             true => (s.c_in, s.c_out / s.groups * s.k),
