@@ -147,8 +147,7 @@ impl<B: Backend> BenchModel<B> {
             } else {
                 let g = GgufFile::open(file)?;
                 // Refused before loading when it cannot fit, as every command does.
-                let need = g.tensors.iter().map(|t| t.n_bytes).sum();
-                kiln_runtime::memory::check_fits(need, &file.display().to_string())?;
+                kiln_runtime::memory::check_gguf_fits(&g, None, file)?;
                 (Llama::load(b, &g)?, dominant_type(&g).to_string())
             };
             let size = model.weight_bytes(b);

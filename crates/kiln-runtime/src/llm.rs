@@ -78,20 +78,7 @@ impl<B: Backend> Llm<B> {
         } else {
             let file = find_gguf(path)?;
             let gguf = GgufFile::open(&file)?;
-            // The weights are copied out of the mapping (repacked for the kernels): about the
-            // file's size, or each matrix at `quant`'s bytes per value when requantized.
-            let need: u64 = gguf
-                .tensors
-                .iter()
-                .map(|t| {
-                    let n = t.n_elements();
-                    match quant {
-                        Some(q) if t.dims.len() == 2 => q.checked_bytes(n).unwrap_or(t.n_bytes),
-                        _ => t.n_bytes,
-                    }
-                })
-                .sum();
-            crate::memory::check_fits(need, &format!("{}", file.display()))?;
+            crate::memory::check_gguf_fits(&gguf, quant, &file)?;
             let tokenizer = Tokenizer::from_gguf(&gguf)?;
             let model = Llama::load_gguf(&backend, &gguf, quant)?;
             (model, tokenizer, GenerationDefaults::default(), file)

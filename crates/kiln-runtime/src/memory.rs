@@ -16,6 +16,25 @@ pub fn available_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Errors unless the weights of GGUF `file` (read as `g`; each matrix at `quant`'s bytes per
+/// value when requantized at load) fit in what is available: they are copied out of the
+/// mapping (repacked for the kernels), about the file's size.
+pub fn check_gguf_fits(
+    g: &kiln_formats::GgufFile,
+    quant: Option<kiln_quant::GgmlType>,
+    file: &std::path::Path,
+) -> Result<(), RuntimeError> {
+    let need: u64 = g
+        .tensors
+        .iter()
+        .map(|t| match quant {
+            Some(q) if t.dims.len() == 2 => q.checked_bytes(t.n_elements()).unwrap_or(t.n_bytes),
+            _ => t.n_bytes,
+        })
+        .sum();
+    check_fits(need, &file.display().to_string())
+}
+
 /// Errors when `need` bytes (for `what`) exceed what is available.
 /// `--no-memory-check` (`KILN_NO_MEMORY_CHECK`) skips the check.
 pub fn check_fits(need: u64, what: &str) -> Result<(), RuntimeError> {
