@@ -139,21 +139,10 @@ pub fn check_reference(m: &ModelArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Fails unless `m.device` can be opened (no GPU, no driver, a build without the backend),
-/// for callers that open it later on another thread (the server's scheduler).
-pub fn check_device(m: &ModelArgs) -> anyhow::Result<()> {
-    check_reference(m)?;
-    match m.device {
-        Device::Cpu => {}
-        Device::Cuda => drop(crate::cuda_backend()?),
-        Device::Gpu => drop(crate::gpu_backend(m.adapter.as_deref())?),
-    }
-    Ok(())
-}
-
 /// The LLM engine for `m` (its model, device and options; `spec`: speculative decoding; a
-/// session of `n_ctx` positions) on a thread of its own. The one place a command's device
-/// picks a backend type: everything after talks to the device-erased engine.
+/// session of `n_ctx` positions) on a thread of its own. With [`spawn_scheduler`], where an
+/// LLM command's device picks a backend type: everything after talks to the device-erased
+/// handle.
 pub fn spawn_engine(
     m: &ModelArgs,
     spec: Option<&SpecArgs>,
@@ -200,6 +189,48 @@ pub fn spawn_engine(
             setup(&|| crate::gpu_backend(adapter.as_deref()), &m, spec, n_ctx)
         }),
     }
+}
+
+/// The scheduler (`kiln serve`, `kiln voice`) for GGUF `file` on `device` (`adapter`: the
+/// wgpu one; `cpu`: how the CPU backend is made, on the engine's thread), its slots' KV
+/// caches checked to fit. A GPU that cannot be opened is the first error, said here.
+pub fn spawn_scheduler(
+    cfg: kiln_runtime::SchedulerConfig,
+    file: &std::path::Path,
+    device: Device,
+    adapter: Option<String>,
+    cpu: impl FnOnce() -> CpuBackend + Send + 'static,
+) -> anyhow::Result<kiln_runtime::Scheduler> {
+    use kiln_runtime::{RuntimeError, Scheduler};
+    fn load<B: Backend>(
+        backend: anyhow::Result<B>,
+        path: &std::path::Path,
+        (n_ctx, slots): (usize, usize),
+    ) -> Result<Llm<B>, RuntimeError> {
+        // A backend that could not be opened on the engine's thread, as a load error.
+        let backend = backend.map_err(|e| RuntimeError::Path {
+            path: path.to_path_buf(),
+            what: e.to_string(),
+        })?;
+        let llm = Llm::load(backend, path)?;
+        llm.check_kv_memory(n_ctx, slots)?;
+        Ok(llm)
+    }
+    let (path, fit) = (file.to_path_buf(), (cfg.n_ctx, cfg.slots));
+    match device {
+        Device::Cpu => Scheduler::spawn(cfg, move || load(Ok(cpu()), &path, fit)),
+        Device::Cuda => {
+            drop(crate::cuda_backend()?);
+            Scheduler::spawn(cfg, move || load(crate::cuda_backend(), &path, fit))
+        }
+        Device::Gpu => {
+            drop(crate::gpu_backend(adapter.as_deref())?);
+            Scheduler::spawn(cfg, move || {
+                load(crate::gpu_backend(adapter.as_deref()), &path, fit)
+            })
+        }
+    }
+    .with_context(|| format!("loading {}", file.display()))
 }
 
 /// Weights and KV cache sizes, printed at load.

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use kiln_backend::cpu::{default_threads, CpuBackend};
-use kiln_runtime::{Llm, Scheduler, SchedulerConfig};
+use kiln_runtime::SchedulerConfig;
 use kiln_server::{AppState, AudioModels, ServerConfig};
 use std::sync::Arc;
 
@@ -104,42 +104,17 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         max_queue: a.max_queue,
         timeout: (a.timeout > 0).then(|| std::time::Duration::from_secs(a.timeout)),
     };
-    let load_path = file.clone();
-    let (n_ctx, slots) = (cfg.n_ctx, cfg.slots);
-    let sched = match a.model.device {
-        crate::Device::Cpu => Scheduler::spawn(cfg, move || {
-            let backend = if reference {
-                CpuBackend::reference()
-            } else {
-                CpuBackend::new(threads.unwrap_or_else(default_threads).max(1))
-            };
-            let llm = Llm::load(backend, &load_path)?;
-            llm.check_kv_memory(n_ctx, slots)?;
-            Ok(llm)
-        }),
-        // The backend lives on the scheduler's thread; fail here first with the reason.
-        crate::Device::Cuda => {
-            crate::llm_cmd::check_device(&a.model)?;
-            Scheduler::spawn(cfg, move || {
-                let backend = crate::cuda_backend().map_err(|e| backend_err(&load_path, e))?;
-                let llm = Llm::load(backend, &load_path)?;
-                llm.check_kv_memory(n_ctx, slots)?;
-                Ok(llm)
-            })
-        }
-        crate::Device::Gpu => {
-            crate::llm_cmd::check_device(&a.model)?;
-            let adapter = a.model.adapter.clone();
-            Scheduler::spawn(cfg, move || {
-                let backend = crate::gpu_backend(adapter.as_deref())
-                    .map_err(|e| backend_err(&load_path, e))?;
-                let llm = Llm::load(backend, &load_path)?;
-                llm.check_kv_memory(n_ctx, slots)?;
-                Ok(llm)
-            })
-        }
-    }
-    .with_context(|| format!("loading {}", file.display()))?;
+    crate::llm_cmd::check_reference(&a.model)?;
+    let sched = crate::llm_cmd::spawn_scheduler(
+        cfg,
+        &file,
+        a.model.device,
+        a.model.adapter.clone(),
+        move || match reference {
+            true => CpuBackend::reference(),
+            false => CpuBackend::new(threads.unwrap_or_else(default_threads).max(1)),
+        },
+    )?;
     let info = sched.info().clone();
     let mut audio = AudioModels {
         max_upload: a.max_upload,
@@ -206,12 +181,4 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         eprintln!("kiln serve: listening on http://{addr}");
         kiln_server::serve(listener, state).await.context("serving")
     })
-}
-
-/// A backend that could not be opened on the scheduler's thread, as a load error.
-pub(crate) fn backend_err(path: &std::path::Path, e: anyhow::Error) -> kiln_runtime::RuntimeError {
-    kiln_runtime::RuntimeError::Path {
-        path: path.to_path_buf(),
-        what: e.to_string(),
-    }
 }

@@ -11,7 +11,7 @@ use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_runtime::tts::{pcm16, wav_header};
 use kiln_runtime::voice::{Voice, VoiceEvent, VoiceOptions, VoiceStats};
 use kiln_runtime::whisper::TranscribeOptions;
-use kiln_runtime::{GenerateOptions, Llm, SamplerConfig, Scheduler, SchedulerConfig};
+use kiln_runtime::{GenerateOptions, SamplerConfig, SchedulerConfig};
 
 use crate::speak::{DEFAULT_TTS, DEFAULT_VOICE};
 use crate::stt_cmd::{Quant, SttModelArgs, DEFAULT_STT};
@@ -96,39 +96,20 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
 
     let llm_path = resolve_model(&a.model)?;
     let file = kiln_runtime::find_gguf(&llm_path)?;
-    let load_path = file.clone();
     let cfg = SchedulerConfig {
         slots: 1,
         n_ctx: 2048,
         ..Default::default()
     };
-    let (device, adapter) = (a.device, a.adapter.clone());
-    let sched = match device {
-        crate::Device::Cpu => Scheduler::spawn(cfg, move || {
-            // The LLM is far ahead of speech (tokens come ~20x faster than they are spoken):
-            // its engine thread and pool yield the cores to Whisper and Kokoro while those
-            // run, and take them whenever they are idle. First audio waits on Kokoro alone.
+    let device = a.device;
+    let sched =
+        crate::llm_cmd::spawn_scheduler(cfg, &file, device, a.adapter.clone(), move || {
+            // The LLM is far ahead of speech (tokens come ~20x faster than they are spoken): its
+            // engine thread and pool yield the cores to Whisper and Kokoro while those run, and
+            // take them whenever they are idle. First audio waits on Kokoro alone.
             kiln_backend::cpu::lower_thread_priority(10);
-            Llm::load(CpuBackend::new(threads), &load_path)
-        }),
-        crate::Device::Cuda => {
-            drop(crate::cuda_backend()?);
-            Scheduler::spawn(cfg, move || {
-                let b = crate::cuda_backend()
-                    .map_err(|e| crate::serve_cmd::backend_err(&load_path, e))?;
-                Llm::load(b, &load_path)
-            })
-        }
-        crate::Device::Gpu => {
-            drop(crate::gpu_backend(adapter.as_deref())?);
-            Scheduler::spawn(cfg, move || {
-                let b = crate::gpu_backend(adapter.as_deref())
-                    .map_err(|e| crate::serve_cmd::backend_err(&load_path, e))?;
-                Llm::load(b, &load_path)
-            })
-        }
-    }
-    .with_context(|| format!("loading {}", file.display()))?;
+            CpuBackend::new(threads)
+        })?;
     let stt_args = SttModelArgs {
         model: a.stt.clone(),
         threads: Some(threads),
