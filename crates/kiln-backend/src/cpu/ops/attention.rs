@@ -74,23 +74,15 @@ pub fn attention_segs_f16(
         segs.len() <= MAX_SEGS,
         "at most {MAX_SEGS} sequences per call"
     );
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (avx2, avx512) = simd_ok();
-        if avx2
-            && std::is_x86_feature_detected!("f16c")
-            && segs
-                .iter()
-                .all(|g| super::attention_tiled::handles(g.s.head_dim))
-        {
-            if !segs.is_empty() {
-                super::attention_tiled::attention(pool, q, segs, out, avx512);
-            }
-            return true;
-        }
+    if !cfg!(target_arch = "x86_64") || !segs.iter().all(|g| f16_direct(g.s.head_dim)) {
+        return false;
     }
-    let _ = (pool, q, segs, out);
-    false
+    #[cfg(target_arch = "x86_64")]
+    if !segs.is_empty() {
+        super::attention_tiled::attention(pool, q, segs, out, simd_ok().1);
+    }
+    let _ = (pool, q, out);
+    true
 }
 
 /// Attention of every sequence of `segs` (at most `MAX_SEGS`, disjoint rows): with the
