@@ -148,6 +148,8 @@ pub struct QuantAct {
     pub ds: Vec<f32>,
     /// 32 * the sum of each 16-value half, two per block (Q6_K's offset).
     pub h32: Vec<i32>,
+    /// 8 * each block's sum (the 4-bit formats' offset, doubled for 5-bit ones).
+    pub s8: Vec<i32>,
     nb: usize,
 }
 
@@ -159,6 +161,7 @@ pub struct ActRow<'a> {
     pub sum: &'a [f32],
     pub ds: &'a [f32],
     pub h32: &'a [i32],
+    pub s8: &'a [i32],
 }
 
 impl QuantAct {
@@ -171,6 +174,7 @@ impl QuantAct {
         self.sum.resize(n * nb, 0.0);
         self.ds.resize(n * nb, 0.0);
         self.h32.resize(2 * n * nb, 0);
+        self.s8.resize(n * nb, 0);
         for t in 0..n {
             let blocks = &mut self.blocks[t * nb..(t + 1) * nb];
             quantize_act(&x[t * cols..(t + 1) * cols], blocks);
@@ -181,6 +185,7 @@ impl QuantAct {
                 self.ds[at] = b.d * b.sum() as f32;
                 self.h32[2 * at] = 32 * b.sums[0] as i32;
                 self.h32[2 * at + 1] = 32 * b.sums[1] as i32;
+                self.s8[at] = 8 * b.sum();
             }
         }
     }
@@ -191,8 +196,9 @@ impl QuantAct {
             blocks: &self.blocks[r.clone()],
             d: &self.d[r.clone()],
             sum: &self.sum[r.clone()],
-            ds: &self.ds[r],
+            ds: &self.ds[r.clone()],
             h32: &self.h32[2 * t * self.nb..2 * (t + 1) * self.nb],
+            s8: &self.s8[r],
         }
     }
 }

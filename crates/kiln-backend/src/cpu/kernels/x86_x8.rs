@@ -12,24 +12,52 @@ use super::x8::{X8Kernels, ROWS};
 use super::ActRow;
 
 /// How a set sums u8 x i8 products into i32 lanes (4 adjacent bytes per lane).
+///
+/// `acc` adds into a set's own partial sums (VNNI: i32 lanes; AVX2: i16 lanes, each the sum
+/// of two adjacent products, so that the one multiply port of many cores does one
+/// instruction per product vector instead of two); `widen` turns them into i32 lanes. An
+/// AVX2 partial sum holds at most 32767: 8 `acc`s of u <= 15 (2 x 15 x 128 each), 4 of
+/// u <= 31, 2 of u <= 63. The sums are exact integers either way, so the result does not
+/// depend on the set's grouping.
 trait LaneDot {
     /// Activation rows per call.
     const MAX_T: usize;
-    /// The offset the Q8_0 kernel subtracts (its stored quants are q + 128).
-    const Q8_OFFSET: f32;
-    /// acc + sum of u x s per lane, for u <= 63.
+    /// The same for Q8_0, whose products take more registers.
+    const MAX_T_Q8: usize;
+    /// Whether the Q8_0 kernel multiplies the stored u8 (q + 128), so that 128 x the
+    /// activations' sum leaves its dot.
+    const Q8_UNSIGNED: bool;
+    /// Whether a 4-bit block's low and high halves go to separate partial sums: two
+    /// dependency chains where an instruction's latency needs them, one accumulator per
+    /// token where registers are short (16 of them without AVX-512).
+    const TWO_CHAINS: bool;
+    /// Partial sums + sum of u x s per lane, for u <= 63 (see the limits above).
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
-    /// acc + sum of (u - 128) x s or u x s per lane (see `Q8_OFFSET`), for any u8.
+    /// Partial sums -> i32 lanes.
+    unsafe fn widen(acc: __m256i) -> __m256i;
+    /// The i32 lanes of two partial sums whose sum stays within a partial sum's limit.
+    unsafe fn widen2(a: __m256i, b: __m256i) -> __m256i;
+    /// i32 lanes + sum of (u - 128) x s per lane (of u x s where `Q8_UNSIGNED`), any u8.
     unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
 }
 
 struct Vnni;
 impl LaneDot for Vnni {
     const MAX_T: usize = 4;
-    const Q8_OFFSET: f32 = -128.0;
+    const MAX_T_Q8: usize = 4;
+    const Q8_UNSIGNED: bool = true;
+    const TWO_CHAINS: bool = true;
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_epi32(acc, u, s) }
+    }
+    #[inline(always)]
+    unsafe fn widen(acc: __m256i) -> __m256i {
+        acc
+    }
+    #[inline(always)]
+    unsafe fn widen2(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi32(a, b) }
     }
     #[inline(always)]
     unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
@@ -39,15 +67,22 @@ impl LaneDot for Vnni {
 
 struct Avx2;
 impl LaneDot for Avx2 {
-    const MAX_T: usize = 2;
-    const Q8_OFFSET: f32 = 0.0;
+    const MAX_T: usize = 4;
+    const MAX_T_Q8: usize = 2;
+    const Q8_UNSIGNED: bool = false;
+    const TWO_CHAINS: bool = false;
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        // Pairs of u8 x i8 -> i16 (|u| <= 63, |s| <= 127: no saturation), pairs -> i32.
-        unsafe {
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-            _mm256_add_epi32(acc, p)
-        }
+        // Pairs of u8 x i8 -> i16 (|u| <= 63, |s| <= 128: no saturation).
+        unsafe { _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s)) }
+    }
+    #[inline(always)]
+    unsafe fn widen(acc: __m256i) -> __m256i {
+        unsafe { _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) }
+    }
+    #[inline(always)]
+    unsafe fn widen2(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { Self::widen(_mm256_add_epi16(a, b)) }
     }
     #[inline(always)]
     unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
@@ -105,13 +140,23 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
     lim: *const u8,
 ) {
     unsafe {
-        let (bb, c) = match F {
-            0 => (144, -8.0),
-            1 => (160, 1.0),
-            2 => (272, M::Q8_OFFSET),
-            3 => (176, -16.0),
-            _ => (192, 1.0),
+        let bb = match F {
+            0 => 144,
+            1 => 160,
+            2 => 272,
+            3 => 176,
+            _ => 192,
         };
+        // The stored quants' integer offset (8 for Q4_0, 16 for Q5_0, 128 for VNNI's Q8_0),
+        // times the block's activation sum, leaves the integer dot; Q4_1 and Q5_1 add a
+        // per-row float minimum instead.
+        let shift = match F {
+            0 => Some(0),
+            2 if M::Q8_UNSIGNED => Some(4),
+            3 => Some(1),
+            _ => None,
+        };
+        let has_min = F == 1 || F == 4;
         let m10 = _mm256_set1_epi8(0x10);
         let m4 = _mm256_set1_epi8(0x0F);
         let mut f = [_mm256_setzero_ps(); T];
@@ -130,12 +175,8 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
                 line = line.wrapping_add(64);
             }
             let dw = f16x8(b);
-            let ow = if F == 1 || F == 4 {
-                f16x8(b.add(16))
-            } else {
-                dw
-            };
             let mut acc = [[_mm256_setzero_si256(); 2]; T];
+            let mut dot = [_mm256_setzero_si256(); T];
             if F == 2 {
                 for ch in 0..8 {
                     let w = load(b.add(16 + 32 * ch));
@@ -143,6 +184,9 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
                         let x = bcast4(xq(&a[t], i), 4 * ch);
                         acc[t][ch & 1] = M::acc_q8(acc[t][ch & 1], w, x);
                     }
+                }
+                for t in 0..T {
+                    dot[t] = _mm256_add_epi32(acc[t][0], acc[t][1]);
                 }
             } else {
                 let q0 = match F {
@@ -167,25 +211,44 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
                         lo = _mm256_or_si256(lo, _mm256_and_si256(hl, m10));
                         hi = _mm256_or_si256(hi, _mm256_and_si256(hh, m10));
                     }
+                    // 4-bit quants: both halves may share a partial sum (8 adds of u <=
+                    // 15); 5-bit: each half on its own (4 of u <= 31).
+                    let one = F < 3 && !M::TWO_CHAINS;
                     for t in 0..T {
                         let x = xq(&a[t], i);
                         acc[t][0] = M::acc(acc[t][0], lo, bcast4(x, 4 * ch));
-                        acc[t][1] = M::acc(acc[t][1], hi, bcast4(x, 16 + 4 * ch));
+                        let j = if one { 0 } else { 1 };
+                        acc[t][j] = M::acc(acc[t][j], hi, bcast4(x, 16 + 4 * ch));
                     }
                 }
+                for t in 0..T {
+                    dot[t] = match (F >= 3, M::TWO_CHAINS) {
+                        (true, _) => _mm256_add_epi32(M::widen(acc[t][0]), M::widen(acc[t][1])),
+                        (false, true) => M::widen2(acc[t][0], acc[t][1]),
+                        (false, false) => M::widen(acc[t][0]),
+                    };
+                }
             }
+            let ow = if has_min { f16x8(b.add(16)) } else { dw };
             for t in 0..T {
-                let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[t][0], acc[t][1]));
+                let mut d = dot[t];
+                if let Some(sh) = shift {
+                    let s8 = _mm256_set1_epi32(*a[t].s8.get_unchecked(i));
+                    d = _mm256_sub_epi32(d, _mm256_sll_epi32(s8, _mm_cvtsi32_si128(sh)));
+                }
                 let dx = _mm256_set1_ps(*a[t].d.get_unchecked(i));
-                f[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, dx), f[t]);
-                if c != 0.0 {
+                f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dw, dx), f[t]);
+                if has_min {
                     let ds = _mm256_set1_ps(*a[t].ds.get_unchecked(i));
                     o[t] = _mm256_fmadd_ps(ow, ds, o[t]);
                 }
             }
         }
         for t in 0..T {
-            let r = _mm256_fmadd_ps(_mm256_set1_ps(c), o[t], f[t]);
+            let r = match has_min {
+                true => _mm256_add_ps(f[t], o[t]),
+                false => f[t],
+            };
             _mm256_storeu_ps(out[t].as_mut_ptr(), r);
         }
     }
@@ -225,8 +288,8 @@ unsafe fn gemm_q4_k<M: LaneDot, const T: usize>(
                 let m1 = _mm256_mul_ps(dmin, u8x8(b.add(96 + 16 * p + 8)));
                 for t in 0..T {
                     let (dx0, dx1) = (*a[t].d.get_unchecked(j0), *a[t].d.get_unchecked(j1));
-                    let d0 = _mm256_cvtepi32_ps(acc[t][0]);
-                    let d1 = _mm256_cvtepi32_ps(acc[t][1]);
+                    let d0 = _mm256_cvtepi32_ps(M::widen(acc[t][0]));
+                    let d1 = _mm256_cvtepi32_ps(M::widen(acc[t][1]));
                     f[t] = _mm256_fmadd_ps(d0, _mm256_mul_ps(s0, _mm256_set1_ps(dx0)), f[t]);
                     f[t] = _mm256_fmadd_ps(d1, _mm256_mul_ps(s1, _mm256_set1_ps(dx1)), f[t]);
                     let (ds0, ds1) = (*a[t].ds.get_unchecked(j0), *a[t].ds.get_unchecked(j1));
@@ -265,27 +328,35 @@ unsafe fn gemm_q6_k<M: LaneDot, const T: usize>(
                 let i = 8 * s + blk;
                 let b = sb.add(16 + 208 * blk);
                 let h = [load(b.add(128)), load(b.add(160))];
+                // 6-bit quants: partial sums of two chunks at a time (u <= 63).
                 let mut acc = [[_mm256_setzero_si256(); 2]; T];
-                for ch in 0..4 {
-                    let v = load(b.add(32 * ch));
-                    let h = h[ch / 2];
-                    let (hl, hh) = if ch % 2 == 0 {
-                        (
-                            _mm256_slli_epi16(_mm256_and_si256(h, k03), 4),
-                            _mm256_slli_epi16(_mm256_and_si256(h, k0c), 2),
-                        )
-                    } else {
-                        (
-                            _mm256_and_si256(h, k30),
-                            _mm256_and_si256(_mm256_srli_epi16(h, 2), k30),
-                        )
-                    };
-                    let lo = _mm256_or_si256(_mm256_and_si256(v, m4), hl);
-                    let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), hh);
+                for pair in 0..2 {
+                    let h = h[pair];
+                    let mut part = [[_mm256_setzero_si256(); 2]; T];
+                    for ch in 2 * pair..2 * pair + 2 {
+                        let v = load(b.add(32 * ch));
+                        let (hl, hh) = if ch % 2 == 0 {
+                            (
+                                _mm256_slli_epi16(_mm256_and_si256(h, k03), 4),
+                                _mm256_slli_epi16(_mm256_and_si256(h, k0c), 2),
+                            )
+                        } else {
+                            (
+                                _mm256_and_si256(h, k30),
+                                _mm256_and_si256(_mm256_srli_epi16(h, 2), k30),
+                            )
+                        };
+                        let lo = _mm256_or_si256(_mm256_and_si256(v, m4), hl);
+                        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), hh);
+                        for t in 0..T {
+                            let x = xq(&a[t], i);
+                            part[t][0] = M::acc(part[t][0], lo, bcast4(x, 4 * ch));
+                            part[t][1] = M::acc(part[t][1], hi, bcast4(x, 16 + 4 * ch));
+                        }
+                    }
                     for t in 0..T {
-                        let x = xq(&a[t], i);
-                        acc[t][0] = M::acc(acc[t][0], lo, bcast4(x, 4 * ch));
-                        acc[t][1] = M::acc(acc[t][1], hi, bcast4(x, 16 + 4 * ch));
+                        acc[t][0] = _mm256_add_epi32(acc[t][0], M::widen(part[t][0]));
+                        acc[t][1] = _mm256_add_epi32(acc[t][1], M::widen(part[t][1]));
                     }
                 }
                 let (sc0, sc1) = (i8x8(b.add(192)), i8x8(b.add(200)));
@@ -314,7 +385,7 @@ macro_rules! instantiate {
             use crate::cpu::kernels::x8::gemm_entry;
             gemm_entry!($features, <$m>::MAX_T, q4_0, 32, 144, gemm_legacy, $m, 0);
             gemm_entry!($features, <$m>::MAX_T, q4_1, 32, 160, gemm_legacy, $m, 1);
-            gemm_entry!($features, <$m>::MAX_T, q8_0, 32, 272, gemm_legacy, $m, 2);
+            gemm_entry!($features, <$m>::MAX_T_Q8, q8_0, 32, 272, gemm_legacy, $m, 2);
             gemm_entry!($features, <$m>::MAX_T, q5_0, 32, 176, gemm_legacy, $m, 3);
             gemm_entry!($features, <$m>::MAX_T, q5_1, 32, 192, gemm_legacy, $m, 4);
             gemm_entry!($features, <$m>::MAX_T, q4_k, 256, 1184, gemm_q4_k, $m);
