@@ -38,22 +38,38 @@ enum Isa {
     Amx,
     /// AVX-512 VNNI (`vpdpbusd`): the weight's bytes are wq - 128.
     Vnni,
+    /// AVX2 (`vpmaddwd` on 16-bit values): the weight is wq - 128 as i16, two bytes a value.
+    Avx2,
 }
 
-/// The integer kernel this CPU runs: AMX tiles where present, else AVX-512 VNNI.
+impl Isa {
+    /// Bytes a packed weight value takes.
+    fn weight_bytes(self) -> usize {
+        match self {
+            Isa::Avx2 => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// The integer kernel this CPU runs: AMX tiles where present, else AVX-512 VNNI, else AVX2.
 fn isa() -> Option<Isa> {
     if amx::available() {
         return Some(Isa::Amx);
     }
-    vnni::available().then_some(Isa::Vnni)
+    if vnni::available() {
+        return Some(Isa::Vnni);
+    }
+    wide::available().then_some(Isa::Avx2)
 }
 
-/// The integer convolution kernel this CPU runs, by name ("amx", "avx512-vnni-conv"), or
-/// None (Kokoro's int8 convolutions then run in f32 on the rounded input).
+/// The integer convolution kernel this CPU runs, by name ("amx", "avx512-vnni-conv",
+/// "avx2-conv"), or None (Kokoro's int8 convolutions then run in f32 on the rounded input).
 pub fn kernel_name() -> Option<&'static str> {
     isa().map(|i| match i {
         Isa::Amx => "amx",
         Isa::Vnni => "avx512-vnni-conv",
+        Isa::Avx2 => "avx2-conv",
     })
 }
 
@@ -64,7 +80,7 @@ pub struct PackedConvQ8 {
     pub c_out: usize,
     pub k: usize,
     isa: Isa,
-    /// A per tap: [tap][op rows][cp bytes], zero-padded.
+    /// A per tap: [tap][op rows][cp values], zero-padded, `isa.weight_bytes()` a value.
     a: Vec<u8>,
     op: usize,
     cp: usize,
@@ -98,15 +114,22 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
         return None;
     }
     let isa = isa()?;
-    let flip = if isa == Isa::Vnni { 0x80 } else { 0 };
     let (op, cp) = (amx::round_up(c_out, MB), amx::round_up(c_in, KC));
-    let mut a = vec![0u8; k * op * cp];
+    let eb = isa.weight_bytes();
+    let mut a = vec![0u8; k * op * cp * eb];
     let mut w_sum = vec![0i32; c_out];
     for o in 0..c_out {
         for i in 0..c_in {
             for j in 0..k {
                 let v = q[(o * c_in + i) * k + j];
-                a[(j * op + o) * cp + i] = v ^ flip;
+                let at = ((j * op + o) * cp + i) * eb;
+                match isa {
+                    Isa::Amx => a[at] = v,
+                    Isa::Vnni => a[at] = v ^ 0x80,
+                    Isa::Avx2 => {
+                        a[at..at + 2].copy_from_slice(&(v as i16 - 128).to_le_bytes());
+                    }
+                }
                 w_sum[o] += v as i32;
             }
         }
@@ -274,118 +297,116 @@ fn finish_body<const ACC: bool>(
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::Map;
+/// The passes above compiled for a vector extension (the same arithmetic: no contraction
+/// into FMA, so every instantiation rounds alike).
+macro_rules! vector_bodies {
+    ($module:ident, $features:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $module {
+            use super::Map;
 
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn range<const SNAKE: bool>(r: &[f32], m: Map) -> (f32, f32) {
-        super::range_body::<SNAKE>(r, m)
-    }
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn quantize<const SNAKE: bool>(
-        d: &mut [u32],
-        x: [&[f32]; 4],
-        m: [Map; 4],
-        scale: f32,
-        zp: f32,
-    ) {
-        super::quantize_body::<SNAKE>(d, x, m, scale, zp)
-    }
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn byte_sums(acc: &mut [i32], row: &[u32]) {
-        super::byte_sums_body(acc, row)
-    }
-    #[target_feature(enable = "avx512f,avx512bw")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn finish<const ACC: bool>(
-        dst: &mut [f32],
-        c: &[i32],
-        sx: &[i32],
-        ao: f32,
-        co: i32,
-        zw: i32,
-        b: f32,
-    ) {
-        super::finish_body::<ACC>(dst, c, sx, ao, co, zw, b)
-    }
+            #[target_feature(enable = $features)]
+            pub unsafe fn range<const SNAKE: bool>(r: &[f32], m: Map) -> (f32, f32) {
+                super::range_body::<SNAKE>(r, m)
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn quantize<const SNAKE: bool>(
+                d: &mut [u32],
+                x: [&[f32]; 4],
+                m: [Map; 4],
+                scale: f32,
+                zp: f32,
+            ) {
+                super::quantize_body::<SNAKE>(d, x, m, scale, zp)
+            }
+            #[target_feature(enable = $features)]
+            pub unsafe fn byte_sums(acc: &mut [i32], row: &[u32]) {
+                super::byte_sums_body(acc, row)
+            }
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn finish<const ACC: bool>(
+                dst: &mut [f32],
+                c: &[i32],
+                sx: &[i32],
+                ao: f32,
+                co: i32,
+                zw: i32,
+                b: f32,
+            ) {
+                super::finish_body::<ACC>(dst, c, sx, ao, co, zw, b)
+            }
+        }
+    };
 }
+vector_bodies!(avx512, "avx512f,avx512bw");
+vector_bodies!(avx2, "avx2");
 
-fn avx512() -> bool {
+/// The widest vector extension of this CPU the passes run on: 2 (AVX-512F/BW), 1 (AVX2) or 0.
+fn vector_level() -> u8 {
     #[cfg(target_arch = "x86_64")]
     {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            !crate::cpu::kernels::simd_disabled() && is_x86_feature_detected!("avx512bw")
+        static LEVEL: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            let simd = !crate::cpu::kernels::simd_disabled();
+            if simd && !crate::options::get().no_avx512 && is_x86_feature_detected!("avx512bw") {
+                2
+            } else if simd && is_x86_feature_detected!("avx2") {
+                1
+            } else {
+                0
+            }
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    0
+}
+
+/// Returns `$module::$call` from the calling function for the CPU's vector level, if any.
+macro_rules! vector_call {
+    ($($call:tt)*) => {
+        #[cfg(target_arch = "x86_64")]
+        match vector_level() {
+            // SAFETY: the CPU has the extension (checked by vector_level).
+            2 => return unsafe { avx512::$($call)* },
+            1 => return unsafe { avx2::$($call)* },
+            _ => {}
+        }
+    };
 }
 
 fn range_of(r: &[f32], m: Map, snake: bool) -> (f32, f32) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F/BW (checked).
-        return unsafe {
-            if snake {
-                avx512::range::<true>(r, m)
-            } else {
-                avx512::range::<false>(r, m)
-            }
-        };
-    }
     if snake {
+        vector_call!(range::<true>(r, m));
         range_body::<true>(r, m)
     } else {
+        vector_call!(range::<false>(r, m));
         range_body::<false>(r, m)
     }
 }
 
 fn quantize_into(d: &mut [u32], x: [&[f32]; 4], m: [Map; 4], snake: bool, scale: f32, zp: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F/BW (checked).
-        return unsafe {
-            if snake {
-                avx512::quantize::<true>(d, x, m, scale, zp)
-            } else {
-                avx512::quantize::<false>(d, x, m, scale, zp)
-            }
-        };
-    }
     if snake {
+        vector_call!(quantize::<true>(d, x, m, scale, zp));
         quantize_body::<true>(d, x, m, scale, zp)
     } else {
+        vector_call!(quantize::<false>(d, x, m, scale, zp));
         quantize_body::<false>(d, x, m, scale, zp)
     }
 }
 
 fn byte_sums(acc: &mut [i32], row: &[u32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F/BW (checked).
-        return unsafe { avx512::byte_sums(acc, row) };
-    }
+    vector_call!(byte_sums(acc, row));
     byte_sums_body(acc, row)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn finish(dst: &mut [f32], c: &[i32], sx: &[i32], ao: f32, co: i32, zw: i32, b: f32, acc: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F/BW (checked).
-        return unsafe {
-            if acc {
-                avx512::finish::<true>(dst, c, sx, ao, co, zw, b)
-            } else {
-                avx512::finish::<false>(dst, c, sx, ao, co, zw, b)
-            }
-        };
-    }
     if acc {
+        vector_call!(finish::<true>(dst, c, sx, ao, co, zw, b));
         finish_body::<true>(dst, c, sx, ao, co, zw, b)
     } else {
+        vector_call!(finish::<false>(dst, c, sx, ao, co, zw, b));
         finish_body::<false>(dst, c, sx, ao, co, zw, b)
     }
 }
@@ -485,6 +506,115 @@ mod vnni {
         _: &mut BlockI32,
     ) {
         unreachable!("AVX-512 VNNI is x86_64 only")
+    }
+}
+
+/// The block of [`amx::conv_block_u8`] on AVX2: the input bytes widened to 16 bits (a
+/// 32-bit lane holds two channels of one time step), the weight packed as 16-bit wq - 128,
+/// `vpmaddwd` summing each pair exactly in i32; the lanes of a time step's two pairs are
+/// added at the end. `vpmaddubsw` would take twice the values an instruction but saturates
+/// at u8 x i8 pair sums past 32767, which 8-bit inputs and weights reach.
+mod wide {
+    use crate::cpu::kernels::amx::BlockI32;
+
+    pub fn available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *OK.get_or_init(|| {
+                !crate::cpu::kernels::simd_disabled() && is_x86_feature_detected!("avx2")
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// C[r][t] = Σ_{j < taps} Σ_{p < nq} Σ_{e < 4} a'[j][r][4p + e] x[j][p][t][e] for the
+    /// first `rows` (rounded up to 2) of the 32 rows and the 32 columns, with a' the i16
+    /// values at `a + j * a_tap + r * lda` (little-endian, 2 bytes each) and x the unsigned
+    /// bytes at `b + b_off[j] + p * ldb` (4 a column): exact i32 sums.
+    ///
+    /// # Safety
+    /// [`available`] returned true; the rows of a (up to the next multiple of 2 past `rows`,
+    /// nq * 8 bytes each) and of b (nq rows of 128 bytes from each tap's offset) lie inside
+    /// the caller's buffers.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn conv_block(
+        a: *const u8,
+        lda: usize,
+        a_tap: usize,
+        b: *const u8,
+        ldb: usize,
+        b_off: &[usize],
+        nq: usize,
+        rows: usize,
+        c: &mut BlockI32,
+    ) {
+        use crate::cpu::kernels::amx::{MB, NB};
+        use std::arch::x86_64::*;
+        // Rows x groups of 4 time steps per register block: 8 accumulators, 4 inputs.
+        const R: usize = 2;
+        const Q: usize = 4;
+        debug_assert!(NB == 32 && MB % R == 0);
+        for r0 in (0..MB).step_by(R) {
+            if r0 >= rows {
+                c.0[r0 * NB..(r0 + R) * NB].fill(0);
+                continue;
+            }
+            for half in 0..NB / (4 * Q) {
+                // SAFETY (all below): reads within the bounds the caller vouched for.
+                unsafe {
+                    let mut acc = [[_mm256_setzero_si256(); Q]; R];
+                    for (j, &bo) in b_off.iter().enumerate() {
+                        let aj = a.add(j * a_tap + r0 * lda);
+                        let bj = b.add(bo + half * 16 * Q);
+                        for p in 0..nq {
+                            let xr = bj.add(p * ldb);
+                            let x: [__m256i; Q] = std::array::from_fn(|q| {
+                                _mm256_cvtepu8_epi16(_mm_loadu_si128(xr.add(16 * q) as *const _))
+                            });
+                            for (r, acc) in acc.iter_mut().enumerate() {
+                                let wv =
+                                    std::ptr::read_unaligned(aj.add(r * lda + 8 * p) as *const i64);
+                                let wv = _mm256_set1_epi64x(wv);
+                                for (q, a) in acc.iter_mut().enumerate() {
+                                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(x[q], wv));
+                                }
+                            }
+                        }
+                    }
+                    // Lanes (2t, 2t + 1) hold time step t's two channel pairs: pairwise sums,
+                    // then the 64-bit quarters back in time order.
+                    for (r, acc) in acc.iter().enumerate() {
+                        for q in (0..Q).step_by(2) {
+                            let s = _mm256_hadd_epi32(acc[q], acc[q + 1]);
+                            let s = _mm256_permute4x64_epi64::<0b11_01_10_00>(s);
+                            let at = (r0 + r) * NB + half * 4 * Q + 4 * q;
+                            _mm256_storeu_si256(c.0[at..at + 8].as_mut_ptr() as *mut _, s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Without x86_64 there is no AVX2 ([`available`] is false: never called).
+    #[cfg(not(target_arch = "x86_64"))]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn conv_block(
+        _: *const u8,
+        _: usize,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: &[usize],
+        _: usize,
+        _: usize,
+        _: &mut BlockI32,
+    ) {
+        unreachable!("AVX2 is x86_64 only")
     }
 }
 
@@ -721,8 +851,9 @@ pub fn conv1d(
                 .collect();
             let mut blk = BlockI32::default();
             let amx_tiles = w.isa == Isa::Amx;
-            // The VNNI kernel's sums are 128 Sx short (its weight is wq - 128).
+            // The VNNI and AVX2 kernels' sums are 128 Sx short (their weight is wq - 128).
             let zw_of = |o: usize| w.w_zero[o] - if amx_tiles { 0 } else { 128 };
+            let eb = w.isa.weight_bytes();
             if amx_tiles {
                 // SAFETY: AMX checked by isa() (the weight was packed for it only then).
                 unsafe { amx::tiles_on() };
@@ -731,37 +862,34 @@ pub fn conv1d(
                 let c1 = (c0 + CHUNK).min(t1);
                 for ob in 0..op / MB {
                     for tb in (c0..c1).step_by(NB) {
+                        // Groups past c_in are zeros: the VNNI and AVX2 kernels leave them out.
+                        let rows = (c_out - ob * MB).min(MB);
+                        let nq = c_in.div_ceil(4);
                         // SAFETY: A rows ob*32..+32 of every tap lie in w.a (op rows of cp
-                        // bytes per tap); B rows 0..nq, columns tb..tb+32+(k-1)dil lie in
-                        // xq (xs >= round_up(lo, 32) + (k-1) dil).
+                        // values per tap); B rows 0..nq, columns tb..tb+32+(k-1)dil lie in
+                        // xq (xs >= round_up(lo, 32) + (k-1) dil); the kernel is the one the
+                        // weight was packed for, whose features isa() checked.
                         unsafe {
-                            let a = w.a.as_ptr().add(ob * MB * cp);
+                            let a = w.a.as_ptr().add(ob * MB * cp * eb);
                             let b = (xq.as_ptr() as *const u8).add(tb * 4);
-                            if amx_tiles {
-                                amx::conv_block_u8(
+                            let (lda, a_tap, ldb) = (cp * eb, op * cp * eb, xs * 4);
+                            match w.isa {
+                                Isa::Amx => amx::conv_block_u8(
                                     a,
-                                    cp,
-                                    op * cp,
+                                    lda,
+                                    a_tap,
                                     b,
-                                    xs * 4,
+                                    ldb,
                                     &b_off,
                                     cp / KC,
                                     &mut blk,
-                                )
-                            } else {
-                                // Groups past c_in are zeros: left out.
-                                let rows = (c_out - ob * MB).min(MB);
-                                vnni::conv_block(
-                                    a,
-                                    cp,
-                                    op * cp,
-                                    b,
-                                    xs * 4,
-                                    &b_off,
-                                    c_in.div_ceil(4),
-                                    rows,
-                                    &mut blk,
-                                )
+                                ),
+                                Isa::Vnni => vnni::conv_block(
+                                    a, lda, a_tap, b, ldb, &b_off, nq, rows, &mut blk,
+                                ),
+                                Isa::Avx2 => wide::conv_block(
+                                    a, lda, a_tap, b, ldb, &b_off, nq, rows, &mut blk,
+                                ),
                             }
                         };
                         let nt = (c1 - tb).min(NB);
@@ -806,7 +934,7 @@ mod tests {
     #[test]
     fn matches_direct_on_the_rounded_input() {
         if isa().is_none() {
-            eprintln!("no integer convolution kernel (AMX, AVX-512 VNNI) here: skipped");
+            eprintln!("no integer convolution kernel (AMX, AVX-512 VNNI, AVX2) here: skipped");
             return;
         }
         let pool = Pool::new(2);
@@ -891,59 +1019,87 @@ mod tests {
     /// where `conv1d` takes the tiles): signed weight bytes, unsigned input bytes, two taps
     /// at different offsets, 13 groups of 4 channels, 19 live rows of 32 (the rest zeroed).
     #[test]
-    fn vnni_block_equals_integer_sums() {
-        if !vnni::available() {
-            eprintln!("AVX-512 VNNI not available here: skipped");
-            return;
-        }
-        let mut seed = 0x9e37_79b9u32;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            seed
-        };
-        let (nq, rows, lda) = (13usize, 19usize, 64usize);
-        let a_tap = MB * lda;
-        let ldb = 4 * 80; // 80 words a channel group
-        let b_off = [0usize, 4 * 7];
-        let a: Vec<u8> = (0..b_off.len() * a_tap).map(|_| rnd() as u8).collect();
-        let b: Vec<u8> = (0..nq * ldb).map(|_| rnd() as u8).collect();
-        let mut blk = BlockI32::default();
-        blk.0.fill(i32::MIN);
-        // SAFETY: VNNI is available; the rows read lie in a (32 rows of 64 bytes a tap) and b
-        // (13 rows of 80 words, 32 words from offsets 0 and 7).
-        unsafe {
-            vnni::conv_block(
-                a.as_ptr(),
-                lda,
-                a_tap,
-                b.as_ptr(),
-                ldb,
-                &b_off,
-                nq,
-                rows,
-                &mut blk,
-            )
-        };
-        for r in 0..MB {
-            for t in 0..NB {
-                let want: i32 = if r >= rows.next_multiple_of(8) {
-                    0
-                } else {
-                    let mut acc = 0i32;
-                    for (j, &bo) in b_off.iter().enumerate() {
-                        for p in 0..nq {
-                            for e in 0..4 {
-                                let w = a[j * a_tap + r * lda + 4 * p + e] as i8 as i32;
-                                let x = b[bo + p * ldb + 4 * t + e] as i32;
-                                acc += w * x;
+    fn vector_blocks_equal_integer_sums() {
+        type Block = unsafe fn(
+            *const u8,
+            usize,
+            usize,
+            *const u8,
+            usize,
+            &[usize],
+            usize,
+            usize,
+            &mut BlockI32,
+        );
+        // (name, present here, kernel, bytes a weight value, rows computed in steps of)
+        let kernels: [(&str, bool, Block, usize, usize); 2] = [
+            ("avx512-vnni", vnni::available(), vnni::conv_block, 1, 8),
+            ("avx2", wide::available(), wide::conv_block, 2, 2),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        assert!(
+            !std::is_x86_feature_detected!("avx2") || wide::available(),
+            "AVX2 machine without the AVX2 block"
+        );
+        for (name, present, kernel, eb, step) in kernels {
+            if !present {
+                eprintln!("{name} not available here: not tested");
+                continue;
+            }
+            let mut seed = 0x9e37_79b9u32;
+            let mut rnd = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                seed
+            };
+            let (nq, rows, lda) = (13usize, 19usize, 64 * eb);
+            let a_tap = MB * lda;
+            let ldb = 4 * 80; // 80 words a channel group
+            let b_off = [0usize, 4 * 7];
+            // Weights -128..=127 (as VNNI's bytes and AVX2's i16 values hold them).
+            let w: Vec<i8> = (0..b_off.len() * MB * 64).map(|_| rnd() as i8).collect();
+            let a: Vec<u8> = match eb {
+                1 => w.iter().map(|&v| v as u8).collect(),
+                _ => w.iter().flat_map(|&v| (v as i16).to_le_bytes()).collect(),
+            };
+            let b: Vec<u8> = (0..nq * ldb).map(|_| rnd() as u8).collect();
+            let mut blk = BlockI32::default();
+            blk.0.fill(i32::MIN);
+            // SAFETY: the kernel is available; the rows read lie in a (32 rows of 64 values
+            // a tap) and b (13 rows of 80 words, 32 words from offsets 0 and 7).
+            unsafe {
+                kernel(
+                    a.as_ptr(),
+                    lda,
+                    a_tap,
+                    b.as_ptr(),
+                    ldb,
+                    &b_off,
+                    nq,
+                    rows,
+                    &mut blk,
+                )
+            };
+            for r in 0..MB {
+                for t in 0..NB {
+                    let want: i32 = if r >= rows.next_multiple_of(step) {
+                        0
+                    } else {
+                        let mut acc = 0i32;
+                        for (j, &bo) in b_off.iter().enumerate() {
+                            for p in 0..nq {
+                                for e in 0..4 {
+                                    let w = w[(j * MB + r) * 64 + 4 * p + e] as i32;
+                                    let x = b[bo + p * ldb + 4 * t + e] as i32;
+                                    acc += w * x;
+                                }
                             }
                         }
-                    }
-                    acc
-                };
-                assert_eq!(blk.0[r * NB + t], want, "row {r} column {t}");
+                        acc
+                    };
+                    assert_eq!(blk.0[r * NB + t], want, "{name}: row {r} column {t}");
+                }
             }
         }
     }
@@ -953,7 +1109,7 @@ mod tests {
     #[test]
     fn folded_ada_in_snake_matches_the_ops() {
         if isa().is_none() {
-            eprintln!("no integer convolution kernel (AMX, AVX-512 VNNI) here: skipped");
+            eprintln!("no integer convolution kernel (AMX, AVX-512 VNNI, AVX2) here: skipped");
             return;
         }
         let pool = Pool::new(2);
