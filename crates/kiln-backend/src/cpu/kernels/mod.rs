@@ -212,6 +212,8 @@ pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: ActRow, out: &mut [f3
 
 pub struct Kernels {
     pub name: &'static str,
+    /// The set needs AVX-512 (`--no-avx512` passes it over).
+    pub avx512: bool,
     /// Kernels over the eight-row interleaved layouts, where a set has them: weights of
     /// those formats are packed that way at load (`x8`).
     pub x8: Option<&'static x8::X8Kernels>,
@@ -281,6 +283,7 @@ impl Kernels {
 
 pub static SCALAR: Kernels = Kernels {
     name: "scalar",
+    avx512: false,
     x8: None,
     tile4: None,
     q4_0x4: scalar::dot4::<{ scalar::Q4_0 }>,
@@ -345,7 +348,9 @@ pub fn available() -> Vec<&'static Kernels> {
 
 fn detect() -> Option<&'static Kernels> {
     #[cfg(target_arch = "x86_64")]
-    return x86::available().into_iter().next();
+    return x86::available()
+        .into_iter()
+        .find(|k| !k.avx512 || avx512_allowed());
     #[cfg(target_arch = "aarch64")]
     return neon::available().into_iter().next();
     #[allow(unreachable_code)]

@@ -25,6 +25,7 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static NEON: Kernels = Kernels {
     name: "neon",
+    avx512: false,
     x8: None,
     // No decoded-tile prefill or four-row K-quant kernels on ARM yet: prefill unpacks per
     // token, K-quant rows run one at a time.
@@ -48,6 +49,7 @@ static NEON: Kernels = Kernels {
 
 static DOTPROD: Kernels = Kernels {
     name: "neon-dotprod",
+    avx512: false,
     x8: Some(&super::neon_x8::DOTPROD),
     // No decoded-tile prefill or four-row K-quant kernels on ARM yet: prefill unpacks per
     // token, K-quant rows run one at a time.

@@ -1,4 +1,5 @@
-//! x86-64 integer kernels: AVX2 (maddubs) and AVX-512 VNNI (vpdpbusd on 256-bit lanes).
+//! x86-64 integer kernels: AVX2 (maddubs), AVX-512 VNNI (vpdpbusd on 256-bit lanes) and
+//! AVX-VNNI (the same instruction VEX-encoded, on client CPUs without AVX-512).
 //! One body per format, generic over how u8 x i8 products are summed into i32 lanes.
 
 use std::arch::x86_64::*;
@@ -14,6 +15,9 @@ pub fn available() -> Vec<&'static Kernels> {
     if avx2 && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
         v.push(&VNNI);
     }
+    if avx2 && is_x86_feature_detected!("avxvnni") {
+        v.push(&AVX_VNNI);
+    }
     if avx2 {
         v.push(&AVX2);
     }
@@ -22,6 +26,7 @@ pub fn available() -> Vec<&'static Kernels> {
 
 static AVX2: Kernels = Kernels {
     name: "avx2",
+    avx512: false,
     x8: Some(&super::x86_x8::AVX2),
     q4_kx4: Some(avx2::q4_kx4),
     q6_kx4: Some(avx2::q6_kx4),
@@ -43,6 +48,7 @@ static AVX2: Kernels = Kernels {
 
 static VNNI: Kernels = Kernels {
     name: "avx512-vnni",
+    avx512: true,
     x8: Some(&super::x86_x8::VNNI),
     q4_kx4: Some(vnni::q4_kx4),
     q6_kx4: Some(vnni::q6_kx4),
@@ -60,6 +66,28 @@ static VNNI: Kernels = Kernels {
     q4_k: vnni::q4_k,
     q5_k: vnni::q5_k,
     q6_k: vnni::q6_k,
+};
+
+static AVX_VNNI: Kernels = Kernels {
+    name: "avx-vnni",
+    avx512: false,
+    x8: Some(&super::x86_x8::AVX_VNNI),
+    q4_kx4: Some(avxvnni::q4_kx4),
+    q6_kx4: Some(avxvnni::q6_kx4),
+    tile4: Some(avxvnni::tile4),
+    q5_0: avxvnni::q5_0,
+    q5_1: avxvnni::q5_1,
+    q5_0x4: avxvnni::q5_0x4,
+    q5_1x4: avxvnni::q5_1x4,
+    q4_0x4: avxvnni::q4_0x4,
+    q4_1x4: avxvnni::q4_1x4,
+    q8_0x4: avxvnni::q8_0x4,
+    q4_0: avxvnni::q4_0,
+    q4_1: avxvnni::q4_1,
+    q8_0: avxvnni::q8_0,
+    q4_k: avxvnni::q4_k,
+    q5_k: avxvnni::q5_k,
+    q6_k: avxvnni::q6_k,
 };
 
 /// Sums of 4 adjacent u8 x i8 products per i32 lane.
@@ -83,6 +111,14 @@ impl MulSum for Dpbusd {
     #[inline(always)]
     unsafe fn mul_sum(u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s) }
+    }
+}
+
+struct DpbusdVex;
+impl MulSum for DpbusdVex {
+    #[inline(always)]
+    unsafe fn mul_sum(u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s) }
     }
 }
 
@@ -865,3 +901,4 @@ macro_rules! instantiate {
 
 instantiate!(avx2, "avx2,fma,f16c", Maddubs);
 instantiate!(vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", Dpbusd);
+instantiate!(avxvnni, "avx2,fma,f16c,avxvnni", DpbusdVex);

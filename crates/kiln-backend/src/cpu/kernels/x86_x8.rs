@@ -27,10 +27,11 @@ trait LaneDot {
     /// Whether the Q8_0 kernel multiplies the stored u8 (q + 128), so that 128 x the
     /// activations' sum leaves its dot.
     const Q8_UNSIGNED: bool;
-    /// Whether a 4-bit block's low and high halves go to separate partial sums: two
-    /// dependency chains where an instruction's latency needs them, one accumulator per
-    /// token where registers are short (16 of them without AVX-512).
-    const TWO_CHAINS: bool;
+    /// From how many tokens a call a 4-bit block's low and high halves share one partial
+    /// sum per token: below it they go to two (two dependency chains where an instruction's
+    /// latency needs them); from it one accumulator per token, where registers are short
+    /// (16 of them without AVX-512).
+    const ONE_CHAIN_FROM: usize;
     /// Partial sums + sum of u x s per lane, for u <= 63 (see the limits above).
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
     /// Partial sums -> i32 lanes.
@@ -46,7 +47,7 @@ impl LaneDot for Vnni {
     const MAX_T: usize = 4;
     const MAX_T_Q8: usize = 4;
     const Q8_UNSIGNED: bool = true;
-    const TWO_CHAINS: bool = true;
+    const ONE_CHAIN_FROM: usize = usize::MAX;
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_epi32(acc, u, s) }
@@ -65,12 +66,38 @@ impl LaneDot for Vnni {
     }
 }
 
+/// AVX-VNNI (the VEX-encoded 256-bit `vpdpbusd` of Intel's client cores from Alder Lake,
+/// which have no AVX-512): VNNI's arithmetic in 16 registers.
+struct AvxVnni;
+impl LaneDot for AvxVnni {
+    const MAX_T: usize = 4;
+    const MAX_T_Q8: usize = 2;
+    const Q8_UNSIGNED: bool = true;
+    const ONE_CHAIN_FROM: usize = 3;
+    #[inline(always)]
+    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_avx_epi32(acc, u, s) }
+    }
+    #[inline(always)]
+    unsafe fn widen(acc: __m256i) -> __m256i {
+        acc
+    }
+    #[inline(always)]
+    unsafe fn widen2(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_avx_epi32(acc, u, s) }
+    }
+}
+
 struct Avx2;
 impl LaneDot for Avx2 {
     const MAX_T: usize = 4;
     const MAX_T_Q8: usize = 2;
     const Q8_UNSIGNED: bool = false;
-    const TWO_CHAINS: bool = false;
+    const ONE_CHAIN_FROM: usize = 0;
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         // Pairs of u8 x i8 -> i16 (|u| <= 63, |s| <= 128: no saturation).
@@ -213,7 +240,7 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
                     }
                     // 4-bit quants: both halves may share a partial sum (8 adds of u <=
                     // 15); 5-bit: each half on its own (4 of u <= 31).
-                    let one = F < 3 && !M::TWO_CHAINS;
+                    let one = F < 3 && T >= M::ONE_CHAIN_FROM;
                     for t in 0..T {
                         let x = xq(&a[t], i);
                         acc[t][0] = M::acc(acc[t][0], lo, bcast4(x, 4 * ch));
@@ -222,10 +249,10 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
                     }
                 }
                 for t in 0..T {
-                    dot[t] = match (F >= 3, M::TWO_CHAINS) {
+                    dot[t] = match (F >= 3, T >= M::ONE_CHAIN_FROM) {
                         (true, _) => _mm256_add_epi32(M::widen(acc[t][0]), M::widen(acc[t][1])),
-                        (false, true) => M::widen2(acc[t][0], acc[t][1]),
-                        (false, false) => M::widen(acc[t][0]),
+                        (false, false) => M::widen2(acc[t][0], acc[t][1]),
+                        (false, true) => M::widen(acc[t][0]),
                     };
                 }
             }
@@ -396,6 +423,7 @@ macro_rules! instantiate {
 
 instantiate!(avx2, "avx2,fma,f16c", Avx2);
 instantiate!(vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", Vnni);
+instantiate!(avxvnni, "avx2,fma,f16c,avxvnni", AvxVnni);
 
 pub static AVX2: X8Kernels = X8Kernels {
     max_tokens: Avx2::MAX_T,
@@ -417,4 +445,15 @@ pub static VNNI: X8Kernels = X8Kernels {
     q8_0: vnni::q8_0,
     q4_k: vnni::q4_k,
     q6_k: vnni::q6_k,
+};
+
+pub static AVX_VNNI: X8Kernels = X8Kernels {
+    max_tokens: AvxVnni::MAX_T,
+    q4_0: avxvnni::q4_0,
+    q4_1: avxvnni::q4_1,
+    q5_0: avxvnni::q5_0,
+    q5_1: avxvnni::q5_1,
+    q8_0: avxvnni::q8_0,
+    q4_k: avxvnni::q4_k,
+    q6_k: avxvnni::q6_k,
 };

@@ -38,6 +38,8 @@ enum Isa {
     Amx,
     /// AVX-512 VNNI (`vpdpbusd`): the weight's bytes are wq - 128.
     Vnni,
+    /// AVX-VNNI (`vpdpbusd` on 256-bit vectors, client CPUs without AVX-512): as `Vnni`.
+    AvxVnni,
     /// AVX2 (`vpmaddwd` on 16-bit values): the weight is wq - 128 as i16, two bytes a value.
     Avx2,
 }
@@ -52,7 +54,8 @@ impl Isa {
     }
 }
 
-/// The integer kernel this CPU runs: AMX tiles where present, else AVX-512 VNNI, else AVX2.
+/// The integer kernel this CPU runs: AMX tiles where present, else AVX-512 VNNI, else
+/// AVX-VNNI, else AVX2.
 fn isa() -> Option<Isa> {
     if amx::available() {
         return Some(Isa::Amx);
@@ -60,15 +63,19 @@ fn isa() -> Option<Isa> {
     if vnni::available() {
         return Some(Isa::Vnni);
     }
+    if vex::available() {
+        return Some(Isa::AvxVnni);
+    }
     wide::available().then_some(Isa::Avx2)
 }
 
 /// The integer convolution kernel this CPU runs, by name ("amx", "avx512-vnni-conv",
-/// "avx2-conv"), or None (Kokoro's int8 convolutions then run in f32 on the rounded input).
+/// "avx-vnni-conv", "avx2-conv"), or None (Kokoro's int8 convolutions then run in f32 on the rounded input).
 pub fn kernel_name() -> Option<&'static str> {
     isa().map(|i| match i {
         Isa::Amx => "amx",
         Isa::Vnni => "avx512-vnni-conv",
+        Isa::AvxVnni => "avx-vnni-conv",
         Isa::Avx2 => "avx2-conv",
     })
 }
@@ -125,7 +132,7 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
                 let at = ((j * op + o) * cp + i) * eb;
                 match isa {
                     Isa::Amx => a[at] = v,
-                    Isa::Vnni => a[at] = v ^ 0x80,
+                    Isa::Vnni | Isa::AvxVnni => a[at] = v ^ 0x80,
                     Isa::Avx2 => {
                         a[at..at + 2].copy_from_slice(&(v as i16 - 128).to_le_bytes());
                     }
@@ -509,6 +516,105 @@ mod vnni {
     }
 }
 
+/// The block of [`amx::conv_block_u8`] on AVX-VNNI: as the AVX-512 one with 8 time steps a
+/// vector (2 rows x 32 time steps of accumulators in 16 registers).
+mod vex {
+    use crate::cpu::kernels::amx::BlockI32;
+
+    pub fn available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *OK.get_or_init(|| {
+                !crate::cpu::kernels::simd_disabled()
+                    && is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("avxvnni")
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// As `vnni::conv_block` (signed weight bytes, unsigned input bytes, exact i32 sums),
+    /// the first `rows` rounded up to 2.
+    ///
+    /// # Safety
+    /// [`available`] returned true; the rows of a (up to the next multiple of 2 past `rows`,
+    /// nq * 4 bytes each) and of b (nq rows of 128 bytes from each tap's offset) lie inside
+    /// the caller's buffers.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avxvnni")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn conv_block(
+        a: *const u8,
+        lda: usize,
+        a_tap: usize,
+        b: *const u8,
+        ldb: usize,
+        b_off: &[usize],
+        nq: usize,
+        rows: usize,
+        c: &mut BlockI32,
+    ) {
+        use crate::cpu::kernels::amx::{MB, NB};
+        use std::arch::x86_64::*;
+        const R: usize = 2;
+        const Q: usize = NB / 8;
+        debug_assert!(MB % R == 0);
+        for r0 in (0..MB).step_by(R) {
+            if r0 >= rows {
+                c.0[r0 * NB..(r0 + R) * NB].fill(0);
+                continue;
+            }
+            // SAFETY (all below): reads within the bounds the caller vouched for.
+            unsafe {
+                let mut acc = [[_mm256_setzero_si256(); Q]; R];
+                for (j, &bo) in b_off.iter().enumerate() {
+                    let aj = a.add(j * a_tap + r0 * lda);
+                    let bj = b.add(bo);
+                    for p in 0..nq {
+                        let xr = bj.add(p * ldb);
+                        let w: [__m256i; R] = std::array::from_fn(|r| {
+                            _mm256_set1_epi32(std::ptr::read_unaligned(
+                                aj.add(r * lda + 4 * p) as *const i32
+                            ))
+                        });
+                        for q in 0..Q {
+                            let x = _mm256_loadu_si256(xr.add(32 * q) as *const _);
+                            for r in 0..R {
+                                acc[r][q] = _mm256_dpbusd_avx_epi32(acc[r][q], x, w[r]);
+                            }
+                        }
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate() {
+                    for (q, v) in acc.iter().enumerate() {
+                        let at = (r0 + r) * NB + 8 * q;
+                        _mm256_storeu_si256(c.0[at..at + 8].as_mut_ptr() as *mut _, *v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Without x86_64 there is no AVX-VNNI ([`available`] is false: never called).
+    #[cfg(not(target_arch = "x86_64"))]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn conv_block(
+        _: *const u8,
+        _: usize,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: &[usize],
+        _: usize,
+        _: usize,
+        _: &mut BlockI32,
+    ) {
+        unreachable!("AVX-VNNI is x86_64 only")
+    }
+}
+
 /// The block of [`amx::conv_block_u8`] on AVX2: the input bytes widened to 16 bits (a
 /// 32-bit lane holds two channels of one time step), the weight packed as 16-bit wq - 128,
 /// `vpmaddwd` summing each pair exactly in i32; the lanes of a time step's two pairs are
@@ -851,7 +957,7 @@ pub fn conv1d(
                 .collect();
             let mut blk = BlockI32::default();
             let amx_tiles = w.isa == Isa::Amx;
-            // The VNNI and AVX2 kernels' sums are 128 Sx short (their weight is wq - 128).
+            // The vector kernels' sums are 128 Sx short (their weight is wq - 128).
             let zw_of = |o: usize| w.w_zero[o] - if amx_tiles { 0 } else { 128 };
             let eb = w.isa.weight_bytes();
             if amx_tiles {
@@ -862,7 +968,7 @@ pub fn conv1d(
                 let c1 = (c0 + CHUNK).min(t1);
                 for ob in 0..op / MB {
                     for tb in (c0..c1).step_by(NB) {
-                        // Groups past c_in are zeros: the VNNI and AVX2 kernels leave them out.
+                        // Groups past c_in are zeros: the vector kernels leave them out.
                         let rows = (c_out - ob * MB).min(MB);
                         let nq = c_in.div_ceil(4);
                         // SAFETY: A rows ob*32..+32 of every tap lie in w.a (op rows of cp
@@ -885,6 +991,9 @@ pub fn conv1d(
                                     &mut blk,
                                 ),
                                 Isa::Vnni => vnni::conv_block(
+                                    a, lda, a_tap, b, ldb, &b_off, nq, rows, &mut blk,
+                                ),
+                                Isa::AvxVnni => vex::conv_block(
                                     a, lda, a_tap, b, ldb, &b_off, nq, rows, &mut blk,
                                 ),
                                 Isa::Avx2 => wide::conv_block(
@@ -1032,8 +1141,9 @@ mod tests {
             &mut BlockI32,
         );
         // (name, present here, kernel, bytes a weight value, rows computed in steps of)
-        let kernels: [(&str, bool, Block, usize, usize); 2] = [
+        let kernels: [(&str, bool, Block, usize, usize); 3] = [
             ("avx512-vnni", vnni::available(), vnni::conv_block, 1, 8),
+            ("avx-vnni", vex::available(), vex::conv_block, 1, 2),
             ("avx2", wide::available(), wide::conv_block, 2, 2),
         ];
         #[cfg(target_arch = "x86_64")]
