@@ -421,6 +421,7 @@ fn finish(dst: &mut [f32], c: &[i32], sx: &[i32], ao: f32, co: i32, zw: i32, b: 
 /// The block of [`amx::conv_block_u8`] on AVX-512 VNNI: 16 time steps a vector (a B row's
 /// 16 groups of 4 channel bytes, as laid out), 8 output rows' weights broadcast in turn.
 mod vnni {
+    #[cfg(target_arch = "x86_64")]
     use crate::cpu::kernels::amx::BlockI32;
 
     pub fn available() -> bool {
@@ -497,28 +498,12 @@ mod vnni {
             }
         }
     }
-
-    /// Without x86_64 there is no VNNI ([`available`] is false: never called).
-    #[cfg(not(target_arch = "x86_64"))]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn conv_block(
-        _: *const u8,
-        _: usize,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: &[usize],
-        _: usize,
-        _: usize,
-        _: &mut BlockI32,
-    ) {
-        unreachable!("AVX-512 VNNI is x86_64 only")
-    }
 }
 
 /// The block of [`amx::conv_block_u8`] on AVX-VNNI: as the AVX-512 one with 8 time steps a
 /// vector (2 rows x 32 time steps of accumulators in 16 registers).
 mod vex {
+    #[cfg(target_arch = "x86_64")]
     use crate::cpu::kernels::amx::BlockI32;
 
     pub fn available() -> bool {
@@ -596,23 +581,6 @@ mod vex {
             }
         }
     }
-
-    /// Without x86_64 there is no AVX-VNNI ([`available`] is false: never called).
-    #[cfg(not(target_arch = "x86_64"))]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn conv_block(
-        _: *const u8,
-        _: usize,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: &[usize],
-        _: usize,
-        _: usize,
-        _: &mut BlockI32,
-    ) {
-        unreachable!("AVX-VNNI is x86_64 only")
-    }
 }
 
 /// The block of [`amx::conv_block_u8`] on AVX2: the input bytes widened to 16 bits (a
@@ -621,6 +589,7 @@ mod vex {
 /// added at the end. `vpmaddubsw` would take twice the values an instruction but saturates
 /// at u8 x i8 pair sums past 32767, which 8-bit inputs and weights reach.
 mod wide {
+    #[cfg(target_arch = "x86_64")]
     use crate::cpu::kernels::amx::BlockI32;
 
     pub fn available() -> bool {
@@ -705,23 +674,23 @@ mod wide {
             }
         }
     }
+}
 
-    /// Without x86_64 there is no AVX2 ([`available`] is false: never called).
-    #[cfg(not(target_arch = "x86_64"))]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn conv_block(
-        _: *const u8,
-        _: usize,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: &[usize],
-        _: usize,
-        _: usize,
-        _: &mut BlockI32,
-    ) {
-        unreachable!("AVX2 is x86_64 only")
+/// A vector kernel's block: `vnni::conv_block`'s contract.
+type BlockFn =
+    unsafe fn(*const u8, usize, usize, *const u8, usize, &[usize], usize, usize, &mut BlockI32);
+
+/// The vector block kernel a weight was packed for (x86-64 only: elsewhere `isa()` finds
+/// none, so no weight is packed).
+fn vector_block(isa: Isa) -> BlockFn {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        Isa::Vnni => return vnni::conv_block,
+        Isa::AvxVnni => return vex::conv_block,
+        Isa::Avx2 => return wide::conv_block,
+        Isa::Amx => {}
     }
+    unreachable!("no vector block for {isa:?}")
 }
 
 thread_local! {
@@ -990,13 +959,7 @@ pub fn conv1d(
                                     cp / KC,
                                     &mut blk,
                                 ),
-                                Isa::Vnni => vnni::conv_block(
-                                    a, lda, a_tap, b, ldb, &b_off, nq, rows, &mut blk,
-                                ),
-                                Isa::AvxVnni => vex::conv_block(
-                                    a, lda, a_tap, b, ldb, &b_off, nq, rows, &mut blk,
-                                ),
-                                Isa::Avx2 => wide::conv_block(
+                                isa => vector_block(isa)(
                                     a, lda, a_tap, b, ldb, &b_off, nq, rows, &mut blk,
                                 ),
                             }
@@ -1128,18 +1091,9 @@ mod tests {
     /// where `conv1d` takes the tiles): signed weight bytes, unsigned input bytes, two taps
     /// at different offsets, 13 groups of 4 channels, 19 live rows of 32 (the rest zeroed).
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn vector_blocks_equal_integer_sums() {
-        type Block = unsafe fn(
-            *const u8,
-            usize,
-            usize,
-            *const u8,
-            usize,
-            &[usize],
-            usize,
-            usize,
-            &mut BlockI32,
-        );
+        type Block = BlockFn;
         // (name, present here, kernel, bytes a weight value, rows computed in steps of)
         let kernels: [(&str, bool, Block, usize, usize); 3] = [
             ("avx512-vnni", vnni::available(), vnni::conv_block, 1, 8),
