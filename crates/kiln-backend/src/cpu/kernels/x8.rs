@@ -38,14 +38,10 @@ pub fn prefetch_distance() -> usize {
     *PF.get_or_init(|| crate::options::dev_parsed("KILN_X8_PREFETCH").unwrap_or(8192))
 }
 
-/// Whether the x86 kernels of `ty` prefetch their own weights (the legacy formats; the
-/// K-quants leave it to their caller).
+/// Whether the kernels of `ty` prefetch their own weights (every x86 one; elsewhere the
+/// caller does).
 pub fn prefetches_itself(ty: GgmlType) -> bool {
-    cfg!(target_arch = "x86_64")
-        && matches!(
-            ty,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
-        )
+    cfg!(target_arch = "x86_64") && supports(ty)
 }
 
 /// Whether a format has an interleaved layout.

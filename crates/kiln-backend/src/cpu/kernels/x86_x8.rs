@@ -151,6 +151,37 @@ unsafe fn i8x8(p: *const u8) -> __m256i {
     unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
 }
 
+/// The weight bytes `prefetch_distance()` ahead of each block (up to `lim`) requested into
+/// L2 while the block computes: spread over the blocks, the fetches overlap the arithmetic
+/// (a burst between calls stalls the core once the line-fill buffers are full, and an L2
+/// hint leaves more misses in flight than L1's buffers allow).
+struct Prefetch {
+    pd: usize,
+    line: *const u8,
+}
+
+impl Prefetch {
+    #[inline(always)]
+    fn new(g: *const u8) -> Self {
+        let pd = super::x8::prefetch_distance();
+        Prefetch {
+            pd,
+            line: g.wrapping_add(pd),
+        }
+    }
+
+    /// Before the block of `len` bytes at `b`.
+    #[inline(always)]
+    unsafe fn ahead_of(&mut self, b: *const u8, len: usize, lim: *const u8) {
+        let end = b.wrapping_add(self.pd + len);
+        while self.pd != 0 && self.line < end && self.line < lim {
+            // SAFETY: a prefetch has no effect on program state.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.line as *const i8) };
+            self.line = self.line.wrapping_add(64);
+        }
+    }
+}
+
 #[inline(always)]
 unsafe fn xq(a: &ActRow, i: usize) -> *const i8 {
     unsafe { a.blocks.get_unchecked(i).qs.as_ptr() }
@@ -188,19 +219,10 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
         let m4 = _mm256_set1_epi8(0x0F);
         let mut f = [_mm256_setzero_ps(); T];
         let mut o = [_mm256_setzero_ps(); T];
-        // The weight bytes `pd` ahead of each block (up to `lim`) are requested into L2
-        // while it computes: spread over the blocks, the fetches overlap the arithmetic (a
-        // burst between calls stalls the core once the line-fill buffers are full, and an L2
-        // hint leaves more misses in flight than L1's buffers allow).
-        let pd = super::x8::prefetch_distance();
-        let mut line = g.wrapping_add(pd);
+        let mut pf = Prefetch::new(g);
         for i in 0..nb {
             let b = g.add(i * bb);
-            let end = b.wrapping_add(pd + bb);
-            while pd != 0 && line < end && line < lim {
-                _mm_prefetch::<_MM_HINT_T1>(line as *const i8);
-                line = line.wrapping_add(64);
-            }
+            pf.ahead_of(b, bb, lim);
             let dw = f16x8(b);
             let mut acc = [[_mm256_setzero_si256(); 2]; T];
             let mut dot = [_mm256_setzero_si256(); T];
@@ -288,14 +310,16 @@ unsafe fn gemm_q4_k<M: LaneDot, const T: usize>(
     ns: usize,
     a: &[ActRow],
     out: &mut [[f32; ROWS]],
-    _lim: *const u8,
+    lim: *const u8,
 ) {
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
         let mut f = [_mm256_setzero_ps(); T];
         let mut mn = [_mm256_setzero_ps(); T];
+        let mut pf = Prefetch::new(g);
         for s in 0..ns {
             let b = g.add(s * 1184);
+            pf.ahead_of(b, 1184, lim);
             let (d, dmin) = (f16x8(b), f16x8(b.add(16)));
             for p in 0..4 {
                 let (j0, j1) = (8 * s + 2 * p, 8 * s + 2 * p + 1);
@@ -338,7 +362,7 @@ unsafe fn gemm_q6_k<M: LaneDot, const T: usize>(
     ns: usize,
     a: &[ActRow],
     out: &mut [[f32; ROWS]],
-    _lim: *const u8,
+    lim: *const u8,
 ) {
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
@@ -348,8 +372,10 @@ unsafe fn gemm_q6_k<M: LaneDot, const T: usize>(
             _mm256_set1_epi8(0x30),
         );
         let mut f = [_mm256_setzero_ps(); T];
+        let mut pf = Prefetch::new(g);
         for s in 0..ns {
             let sb = g.add(s * 1680);
+            pf.ahead_of(sb, 1680, lim);
             let d = f16x8(sb);
             for blk in 0..8 {
                 let i = 8 * s + blk;
