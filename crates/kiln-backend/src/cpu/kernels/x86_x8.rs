@@ -34,12 +34,21 @@ trait LaneDot {
     const ONE_CHAIN_FROM: usize;
     /// Partial sums + sum of u x s per lane, for u <= 63 (see the limits above).
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
-    /// Partial sums -> i32 lanes.
-    unsafe fn widen(acc: __m256i) -> __m256i;
+    /// Partial sums -> i32 lanes (the dot-product instructions' sums already are).
+    #[inline(always)]
+    unsafe fn widen(acc: __m256i) -> __m256i {
+        acc
+    }
     /// The i32 lanes of two partial sums whose sum stays within a partial sum's limit.
-    unsafe fn widen2(a: __m256i, b: __m256i) -> __m256i;
+    #[inline(always)]
+    unsafe fn widen2(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi32(Self::widen(a), Self::widen(b)) }
+    }
     /// i32 lanes + sum of (u - 128) x s per lane (of u x s where `Q8_UNSIGNED`), any u8.
-    unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+    #[inline(always)]
+    unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        unsafe { Self::acc(acc, u, s) }
+    }
 }
 
 struct Vnni;
@@ -50,18 +59,6 @@ impl LaneDot for Vnni {
     const ONE_CHAIN_FROM: usize = usize::MAX;
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        unsafe { _mm256_dpbusd_epi32(acc, u, s) }
-    }
-    #[inline(always)]
-    unsafe fn widen(acc: __m256i) -> __m256i {
-        acc
-    }
-    #[inline(always)]
-    unsafe fn widen2(a: __m256i, b: __m256i) -> __m256i {
-        unsafe { _mm256_add_epi32(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_epi32(acc, u, s) }
     }
 }
@@ -76,18 +73,6 @@ impl LaneDot for AvxVnni {
     const ONE_CHAIN_FROM: usize = 3;
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        unsafe { _mm256_dpbusd_avx_epi32(acc, u, s) }
-    }
-    #[inline(always)]
-    unsafe fn widen(acc: __m256i) -> __m256i {
-        acc
-    }
-    #[inline(always)]
-    unsafe fn widen2(a: __m256i, b: __m256i) -> __m256i {
-        unsafe { _mm256_add_epi32(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn acc_q8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_avx_epi32(acc, u, s) }
     }
 }
@@ -282,8 +267,8 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
             for t in 0..T {
                 let mut d = dot[t];
                 if let Some(sh) = shift {
-                    let s8 = _mm256_set1_epi32(*a[t].s8.get_unchecked(i));
-                    d = _mm256_sub_epi32(d, _mm256_sll_epi32(s8, _mm_cvtsi32_si128(sh)));
+                    let off = *a[t].s8.get_unchecked(i) << sh;
+                    d = _mm256_sub_epi32(d, _mm256_set1_epi32(off));
                 }
                 let dx = _mm256_set1_ps(*a[t].d.get_unchecked(i));
                 f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dw, dx), f[t]);
@@ -432,7 +417,7 @@ unsafe fn gemm_q6_k<M: LaneDot, const T: usize>(
 }
 
 macro_rules! instantiate {
-    ($module:ident, $features:literal, $m:ty) => {
+    ($module:ident, $set:ident, $features:literal, $m:ty) => {
         mod $module {
             use super::*;
             use crate::cpu::kernels::x8::gemm_entry;
@@ -444,42 +429,25 @@ macro_rules! instantiate {
             gemm_entry!($features, <$m>::MAX_T, q4_k, 256, 1184, gemm_q4_k, $m);
             gemm_entry!($features, <$m>::MAX_T, q6_k, 256, 1680, gemm_q6_k, $m);
         }
+
+        pub static $set: X8Kernels = X8Kernels {
+            max_tokens: <$m>::MAX_T,
+            q4_0: $module::q4_0,
+            q4_1: $module::q4_1,
+            q5_0: $module::q5_0,
+            q5_1: $module::q5_1,
+            q8_0: $module::q8_0,
+            q4_k: $module::q4_k,
+            q6_k: $module::q6_k,
+        };
     };
 }
 
-instantiate!(avx2, "avx2,fma,f16c", Avx2);
-instantiate!(vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", Vnni);
-instantiate!(avxvnni, "avx2,fma,f16c,avxvnni", AvxVnni);
-
-pub static AVX2: X8Kernels = X8Kernels {
-    max_tokens: Avx2::MAX_T,
-    q4_0: avx2::q4_0,
-    q4_1: avx2::q4_1,
-    q5_0: avx2::q5_0,
-    q5_1: avx2::q5_1,
-    q8_0: avx2::q8_0,
-    q4_k: avx2::q4_k,
-    q6_k: avx2::q6_k,
-};
-
-pub static VNNI: X8Kernels = X8Kernels {
-    max_tokens: Vnni::MAX_T,
-    q4_0: vnni::q4_0,
-    q4_1: vnni::q4_1,
-    q5_0: vnni::q5_0,
-    q5_1: vnni::q5_1,
-    q8_0: vnni::q8_0,
-    q4_k: vnni::q4_k,
-    q6_k: vnni::q6_k,
-};
-
-pub static AVX_VNNI: X8Kernels = X8Kernels {
-    max_tokens: AvxVnni::MAX_T,
-    q4_0: avxvnni::q4_0,
-    q4_1: avxvnni::q4_1,
-    q5_0: avxvnni::q5_0,
-    q5_1: avxvnni::q5_1,
-    q8_0: avxvnni::q8_0,
-    q4_k: avxvnni::q4_k,
-    q6_k: avxvnni::q6_k,
-};
+instantiate!(avx2, AVX2, "avx2,fma,f16c", Avx2);
+instantiate!(
+    vnni,
+    VNNI,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    Vnni
+);
+instantiate!(avxvnni, AVX_VNNI, "avx2,fma,f16c,avxvnni", AvxVnni);
