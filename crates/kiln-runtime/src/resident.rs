@@ -225,7 +225,9 @@ mod tests {
             },
         );
         assert_eq!(got, vec![0, 1, 2, 3, 4]);
-        // The producer may run up to the channel's depth past the stop, not to the end.
-        assert!((5..=8).contains(&made), "{made}");
+        // The producer may run past the stop by the channel's depth (items 5 and 6 queued
+        // when the reader stops), one send blocked behind them (7) that completes once the
+        // reader drains, and the item whose emit then sees the stop (8): 9 made at most.
+        assert!((5..=9).contains(&made), "{made}");
     }
 }
