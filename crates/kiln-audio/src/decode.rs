@@ -104,6 +104,82 @@ fn stream_start(b: &[u8]) -> Result<(usize, Container), String> {
     Ok((pos, c))
 }
 
+/// Whether `b` starts with an audio container kiln decodes, judged strictly enough that raw
+/// PCM is never taken for one: a WAV, FLAC or OGG magic, an ID3 tag, or MPEG audio whose
+/// first frames chain (a header where the previous frame's length says the next one is).
+/// A bare frame-sync pattern alone is common in PCM (a sample of -1 is `ff ff`).
+pub fn is_container(b: &[u8]) -> bool {
+    if [&b"RIFF"[..], b"fLaC", b"OggS", b"ID3"]
+        .iter()
+        .any(|m| b.starts_with(m))
+    {
+        return true;
+    }
+    let mut pos = 0;
+    for _ in 0..3 {
+        match b.get(pos..pos + 4).and_then(mpeg_frame_len) {
+            Some(n) => pos += n,
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The length in bytes of the MPEG audio frame whose 4-byte header is `h`; `None` when `h`
+/// is not a valid header (reserved version, layer, rate, or a free/bad bitrate).
+fn mpeg_frame_len(h: &[u8]) -> Option<usize> {
+    if h[0] != 0xff || h[1] & 0xe0 != 0xe0 {
+        return None;
+    }
+    let (version, layer) = ((h[1] >> 3) & 3, (h[1] >> 1) & 3);
+    let (bi, ri, pad) = (
+        (h[2] >> 4) as usize,
+        ((h[2] >> 2) & 3) as usize,
+        ((h[2] >> 1) & 1) as usize,
+    );
+    if version == 1 || layer == 0 || bi == 0 || bi == 15 || ri == 3 {
+        return None;
+    }
+    let mpeg1 = version == 3;
+    const KBPS: [[u16; 14]; 5] = [
+        [
+            32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448,
+        ],
+        [
+            32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
+        ],
+        [
+            32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320,
+        ],
+        [
+            32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256,
+        ],
+        [8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160],
+    ];
+    // layer bits: 3 = I, 2 = II, 1 = III.
+    let table = match (mpeg1, layer) {
+        (true, 3) => 0,
+        (true, 2) => 1,
+        (true, _) => 2,
+        (false, 3) => 3,
+        (false, _) => 4,
+    };
+    let bitrate = KBPS[table][bi - 1] as usize * 1000;
+    // MPEG-2 halves MPEG-1's rates, MPEG-2.5 quarters them.
+    let rate = [44100, 48000, 32000][ri]
+        >> match version {
+            3 => 0,
+            2 => 1,
+            _ => 2,
+        };
+    let len = match layer {
+        3 => (12 * bitrate / rate + pad) * 4,
+        1 if !mpeg1 => 72 * bitrate / rate + pad,
+        _ => 144 * bitrate / rate + pad,
+    };
+    (len >= 4).then_some(len)
+}
+
 /// A FLAC stream with only its STREAMINFO metadata blocks: tags, pictures, cue sheets and
 /// seek tables are never needed to decode, and symphonia sizes buffers for some of them (a
 /// Vorbis comment's length) from the file before reading them. `Ok(None)`: not FLAC.

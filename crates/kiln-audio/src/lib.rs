@@ -9,7 +9,7 @@ pub mod resample;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-pub use decode::{decode_bytes, decode_file, Decoded};
+pub use decode::{decode_bytes, decode_file, is_container, Decoded};
 pub use mel::{log_mel_spectrogram, mel_filters, MelSpectrogram};
 pub use resample::resample;
 
@@ -50,7 +50,8 @@ impl Audio {
     }
 }
 
-/// A file (or `-` for raw s16le 16 kHz mono PCM on stdin) as 16 kHz mono.
+/// A file (or `-` for stdin: a WAV, FLAC, OGG or MP3 stream, else raw s16le 16 kHz mono
+/// PCM) as 16 kHz mono.
 pub fn load_16k(path: &Path) -> Result<Audio, AudioError> {
     if path.as_os_str() == "-" {
         let mut buf = Vec::new();
@@ -60,6 +61,11 @@ pub fn load_16k(path: &Path) -> Result<Audio, AudioError> {
                 source,
             }
         })?;
+        // A container piped in (`cat a.flac | kiln transcribe -`) is decoded as a file is;
+        // anything else is the raw PCM the argument documents.
+        if is_container(&buf) {
+            return to_16k_mono(decode_bytes(buf, None, path)?);
+        }
         let samples = pcm_s16le(&buf, path)?;
         return Ok(Audio {
             samples,

@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use kiln_audio::{decode_bytes, load_16k, log_mel_spectrogram, mel_filters, AudioError};
+use kiln_audio::{
+    decode_bytes, is_container, load_16k, log_mel_spectrogram, mel_filters, AudioError,
+};
 
 /// The system allocator, refusing any one request over 256 MiB: a decoder that sizes a buffer
 /// from a length in the file before checking it aborts these tests instead of passing on
@@ -477,4 +479,51 @@ fn flac_must_open_with_streaminfo() {
         e.contains("pad.flac") && e.contains("not STREAMINFO"),
         "{e}"
     );
+}
+
+/// Stdin is sniffed for a container (`cat a.flac | kiln transcribe -`) without taking raw PCM
+/// for one: magics and an ID3 tag count, and MPEG audio only when its first three frames
+/// chain; PCM that starts with a frame-sync pattern (a sample of -1 is `ff ff`) stays PCM.
+#[test]
+fn stdin_sniffing_tells_containers_from_pcm() {
+    for magic in [&b"RIFF"[..], b"fLaC", b"OggS", b"ID3\x04"] {
+        let mut b = magic.to_vec();
+        b.extend([0; 60]);
+        assert!(is_container(&b), "{magic:?}");
+    }
+    // MPEG-1 layer III, 128 kbit/s, 44.1 kHz: 417-byte frames (418 with padding).
+    let mut frame = vec![0xff, 0xfb, 0x90, 0xc0];
+    frame.resize(417, 0);
+    let mut padded = vec![0xff, 0xfb, 0x92, 0xc0];
+    padded.resize(418, 0);
+    let mut chain = frame.repeat(2);
+    chain.extend(&padded);
+    chain.extend(&frame);
+    assert!(is_container(&chain));
+    // MPEG-2 layer III, 64 kbit/s, 22.05 kHz: 72 * 64000 / 22050 = 208 bytes.
+    let mut m2 = vec![0xff, 0xf3, 0x80, 0xc0];
+    m2.resize(208, 0);
+    assert!(is_container(&m2.repeat(3)));
+    // One frame whose successor is not where its length says.
+    let mut broken = frame.clone();
+    broken.extend([0; 10]);
+    broken.extend(frame.repeat(2));
+    assert!(!is_container(&broken));
+    // Raw PCM: silence with a -1 sample first, a reserved version, a free bitrate, noise.
+    let mut pcm = vec![0xff, 0xff, 0xff, 0xff];
+    pcm.extend([0; 2000]);
+    assert!(!is_container(&pcm));
+    assert!(!is_container(&[0xff, 0xeb, 0x90, 0xc0, 0, 0]));
+    assert!(!is_container(&[0xff, 0xfb, 0x00, 0xc0, 0, 0]));
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let noise: Vec<u8> = (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    assert!(!is_container(&noise));
+    assert!(!is_container(&[]));
 }

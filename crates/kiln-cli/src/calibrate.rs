@@ -137,7 +137,8 @@ pub fn calibrate(input: &str, output: &str, a: &CalibArgs) -> anyhow::Result<()>
             );
             if let Some(file) = &a.table {
                 let s = serde_json::to_string_pretty(&t.to_json())?;
-                std::fs::write(file, s).with_context(|| format!("writing {file}"))?;
+                kiln_formats::output::write(file, s.as_bytes())
+                    .with_context(|| format!("writing {file}"))?;
                 eprintln!("sensitivities: wrote {file}");
             }
             t

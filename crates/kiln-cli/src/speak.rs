@@ -1,12 +1,12 @@
 //! `kiln speak`: text (or phonemes) to 24 kHz speech, written as WAV or raw PCM, sentence by
 //! sentence as each is synthesized; `kiln bench --tts`: time to first audio, real-time factor.
 
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::PathBuf;
+use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 
 use anyhow::Context;
 use clap::Args;
 use kiln_backend::Backend;
+use kiln_formats::OutputFile;
 use kiln_runtime::speech::TextToSpeech;
 use kiln_runtime::tts::{model_dir_files, pcm16, wav_header, Tts};
 
@@ -136,6 +136,9 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         "--speed {} must be in (0, 4]",
         a.speed
     );
+    if a.output == "-" && std::io::stdout().is_terminal() {
+        anyhow::bail!("not writing audio to a terminal: pass -o FILE, or redirect stdout");
+    }
     let text = read_text(&a.text)?;
     let tts = spawn(
         a.device,
@@ -159,23 +162,23 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
             out.flush()
         })?
     } else {
-        let path = PathBuf::from(&a.output);
-        let mut f =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        // Replaces the file only once all of the audio is written.
+        let mut out = OutputFile::create(&a.output)?;
+        let f = out.file();
         if !a.raw {
             f.write_all(&wav_header(0))?;
         }
         let st = tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
             let b = pcm16(s);
             written += b.len() as u64;
-            f.write_all(&b)?;
-            f.flush()
+            f.write_all(&b)
         })?;
         if !a.raw {
             let len = u32::try_from(written).context("audio longer than a WAV file holds")?;
             f.seek(SeekFrom::Start(0))?;
             f.write_all(&wav_header(len))?;
         }
+        out.commit()?;
         st
     };
     eprintln!(

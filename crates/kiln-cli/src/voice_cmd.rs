@@ -213,8 +213,9 @@ fn turn(
     output: &std::path::Path,
     print: bool,
 ) -> anyhow::Result<VoiceStats> {
-    let mut f =
-        std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    // Replaces the file only once the whole reply is written.
+    let mut out = kiln_formats::OutputFile::create(output)?;
+    let f = out.file();
     f.write_all(&wav_header(0))?;
     let mut written = 0u64;
     let mut io_err: Option<std::io::Error> = None;
@@ -232,7 +233,7 @@ fn turn(
             VoiceEvent::Audio(s) => {
                 let b = pcm16(s);
                 written += b.len() as u64;
-                f.write_all(&b).and_then(|_| f.flush())
+                f.write_all(&b)
             }
             _ => Ok(()),
         };
@@ -253,5 +254,6 @@ fn turn(
     let len = u32::try_from(written).context("reply longer than a WAV file holds")?;
     f.seek(SeekFrom::Start(0))?;
     f.write_all(&wav_header(len))?;
+    out.commit()?;
     Ok(st)
 }

@@ -71,6 +71,8 @@ fn speaks_phonemes_and_text_to_wav() {
 fn bad_input_is_one_line() {
     kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
     let o = scratch("c.wav");
+    // A file already there survives every failed run (it was truncated to an empty WAV).
+    std::fs::write(&o, b"an earlier take").unwrap();
     let o = o.to_str().unwrap();
     for (args, needle) in [
         (
@@ -93,5 +95,37 @@ fn bad_input_is_one_line() {
         assert!(!err.contains("panicked"), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains(needle), "expected '{needle}' in: {err}");
+        assert_eq!(std::fs::read(o).unwrap(), b"an earlier take", "{args:?}");
     }
+    let names: Vec<_> = std::fs::read_dir(std::path::Path::new(o).parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.contains("c.wav"))
+        .collect();
+    assert_eq!(names, ["c.wav"], "no partial file left beside it");
+}
+
+/// Audio is not written to a terminal (it was: RIFF bytes on the screen); a pipe gets it.
+#[test]
+fn audio_is_not_written_to_a_terminal() {
+    kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
+    let bin = env!("CARGO_BIN_EXE_kiln");
+    // A pseudo-terminal as stdout, from Python's standard library.
+    let script = "import os, subprocess, sys\n\
+                  m, s = os.openpty()\n\
+                  p = subprocess.run(sys.argv[1:], stdout=s, stderr=subprocess.PIPE)\n\
+                  os.close(s)\n\
+                  sys.stderr.write(p.stderr.decode())\n\
+                  sys.exit(p.returncode)";
+    let out = Command::new("python3")
+        .args(["-c", script, bin, "speak", "--phonemes", "hˈI"])
+        .output()
+        .expect("run python3");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("not writing audio to a terminal"), "{err}");
+    let piped = kiln(&["speak", "--phonemes", "hˈI"]);
+    assert!(piped.status.success());
+    assert_eq!(&piped.stdout[..4], b"RIFF");
 }

@@ -86,6 +86,42 @@ fn raw_pcm_on_stdin_and_q8_0_weights() {
     assert!(t.contains("ask what you can do for your country"), "{t}");
 }
 
+/// A container piped to stdin is decoded as the file would be (FLAC was taken for raw PCM
+/// and transcribed as nothing); MP3 frames are recognised by their chained headers.
+#[test]
+fn containers_on_stdin_are_decoded() {
+    fetch();
+    kiln_assets::convert::python_module("soundfile", "soundfile").unwrap();
+    let (wav_text, _) = transcribe_json(JFK, "whisper-tiny.en");
+    for (ext, format) in [("flac", "FLAC"), ("mp3", "MP3")] {
+        let f = scratch(&format!("jfk.{ext}"));
+        let st = Command::new("python3")
+            .args([
+                "-c",
+                "import sys, soundfile as sf; d, r = sf.read(sys.argv[1]); \
+                 sf.write(sys.argv[2], d, r, format=sys.argv[3])",
+                JFK,
+                f.to_str().unwrap(),
+                format,
+            ])
+            .status()
+            .unwrap();
+        assert!(st.success(), "encoding {format}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["transcribe", "-", "-t", "2", "--no-timestamps"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let bytes = std::fs::read(&f).unwrap();
+        child.stdin.take().unwrap().write_all(&bytes).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(words(&text(&out.stdout)), words(&wav_text), "{format}");
+    }
+}
+
 #[test]
 fn bad_input_is_one_clear_line() {
     fetch();

@@ -99,6 +99,8 @@ fn voice_bad_input_is_one_line() {
     let not_audio = scratch("notes.txt");
     std::fs::write(&not_audio, "not audio").unwrap();
     let o = scratch("x.wav");
+    // A file already there survives every failed run.
+    std::fs::write(&o, b"an earlier reply").unwrap();
     for (args, needle) in [
         (
             vec![
@@ -117,6 +119,10 @@ fn voice_bad_input_is_one_line() {
             vec!["voice", "/no/such.wav", "-o", o.to_str().unwrap()],
             "/no/such.wav",
         ),
+        (
+            vec!["voice", JFK, "--voice", "nobody", "-o", o.to_str().unwrap()],
+            "unknown voice 'nobody'",
+        ),
     ] {
         let out = kiln(&args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -126,5 +132,6 @@ fn voice_bad_input_is_one_line() {
             err.starts_with("kiln: error:") && err.contains(needle),
             "{err}"
         );
+        assert_eq!(std::fs::read(&o).unwrap(), b"an earlier reply", "{args:?}");
     }
 }

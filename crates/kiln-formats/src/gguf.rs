@@ -642,8 +642,9 @@ impl GgufWriter {
         out
     }
 
+    /// Writes the file to `path` in full or not at all ([`crate::output`]).
     pub fn write(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
-        std::fs::write(path, self.to_bytes())
+        crate::output::write(path, &self.to_bytes())
     }
 }
 

@@ -92,6 +92,7 @@ trait Speak {
         speed: f32,
         sink: &mut dyn FnMut(&[f32]) -> std::io::Result<()>,
     ) -> Result<TtsStats, TtsError>;
+    fn phonemes(&self, text: &str) -> Result<Vec<String>, TtsError>;
 }
 
 impl<B: Backend> Speak for Tts<B> {
@@ -104,6 +105,9 @@ impl<B: Backend> Speak for Tts<B> {
         sink: &mut dyn FnMut(&[f32]) -> std::io::Result<()>,
     ) -> Result<TtsStats, TtsError> {
         Tts::speak(self, text, is_phonemes, voice, speed, sink)
+    }
+    fn phonemes(&self, text: &str) -> Result<Vec<String>, TtsError> {
+        Tts::phonemes(self, text, false)
     }
 }
 
@@ -144,6 +148,14 @@ impl TextToSpeech {
     /// The backend's name (`cpu`, `cuda`, ...).
     pub fn backend(&self) -> &str {
         &self.backend
+    }
+
+    /// [`Tts::phonemes`] of `text`: its phoneme chunks, each one utterance the model speaks
+    /// (speak them with `is_phonemes`). A text that cannot be pronounced fails here, before
+    /// any audio is made.
+    pub fn phonemes(&self, text: &str) -> Result<Vec<String>, TtsError> {
+        let text = text.to_string();
+        self.model.call(move |m| m.phonemes(&text))
     }
 
     /// [`Tts::speak`]: `sink` gets each chunk's samples (24 kHz mono) on this thread as soon

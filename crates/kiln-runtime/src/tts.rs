@@ -22,6 +22,9 @@ pub enum TtsError {
     UnknownVoice { name: String, known: String },
     #[error("{0}")]
     Input(String),
+    /// Nothing to pronounce: the text is empty or symbols only.
+    #[error("nothing to say: the text is empty")]
+    Empty,
     #[error("writing audio: {0}")]
     Sink(String),
 }
@@ -136,7 +139,8 @@ impl<B: Backend> Tts<B> {
             })
     }
 
-    /// Phoneme chunks of `text` (each under the model's limit), sentence by sentence.
+    /// Phoneme chunks of `text` (each under the model's limit and in its vocabulary),
+    /// sentence by sentence.
     pub fn phonemes(&self, text: &str, is_phonemes: bool) -> Result<Vec<String>, TtsError> {
         let mut out = Vec::new();
         if is_phonemes {
@@ -154,7 +158,14 @@ impl<B: Backend> Tts<B> {
             }
         }
         if out.is_empty() {
-            return Err(TtsError::Input("nothing to say: the text is empty".into()));
+            return Err(TtsError::Empty);
+        }
+        // Every chunk is in the model's vocabulary: a caller that phonemizes first knows
+        // the whole text can be spoken before any of it is.
+        for p in &out {
+            self.model
+                .ids(p)
+                .map_err(|e| TtsError::Input(e.to_string()))?;
         }
         Ok(out)
     }

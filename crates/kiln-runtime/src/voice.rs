@@ -315,7 +315,7 @@ impl Voice<'_> {
                 Ok(false)
             }
             // A sentence with nothing to pronounce (symbols only) is skipped.
-            Err(TtsError::Input(_)) => Ok(true),
+            Err(TtsError::Empty) => Ok(true),
             Err(e) => Err(e.into()),
         }
     }

@@ -229,7 +229,7 @@ impl From<TtsError> for ApiError {
     fn from(e: TtsError) -> Self {
         match e {
             TtsError::UnknownVoice { .. } => ApiError::invalid(e.to_string()).param("voice"),
-            TtsError::Input(_) | TtsError::G2p(_) => {
+            TtsError::Input(_) | TtsError::Empty | TtsError::G2p(_) => {
                 ApiError::invalid(e.to_string()).param("input")
             }
             e => internal(e),
@@ -432,34 +432,47 @@ pub async fn speech(State(st): State<Arc<AppState>>, headers: HeaderMap, body: B
             .param("input"));
         }
         let t0 = Instant::now();
-        let (tx, mut rx) = mpsc::channel::<Msg>(8);
+        // The whole input is phonemized before any audio is made: an input that cannot be
+        // spoken is a 400 here, never a stream cut off after its first sentences.
         let input = req.input;
+        let phonemes = {
+            let tts = tts.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut out = Vec::new();
+                for sentence in sentences(&input) {
+                    match tts.phonemes(&sentence) {
+                        Ok(p) => out.push(p),
+                        // Nothing to pronounce in this sentence (symbols only).
+                        Err(TtsError::Empty) => continue,
+                        Err(e) => return Err(ApiError::from(e)),
+                    }
+                }
+                if out.is_empty() {
+                    let e = TtsError::Input("nothing to say: the input has no words".into());
+                    return Err(e.into());
+                }
+                Ok(out)
+            })
+            .await
+            .map_err(|e| internal(format!("phonemizing: {e}")))??
+        };
+        let (tx, mut rx) = mpsc::channel::<Msg>(8);
         // Sentence by sentence, one sentence a call to the model (other requests
         // interleave) and never while waiting on a slow client.
         tokio::task::spawn_blocking(move || {
-            let mut spoken = false;
-            for sentence in sentences(&input) {
+            for sentence in phonemes {
                 let mut pcm = Vec::new();
-                let res = tts.speak(&sentence, false, &voice, speed, &mut |s| {
+                let res = tts.speak(&sentence.join("\n"), true, &voice, speed, &mut |s| {
                     pcm.extend(pcm16(s));
                     Ok(())
                 });
-                match res {
-                    Ok(_) => spoken = true,
-                    // Nothing to pronounce in this sentence (symbols only).
-                    Err(TtsError::Input(_)) => continue,
-                    Err(e) => {
-                        let _ = tx.blocking_send(Msg::Error(e.into()));
-                        return;
-                    }
+                if let Err(e) = res {
+                    let _ = tx.blocking_send(Msg::Error(e.into()));
+                    return;
                 }
                 if tx.blocking_send(Msg::Audio(pcm)).is_err() {
                     return; // the client left
                 }
-            }
-            if !spoken {
-                let e = TtsError::Input("nothing to say: the input has no words".into());
-                let _ = tx.blocking_send(Msg::Error(e.into()));
             }
         });
         let first = match rx.recv().await {
