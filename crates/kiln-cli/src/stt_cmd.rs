@@ -54,8 +54,8 @@ pub struct SttModelArgs {
 
 #[derive(Args)]
 pub struct TranscribeArgs {
-    /// Audio file (WAV, FLAC, MP3, OGG/Vorbis; any rate and channels), or `-` for raw
-    /// s16le 16 kHz mono PCM on stdin.
+    /// Audio file (WAV, FLAC, MP3, OGG/Vorbis; any rate and channels), or `-` for stdin:
+    /// one of those streams, else raw s16le 16 kHz mono PCM.
     pub file: PathBuf,
     #[command(flatten)]
     pub model: SttModelArgs,
