@@ -11,6 +11,8 @@ pub enum Kind {
     Llm,
     SpeechToText,
     TextToSpeech,
+    /// Voice activity detection (which parts of audio are speech).
+    Vad,
     Tokenizer,
 }
 
@@ -156,6 +158,35 @@ pub static CATALOG: &[Entry] = &[
             "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb",
         )],
         main: ".",
+    },
+    Entry {
+        name: "silero-vad",
+        kind: Kind::Vad,
+        about: "Silero VAD v6, its 16 kHz ONNX export (MIT): finds speech for Whisper",
+        sources: &[pip(
+            "silero-vad==6.2.3",
+            "7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8",
+        )],
+        extract: &[
+            x(
+                0,
+                "silero_vad/data/silero_vad_16k_op15.onnx",
+                "silero_vad_16k_op15.onnx",
+            ),
+            // The export for both rates (ONNX Runtime's reference in the tests).
+            x(0, "silero_vad/data/silero_vad.onnx", "silero_vad.onnx"),
+        ],
+        file_sha256: &[
+            (
+                "silero_vad.onnx",
+                "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+            ),
+            (
+                "silero_vad_16k_op15.onnx",
+                "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
+            ),
+        ],
+        main: "silero_vad_16k_op15.onnx",
     },
     Entry {
         name: "misaki-en-us",

@@ -133,3 +133,19 @@ pub fn whisper_hf(dir: &Path, dtype: &str, shards: usize) -> Result<PathBuf, Ass
         &dir.join(name),
     )
 }
+
+/// `dir/NAME.vad.npy`: ONNX Runtime's Silero VAD probabilities for the 16 kHz mono WAV
+/// `wav` (one per 512 samples), from the catalog's `silero_vad.onnx`.
+pub fn silero_vad_reference(dir: &Path, wav: &Path) -> Result<PathBuf, AssetError> {
+    python_module("onnxruntime", "onnxruntime")?;
+    let vad = crate::resolve("silero-vad", &mut |_| {})?;
+    let onnx = vad.with_file_name("silero_vad.onnx");
+    let name = wav
+        .file_stem()
+        .map_or("audio".into(), |s| s.to_string_lossy());
+    convert(
+        "silero_vad_reference.py",
+        &[&onnx.to_string_lossy(), &wav.to_string_lossy()],
+        &dir.join(format!("{name}.vad.npy")),
+    )
+}

@@ -2,6 +2,7 @@
 
 pub mod kokoro;
 pub mod llm;
+pub mod vad;
 mod weights;
 pub mod whisper;
 
