@@ -358,6 +358,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 .unwrap_or(crate::stt_cmd::DEFAULT_STT.into()),
             threads: a.threads.first().copied(),
             quant: a.quant,
+            // Whisper's own speed: every window of the file, as peers' benchmarks run.
+            vad: crate::stt_cmd::VadArg::Off,
         };
         return crate::stt_cmd::bench(file, &m, a.reps, a.json, a.device, a.adapter.as_deref());
     }

@@ -8,7 +8,7 @@ use kiln_server::{AppState, AudioModels, ServerConfig};
 use std::sync::Arc;
 
 use crate::speak::{DEFAULT_TTS, DEFAULT_VOICE};
-use crate::stt_cmd::{Quant, SttModelArgs, DEFAULT_STT};
+use crate::stt_cmd::{Quant, SttModelArgs, VadArg, DEFAULT_STT};
 use crate::{resolve_model, ModelArgs};
 
 #[derive(Args)]
@@ -129,6 +129,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 model: m.to_string(),
                 threads,
                 quant: Quant::None,
+                vad: VadArg::Auto,
             };
             crate::stt_cmd::spawn(device, adapter, &args)
         })?

@@ -9,9 +9,11 @@ use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_backend::Backend;
 use kiln_models::whisper::LoadOptions;
 use kiln_quant::GgmlType;
-use kiln_runtime::whisper::{output, Stt, TranscribeOptions};
+use kiln_runtime::whisper::{output, Stt, TranscribeOptions, Vad};
 
 pub const DEFAULT_STT: &str = "whisper-tiny.en";
+/// The VAD model (catalog name).
+pub const VAD_MODEL: &str = "silero-vad";
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Format {
@@ -50,6 +52,28 @@ pub struct SttModelArgs {
     /// Quantize the linear weights at load (faster; "none" keeps the file's fp16).
     #[arg(long, value_enum, default_value = "none")]
     pub quant: Quant,
+    /// Voice activity detection (Silero VAD) before Whisper: auto = audio without speech
+    /// transcribes as nothing and 30 s windows without speech are skipped; on = the speech
+    /// alone is transcribed (pauses of 2 s or more cut out, times kept); off = none.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub vad: VadArg,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub enum VadArg {
+    Auto,
+    On,
+    Off,
+}
+
+impl From<VadArg> for Vad {
+    fn from(v: VadArg) -> Vad {
+        match v {
+            VadArg::Auto => Vad::Auto,
+            VadArg::On => Vad::On,
+            VadArg::Off => Vad::Off,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -110,7 +134,27 @@ pub fn load_on<B: Backend>(backend: B, m: &SttModelArgs) -> anyhow::Result<Stt<B
         Quant::Q8_0 => Some(GgmlType::Q8_0),
         Quant::Q4_0 => Some(GgmlType::Q4_0),
     };
-    Ok(Stt::load(backend, &path, LoadOptions { quant })?)
+    let mut stt = Stt::load(backend, &path, LoadOptions { quant })?;
+    stt.vad = load_vad(m.vad)?;
+    Ok(stt)
+}
+
+/// The VAD model `vad` asks for: fetched on first use; under `auto` a VAD that cannot be
+/// had is a warning (transcription goes on without it), under `on` an error.
+fn load_vad(vad: VadArg) -> anyhow::Result<Option<kiln_models::vad::SileroVad>> {
+    if vad == VadArg::Off {
+        return Ok(None);
+    }
+    let loaded =
+        crate::resolve_model(VAD_MODEL).and_then(|p| Ok(kiln_models::vad::SileroVad::load(&p)?));
+    match loaded {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if vad == VadArg::Auto => {
+            eprintln!("kiln: warning: transcribing without a VAD ({VAD_MODEL}: {e:#})");
+            Ok(None)
+        }
+        Err(e) => Err(e.context(format!("--vad on needs {VAD_MODEL}"))),
+    }
 }
 
 /// Whisper from `m` on `device` (`adapter`: the wgpu one), on a thread of its own (the
@@ -141,6 +185,7 @@ pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
     o.initial_prompt = a.prompt.clone();
     o.language = a.language.clone();
     o.translate = matches!(a.task, Task::Translate);
+    o.vad = a.model.vad.into();
     if a.no_fallback {
         o.temperatures = vec![0.0];
     }
@@ -160,8 +205,13 @@ pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
     };
     print!("{out}");
     let s = &t.stats;
+    let vad = if s.vad_ms > 0.0 {
+        format!(" | vad {:.0} ms ({:.1} s of speech)", s.vad_ms, s.speech_s)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "audio {:.1} s | load {:.0} ms | mel {:.0} ms | encode {:.0} ms ({} windows) | decode {:.0} ms ({} tokens, {:.1} ms/token) | total {:.0} ms | RTF {:.3}",
+        "audio {:.1} s{vad} | load {:.0} ms | mel {:.0} ms | encode {:.0} ms ({} windows) | decode {:.0} ms ({} tokens, {:.1} ms/token) | total {:.0} ms | RTF {:.3}",
         s.audio_s,
         stt.load_ms(),
         s.mel_ms,

@@ -14,7 +14,7 @@ use kiln_runtime::whisper::TranscribeOptions;
 use kiln_runtime::{GenerateOptions, SamplerConfig, SchedulerConfig};
 
 use crate::speak::{DEFAULT_TTS, DEFAULT_VOICE};
-use crate::stt_cmd::{Quant, SttModelArgs, DEFAULT_STT};
+use crate::stt_cmd::{Quant, SttModelArgs, VadArg, DEFAULT_STT};
 use crate::{resolve_model, DEFAULT_LLM};
 
 #[derive(Args)]
@@ -114,6 +114,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         model: a.stt.clone(),
         threads: Some(threads),
         quant: a.stt_quant,
+        vad: VadArg::Auto,
     };
     let stt = crate::stt_cmd::spawn(device, a.adapter.as_deref(), &stt_args)?;
     let tts = crate::speak::spawn(device, a.adapter.as_deref(), &a.tts, false, Some(threads))?;

@@ -2,7 +2,7 @@
 //! real speech (file and raw PCM on stdin), subtitle output, and one clear line for bad input.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 const JFK: &str = concat!(
@@ -283,4 +283,129 @@ fn ogg_vorbis_transcribes_like_the_wav() {
     let (wav_text, _) = transcribe_json(JFK, "whisper-tiny.en");
     let (ogg_text, _) = transcribe_json(ogg.to_str().unwrap(), "whisper-tiny.en");
     assert_eq!(words(&ogg_text), words(&wav_text), "{ogg_text}");
+}
+
+/// jfk.wav's samples with `lead` s of digital silence before them and, with `split` =
+/// (at, gap), `gap` s of silence inserted `at` s into them, as a 16 kHz WAV named `name`.
+fn jfk_with_silence(name: &str, lead: f32, split: Option<(f32, f32)>) -> PathBuf {
+    let wav = std::fs::read(JFK).unwrap();
+    let data = wav.windows(4).position(|w| w == b"data").unwrap() + 8;
+    let jfk = &wav[data..];
+    let bytes = |s: f32| (s * 16000.0) as usize * 2;
+    let mut pcm = vec![0u8; bytes(lead)];
+    match split {
+        Some((at, gap)) => {
+            pcm.extend(&jfk[..bytes(at)]);
+            pcm.extend(vec![0u8; bytes(gap)]);
+            pcm.extend(&jfk[bytes(at)..]);
+        }
+        None => pcm.extend(jfk),
+    }
+    let n = pcm.len() as u32;
+    let mut b = b"RIFF".to_vec();
+    b.extend((36 + n).to_le_bytes());
+    b.extend(b"WAVEfmt ");
+    // PCM, mono, 16 kHz, 32000 B/s, 2-byte frames, 16 bits.
+    for (v, bytes) in [
+        (16u32, 4),
+        (1, 2),
+        (1, 2),
+        (16000, 4),
+        (32000, 4),
+        (2, 2),
+        (16, 2),
+    ] {
+        b.extend(&v.to_le_bytes()[..bytes]);
+    }
+    b.extend(b"data");
+    b.extend(n.to_le_bytes());
+    b.extend(pcm);
+    let p = scratch(name);
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+fn transcribe_vad(file: &Path, vad: &str) -> serde_json::Value {
+    let out = kiln(&[
+        "transcribe",
+        file.to_str().unwrap(),
+        "--format",
+        "json",
+        "--vad",
+        vad,
+        "-t",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Silence and noise transcribe as nothing (5 s of digital silence was " you"), by the VAD
+/// that runs by default; a 30 s window without speech is skipped, not decoded.
+#[test]
+fn silence_and_noise_transcribe_as_nothing() {
+    fetch();
+    let silence = jfk_with_silence("silence-5s.wav", 5.0, None);
+    // The same header, samples cut to the 5 s of silence.
+    let mut b = std::fs::read(&silence).unwrap();
+    b.truncate(44 + 5 * 16000 * 2);
+    b[4..8].copy_from_slice(&(36 + 5 * 32000u32).to_le_bytes());
+    b[40..44].copy_from_slice(&(5 * 32000u32).to_le_bytes());
+    std::fs::write(&silence, &b).unwrap();
+    let noise = scratch("noise-5s.wav");
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for s in b[44..].chunks_exact_mut(2) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.copy_from_slice(&(((x >> 48) as i16) / 10).to_le_bytes());
+    }
+    std::fs::write(&noise, &b).unwrap();
+    for f in [&silence, &noise] {
+        let out = kiln(&["transcribe", f.to_str().unwrap(), "-t", "2"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim(), "", "{}", f.display());
+    }
+    // 35 s of silence, then jfk: the first window is skipped, the second holds jfk.
+    let late = jfk_with_silence("late.wav", 35.0, None);
+    let v = transcribe_vad(&late, "auto");
+    assert_eq!(v["stats"]["windows"], 1, "{}", v["stats"]);
+    let segs = v["segments"].as_array().unwrap();
+    assert!(segs[0]["start"].as_f64().unwrap() >= 30.0, "{v}");
+    assert!(words(v["text"].as_str().unwrap()).contains(PHRASE), "{v}");
+}
+
+const PHRASE: &str = "ask not what your country can do for you";
+
+/// `--vad on` transcribes the speech alone, and the times are the audio's: 5 s of silence,
+/// then jfk with 6 s of silence inserted at its pause after "fellow Americans" (2.8 s).
+#[test]
+fn vad_on_keeps_the_audio_times() {
+    fetch();
+    let f = jfk_with_silence("split-jfk.wav", 5.0, Some((2.8, 6.0)));
+    let on = transcribe_vad(&f, "on");
+    let s = &on["stats"];
+    let (audio, speech) = (
+        s["audio_s"].as_f64().unwrap(),
+        s["speech_s"].as_f64().unwrap(),
+    );
+    assert!(audio > 21.9 && speech < audio - 8.0, "{s}");
+    let t = words(on["text"].as_str().unwrap());
+    assert!(t.contains("fellow americans") && t.contains(PHRASE), "{t}");
+    let segs = on["segments"].as_array().unwrap();
+    let time = |i: usize, k: &str| segs[i][k].as_f64().unwrap();
+    // The first word after the lead silence (less the VAD's 0.4 s of padding); "for you",
+    // 7.6 s into jfk, after the inserted silence: 5 + 6 + 7.6 s into the audio (8.5 s into
+    // the speech alone); the last segment ends by the audio's end; segments in order.
+    assert!((4.5..6.0).contains(&time(0, "start")), "{on}");
+    let for_you = segs
+        .iter()
+        .position(|x| words(x["text"].as_str().unwrap()).ends_with("for you"))
+        .expect("a segment ending \"for you\"");
+    assert!((17.5..19.5).contains(&time(for_you, "end")), "{on}");
+    let last = segs.len() - 1;
+    assert!((audio - 2.0..=audio).contains(&time(last, "end")), "{on}");
+    for i in 1..segs.len() {
+        assert!(time(i, "start") >= time(i - 1, "end") - 0.01, "{on}");
+    }
 }

@@ -98,6 +98,16 @@ fn voice_turn_on_jfk() {
 fn voice_bad_input_is_one_line() {
     let not_audio = scratch("notes.txt");
     std::fs::write(&not_audio, "not audio").unwrap();
+    // 3 s of digital silence: the VAD hears no speech, so nothing is answered (Whisper
+    // alone heard " you" in it and the assistant replied).
+    let silence = scratch("silence.wav");
+    let n = 3 * 32000u32;
+    let mut wav = b"RIFF".to_vec();
+    wav.extend((36 + n).to_le_bytes());
+    wav.extend(b"WAVEfmt \x10\0\0\0\x01\0\x01\0\x80\x3e\0\0\0\x7d\0\0\x02\0\x10\0data");
+    wav.extend(n.to_le_bytes());
+    wav.resize(44 + n as usize, 0);
+    std::fs::write(&silence, wav).unwrap();
     let o = scratch("x.wav");
     // A file already there survives every failed run.
     std::fs::write(&o, b"an earlier reply").unwrap();
@@ -122,6 +132,15 @@ fn voice_bad_input_is_one_line() {
         (
             vec!["voice", JFK, "--voice", "nobody", "-o", o.to_str().unwrap()],
             "unknown voice 'nobody'",
+        ),
+        (
+            vec![
+                "voice",
+                silence.to_str().unwrap(),
+                "-o",
+                o.to_str().unwrap(),
+            ],
+            "no speech",
         ),
     ] {
         let out = kiln(&args);

@@ -7,10 +7,14 @@
 //! four 3-tap convolutions with ReLU (129 -> 128 -> 64 (stride 2) -> 64 (stride 2) -> 128
 //! channels, ending at one frame); an LSTM cell of 128 whose state carries to the next step;
 //! ReLU, a 1x1 convolution to one value and a sigmoid. About 0.7 M multiply-adds a step: it
-//! runs on the CPU whatever backend runs Whisper.
+//! runs on the CPU whatever backend runs Whisper. All but the LSTM's recurrence is
+//! independent between steps, so a run of steps goes through it as block products (frames,
+//! or each convolution's three taps side by side, as rows); the recurrence then runs step
+//! by step.
 
 use std::path::{Path, PathBuf};
 
+use kiln_backend::cpu::gemm_f32;
 use kiln_formats::{OnnxFile, OnnxType};
 
 use crate::ModelError;
@@ -24,6 +28,8 @@ const HOP: usize = 128;
 const BINS: usize = N_FFT / 2 + 1;
 const HIDDEN: usize = 128;
 
+/// A 3-tap convolution (one zero of padding each side) as a block product: weights as
+/// `[3 * cin][cout]`, tap-major, against rows of the three input frames side by side.
 struct Conv {
     w: Vec<f32>,
     b: Vec<f32>,
@@ -33,36 +39,64 @@ struct Conv {
 }
 
 impl Conv {
-    /// A 3-tap convolution with one zero of padding each side over `tin` frames of `x`
-    /// (`cin` rows of `tin`), then ReLU.
-    fn relu(&self, x: &[f32], tin: usize) -> (Vec<f32>, usize) {
+    /// `x`: `steps` sequences of `tin` frames of `cin` values (frame-major); the output's
+    /// frames likewise, after ReLU.
+    fn relu(&self, x: &[f32], steps: usize, tin: usize) -> (Vec<f32>, usize) {
+        let (cin, cout) = (self.cin, self.cout);
         let tout = (tin + 2 - 3) / self.stride + 1;
-        let mut y = vec![0f32; self.cout * tout];
-        for o in 0..self.cout {
+        let rows = steps * tout;
+        let mut cols = vec![0f32; rows * 3 * cin];
+        for st in 0..steps {
             for t in 0..tout {
-                let mut acc = self.b[o];
+                let row = &mut cols[(st * tout + t) * 3 * cin..][..3 * cin];
                 for k in 0..3 {
-                    // Input frame 2t + k - 1 (stride 2) or t + k - 1, zero outside.
+                    // Input frame stride * t + k - 1, zero outside the step's frames.
                     let Some(ti) = (self.stride * t + k).checked_sub(1).filter(|&ti| ti < tin)
                     else {
                         continue;
                     };
-                    let w = &self.w[o * self.cin * 3 + k..];
-                    acc += (0..self.cin)
-                        .map(|i| w[i * 3] * x[i * tin + ti])
-                        .sum::<f32>();
+                    row[k * cin..(k + 1) * cin].copy_from_slice(&x[(st * tin + ti) * cin..][..cin]);
                 }
-                y[o * tout + t] = acc.max(0.0);
+            }
+        }
+        let mut y = vec![0f32; rows * cout];
+        gemm_f32(
+            &cols,
+            3 * cin,
+            rows,
+            &self.w,
+            cout,
+            cout,
+            3 * cin,
+            &mut y,
+            cout,
+        );
+        for r in y.chunks_exact_mut(cout) {
+            for (v, b) in r.iter_mut().zip(&self.b) {
+                *v = (*v + b).max(0.0);
             }
         }
         (y, tout)
     }
 }
 
+/// `[rows][cols]` -> `[cols][rows]`.
+fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; a.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = a[r * cols + c];
+        }
+    }
+    t
+}
+
 /// The weights of Silero VAD's 16 kHz network.
 pub struct SileroVad {
+    /// The STFT basis as `[N_FFT][2 * BINS]`.
     stft: Vec<f32>,
     convs: [Conv; 4],
+    /// `[HIDDEN][4 * HIDDEN]`: input and recurrent weights, transposed for block products.
     w_ih: Vec<f32>,
     w_hh: Vec<f32>,
     bias: Vec<f32>,
@@ -120,8 +154,18 @@ impl SileroVad {
         };
         let conv = |i: usize, cin: usize, cout: usize, stride: usize| -> Result<Conv, ModelError> {
             let w = format!("model.encoder.{i}.reparam_conv");
+            let torch = get(&format!("{w}.weight"), &[cout as u64, cin as u64, 3])?;
+            // [cout][cin][3] -> [3][cin][cout].
+            let mut wt = vec![0f32; torch.len()];
+            for o in 0..cout {
+                for i in 0..cin {
+                    for k in 0..3 {
+                        wt[(k * cin + i) * cout + o] = torch[(o * cin + i) * 3 + k];
+                    }
+                }
+            }
             Ok(Conv {
-                w: get(&format!("{w}.weight"), &[cout as u64, cin as u64, 3])?,
+                w: wt,
                 b: get(&format!("{w}.bias"), &[cout as u64])?,
                 cin,
                 cout,
@@ -134,18 +178,30 @@ impl SileroVad {
         let b_hh = get(&format!("{rnn}.bias_hh"), &[4 * h])?;
         let out = "model.decoder.decoder.2";
         Ok(SileroVad {
-            stft: get(
-                "model.stft.forward_basis_buffer",
-                &[2 * BINS as u64, 1, N_FFT as u64],
-            )?,
+            stft: transpose(
+                &get(
+                    "model.stft.forward_basis_buffer",
+                    &[2 * BINS as u64, 1, N_FFT as u64],
+                )?,
+                2 * BINS,
+                N_FFT,
+            ),
             convs: [
                 conv(0, BINS, 128, 1)?,
                 conv(1, 128, 64, 2)?,
                 conv(2, 64, 64, 2)?,
                 conv(3, 64, 128, 1)?,
             ],
-            w_ih: get(&format!("{rnn}.weight_ih"), &[4 * h, h])?,
-            w_hh: get(&format!("{rnn}.weight_hh"), &[4 * h, h])?,
+            w_ih: transpose(
+                &get(&format!("{rnn}.weight_ih"), &[4 * h, h])?,
+                4 * HIDDEN,
+                HIDDEN,
+            ),
+            w_hh: transpose(
+                &get(&format!("{rnn}.weight_hh"), &[4 * h, h])?,
+                4 * HIDDEN,
+                HIDDEN,
+            ),
             bias: b_ih.iter().zip(&b_hh).map(|(a, b)| a + b).collect(),
             out_w: get(&format!("{out}.weight"), &[1, h, 1])?,
             out_b: get(&format!("{out}.bias"), &[1])?[0],
@@ -153,65 +209,84 @@ impl SileroVad {
         })
     }
 
-    /// The speech probability of `step` (512 samples at 16 kHz), advancing `s`.
-    pub fn step(&self, s: &mut VadState, step: &[f32; STEP]) -> f32 {
-        // Context, the step, then 64 samples reflected about the last one.
-        let mut x = [0f32; CONTEXT + STEP + CONTEXT];
-        x[..CONTEXT].copy_from_slice(&s.context);
-        x[CONTEXT..CONTEXT + STEP].copy_from_slice(step);
-        let n = CONTEXT + STEP;
-        for j in 0..CONTEXT {
-            x[n + j] = x[n - 2 - j];
+    /// The speech probability of each step of `steps` (512 samples at 16 kHz each),
+    /// advancing `s`: one call for a whole file, or call by call as audio arrives.
+    pub fn run(&self, s: &mut VadState, steps: &[f32]) -> Vec<f32> {
+        let n = steps.len() / STEP;
+        if n == 0 {
+            return Vec::new();
         }
-        s.context.copy_from_slice(&step[STEP - CONTEXT..]);
-        let frames = (x.len() - N_FFT) / HOP + 1;
-        let mut mag = vec![0f32; BINS * frames];
-        let row = |c: usize, t: usize| -> f32 {
-            let w = &self.stft[c * N_FFT..(c + 1) * N_FFT];
-            let xs = &x[t * HOP..t * HOP + N_FFT];
-            w.iter().zip(xs).map(|(a, b)| a * b).sum()
-        };
-        for f in 0..BINS {
-            for t in 0..frames {
-                let (re, im) = (row(f, t), row(f + BINS, t));
-                mag[f * frames + t] = (re * re + im * im).sqrt();
+        // Each step: the context, the step, 64 samples reflected about its last one; as
+        // frames of N_FFT, HOP apart, one row each.
+        const WIN: usize = CONTEXT + STEP + CONTEXT;
+        const FRAMES: usize = (WIN - N_FFT) / HOP + 1;
+        let mut rows = vec![0f32; n * FRAMES * N_FFT];
+        let mut x = [0f32; WIN];
+        for (i, step) in steps.chunks_exact(STEP).enumerate() {
+            x[..CONTEXT].copy_from_slice(&s.context);
+            x[CONTEXT..CONTEXT + STEP].copy_from_slice(step);
+            let m = CONTEXT + STEP;
+            for j in 0..CONTEXT {
+                x[m + j] = x[m - 2 - j];
+            }
+            s.context.copy_from_slice(&step[STEP - CONTEXT..]);
+            for t in 0..FRAMES {
+                rows[(i * FRAMES + t) * N_FFT..][..N_FFT]
+                    .copy_from_slice(&x[t * HOP..t * HOP + N_FFT]);
             }
         }
-        let (mut y, mut t) = (mag, frames);
+        let f = n * FRAMES;
+        let mut spec = vec![0f32; f * 2 * BINS];
+        gemm_f32(
+            &rows,
+            N_FFT,
+            f,
+            &self.stft,
+            2 * BINS,
+            2 * BINS,
+            N_FFT,
+            &mut spec,
+            2 * BINS,
+        );
+        let mut y: Vec<f32> = spec
+            .chunks_exact(2 * BINS)
+            .flat_map(|r| (0..BINS).map(move |b| (r[b] * r[b] + r[BINS + b] * r[BINS + b]).sqrt()))
+            .collect();
+        let mut t = FRAMES;
         for c in &self.convs {
-            (y, t) = c.relu(&y, t);
+            (y, t) = c.relu(&y, n, t);
         }
-        debug_assert_eq!(t, 1);
-        let mut gates = self.bias.clone();
-        for (g, out) in gates.iter_mut().enumerate() {
-            let wi = &self.w_ih[g * HIDDEN..(g + 1) * HIDDEN];
-            let wh = &self.w_hh[g * HIDDEN..(g + 1) * HIDDEN];
-            *out += wi.iter().zip(&y).map(|(a, b)| a * b).sum::<f32>()
-                + wh.iter().zip(&s.h).map(|(a, b)| a * b).sum::<f32>();
+        debug_assert_eq!((t, y.len()), (1, n * HIDDEN));
+        // The LSTM's input products for every step at once, then the recurrence.
+        let g4 = 4 * HIDDEN;
+        let mut gx = vec![0f32; n * g4];
+        gemm_f32(&y, HIDDEN, n, &self.w_ih, g4, g4, HIDDEN, &mut gx, g4);
+        let mut gh = vec![0f32; g4];
+        let mut probs = Vec::with_capacity(n);
+        for gates in gx.chunks_exact(g4) {
+            gemm_f32(&s.h, HIDDEN, 1, &self.w_hh, g4, g4, HIDDEN, &mut gh, g4);
+            let g = |k: usize, j: usize| {
+                gates[k * HIDDEN + j] + gh[k * HIDDEN + j] + self.bias[k * HIDDEN + j]
+            };
+            // Gate order: input, forget, cell, output.
+            let mut p = self.out_b;
+            for j in 0..HIDDEN {
+                let (i, f) = (sigmoid(g(0, j)), sigmoid(g(1, j)));
+                let (c, o) = (g(2, j).tanh(), sigmoid(g(3, j)));
+                s.c[j] = f * s.c[j] + i * c;
+                s.h[j] = o * s.c[j].tanh();
+                p += self.out_w[j] * s.h[j].max(0.0);
+            }
+            probs.push(sigmoid(p));
         }
-        // Gate order: input, forget, cell, output.
-        let mut p = self.out_b;
-        for j in 0..HIDDEN {
-            let (i, f) = (sigmoid(gates[j]), sigmoid(gates[HIDDEN + j]));
-            let (g, o) = (gates[2 * HIDDEN + j].tanh(), sigmoid(gates[3 * HIDDEN + j]));
-            s.c[j] = f * s.c[j] + i * g;
-            s.h[j] = o * s.c[j].tanh();
-            p += self.out_w[j] * s.h[j].max(0.0);
-        }
-        sigmoid(p)
+        probs
     }
 
     /// One probability per 512 samples of `samples` (16 kHz; the last step zero-padded).
     pub fn probs(&self, samples: &[f32]) -> Vec<f32> {
-        let mut s = VadState::default();
-        samples
-            .chunks(STEP)
-            .map(|c| {
-                let mut step = [0f32; STEP];
-                step[..c.len()].copy_from_slice(c);
-                self.step(&mut s, &step)
-            })
-            .collect()
+        let mut padded = samples.to_vec();
+        padded.resize(samples.len().div_ceil(STEP) * STEP, 0.0);
+        self.run(&mut VadState::default(), &padded)
     }
 }
 

@@ -26,6 +26,25 @@ use crate::{
     MlxWeightData, RopeConfig, WeightData,
 };
 pub use ops::vmath;
+
+/// C[i][..n] = Σ_p A[i][p] · B[p][..n] for i < m (B by rows of its k dimension; rows of A,
+/// B and C start `lda`, `ldb`, `ldc` apart; C overwritten), on this thread with the CPU's
+/// SIMD kernel: for the small models run beside whatever backend holds the large one (the
+/// VAD before Whisper).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32(
+    a: &[f32],
+    lda: usize,
+    m: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    k: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    ops::gemm::gemm_nn(a, lda, m, b, ldb, n, k, c, ldc, ops::gemm::avx2_ok());
+}
 pub use par::Pool;
 
 pub struct CpuBackend {

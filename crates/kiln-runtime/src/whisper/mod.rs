@@ -16,7 +16,7 @@ use thiserror::Error;
 
 pub use decode::{compression_ratio, DecodeOptions, WindowDecoder, WindowResult};
 pub use tokens::{ggml_tokenizer, suppressed_tokens, SpecialTokens, LANGUAGES, TIME_PRECISION};
-pub use transcribe::{Segment, TranscribeOptions, TranscribeStats, Transcript};
+pub use transcribe::{Segment, TranscribeOptions, TranscribeStats, Transcript, Vad};
 
 #[derive(Debug, Error)]
 pub enum WhisperError {
@@ -46,6 +46,9 @@ pub struct Stt<B: Backend> {
     pub suppress: Vec<u32>,
     pub dir: PathBuf,
     pub load_ms: f64,
+    /// Voice activity detection run before Whisper ([`TranscribeOptions::vad`]); none
+    /// unless the caller loads one.
+    pub vad: Option<kiln_models::vad::SileroVad>,
 }
 
 impl<B: Backend> Stt<B> {
@@ -95,6 +98,7 @@ impl<B: Backend> Stt<B> {
             suppress,
             dir,
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
+            vad: None,
         })
     }
 

@@ -1,12 +1,16 @@
 //! Long-form transcription: 30 s windows moved along the audio by where the last complete
 //! segment ended (its timestamp), each decoded with temperature fallback; the previous
 //! windows' text conditions the next (switchable); windows judged silent are skipped.
+//! Before Whisper, voice activity detection ([`Vad`]): audio without speech transcribes as
+//! nothing, and a long file is transcribed as its speech alone, the times mapped back.
 
 use std::time::Instant;
 
 use kiln_audio::mel::HOP;
 use kiln_audio::{log_mel_spectrogram, SAMPLE_RATE};
 use kiln_backend::Backend;
+
+use kiln_models::vad::{speech_regions, VadOptions};
 
 use super::decode::{compression_ratio, DecodeOptions, WindowDecoder, WindowResult};
 use super::{Stt, WhisperError};
@@ -28,6 +32,23 @@ pub struct TranscribeOptions {
     /// Language code (`en`, `de`, ...) for multilingual models; None detects it.
     pub language: Option<String>,
     pub translate: bool,
+    /// Voice activity detection before Whisper (with a VAD model loaded: [`Stt::vad`]).
+    pub vad: Vad,
+}
+
+/// When [`Stt::transcribe`] runs the VAD and what it does with its regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Vad {
+    /// No VAD.
+    Off,
+    /// Audio without speech is an empty transcript, and a 30 s window without speech is
+    /// skipped (not encoded, nothing hallucinated in it); audio with speech is otherwise
+    /// transcribed as without a VAD. Without a VAD model loaded, as `Off`.
+    #[default]
+    Auto,
+    /// The speech regions alone, end to end (pauses of 2 s or more cut out), the times
+    /// mapped back to the audio's; an error without a VAD model.
+    On,
 }
 
 impl Default for TranscribeOptions {
@@ -42,6 +63,7 @@ impl Default for TranscribeOptions {
             initial_prompt: None,
             language: None,
             translate: false,
+            vad: Vad::Auto,
         }
     }
 }
@@ -72,6 +94,10 @@ pub struct TranscribeStats {
     /// prefill excluded).
     pub decode_tokens: usize,
     pub total_ms: f64,
+    /// Time in the VAD (0 when it did not run).
+    pub vad_ms: f64,
+    /// Seconds of speech: the VAD's regions (padded) when it ran, else all of the audio.
+    pub speech_s: f64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -131,11 +157,77 @@ impl<B: Backend> Stt<B> {
         Ok(best)
     }
 
-    /// Transcribes 16 kHz mono samples.
+    /// Transcribes 16 kHz mono samples, through the VAD as `o.vad` says.
     pub fn transcribe(
         &self,
         samples: &[f32],
         o: &TranscribeOptions,
+    ) -> Result<Transcript, WhisperError> {
+        let t_start = Instant::now();
+        let vad = match (&self.vad, o.vad) {
+            (_, Vad::Off) | (None, Vad::Auto) => return self.transcribe_all(samples, o, None),
+            (None, Vad::On) => {
+                return Err(WhisperError::Input(
+                    "VAD requested but no VAD model is loaded (silero-vad)".into(),
+                ))
+            }
+            (Some(v), _) => v,
+        };
+        let probs = vad.probs(samples);
+        let regions = speech_regions(&probs, samples.len(), &VadOptions::transcription());
+        let vad_ms = t_start.elapsed().as_secs_f64() * 1e3;
+        let speech_s =
+            regions.iter().map(|(s, e)| e - s).sum::<usize>() as f64 / SAMPLE_RATE as f64;
+        let finish = |mut t: Transcript| {
+            t.stats.audio_s = samples.len() as f64 / SAMPLE_RATE as f64;
+            t.stats.vad_ms = vad_ms;
+            t.stats.speech_s = speech_s;
+            t.stats.total_ms = t_start.elapsed().as_secs_f64() * 1e3;
+            Ok(t)
+        };
+        if regions.is_empty() {
+            return finish(Transcript {
+                text: String::new(),
+                language: o.language.clone().unwrap_or_else(|| "en".into()),
+                segments: Vec::new(),
+                stats: TranscribeStats::default(),
+            });
+        }
+        if o.vad == Vad::Auto {
+            return finish(self.transcribe_all(samples, o, Some(&regions))?);
+        }
+        // The regions end to end; `starts` maps each one's start in the speech to the audio.
+        let mut speech = Vec::new();
+        let mut starts = Vec::new();
+        for &(s, e) in &regions {
+            starts.push((speech.len(), s));
+            speech.extend_from_slice(&samples[s..e]);
+        }
+        let mut t = self.transcribe_all(&speech, o, None)?;
+        let rate = SAMPLE_RATE as f64;
+        // A time in the speech -> the same moment of the audio. An end exactly at a joint
+        // belongs to the region before it.
+        let restore = |sec: f64, is_end: bool| -> f64 {
+            let x = (sec * rate).round().max(0.0) as usize;
+            let i = starts.partition_point(|&(at, _)| if is_end { at < x } else { at <= x });
+            let (at, orig) = starts[i.max(1) - 1];
+            (orig + x.saturating_sub(at)).min(samples.len()) as f64 / rate
+        };
+        for seg in &mut t.segments {
+            seg.start = restore(seg.start, false);
+            seg.end = restore(seg.end, true).max(seg.start);
+            seg.seek = (restore(seg.seek as f64 * HOP as f64 / rate, false) * rate) as usize / HOP;
+        }
+        finish(t)
+    }
+
+    /// Transcribes `samples`; with `speech` (sample ranges), windows that overlap none of
+    /// them are skipped.
+    fn transcribe_all(
+        &self,
+        samples: &[f32],
+        o: &TranscribeOptions,
+        speech: Option<&[(usize, usize)]>,
     ) -> Result<Transcript, WhisperError> {
         let t_start = Instant::now();
         let (b, m, sp) = (&self.backend, &self.model, &self.special);
@@ -143,6 +235,7 @@ impl<B: Backend> Stt<B> {
         let n_samples = n_frames * HOP;
         let mut stats = TranscribeStats {
             audio_s: samples.len() as f64 / SAMPLE_RATE as f64,
+            speech_s: samples.len() as f64 / SAMPLE_RATE as f64,
             ..Default::default()
         };
         let t0 = Instant::now();
@@ -190,6 +283,11 @@ impl<B: Backend> Stt<B> {
             let time_offset = seek as f64 / frames_per_s;
             let segment_size = n_frames.min(content_frames - seek);
             let segment_duration = segment_size as f64 / frames_per_s;
+            let (from, to) = (seek * HOP, (seek + segment_size) * HOP);
+            if speech.is_some_and(|r| !r.iter().any(|&(s, e)| s < to && e > from)) {
+                seek += segment_size;
+                continue;
+            }
             let window = mel.window(seek, n_frames, floor);
             let te = Instant::now();
             m.encode(b, &window, &mut enc, &mut cross)?;
