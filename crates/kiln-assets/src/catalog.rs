@@ -191,17 +191,27 @@ pub static CATALOG: &[Entry] = &[
     Entry {
         name: "misaki-en-us",
         kind: Kind::Tokenizer,
-        about:
-            "misaki 0.9.4 American English G2P lexicons (word -> Kokoro phonemes), for kiln speak",
-        sources: &[pip(
-            "misaki==0.9.4",
-            "90e2eeb169786c014c429e5058d2ea6bcd02d651f2a24450ba6c9ffc0f8da15a",
-        )],
+        about: "misaki 0.9.4 American English G2P lexicons (word -> Kokoro phonemes) and \
+                g2p-en 2.1.0's neural letter-to-sound model for other words, for kiln speak",
+        sources: &[
+            pip(
+                "misaki==0.9.4",
+                "90e2eeb169786c014c429e5058d2ea6bcd02d651f2a24450ba6c9ffc0f8da15a",
+            ),
+            pip(
+                "g2p-en==2.1.0",
+                "2a7aabf1fc7f270fcc3349881407988c9245173c2413debbe5432f4a4f31319f",
+            ),
+        ],
         extract: &[
             x(0, "misaki/data/us_gold.json", "us_gold.json"),
             x(0, "misaki/data/us_silver.json", "us_silver.json"),
+            x(1, "g2p_en/checkpoint20.npz", "g2p_en_checkpoint20.npz"),
         ],
-        file_sha256: &[],
+        file_sha256: &[(
+            "g2p_en_checkpoint20.npz",
+            "b8af35e4596d8dd5836dfd3fe9b2ba4f97b9c311efe8879544cbcfcbd566d8c6",
+        )],
         main: ".",
     },
     Entry {

@@ -2,8 +2,12 @@
 //!
 //! Words are looked up in misaki's lexicons (`us_gold.json`, then `us_silver.json`; a
 //! part-of-speech entry takes its `DEFAULT`), with the common inflections (-s, -'s, -ed, -ing)
-//! derived from their stems. Other words go to the `espeak-ng` program (run as a subprocess,
-//! never linked), whose IPA phonemes are mapped onto Kokoro's. Punctuation Kokoro knows is kept.
+//! derived from their stems; accented letters are also tried without their accents, numbers
+//! are read as words and initialisms (all capitals, not in the lexicons) letter by letter.
+//! Other words go to the `espeak-ng` program where it is installed (run as a subprocess,
+//! never linked), whose IPA phonemes are mapped onto Kokoro's, else to the neural
+//! letter-to-sound model ([`super::NeuralG2p`]) kept beside the lexicons. Punctuation Kokoro
+//! knows is kept.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,9 +23,13 @@ pub enum G2pError {
     Espeak { word: String, why: String },
 }
 
+/// The neural letter-to-sound model's file, beside the lexicons.
+pub const NEURAL_G2P_FILE: &str = "g2p_en_checkpoint20.npz";
+
 pub struct G2p {
     lexicon: HashMap<String, String>,
     espeak: Option<PathBuf>,
+    neural: Option<super::NeuralG2p>,
 }
 
 /// Kokoro's punctuation, kept as is.
@@ -35,7 +43,8 @@ fn vowel_start(p: &str) -> bool {
 }
 
 impl G2p {
-    /// Loads the lexicons of `dir` (us_gold.json, us_silver.json; gold wins).
+    /// Loads the lexicons of `dir` (us_gold.json, us_silver.json; gold wins) and the neural
+    /// model beside them ([`NEURAL_G2P_FILE`]) where it is.
     pub fn load(dir: &Path) -> Result<G2p, G2pError> {
         let mut lexicon = HashMap::new();
         for name in ["us_silver.json", "us_gold.json"] {
@@ -63,10 +72,33 @@ impl G2p {
                 }
             }
         }
+        let neural = dir.join(NEURAL_G2P_FILE);
+        let neural = match neural.is_file() {
+            true => Some(super::NeuralG2p::load(&neural)?),
+            false => None,
+        };
         Ok(G2p {
             lexicon,
             espeak: find_espeak(),
+            neural,
         })
+    }
+
+    /// Words out of the lexicons go to `neural` where espeak-ng is not installed.
+    pub fn with_neural(mut self, neural: super::NeuralG2p) -> Self {
+        self.neural = Some(neural);
+        self
+    }
+
+    /// Whether out-of-lexicon words go to espeak-ng (installed) rather than the neural model.
+    pub fn uses_espeak(&self) -> bool {
+        self.espeak.is_some()
+    }
+
+    /// Leaves espeak-ng out even where it is installed (tests of the neural fallback).
+    pub fn without_espeak(mut self) -> Self {
+        self.espeak = None;
+        self
     }
 
     /// A G2P over a given word list (tests), with or without espeak-ng.
@@ -77,6 +109,7 @@ impl G2p {
                 .map(|(w, p)| (w.to_string(), p.to_string()))
                 .collect(),
             espeak: if espeak { find_espeak() } else { None },
+            neural: None,
         }
     }
 
@@ -94,8 +127,46 @@ impl G2p {
         None
     }
 
-    /// The word's phonemes from the lexicons, directly or through an inflection of its stem.
+    /// The word's phonemes from the lexicons: directly, through an inflection of its stem,
+    /// without its accents, as a number, or (all capitals) letter by letter.
     fn lexicon_word(&self, w: &str) -> Option<String> {
+        if let Some(p) = self.lexicon_stem(w) {
+            return Some(p);
+        }
+        let plain = fold_accents(w);
+        if plain != w {
+            if let Some(p) = self.lexicon_stem(&plain) {
+                return Some(p);
+            }
+        }
+        if w.bytes().all(|b| b.is_ascii_digit()) {
+            let words = super::number(w)?;
+            let p: Option<Vec<String>> = words
+                .split([' ', '-'])
+                .map(|x| self.lexicon_stem(x))
+                .collect();
+            return p.map(|p| p.join(" "));
+        }
+        let letters = w.chars().count();
+        if (2..=6).contains(&letters) && w.chars().all(|c| c.is_ascii_uppercase()) {
+            // An initialism: its letters, the stress on the last.
+            let mut out = String::new();
+            for (i, c) in w.chars().enumerate() {
+                let p = self.lookup(&c.to_string())?;
+                let p = if i + 1 < letters {
+                    p.replace('ˈ', "ˌ")
+                } else {
+                    p
+                };
+                out.push_str(&p);
+            }
+            return Some(out);
+        }
+        None
+    }
+
+    /// The word's phonemes from the lexicons, directly or through an inflection of its stem.
+    fn lexicon_stem(&self, w: &str) -> Option<String> {
         if let Some(p) = self.lookup(w) {
             return Some(p);
         }
@@ -183,10 +254,21 @@ impl G2p {
                 _ => None,
             })
             .collect();
-        let spoken = if unknown.is_empty() {
-            Vec::new()
-        } else {
-            self.espeak_words(&unknown)?
+        let spoken = match (&self.neural, &self.espeak) {
+            _ if unknown.is_empty() => Vec::new(),
+            (Some(n), None) => unknown
+                .iter()
+                .map(|w| match n.phonemes(&fold_accents(w)) {
+                    p if p.is_empty() => Err(G2pError::Espeak {
+                        word: w.clone(),
+                        why: "espeak-ng not found on PATH, and the letter-to-sound model \
+                              reads Latin letters only"
+                            .into(),
+                    }),
+                    p => Ok(p),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => self.espeak_words(&unknown)?,
         };
         let mut spoken = spoken.into_iter();
         let mut out = String::new();
@@ -289,6 +371,52 @@ impl G2p {
         }
         Ok(lines)
     }
+}
+
+/// `w` with accented Latin letters as their plain ones (é -> e, ß -> ss, æ -> ae).
+fn fold_accents(w: &str) -> String {
+    let mut out = String::with_capacity(w.len());
+    for c in w.chars() {
+        let plain = match c {
+            'à' | 'á' | 'â' | 'ã' | 'ä' | 'å' | 'ā' | 'ă' | 'ą' => "a",
+            'À' | 'Á' | 'Â' | 'Ã' | 'Ä' | 'Å' | 'Ā' | 'Ă' | 'Ą' => "A",
+            'ç' | 'ć' | 'č' => "c",
+            'Ç' | 'Ć' | 'Č' => "C",
+            'ď' | 'đ' => "d",
+            'è' | 'é' | 'ê' | 'ë' | 'ē' | 'ė' | 'ę' | 'ě' => "e",
+            'È' | 'É' | 'Ê' | 'Ë' | 'Ē' | 'Ė' | 'Ę' | 'Ě' => "E",
+            'ğ' => "g",
+            'ì' | 'í' | 'î' | 'ï' | 'ī' | 'į' | 'ı' => "i",
+            'Ì' | 'Í' | 'Î' | 'Ï' | 'Ī' | 'İ' => "I",
+            'ł' | 'ľ' => "l",
+            'Ł' | 'Ľ' => "L",
+            'ñ' | 'ń' | 'ň' => "n",
+            'Ñ' | 'Ń' | 'Ň' => "N",
+            'ò' | 'ó' | 'ô' | 'õ' | 'ö' | 'ø' | 'ō' | 'ő' => "o",
+            'Ò' | 'Ó' | 'Ô' | 'Õ' | 'Ö' | 'Ø' | 'Ō' | 'Ő' => "O",
+            'ř' => "r",
+            'ś' | 'š' | 'ş' => "s",
+            'Ś' | 'Š' | 'Ş' => "S",
+            'ß' => "ss",
+            'ť' | 'ţ' => "t",
+            'ù' | 'ú' | 'û' | 'ü' | 'ū' | 'ů' | 'ű' => "u",
+            'Ù' | 'Ú' | 'Û' | 'Ü' | 'Ū' | 'Ů' | 'Ű' => "U",
+            'ý' | 'ÿ' => "y",
+            'Ý' => "Y",
+            'ź' | 'ż' | 'ž' => "z",
+            'Ź' | 'Ż' | 'Ž' => "Z",
+            'æ' => "ae",
+            'Æ' => "AE",
+            'œ' => "oe",
+            'Œ' => "OE",
+            c => {
+                out.push(c);
+                continue;
+            }
+        };
+        out.push_str(plain);
+    }
+    out
 }
 
 fn find_espeak() -> Option<PathBuf> {

@@ -184,7 +184,7 @@ fn url(w: &str) -> String {
 }
 
 /// A number token (digits with optional thousands commas and a decimal part) in words.
-fn number(tok: &str) -> Option<String> {
+pub fn number(tok: &str) -> Option<String> {
     let t = tok.replace(',', "");
     let (int, frac) = match t.split_once('.') {
         Some((a, b)) => (a, Some(b)),
@@ -303,6 +303,33 @@ fn word(tok: &str, next: Option<&str>) -> String {
             if (1..=12).contains(&m) && (1..=31).contains(&d) {
                 return Some(format!("{} {}, {}", MONTHS[m - 1], ordinal(d), year(y)));
             }
+        }
+        // Dates with slashes: month/day/year (12/05/2024, 7/4/76), day/month/year where
+        // the first number cannot be a month (25/12/2024).
+        let parts: Vec<&str> = core.split('/').collect();
+        if parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+            && matches!(parts[2].len(), 2 | 4)
+        {
+            let (a, b) = (
+                parts[0].parse::<usize>().ok()?,
+                parts[1].parse::<u64>().ok()?,
+            );
+            let y: u64 = parts[2].parse().ok()?;
+            let (m, d) = match (a, b) {
+                (1..=12, 1..=31) => (a, b),
+                (13..=31, 1..=12) => (b as usize, a as u64),
+                _ => return None,
+            };
+            // Two-digit years: 1950..2049.
+            let y = match parts[2].len() {
+                2 if y < 50 => 2000 + y,
+                2 => 1900 + y,
+                _ => y,
+            };
+            return Some(format!("{} {}, {}", MONTHS[m - 1], ordinal(d), year(y)));
         }
         // Ordinals: 1st, 22nd, 3rd, 4th
         for suf in ["st", "nd", "rd", "th"] {
@@ -446,6 +473,12 @@ mod tests {
             normalize("see https://example.com/docs."),
             "see example dot com slash docs."
         );
+        assert_eq!(
+            normalize("paid $3.50 on 12/05/2024, due 25/12/24 or 7/4/76."),
+            "paid three dollars and fifty cents on December fifth, twenty twenty-four, \
+             due December twenty-fifth, twenty twenty-four or July fourth, nineteen seventy-six."
+        );
+        assert_eq!(normalize("13/13/2024"), "13/13/2024");
         assert_eq!(
             normalize("In 1999 we had 2048 people"),
             "In nineteen ninety-nine we had two thousand forty-eight people"
