@@ -199,6 +199,14 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
     (d / n).sqrt()
 }
 
+/// The level of `a` against `b`: their RMS ratio in dB.
+fn level_db(a: &[f32], b: &[f32]) -> f64 {
+    let rms = |x: &[f32]| {
+        (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len().max(1) as f64).sqrt()
+    };
+    20.0 * (rms(a) / rms(b)).log10()
+}
+
 fn dump(trace: &Trace, audio: &[f32]) {
     if let Some(dir) = kiln_backend::options::value("KILN_KOKORO_DUMP") {
         for (name, v) in trace
@@ -225,9 +233,16 @@ fn decoder_matches_onnx_runtime_on_its_inputs() {
     assert_eq!(audio.len(), c.expected.len(), "waveform length");
     let corr = correlation(&audio, &c.expected);
     let dist = mel_distance(&audio, &c.expected);
-    eprintln!("decoder: correlation {corr:.4}, log-mel distance {dist:.4}");
+    eprintln!(
+        "decoder: correlation {corr:.4}, log-mel distance {dist:.4}, level {:+.2} dB",
+        level_db(&audio, &c.expected)
+    );
     assert!(corr > 0.98, "waveform correlation {corr:.4}");
     assert!(dist < 0.15, "log-mel distance {dist:.4}");
+    // Correlation and log-mel distance ignore level; ORT's is met within 0.5 dB (kiln was
+    // 3.3 dB quieter).
+    let level = level_db(&audio, &c.expected);
+    assert!(level.abs() < 0.5, "level {level:+.2} dB against ORT");
 }
 
 #[test]
@@ -286,11 +301,14 @@ fn end_to_end_matches_onnx_runtime() {
     let env = correlation(&envelope(&audio), &envelope(&c.expected));
     let wave = correlation(&audio, &c.expected);
     eprintln!(
-        "F0 relative error {f0_err:.4}, log-mel distance {dist:.4}, envelope correlation {env:.4}, waveform correlation {wave:.4}"
+        "F0 relative error {f0_err:.4}, log-mel distance {dist:.4}, envelope correlation {env:.4}, waveform correlation {wave:.4}, level {:+.2} dB",
+        level_db(&audio, &c.expected)
     );
     assert!(f0_err < 0.02, "F0 relative error {f0_err:.4}");
     assert!(dist < 0.15, "log-mel distance {dist:.4}");
     assert!(env > 0.99, "energy envelope correlation {env:.4}");
+    let level = level_db(&audio, &c.expected);
+    assert!(level.abs() < 0.5, "level {level:+.2} dB against ORT");
 
     // The thresholds fail for audio that is merely close: ORT's own waveform 40 ms late.
     let mut late = vec![0f32; 960];
