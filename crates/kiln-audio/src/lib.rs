@@ -3,6 +3,7 @@
 //! Whisper's log-mel spectrogram.
 
 mod decode;
+pub mod flac;
 pub mod mel;
 pub mod resample;
 

@@ -5,10 +5,11 @@ use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 
 use anyhow::Context;
 use clap::Args;
+use kiln_audio::flac::FlacStream;
 use kiln_backend::Backend;
 use kiln_formats::OutputFile;
 use kiln_runtime::speech::TextToSpeech;
-use kiln_runtime::tts::{model_dir_files, pcm16, wav_header, Tts};
+use kiln_runtime::tts::{model_dir_files, pcm16, wav_header, Tts, SAMPLE_RATE};
 
 pub const DEFAULT_TTS: &str = "kokoro-82m";
 pub const DEFAULT_LEXICON: &str = "misaki-en-us";
@@ -32,7 +33,7 @@ pub struct SpeakArgs {
     /// The input is Kokoro phonemes (skips normalisation and G2P).
     #[arg(long)]
     pub phonemes: bool,
-    /// Output file (`-` = stdout).
+    /// Output file (`-` = stdout): WAV, or FLAC for a name ending `.flac`.
     #[arg(short = 'o', long, default_value = "-")]
     pub output: String,
     /// Write raw 16-bit little-endian PCM (24 kHz mono) instead of WAV.
@@ -165,22 +166,46 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         // Replaces the file only once all of the audio is written.
         let mut out = OutputFile::create(&a.output)?;
         let f = out.file();
-        if !a.raw {
-            f.write_all(&wav_header(0))?;
+        let is_flac = a.output.to_ascii_lowercase().ends_with(".flac");
+        if a.raw || !is_flac {
+            if !a.raw {
+                f.write_all(&wav_header(0))?;
+            }
+            let st = tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
+                let b = pcm16(s);
+                written += b.len() as u64;
+                f.write_all(&b)
+            })?;
+            if !a.raw {
+                let len = u32::try_from(written).context("audio longer than a WAV file holds")?;
+                f.seek(SeekFrom::Start(0))?;
+                f.write_all(&wav_header(len))?;
+            }
+            out.commit()?;
+            return report(&st);
         }
+        // FLAC (by the file's extension): frames as the audio comes, the header's total
+        // written at the end.
+        let mut enc = FlacStream::new(SAMPLE_RATE).map_err(|e| anyhow::anyhow!("FLAC: {e}"))?;
+        f.write_all(&enc.header(0))?;
         let st = tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
-            let b = pcm16(s);
-            written += b.len() as u64;
-            f.write_all(&b)
+            let pcm: Vec<i16> = pcm16(s)
+                .chunks_exact(2)
+                .map(|b| i16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            f.write_all(&enc.push(&pcm).map_err(std::io::Error::other)?)
         })?;
-        if !a.raw {
-            let len = u32::try_from(written).context("audio longer than a WAV file holds")?;
-            f.seek(SeekFrom::Start(0))?;
-            f.write_all(&wav_header(len))?;
-        }
+        f.write_all(&enc.finish().map_err(|e| anyhow::anyhow!("FLAC: {e}"))?)?;
+        f.seek(SeekFrom::Start(0))?;
+        f.write_all(&enc.header(enc.total()))?;
         out.commit()?;
         st
     };
+    report(&st)
+}
+
+/// The stats line on stderr.
+fn report(st: &kiln_runtime::tts::TtsStats) -> anyhow::Result<()> {
     eprintln!(
         "{:.2} s of audio in {} chunk(s): first audio after {:.2} s, total {:.2} s (real-time factor {:.3})",
         st.audio_s,

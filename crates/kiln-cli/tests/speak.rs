@@ -67,6 +67,33 @@ fn speaks_phonemes_and_text_to_wav() {
     assert!(std::fs::metadata(&pcm).unwrap().len() > 48_000);
 }
 
+/// `-o NAME.flac` writes FLAC: the WAV's samples, losslessly, in fewer bytes.
+#[test]
+fn flac_output_holds_the_wav_samples() {
+    kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
+    let (wav, flac) = (scratch("same.wav"), scratch("same.flac"));
+    for o in [&wav, &flac] {
+        let out = kiln(&[
+            "speak",
+            "--phonemes",
+            "həlˈO wˈɜɹld.",
+            "-o",
+            o.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let w = kiln_audio::decode_file(&wav).unwrap();
+    let f = kiln_audio::decode_file(&flac).unwrap();
+    assert_eq!(&std::fs::read(&flac).unwrap()[..4], b"fLaC");
+    assert_eq!((f.rate, f.channels), (24000, 1));
+    assert_eq!(f.samples, w.samples);
+    assert!(std::fs::metadata(&flac).unwrap().len() < std::fs::metadata(&wav).unwrap().len());
+}
+
 #[test]
 fn bad_input_is_one_line() {
     kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();

@@ -16,7 +16,7 @@ use axum::extract::{FromRequest, Multipart, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kiln_runtime::speech::{SpeechToText, TextToSpeech};
-use kiln_runtime::tts::{pcm16, wav_header, TtsError};
+use kiln_runtime::tts::{pcm16, wav_header, TtsError, SAMPLE_RATE as TTS_RATE};
 use kiln_runtime::voice::{Voice, VoiceError, VoiceEvent, VoiceOptions};
 use kiln_runtime::whisper::{output, TranscribeOptions, WhisperError};
 use kiln_runtime::{GenerateOptions, SamplerConfig};
@@ -328,22 +328,34 @@ struct SpeechRequest {
     response_format: Option<String>,
 }
 
-/// Audio out: WAV (24 kHz mono 16-bit, the length unknown while streaming) or raw PCM.
+/// Audio out: WAV (24 kHz mono 16-bit, the length unknown while streaming), FLAC (the
+/// same samples, lossless, encoded block by block as they come) or raw PCM.
 #[derive(Clone, Copy)]
 enum AudioFormat {
     Wav,
+    Flac,
     Pcm,
 }
 
 fn audio_format(f: Option<&str>) -> Result<AudioFormat, ApiError> {
     match f {
         None | Some("wav") => Ok(AudioFormat::Wav),
+        Some("flac") => Ok(AudioFormat::Flac),
         Some("pcm") => Ok(AudioFormat::Pcm),
         Some(f) => Err(ApiError::invalid(format!(
-            "response_format '{f}' is not supported (wav, pcm: 24 kHz mono 16-bit)"
+            "response_format '{f}' is not supported (wav, flac, pcm: 24 kHz mono 16-bit)"
         ))
         .param("response_format")),
     }
+}
+
+/// FLAC frames of PCM bytes (s16le), as they arrive.
+fn flac_frames(f: &mut kiln_audio::flac::FlacStream, pcm: &[u8]) -> std::io::Result<Vec<u8>> {
+    let s: Vec<i16> = pcm
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    f.push(&s).map_err(std::io::Error::other)
 }
 
 fn speed(s: Option<f32>) -> Result<f32, ApiError> {
@@ -374,18 +386,52 @@ fn audio_body(
     t0: Instant,
     route: &'static str,
 ) -> Body {
-    let mut head = match format {
-        AudioFormat::Wav => wav_header(u32::MAX - 36).to_vec(),
-        AudioFormat::Pcm => Vec::new(),
+    let mut flac = match format {
+        AudioFormat::Flac => match kiln_audio::flac::FlacStream::new(TTS_RATE) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                let e = std::io::Error::other(format!("FLAC: {e}"));
+                return Body::from_stream(futures_util::stream::iter([Err::<Bytes, _>(e)]));
+            }
+        },
+        _ => None,
     };
-    head.extend_from_slice(&first);
-    let stream = futures_util::stream::unfold((Some(head), rx), move |(head, mut rx)| async move {
+    let mut head = match (format, &flac) {
+        (AudioFormat::Wav, _) => wav_header(u32::MAX - 36).to_vec(),
+        (AudioFormat::Flac, Some(f)) => f.header(0).to_vec(),
+        _ => Vec::new(),
+    };
+    match &mut flac {
+        Some(f) => match flac_frames(f, &first) {
+            Ok(b) => head.extend(b),
+            Err(e) => eprintln!("kiln serve: {route}: FLAC: {e}"),
+        },
+        None => head.extend_from_slice(&first),
+    }
+    let state = (Some(head), rx, flac);
+    let stream = futures_util::stream::unfold(state, move |(head, mut rx, mut flac)| async move {
         if let Some(h) = head {
-            return Some((Ok(Bytes::from(h)), (None, rx)));
+            return Some((Ok(Bytes::from(h)), (None, rx, flac)));
         }
         loop {
-            match rx.recv().await? {
-                Msg::Audio(b) => return Some((Ok(Bytes::from(b)), (None, rx))),
+            let Some(msg) = rx.recv().await else {
+                // The end: FLAC's last, shorter frame.
+                let f = flac.as_mut()?;
+                let last = f.finish().map_err(std::io::Error::other);
+                return Some((last.map(Bytes::from), (None, rx, None)));
+            };
+            match msg {
+                Msg::Audio(b) => {
+                    let b = match &mut flac {
+                        Some(f) => match flac_frames(f, &b) {
+                            Ok(b) if b.is_empty() => continue,
+                            Ok(b) => b,
+                            Err(e) => return Some((Err(e), (None, rx, None))),
+                        },
+                        None => b,
+                    };
+                    return Some((Ok(Bytes::from(b)), (None, rx, flac)));
+                }
                 Msg::Done(s) => {
                     eprintln!(
                         "kiln serve: {route}: STT {:.0} ms | TTFT {:.0} ms | first audio {:.0} ms | total {:.0} ms ({:.0} ms in all) | {:.2} s of speech, {} sentence(s) | heard {:?} | said {:?}",
@@ -396,7 +442,7 @@ fn audio_body(
                 }
                 Msg::Error(e) => {
                     eprintln!("kiln serve: {route}: failed mid-stream: {}", e.message);
-                    return Some((Err(std::io::Error::other(e.message)), (None, rx)));
+                    return Some((Err(std::io::Error::other(e.message)), (None, rx, None)));
                 }
                 Msg::Transcript(_) | Msg::Text => {}
             }
@@ -408,6 +454,7 @@ fn audio_body(
 fn content_type(f: AudioFormat) -> &'static str {
     match f {
         AudioFormat::Wav => "audio/wav",
+        AudioFormat::Flac => "audio/flac",
         AudioFormat::Pcm => "audio/pcm",
     }
 }
@@ -628,6 +675,10 @@ pub async fn chat(State(st): State<Arc<AppState>>, req: axum::extract::Request) 
             );
             let mut b = match format {
                 AudioFormat::Wav => wav_header(0).to_vec(),
+                AudioFormat::Flac => kiln_audio::flac::FlacStream::new(TTS_RATE)
+                    .map_err(internal)?
+                    .header(0)
+                    .to_vec(),
                 AudioFormat::Pcm => Vec::new(),
             };
             b.extend_from_slice(&first);

@@ -308,6 +308,38 @@ fn speech_checks_input_and_streams_by_sentence() {
     assert_eq!(r.chunks.len(), 2, "one chunk per sentence: {:?}", r.chunks);
     assert!(r.chunks[0] > 44 && r.chunks[1] > 0, "{:?}", r.chunks);
 
+    // FLAC: the same samples, lossless, streamed frame by frame.
+    let pcm = post_json(
+        path,
+        &json!({"input": "Good morning.", "response_format": "pcm"}),
+    );
+    let r = post_json(
+        path,
+        &json!({"input": "Good morning.", "response_format": "flac"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type").as_deref(), Some("audio/flac"));
+    let d =
+        kiln_audio::decode_bytes(r.body.to_vec(), None, std::path::Path::new("r.flac")).unwrap();
+    let want: Vec<i16> = pcm
+        .body
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    let got: Vec<i16> = d
+        .samples
+        .iter()
+        .map(|&v| (v * 32768.0).round() as i16)
+        .collect();
+    assert_eq!((d.rate, got.len()), (24000, want.len()));
+    assert_eq!(got, want);
+    assert!(
+        r.body.len() < pcm.body.len(),
+        "{} vs {} bytes",
+        r.body.len(),
+        pcm.body.len()
+    );
+
     // Raw PCM: the same samples without the header.
     let r = post_json(
         path,
