@@ -8,6 +8,7 @@
 
 mod catalog;
 pub mod convert;
+pub mod ollama;
 
 use std::fs;
 use std::io::{Read, Write};
@@ -122,6 +123,9 @@ pub fn ensure(e: &Entry, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, 
     for x in e.extract {
         let archive = &archives[x.source];
         let dest = staging.join(x.dest);
+        if let Some(dir) = dest.parent() {
+            fs::create_dir_all(dir).map_err(io_err(dir))?;
+        }
         let mut out = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -328,8 +332,12 @@ else:
     Ok(())
 }
 
-/// What `-m/--model` names: an existing path, or a catalog entry (fetched on first use).
+/// What `-m/--model` names: `ollama:NAME[:TAG]` (a model Ollama pulled, run from its store),
+/// an existing path, or a catalog entry (fetched on first use).
 pub fn resolve(model: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, AssetError> {
+    if let Some(name) = model.strip_prefix("ollama:") {
+        return ollama::resolve(name);
+    }
     let p = Path::new(model);
     if p.exists() {
         return Ok(p.to_path_buf());

@@ -13,13 +13,17 @@ use kiln_runtime::tts::{model_dir_files, pcm16, wav_header, Tts, SAMPLE_RATE};
 
 pub const DEFAULT_TTS: &str = "kokoro-82m";
 pub const DEFAULT_LEXICON: &str = "misaki-en-us";
-/// A voice of the catalog's voice pack.
-pub const DEFAULT_VOICE: &str = "jf_alpha";
+/// A voice of the catalog's voices: American English, the one kokoro users reach for.
+pub const DEFAULT_VOICE: &str = "af_heart";
 
 #[derive(Args)]
 pub struct SpeakArgs {
     /// Text to speak, or `-` to read it from stdin.
-    pub text: String,
+    #[arg(required_unless_present = "list_voices")]
+    pub text: Option<String>,
+    /// List the model's voices (name, language, gender) and exit.
+    #[arg(long)]
+    pub list_voices: bool,
     /// TTS model: a catalog name, a directory, or a model file (a kokoro-onnx export or
     /// hexgrad's `kokoro-v1_0.pth`; config.json and voices beside it, else the catalog's).
     #[arg(short = 'm', long, default_value = DEFAULT_TTS)]
@@ -137,10 +141,20 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         "--speed {} must be in (0, 4]",
         a.speed
     );
+    if a.list_voices {
+        let tts = spawn(a.device, a.adapter.as_deref(), &a.model, true, a.threads)?;
+        for v in tts.voices() {
+            println!("{v:<16} {}", describe_voice(v));
+        }
+        return Ok(());
+    }
+    let Some(text) = a.text.as_deref() else {
+        anyhow::bail!("nothing to say: pass TEXT, or - to read it from stdin");
+    };
     if a.output == "-" && std::io::stdout().is_terminal() {
         anyhow::bail!("not writing audio to a terminal: pass -o FILE, or redirect stdout");
     }
-    let text = read_text(&a.text)?;
+    let text = read_text(text)?;
     let tts = spawn(
         a.device,
         a.adapter.as_deref(),
@@ -304,4 +318,27 @@ fn bench_one(
         );
     }
     Ok(())
+}
+
+/// "American English, female" for `af_heart`: Kokoro's voices are named by language (first
+/// letter) and gender (second).
+fn describe_voice(name: &str) -> String {
+    let mut c = name.chars();
+    let lang = match c.next() {
+        Some('a') => "American English",
+        Some('b') => "British English",
+        Some('e') => "Spanish",
+        Some('f') => "French",
+        Some('h') => "Hindi",
+        Some('i') => "Italian",
+        Some('j') => "Japanese",
+        Some('p') => "Brazilian Portuguese",
+        Some('z') => "Mandarin Chinese",
+        _ => return String::new(),
+    };
+    match c.next() {
+        Some('f') => format!("{lang}, female"),
+        Some('m') => format!("{lang}, male"),
+        _ => lang.to_string(),
+    }
 }

@@ -277,3 +277,62 @@ fn device_without_its_backend_is_a_clear_error() {
         }
     }
 }
+
+/// `-m ollama:NAME[:TAG]` runs a model from Ollama's store as Ollama laid it out (a manifest
+/// naming the GGUF blob by digest): here SmolLM2 placed in a store of its own.
+#[test]
+fn ollama_models_run_from_its_store() {
+    use sha2::{Digest, Sha256};
+    let gguf = std::fs::read(model()).unwrap();
+    let hex: String = Sha256::digest(&gguf)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let store = scratch("ollama-store");
+    let _ = std::fs::remove_dir_all(&store);
+    let manifests = store.join("manifests/registry.ollama.ai/library/smollm2");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(store.join("blobs")).unwrap();
+    std::fs::write(store.join(format!("blobs/sha256-{hex}")), &gguf).unwrap();
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"layers":[{{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:{hex}","size":{}}}]}}"#,
+        gguf.len()
+    );
+    std::fs::write(manifests.join("135m"), manifest).unwrap();
+    let run = |name: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args([
+                "run",
+                "-m",
+                name,
+                "--temp",
+                "0",
+                "-n",
+                "8",
+                "-p",
+                "What is the capital of France?",
+            ])
+            .env("OLLAMA_MODELS", &store)
+            .output()
+            .expect("run kiln")
+    };
+    let out = run("ollama:smollm2:135m");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let direct = kiln(&[
+        "run",
+        "-m",
+        model().to_str().unwrap(),
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "-p",
+        "What is the capital of France?",
+    ]);
+    assert_eq!(text(&out.stdout), text(&direct.stdout));
+    // A tag that is not there: one line naming what was looked for.
+    assert_clean_error(
+        &run("ollama:smollm2:7b"),
+        "manifests/registry.ollama.ai/library/smollm2/7b",
+    );
+}

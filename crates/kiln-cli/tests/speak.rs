@@ -67,6 +67,47 @@ fn speaks_phonemes_and_text_to_wav() {
     assert!(std::fs::metadata(&pcm).unwrap().len() > 48_000);
 }
 
+/// All 54 of Kokoro's voices are there (af_heart, the default, was refused), listed with
+/// their language.
+#[test]
+fn every_voice_is_listed_and_speaks() {
+    kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
+    let out = kiln(&["speak", "--list-voices"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(list.lines().count(), 54, "{list}");
+    for (v, what) in [
+        ("af_heart", "American English, female"),
+        ("bm_george", "British English, male"),
+        ("zf_xiaoxiao", "Mandarin Chinese, female"),
+        ("jf_alpha", "Japanese, female"),
+    ] {
+        assert!(
+            list.lines().any(|l| l.starts_with(v) && l.ends_with(what)),
+            "{v}: {list}"
+        );
+    }
+    let o = scratch("bella.wav");
+    let out = kiln(&[
+        "speak",
+        "Hello.",
+        "--voice",
+        "af_bella",
+        "-o",
+        o.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::metadata(&o).unwrap().len() > 10_000);
+}
+
 /// `-o NAME.flac` writes FLAC: the WAV's samples, losslessly, in fewer bytes.
 #[test]
 fn flac_output_holds_the_wav_samples() {

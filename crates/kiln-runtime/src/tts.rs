@@ -68,7 +68,9 @@ pub fn model_dir_files(model_dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
             "kokoro-v1_0.pth",
         ]),
         model_dir.join("config.json"),
-        first(&["voices.npz", "voices"]),
+        // The catalog's directory holds both: `voices/` has all 54 (kokoro-js's), the
+        // pack the export's five.
+        first(&["voices", "voices.npz"]),
     )
 }
 

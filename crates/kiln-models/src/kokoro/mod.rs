@@ -185,13 +185,16 @@ pub fn load_voices(path: &Path, width: usize) -> Result<Vec<Voice>, ModelError> 
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
             .map_err(cannot)?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "pt" || e == "npy"))
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|e| e == "pt" || e == "npy" || e == "bin")
+            })
             .collect();
         files.sort();
         if files.is_empty() {
             return Err(ModelError::Config {
                 file: path.into(),
-                what: "no .pt or .npy voices in this directory".into(),
+                what: "no .pt, .npy or .bin voices in this directory".into(),
             });
         }
         let mut out = Vec::new();
@@ -205,7 +208,8 @@ pub fn load_voices(path: &Path, width: usize) -> Result<Vec<Voice>, ModelError> 
 }
 
 /// [`load_voices`] on a file's bytes held in memory (`path` names it and its extension says
-/// whether it is one `.npy` voice, a PyTorch `.pt` / `.pth` or an `.npz` pack).
+/// whether it is one `.npy` voice, one raw `.bin` voice (kokoro-js's), a PyTorch `.pt` /
+/// `.pth` or an `.npz` pack).
 pub fn voices_from_bytes(
     path: &Path,
     bytes: &[u8],
@@ -219,6 +223,27 @@ pub fn voices_from_bytes(
     match path.extension().and_then(|e| e.to_str()) {
         Some("npy") => {
             let a = kiln_formats::parse_npy(path, "array", bytes)?;
+            Ok(vec![Voice::from_array(&stem(), &a, path, width)?])
+        }
+        Some("bin") => {
+            // kokoro-js's voices: little-endian f32 rows of `width`, no header.
+            if bytes.is_empty() || bytes.len() % (4 * width) != 0 {
+                return Err(ModelError::Config {
+                    file: path.into(),
+                    what: format!(
+                        "{} bytes are not whole rows of {width} f32 values",
+                        bytes.len()
+                    ),
+                });
+            }
+            let data: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let a = kiln_formats::NpyArray {
+                shape: vec![data.len() / width, 1, width],
+                data,
+            };
             Ok(vec![Voice::from_array(&stem(), &a, path, width)?])
         }
         Some("pt" | "pth") => {
