@@ -50,6 +50,15 @@ pub struct BenchArgs {
     /// (as `kiln serve --parallel` runs them), reported as `tgNxP`, tokens/s over all P.
     #[arg(long = "parallel", value_delimiter = ',', default_value = "1")]
     parallel: Vec<usize>,
+    /// Cache depths, comma-separated (llama-bench's -d/--n-depth): each test starts with
+    /// this many tokens already in the cache (filled untimed), reported as `ppP @ dD`.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
     /// How the KV cache stores keys and values: f32, f16, q8_0 (llama-bench's -ctk/-ctv).
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f32", value_parser = crate::parse_kv)]
     kv_type: kiln_backend::KvType,
@@ -101,11 +110,16 @@ enum Test {
 }
 
 impl Test {
-    fn name(self) -> String {
-        match self {
+    /// `pp512`, `tg128x4`, and ` @ d4096` after either at a depth.
+    fn name(self, depth: usize) -> String {
+        let t = match self {
             Test::Prompt(n) => format!("pp{n}"),
             Test::Gen(n, 1) => format!("tg{n}"),
             Test::Gen(n, p) => format!("tg{n}x{p}"),
+        };
+        match depth {
+            0 => t,
+            d => format!("{t} @ d{d}"),
         }
     }
 
@@ -172,19 +186,21 @@ impl<B: Backend> BenchModel<B> {
         load().with_context(|| format!("loading {}", file.display()))
     }
 
-    /// Effective bandwidth of a `tgN` run at `tps` tokens/s: weights plus the KV cache read
-    /// at the mean number of positions attended, (N + 1) / 2.
-    fn decode_gbps(&self, n: usize, tps: f64) -> f64 {
-        let kv = self.kv_bytes_per_pos as f64 * (n + 1) as f64 / 2.0;
+    /// Effective bandwidth of a `tgN` run at `tps` tokens/s from depth `d`: weights plus the
+    /// KV cache read at the mean number of positions attended, d + (N + 1) / 2.
+    fn decode_gbps(&self, n: usize, d: usize, tps: f64) -> f64 {
+        let kv = self.kv_bytes_per_pos as f64 * (d as f64 + (n + 1) as f64 / 2.0);
         (self.decode_bytes as f64 + kv) * tps / 1e9
     }
 }
 
-/// Runs `test` once untimed, then `reps` times; returns each timed run's nanoseconds.
+/// Runs `test` from cache depth `depth` once untimed, then `reps` times; returns each timed
+/// run's nanoseconds.
 fn run_test<B: Backend>(
     m: &BenchModel<B>,
     b: &B,
     test: Test,
+    depth: usize,
     reps: usize,
     kv: kiln_backend::KvType,
 ) -> anyhow::Result<Vec<u64>> {
@@ -195,19 +211,42 @@ fn run_test<B: Backend>(
         Test::Prompt(n) => n.min(UBATCH),
         Test::Gen(..) => 1,
     };
-    // Every run starts at position 0, so the cache left by the previous one is never read:
-    // one state serves as a fresh state for every run.
+    // Every run starts at the same depth, and the positions after it are written before they
+    // are read: one state (its first `depth` positions filled once) serves every run.
     let (ctx, par) = match test {
-        Test::Gen(n, p) => (n, p),
-        Test::Prompt(n) => (n, 1),
+        Test::Gen(n, p) => (depth + n, p),
+        Test::Prompt(n) => (depth + n, 1),
     };
-    let mut st = llama.new_state_kv(b, if par > 1 { 1 } else { ctx }, max_batch, kv)?;
+    let fill = (depth > 0).then(|| random_tokens(depth, llama.cfg.vocab_size, SEED ^ 0xd));
+    let fill_batch = depth.clamp(1, UBATCH);
+    let mut st = match par > 1 {
+        true => llama.new_state_kv(b, 1, 1, kv)?,
+        false => llama.new_state_kv(b, ctx, max_batch.max(fill_batch), kv)?,
+    };
+    if let (Some(f), 1) = (&fill, par) {
+        for (i, c) in f.chunks(fill_batch).enumerate() {
+            llama.forward(b, &mut st, c, i * fill_batch, false)?;
+        }
+    }
     // The parallel test's caches and scratch (rows for every sequence's token).
     let mut par = match par > 1 {
         true => {
-            let caches = (0..par)
+            let mut caches = (0..par)
                 .map(|_| llama.new_cache_kv(b, ctx, kv))
                 .collect::<Result<Vec<_>, _>>()?;
+            if let Some(f) = &fill {
+                let mut sc = llama.new_scratch(b, fill_batch, 1, 1);
+                for cache in &mut caches {
+                    for (i, c) in f.chunks(fill_batch).enumerate() {
+                        let mut seq = [SeqChunk {
+                            cache: &mut *cache,
+                            tokens: c,
+                            pos0: i * fill_batch,
+                        }];
+                        llama.forward_seqs(b, &mut sc, &mut seq, Logits::Last)?;
+                    }
+                }
+            }
             Some((caches, llama.new_scratch(b, par, par, par)))
         }
         false => None,
@@ -217,13 +256,13 @@ fn run_test<B: Backend>(
         let t0 = Instant::now();
         match test {
             Test::Prompt(_) => {
-                llama.forward(b, &mut st, &tokens, 0, false)?;
+                llama.forward(b, &mut st, &tokens, depth, false)?;
             }
             Test::Gen(_, 1) => {
                 // Each step ends with a greedy pick (as decoding does), so a device backend
                 // is timed to the token on the host, not to the queueing of its work.
-                for (pos, &tok) in tokens.iter().enumerate() {
-                    llama.forward_argmax(b, &mut st, &[tok], pos)?;
+                for (i, &tok) in tokens.iter().enumerate() {
+                    llama.forward_argmax(b, &mut st, &[tok], depth + i)?;
                 }
             }
             Test::Gen(n, p) => {
@@ -239,7 +278,7 @@ fn run_test<B: Backend>(
                         .map(|(cache, f)| SeqChunk {
                             cache,
                             tokens: f,
-                            pos0: pos,
+                            pos0: depth + pos,
                         })
                         .collect();
                     let rows = llama.forward_seqs(b, &mut par.1, &mut seqs, Logits::Last)?;
@@ -261,6 +300,7 @@ struct Measured<'a, B: Backend> {
     backend: &'a str,
     threads: usize,
     test: Test,
+    depth: usize,
     samples_ns: Vec<u64>,
     /// When the test started, RFC 3339.
     test_time: String,
@@ -278,7 +318,7 @@ impl<B: Backend> Measured<'_, B> {
     /// Effective GB/s of a decode test at its mean tokens/s.
     fn gbps(&self, avg_ts: f64) -> Option<f64> {
         match self.test {
-            Test::Gen(n, 1) => Some(self.model.decode_gbps(n, avg_ts)),
+            Test::Gen(n, 1) => Some(self.model.decode_gbps(n, self.depth, avg_ts)),
             Test::Gen(..) => None,
             Test::Prompt(_) => None,
         }
@@ -288,13 +328,13 @@ impl<B: Backend> Measured<'_, B> {
         let m = self.model;
         let (avg_ts, sd_ts) = mean_sd(&self.samples_ts());
         format!(
-            "| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:>8} | {:>20} | {:>8} |",
+            "| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:>13} | {:>20} | {:>8} |",
             m.desc,
             size_label(m.size),
             n_params_label(m.n_params),
             self.backend,
             self.threads,
-            self.test.name(),
+            self.test.name(self.depth),
             format!("{avg_ts:.2} ± {sd_ts:.2}"),
             self.gbps(avg_ts)
                 .map_or(String::new(), |g| format!("{g:.2}")),
@@ -322,6 +362,7 @@ impl<B: Backend> Measured<'_, B> {
             "n_threads": self.threads,
             "n_prompt": n_prompt,
             "n_gen": n_gen,
+            "n_depth": self.depth,
             "n_parallel": match self.test {
                 Test::Gen(_, p) => p,
                 Test::Prompt(_) => 1,
@@ -396,13 +437,14 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         true => vec![DEFAULT_LLM.to_string()],
         false => a.models.clone(),
     };
-    let tests: Vec<Test> = (a.n_prompt.iter().map(|&n| Test::Prompt(n)))
+    let tests: Vec<(Test, usize)> = (a.n_prompt.iter().map(|&n| Test::Prompt(n)))
         .chain(
             a.n_gen
                 .iter()
                 .flat_map(|&n| a.parallel.iter().map(move |&p| Test::Gen(n, p))),
         )
         .filter(|t| t.tokens() > 0)
+        .flat_map(|t| a.n_depth.iter().map(move |&d| (t, d)))
         .collect();
     anyhow::ensure!(
         names.is_empty() || !tests.is_empty(),
@@ -486,7 +528,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
 
 /// The tests and output options of one `kiln bench` invocation.
 struct Run<'a> {
-    tests: &'a [Test],
+    /// Each test with the cache depth it starts at.
+    tests: &'a [(Test, usize)],
     reps: usize,
     kv: kiln_backend::KvType,
     json: bool,
@@ -504,14 +547,15 @@ impl Run<'_> {
         kernels: &str,
         header_due: &mut bool,
     ) -> anyhow::Result<()> {
-        for &test in self.tests {
+        for &(test, depth) in self.tests {
             let test_time = rfc3339_utc(SystemTime::now());
-            let samples_ns = run_test(m, b, test, self.reps, self.kv)?;
+            let samples_ns = run_test(m, b, test, depth, self.reps, self.kv)?;
             let r = Measured {
                 model: m,
                 backend,
                 threads,
                 test,
+                depth,
                 samples_ns,
                 test_time,
             };
@@ -526,7 +570,7 @@ impl Run<'_> {
                     ("params", 10),
                     ("backend", -7),
                     ("threads", 7),
-                    ("test", 8),
+                    ("test", 13),
                     ("t/s", 20),
                     ("GB/s", 8),
                 ]);

@@ -143,6 +143,49 @@ fn json_lines_carry_llama_bench_fields() {
     }
 }
 
+/// `-d` (llama-bench's --n-depth): every test again from a cache already holding that many
+/// tokens, single and parallel decode alike, named `... @ dD` and carrying `n_depth`.
+#[test]
+fn tests_start_at_each_depth() {
+    let m = model();
+    let args = [
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "16",
+        "-n",
+        "3",
+        "-r",
+        "1",
+        "-t",
+        "2",
+    ];
+    let so = bench_ok(&[&args[..], &["-d", "0,40", "--parallel", "1,2"]].concat());
+    let tests: Vec<String> = table(&so)[2..].iter().map(|r| r[5].clone()).collect();
+    assert_eq!(
+        tests,
+        [
+            "pp16",
+            "pp16 @ d40",
+            "tg3",
+            "tg3 @ d40",
+            "tg3x2",
+            "tg3x2 @ d40"
+        ],
+        "{so}"
+    );
+    let so = bench_ok(&[&args[..], &["-d", "600", "--json"]].concat());
+    let lines = json_lines(&so);
+    assert_eq!(lines.len(), 2, "{so}");
+    for o in &lines {
+        assert_eq!(o["n_depth"], 600, "{o}");
+        assert!(o["avg_ts"].as_f64().unwrap() > 0.0, "{o}");
+    }
+    // Decode at depth reads the cache too: 600 positions count in its bandwidth.
+    let g = lines[1]["effective_gbps"].as_f64().unwrap();
+    assert!(g > 0.0, "{}", lines[1]);
+}
+
 #[test]
 fn zero_prompt_skips_pp() {
     model();
