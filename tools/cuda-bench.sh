@@ -17,6 +17,8 @@
 #                   (default "qwen3-0.6b:Q4_0,Q8_0,Q4_K_M"; also qwen3-4b, llama3.2-3b)
 #   TESTS (env)     optional: a directory with the `ops` and `models` test binaries of
 #                   kiln-cuda, run while the files are written (the GPU is idle then)
+#   DEPTHS (env)    cache depths every test runs at, comma-separated (both engines' -d;
+#                   default 0; e.g. 0,4096,16384)
 #   PREPARE_ONLY=1  (env) build llama.cpp and write the files only; files already written
 #                   (in $KILN_HOME/bench) are kept, and an existing build is reused
 #
@@ -28,6 +30,7 @@
 set -euo pipefail
 KILN="$1"; SRC="$2"; TOK="$3"; WHEEL="$4"
 SHAPES="${5:-qwen3-0.6b:Q4_0,Q8_0,Q4_K_M}"
+DEPTHS="${DEPTHS:-0}"
 JOBS="$(nproc)"
 export KILN_HOME="${KILN_HOME:-/tmp/kiln-home}"
 WORK="${WORK:-/tmp/kiln-cuda-bench}"
@@ -108,10 +111,10 @@ for spec in $SHAPES; do
     s="${spec%%:*}"; QUANTS="${spec#*:}"
     for q in ${QUANTS//,/ }; do
         f="$KILN_HOME/bench/$s-shape-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
-        "$LB" -m "$f" -p 512 -n 128 -r 3 -fa 1 -ngl 99 -o jsonl 2>/dev/null >> "$OUT/llama-cpp.jsonl" \
-            || echo "llama-bench failed on $f"
-        "$KILN" bench --device cuda -m "$f" -p 512 -n 128 -r 3 --json >> "$OUT/kiln.jsonl" \
-            || echo "kiln failed on $f"
+        "$LB" -m "$f" -p 512 -n 128 -d "$DEPTHS" -r 3 -fa 1 -ngl 99 -o jsonl 2>/dev/null \
+            >> "$OUT/llama-cpp.jsonl" || echo "llama-bench failed on $f"
+        "$KILN" bench --device cuda -m "$f" -p 512 -n 128 -d "$DEPTHS" -r 3 --json \
+            >> "$OUT/kiln.jsonl" || echo "kiln failed on $f"
     done
 done
 # The side-by-side table.

@@ -21,6 +21,8 @@ def rows(path):
         if "n_prompt" not in r:
             continue
         test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        if r.get("n_depth"):
+            test += f" @ d{r['n_depth']}"
         out[(os.path.basename(r["model_filename"]), test)] = (r["avg_ts"], r["stddev_ts"])
     return out
 
@@ -29,7 +31,14 @@ a_rows, b_rows = rows(sys.argv[1]), rows(sys.argv[2])
 a_name, b_name, ratio_name = sys.argv[3:6]
 print(f"| model file | test | {a_name} | {b_name} | {ratio_name} |")
 print("|---|---|---:|---:|---:|")
-for key in sorted(set(a_rows) | set(b_rows)):
+def order(key):
+    # pp before tg, then by depth (numerically).
+    name, test = key
+    depth = int(test.split(" @ d")[1]) if " @ d" in test else 0
+    return (name, test.split(" @ d")[0], depth)
+
+
+for key in sorted(set(a_rows) | set(b_rows), key=order):
     a, b = a_rows.get(key), b_rows.get(key)
     ratio = f"{b[0] / a[0]:.2f}x" if a and b else ""
     fa = f"{a[0]:.1f} ± {a[1]:.1f}" if a else "-"
