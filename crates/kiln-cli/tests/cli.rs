@@ -299,40 +299,21 @@ fn ollama_models_run_from_its_store() {
         gguf.len()
     );
     std::fs::write(manifests.join("135m"), manifest).unwrap();
-    let run = |name: &str| {
-        Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args([
-                "run",
-                "-m",
-                name,
-                "--temp",
-                "0",
-                "-n",
-                "8",
-                "-p",
-                "What is the capital of France?",
-            ])
-            .env("OLLAMA_MODELS", &store)
-            .output()
-            .expect("run kiln")
+    let question = |name: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        c.args(["run", "-m", name, "--temp", "0", "-n", "8"])
+            .args(["-p", "What is the capital of France?"])
+            .env("OLLAMA_MODELS", &store);
+        c.output().expect("run kiln")
     };
-    let out = run("ollama:smollm2:135m");
+    let out = question("ollama:smollm2:135m");
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let direct = kiln(&[
-        "run",
-        "-m",
-        model().to_str().unwrap(),
-        "--temp",
-        "0",
-        "-n",
-        "8",
-        "-p",
-        "What is the capital of France?",
-    ]);
+    let direct = question(model().to_str().unwrap());
+    assert!(!text(&out.stdout).trim().is_empty());
     assert_eq!(text(&out.stdout), text(&direct.stdout));
     // A tag that is not there: one line naming what was looked for.
     assert_clean_error(
-        &run("ollama:smollm2:7b"),
+        &question("ollama:smollm2:7b"),
         "manifests/registry.ollama.ai/library/smollm2/7b",
     );
 }

@@ -43,6 +43,32 @@ fn edits(a: &[String], b: &[String]) -> usize {
     prev[b.len()]
 }
 
+/// `text` spoken by `kiln speak` into `wav` (with `path` as the child's PATH, if given), then
+/// transcribed by `kiln transcribe`: what Whisper heard.
+fn speak_and_hear(text: &str, wav: &std::path::Path, path: Option<&std::ffi::OsStr>) -> String {
+    let mut speak = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    speak.args(["speak", text, "-o", wav.to_str().unwrap()]);
+    if let Some(p) = path {
+        speak.env("PATH", p);
+    }
+    let spoke = speak.output().unwrap();
+    assert!(
+        spoke.status.success(),
+        "speak: {}",
+        String::from_utf8_lossy(&spoke.stderr)
+    );
+    let heard = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["transcribe", wav.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        heard.status.success(),
+        "transcribe: {}",
+        String::from_utf8_lossy(&heard.stderr)
+    );
+    String::from_utf8_lossy(&heard.stdout).into_owned()
+}
+
 #[test]
 fn spoken_sentences_transcribe_back() {
     for m in ["kokoro-82m", "misaki-en-us", "whisper-tiny.en"] {
@@ -52,26 +78,8 @@ fn spoken_sentences_transcribe_back() {
     std::fs::create_dir_all(&dir).unwrap();
     let (mut errors, mut total) = (0, 0);
     for (i, s) in SENTENCES.iter().enumerate() {
-        let wav = dir.join(format!("{i}.wav"));
-        let spoke = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["speak", s, "-o", wav.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            spoke.status.success(),
-            "speak: {}",
-            String::from_utf8_lossy(&spoke.stderr)
-        );
-        let heard = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["transcribe", wav.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            heard.status.success(),
-            "transcribe: {}",
-            String::from_utf8_lossy(&heard.stderr)
-        );
-        let (want, got) = (words(s), words(&String::from_utf8_lossy(&heard.stdout)));
+        let heard = speak_and_hear(s, &dir.join(format!("{i}.wav")), None);
+        let (want, got) = (words(s), words(&heard));
         let e = edits(&want, &got);
         eprintln!("{e} errors / {}: {want:?} -> {got:?}", want.len());
         errors += e;
@@ -123,28 +131,8 @@ fn hard_text_speaks_without_espeak() {
     .unwrap();
     let dir = std::env::temp_dir().join(format!("kiln-roundtrip-hard-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let wav = dir.join("hard.wav");
     let text = HARD.join(" ");
-    let spoke = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["speak", &text, "-o", wav.to_str().unwrap()])
-        .env("PATH", &path)
-        .output()
-        .unwrap();
-    assert!(
-        spoke.status.success(),
-        "speak: {}",
-        String::from_utf8_lossy(&spoke.stderr)
-    );
-    let heard = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["transcribe", wav.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        heard.status.success(),
-        "transcribe: {}",
-        String::from_utf8_lossy(&heard.stderr)
-    );
-    let heard = String::from_utf8_lossy(&heard.stdout);
+    let heard = speak_and_hear(&text, &dir.join("hard.wav"), Some(&path));
     let (want, got) = (comparable(&text), comparable(&heard));
     let e = edits(&want, &got);
     let wer = e as f64 / want.len() as f64;

@@ -10,6 +10,17 @@ fn kiln(args: &[&str]) -> Output {
         .expect("run kiln")
 }
 
+/// `kiln ARGS`, which must succeed.
+fn kiln_ok(args: &[&str]) -> Output {
+    let out = kiln(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 fn scratch(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("kiln-speak-test-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -72,12 +83,7 @@ fn speaks_phonemes_and_text_to_wav() {
 #[test]
 fn every_voice_is_listed_and_speaks() {
     kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
-    let out = kiln(&["speak", "--list-voices"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kiln_ok(&["speak", "--list-voices"]);
     let list = String::from_utf8_lossy(&out.stdout);
     assert_eq!(list.lines().count(), 54, "{list}");
     for (v, what) in [
@@ -92,7 +98,7 @@ fn every_voice_is_listed_and_speaks() {
         );
     }
     let o = scratch("bella.wav");
-    let out = kiln(&[
+    kiln_ok(&[
         "speak",
         "Hello.",
         "--voice",
@@ -100,11 +106,6 @@ fn every_voice_is_listed_and_speaks() {
         "-o",
         o.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(std::fs::metadata(&o).unwrap().len() > 10_000);
 }
 
@@ -114,18 +115,13 @@ fn flac_output_holds_the_wav_samples() {
     kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
     let (wav, flac) = (scratch("same.wav"), scratch("same.flac"));
     for o in [&wav, &flac] {
-        let out = kiln(&[
+        kiln_ok(&[
             "speak",
             "--phonemes",
             "həlˈO wˈɜɹld.",
             "-o",
             o.to_str().unwrap(),
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
     let w = kiln_audio::decode_file(&wav).unwrap();
     let f = kiln_audio::decode_file(&flac).unwrap();
