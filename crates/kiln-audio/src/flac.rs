@@ -61,6 +61,20 @@ impl FlacStream {
     pub fn push(&mut self, samples: &[i16]) -> Result<Vec<u8>, String> {
         self.pending.extend(samples.iter().map(|&s| s as i32));
         self.total += samples.len() as u64;
+        self.full_frames()
+    }
+
+    /// [`FlacStream::push`] for samples as s16le bytes (what `pcm16` makes).
+    pub fn push_s16le(&mut self, pcm: &[u8]) -> Result<Vec<u8>, String> {
+        let samples = pcm.chunks_exact(2);
+        self.total += samples.len() as u64;
+        self.pending
+            .extend(samples.map(|b| i16::from_le_bytes([b[0], b[1]]) as i32));
+        self.full_frames()
+    }
+
+    /// The frames of every whole block pending.
+    fn full_frames(&mut self) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         let full = self.pending.len() / BLOCK * BLOCK;
         for block in self.pending[..full].chunks_exact(BLOCK) {

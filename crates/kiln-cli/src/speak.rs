@@ -203,11 +203,8 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         let mut enc = FlacStream::new(SAMPLE_RATE).map_err(|e| anyhow::anyhow!("FLAC: {e}"))?;
         f.write_all(&enc.header(0))?;
         let st = tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
-            let pcm: Vec<i16> = pcm16(s)
-                .chunks_exact(2)
-                .map(|b| i16::from_le_bytes([b[0], b[1]]))
-                .collect();
-            f.write_all(&enc.push(&pcm).map_err(std::io::Error::other)?)
+            let frames = enc.push_s16le(&pcm16(s)).map_err(std::io::Error::other)?;
+            f.write_all(&frames)
         })?;
         f.write_all(&enc.finish().map_err(|e| anyhow::anyhow!("FLAC: {e}"))?)?;
         f.seek(SeekFrom::Start(0))?;

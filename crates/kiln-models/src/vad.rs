@@ -284,9 +284,15 @@ impl SileroVad {
 
     /// One probability per 512 samples of `samples` (16 kHz; the last step zero-padded).
     pub fn probs(&self, samples: &[f32]) -> Vec<f32> {
-        let mut padded = samples.to_vec();
-        padded.resize(samples.len().div_ceil(STEP) * STEP, 0.0);
-        self.run(&mut VadState::default(), &padded)
+        let mut s = VadState::default();
+        let whole = samples.len() / STEP * STEP;
+        let mut probs = self.run(&mut s, &samples[..whole]);
+        if whole < samples.len() {
+            let mut last = [0f32; STEP];
+            last[..samples.len() - whole].copy_from_slice(&samples[whole..]);
+            probs.extend(self.run(&mut s, &last));
+        }
+        probs
     }
 }
 

@@ -144,6 +144,17 @@ impl<B: Backend> Tts<B> {
     /// Phoneme chunks of `text` (each under the model's limit and in its vocabulary),
     /// sentence by sentence.
     pub fn phonemes(&self, text: &str, is_phonemes: bool) -> Result<Vec<String>, TtsError> {
+        Ok(self
+            .chunks(text, is_phonemes)?
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect())
+    }
+
+    /// [`Tts::phonemes`] with each chunk's token ids: every chunk is checked against the
+    /// model's vocabulary here, so a caller that phonemizes first knows the whole text can
+    /// be spoken before any of it is.
+    fn chunks(&self, text: &str, is_phonemes: bool) -> Result<Vec<(String, Vec<u32>)>, TtsError> {
         let mut out = Vec::new();
         if is_phonemes {
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -162,14 +173,12 @@ impl<B: Backend> Tts<B> {
         if out.is_empty() {
             return Err(TtsError::Empty);
         }
-        // Every chunk is in the model's vocabulary: a caller that phonemizes first knows
-        // the whole text can be spoken before any of it is.
-        for p in &out {
-            self.model
-                .ids(p)
-                .map_err(|e| TtsError::Input(e.to_string()))?;
-        }
-        Ok(out)
+        out.into_iter()
+            .map(|p| match self.model.ids(&p) {
+                Ok(ids) => Ok((p, ids)),
+                Err(e) => Err(TtsError::Input(e.to_string())),
+            })
+            .collect()
     }
 
     /// Synthesizes `text` chunk by chunk; `sink` gets each chunk's samples (24 kHz mono f32)
@@ -184,14 +193,13 @@ impl<B: Backend> Tts<B> {
     ) -> Result<TtsStats, TtsError> {
         let t0 = std::time::Instant::now();
         let v = self.voice(voice)?;
-        let chunks = self.phonemes(text, is_phonemes)?;
+        let chunks = self.chunks(text, is_phonemes)?;
         let mut st = TtsStats::default();
-        for p in &chunks {
-            let ids = self.model.ids(p)?;
+        for (p, ids) in &chunks {
             let style = v.style(p.chars().count());
             let audio = self
                 .model
-                .synthesize(&self.backend, &ids, style, speed, None)?;
+                .synthesize(&self.backend, ids, style, speed, None)?;
             if st.chunks == 0 {
                 st.first_audio_s = t0.elapsed().as_secs_f64();
             }

@@ -351,11 +351,7 @@ fn audio_format(f: Option<&str>) -> Result<AudioFormat, ApiError> {
 
 /// FLAC frames of PCM bytes (s16le), as they arrive.
 fn flac_frames(f: &mut kiln_audio::flac::FlacStream, pcm: &[u8]) -> std::io::Result<Vec<u8>> {
-    let s: Vec<i16> = pcm
-        .chunks_exact(2)
-        .map(|b| i16::from_le_bytes([b[0], b[1]]))
-        .collect();
-    f.push(&s).map_err(std::io::Error::other)
+    f.push_s16le(pcm).map_err(std::io::Error::other)
 }
 
 fn speed(s: Option<f32>) -> Result<f32, ApiError> {
