@@ -7,7 +7,9 @@ use clap::Args;
 use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_backend::Backend;
 use kiln_runtime::engine::{EngineInfo, EngineSetup, LlmEngine};
-use kiln_runtime::{GenerateOptions, GenerationDefaults, GenerationStats, Llm, SamplerConfig};
+use kiln_runtime::{
+    GenerateOptions, GenerationDefaults, GenerationStats, Grammar, Llm, SamplerConfig,
+};
 use kiln_text::Message;
 
 use crate::{resolve_model, Device, ModelArgs};
@@ -47,11 +49,24 @@ pub struct SamplingArgs {
     /// Stop when this text is generated (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
+    /// Constrain the output to JSON valid against this JSON schema (a file, or the schema
+    /// itself when it starts with `{`).
+    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA", conflicts_with_all = ["grammar", "regex", "json"])]
+    pub json_schema: Option<String>,
+    /// Constrain the output to any JSON object.
+    #[arg(long, conflicts_with_all = ["grammar", "regex"])]
+    pub json: bool,
+    /// Constrain the output to a grammar (a file in Lark syntax: `start: ...`).
+    #[arg(long, value_name = "FILE", conflicts_with = "regex")]
+    pub grammar: Option<std::path::PathBuf>,
+    /// Constrain the output to match a regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
 }
 
 impl SamplingArgs {
     /// The user's values over the model's defaults over kiln's.
-    fn options(&self, model: &GenerationDefaults) -> GenerateOptions {
+    fn options(&self, model: &GenerationDefaults) -> anyhow::Result<GenerateOptions> {
         let base = model.apply(&SamplerConfig {
             repeat_last_n: self.repeat_last_n,
             presence_penalty: self.presence_penalty,
@@ -59,7 +74,10 @@ impl SamplingArgs {
             seed: self.seed,
             ..SamplerConfig::default()
         });
-        GenerateOptions {
+        Ok(GenerateOptions {
+            grammar: self.grammar()?,
+            logprobs: None,
+            logit_bias: Vec::new(),
             max_tokens: self.n_predict,
             stop: self.stop.clone(),
             sampler: SamplerConfig {
@@ -70,7 +88,32 @@ impl SamplingArgs {
                 repeat_penalty: self.repeat_penalty.unwrap_or(base.repeat_penalty),
                 ..base
             },
+        })
+    }
+
+    /// The output constraint the flags ask for (files read and JSON parsed here, so a bad
+    /// one is an error before the model loads).
+    fn grammar(&self) -> anyhow::Result<Option<Grammar>> {
+        if let Some(s) = &self.json_schema {
+            let (text, from) = if s.trim_start().starts_with('{') {
+                (s.clone(), "--json-schema".to_string())
+            } else {
+                let t = std::fs::read_to_string(s).with_context(|| format!("reading {s}"))?;
+                (t, s.clone())
+            };
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{from}: not a JSON schema"))?;
+            return Ok(Some(Grammar::JsonSchema(v)));
         }
+        if self.json {
+            return Ok(Some(Grammar::JsonObject));
+        }
+        if let Some(p) = &self.grammar {
+            let t =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            return Ok(Some(Grammar::Lark(t)));
+        }
+        Ok(self.regex.clone().map(Grammar::Regex))
     }
 }
 
@@ -273,6 +316,7 @@ fn stats_line(s: &GenerationStats) -> String {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
+    a.sampling.grammar()?; // a bad schema or grammar file: said before the model loads
     let llm = spawn_engine(&a.model, Some(&a.spec), a.model.ctx_size)?;
     let ids = if a.raw {
         llm.tokenize(&a.prompt, true)?
@@ -285,7 +329,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         llm.tokenize(&llm.render_chat(&msgs)?, false)?
     };
     let mut out = std::io::stdout().lock();
-    let opts = a.sampling.options(&llm.info().generation);
+    let opts = a.sampling.options(&llm.info().generation)?;
     let stats = llm.generate(&ids, &opts, &mut |t| {
         // A closed stdout (e.g. `| head`) ends generation quietly.
         out.write_all(t.as_bytes())
@@ -300,6 +344,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
+    a.sampling.grammar()?;
     let llm = spawn_engine(&a.model, Some(&a.spec), a.model.ctx_size)?;
     let info = llm.info();
     eprintln!("{}", memory_line(info));
@@ -307,7 +352,7 @@ pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
     if let Some(s) = &a.system {
         msgs.push(Message::new("system", s));
     }
-    let opts = a.sampling.options(&info.generation);
+    let opts = a.sampling.options(&info.generation)?;
     eprintln!(
         "kiln chat — {} ({}); /reset clears, /exit or Ctrl-D quits",
         info.path.display(),

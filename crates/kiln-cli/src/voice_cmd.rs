@@ -150,6 +150,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
                 seed: a.seed,
                 ..Default::default()
             },
+            ..Default::default()
         },
         transcribe: TranscribeOptions::default(),
         first_clause: !a.whole_sentences,

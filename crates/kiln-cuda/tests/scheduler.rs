@@ -56,7 +56,7 @@ fn scheduler_greedy_equals_alone() {
         let opts = |i: usize| GenerateOptions {
             max_tokens: 12 + i % 7,
             sampler: SamplerConfig::greedy(),
-            stop: Vec::new(),
+            ..Default::default()
         };
         let load = move || {
             Llm::load_quantized(

@@ -86,7 +86,8 @@ impl<B: Backend> Ops for Session<'_, B> {
         opts: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<GenerationStats, RuntimeError> {
-        match &mut self.drafter {
+        // (A grammar's mask follows one token at a time: constrained runs are not speculated.)
+        match self.drafter.as_mut().filter(|_| opts.grammar.is_none()) {
             Some(d) => self
                 .session
                 .generate_speculative(ids, opts, d.as_mut(), on_text),

@@ -4,6 +4,7 @@
 pub mod calibrate;
 pub mod engine;
 mod generation;
+pub mod grammar;
 mod llm;
 pub mod memory;
 pub mod mix;
@@ -20,6 +21,7 @@ pub mod whisper;
 
 pub use calibrate::{CalibOptions, Choice, SensitivityTable, TensorSensitivity};
 pub use generation::GenerationDefaults;
+pub use grammar::{Constraint, Grammar};
 pub use llm::{
     find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
 };
@@ -28,7 +30,7 @@ pub use perplexity::{nll, Perplexity};
 pub use sampler::{Sampler, SamplerConfig};
 pub use scheduler::{
     Completion, Event, EventSink, ModelInfo, Prompt, Request, Scheduler, SchedulerConfig,
-    SchedulerStats, SubmitError,
+    SchedulerStats, SubmitError, TokenLogprob,
 };
 pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;

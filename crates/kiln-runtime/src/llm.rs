@@ -12,6 +12,7 @@ use kiln_text::{ChatTemplate, Message, StreamDecoder, TextError, Tokenizer};
 use thiserror::Error;
 
 use crate::generation::GenerationDefaults;
+use crate::grammar::{Constraint, Grammar};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::stop::StopMatcher;
 
@@ -35,6 +36,9 @@ pub enum RuntimeError {
     NoChatTemplate,
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// A grammar or schema that does not compile, or output it cannot continue.
+    #[error("grammar: {0}")]
+    Grammar(String),
     #[error("the draft model {} does not share the model's tokenizer: {what}", path.display())]
     DraftMismatch { path: PathBuf, what: String },
     #[error("{what} needs {} of memory but {} is available (--no-memory-check or KILN_NO_MEMORY_CHECK=1 tries anyway)", crate::memory::size_label(*need), crate::memory::size_label(*have))]
@@ -51,6 +55,10 @@ pub struct Llm<B: Backend> {
     pub generation: GenerationDefaults,
     /// How sessions' KV caches store keys and values (`set_kv_type`).
     kv_type: KvType,
+    /// The vocabulary's grammar tables, built by the first constrained request.
+    grammars: std::sync::OnceLock<Result<crate::grammar::Grammars, String>>,
+    /// Each id's bytes (`token_bytes`), built on first use.
+    token_bytes: std::sync::OnceLock<Vec<Vec<u8>>>,
 }
 
 impl<B: Backend> Llm<B> {
@@ -99,6 +107,8 @@ impl<B: Backend> Llm<B> {
             path: file,
             generation,
             kv_type: KvType::F32,
+            grammars: std::sync::OnceLock::new(),
+            token_bytes: std::sync::OnceLock::new(),
         })
     }
 
@@ -124,10 +134,42 @@ impl<B: Backend> Llm<B> {
         self.model.cfg.vocab_size.min(self.tokenizer.vocab_size())
     }
 
+    /// A fresh constraint that makes generation follow `g`.
+    pub fn constraint(&self, g: &Grammar) -> Result<Constraint, RuntimeError> {
+        let tables = self.grammars.get_or_init(|| {
+            crate::grammar::Grammars::new(&self.tokenizer).map_err(|e| e.to_string())
+        });
+        match tables {
+            Ok(t) => t.compile(g),
+            Err(e) => Err(RuntimeError::Grammar(e.clone())),
+        }
+    }
+
+    /// The bytes token `id` stands for (a special token's name; empty for unknown ids).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let all = self
+            .token_bytes
+            .get_or_init(|| self.tokenizer.token_bytes());
+        let b = all.get(id as usize).map_or(&[][..], |b| &b[..]);
+        b.strip_prefix(&[0xFF]).unwrap_or(b).to_vec()
+    }
+
     /// Renders a conversation with the model's chat template, ready for the assistant's turn.
     pub fn render_chat(&self, messages: &[Message]) -> Result<String, RuntimeError> {
         let t = self.template.as_ref().ok_or(RuntimeError::NoChatTemplate)?;
         Ok(t.render(messages, true)?)
+    }
+
+    /// As `render_chat`, with the tools the model may call (OpenAI's `tools` list) given to
+    /// the template.
+    pub fn render_chat_tools(
+        &self,
+        messages: &[Message],
+        tools: &serde_json::Value,
+    ) -> Result<String, RuntimeError> {
+        let t = self.template.as_ref().ok_or(RuntimeError::NoChatTemplate)?;
+        let extra = kiln_text::value_from_json(&serde_json::json!({ "tools": tools }).to_string())?;
+        Ok(t.render_with(messages, true, extra)?)
     }
 
     /// Token ids of a prompt. Rendered chats already hold their special tokens; raw prompts
@@ -218,6 +260,12 @@ pub struct GenerateOptions {
     pub max_tokens: usize,
     pub sampler: SamplerConfig,
     pub stop: Vec<String>,
+    /// What the output must match (JSON schema, grammar, regex).
+    pub grammar: Option<Grammar>,
+    /// Report each sampled token's log-probability and this many top alternatives.
+    pub logprobs: Option<usize>,
+    /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for GenerateOptions {
@@ -226,6 +274,9 @@ impl Default for GenerateOptions {
             max_tokens: 256,
             sampler: SamplerConfig::default(),
             stop: Vec::new(),
+            grammar: None,
+            logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -380,8 +431,15 @@ impl<B: Backend> LlmSession<'_, B> {
         let mut decode_forwards = 0usize;
         // Greedy without penalties: each step's argmax is taken where the logits are (a GPU
         // backend reads back one id, not the vocabulary's logits); the same tokens.
-        let device_argmax = opts.sampler.is_plain_argmax();
-        let top_k = opts.sampler.top_k_only();
+        // A grammar masks the whole row: no shortcuts through the device's picks.
+        let mut constraint = opts
+            .grammar
+            .as_ref()
+            .map(|g| llm.constraint(g))
+            .transpose()?;
+        let full_row = constraint.is_some() || !opts.logit_bias.is_empty();
+        let device_argmax = opts.sampler.is_plain_argmax() && !full_row;
+        let top_k = opts.sampler.top_k_only().filter(|_| !full_row);
         let mut cand = Vec::new();
         let mut picked: Option<u32> = None;
         let finish = loop {
@@ -390,16 +448,36 @@ impl<B: Backend> LlmSession<'_, B> {
             }
             let next = match picked.take() {
                 Some(t) => t,
-                None => sampler.sample(&logits[..llm.sample_vocab()], &self.tokens),
+                None => {
+                    let v = llm.sample_vocab();
+                    bias(&mut logits[..v], &opts.logit_bias);
+                    if let Some(c) = constraint.as_mut() {
+                        c.apply(&mut logits[..v])?;
+                    }
+                    sampler.sample(&logits[..v], &self.tokens)
+                }
             };
+            if let Some(c) = constraint.as_mut().filter(|_| !llm.tokenizer.is_eog(next)) {
+                c.accept(next)?;
+            }
             if let Some(finish) = out.push(next)? {
                 break finish;
+            }
+            if constraint.as_ref().is_some_and(|c| c.done()) {
+                break FinishReason::Stop;
             }
             if self.tokens.len() >= self.state.n_ctx {
                 break FinishReason::ContextFull;
             }
             let pos = self.tokens.len();
-            if device_argmax {
+            if let Some(c) = constraint.as_mut() {
+                // The next mask is computed while this forward runs.
+                let state = &mut self.state;
+                let l = crate::grammar::with_masks(&mut [c], || {
+                    llm.model.forward(&llm.backend, state, &[next], pos, false)
+                })?;
+                logits.copy_from_slice(l);
+            } else if device_argmax {
                 picked = Some(llm.model.forward_argmax_within(
                     &llm.backend,
                     &mut self.state,
@@ -437,6 +515,15 @@ impl<B: Backend> LlmSession<'_, B> {
         stats.prefill_secs = prefill_secs;
         stats.decode_forwards = decode_forwards;
         Ok(stats)
+    }
+}
+
+/// Adds each `(id, b)` of `bias` to the logit of `id` (ids past the row are skipped).
+pub(crate) fn bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l += b;
+        }
     }
 }
 

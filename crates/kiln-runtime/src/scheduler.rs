@@ -22,6 +22,7 @@ use kiln_backend::Backend;
 use kiln_models::llm::{LlamaCache, LlamaScratch, Logits, SeqChunk};
 use kiln_text::{Message, StreamDecoder};
 
+use crate::grammar::Constraint;
 use crate::llm::{FinishReason, GenerateOptions, Llm, RuntimeError};
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
@@ -61,17 +62,35 @@ const HOLD_POLL: Duration = Duration::from_millis(1);
 pub enum Prompt {
     /// A conversation, rendered with the model's chat template.
     Chat(Vec<Message>),
+    /// A conversation with tool definitions (OpenAI's `tools` list), which the template
+    /// renders as its model expects.
+    ChatTools(Vec<Message>, serde_json::Value),
     /// Text sent as is (BOS added when the vocabulary asks for it).
     Text(String),
     Tokens(Vec<u32>),
 }
 
 /// What a request hears back, in order: `Text` pieces, then one `Done` or one `Error`.
+/// Requests that ask for log-probabilities get a `Logprobs` before the text of each token
+/// (text may lag behind it: a character split over tokens, a possible stop string).
 #[derive(Debug)]
 pub enum Event {
     Text(String),
+    Logprobs(TokenLogprob),
     Done(Completion),
     Error(RuntimeError),
+}
+
+/// A sampled token's log-probability under the model (the log-softmax of its logits,
+/// before any grammar or sampling settings), with the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    /// The token's bytes (a special token's name).
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens, most likely first: (id, bytes, logprob).
+    pub top: Vec<(u32, Vec<u8>, f32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -129,6 +148,8 @@ pub enum SubmitError {
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
     pub path: std::path::PathBuf,
+    /// The chat template's source, if the model has one.
+    pub chat_template: Option<String>,
     pub backend: String,
     /// Context of each slot.
     pub n_ctx: usize,
@@ -185,6 +206,7 @@ impl Scheduler {
                 let mut engine = Engine::new(&llm, &cfg2, st);
                 let _ = info_tx.send(Ok(ModelInfo {
                     path: llm.path.clone(),
+                    chat_template: llm.tokenizer.chat_template().map(str::to_string),
                     backend: llm.backend.name(),
                     n_ctx: engine.n_ctx,
                     slots: engine.slots.len(),
@@ -256,6 +278,8 @@ struct Seq<'t> {
     sampler: Sampler,
     stream: StreamDecoder<'t>,
     stops: StopMatcher,
+    /// The request's grammar, following its tokens.
+    constraint: Option<Constraint>,
     generated: Vec<u32>,
     stop_hit: bool,
     /// The sampled token to feed next (decoding), or None while prefilling.
@@ -276,6 +300,7 @@ struct Slot<'t, B: Backend> {
 struct Waiting {
     req: Request,
     prompt: Vec<u32>,
+    constraint: Option<Constraint>,
     t0: Instant,
 }
 
@@ -285,6 +310,8 @@ struct Engine<'m, B: Backend> {
     scratch: LlamaScratch<B>,
     /// Sampling candidates, handed back and forth with the samplers.
     cand: Vec<(f32, u32)>,
+    /// A logits row being masked or measured.
+    row: Vec<f32>,
     waiting: VecDeque<Waiting>,
     n_ctx: usize,
     chunk: usize,
@@ -316,6 +343,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .model
                 .new_scratch(&llm.backend, n_slots + chunk, n_slots, n_slots),
             cand: Vec::new(),
+            row: Vec::new(),
             waiting: VecDeque::new(),
             n_ctx,
             chunk,
@@ -385,12 +413,18 @@ impl<'m, B: Backend> Engine<'m, B> {
     fn admit(&mut self, mut req: Request) {
         let t0 = Instant::now();
         self.stats.queued.fetch_sub(1, Ordering::SeqCst);
-        match self.tokenize(&req.prompt) {
-            Ok(prompt) => {
+        let constraint = req.opts.grammar.as_ref().map(|g| self.llm.constraint(g));
+        match (self.tokenize(&req.prompt), constraint.transpose()) {
+            (Ok(prompt), Ok(constraint)) => {
                 self.stats.queued.fetch_add(1, Ordering::SeqCst);
-                self.waiting.push_back(Waiting { req, prompt, t0 });
+                self.waiting.push_back(Waiting {
+                    req,
+                    prompt,
+                    constraint,
+                    t0,
+                });
             }
-            Err(e) => {
+            (Err(e), _) | (_, Err(e)) => {
                 req.sink.send(Event::Error(e));
             }
         }
@@ -400,6 +434,9 @@ impl<'m, B: Backend> Engine<'m, B> {
         let llm = self.llm;
         let ids = match p {
             Prompt::Chat(m) => llm.tokenize(&llm.render_chat(m)?, false)?,
+            Prompt::ChatTools(m, tools) => {
+                llm.tokenize(&llm.render_chat_tools(m, tools)?, false)?
+            }
             Prompt::Text(t) => llm.tokenize(t, true)?,
             Prompt::Tokens(t) => {
                 let vocab = llm.model.cfg.vocab_size;
@@ -457,6 +494,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 sampler: Sampler::new(w.req.opts.sampler.clone()),
                 stream: StreamDecoder::new(tok, true),
                 stops: StopMatcher::new(&w.req.opts.stop),
+                constraint: w.constraint,
                 sink: w.req.sink,
                 opts: w.req.opts,
                 prompt: w.prompt,
@@ -565,6 +603,16 @@ impl<'m, B: Backend> Engine<'m, B> {
             })
             .collect();
         let t0 = Instant::now();
+        // Rows sampled after this forward whose grammar needs its next mask: computed while
+        // the forward runs.
+        let mut masks: Vec<(usize, Constraint)> = plan
+            .iter()
+            .filter_map(|&(i, at, n)| {
+                let seq = self.slots[i].seq.as_mut().expect("planned");
+                let samples = seq.next.is_some() || at + n == seq.prompt.len();
+                samples.then(|| seq.constraint.take().map(|c| (i, c)))?
+            })
+            .collect();
         let res = {
             let mut chunks: Vec<SeqChunk<'_, B>> = Vec::with_capacity(plan.len());
             let mut rest: &mut [Slot<'m, B>] = &mut self.slots;
@@ -580,9 +628,18 @@ impl<'m, B: Backend> Engine<'m, B> {
                     cache: &mut slot.cache,
                 });
             }
-            llm.model
-                .forward_seqs(&llm.backend, &mut self.scratch, &mut chunks, Logits::Last)
+            let mut refs: Vec<&mut Constraint> = masks.iter_mut().map(|(_, c)| c).collect();
+            let scratch = &mut self.scratch;
+            crate::grammar::with_masks(&mut refs, || {
+                llm.model
+                    .forward_seqs(&llm.backend, scratch, &mut chunks, Logits::Last)
+            })
         };
+        for (i, c) in masks {
+            if let Some(seq) = self.slots[i].seq.as_mut() {
+                seq.constraint = Some(c);
+            }
+        }
         if let Err(e) = res {
             let msg = e.to_string();
             for &(i, _, _) in plan {
@@ -602,7 +659,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         let cols = llm.sample_vocab();
         let greedy = plan.iter().any(|&(i, _, _)| {
             let seq = self.slots[i].seq.as_ref().expect("planned");
-            seq.opts.sampler.is_plain_argmax()
+            seq.opts.sampler.is_plain_argmax() && !full_row(seq)
         });
         let argmax = match greedy {
             true => llm
@@ -625,7 +682,33 @@ impl<'m, B: Backend> Engine<'m, B> {
                 Ok(Some(FinishReason::MaxTokens))
             } else {
                 let cfg = &seq.sampler.cfg;
-                let next = if cfg.is_plain_argmax() {
+                let next = if full_row(seq) {
+                    // The whole row: masked by the grammar, measured for logprobs.
+                    let l = llm.model.logits_row(&llm.backend, &mut self.scratch, j);
+                    self.row.clear();
+                    self.row.extend_from_slice(&l[..cols]);
+                    let lp = seq
+                        .opts
+                        .logprobs
+                        .map(|top| (top, log_softmax_max(&self.row)));
+                    crate::llm::bias(&mut self.row, &seq.opts.logit_bias);
+                    if let Some(c) = seq.constraint.as_mut() {
+                        if let Err(e) = c.apply(&mut self.row) {
+                            self.fail(i, e);
+                            continue;
+                        }
+                    }
+                    let next = seq.sampler.sample(&self.row, &slot.tokens);
+                    if let Some((top, lse)) = lp {
+                        // (`l`: the raw row; `self.row` was masked.)
+                        let lp = token_logprob(llm, &l[..cols], lse, next, top);
+                        if !seq.sink.send(Event::Logprobs(lp)) {
+                            self.finish(i, FinishReason::Cancelled);
+                            continue;
+                        }
+                    }
+                    next
+                } else if cfg.is_plain_argmax() {
                     argmax[j]
                 } else if let Some(k) = cfg.top_k_only() {
                     let (b, sc) = (&llm.backend, &mut self.scratch);
@@ -720,6 +803,9 @@ fn emit<B: Backend>(
     if llm.tokenizer.is_eog(next) {
         return Ok(Some(FinishReason::Stop));
     }
+    if let Some(c) = seq.constraint.as_mut() {
+        c.accept(next)?;
+    }
     let (text, hit) = seq.stops.push(&seq.stream.push(next)?);
     if !text.is_empty() && !seq.sink.send(Event::Text(text)) {
         return Ok(Some(FinishReason::Cancelled));
@@ -728,7 +814,52 @@ fn emit<B: Backend>(
         seq.stop_hit = true;
         return Ok(Some(FinishReason::Stop));
     }
+    if seq.constraint.as_ref().is_some_and(|c| c.done()) {
+        // The grammar is complete and allows nothing more.
+        return Ok(Some(FinishReason::Stop));
+    }
     Ok(None)
+}
+
+/// Whether sampling `seq` needs its whole logits row on the host.
+fn full_row(seq: &Seq<'_>) -> bool {
+    seq.constraint.is_some() || seq.opts.logprobs.is_some() || !seq.opts.logit_bias.is_empty()
+}
+
+/// The log of the softmax's normaliser: `ln(sum(exp(l)))`.
+fn log_softmax_max(l: &[f32]) -> f32 {
+    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    m + sum.ln() as f32
+}
+
+/// `next`'s log-probability in the row `l` (normaliser `lse`) and the `top` most likely.
+fn token_logprob<B: Backend>(
+    llm: &Llm<B>,
+    l: &[f32],
+    lse: f32,
+    next: u32,
+    top: usize,
+) -> TokenLogprob {
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (id, &x) in l.iter().enumerate() {
+            if best.len() < top || x > best[best.len() - 1].0 {
+                let at = best.partition_point(|&(y, _)| y >= x);
+                best.insert(at, (x, id as u32));
+                best.truncate(top);
+            }
+        }
+    }
+    TokenLogprob {
+        token: next,
+        bytes: llm.token_bytes(next),
+        logprob: l.get(next as usize).map_or(f32::NEG_INFINITY, |&x| x - lse),
+        top: best
+            .into_iter()
+            .map(|(x, id)| (id, llm.token_bytes(id), x - lse))
+            .collect(),
+    }
 }
 
 /// What the decoder and the stop matcher still hold, at the end (nothing after a stop).

@@ -146,7 +146,7 @@ impl Voice<'_> {
             })?;
         loop {
             match rx.recv().map_err(|_| VoiceError::EngineStopped)? {
-                Event::Text(_) => {}
+                Event::Text(_) | Event::Logprobs(_) => {}
                 Event::Done(_) => return Ok(()),
                 Event::Error(e) => return Err(e.into()),
             }
@@ -225,6 +225,7 @@ impl Voice<'_> {
                     }
                     break;
                 }
+                Event::Logprobs(_) => continue,
                 Event::Error(e) => return Err(e.into()),
             };
             let mut go_on = true;

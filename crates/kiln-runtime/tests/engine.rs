@@ -23,6 +23,7 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
             temperature: 0.0,
             ..Default::default()
         },
+        ..Default::default()
     }
 }
 

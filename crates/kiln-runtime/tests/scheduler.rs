@@ -47,7 +47,7 @@ fn opts(max_tokens: usize, sampler: SamplerConfig) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
         sampler,
-        stop: Vec::new(),
+        ..Default::default()
     }
 }
 

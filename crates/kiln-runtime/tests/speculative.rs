@@ -93,7 +93,7 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
         sampler: SamplerConfig::greedy(),
-        stop: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -339,7 +339,7 @@ fn sampling_with_speculation_runs() {
             temperature: 0.7,
             ..Default::default()
         },
-        stop: Vec::new(),
+        ..Default::default()
     };
     let s = spec(
         &mut session(N_CTX),

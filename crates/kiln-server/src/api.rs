@@ -1,13 +1,17 @@
-//! The OpenAI request bodies kiln reads, and the sampling options they turn into.
+//! The OpenAI request bodies kiln reads, and the generation options they turn into.
 //!
-//! Unknown fields are ignored (clients send many); fields kiln cannot honour (`n` > 1,
-//! `logprobs`, `tools`) are refused with a 400 rather than silently dropped.
+//! One rule for fields: each is implemented, or refused with a 400 that names it. A field
+//! kiln does not know is refused too (a typo must not pass silently), except when its
+//! value is null, which means "not given"; `user`, `metadata` and `service_tier` are
+//! accepted and change nothing, as they change nothing in the answer.
 
-use kiln_runtime::{GenerateOptions, SamplerConfig};
+use kiln_runtime::{GenerateOptions, Grammar, SamplerConfig};
 use kiln_text::Message;
 use serde::Deserialize;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::tools::{self, Format, Tools};
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
@@ -15,9 +19,16 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub response_format: Option<Value>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
     #[serde(flatten)]
     pub sampling: Sampling,
-    pub tools: Option<Vec<serde_json::Value>>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -26,9 +37,14 @@ pub struct CompletionRequest {
     pub prompt: PromptInput,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    pub echo: Option<bool>,
+    /// Legacy completions: the number of top alternatives (0-5) per token.
+    pub logprobs: Option<i64>,
+    pub response_format: Option<Value>,
     #[serde(flatten)]
     pub sampling: Sampling,
-    pub echo: Option<bool>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -40,6 +56,11 @@ pub struct StreamOptions {
 pub struct ChatMessage {
     pub role: String,
     pub content: Option<Content>,
+    pub name: Option<String>,
+    pub tool_calls: Option<Vec<Value>>,
+    pub tool_call_id: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// A message's content: a string, or a list of parts of which kiln reads the text ones.
@@ -89,7 +110,17 @@ pub struct Sampling {
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<i64>,
-    pub logprobs: Option<serde_json::Value>,
+    pub best_of: Option<i64>,
+    pub logit_bias: Option<Map<String, Value>>,
+    pub suffix: Option<Value>,
+    /// Accepted, no effect on the answer (an end-user id, request tags, a service tier).
+    #[allow(dead_code)]
+    pub user: Option<Value>,
+    #[allow(dead_code)]
+    pub metadata: Option<Value>,
+    #[allow(dead_code)]
+    pub service_tier: Option<Value>,
+    pub store: Option<bool>,
 }
 
 fn invalid(param: &str, msg: String) -> ApiError {
@@ -113,12 +144,39 @@ impl Sampling {
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(invalid("n", format!("n must be 1 (got {n})")));
         }
-        if self
-            .logprobs
-            .as_ref()
-            .is_some_and(|v| !v.is_null() && *v != serde_json::Value::Bool(false))
-        {
-            return Err(invalid("logprobs", "logprobs are not supported".into()));
+        if let Some(n) = self.best_of.filter(|&n| n != 1) {
+            return Err(invalid("best_of", format!("best_of must be 1 (got {n})")));
+        }
+        if self.suffix.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(invalid(
+                "suffix",
+                "suffix (fill in the middle) is not supported".into(),
+            ));
+        }
+        if self.store == Some(true) {
+            return Err(invalid(
+                "store",
+                "store: kiln keeps no completions (send false or leave it out)".into(),
+            ));
+        }
+        let mut logit_bias = Vec::new();
+        for (k, v) in self.logit_bias.iter().flatten() {
+            let id = k.parse::<u32>().map_err(|_| {
+                invalid(
+                    "logit_bias",
+                    format!("logit_bias keys are token ids, got {k:?}"),
+                )
+            })?;
+            let b = v
+                .as_f64()
+                .filter(|b| (-100.0..=100.0).contains(b))
+                .ok_or_else(|| {
+                    invalid(
+                        "logit_bias",
+                        format!("logit_bias values are numbers from -100 to 100, got {v}"),
+                    )
+                })?;
+            logit_bias.push((id, b as f32));
         }
         range("temperature", self.temperature, 0.0, 2.0)?;
         range("top_p", self.top_p, 0.0, 1.0)?;
@@ -151,6 +209,9 @@ impl Sampling {
             Some(Stop::Many(v)) => v.clone(),
         };
         Ok(GenerateOptions {
+            grammar: None,
+            logprobs: None,
+            logit_bias,
             max_tokens,
             stop,
             sampler: SamplerConfig {
@@ -168,11 +229,73 @@ impl Sampling {
     }
 }
 
-impl ChatRequest {
-    pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(invalid("tools", "tools are not supported".into()));
+/// Refuses unknown fields with a value (null means "not given").
+pub fn check_unknown(extra: &Map<String, Value>, at: &str) -> Result<(), ApiError> {
+    match extra.iter().find(|(_, v)| !v.is_null()) {
+        None => Ok(()),
+        Some((k, _)) => {
+            let p = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            Err(invalid(&p, format!("unknown or unsupported field '{p}'")))
         }
+    }
+}
+
+/// `response_format`: text, json_object or json_schema.
+pub fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
+    let p = "response_format";
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(Grammar::JsonObject)),
+        "json_schema" => {
+            let js = v.get("json_schema").ok_or_else(|| {
+                invalid(
+                    p,
+                    "response_format json_schema needs a json_schema object".into(),
+                )
+            })?;
+            let schema = js
+                .get("schema")
+                .filter(|s| s.is_object() || s.is_boolean())
+                .ok_or_else(|| {
+                    invalid(
+                        p,
+                        "response_format.json_schema.schema must be a JSON schema".into(),
+                    )
+                })?;
+            Ok(Some(Grammar::JsonSchema(schema.clone())))
+        }
+        other => Err(invalid(
+            p,
+            format!("response_format.type must be text, json_object or json_schema, got {other:?}"),
+        )),
+    }
+}
+
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+
+impl ChatRequest {
+    /// The tools the model may call (None: none may be).
+    pub fn tools(&self, template: Option<&str>) -> Result<Option<Tools>, ApiError> {
+        Tools::parse(
+            self.tools.as_ref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls,
+            template,
+        )
+    }
+
+    /// The conversation, for the tool format in use (`Described` when there are no tools:
+    /// earlier calls become text all the same).
+    pub fn messages(&self, format: Format) -> Result<Vec<Message>, ApiError> {
+        check_unknown(&self.extra, "")?;
         if self.messages.is_empty() {
             return Err(invalid("messages", "messages must not be empty".into()));
         }
@@ -180,8 +303,33 @@ impl ChatRequest {
             .iter()
             .enumerate()
             .map(|(i, m)| {
+                let at = format!("messages[{i}]");
+                check_unknown(&m.extra, &at)?;
+                if !ROLES.contains(&m.role.as_str()) {
+                    return Err(invalid(
+                        &format!("{at}.role"),
+                        format!(
+                            "{at}.role must be one of {}, got {:?}",
+                            ROLES.join(", "),
+                            m.role
+                        ),
+                    ));
+                }
+                let calls = m.tool_calls.as_ref().filter(|c| !c.is_empty());
+                if calls.is_some() && m.role != "assistant" {
+                    return Err(invalid(
+                        &format!("{at}.tool_calls"),
+                        format!("{at}: only assistant messages carry tool_calls"),
+                    ));
+                }
                 let content = match &m.content {
-                    None => String::new(),
+                    None if calls.is_some() => String::new(),
+                    None => {
+                        return Err(invalid(
+                            &format!("{at}.content"),
+                            format!("{at}.content is missing (only an assistant message with tool_calls may leave it out)"),
+                        ))
+                    }
                     Some(Content::Text(t)) => t.clone(),
                     Some(Content::Parts(parts)) => {
                         let mut s = String::new();
@@ -190,7 +338,7 @@ impl ChatRequest {
                                 ("text", Some(t)) => s.push_str(t),
                                 (kind, _) => {
                                     return Err(invalid(
-                                        &format!("messages[{i}].content"),
+                                        &format!("{at}.content"),
                                         format!("content parts of type '{kind}' are not supported"),
                                     ))
                                 }
@@ -199,14 +347,54 @@ impl ChatRequest {
                         s
                     }
                 };
-                Ok(Message::new(m.role.clone(), content))
+                if m.role == "tool" && m.tool_call_id.is_none() {
+                    return Err(invalid(
+                        &format!("{at}.tool_call_id"),
+                        format!("{at}: a tool message needs tool_call_id"),
+                    ));
+                }
+                // `developer` is the newer name of `system`.
+                let role = if m.role == "developer" { "system" } else { &m.role };
+                let mut msg = Message::new(role, content);
+                msg.tool_call_id = m.tool_call_id.clone();
+                msg.name = m.name.clone();
+                Ok(tools::history(format, msg, calls))
             })
             .collect()
+    }
+
+    /// Log-probabilities asked for: None, or the number of alternatives.
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (Some(true), None) => Ok(Some(0)),
+            (Some(true), Some(n)) if (0..=20).contains(&n) => Ok(Some(n as usize)),
+            (_, Some(n)) if !(0..=20).contains(&n) => Err(invalid(
+                "top_logprobs",
+                format!("top_logprobs must be between 0 and 20, got {n}"),
+            )),
+            (_, Some(_)) => Err(invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true".into(),
+            )),
+            _ => Ok(None),
+        }
     }
 }
 
 impl CompletionRequest {
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match self.logprobs {
+            None => Ok(None),
+            Some(n) if (0..=5).contains(&n) => Ok(Some(n as usize)),
+            Some(n) => Err(invalid(
+                "logprobs",
+                format!("logprobs must be between 0 and 5, got {n}"),
+            )),
+        }
+    }
+
     pub fn prompt(&self) -> Result<kiln_runtime::Prompt, ApiError> {
+        check_unknown(&self.extra, "")?;
         if self.echo == Some(true) {
             return Err(invalid("echo", "echo is not supported".into()));
         }

@@ -601,6 +601,7 @@ pub async fn chat(State(st): State<Arc<AppState>>, req: axum::extract::Request) 
                     seed: st.seed(),
                     ..Default::default()
                 },
+                ..Default::default()
             },
             transcribe: TranscribeOptions::default(),
             first_clause: true,

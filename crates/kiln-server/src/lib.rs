@@ -8,11 +8,19 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions` (streamed with `"stream": true`)
 //! - `POST /v1/audio/transcriptions`, `POST /v1/audio/speech`, `POST /v1/audio/chat`
 //!   (speech in, speech out), in [`audio`], when the server has the speech models
+//! - Ollama's `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`,
+//!   `/api/version`, in [`ollama`]
+//!
+//! Chat answers may call tools ([`tools`]) and follow a JSON schema or grammar
+//! (`response_format`, through `kiln_runtime::grammar`); log-probabilities come with the
+//! tokens when asked for.
 
 mod api;
 mod audio;
 mod error;
 mod metrics;
+mod ollama;
+mod tools;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +37,7 @@ use axum::Router;
 use futures_util::StreamExt;
 use kiln_runtime::{
     Completion, Event, EventSink, FinishReason, GenerateOptions, Prompt, Request, Scheduler,
-    SubmitError,
+    SubmitError, TokenLogprob,
 };
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -87,6 +95,12 @@ impl AppState {
         t ^ self.counter.fetch_add(1, Ordering::Relaxed).rotate_left(32)
     }
 
+    /// Ollama clients name models `name:tag` (`:latest` by default).
+    fn check_ollama_model(&self, model: &str) -> Result<(), ApiError> {
+        let m = model.strip_suffix(":latest").unwrap_or(model);
+        self.check_model(Some(m))
+    }
+
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
             None => Ok(()),
@@ -123,7 +137,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/audio/transcriptions", post(audio::transcriptions))
         .route("/v1/audio/speech", post(audio::speech))
         .route("/v1/audio/chat", post(audio::chat))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embed))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read (and limited) by the handlers themselves.
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -147,6 +170,7 @@ fn route_label(path: &str) -> &'static str {
         "/v1/audio/transcriptions" => "/v1/audio/transcriptions",
         "/v1/audio/speech" => "/v1/audio/speech",
         "/v1/audio/chat" => "/v1/audio/chat",
+        p if p.starts_with("/api/") => "/api/*",
         _ => "other",
     }
 }
@@ -203,6 +227,15 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
         format!("no route {}", uri.path()),
     )
     .code("not_found")
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("{} is not allowed on {}", method, uri.path()),
+    )
+    .code("method_not_allowed")
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
@@ -326,11 +359,35 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -
         let bytes = read_body(&headers, body, st.cfg.max_body).await?;
         let req: api::ChatRequest = parse(&bytes)?;
         st.check_model(req.model.as_deref())?;
-        let prompt = Prompt::Chat(req.messages()?);
-        let opts = req.sampling.options(st.seed())?;
+        let template = st.sched.info().chat_template.as_deref();
+        let tools = req.tools(template)?;
+        let format = tools
+            .as_ref()
+            .map_or_else(|| tools::Format::of(template), |t| t.format);
+        let messages = req.messages(format)?;
+        let mut opts = req.sampling.options(st.seed())?;
+        opts.logprobs = req.logprobs()?;
+        let answer_format = api::response_format(req.response_format.as_ref())?;
+        let call_grammar = tools.as_ref().and_then(|t| t.grammar());
+        if answer_format.is_some() && call_grammar.is_some() {
+            return Err(ApiError::invalid(
+                "response_format cannot be combined with a required or named tool_choice (the call is already constrained)",
+            )
+            .param("response_format"));
+        }
+        opts.grammar = call_grammar.or(answer_format);
+        let shape = Shape {
+            kind: Kind::Chat,
+            tools: tools.as_ref().map(|t| t.format),
+            logprobs: opts.logprobs.is_some(),
+        };
+        let prompt = match &tools {
+            Some(t) => t.prompt(messages),
+            None => Prompt::Chat(messages),
+        };
         let stream = req.stream.unwrap_or(false);
         let usage = api::include_usage(&req.stream_options);
-        generate(st.clone(), Kind::Chat, prompt, opts, stream, usage).await
+        generate(st.clone(), shape, prompt, opts, stream, usage).await
     };
     res.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -341,10 +398,17 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
         let req: api::CompletionRequest = parse(&bytes)?;
         st.check_model(req.model.as_deref())?;
         let prompt = req.prompt()?;
-        let opts = req.sampling.options(st.seed())?;
+        let mut opts = req.sampling.options(st.seed())?;
+        opts.logprobs = req.logprobs()?;
+        opts.grammar = api::response_format(req.response_format.as_ref())?;
+        let shape = Shape {
+            kind: Kind::Completion,
+            tools: None,
+            logprobs: opts.logprobs.is_some(),
+        };
         let stream = req.stream.unwrap_or(false);
         let usage = api::include_usage(&req.stream_options);
-        generate(st.clone(), Kind::Completion, prompt, opts, stream, usage).await
+        generate(st.clone(), shape, prompt, opts, stream, usage).await
     };
     res.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -365,6 +429,15 @@ impl EventSink for ChannelSink {
 enum Kind {
     Chat,
     Completion,
+}
+
+/// What an answer carries besides its text.
+#[derive(Clone, Copy)]
+struct Shape {
+    kind: Kind,
+    /// Tool calls are split from the text (in this format).
+    tools: Option<tools::Format>,
+    logprobs: bool,
 }
 
 fn finish_reason(f: FinishReason) -> &'static str {
@@ -391,17 +464,14 @@ fn engine_gone() -> ApiError {
     )
 }
 
-/// Submits a request and answers it: one JSON body, or server-sent events. Errors the
-/// engine finds before the first token (a prompt too long for the context) are still
-/// status codes; later ones arrive as an `error` event.
-async fn generate(
-    st: Arc<AppState>,
-    kind: Kind,
+/// Submits a request to the engine; its events arrive on the receiver, the first one
+/// already read (an error before the first token is an `Err`, so it can be a status code).
+async fn submit(
+    st: &AppState,
     prompt: Prompt,
     opts: GenerateOptions,
-    stream: bool,
-    include_usage: bool,
-) -> Result<Response, ApiError> {
+    kind: Kind,
+) -> Result<(Event, mpsc::UnboundedReceiver<Event>), ApiError> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let req = Request {
         prompt,
@@ -419,9 +489,103 @@ async fn generate(
     })?;
     let first = rx.recv().await.ok_or_else(engine_gone)?;
     if let Event::Error(e) = first {
-        return Err(e.into());
+        return Err(engine_error(e, kind));
     }
-    let (prefix, object) = match kind {
+    Ok((first, rx))
+}
+
+/// An engine error, naming the field the request's kind sent the prompt in.
+fn engine_error(e: kiln_runtime::RuntimeError, kind: Kind) -> ApiError {
+    let mut err = ApiError::from(e);
+    if err.param.as_deref() == Some("messages") && kind == Kind::Completion {
+        err.param = Some("prompt".into());
+    }
+    if err.message.starts_with("grammar:") {
+        err = ApiError::invalid(err.message).param("response_format");
+    }
+    err
+}
+
+/// A tool call as OpenAI returns it.
+fn call_json(id: String, c: &tools::Call) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
+/// A log-probability JSON can carry (-inf becomes OpenAI's floor of -9999).
+fn lp_value(x: f32) -> f64 {
+    if x.is_finite() {
+        x as f64
+    } else {
+        -9999.0
+    }
+}
+
+fn token_text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `logprobs` of a choice: chat's `content` list, or legacy completions' parallel lists.
+fn logprobs_json(kind: Kind, lps: &[TokenLogprob], text_start: &mut usize) -> Value {
+    match kind {
+        Kind::Chat => {
+            let content: Vec<Value> = lps
+                .iter()
+                .map(|l| {
+                    let top: Vec<Value> = l
+                        .top
+                        .iter()
+                        .map(|(_, b, x)| json!({"token": token_text(b), "logprob": lp_value(*x), "bytes": b}))
+                        .collect();
+                    json!({
+                        "token": token_text(&l.bytes),
+                        "logprob": lp_value(l.logprob),
+                        "bytes": l.bytes,
+                        "top_logprobs": top,
+                    })
+                })
+                .collect();
+            json!({"content": content, "refusal": null})
+        }
+        Kind::Completion => {
+            let mut offsets = Vec::with_capacity(lps.len());
+            for l in lps {
+                offsets.push(*text_start);
+                *text_start += token_text(&l.bytes).chars().count();
+            }
+            let top: Vec<Value> = lps
+                .iter()
+                .map(|l| {
+                    let m: serde_json::Map<String, Value> = l
+                        .top
+                        .iter()
+                        .map(|(_, b, x)| (token_text(b), json!(lp_value(*x))))
+                        .collect();
+                    Value::Object(m)
+                })
+                .collect();
+            json!({
+                "tokens": lps.iter().map(|l| token_text(&l.bytes)).collect::<Vec<_>>(),
+                "token_logprobs": lps.iter().map(|l| lp_value(l.logprob)).collect::<Vec<_>>(),
+                "top_logprobs": top,
+                "text_offset": offsets,
+            })
+        }
+    }
+}
+
+/// Submits a request and answers it: one JSON body, or server-sent events. Errors the
+/// engine finds before the first token (a prompt too long for the context) are still
+/// status codes; later ones arrive as an `error` event.
+async fn generate(
+    st: Arc<AppState>,
+    shape: Shape,
+    prompt: Prompt,
+    opts: GenerateOptions,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    let (first, mut rx) = submit(&st, prompt, opts, shape.kind).await?;
+    let (prefix, object) = match shape.kind {
         Kind::Chat => ("chatcmpl", "chat.completion"),
         Kind::Completion => ("cmpl", "text_completion"),
     };
@@ -429,33 +593,68 @@ async fn generate(
         id: st.next_id(prefix),
         created: unix_now(),
         model: st.cfg.model_id.clone(),
-        kind,
+        kind: shape.kind,
     };
     if stream {
-        return Ok(sse(st, head, first, rx, include_usage));
+        return Ok(sse(st, head, shape, first, rx, include_usage));
     }
     let mut text = String::new();
+    let mut lps = Vec::new();
     let mut ev = first;
     let done = loop {
         match ev {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprobs(l) => lps.push(l),
             Event::Done(c) => break c,
-            Event::Error(e) => return Err(e.into()),
+            Event::Error(e) => return Err(engine_error(e, shape.kind)),
         }
         ev = rx.recv().await.ok_or_else(engine_gone)?;
     };
     st.metrics.generation(&done);
-    let choice = match kind {
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": finish_reason(done.finish),
-        }),
+    let logprobs = match shape.logprobs {
+        true => logprobs_json(shape.kind, &lps, &mut 0),
+        false => Value::Null,
+    };
+    let choice = match shape.kind {
+        Kind::Chat => {
+            let mut calls = Vec::new();
+            let content = match shape.tools {
+                None => text,
+                Some(f) => {
+                    let mut sp = tools::Splitter::new(f);
+                    let mut pieces = sp.push(&text);
+                    pieces.extend(sp.finish());
+                    let mut content = String::new();
+                    for p in pieces {
+                        match p {
+                            tools::Piece::Text(t) => content.push_str(&t),
+                            tools::Piece::Call(c) => calls.push(call_json(st.next_id("call"), &c)),
+                        }
+                    }
+                    content
+                }
+            };
+            let mut message = json!({"role": "assistant", "content": content});
+            let finish = if calls.is_empty() {
+                finish_reason(done.finish)
+            } else {
+                if content.trim().is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = Value::Array(calls);
+                "tool_calls"
+            };
+            json!({
+                "index": 0,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            })
+        }
         Kind::Completion => json!({
             "index": 0,
             "text": text,
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish_reason(done.finish),
         }),
     };
@@ -481,23 +680,23 @@ struct Head {
 }
 
 impl Head {
-    /// One `data:` event with one choice: a content delta / text, or the finish.
-    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>, usage: bool) -> String {
+    /// One `data:` event with one choice: `delta` (chat) or text (completions), its
+    /// log-probabilities, the finish.
+    fn chunk(
+        &self,
+        delta: serde_json::Map<String, Value>,
+        logprobs: Value,
+        finish: Option<&str>,
+        usage: bool,
+    ) -> String {
         let choice = match self.kind {
             Kind::Chat => {
-                let mut delta = serde_json::Map::new();
-                if role {
-                    delta.insert("role".into(), "assistant".into());
-                }
-                if let Some(t) = text {
-                    delta.insert("content".into(), t.into());
-                }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => json!({
                 "index": 0,
-                "text": text.unwrap_or(""),
-                "logprobs": null,
+                "text": delta.get("content").and_then(Value::as_str).unwrap_or(""),
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
         };
@@ -530,11 +729,63 @@ fn data(v: &Value) -> String {
 struct SseState {
     st: Arc<AppState>,
     head: Head,
+    shape: Shape,
     first: Option<Event>,
     rx: mpsc::UnboundedReceiver<Event>,
     include_usage: bool,
     role_sent: bool,
     ended: bool,
+    split: Option<tools::Splitter>,
+    /// Log-probabilities not yet sent (their text is held back).
+    lps: Vec<TokenLogprob>,
+    /// Characters of text sent (completions' `text_offset`).
+    offset: usize,
+}
+
+impl SseState {
+    /// Chunks for `pieces`: content deltas, and each tool call as a delta naming it (id,
+    /// name, empty arguments) then one with its arguments. Pending log-probabilities ride
+    /// on the first chunk.
+    fn pieces(&mut self, pieces: Vec<tools::Piece>, out: &mut String) {
+        for p in pieces {
+            let mut delta = serde_json::Map::new();
+            if self.head.kind == Kind::Chat && !self.role_sent {
+                delta.insert("role".into(), "assistant".into());
+                self.role_sent = true;
+            }
+            let lp = self.take_logprobs();
+            let u = self.include_usage;
+            match p {
+                tools::Piece::Text(t) => {
+                    delta.insert("content".into(), t.into());
+                    out.push_str(&self.head.chunk(delta, lp, None, u));
+                }
+                tools::Piece::Call(c) => {
+                    let index = self.split.as_ref().map_or(1, |s| s.calls) - 1;
+                    let id = self.st.next_id("call");
+                    delta.insert(
+                        "tool_calls".into(),
+                        json!([{"index": index, "id": id, "type": "function", "function": {"name": c.name, "arguments": ""}}]),
+                    );
+                    out.push_str(&self.head.chunk(delta, lp, None, u));
+                    let mut args = serde_json::Map::new();
+                    args.insert(
+                        "tool_calls".into(),
+                        json!([{"index": index, "function": {"arguments": c.arguments}}]),
+                    );
+                    out.push_str(&self.head.chunk(args, Value::Null, None, u));
+                }
+            }
+        }
+    }
+
+    fn take_logprobs(&mut self) -> Value {
+        if !self.shape.logprobs || self.lps.is_empty() {
+            return Value::Null;
+        }
+        let lps = std::mem::take(&mut self.lps);
+        logprobs_json(self.head.kind, &lps, &mut self.offset)
+    }
 }
 
 /// Server-sent events: `data: {chunk}` per text piece, a finishing chunk, the usage chunk
@@ -542,6 +793,7 @@ struct SseState {
 fn sse(
     st: Arc<AppState>,
     head: Head,
+    shape: Shape,
     first: Event,
     rx: mpsc::UnboundedReceiver<Event>,
     include_usage: bool,
@@ -549,47 +801,71 @@ fn sse(
     let state = SseState {
         st,
         head,
+        shape,
         first: Some(first),
         rx,
         include_usage,
         role_sent: false,
         ended: false,
+        split: shape.tools.map(tools::Splitter::new),
+        lps: Vec::new(),
+        offset: 0,
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
-        if s.ended {
-            return None;
-        }
-        let ev = match s.first.take() {
-            Some(e) => Some(e),
-            None => s.rx.recv().await,
-        };
         let mut out = String::new();
-        let role = s.head.kind == Kind::Chat && !s.role_sent;
-        s.role_sent = true;
-        let u = s.include_usage;
-        match ev {
-            Some(Event::Text(t)) => out.push_str(&s.head.chunk(Some(&t), role, None, u)),
-            Some(Event::Done(c)) => {
-                s.st.metrics.generation(&c);
-                let fin = finish_reason(c.finish);
-                out.push_str(&s.head.chunk(None, role, Some(fin), u));
-                if u {
-                    let mut v = s.head.object(Vec::new());
-                    v["usage"] = usage(&c);
-                    out.push_str(&data(&v));
+        while out.is_empty() && !s.ended {
+            let ev = match s.first.take() {
+                Some(e) => Some(e),
+                None => s.rx.recv().await,
+            };
+            let u = s.include_usage;
+            match ev {
+                Some(Event::Logprobs(l)) => s.lps.push(l),
+                Some(Event::Text(t)) => {
+                    let pieces = match s.split.as_mut() {
+                        Some(sp) => sp.push(&t),
+                        None => vec![tools::Piece::Text(t)],
+                    };
+                    s.pieces(pieces, &mut out);
                 }
-                out.push_str("data: [DONE]\n\n");
-                s.ended = true;
+                Some(Event::Done(c)) => {
+                    s.st.metrics.generation(&c);
+                    let rest = s.split.as_mut().map(|sp| sp.finish()).unwrap_or_default();
+                    s.pieces(rest, &mut out);
+                    let calls = s.split.as_ref().map_or(0, |sp| sp.calls);
+                    let fin = if calls > 0 {
+                        "tool_calls"
+                    } else {
+                        finish_reason(c.finish)
+                    };
+                    let mut delta = serde_json::Map::new();
+                    if s.head.kind == Kind::Chat && !s.role_sent {
+                        delta.insert("role".into(), "assistant".into());
+                        s.role_sent = true;
+                    }
+                    let lp = s.take_logprobs();
+                    out.push_str(&s.head.chunk(delta, lp, Some(fin), u));
+                    if u {
+                        let mut v = s.head.object(Vec::new());
+                        v["usage"] = usage(&c);
+                        out.push_str(&data(&v));
+                    }
+                    out.push_str("data: [DONE]\n\n");
+                    s.ended = true;
+                }
+                Some(Event::Error(e)) => {
+                    out.push_str(&data(&engine_error(e, s.head.kind).body()));
+                    out.push_str("data: [DONE]\n\n");
+                    s.ended = true;
+                }
+                None => {
+                    out.push_str(&data(&engine_gone().body()));
+                    s.ended = true;
+                }
             }
-            Some(Event::Error(e)) => {
-                out.push_str(&data(&ApiError::from(e).body()));
-                out.push_str("data: [DONE]\n\n");
-                s.ended = true;
-            }
-            None => {
-                out.push_str(&data(&engine_gone().body()));
-                s.ended = true;
-            }
+        }
+        if out.is_empty() {
+            return None;
         }
         Some((Ok::<_, Infallible>(Bytes::from(out)), s))
     });

@@ -25,10 +25,20 @@ pub use minijinja::Value as TemplateValue;
 
 const NAME: &str = "chat_template";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls, as Hugging Face templates read them:
+    /// `[{"type": "function", "function": {"name": ..., "arguments": {...}}}]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A tool result's call id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's function name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
@@ -36,6 +46,9 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }

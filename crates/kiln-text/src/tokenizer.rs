@@ -221,6 +221,54 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// Whether the pipeline is byte-level BPE (GPT-2 style): its encoding of any text
+    /// fragment is the one the model saw.
+    pub fn is_byte_level(&self) -> bool {
+        decoder_style(&self.inner) == DecoderStyle::ByteLevel
+    }
+
+    /// Every id's bytes as the decoder writes them (what a grammar matches against):
+    /// byte-level BPE characters mapped back to their bytes, SentencePiece `▁` as a space
+    /// and `<0xAB>` byte pieces as that byte. Special tokens are `0xFF` followed by their
+    /// name (never matched by text); ids the pipeline does not know are empty.
+    pub fn token_bytes(&self) -> Vec<Vec<u8>> {
+        let style = decoder_style(&self.inner);
+        let specials: std::collections::HashMap<u32, bool> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, t)| (id, t.special))
+            .collect();
+        let table = byte_level_table();
+        (0..self.vocab_size as u32)
+            .map(|id| {
+                let Some(name) = self.inner.id_to_token(id) else {
+                    return Vec::new();
+                };
+                match specials.get(&id) {
+                    Some(true) => return [&[0xFF][..], name.as_bytes()].concat(),
+                    Some(false) => return name.into_bytes(),
+                    None => {}
+                }
+                if self.eog.contains(&id) || self.bos_id() == Some(id) {
+                    return [&[0xFF][..], name.as_bytes()].concat();
+                }
+                match style {
+                    DecoderStyle::ByteLevel => {
+                        let bytes: Option<Vec<u8>> = name.chars().map(|c| table(c)).collect();
+                        bytes.unwrap_or_default()
+                    }
+                    DecoderStyle::Pieces { byte_fallback } => {
+                        if let Some(b) = byte_fallback.then(|| byte_piece(&name)).flatten() {
+                            return vec![b];
+                        }
+                        name.replace('\u{2581}', " ").into_bytes()
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// The underlying pipeline.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
@@ -279,4 +327,70 @@ fn pick_template(v: &Json) -> Result<Option<String>, ()> {
 
 pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// How a pipeline's decoder turns vocabulary entries into text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DecoderStyle {
+    /// GPT-2's byte-to-character table.
+    ByteLevel,
+    /// Entries are text, `▁` a space; `<0xAB>` entries are bytes when `byte_fallback`.
+    Pieces { byte_fallback: bool },
+}
+
+fn decoder_style(tok: &tokenizers::Tokenizer) -> DecoderStyle {
+    let json = tok
+        .get_decoder()
+        .and_then(|d| serde_json::to_value(d).ok())
+        .unwrap_or(Json::Null);
+    let kind = |v: &Json| {
+        v.get("type")
+            .and_then(Json::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let kinds: Vec<String> = match json.get("decoders").and_then(Json::as_array) {
+        Some(list) => list.iter().map(kind).collect(),
+        None => vec![kind(&json)],
+    };
+    if kinds.iter().any(|k| k == "ByteLevel") {
+        DecoderStyle::ByteLevel
+    } else {
+        DecoderStyle::Pieces {
+            byte_fallback: kinds.iter().any(|k| k == "ByteFallback"),
+        }
+    }
+}
+
+/// `<0xAB>` -> 0xAB.
+fn byte_piece(name: &str) -> Option<u8> {
+    let hex = name.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2)
+        .then(|| u8::from_str_radix(hex, 16).ok())
+        .flatten()
+}
+
+/// GPT-2's character for each byte, inverted: printable Latin-1 bytes stand for
+/// themselves, the others were shifted to U+0100 onwards in byte order.
+fn byte_level_table() -> impl Fn(char) -> Option<u8> {
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
+    let mut shifted = [0u8; 68];
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !printable(b) {
+            shifted[n] = b as u8;
+            n += 1;
+        }
+    }
+    move |c: char| {
+        let u = c as u32;
+        if printable(u) {
+            Some(u as u8)
+        } else {
+            u.checked_sub(0x100)
+                .and_then(|i| shifted.get(i as usize).copied())
+        }
+    }
 }

@@ -1,0 +1,249 @@
+//! Constrained decoding: a JSON schema, a Lark grammar or a regex turned into a token mask
+//! per step (llguidance), so the sampler only ever picks tokens that keep the output valid.
+//!
+//! [`Grammars`] is built once per model (the vocabulary's byte trie); each request compiles
+//! its [`Grammar`] into a [`Constraint`], which follows the sampled tokens. The mask of the
+//! next step is computed while the forward runs ([`with_masks`]): it depends only on the
+//! tokens sampled so far, not on the logits.
+
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value as Json;
+use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+
+use kiln_text::Tokenizer;
+
+use crate::RuntimeError;
+
+/// What the output must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (OpenAI's `json_object` mode).
+    JsonObject,
+    /// A JSON document valid against this JSON schema.
+    JsonSchema(Json),
+    /// A grammar in llguidance's Lark dialect (`start: ...`; `%json {schema}` embeds a
+    /// schema).
+    Lark(String),
+    /// A regular expression the whole output must match.
+    Regex(String),
+}
+
+impl Grammar {
+    fn top_level(&self) -> TopLevelGrammar {
+        match self {
+            Grammar::JsonObject => TopLevelGrammar::from_json_schema(with_layout(
+                serde_json::json!({"type": "object"}),
+            )),
+            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(with_layout(s.clone())),
+            Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
+        }
+    }
+}
+
+/// JSON laid out as Python's `json.dumps` writes it (`", "`, `": "`, no other whitespace)
+/// unless the schema sets its own layout (`x-guidance`): free whitespace lets small models
+/// wander into endless newlines, and this is the layout they saw most in training.
+fn with_layout(mut schema: Json) -> Json {
+    if let Json::Object(m) = &mut schema {
+        m.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            })
+        });
+    }
+    schema
+}
+
+/// The model's vocabulary as grammars see it, shared by every request.
+pub struct Grammars {
+    factory: ParserFactory,
+    vocab: usize,
+}
+
+/// The tokenizer as llguidance asks for it: each id's bytes in a trie, and tokenization of
+/// forced text.
+struct Env {
+    trie: TokTrie,
+    tok: tokenizers::Tokenizer,
+    canonical: bool,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        let ids = std::str::from_utf8(s)
+            .ok()
+            .and_then(|t| self.tok.encode_fast(t, false).ok())
+            .map(|e| e.get_ids().to_vec());
+        match ids {
+            Some(ids) if self.canonical => ids,
+            _ => self.trie.greedy_tokenize(s),
+        }
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        self.canonical
+    }
+}
+
+impl Grammars {
+    pub fn new(tokenizer: &Tokenizer) -> Result<Self, RuntimeError> {
+        let words = tokenizer.token_bytes();
+        let eog: Vec<u32> = tokenizer
+            .eog_ids()
+            .filter(|&id| (id as usize) < words.len())
+            .collect();
+        let Some(&eos) = eog.first() else {
+            return Err(RuntimeError::Grammar(
+                "constrained decoding needs an end-of-generation token, and this vocabulary has none"
+                    .into(),
+            ));
+        };
+        let mut info = TokRxInfo::new(words.len() as u32, eos);
+        info.tok_bos = tokenizer.bos_id();
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
+        let env: TokEnv = Arc::new(Env {
+            trie,
+            tok: tokenizer.inner().clone(),
+            canonical: tokenizer.is_byte_level(),
+        });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| RuntimeError::Grammar(format!("vocabulary: {e}")))?;
+        factory.quiet();
+        Ok(Grammars {
+            factory,
+            vocab: words.len(),
+        })
+    }
+
+    /// A fresh constraint for one generation; a grammar that does not compile is an error
+    /// that says why.
+    pub fn compile(&self, g: &Grammar) -> Result<Constraint, RuntimeError> {
+        let parser = self
+            .factory
+            .create_parser(g.top_level())
+            .map_err(|e| RuntimeError::Grammar(one_line(&e.to_string())))?;
+        let mut m = Matcher::new(Ok(parser));
+        if let Some(e) = m.get_error() {
+            return Err(RuntimeError::Grammar(one_line(&e)));
+        }
+        let mask = m
+            .compute_mask()
+            .map_err(|e| RuntimeError::Grammar(one_line(&e.to_string())))?;
+        Ok(Constraint {
+            m,
+            mask: Some(mask),
+            vocab: self.vocab,
+        })
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// One generation's grammar state.
+pub struct Constraint {
+    m: Matcher,
+    /// The allowed tokens of the next step, once computed.
+    mask: Option<SimpleVob>,
+    vocab: usize,
+}
+
+impl Constraint {
+    /// Computes the next step's mask (no-op when it is ready).
+    pub fn prepare(&mut self) {
+        if self.mask.is_none() {
+            self.mask = self.m.compute_mask().ok();
+        }
+    }
+
+    /// Sets every token the grammar does not allow next to minus infinity.
+    pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), RuntimeError> {
+        self.prepare();
+        let Some(mask) = &self.mask else {
+            return Err(self.error());
+        };
+        let words = mask.as_slice();
+        let mut any = false;
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = if w * 32 < self.vocab {
+                words.get(w).copied().unwrap_or(0)
+            } else {
+                0
+            };
+            if bits == u32::MAX {
+                any = true;
+                continue;
+            }
+            for (b, l) in chunk.iter_mut().enumerate() {
+                if bits & (1 << b) == 0 {
+                    *l = f32::NEG_INFINITY;
+                } else {
+                    any = true;
+                }
+            }
+        }
+        if !any {
+            return Err(RuntimeError::Grammar(
+                "the grammar allows no token of this vocabulary here".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `t` is allowed next.
+    pub fn allows(&mut self, t: u32) -> bool {
+        self.prepare();
+        self.mask.as_ref().is_some_and(|m| m.is_allowed(t))
+    }
+
+    /// Advances past the sampled token.
+    pub fn accept(&mut self, t: u32) -> Result<(), RuntimeError> {
+        self.mask = None;
+        self.m.consume_token(t).map_err(|_| self.error())
+    }
+
+    /// True once the grammar is complete and allows nothing more (generation ends).
+    pub fn done(&self) -> bool {
+        self.m.is_stopped()
+    }
+
+    fn error(&self) -> RuntimeError {
+        RuntimeError::Grammar(one_line(
+            &self
+                .m
+                .get_error()
+                .unwrap_or_else(|| "the grammar cannot continue".into()),
+        ))
+    }
+}
+
+/// Runs `forward` (on this thread: GPU contexts are bound to it) while the next masks of
+/// `constraints` are computed on another.
+pub fn with_masks<R>(constraints: &mut [&mut Constraint], forward: impl FnOnce() -> R) -> R {
+    if constraints.iter().all(|c| c.mask.is_some()) {
+        return forward();
+    }
+    std::thread::scope(|s| {
+        let h = s.spawn(move || {
+            for c in constraints.iter_mut() {
+                c.prepare();
+            }
+        });
+        let r = forward();
+        if let Err(p) = h.join() {
+            std::panic::resume_unwind(p);
+        }
+        r
+    })
+}
