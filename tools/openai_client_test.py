@@ -128,6 +128,17 @@ def audio_checks(client, a) -> str:
     )
     assert isinstance(t1, str) and t1.strip() == t.text.strip(), repr(t1)
 
+    # Streamed: text deltas as windows are decoded, then the whole text.
+    deltas, done = [], None
+    for ev in client.audio.transcriptions.create(model=a.stt, file=("jfk.wav", jfk), stream=True):
+        if ev.type == "transcript.text.delta":
+            deltas.append(ev.delta)
+        elif ev.type == "transcript.text.done":
+            done = ev.text
+    assert deltas and done == t.text.strip(), (deltas, done)
+    assert "".join(deltas).strip() == done, (deltas, done)
+    print("streamed transcription: ok")
+
     srt = client.audio.transcriptions.create(
         model=a.stt, file=("jfk.wav", jfk), response_format="srt"
     )

@@ -1,7 +1,9 @@
 //! `kiln serve` as a user starts it (LLM, Whisper and Kokoro), driven by the official
 //! `openai` Python client (tools/openai_client_test.py): chat, completions, transcriptions
-//! of jfk.wav in every format, speech transcribed back. The client is installed with pip when missing; failing to
-//! get it fails the test (it is never skipped).
+//! of jfk.wav in every format, speech transcribed back. Then as apps use it, through the
+//! official `openai` and `ollama` clients (tools/api_clients.py): tool round trips, JSON
+//! schemas, logprobs, Ollama's routes. The clients are installed with pip when missing;
+//! failing to get them fails the test (it is never skipped).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -16,12 +18,83 @@ impl Drop for Server {
     }
 }
 
-fn python_has_openai() -> bool {
+fn python_has(module: &str) -> bool {
     Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {module}")])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Installs the Python packages missing for `modules` ((import name, pip requirement)).
+fn python_packages(modules: &[(&str, &str)]) {
+    for (module, req) in modules {
+        if python_has(module) {
+            continue;
+        }
+        let st = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", req])
+            .status()
+            .expect("run python3 -m pip");
+        assert!(st.success(), "pip install {req} failed");
+        assert!(
+            python_has(module),
+            "{module} still not importable after pip install"
+        );
+    }
+}
+
+fn python_has_openai() -> bool {
+    python_has("openai")
+}
+
+/// Starts `kiln serve ARGS` on a free port; its URL once it listens (stderr drained after).
+fn start(args: &[&str]) -> (Server, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kiln serve");
+    let stderr = child.stderr.take().unwrap();
+    let server = Server(child);
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("kiln serve exited before listening")
+            .unwrap();
+        if let Some(u) = line.split("listening on ").nth(1) {
+            break u.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (server, url)
+}
+
+#[test]
+fn openai_and_ollama_clients_as_apps_use_them() {
+    kiln_assets::resolve("smollm2-135m-instruct", &mut |_| {}).unwrap();
+    python_packages(&[
+        ("openai", "openai"),
+        ("ollama", "ollama"),
+        ("jsonschema", "jsonschema"),
+    ]);
+    let (server, url) = start(&["-c", "1024", "--parallel", "4", "--no-audio"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/api_clients.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(&url)
+        .output()
+        .expect("run the client checks");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "client checks failed:\n{so}\n{se}");
+    assert!(so.contains("all client checks passed"), "{so}");
+    eprintln!("{}", so.trim());
+    drop(server);
 }
 
 #[test]
@@ -100,6 +173,7 @@ fn openai_python_client_against_kiln_serve() {
         "openai client test failed:\n{so}\n{se}"
     );
     assert!(so.contains("unknown model: ok"), "{so}");
+    assert!(so.contains("streamed transcription: ok"), "{so}");
     assert!(so.contains("speech wav -> transcription: ok"), "{so}");
     eprintln!("{}", so.trim());
     drop(server);

@@ -104,7 +104,7 @@ fn scheduler_greedy_equals_alone() {
             .iter()
             .map(|rx| loop {
                 match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
-                    Event::Text(_) => {}
+                    Event::Text(_) | Event::Logprobs(_) => {}
                     Event::Done(c) => break c.tokens,
                     Event::Error(e) => panic!("request failed: {e}"),
                 }

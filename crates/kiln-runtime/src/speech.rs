@@ -19,6 +19,7 @@ trait Transcribe {
         &self,
         samples: &[f32],
         o: &TranscribeOptions,
+        on_text: &mut dyn FnMut(&str),
     ) -> Result<Transcript, WhisperError>;
 }
 
@@ -27,8 +28,9 @@ impl<B: Backend> Transcribe for Stt<B> {
         &self,
         samples: &[f32],
         o: &TranscribeOptions,
+        on_text: &mut dyn FnMut(&str),
     ) -> Result<Transcript, WhisperError> {
-        Stt::transcribe(self, samples, o)
+        Stt::transcribe_each(self, samples, o, on_text)
     }
 }
 
@@ -78,7 +80,21 @@ impl SpeechToText {
         o: &TranscribeOptions,
     ) -> Result<Transcript, WhisperError> {
         let (samples, o) = (samples.to_vec(), o.clone());
-        self.model.call(move |m| m.transcribe(&samples, &o))
+        self.model
+            .call(move |m| m.transcribe(&samples, &o, &mut |_| {}))
+    }
+
+    /// As `transcribe`, each segment's text handed to `on_text` (on the model's thread) as
+    /// soon as it is decoded.
+    pub fn transcribe_each(
+        &self,
+        samples: &[f32],
+        o: &TranscribeOptions,
+        mut on_text: impl FnMut(&str) + Send + 'static,
+    ) -> Result<Transcript, WhisperError> {
+        let (samples, o) = (samples.to_vec(), o.clone());
+        self.model
+            .call(move |m| m.transcribe(&samples, &o, &mut on_text))
     }
 }
 

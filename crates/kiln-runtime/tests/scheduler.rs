@@ -81,6 +81,7 @@ fn collect(rx: &Receiver<Event>) -> (String, Completion) {
     loop {
         match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprobs(_) => {}
             Event::Done(c) => return (text, c),
             Event::Error(e) => panic!("request failed: {e}"),
         }

@@ -295,9 +295,30 @@ pub async fn transcriptions(
             Some(t) if t > 0.0 => o.temperatures = vec![t],
             _ => {}
         }
+        let stream = match form.get("stream") {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(v) => {
+                return Err(
+                    ApiError::invalid(format!("stream must be true or false, got '{v}'"))
+                        .param("stream"),
+                )
+            }
+        };
         let (name, bytes) = form.file()?;
         let (name, bytes) = (name.to_string(), bytes.clone());
         let max_secs = st.audio.max_audio_secs;
+        if stream {
+            if !["json", "text"].contains(&format.as_str()) {
+                return Err(ApiError::invalid(format!(
+                    "stream: response_format '{format}' cannot be streamed (json or text)"
+                ))
+                .param("stream"));
+            }
+            // Decoded before the stream starts: a bad file is still a 400.
+            let samples = blocking(move || decode_limited(&name, &bytes, max_secs)).await?;
+            return Ok(transcript_stream(stt, samples, o));
+        }
         let t = blocking(move || {
             let samples = decode_limited(&name, &bytes, max_secs)?;
             Ok(stt.transcribe(&samples, &o)?)
@@ -317,6 +338,42 @@ pub async fn transcriptions(
         })
     };
     res.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A transcription as server-sent events, as OpenAI streams them: one
+/// `transcript.text.delta` per segment as its window is decoded, then
+/// `transcript.text.done` with the whole text (or an `error` event).
+fn transcript_stream(stt: Arc<SpeechToText>, samples: Vec<f32>, o: TranscribeOptions) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let seg_tx = tx.clone();
+    std::thread::spawn(move || {
+        let mut first = true;
+        let r = stt.transcribe_each(&samples, &o, move |t| {
+            // Segments carry their leading space; the stream's text starts without it.
+            let t = if first { t.trim_start() } else { t };
+            first = false;
+            let ev = json!({"type": "transcript.text.delta", "delta": t});
+            let _ = seg_tx.send(format!("data: {ev}\n\n"));
+        });
+        let ev = match r {
+            Ok(t) => json!({"type": "transcript.text.done", "text": t.text.trim()}),
+            Err(e) => ApiError::from(e).body(),
+        };
+        let _ = tx.send(format!("data: {ev}\n\n"));
+    });
+    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+        let e = rx.recv().await?;
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(e)), rx))
+    });
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response()
 }
 
 #[derive(Debug, Deserialize)]

@@ -102,19 +102,19 @@ impl Tools {
         }
         let choice = match choice {
             None | Some(Value::Null) => Choice::Auto,
-            Some(Value::String(s)) => {
-                match s.as_str() {
-                    "auto" => Choice::Auto,
-                    "none" => Choice::None,
-                    "required" => Choice::Required,
-                    other => return Err(invalid(
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" => Choice::Auto,
+                "none" => Choice::None,
+                "required" => Choice::Required,
+                other => {
+                    return Err(invalid(
                         "tool_choice",
                         format!(
                             "tool_choice must be auto, none, required or a function, got {other:?}"
                         ),
-                    )),
+                    ))
                 }
-            }
+            },
             Some(v) => {
                 let name = v
                     .get("function")

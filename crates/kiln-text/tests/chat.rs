@@ -13,10 +13,14 @@ fn messages(v: &Value) -> Vec<Message> {
         .expect("messages")
         .iter()
         .map(|m| {
-            Message::new(
+            let mut msg = Message::new(
                 m["role"].as_str().expect("role"),
                 m["content"].as_str().expect("content"),
-            )
+            );
+            msg.tool_calls = m.get("tool_calls").cloned();
+            msg.tool_call_id = m["tool_call_id"].as_str().map(str::to_string);
+            msg.name = m["name"].as_str().map(str::to_string);
+            msg
         })
         .collect()
 }

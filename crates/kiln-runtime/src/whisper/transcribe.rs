@@ -163,9 +163,22 @@ impl<B: Backend> Stt<B> {
         samples: &[f32],
         o: &TranscribeOptions,
     ) -> Result<Transcript, WhisperError> {
+        self.transcribe_each(samples, o, &mut |_| {})
+    }
+
+    /// As `transcribe`, handing each segment's text to `on_text` as soon as its window is
+    /// decoded (streamed transcriptions).
+    pub fn transcribe_each(
+        &self,
+        samples: &[f32],
+        o: &TranscribeOptions,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Transcript, WhisperError> {
         let t_start = Instant::now();
         let vad = match (&self.vad, o.vad) {
-            (_, Vad::Off) | (None, Vad::Auto) => return self.transcribe_all(samples, o, None),
+            (_, Vad::Off) | (None, Vad::Auto) => {
+                return self.transcribe_all(samples, o, None, on_text)
+            }
             (None, Vad::On) => {
                 return Err(WhisperError::Input(
                     "VAD requested but no VAD model is loaded (silero-vad)".into(),
@@ -194,7 +207,7 @@ impl<B: Backend> Stt<B> {
             });
         }
         if o.vad == Vad::Auto {
-            return finish(self.transcribe_all(samples, o, Some(&regions))?);
+            return finish(self.transcribe_all(samples, o, Some(&regions), on_text)?);
         }
         // The regions end to end; `starts` maps each one's start in the speech to the audio.
         let mut speech = Vec::new();
@@ -203,7 +216,7 @@ impl<B: Backend> Stt<B> {
             starts.push((speech.len(), s));
             speech.extend_from_slice(&samples[s..e]);
         }
-        let mut t = self.transcribe_all(&speech, o, None)?;
+        let mut t = self.transcribe_all(&speech, o, None, on_text)?;
         let rate = SAMPLE_RATE as f64;
         // A time in the speech -> the same moment of the audio. An end exactly at a joint
         // belongs to the region before it.
@@ -228,6 +241,7 @@ impl<B: Backend> Stt<B> {
         samples: &[f32],
         o: &TranscribeOptions,
         speech: Option<&[(usize, usize)]>,
+        on_text: &mut dyn FnMut(&str),
     ) -> Result<Transcript, WhisperError> {
         let t_start = Instant::now();
         let (b, m, sp) = (&self.backend, &self.model, &self.special);
@@ -371,6 +385,7 @@ impl<B: Backend> Stt<B> {
                     continue;
                 }
                 all_tokens.extend(toks.iter().copied());
+                on_text(&text);
                 segments.push(Segment {
                     id: segments.len(),
                     seek: seek.min(content_frames),
