@@ -12,6 +12,8 @@ use kiln_backend::cpu::{default_threads, membw, CpuBackend, Pool};
 use kiln_backend::Backend;
 use kiln_formats::GgufFile;
 use kiln_models::llm::{Llama, Logits, SeqChunk};
+use kiln_runtime::grammar::Grammars;
+use kiln_runtime::Grammar;
 use serde_json::json;
 
 use crate::{resolve_model, DEFAULT_LLM};
@@ -91,6 +93,12 @@ pub struct BenchArgs {
     /// The --tts text is Kokoro phonemes (one utterance per line).
     #[arg(long)]
     phonemes: bool,
+    /// Also time each single-sequence `tgN` constrained to this JSON schema (a file, or the
+    /// schema itself when it starts with `{`; `object`: any JSON object), reported as
+    /// `tgN json`: each step's grammar mask (computed while the forward runs), applied to the
+    /// whole logits row, the pick made on the host, as constrained requests decode.
+    #[arg(long = "json-schema", value_name = "SCHEMA")]
+    json_schema: Option<String>,
     /// Where the LLM runs: cpu, cuda (a build with `--features cuda` and an NVIDIA GPU), or
     /// gpu (a build with `--features gpu`: wgpu over Vulkan or Metal).
     #[arg(long, value_enum, default_value = "cpu")]
@@ -107,6 +115,8 @@ enum Test {
     Prompt(usize),
     /// `n` single-token decode steps from position 0, of `p` sequences together.
     Gen(usize, usize),
+    /// `n` decode steps of one sequence under the `--json-schema` grammar.
+    GenSchema(usize),
 }
 
 impl Test {
@@ -116,6 +126,7 @@ impl Test {
             Test::Prompt(n) => format!("pp{n}"),
             Test::Gen(n, 1) => format!("tg{n}"),
             Test::Gen(n, p) => format!("tg{n}x{p}"),
+            Test::GenSchema(n) => format!("tg{n} json"),
         };
         match depth {
             0 => t,
@@ -127,6 +138,7 @@ impl Test {
         match self {
             Test::Prompt(n) => n,
             Test::Gen(n, p) => n * p,
+            Test::GenSchema(n) => n,
         }
     }
 }
@@ -203,19 +215,20 @@ fn run_test<B: Backend>(
     depth: usize,
     reps: usize,
     kv: kiln_backend::KvType,
+    schema: Option<(&Grammars, &Grammar)>,
 ) -> anyhow::Result<Vec<u64>> {
     let llama = &m.model;
     let n = test.tokens();
     let tokens = random_tokens(n, llama.cfg.vocab_size, SEED);
     let max_batch = match test {
         Test::Prompt(n) => n.min(UBATCH),
-        Test::Gen(..) => 1,
+        Test::Gen(..) | Test::GenSchema(_) => 1,
     };
     // Every run starts at the same depth, and the positions after it are written before they
     // are read: one state (its first `depth` positions filled once) serves every run.
     let (ctx, par) = match test {
         Test::Gen(n, p) => (depth + n, p),
-        Test::Prompt(n) => (depth + n, 1),
+        Test::Prompt(n) | Test::GenSchema(n) => (depth + n, 1),
     };
     let fill = (depth > 0).then(|| random_tokens(depth, llama.cfg.vocab_size, SEED ^ 0xd));
     let fill_batch = depth.clamp(1, UBATCH);
@@ -265,6 +278,27 @@ fn run_test<B: Backend>(
                     llama.forward_argmax(b, &mut st, &[tok], depth + i)?;
                 }
             }
+            Test::GenSchema(n) => {
+                let (grammars, g) = schema.context("a json test needs --json-schema")?;
+                let cols = grammars.vocab().min(llama.cfg.vocab_size);
+                let mut c = grammars.compile(g)?;
+                let mut row = vec![0f32; cols];
+                let mut tok = tokens[0];
+                let beside = kiln_runtime::grammar::masks_beside(b);
+                for i in 0..n {
+                    let l = kiln_runtime::grammar::with_masks(beside, &mut [&mut c], || {
+                        llama.forward(b, &mut st, &[tok], depth + i, false)
+                    })?;
+                    row.copy_from_slice(&l[..cols]);
+                    c.apply(&mut row)?;
+                    tok = host_argmax(&row);
+                    // A finished document (or an end token) starts the next one (the grammar
+                    // reset, not compiled again: compiling is per request, not per token).
+                    if grammars.is_end(tok) || c.accept(tok).is_err() || c.done() {
+                        c.reset()?;
+                    }
+                }
+            }
             Test::Gen(n, p) => {
                 let par = par.as_mut().expect("made for parallel tests");
                 let vocab = llama.cfg.vocab_size;
@@ -294,6 +328,16 @@ fn run_test<B: Backend>(
     Ok(samples)
 }
 
+fn host_argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// One test's timed runs and what the report needs to describe them.
 struct Measured<'a, B: Backend> {
     model: &'a BenchModel<B>,
@@ -318,7 +362,9 @@ impl<B: Backend> Measured<'_, B> {
     /// Effective GB/s of a decode test at its mean tokens/s.
     fn gbps(&self, avg_ts: f64) -> Option<f64> {
         match self.test {
-            Test::Gen(n, 1) => Some(self.model.decode_gbps(n, self.depth, avg_ts)),
+            Test::Gen(n, 1) | Test::GenSchema(n) => {
+                Some(self.model.decode_gbps(n, self.depth, avg_ts))
+            }
             Test::Gen(..) => None,
             Test::Prompt(_) => None,
         }
@@ -351,7 +397,7 @@ impl<B: Backend> Measured<'_, B> {
         let (avg_ns, sd_ns) = mean_sd(&ns);
         let (n_prompt, n_gen) = match self.test {
             Test::Prompt(n) => (n, 0),
-            Test::Gen(n, _) => (0, n),
+            Test::Gen(n, _) | Test::GenSchema(n) => (0, n),
         };
         let mut o = json!({
             "model_filename": m.file.display().to_string(),
@@ -365,8 +411,9 @@ impl<B: Backend> Measured<'_, B> {
             "n_depth": self.depth,
             "n_parallel": match self.test {
                 Test::Gen(_, p) => p,
-                Test::Prompt(_) => 1,
+                Test::Prompt(_) | Test::GenSchema(_) => 1,
             },
+            "constrained": matches!(self.test, Test::GenSchema(_)),
             "avg_ns": avg_ns.round() as u64,
             "stddev_ns": sd_ns.round() as u64,
             "avg_ts": avg_ts,
@@ -437,11 +484,19 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         true => vec![DEFAULT_LLM.to_string()],
         false => a.models.clone(),
     };
+    let schema = a.json_schema.as_deref().map(schema_arg).transpose()?;
+    let json_tests = schema.is_some();
     let tests: Vec<(Test, usize)> = (a.n_prompt.iter().map(|&n| Test::Prompt(n)))
         .chain(
             a.n_gen
                 .iter()
                 .flat_map(|&n| a.parallel.iter().map(move |&p| Test::Gen(n, p))),
+        )
+        .chain(
+            a.n_gen
+                .iter()
+                .filter(|_| json_tests)
+                .map(|&n| Test::GenSchema(n)),
         )
         .filter(|t| t.tokens() > 0)
         .flat_map(|t| a.n_depth.iter().map(move |&d| (t, d)))
@@ -471,6 +526,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         kv: a.kv_type,
         json: a.json,
         cpu: &cpu,
+        schema,
     };
     match a.device {
         crate::Device::Cpu => {
@@ -534,6 +590,7 @@ struct Run<'a> {
     kv: kiln_backend::KvType,
     json: bool,
     cpu: &'a str,
+    schema: Option<Grammar>,
 }
 
 impl Run<'_> {
@@ -547,9 +604,15 @@ impl Run<'_> {
         kernels: &str,
         header_due: &mut bool,
     ) -> anyhow::Result<()> {
+        // The vocabulary's grammar tables, built once per model (untimed) when needed.
+        let grammars = match &self.schema {
+            Some(_) => Some(Grammars::new(&model_tokenizer(&m.file)?)?),
+            None => None,
+        };
+        let schema = grammars.as_ref().zip(self.schema.as_ref());
         for &(test, depth) in self.tests {
             let test_time = rfc3339_utc(SystemTime::now());
-            let samples_ns = run_test(m, b, test, depth, self.reps, self.kv)?;
+            let samples_ns = run_test(m, b, test, depth, self.reps, self.kv, schema)?;
             let r = Measured {
                 model: m,
                 backend,
@@ -579,6 +642,28 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// The tokenizer of a GGUF file or a Hugging Face directory.
+fn model_tokenizer(file: &Path) -> anyhow::Result<kiln_text::Tokenizer> {
+    Ok(match kiln_models::llm::is_hf_dir(file) {
+        true => kiln_text::Tokenizer::from_file(file)?,
+        false => kiln_text::Tokenizer::from_gguf(&GgufFile::open(file)?)?,
+    })
+}
+
+/// `--json-schema`: `object`, a schema, or a file holding one.
+fn schema_arg(s: &str) -> anyhow::Result<Grammar> {
+    if s == "object" {
+        return Ok(Grammar::JsonObject);
+    }
+    let text = match s.trim_start().starts_with('{') {
+        true => s.to_string(),
+        false => std::fs::read_to_string(s).with_context(|| format!("reading {s}"))?,
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("--json-schema {s}: not JSON"))?;
+    Ok(Grammar::JsonSchema(v))
 }
 
 /// Prints a markdown header; a negative width aligns the column left.

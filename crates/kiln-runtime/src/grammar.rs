@@ -4,7 +4,8 @@
 //! [`Grammars`] is built once per model (the vocabulary's byte trie); each request compiles
 //! its [`Grammar`] into a [`Constraint`], which follows the sampled tokens. The mask of the
 //! next step is computed while the forward runs ([`with_masks`]): it depends only on the
-//! tokens sampled so far, not on the logits.
+//! tokens sampled so far, not on the logits (on the CPU backend, whose forward uses every
+//! core, just before it).
 
 use std::sync::Arc;
 
@@ -64,6 +65,7 @@ fn with_layout(mut schema: Json) -> Json {
 pub struct Grammars {
     factory: ParserFactory,
     vocab: usize,
+    eog: Vec<u32>,
 }
 
 /// The tokenizer as llguidance asks for it: each id's bytes in a trie, and tokenization of
@@ -111,6 +113,7 @@ impl Grammars {
         let mut info = TokRxInfo::new(words.len() as u32, eos);
         info.tok_bos = tokenizer.bos_id();
         let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
+        let eog = eog.clone();
         let env: TokEnv = Arc::new(Env {
             trie,
             tok: tokenizer.inner().clone(),
@@ -122,7 +125,18 @@ impl Grammars {
         Ok(Grammars {
             factory,
             vocab: words.len(),
+            eog,
         })
+    }
+
+    /// Ids the grammars know (the tokenizer's).
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Whether `t` ends a generation (an end token a complete grammar allows).
+    pub fn is_end(&self, t: u32) -> bool {
+        self.eog.contains(&t)
     }
 
     /// A fresh constraint for one generation; a grammar that does not compile is an error
@@ -185,6 +199,10 @@ impl Constraint {
                 any = true;
                 continue;
             }
+            if bits == 0 {
+                chunk.fill(f32::NEG_INFINITY);
+                continue;
+            }
             for (b, l) in chunk.iter_mut().enumerate() {
                 if bits & (1 << b) == 0 {
                     *l = f32::NEG_INFINITY;
@@ -213,6 +231,12 @@ impl Constraint {
         self.m.consume_token(t).map_err(|_| self.error())
     }
 
+    /// Back to the grammar's start (a new document under the same grammar).
+    pub fn reset(&mut self) -> Result<(), RuntimeError> {
+        self.mask = None;
+        self.m.reset().map_err(|_| self.error())
+    }
+
     /// True once the grammar is complete and allows nothing more (generation ends).
     pub fn done(&self) -> bool {
         self.m.is_stopped()
@@ -228,10 +252,22 @@ impl Constraint {
     }
 }
 
-/// Runs `forward` (on this thread: GPU contexts are bound to it) while the next masks of
-/// `constraints` are computed on another.
-pub fn with_masks<R>(constraints: &mut [&mut Constraint], forward: impl FnOnce() -> R) -> R {
+/// Runs `forward` (on this thread: GPU contexts are bound to it) with the next masks of
+/// `constraints` computed first: beside it on another thread where the forward runs on a
+/// device (`beside`), before it where the forward keeps every core busy (the CPU backend:
+/// a third thread would only take a core from the forward's pool).
+pub fn with_masks<R>(
+    beside: bool,
+    constraints: &mut [&mut Constraint],
+    forward: impl FnOnce() -> R,
+) -> R {
     if constraints.iter().all(|c| c.mask.is_some()) {
+        return forward();
+    }
+    if !beside {
+        for c in constraints.iter_mut() {
+            c.prepare();
+        }
         return forward();
     }
     std::thread::scope(|s| {
@@ -246,4 +282,9 @@ pub fn with_masks<R>(constraints: &mut [&mut Constraint], forward: impl FnOnce()
         }
         r
     })
+}
+
+/// Whether masks are computed beside `b`'s forwards (see [`with_masks`]).
+pub fn masks_beside<B: kiln_backend::Backend>(b: &B) -> bool {
+    !b.name().starts_with("cpu")
 }

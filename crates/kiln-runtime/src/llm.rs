@@ -473,7 +473,8 @@ impl<B: Backend> LlmSession<'_, B> {
             if let Some(c) = constraint.as_mut() {
                 // The next mask is computed while this forward runs.
                 let state = &mut self.state;
-                let l = crate::grammar::with_masks(&mut [c], || {
+                let beside = crate::grammar::masks_beside(&llm.backend);
+                let l = crate::grammar::with_masks(beside, &mut [c], || {
                     llm.model.forward(&llm.backend, state, &[next], pos, false)
                 })?;
                 logits.copy_from_slice(l);

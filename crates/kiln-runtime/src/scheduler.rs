@@ -630,7 +630,8 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
             let mut refs: Vec<&mut Constraint> = masks.iter_mut().map(|(_, c)| c).collect();
             let scratch = &mut self.scratch;
-            crate::grammar::with_masks(&mut refs, || {
+            let beside = crate::grammar::masks_beside(&llm.backend);
+            crate::grammar::with_masks(beside, &mut refs, || {
                 llm.model
                     .forward_seqs(&llm.backend, scratch, &mut chunks, Logits::Last)
             })
