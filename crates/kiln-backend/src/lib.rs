@@ -634,6 +634,15 @@ pub trait Backend {
         let _ = (x, cols, k, out);
         false
     }
+    /// Sets the values `c < cols` of row `row` of `x` whose bit `c` of `allow` (32 per word,
+    /// lowest bit first) is clear to minus infinity: a grammar's token mask applied where the
+    /// logits are, so the picks after it (`argmax_rows`, `top_candidates`) stay on the
+    /// device. False where the caller is to mask a host copy instead (the default: the
+    /// CPU's logits are on the host already).
+    fn mask_row(&self, x: &mut Self::Tensor, row: usize, cols: usize, allow: &[u32]) -> bool {
+        let _ = (x, row, cols, allow);
+        false
+    }
     /// Index of the largest of the first `cols` values of each of the first `n` rows (the
     /// first such index on ties): greedy sampling without copying logits to the host.
     fn argmax_rows(&self, x: &Self::Tensor, n: usize, cols: usize) -> Vec<u32> {

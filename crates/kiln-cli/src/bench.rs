@@ -95,8 +95,9 @@ pub struct BenchArgs {
     phonemes: bool,
     /// Also time each single-sequence `tgN` constrained to this JSON schema (a file, or the
     /// schema itself when it starts with `{`; `object`: any JSON object), reported as
-    /// `tgN json`: each step's grammar mask (computed while the forward runs), applied to the
-    /// whole logits row, the pick made on the host, as constrained requests decode.
+    /// `tgN json`: each step's grammar mask (computed while the forward runs on a device),
+    /// the greedy pick from the masked row, as constrained requests decode (masked on the
+    /// device where the backend can, else on the host).
     #[arg(long = "json-schema", value_name = "SCHEMA")]
     json_schema: Option<String>,
     /// Where the LLM runs: cpu, cuda (a build with `--features cuda` and an NVIDIA GPU), or
@@ -281,17 +282,27 @@ fn run_test<B: Backend>(
             Test::GenSchema(n) => {
                 let (grammars, g) = schema.context("a json test needs --json-schema")?;
                 let cols = grammars.vocab().min(llama.cfg.vocab_size);
-                let mut c = grammars.compile(g)?;
+                let mut cs = vec![grammars.compile(g)?];
                 let mut row = vec![0f32; cols];
                 let mut tok = tokens[0];
-                let beside = kiln_runtime::grammar::masks_beside(b);
+                let mut masker =
+                    kiln_runtime::grammar::Masker::new(kiln_runtime::grammar::masks_beside(b));
                 for i in 0..n {
-                    let l = kiln_runtime::grammar::with_masks(beside, &mut [&mut c], || {
-                        llama.forward(b, &mut st, &[tok], depth + i, false)
+                    masker.around(&mut cs, || {
+                        llama.forward_last(b, &mut st, &[tok], depth + i)
                     })?;
-                    row.copy_from_slice(&l[..cols]);
-                    c.apply(&mut row)?;
-                    tok = host_argmax(&row);
+                    let c = &mut cs[0];
+                    // As generation does: masked and picked on the device where it can.
+                    let on_device = c
+                        .allowed_words()
+                        .is_some_and(|w| llama.mask_last(b, &mut st, cols, w));
+                    tok = if on_device {
+                        llama.argmax_last(b, &st, cols)
+                    } else {
+                        row.copy_from_slice(&llama.logits_last(b, &mut st)[..cols]);
+                        c.apply(&mut row)?;
+                        host_argmax(&row)
+                    };
                     // A finished document (or an end token) starts the next one (the grammar
                     // reset, not compiled again: compiling is per request, not per token).
                     if grammars.is_end(tok) || c.accept(tok).is_err() || c.done() {

@@ -172,6 +172,7 @@ pub const KERNELS: &[&str] = &[
     "im2col",
     "argmax",
     "topk_chunks",
+    "mask_row",
     "dequant_f16",
     "rows_f16",
     "layer_norm",

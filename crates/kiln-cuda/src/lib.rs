@@ -113,6 +113,8 @@ struct Scratch {
     attn_acc: Option<DevBuf>,
     attn_ml: Option<DevBuf>,
     argmax: Option<DevBuf>,
+    /// A grammar's token mask (`mask_row`).
+    mask: Option<DevBuf>,
     topk: Option<DevBuf>,
     /// The candidates' keys on the host, kept from token to token.
     topk_keys: Vec<u64>,
@@ -988,6 +990,28 @@ impl Backend for CudaBackend {
             };
             ((id as usize) < cols).then_some((f32::from_bits(bits), id))
         }));
+        true
+    }
+
+    fn mask_row(&self, x: &mut CudaTensor, row: usize, cols: usize, allow: &[u32]) -> bool {
+        let cols = cols.min(x.cols).min(allow.len() * 32);
+        if row >= x.rows || cols == 0 {
+            return false;
+        }
+        self.xq_src.set(None);
+        let buf = ensure(&mut self.scratch.borrow_mut().mask, 4 * allow.len());
+        self.dev.htod(buf, allow);
+        let mut a = Args::default()
+            .a(x.buf.ptr + (row * x.cols * 4) as u64)
+            .a(cols as i32)
+            .a(buf);
+        self.dev.launch(
+            self.dev.func("mask_row"),
+            (cols.div_ceil(256 * 4).clamp(1, 1024) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
         true
     }
 

@@ -635,3 +635,52 @@ fn f32_prompt_products_match_the_reference() {
     let e = rel(&read(&g, &yg, n, dim), &read(&c, &yc, n, dim));
     assert!(e < 1e-5, "f32 matmul_add: {e}");
 }
+
+/// A grammar's mask applied where the logits are: exactly the host's masking (disallowed to
+/// minus infinity, the rest untouched, other rows untouched), and the device's greedy pick
+/// and top-k candidates after it are those of the masked row.
+#[test]
+#[ignore]
+fn mask_row_is_the_hosts_masking() {
+    let b = gpu();
+    let mut r = Rng(0x6d61736b);
+    for (rows, cols, row) in [(1, 151_936, 0), (4, 49_152, 2), (3, 100, 1), (2, 33, 1)] {
+        let x = r.v(rows * cols);
+        let mut t = b.tensor_from(rows, cols, &x);
+        // Sparse masks (structural tokens) and dense ones (free text).
+        for density in [0.001f32, 0.5, 0.999] {
+            let words: Vec<u32> = (0..cols.div_ceil(32))
+                .map(|_| {
+                    (0..32).fold(0u32, |w, bit| {
+                        w | (((r.f() + 1.0) / 2.0 < density) as u32) << bit
+                    })
+                })
+                .collect();
+            let mut t2 = b.tensor_from(rows, cols, &x);
+            assert!(b.mask_row(&mut t2, row, cols, &words));
+            let got = read(&b, &t2, rows, cols);
+            let mut want = x.clone();
+            for c in 0..cols {
+                if (words[c / 32] >> (c % 32)) & 1 == 0 {
+                    want[row * cols + c] = f32::NEG_INFINITY;
+                }
+            }
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "{rows}x{cols} row {row} density {density}"
+            );
+            let masked = &want[row * cols..][..cols];
+            let best = masked
+                .iter()
+                .enumerate()
+                .fold(0, |bi, (i, &v)| if v > masked[bi] { i } else { bi });
+            if masked[best].is_finite() {
+                // The pick reads row 0: put the masked row there.
+                b.copy_rows(&t2, row, 1, &mut t, 0);
+                assert_eq!(b.argmax_rows(&t, 1, cols)[0] as usize, best);
+            }
+        }
+    }
+}

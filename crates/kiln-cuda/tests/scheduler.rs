@@ -1,7 +1,8 @@
 //! The server's scheduler on CUDA: 32 concurrent greedy requests (different prompts and
 //! lengths, joining while others decode) each get exactly the tokens the same prompt gets
 //! alone through the single-sequence generation loop. A request's answer must not depend on
-//! what else the server runs (the batched decode products are batch-invariant).
+//! what else the server runs (the batched decode products are batch-invariant); the same
+//! with grammar-constrained requests, masked on the device, among them.
 //!
 //! Needs an NVIDIA GPU: `cargo test --release -p kiln-cuda -- --ignored`.
 
@@ -12,7 +13,8 @@ use std::time::Duration;
 use kiln_cuda::CudaBackend;
 use kiln_quant::GgmlType;
 use kiln_runtime::{
-    Event, GenerateOptions, Llm, Prompt, Request, SamplerConfig, Scheduler, SchedulerConfig,
+    Event, GenerateOptions, Grammar, Llm, Prompt, Request, SamplerConfig, Scheduler,
+    SchedulerConfig,
 };
 
 fn fixture(dir: &str) -> PathBuf {
@@ -51,67 +53,106 @@ fn scheduler_greedy_equals_alone() {
         ("qwen3", Some(GgmlType::Q4_0)),
         ("llama3", Some(GgmlType::Q8_0)),
     ] {
-        let n = 32;
-        let ps = prompts(dir, n);
-        let opts = |i: usize| GenerateOptions {
+        check(dir, quant, 32, |i| GenerateOptions {
             max_tokens: 12 + i % 7,
             sampler: SamplerConfig::greedy(),
             ..Default::default()
-        };
-        let load = move || {
-            Llm::load_quantized(
-                CudaBackend::new().expect("a CUDA GPU"),
-                &fixture(dir),
-                quant,
-            )
-        };
-        let alone: Vec<Vec<u32>> = {
-            let llm = load().unwrap();
-            ps.iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let mut s = llm.session(256, 64);
-                    s.generate(p, &opts(i), &mut |_| true).unwrap().tokens
-                })
-                .collect()
-        };
-        let s = Scheduler::spawn(
-            SchedulerConfig {
-                slots: n,
-                n_ctx: 256,
-                prefill_chunk: 64,
-                max_queue: 64,
-                timeout: None,
-            },
-            load,
+        });
+    }
+}
+
+/// Constrained greedy requests (masked where the logits are) beside free ones: each gets
+/// what it gets alone, and each finished constrained answer is valid JSON of the schema.
+#[test]
+#[ignore]
+fn scheduler_constrained_greedy_equals_alone() {
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 6}, "b": {"type": "integer", "maximum": 999}},
+        "required": ["a", "b"], "additionalProperties": false});
+    let texts = check("qwen3", Some(GgmlType::Q4_0), 8, move |i| GenerateOptions {
+        max_tokens: 40,
+        sampler: SamplerConfig::greedy(),
+        grammar: (i % 2 == 0).then(|| Grammar::JsonSchema(schema.clone())),
+        ..Default::default()
+    });
+    for (i, t) in texts.iter().enumerate().step_by(2) {
+        let v: serde_json::Value =
+            serde_json::from_str(t).unwrap_or_else(|e| panic!("request {i}: {e}: {t:?}"));
+        assert!(v["a"].is_string() && v["b"].is_i64(), "{t}");
+    }
+}
+
+/// Submits `n` requests at once; asserts each gets the tokens it gets alone; returns the
+/// texts of the alone runs.
+fn check(
+    dir: &'static str,
+    quant: Option<GgmlType>,
+    n: usize,
+    opts: impl Fn(usize) -> GenerateOptions,
+) -> Vec<String> {
+    let ps = prompts(dir, n);
+    let load = move || {
+        Llm::load_quantized(
+            CudaBackend::new().expect("a CUDA GPU"),
+            &fixture(dir),
+            quant,
         )
-        .unwrap();
-        let rxs: Vec<_> = ps
-            .iter()
+    };
+    let (alone, texts): (Vec<Vec<u32>>, Vec<String>) = {
+        let llm = load().unwrap();
+        ps.iter()
             .enumerate()
             .map(|(i, p)| {
-                let (tx, rx) = channel();
-                s.submit(Request {
-                    prompt: Prompt::Tokens(p.clone()),
-                    opts: opts(i),
-                    sink: Box::new(tx),
-                })
-                .unwrap();
-                rx
+                let mut s = llm.session(256, 64);
+                let mut text = String::new();
+                let t = s
+                    .generate(p, &opts(i), &mut |t| {
+                        text.push_str(t);
+                        true
+                    })
+                    .unwrap()
+                    .tokens;
+                (t, text)
             })
-            .collect();
-        let batched: Vec<Vec<u32>> = rxs
-            .iter()
-            .map(|rx| loop {
-                match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
-                    Event::Text(_) | Event::Logprobs(_) => {}
-                    Event::Done(c) => break c.tokens,
-                    Event::Error(e) => panic!("request failed: {e}"),
-                }
+            .unzip()
+    };
+    let s = Scheduler::spawn(
+        SchedulerConfig {
+            slots: n,
+            n_ctx: 256,
+            prefill_chunk: 64,
+            max_queue: 64,
+            timeout: None,
+        },
+        load,
+    )
+    .unwrap();
+    let rxs: Vec<_> = ps
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (tx, rx) = channel();
+            s.submit(Request {
+                prompt: Prompt::Tokens(p.clone()),
+                opts: opts(i),
+                sink: Box::new(tx),
             })
-            .collect();
-        let same = alone.iter().zip(&batched).filter(|(a, b)| a == b).count();
-        eprintln!("{dir} {quant:?}: {same} of {n} concurrent greedy requests equal alone");
-        assert_eq!(same, n, "{dir}: {alone:?}\nvs\n{batched:?}");
-    }
+            .unwrap();
+            rx
+        })
+        .collect();
+    let batched: Vec<Vec<u32>> = rxs
+        .iter()
+        .map(|rx| loop {
+            match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+                Event::Text(_) | Event::Logprobs(_) => {}
+                Event::Done(c) => break c.tokens,
+                Event::Error(e) => panic!("request failed: {e}"),
+            }
+        })
+        .collect();
+    let same = alone.iter().zip(&batched).filter(|(a, b)| a == b).count();
+    eprintln!("{dir} {quant:?}: {same} of {n} concurrent requests equal alone");
+    assert_eq!(same, n, "{dir}: {alone:?}\nvs\n{batched:?}");
+    texts
 }

@@ -3,7 +3,7 @@
 //!
 //! [`Grammars`] is built once per model (the vocabulary's byte trie); each request compiles
 //! its [`Grammar`] into a [`Constraint`], which follows the sampled tokens. The mask of the
-//! next step is computed while the forward runs ([`with_masks`]): it depends only on the
+//! next step is computed while the forward runs ([`Masker`]): it depends only on the
 //! tokens sampled so far, not on the logits (on the CPU backend, whose forward uses every
 //! core, just before it).
 
@@ -219,6 +219,13 @@ impl Constraint {
         Ok(())
     }
 
+    /// The next step's allowed tokens as bits (32 per word, lowest first), for a backend
+    /// that masks where the logits are; None when the grammar has failed.
+    pub fn allowed_words(&mut self) -> Option<&[u32]> {
+        self.prepare();
+        self.mask.as_ref().map(|m| m.as_slice())
+    }
+
     /// Whether `t` is allowed next.
     pub fn allows(&mut self, t: u32) -> bool {
         self.prepare();
@@ -252,39 +259,68 @@ impl Constraint {
     }
 }
 
-/// Runs `forward` (on this thread: GPU contexts are bound to it) with the next masks of
-/// `constraints` computed first: beside it on another thread where the forward runs on a
-/// device (`beside`), before it where the forward keeps every core busy (the CPU backend:
-/// a third thread would only take a core from the forward's pool).
-pub fn with_masks<R>(
+/// Computes constraints' next masks around forwards: on a thread of its own, kept for as
+/// long as the masker lives, while the forward runs on a device (`beside`); before the
+/// forward where it keeps every core busy (the CPU backend: another thread would only take
+/// a core from the forward's pool). The forward always runs on the calling thread (GPU
+/// contexts are bound to it).
+pub struct Masker {
+    worker: Option<Worker>,
     beside: bool,
-    constraints: &mut [&mut Constraint],
-    forward: impl FnOnce() -> R,
-) -> R {
-    if constraints.iter().all(|c| c.mask.is_some()) {
-        return forward();
-    }
-    if !beside {
-        for c in constraints.iter_mut() {
-            c.prepare();
-        }
-        return forward();
-    }
-    std::thread::scope(|s| {
-        let h = s.spawn(move || {
-            for c in constraints.iter_mut() {
-                c.prepare();
-            }
-        });
-        let r = forward();
-        if let Err(p) = h.join() {
-            std::panic::resume_unwind(p);
-        }
-        r
-    })
 }
 
-/// Whether masks are computed beside `b`'s forwards (see [`with_masks`]).
+struct Worker {
+    tx: std::sync::mpsc::Sender<Vec<Constraint>>,
+    rx: std::sync::mpsc::Receiver<Vec<Constraint>>,
+}
+
+impl Masker {
+    pub fn new(beside: bool) -> Self {
+        Masker {
+            worker: None,
+            beside,
+        }
+    }
+
+    /// Runs `forward` with the next masks of `cs` computed meanwhile (or first).
+    pub fn around<R>(&mut self, cs: &mut Vec<Constraint>, forward: impl FnOnce() -> R) -> R {
+        if cs.iter().all(|c| c.mask.is_some()) {
+            return forward();
+        }
+        if !self.beside {
+            for c in cs.iter_mut() {
+                c.prepare();
+            }
+            return forward();
+        }
+        let w = self.worker.get_or_insert_with(|| {
+            let (tx, jobs) = std::sync::mpsc::channel::<Vec<Constraint>>();
+            let (done, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("kiln-masks".into())
+                .spawn(move || {
+                    for mut batch in jobs {
+                        for c in batch.iter_mut() {
+                            c.prepare();
+                        }
+                        if done.send(batch).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .expect("start the mask thread");
+            Worker { tx, rx }
+        });
+        w.tx.send(std::mem::take(cs)).expect("the mask thread runs");
+        let r = forward();
+        *cs =
+            w.rx.recv()
+                .expect("the mask thread hands the constraints back");
+        r
+    }
+}
+
+/// Whether masks are computed beside `b`'s forwards (see [`Masker`]).
 pub fn masks_beside<B: kiln_backend::Backend>(b: &B) -> bool {
     !b.name().starts_with("cpu")
 }

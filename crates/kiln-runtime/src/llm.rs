@@ -431,14 +431,15 @@ impl<B: Backend> LlmSession<'_, B> {
         let mut decode_forwards = 0usize;
         // Greedy without penalties: each step's argmax is taken where the logits are (a GPU
         // backend reads back one id, not the vocabulary's logits); the same tokens.
-        // A grammar masks the whole row: no shortcuts through the device's picks.
-        let mut constraint = opts
-            .grammar
-            .as_ref()
-            .map(|g| llm.constraint(g))
-            .transpose()?;
-        let full_row = constraint.is_some() || !opts.logit_bias.is_empty();
+        // A grammar masks the row before the pick (where the logits are, if it can).
+        let mut cons: Vec<Constraint> = match &opts.grammar {
+            Some(g) => vec![llm.constraint(g)?],
+            None => Vec::new(),
+        };
+        let mut masker = crate::grammar::Masker::new(crate::grammar::masks_beside(&llm.backend));
+        let full_row = !cons.is_empty() || !opts.logit_bias.is_empty();
         let device_argmax = opts.sampler.is_plain_argmax() && !full_row;
+        let masked_greedy = opts.sampler.is_plain_argmax() && opts.logit_bias.is_empty();
         let top_k = opts.sampler.top_k_only().filter(|_| !full_row);
         let mut cand = Vec::new();
         let mut picked: Option<u32> = None;
@@ -451,33 +452,40 @@ impl<B: Backend> LlmSession<'_, B> {
                 None => {
                     let v = llm.sample_vocab();
                     bias(&mut logits[..v], &opts.logit_bias);
-                    if let Some(c) = constraint.as_mut() {
+                    if let Some(c) = cons.first_mut() {
                         c.apply(&mut logits[..v])?;
                     }
                     sampler.sample(&logits[..v], &self.tokens)
                 }
             };
-            if let Some(c) = constraint.as_mut().filter(|_| !llm.tokenizer.is_eog(next)) {
+            if let Some(c) = cons.first_mut().filter(|_| !llm.tokenizer.is_eog(next)) {
                 c.accept(next)?;
             }
             if let Some(finish) = out.push(next)? {
                 break finish;
             }
-            if constraint.as_ref().is_some_and(|c| c.done()) {
+            if cons.first().is_some_and(|c| c.done()) {
                 break FinishReason::Stop;
             }
             if self.tokens.len() >= self.state.n_ctx {
                 break FinishReason::ContextFull;
             }
             let pos = self.tokens.len();
-            if let Some(c) = constraint.as_mut() {
-                // The next mask is computed while this forward runs.
+            if !cons.is_empty() {
+                // The next mask is computed while this forward runs (before it on the CPU).
                 let state = &mut self.state;
-                let beside = crate::grammar::masks_beside(&llm.backend);
-                let l = crate::grammar::with_masks(beside, &mut [c], || {
-                    llm.model.forward(&llm.backend, state, &[next], pos, false)
-                })?;
-                logits.copy_from_slice(l);
+                let (b, cols) = (&llm.backend, llm.sample_vocab());
+                masker.around(&mut cons, || llm.model.forward_last(b, state, &[next], pos))?;
+                let c = &mut cons[0];
+                // Greedy: masked and picked where the logits are, if the backend can.
+                let on_device = masked_greedy
+                    && c.allowed_words()
+                        .is_some_and(|w| llm.model.mask_last(b, state, cols, w));
+                if on_device {
+                    picked = Some(llm.model.argmax_last(b, state, cols));
+                } else {
+                    logits.copy_from_slice(llm.model.logits_last(b, state));
+                }
             } else if device_argmax {
                 picked = Some(llm.model.forward_argmax_within(
                     &llm.backend,

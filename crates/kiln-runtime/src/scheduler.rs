@@ -22,7 +22,7 @@ use kiln_backend::Backend;
 use kiln_models::llm::{LlamaCache, LlamaScratch, Logits, SeqChunk};
 use kiln_text::{Message, StreamDecoder};
 
-use crate::grammar::Constraint;
+use crate::grammar::{Constraint, Masker};
 use crate::llm::{FinishReason, GenerateOptions, Llm, RuntimeError};
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
@@ -312,6 +312,8 @@ struct Engine<'m, B: Backend> {
     cand: Vec<(f32, u32)>,
     /// A logits row being masked or measured.
     row: Vec<f32>,
+    /// Grammar masks computed around forwards (made by the first constrained request).
+    masker: Option<Masker>,
     waiting: VecDeque<Waiting>,
     n_ctx: usize,
     chunk: usize,
@@ -344,6 +346,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .new_scratch(&llm.backend, n_slots + chunk, n_slots, n_slots),
             cand: Vec::new(),
             row: Vec::new(),
+            masker: None,
             waiting: VecDeque::new(),
             n_ctx,
             chunk,
@@ -605,12 +608,15 @@ impl<'m, B: Backend> Engine<'m, B> {
         let t0 = Instant::now();
         // Rows sampled after this forward whose grammar needs its next mask: computed while
         // the forward runs.
-        let mut masks: Vec<(usize, Constraint)> = plan
+        let mut owners = Vec::new();
+        let mut masks: Vec<Constraint> = plan
             .iter()
             .filter_map(|&(i, at, n)| {
                 let seq = self.slots[i].seq.as_mut().expect("planned");
                 let samples = seq.next.is_some() || at + n == seq.prompt.len();
-                samples.then(|| seq.constraint.take().map(|c| (i, c)))?
+                let c = samples.then(|| seq.constraint.take())??;
+                owners.push(i);
+                Some(c)
             })
             .collect();
         let res = {
@@ -628,15 +634,16 @@ impl<'m, B: Backend> Engine<'m, B> {
                     cache: &mut slot.cache,
                 });
             }
-            let mut refs: Vec<&mut Constraint> = masks.iter_mut().map(|(_, c)| c).collect();
             let scratch = &mut self.scratch;
-            let beside = crate::grammar::masks_beside(&llm.backend);
-            crate::grammar::with_masks(beside, &mut refs, || {
+            let masker = self
+                .masker
+                .get_or_insert_with(|| Masker::new(crate::grammar::masks_beside(&llm.backend)));
+            masker.around(&mut masks, || {
                 llm.model
                     .forward_seqs(&llm.backend, scratch, &mut chunks, Logits::Last)
             })
         };
-        for (i, c) in masks {
+        for (i, c) in owners.into_iter().zip(masks) {
             if let Some(seq) = self.slots[i].seq.as_mut() {
                 seq.constraint = Some(c);
             }
@@ -658,9 +665,31 @@ impl<'m, B: Backend> Engine<'m, B> {
         // Greedy requests take their tokens where the logits are (one pick for every row);
         // the others read their row, or the backend's top-k candidates of it.
         let cols = llm.sample_vocab();
-        let greedy = plan.iter().any(|&(i, _, _)| {
+        // Grammar masks applied where the logits are, where the backend can and the pick
+        // needs nothing else of the row (greedy, top-k): the picks then stay there too.
+        let masked: Vec<bool> = plan
+            .iter()
+            .enumerate()
+            .map(|(j, &(i, at, n))| {
+                let seq = self.slots[i].seq.as_mut().expect("planned");
+                let samples = seq.next.is_some() || at + n == seq.prompt.len();
+                let o = &seq.opts;
+                let pick_only = o.logprobs.is_none()
+                    && o.logit_bias.is_empty()
+                    && (o.sampler.is_plain_argmax() || o.sampler.top_k_only().is_some());
+                let (b, sc) = (&llm.backend, &mut self.scratch);
+                samples
+                    && pick_only
+                    && seq
+                        .constraint
+                        .as_mut()
+                        .and_then(|c| c.allowed_words())
+                        .is_some_and(|w| llm.model.mask_logits(b, sc, j, cols, w))
+            })
+            .collect();
+        let greedy = plan.iter().enumerate().any(|(j, &(i, _, _))| {
             let seq = self.slots[i].seq.as_ref().expect("planned");
-            seq.opts.sampler.is_plain_argmax() && !full_row(seq)
+            seq.opts.sampler.is_plain_argmax() && !(full_row(seq) && !masked[j])
         });
         let argmax = match greedy {
             true => llm
@@ -683,7 +712,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 Ok(Some(FinishReason::MaxTokens))
             } else {
                 let cfg = &seq.sampler.cfg;
-                let next = if full_row(seq) {
+                let next = if full_row(seq) && !masked[j] {
                     // The whole row: masked by the grammar, measured for logprobs.
                     let l = llm.model.logits_row(&llm.backend, &mut self.scratch, j);
                     self.row.clear();

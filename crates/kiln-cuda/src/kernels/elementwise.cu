@@ -77,6 +77,15 @@ extern "C" __global__ void argmax(const float* x, int cols, int ld, unsigned lon
     if ((threadIdx.x & 31) == 0 && k != 0) atomicMax(best + blockIdx.y, k);
 }
 
+// A grammar's mask: x[c] = -inf for every c < cols whose bit c of `allow` (32 per word, lowest
+// bit first) is clear.
+extern "C" __global__ void mask_row(float* x, int cols, const u32* allow) {
+    pdl_begin();
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        if (!((allow[c >> 5] >> (c & 31)) & 1u)) x[c] = __int_as_float(0xff800000);
+    }
+}
+
 // Sampling candidates: block b sorts values [b * TOPK_CHUNK, (b + 1) * TOPK_CHUNK) of x (of
 // cols) as argmax keys (descending, a bitonic sort in shared memory; NaNs keep their place
 // in f32::total_cmp's order, past the chunk's end pads 0) and writes its first k keys to

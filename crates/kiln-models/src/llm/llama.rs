@@ -246,6 +246,47 @@ impl<B: Backend> Llama<B> {
         Ok(self.logits(b, &mut st.scratch, n_out))
     }
 
+    /// Feeds `tokens` from `pos0`, leaving the last token's logits where the backend keeps
+    /// them (for [`Self::mask_last`], [`Self::argmax_last`], [`Self::logits_last`]).
+    pub fn forward_last(
+        &self,
+        b: &B,
+        st: &mut LlamaState<B>,
+        tokens: &[u32],
+        pos0: usize,
+    ) -> Result<(), ModelError> {
+        self.forward_one(b, st, tokens, pos0, Logits::Last)
+            .map(|_| ())
+    }
+
+    /// Masks the last forward's first logits row where it lies ([`Backend::mask_row`]);
+    /// false when the backend leaves that to the host.
+    pub fn mask_last(&self, b: &B, st: &mut LlamaState<B>, cols: usize, allow: &[u32]) -> bool {
+        self.mask_logits(b, &mut st.scratch, 0, cols, allow)
+    }
+
+    /// Masks row `row` of the last forward's logits where they lie ([`Backend::mask_row`]).
+    pub fn mask_logits(
+        &self,
+        b: &B,
+        sc: &mut LlamaScratch<B>,
+        row: usize,
+        cols: usize,
+        allow: &[u32],
+    ) -> bool {
+        b.mask_row(&mut sc.logits, row, cols.min(self.cfg.vocab_size), allow)
+    }
+
+    /// The greedy pick of the last forward's first `cols` logits.
+    pub fn argmax_last(&self, b: &B, st: &LlamaState<B>, cols: usize) -> u32 {
+        self.argmax(b, &st.scratch, 1, cols)[0]
+    }
+
+    /// The last forward's logits row, on the host.
+    pub fn logits_last<'s>(&self, b: &B, st: &'s mut LlamaState<B>) -> &'s [f32] {
+        self.logits(b, &mut st.scratch, 1)
+    }
+
     /// Like [`Self::forward`] for the last token only, returning its greedy (argmax) token
     /// without copying the logits to the host.
     pub fn forward_argmax(
