@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 use anyhow::Context;
 use clap::Args;
@@ -622,7 +622,7 @@ impl Run<'_> {
         };
         let schema = grammars.as_ref().zip(self.schema.as_ref());
         for &(test, depth) in self.tests {
-            let test_time = rfc3339_utc(SystemTime::now());
+            let test_time = kiln_formats::rfc3339_utc(SystemTime::now(), false);
             let samples_ns = run_test(m, b, test, depth, self.reps, self.kv, schema)?;
             let r = Measured {
                 model: m,
@@ -791,40 +791,9 @@ fn cpu_info() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
-/// `t` as RFC 3339 UTC, e.g. "2025-01-31T12:00:00Z".
-fn rfc3339_utc(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
-    let (days, s) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (H. Hinnant, "chrono-compatible date algorithms").
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        s / 3600,
-        s % 3600 / 60,
-        s % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn rfc3339_dates() {
-        let at = |s| rfc3339_utc(UNIX_EPOCH + Duration::from_secs(s));
-        assert_eq!(at(0), "1970-01-01T00:00:00Z");
-        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(at(1_700_000_000), "2023-11-14T22:13:20Z");
-    }
 
     #[test]
     fn labels_and_stats() {

@@ -44,11 +44,8 @@ fn python_packages(modules: &[(&str, &str)]) {
     }
 }
 
-fn python_has_openai() -> bool {
-    python_has("openai")
-}
-
-/// Starts `kiln serve ARGS` on a free port; its URL once it listens (stderr drained after).
+/// Starts `kiln serve ARGS` on a free port; its URL once it says "kiln serve: listening on
+/// http://127.0.0.1:PORT" (its stderr drained after, so it never blocks on a full pipe).
 fn start(args: &[&str]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["serve", "--port", "0"])
@@ -109,53 +106,21 @@ fn openai_python_client_against_kiln_serve() {
     }
     let jfk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/assets/audio/jfk.wav");
     assert!(jfk.is_file(), "{} is missing", jfk.display());
-    if !python_has_openai() {
-        let st = Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "openai"])
-            .status()
-            .expect("run python3 -m pip");
-        assert!(st.success(), "pip install openai failed");
-        assert!(
-            python_has_openai(),
-            "openai still not importable after pip install"
-        );
-    }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "-c",
-            "1024",
-            "--parallel",
-            "2",
-            "--api-key",
-            "k3y",
-            "--stt",
-            "whisper-tiny.en",
-            "--tts",
-            "kokoro-82m",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start kiln serve");
-    let stderr = child.stderr.take().unwrap();
-    let server = Server(child);
-    // "kiln serve: listening on http://127.0.0.1:PORT"
-    let mut lines = BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("kiln serve exited before listening")
-            .unwrap();
-        if let Some(u) = line.split("listening on ").nth(1) {
-            break u.trim().to_string();
-        }
-    };
+    python_packages(&[("openai", "openai")]);
+    let (server, url) = start(&[
+        "-c",
+        "1024",
+        "--parallel",
+        "2",
+        "--api-key",
+        "k3y",
+        "--stt",
+        "whisper-tiny.en",
+        "--tts",
+        "kokoro-82m",
+    ]);
     // The default address is the loopback one: nothing outside the machine reaches it.
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
-    // Keep draining the server's stderr so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/openai_client_test.py");
     let out = Command::new("python3")
         .arg(&script)

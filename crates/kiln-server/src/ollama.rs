@@ -308,34 +308,14 @@ pub async fn generate(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
     res.await.unwrap_or_else(ollama_error)
 }
 
-/// RFC 3339 UTC time of a moment given in Unix nanoseconds.
-fn rfc3339(unix_ns: u128) -> String {
-    let secs = (unix_ns / 1_000_000_000) as i64;
-    let nanos = (unix_ns % 1_000_000_000) as u32;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+fn now() -> String {
+    kiln_formats::rfc3339_utc(std::time::SystemTime::now(), true)
 }
 
-fn now() -> String {
-    let ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    rfc3339(ns)
+/// Unix nanoseconds as RFC 3339.
+fn rfc3339(unix_ns: u128) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(unix_ns as u64);
+    kiln_formats::rfc3339_utc(t, true)
 }
 
 /// A one-object answer (model and time added).
@@ -613,21 +593,4 @@ pub async fn embed() -> Response {
         "invalid_request_error",
         "embeddings are not supported by kiln serve yet",
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000000000Z");
-        // 2026-12-02 17:46:15.5 UTC
-        assert_eq!(
-            super::rfc3339(1_796_233_575_500_000_000),
-            "2026-12-02T17:46:15.500000000Z"
-        );
-        assert_eq!(
-            super::rfc3339(951_782_400_000_000_000),
-            "2000-02-29T00:00:00.000000000Z"
-        );
-    }
 }

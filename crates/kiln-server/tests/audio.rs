@@ -3,6 +3,8 @@
 //! serving; speech validates its input (empty input: 400) and streams one chunk per
 //! sentence; audio/chat turns jfk.wav into a spoken reply.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, OnceLock};
@@ -67,20 +69,7 @@ fn server() -> SocketAddr {
             max_body: 64 << 10,
         };
         let state = AppState::with_audio(sched, cfg, audio);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                tx.send(l.local_addr().unwrap()).unwrap();
-                kiln_server::serve(l, state).await.unwrap();
-            });
-        });
-        rx.recv().unwrap()
+        common::serve_state(state)
     })
 }
 

@@ -25,6 +25,11 @@ pub fn spawn(
     cfg: ServerConfig,
 ) -> SocketAddr {
     let state = AppState::new(Scheduler::spawn(sched, load).unwrap(), cfg);
+    serve_state(state)
+}
+
+/// Serves `state` on an ephemeral port of its own (a runtime on a thread); its address.
+pub fn serve_state(state: std::sync::Arc<AppState>) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
