@@ -402,3 +402,34 @@ pub fn chat(a: ChatArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args)]
+pub struct EmbedArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Texts to embed (none: one per line of stdin).
+    pub texts: Vec<String>,
+}
+
+/// `kiln embed`: one JSON array per input, in order.
+pub fn embed(a: EmbedArgs) -> anyhow::Result<()> {
+    let texts: Vec<String> = if a.texts.is_empty() {
+        std::io::stdin()
+            .lock()
+            .lines()
+            .collect::<Result<_, _>>()
+            .context("reading stdin")?
+    } else {
+        a.texts.clone()
+    };
+    let llm = spawn_engine(&a.model, None, a.model.ctx_size)?;
+    let mut out = std::io::stdout().lock();
+    for (i, t) in texts.iter().enumerate() {
+        let ids = llm.tokenize(t, true)?;
+        let v = llm
+            .embed(&ids)
+            .with_context(|| format!("input {} ({} tokens)", i + 1, ids.len()))?;
+        writeln!(out, "{}", serde_json::to_string(&v)?)?;
+    }
+    Ok(())
+}

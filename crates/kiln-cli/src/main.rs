@@ -132,6 +132,9 @@ enum Cmd {
     Run(llm_cmd::RunArgs),
     /// Interactive multi-turn chat.
     Chat(llm_cmd::ChatArgs),
+    /// Embeddings of texts (arguments, else one per line of stdin): one JSON array per
+    /// line, unit length, pooled as the model says (the last token by default).
+    Embed(llm_cmd::EmbedArgs),
     /// OpenAI-compatible HTTP server with continuous batching.
     Serve(serve_cmd::ServeArgs),
     /// Speech to text with Whisper: txt, srt, vtt or json on stdout; stats to stderr.
@@ -220,6 +223,7 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Run(a) => llm_cmd::run(a),
         Cmd::Chat(a) => llm_cmd::chat(a),
+        Cmd::Embed(a) => llm_cmd::embed(a),
         Cmd::Serve(a) => serve_cmd::serve(a),
         Cmd::Transcribe(a) => stt_cmd::transcribe(a),
         Cmd::Speak(a) => speak::speak(a),

@@ -416,3 +416,42 @@ fn unsupported_architecture_is_an_error() {
     let e = load_err(&d);
     assert!(e.contains("gemma3") && e.contains("config.json"), "{e}");
 }
+
+/// The final-normed hidden states (what embedding models pool) against transformers: the
+/// tiny Qwen3 ties its output to the embedding table, so the states times that table must
+/// give transformers' logits at every position.
+#[test]
+fn hidden_states_times_the_tied_table_are_transformers_logits() {
+    let dir = "qwen3";
+    let r = model_ref(dir);
+    let st = kiln_formats::SafetensorsSet::open_dir(&fixtures().join(dir)).unwrap();
+    let t = st.tensor("model.embed_tokens.weight").unwrap();
+    assert_eq!(t.dtype, kiln_formats::StDtype::F32);
+    let table: Vec<f32> = st
+        .data(t)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (vocab, dim) = (t.shape[0] as usize, t.shape[1] as usize);
+    for b in [CpuBackend::reference(), CpuBackend::new(2)] {
+        let m = load(&b, dir, None);
+        assert_eq!(m.cfg.dim, dim);
+        let (mut err, mut mag) = (0f32, 0f32);
+        for (p, want) in r.prompts.iter().zip(&r.logits) {
+            // A batch smaller than the prompt: states gathered over several chunks.
+            let mut s = m.new_state(&b, 64, 5);
+            let h = m.hidden_states(&b, &mut s, p).unwrap();
+            assert_eq!(h.len(), p.len() * dim);
+            for (i, row) in h.chunks_exact(dim).enumerate() {
+                for v in 0..vocab {
+                    let e = &table[v * dim..(v + 1) * dim];
+                    let got: f32 = row.iter().zip(e).map(|(a, b)| a * b).sum();
+                    let w = want[i * vocab + v];
+                    err = err.max((got - w).abs());
+                    mag = mag.max(w.abs());
+                }
+            }
+        }
+        assert!(err / mag < 1e-4, "{}: rel err {:e}", b.name(), err / mag);
+    }
+}

@@ -54,6 +54,7 @@ trait Ops {
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<GenerationStats, RuntimeError>;
     fn reset(&mut self);
+    fn embed(&mut self, ids: &[u32]) -> Result<Vec<f32>, RuntimeError>;
     fn perplexity(
         &self,
         tokens: &[u32],
@@ -96,6 +97,9 @@ impl<B: Backend> Ops for Session<'_, B> {
     }
     fn reset(&mut self) {
         self.session.reset();
+    }
+    fn embed(&mut self, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        self.session.embed(ids)
     }
     fn perplexity(
         &self,
@@ -206,6 +210,12 @@ impl LlmEngine {
             },
             &mut |t: String| on_text(&t),
         )
+    }
+
+    /// The embedding of `ids` (the session's cache is reused for it).
+    pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        let ids = ids.to_vec();
+        self.ops.call(move |o| o.embed(&ids))
     }
 
     /// Forgets the session's tokens.

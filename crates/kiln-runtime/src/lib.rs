@@ -2,6 +2,7 @@
 //! pipeline (speech in, speech out) over them.
 
 pub mod calibrate;
+pub mod embed;
 pub mod engine;
 mod generation;
 pub mod grammar;
@@ -20,6 +21,7 @@ pub mod voice;
 pub mod whisper;
 
 pub use calibrate::{CalibOptions, Choice, SensitivityTable, TensorSensitivity};
+pub use embed::Pooling;
 pub use generation::GenerationDefaults;
 pub use grammar::{Constraint, Grammar};
 pub use llm::{
@@ -29,8 +31,8 @@ pub use mix::{choose_mix, mix_bpw, Mix, MixError};
 pub use perplexity::{nll, Perplexity};
 pub use sampler::{Sampler, SamplerConfig};
 pub use scheduler::{
-    Completion, Event, EventSink, ModelInfo, Prompt, Request, Scheduler, SchedulerConfig,
-    SchedulerStats, SubmitError, TokenLogprob,
+    Completion, Embeddings, Event, EventSink, ModelInfo, Prompt, Request, Scheduler,
+    SchedulerConfig, SchedulerStats, SubmitError, TokenLogprob,
 };
 pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;

@@ -57,6 +57,8 @@ pub struct Llm<B: Backend> {
     kv_type: KvType,
     /// The vocabulary's grammar tables, built by the first constrained request.
     grammars: std::sync::OnceLock<Result<crate::grammar::Grammars, String>>,
+    /// How `embed` pools a text's token states (the model's configuration).
+    pub pooling: crate::embed::Pooling,
     /// Each id's bytes (`token_bytes`), built on first use.
     token_bytes: std::sync::OnceLock<Vec<Vec<u8>>>,
 }
@@ -74,7 +76,7 @@ impl<B: Backend> Llm<B> {
         path: &Path,
         quant: Option<GgmlType>,
     ) -> Result<Self, RuntimeError> {
-        let (model, tokenizer, generation, file) = if is_hf_dir(path) {
+        let (model, tokenizer, generation, file, pooling) = if is_hf_dir(path) {
             let ck = HfCheckpoint::open(path)?;
             let model = Llama::load_hf(&backend, &ck, quant)?;
             let generation = GenerationDefaults::from_dir(path)?;
@@ -82,14 +84,22 @@ impl<B: Backend> Llm<B> {
             for &id in &generation.eos_ids {
                 tokenizer.add_eog(id);
             }
-            (model, tokenizer, generation, path.to_path_buf())
+            let pooling = crate::embed::Pooling::from_dir(path);
+            (model, tokenizer, generation, path.to_path_buf(), pooling)
         } else {
             let file = find_gguf(path)?;
             let gguf = GgufFile::open(&file)?;
             crate::memory::check_gguf_fits(&gguf, quant, &file)?;
             let tokenizer = Tokenizer::from_gguf(&gguf)?;
             let model = Llama::load_gguf(&backend, &gguf, quant)?;
-            (model, tokenizer, GenerationDefaults::default(), file)
+            let pooling = crate::embed::Pooling::from_gguf(&gguf);
+            (
+                model,
+                tokenizer,
+                GenerationDefaults::default(),
+                file,
+                pooling,
+            )
         };
         let template = match tokenizer.chat_template() {
             Some(src) => Some(ChatTemplate::new(
@@ -109,6 +119,7 @@ impl<B: Backend> Llm<B> {
             kv_type: KvType::F32,
             grammars: std::sync::OnceLock::new(),
             token_bytes: std::sync::OnceLock::new(),
+            pooling,
         })
     }
 
@@ -361,6 +372,23 @@ impl<B: Backend> LlmSession<'_, B> {
 
     pub fn reset(&mut self) {
         self.tokens.clear();
+    }
+
+    /// The embedding of `tokens` (a text tokenized with its special tokens): its token
+    /// states pooled as the model says ([`Llm::pooling`]), unit length. The cache is
+    /// overwritten from position 0.
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        if tokens.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        self.check_fits(tokens.len())?;
+        self.tokens.clear();
+        let llm = self.llm;
+        let states = llm
+            .model
+            .hidden_states(&llm.backend, &mut self.state, tokens)?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(llm.pooling.pool(&states, llm.model.cfg.dim))
     }
 
     /// Logits after feeding `tokens` from position `pos0` (for tests and tools).

@@ -130,6 +130,19 @@ impl EventSink for Sender<Event> {
     }
 }
 
+/// What the engine thread is asked to do.
+enum Job {
+    Generate(Request),
+    Embed(Vec<Prompt>, Sender<Result<Embeddings, RuntimeError>>),
+}
+
+/// Unit-length embeddings, one per input, and the tokens they took.
+#[derive(Debug, Clone)]
+pub struct Embeddings {
+    pub vectors: Vec<Vec<f32>>,
+    pub tokens: usize,
+}
+
 pub struct Request {
     pub prompt: Prompt,
     pub opts: GenerateOptions,
@@ -150,6 +163,8 @@ pub struct ModelInfo {
     pub path: std::path::PathBuf,
     /// The chat template's source, if the model has one.
     pub chat_template: Option<String>,
+    /// Length of the model's embeddings (its hidden size).
+    pub embedding_dim: usize,
     pub backend: String,
     /// Context of each slot.
     pub n_ctx: usize,
@@ -174,7 +189,7 @@ pub struct SchedulerStats {
 
 /// The handle to the engine thread; cheap to share (`submit` takes `&self`).
 pub struct Scheduler {
-    tx: Option<Sender<Request>>,
+    tx: Option<Sender<Job>>,
     stats: Arc<SchedulerStats>,
     max_queue: usize,
     info: ModelInfo,
@@ -188,7 +203,7 @@ impl Scheduler {
         B: Backend + 'static,
         F: FnOnce() -> Result<Llm<B>, RuntimeError> + Send + 'static,
     {
-        let (tx, rx) = mpsc::channel::<Request>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let (info_tx, info_rx) = mpsc::channel();
         let stats = Arc::new(SchedulerStats::default());
         let st = stats.clone();
@@ -207,6 +222,7 @@ impl Scheduler {
                 let _ = info_tx.send(Ok(ModelInfo {
                     path: llm.path.clone(),
                     chat_template: llm.tokenizer.chat_template().map(str::to_string),
+                    embedding_dim: llm.model.cfg.dim,
                     backend: llm.backend.name(),
                     n_ctx: engine.n_ctx,
                     slots: engine.slots.len(),
@@ -244,6 +260,19 @@ impl Scheduler {
         &self.stats
     }
 
+    /// Embeds `inputs` (texts get the tokenizer's special tokens) between steps; the answer
+    /// comes on the receiver.
+    pub fn embed(
+        &self,
+        inputs: Vec<Prompt>,
+    ) -> Result<Receiver<Result<Embeddings, RuntimeError>>, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
+        tx.send(Job::Embed(inputs, reply))
+            .map_err(|_| SubmitError::Stopped)?;
+        Ok(rx)
+    }
+
     /// Queues a request; its events go to `req.sink`.
     pub fn submit(&self, req: Request) -> Result<(), SubmitError> {
         let q = &self.stats.queued;
@@ -252,7 +281,7 @@ impl Scheduler {
             return Err(SubmitError::QueueFull);
         }
         let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
-        tx.send(req).map_err(|_| {
+        tx.send(Job::Generate(req)).map_err(|_| {
             q.fetch_sub(1, Ordering::SeqCst);
             SubmitError::Stopped
         })
@@ -360,7 +389,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         !self.waiting.is_empty() || self.slots.iter().any(|s| s.seq.is_some())
     }
 
-    fn run(&mut self, rx: Receiver<Request>) {
+    fn run(&mut self, rx: Receiver<Job>) {
         let mut open = true;
         loop {
             // New requests join between steps; block only when there is nothing to do.
@@ -378,7 +407,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                         })
                 };
                 match r {
-                    Ok(req) => self.admit(req),
+                    Ok(job) => self.job(job),
                     Err(None) if self.busy() => break,
                     Err(None) => continue,
                     Err(Some(())) => open = false,
@@ -391,7 +420,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             if matches!(res, Ok(false)) && open {
                 // Every running request is on hold: wait for a new one or a release.
                 match rx.recv_timeout(HOLD_POLL) {
-                    Ok(req) => self.admit(req),
+                    Ok(job) => self.job(job),
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => open = false,
                 }
@@ -410,6 +439,39 @@ impl<'m, B: Backend> Engine<'m, B> {
                 }
             }
         }
+    }
+
+    fn job(&mut self, job: Job) {
+        match job {
+            Job::Generate(req) => self.admit(req),
+            Job::Embed(inputs, reply) => {
+                // Between steps: the running streams wait for one embedding batch.
+                let r =
+                    catch_unwind(AssertUnwindSafe(|| self.embed(&inputs))).unwrap_or_else(|_| {
+                        Err(RuntimeError::Path {
+                            path: "kiln-engine".into(),
+                            what: "internal error while embedding (see the server log)".into(),
+                        })
+                    });
+                let _ = reply.send(r);
+            }
+        }
+    }
+
+    /// Each input's embedding, and the tokens they took.
+    fn embed(&self, inputs: &[Prompt]) -> Result<Embeddings, RuntimeError> {
+        let llm = self.llm;
+        let mut out = Embeddings {
+            vectors: Vec::with_capacity(inputs.len()),
+            tokens: 0,
+        };
+        for p in inputs {
+            let ids = self.tokenize(p)?;
+            let mut s = llm.session(ids.len(), self.chunk.min(ids.len()));
+            out.vectors.push(s.embed(&ids)?);
+            out.tokens += ids.len();
+        }
+        Ok(out)
     }
 
     /// Tokenizes and checks a new request: errors are answered at once, the rest wait.

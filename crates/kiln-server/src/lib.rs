@@ -17,6 +17,7 @@
 
 mod api;
 mod audio;
+mod embed;
 mod error;
 mod metrics;
 mod ollama;
@@ -143,8 +144,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
-        .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embed))
+        .route("/api/embed", post(embed::ollama_embed))
+        .route("/api/embeddings", post(embed::ollama_embeddings))
+        .route("/v1/embeddings", post(embed::openai))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read (and limited) by the handlers themselves.
@@ -167,6 +169,7 @@ fn route_label(path: &str) -> &'static str {
         "/metrics" => "/metrics",
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
+        "/v1/embeddings" => "/v1/embeddings",
         "/v1/audio/transcriptions" => "/v1/audio/transcriptions",
         "/v1/audio/speech" => "/v1/audio/speech",
         "/v1/audio/chat" => "/v1/audio/chat",

@@ -585,12 +585,3 @@ pub async fn version() -> Response {
         &json!({"version": env!("CARGO_PKG_VERSION")}),
     )
 }
-
-/// `/api/embed` and `/api/embeddings`: said plainly, not faked.
-pub async fn embed() -> Response {
-    ollama_error(ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "invalid_request_error",
-        "embeddings are not supported by kiln serve yet",
-    ))
-}

@@ -3,7 +3,8 @@
 //! SmolLM2 (a template without tools: described in the system message) and with a tiny
 //! random Qwen3 under the real Qwen3 template (its own `<tool_call>` format), logprobs,
 //! logit_bias, one rule for unknown fields, OpenAI-shaped 405s, the over-context `param`,
-//! and Ollama's `/api/*` routes.
+//! embeddings (OpenAI's and Ollama's routes, equal to the model's own), and Ollama's
+//! `/api/*` routes.
 
 mod common;
 
@@ -539,8 +540,6 @@ fn ollama_routes() {
         &json!({"model": "llama9", "messages": user("hi")}),
     );
     assert_eq!(r.status, 404);
-    let r = post("/api/embed", &json!({"model": MODEL, "input": "hi"}));
-    assert_eq!(r.status, 501);
     // Tools through Ollama: a call with arguments as an object.
     let t = post(
         "/api/chat",
@@ -551,4 +550,115 @@ fn ollama_routes() {
     if let Some(calls) = t["message"]["tool_calls"].as_array() {
         assert!(calls[0]["function"]["arguments"].is_object(), "{t}");
     }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+#[test]
+fn embeddings_openai_and_ollama() {
+    let _g = serial();
+    let texts = [
+        "The cat sat on the mat.",
+        "A cat was sitting on a mat.",
+        "Stock prices fell sharply today.",
+    ];
+    let v = post("/v1/embeddings", &json!({"model": MODEL, "input": texts})).json();
+    assert_eq!(v["object"], "list");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 3);
+    let e: Vec<Vec<f32>> = data.iter().map(|d| floats(&d["embedding"])).collect();
+    let llm = smollm2().unwrap();
+    let dim = llm.model.cfg.dim;
+    for (i, (d, x)) in data.iter().zip(&e).enumerate() {
+        assert_eq!(d["index"], i);
+        assert_eq!(x.len(), dim);
+        assert!((cosine(x, x) - 1.0).abs() < 1e-4, "unit length");
+    }
+    // The model's own: its session's embedding of the same tokens.
+    let ids = llm.tokenize(texts[0], true).unwrap();
+    let want = llm.session(ids.len(), 64).embed(&ids).unwrap();
+    let err = e[0]
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(err < 1e-5, "{err}");
+    let tokens: usize = texts
+        .iter()
+        .map(|t| llm.tokenize(t, true).unwrap().len())
+        .sum();
+    assert_eq!(v["usage"]["prompt_tokens"], tokens);
+    // Near texts nearer than far ones.
+    assert!(
+        cosine(&e[0], &e[1]) > cosine(&e[0], &e[2]),
+        "{} {}",
+        cosine(&e[0], &e[1]),
+        cosine(&e[0], &e[2])
+    );
+    // base64: the same floats, little-endian.
+    let b = post(
+        "/v1/embeddings",
+        &json!({"input": texts[0], "encoding_format": "base64"}),
+    )
+    .json();
+    let raw = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        b["data"][0]["embedding"].as_str().unwrap(),
+    )
+    .unwrap();
+    let back: Vec<f32> = raw
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(back, e[0]);
+    // dimensions: the first components, unit length again.
+    let s = post(
+        "/v1/embeddings",
+        &json!({"input": texts[0], "dimensions": 64}),
+    )
+    .json();
+    let short = floats(&s["data"][0]["embedding"]);
+    assert_eq!(short.len(), 64);
+    assert!((cosine(&short, &short) - 1.0).abs() < 1e-4);
+    assert!(cosine(&short, &e[0][..64]) > 0.999);
+    // Errors name their field.
+    for (body, param) in [
+        (json!({"input": []}), "input"),
+        (json!({"input": "x", "dimensions": 0}), "dimensions"),
+        (
+            json!({"input": "x", "encoding_format": "hex"}),
+            "encoding_format",
+        ),
+        (json!({"input": "x", "colour": 1}), "colour"),
+        (json!({"input": "word ".repeat(1100)}), "input"),
+    ] {
+        let v = post("/v1/embeddings", &body).assert_error(400);
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+    // Ollama's routes: the same vectors.
+    let o = post("/api/embed", &json!({"model": MODEL, "input": texts})).json();
+    let oe: Vec<Vec<f32>> = o["embeddings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(floats)
+        .collect();
+    assert_eq!(oe, e);
+    assert_eq!(o["prompt_eval_count"], tokens);
+    let l = post(
+        "/api/embeddings",
+        &json!({"model": MODEL, "prompt": texts[0]}),
+    )
+    .json();
+    assert_eq!(floats(&l["embedding"]), e[0]);
 }

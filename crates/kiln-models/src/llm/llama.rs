@@ -380,6 +380,7 @@ impl<B: Backend> Llama<B> {
         let rows_out = match out {
             Logits::Last => seqs.len(),
             Logits::All => n,
+            Logits::Hidden => 0,
         };
         assert!(
             n <= sc.max_rows && seqs.len() <= sc.max_seqs && rows_out <= sc.logit_rows,
@@ -532,6 +533,10 @@ impl<B: Backend> Llama<B> {
             }
             self.trace(b, sc.trace, "residual", il, &sc.x, n, c.dim);
         }
+        if out == Logits::Hidden {
+            b.rms_norm(&sc.x, &self.norm, c.norm_eps, n, &mut sc.h);
+            return Ok(0);
+        }
         let output = self.output.as_ref().unwrap_or(&self.embed);
         if out == Logits::All || kv.len() == n {
             // Every row's logits (every sequence has one token: its row is its last).
@@ -549,6 +554,36 @@ impl<B: Backend> Llama<B> {
         b.rms_norm(&sc.last, &self.norm, c.norm_eps, m, &mut sc.last_h);
         b.matmul(output, &sc.last_h, None, m, &mut sc.logits);
         Ok(m)
+    }
+
+    /// Every token's final-normed hidden state (`tokens.len() x dim`, the model's last
+    /// hidden states as transformers returns them), `tokens` fed from position 0 of `st`'s
+    /// cache in chunks of its batch: what embedding models pool.
+    pub fn hidden_states(
+        &self,
+        b: &B,
+        st: &mut LlamaState<B>,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        assert!(tokens.len() <= st.n_ctx, "caller checks the context length");
+        let dim = self.cfg.dim;
+        let mut out = vec![0f32; tokens.len() * dim];
+        let step = st.max_batch.max(1);
+        for (i, chunk) in tokens.chunks(step).enumerate() {
+            let mut seq = [SeqChunk {
+                cache: &mut st.cache,
+                tokens: chunk,
+                pos0: i * step,
+            }];
+            self.forward_seqs(b, &mut st.scratch, &mut seq, Logits::Hidden)?;
+            let at = i * step * dim;
+            b.read(
+                &st.scratch.h,
+                chunk.len(),
+                &mut out[at..at + chunk.len() * dim],
+            );
+        }
+        Ok(out)
     }
 
     /// The first `rows` rows of the last forward's logits, on the host (`rows x vocab`).

@@ -67,6 +67,9 @@ pub enum Logits {
     Last,
     /// Every token, in the order they were stacked.
     All,
+    /// None: every token's final-normed hidden state is left in the scratch instead (what
+    /// embedding models pool; [`Llama::hidden_states`]).
+    Hidden,
 }
 
 impl<B: Backend> Llama<B> {
