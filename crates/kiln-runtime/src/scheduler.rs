@@ -134,6 +134,12 @@ impl EventSink for Sender<Event> {
 enum Job {
     Generate(Request),
     Embed(Vec<Prompt>, Sender<Result<Embeddings, RuntimeError>>),
+    Tokenize(
+        String,
+        bool,
+        Sender<Result<Vec<(u32, Vec<u8>)>, RuntimeError>>,
+    ),
+    Detokenize(Vec<u32>, Sender<Result<String, RuntimeError>>),
 }
 
 /// Unit-length embeddings, one per input, and the tokens they took.
@@ -269,6 +275,32 @@ impl Scheduler {
         let (reply, rx) = mpsc::channel();
         let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
         tx.send(Job::Embed(inputs, reply))
+            .map_err(|_| SubmitError::Stopped)?;
+        Ok(rx)
+    }
+
+    /// The token ids of `text` (`add_special`: BOS and the like) with each one's bytes, from
+    /// the engine's tokenizer (answered between steps).
+    pub fn tokenize(
+        &self,
+        text: String,
+        add_special: bool,
+    ) -> Result<Receiver<Result<Vec<(u32, Vec<u8>)>, RuntimeError>>, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
+        tx.send(Job::Tokenize(text, add_special, reply))
+            .map_err(|_| SubmitError::Stopped)?;
+        Ok(rx)
+    }
+
+    /// The text of token ids (special tokens written out).
+    pub fn detokenize(
+        &self,
+        ids: Vec<u32>,
+    ) -> Result<Receiver<Result<String, RuntimeError>>, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
+        tx.send(Job::Detokenize(ids, reply))
             .map_err(|_| SubmitError::Stopped)?;
         Ok(rx)
     }
@@ -444,6 +476,23 @@ impl<'m, B: Backend> Engine<'m, B> {
     fn job(&mut self, job: Job) {
         match job {
             Job::Generate(req) => self.admit(req),
+            Job::Tokenize(text, add_special, reply) => {
+                let llm = self.llm;
+                let r = llm.tokenize(&text, add_special).map(|ids| {
+                    ids.into_iter()
+                        .map(|id| (id, llm.token_bytes(id)))
+                        .collect()
+                });
+                let _ = reply.send(r);
+            }
+            Job::Detokenize(ids, reply) => {
+                let r = self
+                    .llm
+                    .tokenizer
+                    .decode(&ids, false)
+                    .map_err(RuntimeError::from);
+                let _ = reply.send(r);
+            }
             Job::Embed(inputs, reply) => {
                 // Between steps: the running streams wait for one embedding batch.
                 let r =

@@ -8,8 +8,10 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions` (streamed with `"stream": true`)
 //! - `POST /v1/audio/transcriptions`, `POST /v1/audio/speech`, `POST /v1/audio/chat`
 //!   (speech in, speech out), in [`audio`], when the server has the speech models
+//! - `POST /v1/embeddings` and Ollama's `/api/embed`, `/api/embeddings`, in [`embed`]
 //! - Ollama's `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`,
 //!   `/api/version`, in [`ollama`]
+//! - llama-server's `/tokenize`, `/detokenize`, `/props`, in [`llamacpp`]
 //!
 //! Chat answers may call tools ([`tools`]) and follow a JSON schema or grammar
 //! (`response_format`, through `kiln_runtime::grammar`); log-probabilities come with the
@@ -19,6 +21,7 @@ mod api;
 mod audio;
 mod embed;
 mod error;
+mod llamacpp;
 mod metrics;
 mod ollama;
 mod tools;
@@ -147,6 +150,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/embed", post(embed::ollama_embed))
         .route("/api/embeddings", post(embed::ollama_embeddings))
         .route("/v1/embeddings", post(embed::openai))
+        .route("/tokenize", post(llamacpp::tokenize))
+        .route("/detokenize", post(llamacpp::detokenize))
+        .route("/props", get(llamacpp::props))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read (and limited) by the handlers themselves.
@@ -174,6 +180,7 @@ fn route_label(path: &str) -> &'static str {
         "/v1/audio/speech" => "/v1/audio/speech",
         "/v1/audio/chat" => "/v1/audio/chat",
         p if p.starts_with("/api/") => "/api/*",
+        "/tokenize" | "/detokenize" | "/props" => "llama-server",
         _ => "other",
     }
 }

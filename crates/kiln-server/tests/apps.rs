@@ -663,3 +663,31 @@ fn embeddings_openai_and_ollama() {
     .json();
     assert_eq!(floats(&l["embedding"]), e[0]);
 }
+
+#[test]
+fn llama_server_tokenize_detokenize_props() {
+    let _g = serial();
+    let llm = smollm2().unwrap();
+    let text = "Hello, wörld! <|im_start|>";
+    let want = llm.tokenize(text, false).unwrap();
+    let v = post("/tokenize", &json!({"content": text})).json();
+    let got: Vec<u32> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(got, want);
+    let v = post("/tokenize", &json!({"content": text, "with_pieces": true})).json();
+    let pieces = v["tokens"].as_array().unwrap();
+    assert_eq!(pieces.len(), want.len());
+    assert_eq!(pieces.last().unwrap()["piece"], "<|im_start|>");
+    let d = post("/detokenize", &json!({"tokens": want})).json();
+    assert_eq!(d["content"], text);
+    let v = post("/detokenize", &json!({"tokens": [999_999_999u32]})).assert_error(400);
+    assert_eq!(v["error"]["param"], "tokens");
+    let p = http(server(), "GET", "/props", &[], b"").json();
+    assert_eq!(p["total_slots"], 8);
+    assert_eq!(p["default_generation_settings"]["n_ctx"], 1024);
+    assert!(p["chat_template"].as_str().unwrap().contains("im_start"));
+}
