@@ -85,7 +85,7 @@ pub async fn detokenize(
         check_unknown(&req.extra, "")?;
         let rx = st.sched.detokenize(req.tokens).map_err(|_| engine_gone())?;
         let content = answer(rx).await.map_err(|e| e.param("tokens"))?;
-        Ok(json_response(StatusCode::OK, &json!({"content": content})))
+        Ok::<_, ApiError>(json_response(StatusCode::OK, &json!({"content": content})))
     };
     res.await.unwrap_or_else(IntoResponse::into_response)
 }
