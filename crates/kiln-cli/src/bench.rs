@@ -283,6 +283,7 @@ fn run_test<B: Backend>(
                 let (grammars, g) = schema.context("a json test needs --json-schema")?;
                 let cols = grammars.vocab().min(llama.cfg.vocab_size);
                 let mut cs = vec![grammars.compile(g)?];
+                cs[0].lazy = true;
                 let mut row = vec![0f32; cols];
                 let mut tok = tokens[0];
                 let mut masker =
@@ -292,11 +293,16 @@ fn run_test<B: Backend>(
                         llama.forward_last(b, &mut st, &[tok], depth + i)
                     })?;
                     let c = &mut cs[0];
-                    // As generation does: masked and picked on the device where it can.
-                    let on_device = c
-                        .allowed_words()
-                        .is_some_and(|w| llama.mask_last(b, &mut st, cols, w));
-                    tok = if on_device {
+                    // As greedy generation does: the raw pick if the grammar allows it, else
+                    // masked and picked on the device where it can.
+                    let raw = llama.argmax_last(b, &st, cols);
+                    let fits = c.allows_fast(raw);
+                    let on_device = !fits
+                        && c.allowed_words()
+                            .is_some_and(|w| llama.mask_last(b, &mut st, cols, w));
+                    tok = if fits {
+                        raw
+                    } else if on_device {
                         llama.argmax_last(b, &st, cols)
                     } else {
                         row.copy_from_slice(&llama.logits_last(b, &mut st)[..cols]);

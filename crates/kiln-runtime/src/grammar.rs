@@ -157,6 +157,8 @@ impl Grammars {
             m,
             mask: Some(mask),
             vocab: self.vocab,
+            eog: self.eog.clone(),
+            lazy: false,
         })
     }
 }
@@ -171,6 +173,10 @@ pub struct Constraint {
     /// The allowed tokens of the next step, once computed.
     mask: Option<SimpleVob>,
     vocab: usize,
+    eog: Vec<u32>,
+    /// Masks only when asked ([`Constraint::allows_fast`] first): for greedy picks, which
+    /// the mask changes only when the pick breaks the grammar.
+    pub lazy: bool,
 }
 
 impl Constraint {
@@ -224,6 +230,22 @@ impl Constraint {
     pub fn allowed_words(&mut self) -> Option<&[u32]> {
         self.prepare();
         self.mask.as_ref().map(|m| m.as_slice())
+    }
+
+    /// Whether `t` is allowed next, without computing the whole mask when none is ready:
+    /// a greedy pick that fits the grammar is the pick of the masked row too, so the mask
+    /// (whose cost inside a JSON string can pass a decode step's) is needed only on a miss.
+    pub fn allows_fast(&mut self, t: u32) -> bool {
+        if let Some(m) = &self.mask {
+            return m.is_allowed(t);
+        }
+        if t as usize >= self.vocab {
+            return false;
+        }
+        if self.eog.contains(&t) {
+            return self.m.is_accepting().unwrap_or(false);
+        }
+        self.m.validate_tokens(&[t]).is_ok_and(|n| n == 1)
     }
 
     /// Whether `t` is allowed next.
@@ -284,11 +306,11 @@ impl Masker {
 
     /// Runs `forward` with the next masks of `cs` computed meanwhile (or first).
     pub fn around<R>(&mut self, cs: &mut Vec<Constraint>, forward: impl FnOnce() -> R) -> R {
-        if cs.iter().all(|c| c.mask.is_some()) {
+        if cs.iter().all(|c| c.lazy || c.mask.is_some()) {
             return forward();
         }
         if !self.beside {
-            for c in cs.iter_mut() {
+            for c in cs.iter_mut().filter(|c| !c.lazy) {
                 c.prepare();
             }
             return forward();
@@ -300,7 +322,7 @@ impl Masker {
                 .name("kiln-masks".into())
                 .spawn(move || {
                     for mut batch in jobs {
-                        for c in batch.iter_mut() {
+                        for c in batch.iter_mut().filter(|c| !c.lazy) {
                             c.prepare();
                         }
                         if done.send(batch).is_err() {

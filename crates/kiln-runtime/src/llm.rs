@@ -468,6 +468,8 @@ impl<B: Backend> LlmSession<'_, B> {
         let full_row = !cons.is_empty() || !opts.logit_bias.is_empty();
         let device_argmax = opts.sampler.is_plain_argmax() && !full_row;
         let masked_greedy = opts.sampler.is_plain_argmax() && opts.logit_bias.is_empty();
+        // Greedy: the raw pick first; the mask only when it breaks the grammar.
+        cons.iter_mut().for_each(|c| c.lazy = masked_greedy);
         let top_k = opts.sampler.top_k_only().filter(|_| !full_row);
         let mut cand = Vec::new();
         let mut picked: Option<u32> = None;
@@ -505,11 +507,15 @@ impl<B: Backend> LlmSession<'_, B> {
                 let (b, cols) = (&llm.backend, llm.sample_vocab());
                 masker.around(&mut cons, || llm.model.forward_last(b, state, &[next], pos))?;
                 let c = &mut cons[0];
-                // Greedy: masked and picked where the logits are, if the backend can.
-                let on_device = masked_greedy
+                // Greedy: the raw pick if the grammar allows it; else masked and picked where
+                // the logits are, if the backend can.
+                let raw = masked_greedy.then(|| llm.model.argmax_last(b, state, cols));
+                if let Some(t) = raw.filter(|&t| c.allows_fast(t)) {
+                    picked = Some(t);
+                } else if masked_greedy
                     && c.allowed_words()
-                        .is_some_and(|w| llm.model.mask_last(b, state, cols, w));
-                if on_device {
+                        .is_some_and(|w| llm.model.mask_last(b, state, cols, w))
+                {
                     picked = Some(llm.model.argmax_last(b, state, cols));
                 } else {
                     logits.copy_from_slice(llm.model.logits_last(b, state));

@@ -527,7 +527,13 @@ impl<'m, B: Backend> Engine<'m, B> {
     fn admit(&mut self, mut req: Request) {
         let t0 = Instant::now();
         self.stats.queued.fetch_sub(1, Ordering::SeqCst);
-        let constraint = req.opts.grammar.as_ref().map(|g| self.llm.constraint(g));
+        let lazy = lazy_greedy(&req.opts);
+        let constraint = req.opts.grammar.as_ref().map(|g| {
+            self.llm.constraint(g).map(|mut c| {
+                c.lazy = lazy;
+                c
+            })
+        });
         match (self.tokenize(&req.prompt), constraint.transpose()) {
             (Ok(prompt), Ok(constraint)) => {
                 self.stats.queued.fetch_add(1, Ordering::SeqCst);
@@ -725,7 +731,8 @@ impl<'m, B: Backend> Engine<'m, B> {
             .filter_map(|&(i, at, n)| {
                 let seq = self.slots[i].seq.as_mut().expect("planned");
                 let samples = seq.next.is_some() || at + n == seq.prompt.len();
-                let c = samples.then(|| seq.constraint.take())??;
+                let lazy = seq.constraint.as_ref().is_some_and(|c| c.lazy);
+                let c = (samples && !lazy).then(|| seq.constraint.take())??;
                 owners.push(i);
                 Some(c)
             })
@@ -785,9 +792,11 @@ impl<'m, B: Backend> Engine<'m, B> {
                 let seq = self.slots[i].seq.as_mut().expect("planned");
                 let samples = seq.next.is_some() || at + n == seq.prompt.len();
                 let o = &seq.opts;
+                // (Greedy rows pick first and mask only on a miss: `lazy_greedy`.)
                 let pick_only = o.logprobs.is_none()
                     && o.logit_bias.is_empty()
-                    && (o.sampler.is_plain_argmax() || o.sampler.top_k_only().is_some());
+                    && o.sampler.top_k_only().is_some()
+                    && !o.sampler.is_plain_argmax();
                 let (b, sc) = (&llm.backend, &mut self.scratch);
                 samples
                     && pick_only
@@ -800,7 +809,8 @@ impl<'m, B: Backend> Engine<'m, B> {
             .collect();
         let greedy = plan.iter().enumerate().any(|(j, &(i, _, _))| {
             let seq = self.slots[i].seq.as_ref().expect("planned");
-            seq.opts.sampler.is_plain_argmax() && !(full_row(seq) && !masked[j])
+            let lazy = seq.constraint.is_some() && lazy_greedy(&seq.opts);
+            seq.opts.sampler.is_plain_argmax() && (lazy || !(full_row(seq) && !masked[j]))
         });
         let argmax = match greedy {
             true => llm
@@ -823,7 +833,14 @@ impl<'m, B: Backend> Engine<'m, B> {
                 Ok(Some(FinishReason::MaxTokens))
             } else {
                 let cfg = &seq.sampler.cfg;
-                let next = if full_row(seq) && !masked[j] {
+                // A greedy constrained row: its raw pick when the grammar allows it.
+                let fits = match seq.constraint.as_mut().filter(|c| c.lazy) {
+                    Some(c) => c.allows_fast(argmax[j]),
+                    None => false,
+                };
+                let next = if fits {
+                    argmax[j]
+                } else if full_row(seq) && !masked[j] {
                     // The whole row: masked by the grammar, measured for logprobs.
                     let l = llm.model.logits_row(&llm.backend, &mut self.scratch, j);
                     self.row.clear();
@@ -960,6 +977,11 @@ fn emit<B: Backend>(
         return Ok(Some(FinishReason::Stop));
     }
     Ok(None)
+}
+
+/// Greedy with nothing else read from the row: a grammar checks the raw pick first.
+fn lazy_greedy(o: &GenerateOptions) -> bool {
+    o.sampler.is_plain_argmax() && o.logprobs.is_none() && o.logit_bias.is_empty()
 }
 
 /// Whether sampling `seq` needs its whole logits row on the host.

@@ -258,6 +258,16 @@ fn batched_constrained_requests_equal_their_single_runs() {
             ("Invent a person: name, age and hobbies.", o)
         })
         .chain([(
+            // Greedy: the raw pick checked first, the mask only on a miss.
+            "Invent a person: name, age and hobbies.",
+            GenerateOptions {
+                max_tokens: 100,
+                grammar: Some(schema()),
+                sampler: SamplerConfig::greedy(),
+                ..Default::default()
+            },
+        )])
+        .chain([(
             "Name three primary colors.",
             GenerateOptions {
                 max_tokens: 24,
