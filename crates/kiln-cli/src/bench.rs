@@ -283,11 +283,12 @@ fn run_test<B: Backend>(
                 let (grammars, g) = schema.context("a json test needs --json-schema")?;
                 let cols = grammars.vocab().min(llama.cfg.vocab_size);
                 let mut cs = vec![grammars.compile(g)?];
-                cs[0].lazy = true;
+
                 let mut row = vec![0f32; cols];
                 let mut tok = tokens[0];
-                let mut masker =
-                    kiln_runtime::grammar::Masker::new(kiln_runtime::grammar::masks_beside(b));
+                let beside = kiln_runtime::grammar::masks_beside(b);
+                let mut masker = kiln_runtime::grammar::Masker::new(beside);
+                cs[0].lazy = !beside;
                 for i in 0..n {
                     masker.around(&mut cs, || {
                         llama.forward_last(b, &mut st, &[tok], depth + i)
@@ -295,13 +296,13 @@ fn run_test<B: Backend>(
                     let c = &mut cs[0];
                     // As greedy generation does: the raw pick if the grammar allows it, else
                     // masked and picked on the device where it can.
-                    let raw = llama.argmax_last(b, &st, cols);
-                    let fits = c.allows_fast(raw);
+                    let raw = c.lazy.then(|| llama.argmax_last(b, &st, cols));
+                    let fits = raw.is_some_and(|t| c.allows_fast(t));
                     let on_device = !fits
                         && c.allowed_words()
                             .is_some_and(|w| llama.mask_last(b, &mut st, cols, w));
-                    tok = if fits {
-                        raw
+                    tok = if let Some(t) = raw.filter(|_| fits) {
+                        t
                     } else if on_device {
                         llama.argmax_last(b, &st, cols)
                     } else {

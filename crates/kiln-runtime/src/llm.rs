@@ -468,8 +468,10 @@ impl<B: Backend> LlmSession<'_, B> {
         let full_row = !cons.is_empty() || !opts.logit_bias.is_empty();
         let device_argmax = opts.sampler.is_plain_argmax() && !full_row;
         let masked_greedy = opts.sampler.is_plain_argmax() && opts.logit_bias.is_empty();
-        // Greedy: the raw pick first; the mask only when it breaks the grammar.
-        cons.iter_mut().for_each(|c| c.lazy = masked_greedy);
+        // Greedy on the CPU: the raw pick first, the mask only when it breaks the grammar (on a
+        // device the mask is computed beside the forward and applied where the logits are).
+        let lazy = masked_greedy && !crate::grammar::masks_beside(&llm.backend);
+        cons.iter_mut().for_each(|c| c.lazy = lazy);
         let top_k = opts.sampler.top_k_only().filter(|_| !full_row);
         let mut cand = Vec::new();
         let mut picked: Option<u32> = None;
@@ -509,7 +511,7 @@ impl<B: Backend> LlmSession<'_, B> {
                 let c = &mut cons[0];
                 // Greedy: the raw pick if the grammar allows it; else masked and picked where
                 // the logits are, if the backend can.
-                let raw = masked_greedy.then(|| llm.model.argmax_last(b, state, cols));
+                let raw = c.lazy.then(|| llm.model.argmax_last(b, state, cols));
                 if let Some(t) = raw.filter(|&t| c.allows_fast(t)) {
                     picked = Some(t);
                 } else if masked_greedy

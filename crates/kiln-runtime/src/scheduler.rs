@@ -527,7 +527,7 @@ impl<'m, B: Backend> Engine<'m, B> {
     fn admit(&mut self, mut req: Request) {
         let t0 = Instant::now();
         self.stats.queued.fetch_sub(1, Ordering::SeqCst);
-        let lazy = lazy_greedy(&req.opts);
+        let lazy = lazy_greedy(&req.opts) && !crate::grammar::masks_beside(&self.llm.backend);
         let constraint = req.opts.grammar.as_ref().map(|g| {
             self.llm.constraint(g).map(|mut c| {
                 c.lazy = lazy;
@@ -792,24 +792,24 @@ impl<'m, B: Backend> Engine<'m, B> {
                 let seq = self.slots[i].seq.as_mut().expect("planned");
                 let samples = seq.next.is_some() || at + n == seq.prompt.len();
                 let o = &seq.opts;
-                // (Greedy rows pick first and mask only on a miss: `lazy_greedy`.)
+                // (Lazy rows pick first and mask only on a miss: `lazy_greedy`.)
                 let pick_only = o.logprobs.is_none()
                     && o.logit_bias.is_empty()
-                    && o.sampler.top_k_only().is_some()
-                    && !o.sampler.is_plain_argmax();
+                    && (o.sampler.is_plain_argmax() || o.sampler.top_k_only().is_some());
                 let (b, sc) = (&llm.backend, &mut self.scratch);
                 samples
                     && pick_only
                     && seq
                         .constraint
                         .as_mut()
+                        .filter(|c| !c.lazy)
                         .and_then(|c| c.allowed_words())
                         .is_some_and(|w| llm.model.mask_logits(b, sc, j, cols, w))
             })
             .collect();
         let greedy = plan.iter().enumerate().any(|(j, &(i, _, _))| {
             let seq = self.slots[i].seq.as_ref().expect("planned");
-            let lazy = seq.constraint.is_some() && lazy_greedy(&seq.opts);
+            let lazy = seq.constraint.as_ref().is_some_and(|c| c.lazy);
             seq.opts.sampler.is_plain_argmax() && (lazy || !(full_row(seq) && !masked[j]))
         });
         let argmax = match greedy {
@@ -979,7 +979,9 @@ fn emit<B: Backend>(
     Ok(None)
 }
 
-/// Greedy with nothing else read from the row: a grammar checks the raw pick first.
+/// Greedy with nothing else read from the row: on the CPU a grammar checks the raw pick
+/// first and masks only on a miss (a mask costs the forward's cores there; on a device it is
+/// computed beside the forward and applied where the logits are).
 fn lazy_greedy(o: &GenerateOptions) -> bool {
     o.sampler.is_plain_argmax() && o.logprobs.is_none() && o.logit_bias.is_empty()
 }
