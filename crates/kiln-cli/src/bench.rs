@@ -308,7 +308,7 @@ fn run_test<B: Backend>(
                     } else {
                         row.copy_from_slice(&llama.logits_last(b, &mut st)[..cols]);
                         c.apply(&mut row)?;
-                        host_argmax(&row)
+                        kiln_backend::argmax_first(&row)
                     };
                     // A finished document (or an end token) starts the next one (the grammar
                     // reset, not compiled again: compiling is per request, not per token).
@@ -344,16 +344,6 @@ fn run_test<B: Backend>(
         }
     }
     Ok(samples)
-}
-
-fn host_argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// One test's timed runs and what the report needs to describe them.

@@ -99,7 +99,11 @@ impl TokenizerEnv for Env {
 
 impl Grammars {
     pub fn new(tokenizer: &Tokenizer) -> Result<Self, RuntimeError> {
-        let words = tokenizer.token_bytes();
+        Self::with_bytes(tokenizer, &tokenizer.token_bytes())
+    }
+
+    /// As `new`, with the tokenizer's `token_bytes` already at hand.
+    pub fn with_bytes(tokenizer: &Tokenizer, words: &[Vec<u8>]) -> Result<Self, RuntimeError> {
         let eog: Vec<u32> = tokenizer
             .eog_ids()
             .filter(|&id| (id as usize) < words.len())
@@ -112,7 +116,7 @@ impl Grammars {
         };
         let mut info = TokRxInfo::new(words.len() as u32, eos);
         info.tok_bos = tokenizer.bos_id();
-        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
+        let trie = TokTrie::from(&info, words).with_eos_tokens(&eog);
         let eog = eog.clone();
         let env: TokEnv = Arc::new(Env {
             trie,

@@ -148,7 +148,8 @@ impl<B: Backend> Llm<B> {
     /// A fresh constraint that makes generation follow `g`.
     pub fn constraint(&self, g: &Grammar) -> Result<Constraint, RuntimeError> {
         let tables = self.grammars.get_or_init(|| {
-            crate::grammar::Grammars::new(&self.tokenizer).map_err(|e| e.to_string())
+            crate::grammar::Grammars::with_bytes(&self.tokenizer, self.all_token_bytes())
+                .map_err(|e| e.to_string())
         });
         match tables {
             Ok(t) => t.compile(g),
@@ -158,11 +159,17 @@ impl<B: Backend> Llm<B> {
 
     /// The bytes token `id` stands for (a special token's name; empty for unknown ids).
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
-        let all = self
-            .token_bytes
-            .get_or_init(|| self.tokenizer.token_bytes());
-        let b = all.get(id as usize).map_or(&[][..], |b| &b[..]);
+        let b = self
+            .all_token_bytes()
+            .get(id as usize)
+            .map_or(&[][..], |b| &b[..]);
         b.strip_prefix(&[0xFF]).unwrap_or(b).to_vec()
+    }
+
+    /// Every id's bytes (`Tokenizer::token_bytes`), built once.
+    fn all_token_bytes(&self) -> &[Vec<u8>] {
+        self.token_bytes
+            .get_or_init(|| self.tokenizer.token_bytes())
     }
 
     /// Renders a conversation with the model's chat template, ready for the assistant's turn.

@@ -272,11 +272,7 @@ impl Scheduler {
         &self,
         inputs: Vec<Prompt>,
     ) -> Result<Receiver<Result<Embeddings, RuntimeError>>, SubmitError> {
-        let (reply, rx) = mpsc::channel();
-        let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
-        tx.send(Job::Embed(inputs, reply))
-            .map_err(|_| SubmitError::Stopped)?;
-        Ok(rx)
+        self.ask(|reply| Job::Embed(inputs, reply))
     }
 
     /// The token ids of `text` (`add_special`: BOS and the like) with each one's bytes, from
@@ -286,11 +282,7 @@ impl Scheduler {
         text: String,
         add_special: bool,
     ) -> Result<Receiver<Result<Vec<(u32, Vec<u8>)>, RuntimeError>>, SubmitError> {
-        let (reply, rx) = mpsc::channel();
-        let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
-        tx.send(Job::Tokenize(text, add_special, reply))
-            .map_err(|_| SubmitError::Stopped)?;
-        Ok(rx)
+        self.ask(|reply| Job::Tokenize(text, add_special, reply))
     }
 
     /// The text of token ids (special tokens written out).
@@ -298,10 +290,14 @@ impl Scheduler {
         &self,
         ids: Vec<u32>,
     ) -> Result<Receiver<Result<String, RuntimeError>>, SubmitError> {
+        self.ask(|reply| Job::Detokenize(ids, reply))
+    }
+
+    /// Sends the engine a job that answers on its own channel.
+    fn ask<T>(&self, job: impl FnOnce(Sender<T>) -> Job) -> Result<Receiver<T>, SubmitError> {
         let (reply, rx) = mpsc::channel();
         let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
-        tx.send(Job::Detokenize(ids, reply))
-            .map_err(|_| SubmitError::Stopped)?;
+        tx.send(job(reply)).map_err(|_| SubmitError::Stopped)?;
         Ok(rx)
     }
 

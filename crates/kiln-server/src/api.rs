@@ -10,7 +10,7 @@ use kiln_text::Message;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use crate::error::{invalid, ApiError};
 use crate::tools::{self, Format, Tools};
 
 #[derive(Debug, Deserialize)]
@@ -123,10 +123,6 @@ pub struct Sampling {
     pub store: Option<bool>,
 }
 
-fn invalid(param: &str, msg: String) -> ApiError {
-    ApiError::invalid(msg).param(param)
-}
-
 fn range(param: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> {
     match v {
         Some(x) if !(lo..=hi).contains(&x) || x.is_nan() => Err(invalid(
@@ -150,13 +146,13 @@ impl Sampling {
         if self.suffix.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(invalid(
                 "suffix",
-                "suffix (fill in the middle) is not supported".into(),
+                "suffix (fill in the middle) is not supported",
             ));
         }
         if self.store == Some(true) {
             return Err(invalid(
                 "store",
-                "store: kiln keeps no completions (send false or leave it out)".into(),
+                "store: kiln keeps no completions (send false or leave it out)",
             ));
         }
         let mut logit_bias = Vec::new();
@@ -256,10 +252,7 @@ pub fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
         "json_object" => Ok(Some(Grammar::JsonObject)),
         "json_schema" => {
             let js = v.get("json_schema").ok_or_else(|| {
-                invalid(
-                    p,
-                    "response_format json_schema needs a json_schema object".into(),
-                )
+                invalid(p, "response_format json_schema needs a json_schema object")
             })?;
             let schema = js
                 .get("schema")
@@ -267,7 +260,7 @@ pub fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
                 .ok_or_else(|| {
                     invalid(
                         p,
-                        "response_format.json_schema.schema must be a JSON schema".into(),
+                        "response_format.json_schema.schema must be a JSON schema",
                     )
                 })?;
             Ok(Some(Grammar::JsonSchema(schema.clone())))
@@ -297,7 +290,7 @@ impl ChatRequest {
     pub fn messages(&self, format: Format) -> Result<Vec<Message>, ApiError> {
         check_unknown(&self.extra, "")?;
         if self.messages.is_empty() {
-            return Err(invalid("messages", "messages must not be empty".into()));
+            return Err(invalid("messages", "messages must not be empty"));
         }
         self.messages
             .iter()
@@ -372,10 +365,7 @@ impl ChatRequest {
                 "top_logprobs",
                 format!("top_logprobs must be between 0 and 20, got {n}"),
             )),
-            (_, Some(_)) => Err(invalid(
-                "top_logprobs",
-                "top_logprobs needs logprobs: true".into(),
-            )),
+            (_, Some(_)) => Err(invalid("top_logprobs", "top_logprobs needs logprobs: true")),
             _ => Ok(None),
         }
     }
@@ -396,10 +386,10 @@ impl CompletionRequest {
     pub fn prompt(&self) -> Result<kiln_runtime::Prompt, ApiError> {
         check_unknown(&self.extra, "")?;
         if self.echo == Some(true) {
-            return Err(invalid("echo", "echo is not supported".into()));
+            return Err(invalid("echo", "echo is not supported"));
         }
         use kiln_runtime::Prompt;
-        let one = || invalid("prompt", "one prompt per request (n = 1)".into());
+        let one = || invalid("prompt", "one prompt per request (n = 1)");
         Ok(match &self.prompt {
             PromptInput::Text(t) => Prompt::Text(t.clone()),
             PromptInput::Texts(v) if v.len() == 1 => Prompt::Text(v[0].clone()),

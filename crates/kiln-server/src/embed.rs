@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use kiln_runtime::{Embeddings, Prompt, SubmitError};
@@ -13,12 +13,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::api::check_unknown;
-use crate::error::ApiError;
+use crate::error::{invalid, ollama_error, ApiError};
 use crate::{engine_error, engine_gone, json_response, parse, read_body, AppState, Kind};
-
-fn invalid(param: &str, msg: impl Into<String>) -> ApiError {
-    ApiError::invalid(msg).param(param)
-}
 
 /// Inputs as OpenAI takes them: a string, strings, a token list, token lists.
 #[derive(Debug, Deserialize)]
@@ -160,15 +156,6 @@ struct OllamaEmbed {
     options: Option<Map<String, Value>>,
     #[serde(flatten)]
     extra: Map<String, Value>,
-}
-
-fn ollama_error(e: ApiError) -> Response {
-    (
-        e.status,
-        [(header::CONTENT_TYPE, "application/json")],
-        json!({"error": e.message}).to_string(),
-    )
-        .into_response()
 }
 
 /// `/api/embed` (`{"embeddings": [[...]]}`) and `/api/embeddings` (`{"embedding": [...]}`).

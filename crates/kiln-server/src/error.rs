@@ -14,6 +14,21 @@ pub struct ApiError {
     pub code: Option<&'static str>,
 }
 
+/// 400 invalid_request_error naming the field `param`.
+pub(crate) fn invalid(param: &str, msg: impl Into<String>) -> ApiError {
+    ApiError::invalid(msg).param(param)
+}
+
+/// An error in Ollama's shape: `{"error": "..."}` with the status.
+pub(crate) fn ollama_error(e: ApiError) -> Response {
+    (
+        e.status,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({"error": e.message}).to_string(),
+    )
+        .into_response()
+}
+
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         ApiError {

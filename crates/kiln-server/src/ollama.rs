@@ -16,13 +16,9 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::api::check_unknown;
-use crate::error::ApiError;
+use crate::error::{invalid, ollama_error, ApiError};
 use crate::tools::{self, Format, Piece, Splitter, Tools};
 use crate::{engine_error, json_response, parse, read_body, submit, AppState, Kind};
-
-fn invalid(param: &str, msg: impl Into<String>) -> ApiError {
-    ApiError::invalid(msg).param(param)
-}
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
@@ -186,14 +182,6 @@ fn no_thinking(think: Option<&Value>) -> Result<(), ApiError> {
 }
 
 /// An Ollama error: `{"error": "..."}`.
-fn ollama_error(e: ApiError) -> Response {
-    (
-        e.status,
-        [(header::CONTENT_TYPE, "application/json")],
-        json!({"error": e.message}).to_string(),
-    )
-        .into_response()
-}
 
 pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let res = async {

@@ -16,7 +16,7 @@ use kiln_runtime::{Grammar, Prompt};
 use kiln_text::Message;
 use serde_json::{json, Value};
 
-use crate::error::ApiError;
+use crate::error::{invalid, ApiError};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -59,10 +59,6 @@ pub struct Tools {
     pub choice: Choice,
     parallel: bool,
     pub format: Format,
-}
-
-fn invalid(param: &str, msg: impl Into<String>) -> ApiError {
-    ApiError::invalid(msg).param(param)
 }
 
 impl Tools {

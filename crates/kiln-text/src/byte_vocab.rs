@@ -15,7 +15,7 @@ use crate::error::{Result, TextError};
 use crate::tokenizer::{Specials, Tokenizer};
 
 /// GPT-2's printable stand-in for every byte (the `bytes_to_unicode` table).
-fn byte_chars() -> [char; 256] {
+pub(crate) fn byte_chars() -> [char; 256] {
     let mut out = ['\0'; 256];
     let printable = |b: u32| {
         (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)

@@ -370,27 +370,12 @@ fn byte_piece(name: &str) -> Option<u8> {
         .flatten()
 }
 
-/// GPT-2's character for each byte, inverted: printable Latin-1 bytes stand for
-/// themselves, the others were shifted to U+0100 onwards in byte order.
+/// GPT-2's character for each byte (`byte_vocab`'s table), inverted.
 fn byte_level_table() -> impl Fn(char) -> Option<u8> {
-    let printable = |b: u32| {
-        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
-    };
-    let mut shifted = [0u8; 68];
-    let mut n = 0;
-    for b in 0..256u32 {
-        if !printable(b) {
-            shifted[n] = b as u8;
-            n += 1;
-        }
-    }
-    move |c: char| {
-        let u = c as u32;
-        if printable(u) {
-            Some(u as u8)
-        } else {
-            u.checked_sub(0x100)
-                .and_then(|i| shifted.get(i as usize).copied())
-        }
-    }
+    let inv: std::collections::HashMap<char, u8> = crate::byte_vocab::byte_chars()
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect();
+    move |c: char| inv.get(&c).copied()
 }
