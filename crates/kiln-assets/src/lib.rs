@@ -6,9 +6,14 @@
 //! entry carries a `.complete` marker and is never fetched again; a verified package file in
 //! `$KILN_HOME/downloads/` is not downloaded again while its entry is being fetched (a fetch
 //! that failed later resumes from it), and is removed once the entry is complete.
+//!
+//! Models on Hugging Face (`hf:owner/repo[:QUANT]`, and the aliases such as `qwen3:0.6b`) are
+//! fetched into the Hub's own cache by [`hub`]; an alias with a registry mirror falls back to it
+//! where the Hub cannot be reached.
 
 mod catalog;
 pub mod convert;
+pub mod hub;
 pub mod ollama;
 
 use std::fs;
@@ -19,12 +24,15 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-pub use catalog::{entry, Client, Entry, Extract, Kind, Source, CATALOG};
+pub use catalog::{alias_of, entry, Alias, Client, Entry, Extract, Kind, Source, ALIASES, CATALOG};
 
 #[derive(Debug, Error)]
 pub enum AssetError {
-    #[error("unknown model '{0}' (not a file or directory, and not in the catalog: {1})")]
+    #[error("unknown model '{0}' (not a file or directory, a Hugging Face repository \
+             (owner/repo[:QUANT]), an alias or a catalog name: {1})")]
     Unknown(String, String),
+    #[error("{spec}: {why}")]
+    Hub { spec: String, why: String },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -84,6 +92,8 @@ pub enum Progress<'a> {
         done: u64,
         total: u64,
     },
+    /// Something the user should know that is not an error (a fallback taken).
+    Notice(&'a str),
     Done,
 }
 
@@ -107,6 +117,11 @@ pub fn ensure(e: &Entry, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, 
     let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = entry_dir(e);
     let main = dir.join(e.main);
+    if is_cached(e) {
+        return Ok(main);
+    }
+    // Another process fetching the same entry: wait for it, then use what it fetched.
+    let _file_lock = hub::fetch_lock(e.name)?;
     if is_cached(e) {
         return Ok(main);
     }
@@ -339,8 +354,24 @@ else:
 }
 
 /// What `-m/--model` names: `ollama:NAME[:TAG]` (a model Ollama pulled, run from its store),
-/// an existing path, or a catalog entry (fetched on first use).
+/// an existing path, a catalog entry, an alias (`qwen3:0.6b`, `qwen3:4b-q8_0`), or a Hugging
+/// Face repository (`hf:owner/repo[:QUANT]`, `owner/repo[:QUANT]`, `owner/repo/file.gguf`);
+/// fetched on first use.
 pub fn resolve(model: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, AssetError> {
+    fetch(model, false, progress)
+}
+
+/// As [`resolve`], but a Hugging Face model is looked up on the Hub again even when a copy is
+/// in the cache (`kiln pull`: a newer commit is fetched).
+pub fn pull(model: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, AssetError> {
+    fetch(model, true, progress)
+}
+
+fn fetch(
+    model: &str,
+    refresh: bool,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PathBuf, AssetError> {
     if let Some(name) = model.strip_prefix("ollama:") {
         return ollama::resolve(name);
     }
@@ -348,11 +379,166 @@ pub fn resolve(model: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBu
     if p.exists() {
         return Ok(p.to_path_buf());
     }
-    match entry(model) {
-        Some(e) => ensure(e, progress),
-        None => {
-            let names: Vec<&str> = CATALOG.iter().map(|e| e.name).collect();
-            Err(AssetError::Unknown(model.into(), names.join(", ")))
+    if let Some(e) = entry(model) {
+        mark_used(e.name);
+        return ensure(e, progress);
+    }
+    if let Some((a, quant)) = alias_of(model) {
+        return fetch_alias(a, quant, refresh, progress);
+    }
+    if let Some(spec) = hub::parse(model) {
+        mark_used(&format!("hf:{}", spec.repo));
+        return hub::resolve(&spec, refresh, progress);
+    }
+    let mut names: Vec<&str> = CATALOG.iter().map(|e| e.name).collect();
+    names.extend(ALIASES.iter().map(|a| a.name));
+    Err(AssetError::Unknown(model.into(), names.join(", ")))
+}
+
+fn fetch_alias(
+    a: &Alias,
+    quant: Option<String>,
+    refresh: bool,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PathBuf, AssetError> {
+    let spec = hub::HubSpec {
+        repo: a.repo.to_string(),
+        revision: "main".into(),
+        pick: match quant.as_deref().or(a.quant) {
+            Some(q) => hub::Pick::Quant(q.to_string()),
+            None => hub::Pick::Auto,
+        },
+    };
+    // The mirror stands in only for the alias as it is (its file is one quantization).
+    let mirror = a.mirror.filter(|_| quant.is_none()).and_then(entry);
+    if !refresh {
+        if let Some(p) = hub::cached(&spec) {
+            mark_used(&format!("hf:{}", spec.repo));
+            return Ok(p);
+        }
+        if let Some(m) = mirror.filter(|m| is_cached(m)) {
+            mark_used(m.name);
+            return Ok(entry_dir(m).join(m.main));
         }
     }
+    match hub::resolve(&spec, refresh, progress) {
+        Ok(p) => {
+            mark_used(&format!("hf:{}", spec.repo));
+            Ok(p)
+        }
+        Err(e) => match mirror {
+            Some(m) => {
+                progress(Progress::Notice(&format!(
+                    "{e}; using {}'s registry mirror ({})",
+                    a.name, m.name
+                )));
+                mark_used(m.name);
+                ensure(m, progress)
+            }
+            None => Err(e),
+        },
+    }
+}
+
+/// `$KILN_HOME/used/<name>`: its modification time is when kiln last resolved the model.
+fn used_marker(name: &str) -> PathBuf {
+    kiln_home()
+        .join("used")
+        .join(name.replace(['/', ':'], "--"))
+}
+
+fn mark_used(name: &str) {
+    let p = used_marker(name);
+    if let Some(d) = p.parent() {
+        let _ = fs::create_dir_all(d);
+    }
+    let _ = fs::write(&p, name);
+}
+
+/// A model in the caches, for `kiln list`.
+#[derive(Debug, Clone)]
+pub struct Cached {
+    /// A catalog name or `hf:owner/repo`.
+    pub name: String,
+    pub path: PathBuf,
+    pub bytes: u64,
+    /// Where it came from: the registry packages, or the Hugging Face cache.
+    pub source: String,
+    /// When kiln last resolved it (None: never, e.g. fetched by another tool).
+    pub last_used: Option<std::time::SystemTime>,
+}
+
+/// Every model in kiln's cache and every model repository in the Hugging Face cache.
+pub fn list_cached() -> Vec<Cached> {
+    let used = |name: &str| fs::metadata(used_marker(name)).and_then(|m| m.modified()).ok();
+    let mut out = Vec::new();
+    for e in CATALOG.iter().filter(|e| is_cached(e)) {
+        let source = e
+            .sources
+            .iter()
+            .map(|s| match s.client {
+                Client::Pip => format!("pypi:{}", s.spec),
+                Client::Npm => format!("npm:{}", s.spec),
+            })
+            .collect::<Vec<_>>();
+        let source = if source.len() > 1 {
+            format!("{} (+{} more)", source[0], source.len() - 1)
+        } else {
+            source.concat()
+        };
+        out.push(Cached {
+            name: e.name.to_string(),
+            path: entry_dir(e),
+            bytes: hub::dir_size(&entry_dir(e)),
+            source,
+            last_used: used(e.name),
+        });
+    }
+    for (repo, dir, bytes) in hub::cached_repos() {
+        let name = format!("hf:{repo}");
+        out.push(Cached {
+            last_used: used(&name),
+            name,
+            path: dir,
+            bytes,
+            source: "huggingface".into(),
+        });
+    }
+    out
+}
+
+/// Removes a model from the caches: a catalog name, an alias (its Hugging Face repository and
+/// its mirror), or `hf:owner/repo` / `owner/repo`. Returns the directories removed.
+pub fn remove(model: &str) -> Result<Vec<PathBuf>, AssetError> {
+    let mut dirs = Vec::new();
+    let mut locks = Vec::new();
+    if let Some(e) = entry(model) {
+        dirs.push((e.name.to_string(), entry_dir(e)));
+    } else if let Some((a, _)) = alias_of(model) {
+        dirs.push((format!("hf--{}", a.repo), hub::repo_cache_dir(a.repo)));
+        if let Some(m) = a.mirror.and_then(entry) {
+            dirs.push((m.name.to_string(), entry_dir(m)));
+        }
+    } else if let Some(spec) = hub::parse(model) {
+        dirs.push((format!("hf--{}", spec.repo), hub::repo_cache_dir(&spec.repo)));
+    } else {
+        return Err(AssetError::Unknown(model.into(), "see kiln list".into()));
+    }
+    let mut removed = Vec::new();
+    for (lock, dir) in dirs {
+        if !dir.exists() {
+            continue;
+        }
+        // Not while another process is fetching it.
+        locks.push(hub::fetch_lock(&lock)?);
+        fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+        removed.push(dir);
+    }
+    if removed.is_empty() {
+        return Err(AssetError::Hub {
+            spec: model.into(),
+            why: "not in the cache (kiln list shows what is)".into(),
+        });
+    }
+    Ok(removed)
 }
