@@ -73,6 +73,11 @@ pub fn parse(s: &str) -> Option<HubSpec> {
     if !valid_part(owner) || !valid_part(name) || !valid_part(revision) {
         return None;
     }
+    // `dir/model.gguf` that is not there is a mistyped path, not a repository.
+    let file_like = [".gguf", ".bin", ".onnx", ".safetensors", ".pth", ".json"];
+    if file.is_none() && file_like.iter().any(|x| name.ends_with(x)) {
+        return None;
+    }
     let pick = match (file, quant) {
         (Some(f), _) => {
             if f.is_empty() || f.split('/').any(|p| p.is_empty() || p == "..") {
@@ -620,7 +625,7 @@ mod tests {
         assert_eq!(p.revision, "v1.0");
         assert_eq!(p.pick, Pick::File("sub/x-Q4_0.gguf".into()));
         assert_eq!(p.to_string(), "hf:o/r@v1.0/sub/x-Q4_0.gguf");
-        for bad in ["o", "/r", "o/", "o/r:", "o/../x", "o/r/../x.gguf", "o/r/", "-o/r", "o r/x"] {
+        for bad in ["models/x.gguf", "o", "/r", "o/", "o/r:", "o/../x", "o/r/../x.gguf", "o/r/", "-o/r", "o r/x"] {
             assert_eq!(parse(bad), None, "{bad}");
         }
     }

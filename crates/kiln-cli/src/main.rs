@@ -146,15 +146,22 @@ enum Cmd {
     Voice(voice_cmd::VoiceArgs),
     /// Describe a model file: format, architecture, hyper-parameters, tensors, tokenizer.
     Info {
-        /// A model file, directory or catalog name.
+        /// A model file, directory, catalog name, alias or Hugging Face repository.
         model: String,
         /// List every tensor (default: the first layers and the rest summarised).
         #[arg(long)]
         all: bool,
     },
-    /// Fetch a catalog model into the cache ($KILN_HOME, default ~/.cache/kiln); no name
-    /// lists the catalog.
+    /// Fetch a model: a Hugging Face repository (owner/repo[:QUANT], into the Hub's cache),
+    /// an alias (qwen3:0.6b, whisper:base, ...) or a catalog name (into $KILN_HOME, default
+    /// ~/.cache/kiln). A repository in the cache is checked against the Hub for a newer
+    /// commit. No name: the aliases and the catalog.
     Pull { name: Option<String> },
+    /// The models in the caches: name, size, source, when kiln last used it.
+    #[command(alias = "ls")]
+    List,
+    /// Remove a model from the caches (a catalog name, an alias, or hf:owner/repo).
+    Rm { name: String },
     /// Measure prompt processing and decode speed, reported like llama-bench.
     Bench(bench::BenchArgs),
     /// Write a GGUF file (for kiln or llama.cpp) from a Hugging Face / MLX directory or a
@@ -167,7 +174,9 @@ enum Cmd {
 /// Options every LLM command shares.
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    /// Model: a GGUF file, a directory, or a catalog name (fetched on first use).
+    /// Model: a GGUF file, a directory, a catalog name, an alias (qwen3:0.6b), a Hugging Face
+    /// repository (owner/repo[:QUANT], hf:owner/repo/file.gguf) or ollama:NAME[:TAG]
+    /// (fetched on first use).
     #[arg(short = 'm', long, default_value = DEFAULT_LLM)]
     pub model: String,
     /// Threads (default: all CPUs).
@@ -230,6 +239,8 @@ fn main() -> ExitCode {
         Cmd::Voice(a) => voice_cmd::voice(a),
         Cmd::Info { model, all } => resolve_model(&model).and_then(|p| info::info(&p, all)),
         Cmd::Pull { name } => pull(name),
+        Cmd::List => list(),
+        Cmd::Rm { name } => rm(&name),
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Quantize(a) => quantize::quantize(a),
         Cmd::Perplexity(a) => perplexity::perplexity(a),
@@ -252,15 +263,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// A path as given, or a catalog name fetched into the cache with a progress bar.
+/// A path as given, or a model fetched into the cache (first use) with a progress bar.
 pub fn resolve_model(model: &str) -> anyhow::Result<PathBuf> {
+    fetch_model(model, false)
+}
+
+fn fetch_model(model: &str, refresh: bool) -> anyhow::Result<PathBuf> {
     let bar = ProgressBar::hidden();
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     let mut shown = false;
-    let res = kiln_assets::resolve(model, &mut |p| {
+    let mut show = |p: Progress| {
         shown = true;
         show_progress(&bar, p)
-    });
+    };
+    let res = if refresh {
+        kiln_assets::pull(model, &mut show)
+    } else {
+        kiln_assets::resolve(model, &mut show)
+    };
     if shown {
         bar.finish_and_clear();
     }
@@ -278,22 +298,31 @@ fn show_progress(bar: &ProgressBar, p: Progress) {
             if bar.length() != Some(total) {
                 bar.disable_steady_tick();
                 bar.set_style(
-                    ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes}")
-                        .unwrap()
-                        .progress_chars("=> "),
+                    ProgressStyle::with_template(
+                        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+                    )
+                    .unwrap()
+                    .progress_chars("=> "),
                 );
                 bar.set_length(total);
                 bar.set_message(what.to_string());
             }
             bar.set_position(done);
         }
+        Progress::Notice(text) => bar.suspend(|| eprintln!("kiln: {text}")),
         Progress::Done => bar.finish_and_clear(),
     }
 }
 
 fn pull(name: Option<String>) -> anyhow::Result<()> {
     let Some(name) = name else {
-        println!("{:<24} {:<8} {}", "NAME", "CACHED", "ABOUT");
+        println!("{:<18} {:<8} HUGGING FACE (MIRROR WHERE IT IS NOT REACHABLE)", "ALIAS", "");
+        for a in kiln_assets::ALIASES {
+            let mirror = a.mirror.map(|m| format!(" ({m})")).unwrap_or_default();
+            println!("{:<18} {:<8} {}{mirror}", a.name, "", a.repo);
+        }
+        println!();
+        println!("{:<24} {:<8} ABOUT", "CATALOG NAME", "CACHED");
         for e in kiln_assets::CATALOG {
             let cached = if kiln_assets::is_cached(e) {
                 "yes"
@@ -304,11 +333,53 @@ fn pull(name: Option<String>) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    let e = kiln_assets::entry(&name).ok_or_else(|| {
-        let names: Vec<&str> = kiln_assets::CATALOG.iter().map(|e| e.name).collect();
-        anyhow::anyhow!("unknown model '{name}' (catalog: {})", names.join(", "))
-    })?;
-    let path = resolve_model(e.name)?;
+    if std::path::Path::new(&name).exists() {
+        anyhow::bail!("{name} is a local path: there is nothing to pull");
+    }
+    let path = fetch_model(&name, true)?;
     println!("{}", path.display());
+    Ok(())
+}
+
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.1} GB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.0} MB", b as f64 / (1u64 << 20) as f64),
+        b => format!("{:.0} KB", b as f64 / 1024.0),
+    }
+}
+
+fn ago(t: Option<std::time::SystemTime>) -> String {
+    let Some(t) = t else {
+        return "never".into();
+    };
+    let s = t.elapsed().map(|d| d.as_secs()).unwrap_or(0);
+    match s {
+        s if s < 60 => "just now".into(),
+        s if s < 3600 => format!("{} minutes ago", s / 60),
+        s if s < 86400 => format!("{} hours ago", s / 3600),
+        s => format!("{} days ago", s / 86400),
+    }
+}
+
+fn list() -> anyhow::Result<()> {
+    let models = kiln_assets::list_cached();
+    println!("{:<44} {:>9}  {:<16} SOURCE", "NAME", "SIZE", "LAST USED");
+    for m in models {
+        println!(
+            "{:<44} {:>9}  {:<16} {}",
+            m.name,
+            human_bytes(m.bytes),
+            ago(m.last_used),
+            m.source
+        );
+    }
+    Ok(())
+}
+
+fn rm(name: &str) -> anyhow::Result<()> {
+    for dir in kiln_assets::remove(name)? {
+        println!("removed {}", dir.display());
+    }
     Ok(())
 }

@@ -82,9 +82,13 @@ fn optional<T>(
     }
 }
 
-/// The model's name for clients: a catalog name as given, else the file's stem.
+/// The model's name for clients: a catalog name, alias or Hugging Face repository as given,
+/// else the file's stem.
 fn model_id(model: &str, path: &std::path::Path) -> String {
-    if kiln_assets::entry(model).is_some() {
+    let named = kiln_assets::entry(model).is_some()
+        || kiln_assets::alias_of(model).is_some()
+        || (!std::path::Path::new(model).exists() && kiln_assets::hub::parse(model).is_some());
+    if named {
         return model.to_string();
     }
     path.file_stem()
