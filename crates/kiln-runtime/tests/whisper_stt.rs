@@ -266,3 +266,24 @@ fn audio_shorter_than_a_frame_gives_an_empty_transcript() {
         .unwrap();
     assert!(t.segments.is_empty());
 }
+
+/// Whisper base, multilingual (the catalog's mirror of a CTranslate2 fp16 export): its
+/// vocabulary's specials sit one id later than tiny.en's, the language is detected from the
+/// audio, and jfk.wav transcribes word for word.
+#[test]
+fn multilingual_base_detects_english_and_transcribes_jfk() {
+    let dir = kiln_assets::resolve("whisper-base", &mut |_| {}).unwrap();
+    let tok = kiln_text::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let sp = kiln_runtime::whisper::SpecialTokens::from_tokenizer(&tok, 51865).unwrap();
+    assert!(sp.multilingual);
+    assert_eq!((sp.eot, sp.sot, sp.no_timestamps), (50257, 50258, 50363));
+    assert_eq!(sp.language("en"), Some(50259));
+    let s = Stt::load(CpuBackend::new(2), &dir, LoadOptions::default()).unwrap();
+    for timestamps in [true, false] {
+        let mut o = TranscribeOptions::default();
+        o.decode.timestamps = timestamps;
+        let t = s.transcribe(&jfk(), &o).unwrap();
+        assert_eq!(t.language, "en");
+        assert_eq!(words(&t.text), JFK, "{}", t.text);
+    }
+}

@@ -305,7 +305,15 @@ pub struct Weights<'a> {
 impl<'a> Weights<'a> {
     pub fn new(file: &'a WhisperFile, quant: Option<GgmlType>) -> Self {
         let unused = match file {
-            WhisperFile::Ct2(f) => f.vars.iter().map(|v| v.name.clone()).collect(),
+            // Newer CTranslate2 converters also write the decoder's ALiBi options; they mean
+            // nothing while ALiBi itself is off, as it is for every Whisper (a file that turns
+            // it on keeps its `decoder/alibi` variable unread and is refused).
+            WhisperFile::Ct2(f) => f
+                .vars
+                .iter()
+                .map(|v| v.name.clone())
+                .filter(|n| n != "decoder/alibi_use_positive_positions" && n != "decoder/scale_alibi")
+                .collect(),
             WhisperFile::Ggml(f) => f.tensors.iter().map(|t| t.name.clone()).collect(),
             WhisperFile::Hf(h) => h.set.tensors().map(|t| t.name.clone()).collect(),
         };

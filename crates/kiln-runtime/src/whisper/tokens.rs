@@ -121,8 +121,10 @@ impl SpecialTokens {
             no_speech: id(&["<|nospeech|>", "<|nocaptions|>"])?,
             no_timestamps,
             timestamp_begin,
-            // English-only vocabularies are one token shorter (51864 vs 51865+).
-            multilingual: n_vocab as u32 > timestamp_begin + 1501,
+            // Whisper's own rule: English-only vocabularies have 51864 ids, multilingual ones
+            // 51865 (51866 from large-v3 on). Counting from the timestamps instead misreads
+            // multilingual files, whose 1501 timestamps end exactly at 51865.
+            multilingual: n_vocab >= 51865,
             languages,
         })
     }
