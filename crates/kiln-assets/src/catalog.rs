@@ -335,6 +335,32 @@ pub static CATALOG: &[Entry] = &[
         main: ".",
     },
     Entry {
+        name: "misaki-en-gb",
+        kind: Kind::Tokenizer,
+        about: "misaki 0.9.4 British English G2P lexicons and g2p-en 2.1.0's letter-to-sound \
+                model, for Kokoro's British voices (bf_*, bm_*)",
+        sources: &[
+            pip(
+                "misaki==0.9.4",
+                "90e2eeb169786c014c429e5058d2ea6bcd02d651f2a24450ba6c9ffc0f8da15a",
+            ),
+            pip(
+                "g2p-en==2.1.0",
+                "2a7aabf1fc7f270fcc3349881407988c9245173c2413debbe5432f4a4f31319f",
+            ),
+        ],
+        extract: &[
+            x(0, "misaki/data/gb_gold.json", "gb_gold.json"),
+            x(0, "misaki/data/gb_silver.json", "gb_silver.json"),
+            x(1, "g2p_en/checkpoint20.npz", "g2p_en_checkpoint20.npz"),
+        ],
+        file_sha256: &[(
+            "g2p_en_checkpoint20.npz",
+            "b8af35e4596d8dd5836dfd3fe9b2ba4f97b9c311efe8879544cbcfcbd566d8c6",
+        )],
+        main: ".",
+    },
+    Entry {
         name: "qwen3-tokenizer",
         kind: Kind::Tokenizer,
         about: "Qwen3 tokenizer.json + tokenizer_config.json",

@@ -13,6 +13,8 @@ use kiln_runtime::tts::{model_dir_files, pcm16, wav_header, Tts, SAMPLE_RATE};
 
 pub const DEFAULT_TTS: &str = "kokoro-82m";
 pub const DEFAULT_LEXICON: &str = "misaki-en-us";
+/// misaki's British lexicons, for the British voices.
+pub const BRITISH_LEXICON: &str = "misaki-en-gb";
 /// A voice of the catalog's voices: American English, the one kokoro users reach for.
 pub const DEFAULT_VOICE: &str = "af_heart";
 
@@ -94,10 +96,13 @@ pub fn spawn(
 /// [`load`] on `backend`.
 pub fn load_on<B: Backend>(backend: B, model: &str, phonemes_only: bool) -> anyhow::Result<Tts<B>> {
     let path = crate::resolve_model(model)?;
-    let lex = if phonemes_only {
-        None
+    let (lex, british) = if phonemes_only {
+        (None, None)
     } else {
-        Some(crate::resolve_model(DEFAULT_LEXICON)?)
+        (
+            Some(crate::resolve_model(DEFAULT_LEXICON)?),
+            Some(crate::resolve_model(BRITISH_LEXICON)?),
+        )
     };
     let (file, config, voices) = if path.is_dir() {
         model_dir_files(&path)
@@ -114,13 +119,11 @@ pub fn load_on<B: Backend>(backend: B, model: &str, phonemes_only: bool) -> anyh
         };
         (path.clone(), config, voices)
     };
-    Ok(Tts::load_files_on(
-        backend,
-        &file,
-        &config,
-        &voices,
-        lex.as_deref(),
-    )?)
+    let tts = Tts::load_files_on(backend, &file, &config, &voices, lex.as_deref())?;
+    Ok(match british {
+        Some(d) => tts.with_british_lexicons(&d),
+        None => tts,
+    })
 }
 
 fn read_text(text: &str) -> anyhow::Result<String> {
@@ -320,22 +323,12 @@ fn bench_one(
 /// "American English, female" for `af_heart`: Kokoro's voices are named by language (first
 /// letter) and gender (second).
 fn describe_voice(name: &str) -> String {
-    let mut c = name.chars();
-    let lang = match c.next() {
-        Some('a') => "American English",
-        Some('b') => "British English",
-        Some('e') => "Spanish",
-        Some('f') => "French",
-        Some('h') => "Hindi",
-        Some('i') => "Italian",
-        Some('j') => "Japanese",
-        Some('p') => "Brazilian Portuguese",
-        Some('z') => "Mandarin Chinese",
-        _ => return String::new(),
+    let Some(lang) = kiln_text::speech::voice_language(name) else {
+        return String::new();
     };
-    match c.next() {
-        Some('f') => format!("{lang}, female"),
-        Some('m') => format!("{lang}, male"),
-        _ => lang.to_string(),
+    match name.chars().nth(1) {
+        Some('f') => format!("{}, female", lang.name),
+        Some('m') => format!("{}, male", lang.name),
+        _ => lang.name.to_string(),
     }
 }

@@ -108,7 +108,7 @@ trait Speak {
         speed: f32,
         sink: &mut dyn FnMut(&[f32]) -> std::io::Result<()>,
     ) -> Result<TtsStats, TtsError>;
-    fn phonemes(&self, text: &str) -> Result<Vec<String>, TtsError>;
+    fn phonemes(&self, text: &str, voice: &str) -> Result<Vec<String>, TtsError>;
 }
 
 impl<B: Backend> Speak for Tts<B> {
@@ -122,8 +122,8 @@ impl<B: Backend> Speak for Tts<B> {
     ) -> Result<TtsStats, TtsError> {
         Tts::speak(self, text, is_phonemes, voice, speed, sink)
     }
-    fn phonemes(&self, text: &str) -> Result<Vec<String>, TtsError> {
-        Tts::phonemes(self, text, false)
+    fn phonemes(&self, text: &str, voice: &str) -> Result<Vec<String>, TtsError> {
+        Tts::phonemes(self, text, false, voice)
     }
 }
 
@@ -166,12 +166,12 @@ impl TextToSpeech {
         &self.backend
     }
 
-    /// [`Tts::phonemes`] of `text`: its phoneme chunks, each one utterance the model speaks
-    /// (speak them with `is_phonemes`). A text that cannot be pronounced fails here, before
-    /// any audio is made.
-    pub fn phonemes(&self, text: &str) -> Result<Vec<String>, TtsError> {
-        let text = text.to_string();
-        self.model.call(move |m| m.phonemes(&text))
+    /// [`Tts::phonemes`] of `text` for `voice`'s language: its phoneme chunks, each one
+    /// utterance the model speaks (speak them with `is_phonemes`). A text that cannot be
+    /// pronounced fails here, before any audio is made.
+    pub fn phonemes(&self, text: &str, voice: &str) -> Result<Vec<String>, TtsError> {
+        let (text, voice) = (text.to_string(), voice.to_string());
+        self.model.call(move |m| m.phonemes(&text, &voice))
     }
 
     /// [`Tts::speak`]: `sink` gets each chunk's samples (24 kHz mono) on this thread as soon

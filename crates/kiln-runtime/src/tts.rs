@@ -7,7 +7,10 @@ use kiln_backend::cpu::CpuBackend;
 use kiln_backend::Backend;
 use kiln_models::kokoro::{load_voices, Kokoro, Voice};
 use kiln_models::ModelError;
-use kiln_text::speech::{chunk, normalize, sentences, G2p, G2pError};
+use kiln_text::speech::{
+    chunk, espeak_phonemes, normalize, sentences, voice_language, English, G2p, G2pError,
+    Phonemizer,
+};
 use thiserror::Error;
 
 pub use kiln_models::kokoro::SAMPLE_RATE;
@@ -37,7 +40,11 @@ pub struct Tts<B: Backend = CpuBackend> {
     backend: B,
     model: Kokoro<B>,
     voices: Vec<Voice>,
+    /// American English (misaki's US lexicons).
     g2p: Option<G2p>,
+    /// British English: the directory of misaki's GB lexicons, loaded on the first British
+    /// voice's text.
+    british: Option<(PathBuf, std::sync::OnceLock<Result<G2p, String>>)>,
 }
 
 /// Timing of one utterance.
@@ -119,7 +126,55 @@ impl<B: Backend> Tts<B> {
             model,
             voices,
             g2p,
+            british: None,
         })
+    }
+
+    /// Where misaki's British lexicons are (`gb_gold.json`, `gb_silver.json`), for the
+    /// British voices (`bf_*`, `bm_*`); without them those voices' text is an error.
+    pub fn with_british_lexicons(mut self, dir: &Path) -> Self {
+        self.british = Some((dir.to_path_buf(), std::sync::OnceLock::new()));
+        self
+    }
+
+    /// `sentence` (normalised) in Kokoro's phonemes for `voice`'s language.
+    fn phonemize(&self, sentence: &str, voice: &str) -> Result<String, TtsError> {
+        let lang = voice_language(voice);
+        let no_lexicons = || TtsError::Input("no G2P lexicons loaded: pass --phonemes".into());
+        match lang.map(|l| l.phonemizer) {
+            Some(Phonemizer::English(English::American)) | None => {
+                let g2p = self.g2p.as_ref().ok_or_else(no_lexicons)?;
+                Ok(g2p.phonemize(&normalize(sentence))?)
+            }
+            Some(Phonemizer::English(English::British)) => {
+                let (dir, g2p) = self.british.as_ref().ok_or_else(|| {
+                    TtsError::Input(format!(
+                        "voice {voice} speaks British English, and misaki's British lexicons \
+                         are not loaded"
+                    ))
+                })?;
+                let g2p = g2p
+                    .get_or_init(|| {
+                        G2p::load_english(dir, English::British).map_err(|e| e.to_string())
+                    })
+                    .as_ref()
+                    .map_err(|e| TtsError::Input(e.clone()))?;
+                Ok(g2p.phonemize(&normalize(sentence))?)
+            }
+            Some(Phonemizer::Espeak(v)) => {
+                let name = lang.map_or("", |l| l.name);
+                let p = espeak_phonemes(sentence, v).map_err(|e| {
+                    TtsError::Input(format!("voice {voice} speaks {name}: {e} (or pass --phonemes)"))
+                })?;
+                // Letters Kokoro has no token for are dropped, as its own pipeline does.
+                Ok(p.chars().filter(|&c| self.model.knows(c)).collect())
+            }
+            Some(Phonemizer::None(why)) => Err(TtsError::Input(format!(
+                "voice {voice} speaks {}: {why}; pass Kokoro phonemes with --phonemes, or \
+                 pick an English voice",
+                lang.map_or("", |l| l.name)
+            ))),
+        }
     }
 
     pub fn voices(&self) -> impl Iterator<Item = &str> {
@@ -141,11 +196,16 @@ impl<B: Backend> Tts<B> {
             })
     }
 
-    /// Phoneme chunks of `text` (each under the model's limit and in its vocabulary),
-    /// sentence by sentence.
-    pub fn phonemes(&self, text: &str, is_phonemes: bool) -> Result<Vec<String>, TtsError> {
+    /// Phoneme chunks of `text` for `voice`'s language (each under the model's limit and in
+    /// its vocabulary), sentence by sentence.
+    pub fn phonemes(
+        &self,
+        text: &str,
+        is_phonemes: bool,
+        voice: &str,
+    ) -> Result<Vec<String>, TtsError> {
         Ok(self
-            .chunks(text, is_phonemes)?
+            .chunks(text, is_phonemes, voice)?
             .into_iter()
             .map(|(p, _)| p)
             .collect())
@@ -154,19 +214,20 @@ impl<B: Backend> Tts<B> {
     /// [`Tts::phonemes`] with each chunk's token ids: every chunk is checked against the
     /// model's vocabulary here, so a caller that phonemizes first knows the whole text can
     /// be spoken before any of it is.
-    fn chunks(&self, text: &str, is_phonemes: bool) -> Result<Vec<(String, Vec<u32>)>, TtsError> {
+    fn chunks(
+        &self,
+        text: &str,
+        is_phonemes: bool,
+        voice: &str,
+    ) -> Result<Vec<(String, Vec<u32>)>, TtsError> {
         let mut out = Vec::new();
         if is_phonemes {
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
                 out.extend(chunk(line.trim(), MAX_PHONEMES));
             }
         } else {
-            let g2p = self
-                .g2p
-                .as_ref()
-                .ok_or_else(|| TtsError::Input("no G2P lexicons loaded: pass --phonemes".into()))?;
             for s in sentences(text) {
-                let p = g2p.phonemize(&normalize(&s))?;
+                let p = self.phonemize(&s, voice)?;
                 out.extend(chunk(&p, MAX_PHONEMES));
             }
         }
@@ -193,7 +254,7 @@ impl<B: Backend> Tts<B> {
     ) -> Result<TtsStats, TtsError> {
         let t0 = std::time::Instant::now();
         let v = self.voice(voice)?;
-        let chunks = self.chunks(text, is_phonemes)?;
+        let chunks = self.chunks(text, is_phonemes, voice)?;
         let mut st = TtsStats::default();
         for (p, ids) in &chunks {
             let style = v.style(p.chars().count());

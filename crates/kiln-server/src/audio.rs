@@ -536,11 +536,11 @@ pub async fn speech(State(st): State<Arc<AppState>>, headers: HeaderMap, body: B
         // spoken is a 400 here, never a stream cut off after its first sentences.
         let input = req.input;
         let phonemes = {
-            let tts = tts.clone();
+            let (tts, voice) = (tts.clone(), voice.clone());
             tokio::task::spawn_blocking(move || {
                 let mut out = Vec::new();
                 for sentence in sentences(&input) {
-                    match tts.phonemes(&sentence) {
+                    match tts.phonemes(&sentence, &voice) {
                         Ok(p) => out.push(p),
                         // Nothing to pronounce in this sentence (symbols only).
                         Err(TtsError::Empty) => continue,

@@ -388,6 +388,11 @@ impl<B: Backend> Kokoro<B> {
     }
 
     /// Phoneme string -> ids, padded with 0 at both ends; unknown phonemes are an error.
+    /// Whether `c` is one of the model's phoneme tokens.
+    pub fn knows(&self, c: char) -> bool {
+        self.config.vocab.contains_key(&c)
+    }
+
     pub fn ids(&self, phonemes: &str) -> Result<Vec<u32>, ModelError> {
         let mut ids = vec![0];
         for c in phonemes.chars() {

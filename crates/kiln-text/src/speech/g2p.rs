@@ -30,6 +30,31 @@ pub struct G2p {
     lexicon: HashMap<String, String>,
     espeak: Option<PathBuf>,
     neural: Option<super::NeuralG2p>,
+    english: English,
+}
+
+/// Which English: misaki's American or British lexicons, and espeak-ng's voice to match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum English {
+    American,
+    British,
+}
+
+impl English {
+    /// The lexicon files, silver first (gold wins).
+    fn lexicons(self) -> [&'static str; 2] {
+        match self {
+            English::American => ["us_silver.json", "us_gold.json"],
+            English::British => ["gb_silver.json", "gb_gold.json"],
+        }
+    }
+
+    fn espeak_voice(self) -> &'static str {
+        match self {
+            English::American => "en-us",
+            English::British => "en-gb",
+        }
+    }
 }
 
 /// Kokoro's punctuation, kept as is.
@@ -43,11 +68,18 @@ fn vowel_start(p: &str) -> bool {
 }
 
 impl G2p {
-    /// Loads the lexicons of `dir` (us_gold.json, us_silver.json; gold wins) and the neural
-    /// model beside them ([`NEURAL_G2P_FILE`]) where it is.
+    /// Loads the American lexicons of `dir` (us_gold.json, us_silver.json; gold wins) and
+    /// the neural model beside them ([`NEURAL_G2P_FILE`]) where it is.
     pub fn load(dir: &Path) -> Result<G2p, G2pError> {
+        Self::load_english(dir, English::American)
+    }
+
+    /// [`G2p::load`] for either English (British: gb_gold.json, gb_silver.json, espeak-ng's
+    /// en-gb voice; the neural model, trained on American pronunciations, stays the last
+    /// resort for both).
+    pub fn load_english(dir: &Path, english: English) -> Result<G2p, G2pError> {
         let mut lexicon = HashMap::new();
-        for name in ["us_silver.json", "us_gold.json"] {
+        for name in english.lexicons() {
             let path = dir.join(name);
             let err = |what: String| G2pError::Lexicon {
                 path: path.clone(),
@@ -81,6 +113,7 @@ impl G2p {
             lexicon,
             espeak: find_espeak(),
             neural,
+            english,
         })
     }
 
@@ -110,6 +143,7 @@ impl G2p {
                 .collect(),
             espeak: if espeak { find_espeak() } else { None },
             neural: None,
+            english: English::American,
         }
     }
 
@@ -331,7 +365,7 @@ impl G2p {
             .as_ref()
             .ok_or_else(|| fail("espeak-ng not found on PATH".into()))?;
         let out = Command::new(exe)
-            .args(["-q", "--ipa=1", "-v", "en-us", "--sep=_"])
+            .args(["-q", "--ipa=1", "-v", self.english.espeak_voice(), "--sep=_"])
             .arg(words.join("\n"))
             .output()
             .map_err(|e| fail(e.to_string()))?;
@@ -355,7 +389,7 @@ impl G2p {
             let mut v = Vec::new();
             for w in words {
                 let o = Command::new(exe)
-                    .args(["-q", "--ipa=1", "-v", "en-us", "--sep=_"])
+                    .args(["-q", "--ipa=1", "-v", self.english.espeak_voice(), "--sep=_"])
                     .arg(w)
                     .output()
                     .map_err(|e| fail(e.to_string()))?;
@@ -419,7 +453,7 @@ fn fold_accents(w: &str) -> String {
     out
 }
 
-fn find_espeak() -> Option<PathBuf> {
+pub(crate) fn find_espeak() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join("espeak-ng"))
