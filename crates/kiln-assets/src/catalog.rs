@@ -429,8 +429,18 @@ pub static ALIASES: &[Alias] = &[
     alias("qwen3:1.7b", "Qwen/Qwen3-1.7B-GGUF", None, None),
     alias("qwen3:4b", "Qwen/Qwen3-4B-GGUF", None, None),
     alias("qwen3:8b", "Qwen/Qwen3-8B-GGUF", None, None),
-    alias("llama3.2:1b", "bartowski/Llama-3.2-1B-Instruct-GGUF", None, None),
-    alias("llama3.2:3b", "bartowski/Llama-3.2-3B-Instruct-GGUF", None, None),
+    alias(
+        "llama3.2:1b",
+        "bartowski/Llama-3.2-1B-Instruct-GGUF",
+        None,
+        None,
+    ),
+    alias(
+        "llama3.2:3b",
+        "bartowski/Llama-3.2-3B-Instruct-GGUF",
+        None,
+        None,
+    ),
     alias(
         "gemma3:270m",
         "unsloth/gemma-3-270m-it-GGUF",
@@ -444,8 +454,18 @@ pub static ALIASES: &[Alias] = &[
         None,
         Some("smollm2-135m-instruct"),
     ),
-    alias("smollm2:360m", "bartowski/SmolLM2-360M-Instruct-GGUF", None, None),
-    alias("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", None, None),
+    alias(
+        "smollm2:360m",
+        "bartowski/SmolLM2-360M-Instruct-GGUF",
+        None,
+        None,
+    ),
+    alias(
+        "smollm2:1.7b",
+        "bartowski/SmolLM2-1.7B-Instruct-GGUF",
+        None,
+        None,
+    ),
     alias("lfm2:1.2b", "LiquidAI/LFM2-1.2B-GGUF", None, None),
     alias("whisper:tiny", "Systran/faster-whisper-tiny", None, None),
     alias(
@@ -454,10 +474,25 @@ pub static ALIASES: &[Alias] = &[
         None,
         Some("whisper-tiny.en"),
     ),
-    alias("whisper:base", "Systran/faster-whisper-base", None, Some("whisper-base")),
-    alias("whisper:base.en", "Systran/faster-whisper-base.en", None, None),
+    alias(
+        "whisper:base",
+        "Systran/faster-whisper-base",
+        None,
+        Some("whisper-base"),
+    ),
+    alias(
+        "whisper:base.en",
+        "Systran/faster-whisper-base.en",
+        None,
+        None,
+    ),
     alias("whisper:small", "Systran/faster-whisper-small", None, None),
-    alias("whisper:small.en", "Systran/faster-whisper-small.en", None, None),
+    alias(
+        "whisper:small.en",
+        "Systran/faster-whisper-small.en",
+        None,
+        None,
+    ),
 ];
 
 /// An alias and the quantization asked for: `qwen3:4b`, `qwen3:4b-q8_0` (GGUF repositories).

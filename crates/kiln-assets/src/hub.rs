@@ -53,10 +53,15 @@ fn valid_part(s: &str) -> bool {
 /// `owner/name[@rev][:QUANT]` or `owner/name[@rev]/path/in/repo.gguf`, with an optional `hf:`,
 /// `hf.co/` or `huggingface.co/` in front. None when `s` is not of that shape.
 pub fn parse(s: &str) -> Option<HubSpec> {
-    let s = ["hf:", "hf.co/", "huggingface.co/", "https://huggingface.co/"]
-        .iter()
-        .find_map(|p| s.strip_prefix(p))
-        .unwrap_or(s);
+    let s = [
+        "hf:",
+        "hf.co/",
+        "huggingface.co/",
+        "https://huggingface.co/",
+    ]
+    .iter()
+    .find_map(|p| s.strip_prefix(p))
+    .unwrap_or(s);
     let (owner, rest) = s.split_once('/')?;
     let (name_rev, file) = match rest.split_once('/') {
         Some((n, f)) => (n, Some(f)),
@@ -367,7 +372,10 @@ fn listing(api: &ApiRepo, spec: &HubSpec, endpoint: &str) -> Result<RepoListing,
         .ok_or_else(|| hub_err(spec, "the repository listing has no commit (sha)"))?
         .to_string();
     if !valid_part(&commit) {
-        return Err(hub_err(spec, format!("odd commit id {commit:?} in the listing")));
+        return Err(hub_err(
+            spec,
+            format!("odd commit id {commit:?} in the listing"),
+        ));
     }
     let mut files = Vec::new();
     let mut lfs_sha256 = std::collections::HashMap::new();
@@ -573,7 +581,11 @@ pub fn cached_repos() -> Vec<(String, PathBuf, u64)> {
             continue;
         };
         let dir = e.path();
-        out.push((format!("{owner}/{repo}"), dir.clone(), dir_size(&dir.join("blobs"))));
+        out.push((
+            format!("{owner}/{repo}"),
+            dir.clone(),
+            dir_size(&dir.join("blobs")),
+        ));
     }
     out.sort();
     out
@@ -625,7 +637,18 @@ mod tests {
         assert_eq!(p.revision, "v1.0");
         assert_eq!(p.pick, Pick::File("sub/x-Q4_0.gguf".into()));
         assert_eq!(p.to_string(), "hf:o/r@v1.0/sub/x-Q4_0.gguf");
-        for bad in ["models/x.gguf", "o", "/r", "o/", "o/r:", "o/../x", "o/r/../x.gguf", "o/r/", "-o/r", "o r/x"] {
+        for bad in [
+            "models/x.gguf",
+            "o",
+            "/r",
+            "o/",
+            "o/r:",
+            "o/../x",
+            "o/r/../x.gguf",
+            "o/r/",
+            "-o/r",
+            "o r/x",
+        ] {
             assert_eq!(parse(bad), None, "{bad}");
         }
     }
@@ -642,24 +665,53 @@ mod tests {
         ]);
         let pick = |p: Pick| choose("o/r", &files, &p);
         assert_eq!(pick(Pick::Auto).unwrap().main.unwrap(), "m-Q4_K_M.gguf");
-        assert_eq!(pick(Pick::Quant("q4_k".into())).unwrap().main.unwrap(), "m-Q4_K.gguf");
-        assert_eq!(pick(Pick::Quant("Q5_0".into())).unwrap().main.unwrap(), "m.q5_0.gguf");
+        assert_eq!(
+            pick(Pick::Quant("q4_k".into())).unwrap().main.unwrap(),
+            "m-Q4_K.gguf"
+        );
+        assert_eq!(
+            pick(Pick::Quant("Q5_0".into())).unwrap().main.unwrap(),
+            "m.q5_0.gguf"
+        );
         let e = pick(Pick::Quant("Q2_K".into())).unwrap_err();
-        assert!(e.contains("no Q2_K") && e.contains("Q4_K_M, Q5_0, Q8_0"), "{e}");
+        assert!(
+            e.contains("no Q2_K") && e.contains("Q4_K_M, Q5_0, Q8_0"),
+            "{e}"
+        );
         // Only Q8_0 in the repository: that, without a quant given.
         let one = s(&["x-Q8_0.gguf", "config.json"]);
-        assert_eq!(choose("o/r", &one, &Pick::Auto).unwrap().main.unwrap(), "x-Q8_0.gguf");
-        let split = s(&["big-Q4_K_M-00001-of-00002.gguf", "big-Q4_K_M-00002-of-00002.gguf"]);
+        assert_eq!(
+            choose("o/r", &one, &Pick::Auto).unwrap().main.unwrap(),
+            "x-Q8_0.gguf"
+        );
+        let split = s(&[
+            "big-Q4_K_M-00001-of-00002.gguf",
+            "big-Q4_K_M-00002-of-00002.gguf",
+        ]);
         let e = choose("o/r", &split, &Pick::Auto).unwrap_err();
         assert!(e.contains("one of 2 parts"), "{e}");
     }
 
     #[test]
     fn directories_take_weights_and_configuration() {
-        let ct2 = s(&["README.md", "config.json", "model.bin", "tokenizer.json", "vocabulary.txt"]);
+        let ct2 = s(&[
+            "README.md",
+            "config.json",
+            "model.bin",
+            "tokenizer.json",
+            "vocabulary.txt",
+        ]);
         let c = choose("o/r", &ct2, &Pick::Auto).unwrap();
         assert_eq!(c.main, None);
-        assert_eq!(c.files, s(&["config.json", "tokenizer.json", "vocabulary.txt", "model.bin"]));
+        assert_eq!(
+            c.files,
+            s(&[
+                "config.json",
+                "tokenizer.json",
+                "vocabulary.txt",
+                "model.bin"
+            ])
+        );
         let st = s(&[
             ".gitattributes",
             "config.json",
@@ -671,8 +723,12 @@ mod tests {
             "tokenizer_config.json",
         ]);
         let c = choose("o/r", &st, &Pick::Auto).unwrap();
-        assert!(c.files.contains(&"model-00002-of-00002.safetensors".to_string()));
-        assert!(c.files.contains(&"model.safetensors.index.json".to_string()));
+        assert!(c
+            .files
+            .contains(&"model-00002-of-00002.safetensors".to_string()));
+        assert!(c
+            .files
+            .contains(&"model.safetensors.index.json".to_string()));
         assert!(!c.files.iter().any(|f| f.contains("onnx")));
         let e = choose("o/r", &s(&["README.md"]), &Pick::Auto).unwrap_err();
         assert!(e.contains("no model files"), "{e}");

@@ -28,8 +28,10 @@ pub use catalog::{alias_of, entry, Alias, Client, Entry, Extract, Kind, Source, 
 
 #[derive(Debug, Error)]
 pub enum AssetError {
-    #[error("unknown model '{0}' (not a file or directory, a Hugging Face repository \
-             (owner/repo[:QUANT]), an alias or a catalog name: {1})")]
+    #[error(
+        "unknown model '{0}' (not a file or directory, a Hugging Face repository \
+             (owner/repo[:QUANT]), an alias or a catalog name: {1})"
+    )]
     Unknown(String, String),
     #[error("{spec}: {why}")]
     Hub { spec: String, why: String },
@@ -470,7 +472,11 @@ pub struct Cached {
 
 /// Every model in kiln's cache and every model repository in the Hugging Face cache.
 pub fn list_cached() -> Vec<Cached> {
-    let used = |name: &str| fs::metadata(used_marker(name)).and_then(|m| m.modified()).ok();
+    let used = |name: &str| {
+        fs::metadata(used_marker(name))
+            .and_then(|m| m.modified())
+            .ok()
+    };
     let mut out = Vec::new();
     for e in CATALOG.iter().filter(|e| is_cached(e)) {
         let source = e
@@ -520,7 +526,10 @@ pub fn remove(model: &str) -> Result<Vec<PathBuf>, AssetError> {
             dirs.push((m.name.to_string(), entry_dir(m)));
         }
     } else if let Some(spec) = hub::parse(model) {
-        dirs.push((format!("hf--{}", spec.repo), hub::repo_cache_dir(&spec.repo)));
+        dirs.push((
+            format!("hf--{}", spec.repo),
+            hub::repo_cache_dir(&spec.repo),
+        ));
     } else {
         return Err(AssetError::Unknown(model.into(), "see kiln list".into()));
     }

@@ -316,7 +316,10 @@ fn show_progress(bar: &ProgressBar, p: Progress) {
 
 fn pull(name: Option<String>) -> anyhow::Result<()> {
     let Some(name) = name else {
-        println!("{:<18} {:<8} HUGGING FACE (MIRROR WHERE IT IS NOT REACHABLE)", "ALIAS", "");
+        println!(
+            "{:<18} {:<8} HUGGING FACE (MIRROR WHERE IT IS NOT REACHABLE)",
+            "ALIAS", ""
+        );
         for a in kiln_assets::ALIASES {
             let mirror = a.mirror.map(|m| format!(" ({m})")).unwrap_or_default();
             println!("{:<18} {:<8} {}{mirror}", a.name, "", a.repo);

@@ -18,7 +18,10 @@ fn text(b: &[u8]) -> String {
 }
 
 fn sha256(b: &[u8]) -> String {
-    Sha256::digest(b).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(b)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 struct HubFile {
@@ -235,12 +238,18 @@ fn handle(hub: &Hub, port: u16, mut s: TcpStream) {
                     ("x-linked-etag".into(), format!("\"{sha}\"")),
                     ("x-linked-size".into(), f.data.len().to_string()),
                     ("ETag".into(), "\"0123abcd\"".into()),
-                    ("Location".into(), format!("http://127.0.0.1:{port}/cdn/{sha}")),
+                    (
+                        "Location".into(),
+                        format!("http://127.0.0.1:{port}/cdn/{sha}"),
+                    ),
                 ],
                 b"",
             );
         }
-        let etag = ("ETag".to_string(), format!("\"{}\"", &sha256(&f.data)[..40]));
+        let etag = (
+            "ETag".to_string(),
+            format!("\"{}\"", &sha256(&f.data)[..40]),
+        );
         return serve_bytes(&mut s, &f.data, range, vec![commit, etag], false);
     }
     not_found(&mut s)
@@ -283,7 +292,10 @@ fn kiln(env: &[(&str, &Path)], args: &[&str]) -> Command {
 
 fn assert_clean_error(out: &Output, needle: &str) {
     let err = text(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success: {err}");
+    assert!(
+        !out.status.success(),
+        "expected failure, got success: {err}"
+    );
     assert!(!err.contains("panicked"), "panic: {err}");
     assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
     assert!(err.contains(needle), "expected '{needle}' in: {err}");
@@ -370,18 +382,30 @@ fn hugging_face_repositories_fetch_resume_verify_and_run_offline() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let path = PathBuf::from(text(&out.stdout).trim());
-    let want = repo_dir.join(format!("snapshots/{commit}/SmolLM2-135M-Instruct-Q4_1.gguf"));
+    let want = repo_dir.join(format!(
+        "snapshots/{commit}/SmolLM2-135M-Instruct-Q4_1.gguf"
+    ));
     assert_eq!(path, want);
     assert_eq!(std::fs::read(&path).unwrap(), *real, "fetched bytes differ");
     let sha = sha256(&real);
-    assert!(repo_dir.join("blobs").join(&sha).is_file(), "blob named by its sha256");
-    assert_eq!(std::fs::read_to_string(repo_dir.join("refs/main")).unwrap(), commit);
+    assert!(
+        repo_dir.join("blobs").join(&sha).is_file(),
+        "blob named by its sha256"
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo_dir.join("refs/main")).unwrap(),
+        commit
+    );
     let resumed: Vec<String> = hub
         .requests()
         .into_iter()
         .filter(|r| r.starts_with(&format!("GET /cdn/{sha} bytes=")) && !r.ends_with("=0-0"))
         .collect();
-    assert_eq!(resumed.len(), 2, "one cut download, one resumed: {resumed:?}");
+    assert_eq!(
+        resumed.len(),
+        2,
+        "one cut download, one resumed: {resumed:?}"
+    );
     let from: usize = resumed[1]
         .rsplit("bytes=")
         .next()
@@ -390,7 +414,10 @@ fn hugging_face_repositories_fetch_resume_verify_and_run_offline() {
         .parse()
         .unwrap();
     assert!(from > 0 && from < real.len(), "resumed from byte {from}");
-    assert!(!hub.requests().iter().any(|r| r.contains("Q8_0")), "only the quant asked");
+    assert!(
+        !hub.requests().iter().any(|r| r.contains("Q8_0")),
+        "only the quant asked"
+    );
     let parts: Vec<_> = std::fs::read_dir(repo_dir.join("blobs"))
         .unwrap()
         .flatten()
@@ -422,20 +449,27 @@ fn hugging_face_repositories_fetch_resume_verify_and_run_offline() {
     let resume_dir = hf.join("hub/models--kiln-test--Resume-GGUF/blobs");
     std::fs::create_dir_all(&resume_dir).unwrap();
     std::fs::write(resume_dir.join(format!("{sha}.part")), &real[..1_000_000]).unwrap();
-    let out = kiln(&env, &["pull", "hf:kiln-test/Resume-GGUF"]).output().unwrap();
+    let out = kiln(&env, &["pull", "hf:kiln-test/Resume-GGUF"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(std::fs::read(text(&out.stdout).trim()).unwrap(), *real);
     let log = hub.requests();
     assert!(
-        log.iter().any(|r| r == &format!("GET /cdn/{sha} bytes=1000000-")),
+        log.iter()
+            .any(|r| r == &format!("GET /cdn/{sha} bytes=1000000-")),
         "no resumed range in {log:?}"
     );
 
     // A file that does not match its listed sha256 is refused and not kept.
-    let out = kiln(&env, &["pull", "hf:kiln-test/Broken-GGUF"]).output().unwrap();
+    let out = kiln(&env, &["pull", "hf:kiln-test/Broken-GGUF"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, "sha256");
     let broken = hf.join("hub/models--kiln-test--Broken-GGUF");
-    assert!(!broken.join(format!("snapshots/{commit}/m-Q4_K_M.gguf")).exists());
+    assert!(!broken
+        .join(format!("snapshots/{commit}/m-Q4_K_M.gguf"))
+        .exists());
     let blobs: Vec<_> = std::fs::read_dir(broken.join("blobs"))
         .unwrap()
         .flatten()
@@ -444,14 +478,19 @@ fn hugging_face_repositories_fetch_resume_verify_and_run_offline() {
     assert!(blobs.is_empty(), "corrupt blob kept: {blobs:?}");
 
     // Gated: refused without a token, fetched with one.
-    let out = kiln(&env, &["pull", "kiln-test/Gated-GGUF"]).output().unwrap();
+    let out = kiln(&env, &["pull", "kiln-test/Gated-GGUF"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, "HF_TOKEN");
     let out = kiln(&env, &["pull", "kiln-test/Gated-GGUF"])
         .env("HF_TOKEN", "hf_secret")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(std::fs::read_to_string(text(&out.stdout).trim()).unwrap(), "gated bytes");
+    assert_eq!(
+        std::fs::read_to_string(text(&out.stdout).trim()).unwrap(),
+        "gated bytes"
+    );
 
     // Names that are not there, online and offline; a quant the repository lacks.
     let out = kiln(&env, &["pull", "hf:kiln-test/Nope"]).output().unwrap();
@@ -471,11 +510,18 @@ fn hugging_face_repositories_fetch_resume_verify_and_run_offline() {
         .lines()
         .find(|l| l.starts_with("hf:kiln-test/SmolLM2-135M-Instruct-GGUF "))
         .unwrap_or_else(|| panic!("not listed: {listing}"));
-    assert!(line.contains("huggingface") && line.contains("MB"), "{line}");
-    let out = kiln(&env, &["rm", "hf:kiln-test/Gated-GGUF"]).output().unwrap();
+    assert!(
+        line.contains("huggingface") && line.contains("MB"),
+        "{line}"
+    );
+    let out = kiln(&env, &["rm", "hf:kiln-test/Gated-GGUF"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!hf.join("hub/models--kiln-test--Gated-GGUF").exists());
-    let out = kiln(&env, &["rm", "hf:kiln-test/Gated-GGUF"]).output().unwrap();
+    let out = kiln(&env, &["rm", "hf:kiln-test/Gated-GGUF"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, "not in the cache");
 }
 
@@ -488,16 +534,53 @@ fn aliases_fall_back_to_their_registry_mirror() {
     let dead = TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = PathBuf::from(format!("http://{}", dead.local_addr().unwrap()));
     drop(dead);
-    let env = [("HF_ENDPOINT", endpoint.as_path()), ("HF_HOME", hf.as_path())];
+    let env = [
+        ("HF_ENDPOINT", endpoint.as_path()),
+        ("HF_HOME", hf.as_path()),
+    ];
     let out = kiln(&env, &["pull", "smollm2:135m"]).output().unwrap();
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert_eq!(PathBuf::from(text(&out.stdout).trim()), mirror);
-    assert!(err.contains("registry mirror (smollm2-135m-instruct)"), "{err}");
+    assert!(
+        err.contains("registry mirror (smollm2-135m-instruct)"),
+        "{err}"
+    );
     // A quant the mirror is not: no fallback, the Hub's error.
     let out = kiln(&env, &["pull", "smollm2:135m-q8_0"]).output().unwrap();
     assert_clean_error(&out, "cannot reach");
     // An unknown name lists what there is.
-    let out = kiln(&env, &["run", "-m", "qwen9:1b", "-p", "hi"]).output().unwrap();
+    let out = kiln(&env, &["run", "-m", "qwen9:1b", "-p", "hi"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, "qwen3:0.6b");
+}
+
+/// The real Hub, where this machine reaches it (CI's does not: there the test says so and
+/// checks nothing more): one small file of a public repository, into the Hub's cache layout.
+#[test]
+fn the_real_hub_when_it_is_reachable() {
+    use std::net::ToSocketAddrs;
+    let reachable = ("huggingface.co", 443)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| TcpStream::connect_timeout(&a, std::time::Duration::from_secs(3)).is_ok());
+    if !reachable {
+        eprintln!("skipped: huggingface.co is not reachable from here");
+        return;
+    }
+    let hf = scratch("hf-real");
+    let out = kiln(
+        &[("HF_HOME", hf.as_path())],
+        &["pull", "hf:openai-community/gpt2/config.json"],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let path = PathBuf::from(text(&out.stdout).trim());
+    assert!(path.starts_with(hf.join("hub/models--openai-community--gpt2/snapshots")));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(v["model_type"], "gpt2");
 }

@@ -206,7 +206,8 @@ fn comparable(text: &str) -> Vec<String> {
 
 /// `kiln speak` with a voice and `kiln transcribe` with a model: what Whisper heard.
 fn speak_as(voice: &str, text: &str, whisper: &str, name: &str) -> String {
-    let wav = std::env::temp_dir().join(format!("kiln-roundtrip-{}-{name}.wav", std::process::id()));
+    let wav =
+        std::env::temp_dir().join(format!("kiln-roundtrip-{}-{name}.wav", std::process::id()));
     let spoke = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["speak", text, "--voice", voice, "-o", wav.to_str().unwrap()])
         .output()
@@ -217,7 +218,11 @@ fn speak_as(voice: &str, text: &str, whisper: &str, name: &str) -> String {
         .args(["transcribe", wav.to_str().unwrap(), "-m", whisper])
         .output()
         .unwrap();
-    assert!(heard.status.success(), "{}", String::from_utf8_lossy(&heard.stderr));
+    assert!(
+        heard.status.success(),
+        "{}",
+        String::from_utf8_lossy(&heard.stderr)
+    );
     String::from_utf8_lossy(&heard.stdout).trim().to_string()
 }
 
@@ -225,7 +230,12 @@ fn speak_as(voice: &str, text: &str, whisper: &str, name: &str) -> String {
 /// British lexicons.
 #[test]
 fn hello_there_round_trips_exactly() {
-    for m in ["kokoro-82m", "misaki-en-us", "misaki-en-gb", "whisper-tiny.en"] {
+    for m in [
+        "kokoro-82m",
+        "misaki-en-us",
+        "misaki-en-gb",
+        "whisper-tiny.en",
+    ] {
         kiln_assets::resolve(m, &mut |_| {}).unwrap();
     }
     for voice in ["af_heart", "bf_emma", "bm_george"] {
@@ -245,13 +255,23 @@ fn other_languages_speak_through_their_g2p_or_say_why_not() {
     }
     let wav = std::env::temp_dir().join(format!("kiln-roundtrip-{}-ja.wav", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["speak", "こんにちは。", "--voice", "jf_alpha", "-o", wav.to_str().unwrap()])
+        .args([
+            "speak",
+            "こんにちは。",
+            "--voice",
+            "jf_alpha",
+            "-o",
+            wav.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && !err.contains("panicked"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("voice jf_alpha speaks Japanese") && err.contains("--phonemes"), "{err}");
+    assert!(
+        err.contains("voice jf_alpha speaks Japanese") && err.contains("--phonemes"),
+        "{err}"
+    );
     assert!(!wav.exists());
     let espeak = std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("espeak-ng").is_file()));
@@ -264,7 +284,12 @@ fn other_languages_speak_through_their_g2p_or_say_why_not() {
         return;
     }
     // (faster-whisper hears this one as Spanish, p = 0.94, on the same audio.)
-    let heard = speak_as("ef_dora", "Hola, ¿cómo estás? Me llamo Juan.", "whisper-base", "es");
+    let heard = speak_as(
+        "ef_dora",
+        "Hola, ¿cómo estás? Me llamo Juan.",
+        "whisper-base",
+        "es",
+    );
     let plain: String = heard
         .to_lowercase()
         .chars()
@@ -279,5 +304,9 @@ fn other_languages_speak_through_their_g2p_or_say_why_not() {
         })
         .collect();
     let got: Vec<&str> = plain.split_whitespace().collect();
-    assert_eq!(got, ["hola", "como", "estas", "me", "llamo", "juan"], "{heard}");
+    assert_eq!(
+        got,
+        ["hola", "como", "estas", "me", "llamo", "juan"],
+        "{heard}"
+    );
 }

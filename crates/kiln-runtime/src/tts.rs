@@ -164,7 +164,9 @@ impl<B: Backend> Tts<B> {
             Some(Phonemizer::Espeak(v)) => {
                 let name = lang.map_or("", |l| l.name);
                 let p = espeak_phonemes(sentence, v).map_err(|e| {
-                    TtsError::Input(format!("voice {voice} speaks {name}: {e} (or pass --phonemes)"))
+                    TtsError::Input(format!(
+                        "voice {voice} speaks {name}: {e} (or pass --phonemes)"
+                    ))
                 })?;
                 // Letters Kokoro has no token for are dropped, as its own pipeline does.
                 Ok(p.chars().filter(|&c| self.model.knows(c)).collect())

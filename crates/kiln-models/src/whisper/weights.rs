@@ -312,7 +312,9 @@ impl<'a> Weights<'a> {
                 .vars
                 .iter()
                 .map(|v| v.name.clone())
-                .filter(|n| n != "decoder/alibi_use_positive_positions" && n != "decoder/scale_alibi")
+                .filter(|n| {
+                    n != "decoder/alibi_use_positive_positions" && n != "decoder/scale_alibi"
+                })
                 .collect(),
             WhisperFile::Ggml(f) => f.tensors.iter().map(|t| t.name.clone()).collect(),
             WhisperFile::Hf(h) => h.set.tensors().map(|t| t.name.clone()).collect(),

@@ -365,7 +365,13 @@ impl G2p {
             .as_ref()
             .ok_or_else(|| fail("espeak-ng not found on PATH".into()))?;
         let out = Command::new(exe)
-            .args(["-q", "--ipa=1", "-v", self.english.espeak_voice(), "--sep=_"])
+            .args([
+                "-q",
+                "--ipa=1",
+                "-v",
+                self.english.espeak_voice(),
+                "--sep=_",
+            ])
             .arg(words.join("\n"))
             .output()
             .map_err(|e| fail(e.to_string()))?;
@@ -389,7 +395,13 @@ impl G2p {
             let mut v = Vec::new();
             for w in words {
                 let o = Command::new(exe)
-                    .args(["-q", "--ipa=1", "-v", self.english.espeak_voice(), "--sep=_"])
+                    .args([
+                        "-q",
+                        "--ipa=1",
+                        "-v",
+                        self.english.espeak_voice(),
+                        "--sep=_",
+                    ])
                     .arg(w)
                     .output()
                     .map_err(|e| fail(e.to_string()))?;

@@ -95,8 +95,7 @@ pub fn espeak_phonemes(text: &str, voice: &str) -> Result<String, G2pError> {
     let chars: Vec<char> = text.chars().collect();
     for (i, &c) in chars.iter().enumerate() {
         // A mark ends a clause where a space or the end follows (not "3.5").
-        let ends = CLAUSE_END.contains(&c)
-            && chars.get(i + 1).is_none_or(|n| n.is_whitespace());
+        let ends = CLAUSE_END.contains(&c) && chars.get(i + 1).is_none_or(|n| n.is_whitespace());
         if ends {
             run(&clause, Some(c), &mut out)?;
             clause.clear();
@@ -143,8 +142,14 @@ mod tests {
         let l = voice_language("bf_emma").unwrap();
         assert_eq!(l.name, "British English");
         assert_eq!(l.phonemizer, Phonemizer::English(English::British));
-        assert_eq!(voice_language("ef_dora").unwrap().phonemizer, Phonemizer::Espeak("es"));
-        assert!(matches!(voice_language("jf_alpha").unwrap().phonemizer, Phonemizer::None(_)));
+        assert_eq!(
+            voice_language("ef_dora").unwrap().phonemizer,
+            Phonemizer::Espeak("es")
+        );
+        assert!(matches!(
+            voice_language("jf_alpha").unwrap().phonemizer,
+            Phonemizer::None(_)
+        ));
         assert_eq!(voice_language("xx_nobody"), None);
     }
 
