@@ -189,7 +189,7 @@ def audio_checks(client, a) -> str:
     assert len(missing) <= 1, f"heard {back.text!r}, missing {missing}"
 
     pcm = client.audio.speech.create(
-        model=a.tts, voice="jf_alpha", input="Hello there.", response_format="pcm"
+        model=a.tts, voice="bf_emma", input="Hello there.", response_format="pcm"
     ).read()
     assert len(pcm) % 2 == 0 and 0.5 < len(pcm) / 48000 < 4.0, len(pcm)
     try:

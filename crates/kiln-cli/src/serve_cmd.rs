@@ -139,7 +139,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         })?
         .map(|(id, m)| (id, Arc::new(m)));
         audio.tts = optional(&a.tts, DEFAULT_TTS, "text-to-speech", |m| {
-            crate::speak::spawn(device, adapter, m, false, threads)
+            crate::speak::spawn(device, adapter, m, false, None, threads)
         })?
         .map(|(id, m)| {
             let mut voices: Vec<String> = m.voices().map(str::to_string).collect();

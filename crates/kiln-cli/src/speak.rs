@@ -10,6 +10,7 @@ use kiln_backend::Backend;
 use kiln_formats::OutputFile;
 use kiln_runtime::speech::TextToSpeech;
 use kiln_runtime::tts::{model_dir_files, pcm16, wav_header, Tts, SAMPLE_RATE};
+use kiln_text::speech::Language;
 
 pub const DEFAULT_TTS: &str = "kokoro-82m";
 pub const DEFAULT_LEXICON: &str = "misaki-en-us";
@@ -33,6 +34,11 @@ pub struct SpeakArgs {
     /// Voice name from the model's voice pack.
     #[arg(long, default_value = DEFAULT_VOICE)]
     pub voice: String,
+    /// The text's language, when it is not the voice's (each voice's first letter names its
+    /// own): en-us, en-gb, es, fr, hi, it, pt-br (`--voice jf_alpha --lang en-us` reads
+    /// English with a Japanese voice).
+    #[arg(long, value_name = "LANG", value_parser = parse_lang)]
+    pub lang: Option<Language>,
     /// Speaking rate (1.0 = the model's own).
     #[arg(long, default_value_t = 1.0)]
     pub speed: f32,
@@ -61,13 +67,19 @@ pub struct SpeakArgs {
 /// `model`: a catalog name, a model directory, or a model file (`kokoro-v1_0.pth`, an ONNX
 /// export) whose `config.json` and voices (`voices.npz`, or a `voices/` directory of `.pt`
 /// files) lie beside it, else come from the catalog's Kokoro.
-pub fn load(model: &str, phonemes_only: bool, threads: Option<usize>) -> anyhow::Result<Tts> {
+pub fn load(
+    model: &str,
+    phonemes_only: bool,
+    lang: Option<Language>,
+    threads: Option<usize>,
+) -> anyhow::Result<Tts> {
     let threads = threads.unwrap_or_else(kiln_backend::cpu::default_threads);
     anyhow::ensure!(threads > 0, "-t/--threads must be at least 1");
     load_on(
         kiln_backend::cpu::CpuBackend::new(threads),
         model,
         phonemes_only,
+        lang,
     )
 }
 
@@ -78,23 +90,29 @@ pub fn spawn(
     adapter: Option<&str>,
     model: &str,
     phonemes_only: bool,
+    lang: Option<Language>,
     threads: Option<usize>,
 ) -> anyhow::Result<TextToSpeech> {
     let (model, adapter) = (model.to_string(), adapter.map(str::to_string));
     let p = phonemes_only;
     match device {
-        crate::Device::Cpu => TextToSpeech::spawn(move || load(&model, p, threads)),
+        crate::Device::Cpu => TextToSpeech::spawn(move || load(&model, p, lang, threads)),
         crate::Device::Cuda => {
-            TextToSpeech::spawn(move || load_on(crate::cuda_backend()?, &model, p))
+            TextToSpeech::spawn(move || load_on(crate::cuda_backend()?, &model, p, lang))
         }
-        crate::Device::Gpu => {
-            TextToSpeech::spawn(move || load_on(crate::gpu_backend(adapter.as_deref())?, &model, p))
-        }
+        crate::Device::Gpu => TextToSpeech::spawn(move || {
+            load_on(crate::gpu_backend(adapter.as_deref())?, &model, p, lang)
+        }),
     }
 }
 
 /// [`load`] on `backend`.
-pub fn load_on<B: Backend>(backend: B, model: &str, phonemes_only: bool) -> anyhow::Result<Tts<B>> {
+pub fn load_on<B: Backend>(
+    backend: B,
+    model: &str,
+    phonemes_only: bool,
+    lang: Option<Language>,
+) -> anyhow::Result<Tts<B>> {
     let path = crate::resolve_model(model)?;
     let (lex, british) = if phonemes_only {
         (None, None)
@@ -119,7 +137,8 @@ pub fn load_on<B: Backend>(backend: B, model: &str, phonemes_only: bool) -> anyh
         };
         (path.clone(), config, voices)
     };
-    let tts = Tts::load_files_on(backend, &file, &config, &voices, lex.as_deref())?;
+    let tts =
+        Tts::load_files_on(backend, &file, &config, &voices, lex.as_deref())?.with_language(lang);
     Ok(match british {
         Some(d) => tts.with_british_lexicons(&d),
         None => tts,
@@ -145,7 +164,14 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         a.speed
     );
     if a.list_voices {
-        let tts = spawn(a.device, a.adapter.as_deref(), &a.model, true, a.threads)?;
+        let tts = spawn(
+            a.device,
+            a.adapter.as_deref(),
+            &a.model,
+            true,
+            None,
+            a.threads,
+        )?;
         for v in tts.voices() {
             println!("{v:<16} {}", describe_voice(v));
         }
@@ -163,6 +189,7 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         a.adapter.as_deref(),
         &a.model,
         a.phonemes,
+        a.lang,
         a.threads,
     )?;
     let text = text.as_str();
@@ -254,11 +281,11 @@ pub fn bench(
     if device != crate::Device::Cpu {
         // One run: the threads are the CPU backend's.
         let label = format!("{device:?}").to_lowercase();
-        let tts = spawn(device, adapter, model, phonemes, None)?;
+        let tts = spawn(device, adapter, model, phonemes, None, None)?;
         return bench_one(&tts, text, phonemes, model, voice, reps, json, &label, None);
     }
     for &t in threads {
-        let tts = spawn(device, adapter, model, phonemes, Some(t))?;
+        let tts = spawn(device, adapter, model, phonemes, None, Some(t))?;
         bench_one(
             &tts,
             text,
@@ -318,6 +345,13 @@ fn bench_one(
         );
     }
     Ok(())
+}
+
+/// A `--lang` value.
+pub(crate) fn parse_lang(s: &str) -> Result<Language, String> {
+    kiln_text::speech::language_by_code(s).ok_or_else(|| {
+        format!("unknown language '{s}' (en-us, en-gb, es, fr, hi, it, pt-br, ja, zh)")
+    })
 }
 
 /// "American English, female" for `af_heart`: Kokoro's voices are named by language (first

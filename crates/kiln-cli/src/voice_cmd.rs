@@ -41,6 +41,9 @@ pub struct VoiceArgs {
     /// Voice from the TTS model's voice pack.
     #[arg(long, default_value = DEFAULT_VOICE)]
     pub voice: String,
+    /// The reply's language, when it is not the voice's: en-us, en-gb, es, fr, hi, it, pt-br.
+    #[arg(long, value_name = "LANG", value_parser = crate::speak::parse_lang)]
+    pub lang: Option<kiln_text::speech::Language>,
     /// System prompt (default: answer in a few short spoken sentences).
     #[arg(long)]
     pub system: Option<String>,
@@ -117,7 +120,14 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         vad: VadArg::Auto,
     };
     let stt = crate::stt_cmd::spawn(device, a.adapter.as_deref(), &stt_args)?;
-    let tts = crate::speak::spawn(device, a.adapter.as_deref(), &a.tts, false, Some(threads))?;
+    let tts = crate::speak::spawn(
+        device,
+        a.adapter.as_deref(),
+        &a.tts,
+        false,
+        a.lang,
+        Some(threads),
+    )?;
     anyhow::ensure!(
         tts.voices().any(|v| v == a.voice),
         "unknown voice '{}' (voices: {})",

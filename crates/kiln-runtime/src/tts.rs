@@ -8,7 +8,7 @@ use kiln_backend::Backend;
 use kiln_models::kokoro::{load_voices, Kokoro, Voice};
 use kiln_models::ModelError;
 use kiln_text::speech::{
-    chunk, espeak_phonemes, normalize, sentences, voice_language, English, G2p, G2pError,
+    chunk, espeak_phonemes, normalize, sentences, voice_language, English, G2p, G2pError, Language,
     Phonemizer,
 };
 use thiserror::Error;
@@ -45,6 +45,10 @@ pub struct Tts<B: Backend = CpuBackend> {
     /// British English: the directory of misaki's GB lexicons, loaded on the first British
     /// voice's text.
     british: Option<(PathBuf, std::sync::OnceLock<Result<G2p, String>>)>,
+    /// The text's language for every voice (None: each voice's own).
+    language: Option<Language>,
+    /// [`Tts::without_espeak`].
+    no_espeak: bool,
 }
 
 /// Timing of one utterance.
@@ -127,7 +131,23 @@ impl<B: Backend> Tts<B> {
             voices,
             g2p,
             british: None,
+            language: None,
+            no_espeak: false,
         })
+    }
+
+    /// English words outside the lexicons go to the neural letter-to-sound model even where
+    /// espeak-ng is installed (what machines without it do, whatever this one has).
+    pub fn without_espeak(mut self) -> Self {
+        self.g2p = self.g2p.map(G2p::without_espeak);
+        self.no_espeak = true;
+        self
+    }
+
+    /// Reads text as `lang` whatever the voice (None: each voice's own language).
+    pub fn with_language(mut self, lang: Option<Language>) -> Self {
+        self.language = lang;
+        self
     }
 
     /// Where misaki's British lexicons are (`gb_gold.json`, `gb_silver.json`), for the
@@ -139,7 +159,7 @@ impl<B: Backend> Tts<B> {
 
     /// `sentence` (normalised) in Kokoro's phonemes for `voice`'s language.
     fn phonemize(&self, sentence: &str, voice: &str) -> Result<String, TtsError> {
-        let lang = voice_language(voice);
+        let lang = self.language.or_else(|| voice_language(voice));
         let no_lexicons = || TtsError::Input("no G2P lexicons loaded: pass --phonemes".into());
         match lang.map(|l| l.phonemizer) {
             Some(Phonemizer::English(English::American)) | None => {
@@ -155,7 +175,14 @@ impl<B: Backend> Tts<B> {
                 })?;
                 let g2p = g2p
                     .get_or_init(|| {
-                        G2p::load_english(dir, English::British).map_err(|e| e.to_string())
+                        let g = G2p::load_english(dir, English::British).map_err(|e| e.to_string());
+                        g.map(|g| {
+                            if self.no_espeak {
+                                g.without_espeak()
+                            } else {
+                                g
+                            }
+                        })
                     })
                     .as_ref()
                     .map_err(|e| TtsError::Input(e.clone()))?;
@@ -163,6 +190,12 @@ impl<B: Backend> Tts<B> {
             }
             Some(Phonemizer::Espeak(v)) => {
                 let name = lang.map_or("", |l| l.name);
+                if self.no_espeak {
+                    return Err(TtsError::Input(format!(
+                        "voice {voice} speaks {name}, which kiln reads with espeak-ng, and \
+                         espeak-ng is turned off here"
+                    )));
+                }
                 let p = espeak_phonemes(sentence, v).map_err(|e| {
                     TtsError::Input(format!(
                         "voice {voice} speaks {name}: {e} (or pass --phonemes)"

@@ -50,6 +50,24 @@ pub fn voice_language(voice: &str) -> Option<Language> {
     Some(Language { name, phonemizer })
 }
 
+/// A language by its code (`en-us`, `en-gb`, `es`, `fr`, `hi`, `it`, `pt-br`, `ja`, `zh`) or
+/// by Kokoro's voice letter (`a`, `b`, ...).
+pub fn language_by_code(code: &str) -> Option<Language> {
+    let letter = match code.to_ascii_lowercase().as_str() {
+        "en-us" | "en" | "a" => "a",
+        "en-gb" | "b" => "b",
+        "es" | "e" => "e",
+        "fr" | "fr-fr" | "f" => "f",
+        "hi" | "h" => "h",
+        "it" | "i" => "i",
+        "pt-br" | "pt" | "p" => "p",
+        "ja" | "j" => "j",
+        "zh" | "cmn" | "z" => "z",
+        _ => return None,
+    };
+    voice_language(letter)
+}
+
 /// Clause-ending punctuation kept between espeak-ng's clauses.
 const CLAUSE_END: &[char] = &[',', ';', ':', '.', '!', '?', '—', '…'];
 

@@ -8,6 +8,6 @@ mod neural;
 mod normalize;
 
 pub use g2p::{chunk, map_espeak, English, G2p, G2pError, NEURAL_G2P_FILE};
-pub use language::{espeak_phonemes, voice_language, Language, Phonemizer};
+pub use language::{espeak_phonemes, language_by_code, voice_language, Language, Phonemizer};
 pub use neural::{arpabet_to_kokoro, NeuralG2p};
 pub use normalize::{cardinal, normalize, number, ordinal, sentences, year};
