@@ -161,3 +161,75 @@ fn a_named_speech_model_that_cannot_load_is_an_error() {
         "{err}"
     );
 }
+
+/// Spanish speech (Kokoro's ef_dora speaking fixed phonemes, so no espeak-ng is needed)
+/// through the multilingual Whisper base: `/v1/audio/transcriptions` writes it in Spanish,
+/// `/v1/audio/translations` in English, both through the official `openai` client; an
+/// English-only model's translation is a 400 that says why.
+#[test]
+fn translations_write_spanish_speech_in_english() {
+    for m in [
+        "smollm2-135m-instruct",
+        "whisper-base",
+        "whisper-tiny.en",
+        "kokoro-82m",
+    ] {
+        kiln_assets::resolve(m, &mut |_| {}).unwrap();
+    }
+    python_packages(&[("openai", "openai")]);
+    let wav = std::env::temp_dir().join(format!("kiln-serve-es-{}.wav", std::process::id()));
+    let spoke = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["speak", "--phonemes", "ˈola, kˈomo estˈas? me ʎˈamo xwˈan."])
+        .args(["--voice", "ef_dora", "-o", wav.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        spoke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&spoke.stderr)
+    );
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="none")
+print("T:" + c.audio.transcriptions.create(model="whisper-1", file=open(sys.argv[2], "rb")).text)
+print("E:" + c.audio.translations.create(model="whisper-1", file=open(sys.argv[2], "rb")).text)
+"#;
+    let words = |s: &str| -> String {
+        s.to_lowercase()
+            .chars()
+            .map(|c| if c.is_alphanumeric() { c } else { ' ' })
+            .collect::<String>()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (server, url) = start(&["-c", "512", "--stt", "whisper-base", "--tts", "none"]);
+    let out = Command::new("python3")
+        .args(["-c", script, &format!("{url}/v1"), wav.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{so}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |p: &str| {
+        so.lines()
+            .find_map(|l| l.strip_prefix(p))
+            .unwrap_or_default()
+    };
+    assert_eq!(words(line("T:")), "hola cómo estás me llamo juan", "{so}");
+    assert!(words(line("E:")).starts_with("hello how are you"), "{so}");
+    drop(server);
+
+    let (server, url) = start(&["-c", "512", "--stt", "whisper-tiny.en", "--tts", "none"]);
+    let out = Command::new("python3")
+        .args(["-c", script, &format!("{url}/v1"), wav.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(se.contains("400") && se.contains("English-only"), "{se}");
+    drop(server);
+}

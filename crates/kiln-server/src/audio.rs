@@ -268,6 +268,23 @@ pub async fn transcriptions(
     State(st): State<Arc<AppState>>,
     req: axum::extract::Request,
 ) -> Response {
+    audio_to_text(st, req, false).await
+}
+
+/// OpenAI's translations: the speech of the file, in whatever language, written in English
+/// (Whisper's translate task; a multilingual model). `language` may name the spoken one.
+pub async fn translations(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+) -> Response {
+    audio_to_text(st, req, true).await
+}
+
+async fn audio_to_text(
+    st: Arc<AppState>,
+    req: axum::extract::Request,
+    translate: bool,
+) -> Response {
     let res = async {
         let (id, stt) = st.stt()?;
         let form = read_form(req, st.audio.max_upload).await?;
@@ -282,6 +299,7 @@ pub async fn transcriptions(
         let mut o = TranscribeOptions {
             language: form.get("language").map(str::to_string),
             initial_prompt: form.get("prompt").map(str::to_string),
+            translate,
             ..Default::default()
         };
         match form.number::<f32>("temperature")? {
@@ -332,7 +350,8 @@ pub async fn transcriptions(
             "srt" => text(output::srt(&t), "text/plain; charset=utf-8"),
             "vtt" => text(output::vtt(&t), "text/vtt; charset=utf-8"),
             "verbose_json" => {
-                json_response(StatusCode::OK, &output::openai_verbose(&t, "transcribe"))
+                let task = if translate { "translate" } else { "transcribe" };
+                json_response(StatusCode::OK, &output::openai_verbose(&t, task))
             }
             _ => json_response(StatusCode::OK, &json!({"text": t.text.trim()})),
         })

@@ -272,7 +272,8 @@ impl<B: Backend> Stt<B> {
         };
         if o.translate && !sp.multilingual {
             return Err(WhisperError::Input(
-                "this model is English-only; --task translate needs a multilingual model".into(),
+                "this model is English-only: translating needs a multilingual model (whisper-base)"
+                    .into(),
             ));
         }
         let blank = {
