@@ -102,6 +102,10 @@ pub struct TranscribeArgs {
     /// Do not predict timestamps (one segment per 30 s window).
     #[arg(long)]
     pub no_timestamps: bool,
+    /// Each word's start and end (cross-attention alignment, as openai-whisper computes
+    /// them): `words` in json, one cue per word in srt and vtt.
+    #[arg(long)]
+    pub word_timestamps: bool,
     /// Do not feed each window's text to the next as a prompt.
     #[arg(long)]
     pub no_condition: bool,
@@ -186,6 +190,7 @@ pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
     o.language = a.language.clone();
     o.translate = matches!(a.task, Task::Translate);
     o.vad = a.model.vad.into();
+    o.word_timestamps = a.word_timestamps;
     if a.no_fallback {
         o.temperatures = vec![0.0];
     }

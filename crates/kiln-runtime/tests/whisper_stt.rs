@@ -287,3 +287,46 @@ fn multilingual_base_detects_english_and_transcribes_jfk() {
         assert_eq!(words(&t.text), JFK, "{}", t.text);
     }
 }
+
+/// Word timestamps on jfk.wav against the reference alignment of the same model
+/// (`tools/whisper_words_reference.py`: faster-whisper 1.2.1, whose word alignment is
+/// openai-whisper's): the same words, each start and end within 0.1 s.
+#[test]
+fn word_timestamps_follow_the_reference_alignment() {
+    let s = stt();
+    let mut o = TranscribeOptions::default();
+    o.word_timestamps = true;
+    let t = s.transcribe(&jfk(), &o).unwrap();
+    let got: Vec<&kiln_runtime::whisper::Word> = t.segments.iter().flat_map(|s| &s.words).collect();
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/jfk_words_tiny_en.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let want = v["words"].as_array().unwrap();
+    let got_words: Vec<String> = got.iter().map(|w| words(&w.word)).collect();
+    let want_words: Vec<String> = want.iter().map(|w| words(w["word"].as_str().unwrap())).collect();
+    assert_eq!(got_words, want_words, "{got:?}");
+    for (g, w) in got.iter().zip(want) {
+        let (ws, we) = (w["start"].as_f64().unwrap(), w["end"].as_f64().unwrap());
+        assert!(
+            (g.start - ws).abs() <= 0.1 && (g.end - we).abs() <= 0.1,
+            "{:?}: kiln {:.2}-{:.2}, reference {ws:.2}-{we:.2}",
+            g.word,
+            g.start,
+            g.end
+        );
+    }
+    // Words lie in order inside their segments.
+    for seg in &t.segments {
+        for w in &seg.words {
+            assert!(w.start <= w.end && w.start >= seg.start - 1e-9 && w.end <= seg.end + 1e-9, "{w:?} in {seg:?}");
+        }
+    }
+    // Without asking, no words.
+    let plain = s.transcribe(&jfk(), &TranscribeOptions::default()).unwrap();
+    assert!(plain.segments.iter().all(|s| s.words.is_empty()));
+}

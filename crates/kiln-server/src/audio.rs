@@ -136,6 +136,15 @@ impl Form {
             .filter(|v| !v.is_empty())
     }
 
+    /// Every value of a repeated field (`timestamp_granularities[]`).
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.fields
+            .iter()
+            .filter(|(k, _)| k == name || k.strip_suffix("[]") == Some(name))
+            .map(|(_, v)| v.trim())
+            .collect()
+    }
+
     fn number<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, ApiError> {
         self.get(name)
             .map(|v| {
@@ -302,6 +311,25 @@ async fn audio_to_text(
             translate,
             ..Default::default()
         };
+        // OpenAI's granularities: words need verbose_json (segments are always there).
+        for g in form.all("timestamp_granularities") {
+            match g {
+                "word" if format == "verbose_json" => o.word_timestamps = true,
+                "word" => {
+                    return Err(ApiError::invalid(
+                        "timestamp_granularities word needs response_format verbose_json",
+                    )
+                    .param("timestamp_granularities"))
+                }
+                "segment" => {}
+                g => {
+                    return Err(ApiError::invalid(format!(
+                        "timestamp_granularities '{g}' is not one of word, segment"
+                    ))
+                    .param("timestamp_granularities"))
+                }
+            }
+        }
         match form.number::<f32>("temperature")? {
             Some(t) if !(0.0..=1.0).contains(&t) => {
                 return Err(ApiError::invalid(format!(

@@ -162,9 +162,72 @@ impl<B: Backend> Decoder<B> {
         // (Recording this step for replay was measured on an H200 and did not pay: a
         // token's time is the host's work on the logits, and each transcription would record
         // its states anew.)
-        self.layers_forward(b, c, st, cross, tokens, pos0)?;
+        self.layers_forward(b, c, st, cross, tokens, pos0, &mut |_, _| {})?;
         b.read(&st.logits, 1, &mut st.logits_host);
         Ok(&st.logits_host)
+    }
+
+    /// Cross-attention logits of `heads` ((layer, head) pairs) for `tokens` from position 0:
+    /// for each head, `tokens.len()` rows of `n_frames` values q·k / sqrt(head_dim) over the
+    /// first `n_frames` audio positions (what word alignment reads; the attention itself
+    /// stays fused in the backend).
+    pub fn cross_attention_logits(
+        &self,
+        b: &B,
+        c: &WhisperConfig,
+        st: &mut DecoderState<B>,
+        cross: &CrossKv<B>,
+        tokens: &[u32],
+        heads: &[(usize, usize)],
+        n_frames: usize,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let n = tokens.len();
+        if n == 0 || n > c.n_text_ctx {
+            return Err(ModelError::Input(format!(
+                "{n} tokens do not fit the text context of {}",
+                c.n_text_ctx
+            )));
+        }
+        let (d, hd) = (c.d_model, c.d_model / c.n_text_heads);
+        let n_frames = n_frames.min(c.n_audio_ctx);
+        if let Some(&(l, h)) = heads
+            .iter()
+            .find(|&&(l, h)| l >= c.n_text_layers || h >= c.n_text_heads)
+        {
+            return Err(ModelError::Input(format!(
+                "alignment head ({l}, {h}) is not in a decoder of {} layers x {} heads",
+                c.n_text_layers, c.n_text_heads
+            )));
+        }
+        let mut queries: Vec<Option<Vec<f32>>> = vec![None; c.n_text_layers];
+        self.layers_forward(b, c, st, cross, tokens, 0, &mut |layer, q| {
+            if heads.iter().any(|&(l, _)| l == layer) {
+                let mut v = vec![0.0; n * d];
+                b.read(q, n, &mut v);
+                queries[layer] = Some(v);
+            }
+        })?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut keys: Vec<Option<Vec<f32>>> = vec![None; c.n_text_layers];
+        let mut out = Vec::with_capacity(heads.len());
+        for &(l, h) in heads {
+            let k = keys[l].get_or_insert_with(|| {
+                let mut v = vec![0.0; c.n_audio_ctx * d];
+                b.read(&cross.k[l], c.n_audio_ctx, &mut v);
+                v
+            });
+            let q = queries[l].as_ref().expect("captured above");
+            let mut m = vec![0.0f32; n * n_frames];
+            for t in 0..n {
+                let qt = &q[t * d + h * hd..t * d + (h + 1) * hd];
+                for f in 0..n_frames {
+                    let kf = &k[f * d + h * hd..f * d + (h + 1) * hd];
+                    m[t * n_frames + f] = qt.iter().zip(kf).map(|(a, b)| a * b).sum::<f32>() * scale;
+                }
+            }
+            out.push(m);
+        }
+        Ok(out)
     }
 
     /// The decoder's ops for `tokens` at pos0.., up to the logits in `st.logits`.
@@ -176,6 +239,7 @@ impl<B: Backend> Decoder<B> {
         cross: &CrossKv<B>,
         tokens: &[u32],
         pos0: usize,
+        on_cross_query: &mut dyn FnMut(usize, &B::Tensor),
     ) -> Result<(), ModelError> {
         let n = tokens.len();
         let (d, heads) = (c.d_model, c.n_text_heads);
@@ -217,6 +281,7 @@ impl<B: Backend> Decoder<B> {
             // x += Wo · cross_attn(ln(x), audio)
             l.cross_ln.apply(b, &st.x, n, &mut st.h);
             l.cross_q.forward(b, &st.h, n, &mut st.q);
+            on_cross_query(i, &st.q);
             b.attention_dense(&st.q, &cross.k[i], &cross.v[i], cross_shape, &mut st.attn);
             l.cross_out.forward(b, &st.attn, n, &mut st.h);
             b.add(&mut st.x, &st.h, n);

@@ -392,6 +392,21 @@ impl<B: Backend> Whisper<B> {
         self.decoder.forward(b, &self.cfg, st, cross, tokens, pos0)
     }
 
+    /// [`Decoder::cross_attention_logits`]: the alignment heads' view of `tokens` over the
+    /// first `n_frames` audio positions of the window in `cross`.
+    pub fn cross_attention_logits(
+        &self,
+        b: &B,
+        st: &mut DecoderState<B>,
+        cross: &CrossKv<B>,
+        tokens: &[u32],
+        heads: &[(usize, usize)],
+        n_frames: usize,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.decoder
+            .cross_attention_logits(b, &self.cfg, st, cross, tokens, heads, n_frames)
+    }
+
     pub fn weight_bytes(&self, b: &B) -> usize {
         self.encoder.weight_bytes(b) + self.decoder.weight_bytes(b)
     }

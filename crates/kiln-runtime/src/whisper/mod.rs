@@ -4,6 +4,7 @@ mod decode;
 pub mod output;
 mod tokens;
 mod transcribe;
+mod words;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -17,6 +18,7 @@ use thiserror::Error;
 pub use decode::{compression_ratio, DecodeOptions, WindowDecoder, WindowResult};
 pub use tokens::{ggml_tokenizer, suppressed_tokens, SpecialTokens, LANGUAGES, TIME_PRECISION};
 pub use transcribe::{Segment, TranscribeOptions, TranscribeStats, Transcript, Vad};
+pub use words::Word;
 
 #[derive(Debug, Error)]
 pub enum WhisperError {
@@ -49,6 +51,40 @@ pub struct Stt<B: Backend> {
     /// Voice activity detection run before Whisper ([`TranscribeOptions::vad`]); none
     /// unless the caller loads one.
     pub vad: Option<kiln_models::vad::SileroVad>,
+    /// The decoder's (layer, head) pairs whose cross-attention follows the audio, for word
+    /// timestamps: the model's own list (`alignment_heads` in its configuration), else
+    /// every head of the second half of the layers, as openai-whisper does without one.
+    pub alignment_heads: Vec<(usize, usize)>,
+}
+
+/// `alignment_heads` from a CTranslate2 `config.json` or a Hugging Face
+/// `generation_config.json` in `dir`: a list of [layer, head] pairs.
+fn alignment_heads(dir: &Path, layers: usize, heads: usize) -> Vec<(usize, usize)> {
+    for f in ["config.json", "generation_config.json"] {
+        let Ok(text) = std::fs::read_to_string(dir.join(f)) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let Some(list) = v.get("alignment_heads").and_then(|a| a.as_array()) else {
+            continue;
+        };
+        let pairs: Vec<(usize, usize)> = list
+            .iter()
+            .filter_map(|p| {
+                let p = p.as_array()?;
+                Some((p.first()?.as_u64()? as usize, p.get(1)?.as_u64()? as usize))
+            })
+            .filter(|&(l, h)| l < layers && h < heads)
+            .collect();
+        if !pairs.is_empty() {
+            return pairs;
+        }
+    }
+    (layers / 2..layers)
+        .flat_map(|l| (0..heads).map(move |h| (l, h)))
+        .collect()
 }
 
 impl<B: Backend> Stt<B> {
@@ -90,7 +126,10 @@ impl<B: Backend> Stt<B> {
                 suppress.dedup();
             }
         }
+        let alignment_heads =
+            alignment_heads(&dir, model.cfg.n_text_layers, model.cfg.n_text_heads);
         Ok(Stt {
+            alignment_heads,
             backend,
             model,
             tokenizer,

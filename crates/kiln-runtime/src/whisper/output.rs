@@ -18,15 +18,29 @@ pub fn txt(t: &Transcript) -> String {
     out
 }
 
+/// The cues of a transcript: one per segment, or one per word where the segments carry
+/// their words (word timestamps asked for).
+fn cues(t: &Transcript) -> Vec<(f64, f64, &str)> {
+    let mut out = Vec::new();
+    for s in &t.segments {
+        if s.words.is_empty() {
+            out.push((s.start, s.end, s.text.trim()));
+        } else {
+            out.extend(s.words.iter().map(|w| (w.start, w.end, w.word.trim())));
+        }
+    }
+    out
+}
+
 pub fn srt(t: &Transcript) -> String {
     let mut out = String::new();
-    for (i, s) in t.segments.iter().enumerate() {
+    for (i, (start, end, text)) in cues(t).into_iter().enumerate() {
         out.push_str(&format!(
             "{}\n{} --> {}\n{}\n\n",
             i + 1,
-            timestamp(s.start, ','),
-            timestamp(s.end, ','),
-            s.text.trim().replace("-->", "->")
+            timestamp(start, ','),
+            timestamp(end, ','),
+            text.replace("-->", "->")
         ));
     }
     out
@@ -34,12 +48,12 @@ pub fn srt(t: &Transcript) -> String {
 
 pub fn vtt(t: &Transcript) -> String {
     let mut out = String::from("WEBVTT\n\n");
-    for s in &t.segments {
+    for (start, end, text) in cues(t) {
         out.push_str(&format!(
             "{} --> {}\n{}\n\n",
-            timestamp(s.start, '.'),
-            timestamp(s.end, '.'),
-            s.text.trim().replace("-->", "->")
+            timestamp(start, '.'),
+            timestamp(end, '.'),
+            text.replace("-->", "->")
         ));
     }
     out
@@ -69,13 +83,24 @@ pub fn openai_verbose(t: &Transcript, task: &str) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "task": task,
         "language": language_name(&t.language),
         "duration": t.stats.audio_s,
         "text": t.text.trim(),
         "segments": segments,
-    })
+    });
+    // OpenAI's `timestamp_granularities[]=word`: every word of the transcript, in order.
+    if t.segments.iter().any(|s| !s.words.is_empty()) {
+        let words: Vec<serde_json::Value> = t
+            .segments
+            .iter()
+            .flat_map(|s| &s.words)
+            .map(|w| serde_json::json!({"word": w.word.trim(), "start": w.start, "end": w.end}))
+            .collect();
+        v["words"] = serde_json::Value::Array(words);
+    }
+    v
 }
 
 /// OpenAI names languages in full ("english"); codes it does not know stay codes.

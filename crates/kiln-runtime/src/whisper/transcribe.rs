@@ -34,6 +34,8 @@ pub struct TranscribeOptions {
     pub translate: bool,
     /// Voice activity detection before Whisper (with a VAD model loaded: [`Stt::vad`]).
     pub vad: Vad,
+    /// Each segment's words with their times ([`Segment::words`]).
+    pub word_timestamps: bool,
 }
 
 /// When [`Stt::transcribe`] runs the VAD and what it does with its regions.
@@ -64,6 +66,7 @@ impl Default for TranscribeOptions {
             language: None,
             translate: false,
             vad: Vad::Auto,
+            word_timestamps: false,
         }
     }
 }
@@ -81,6 +84,9 @@ pub struct Segment {
     pub avg_logprob: f64,
     pub compression_ratio: f64,
     pub no_speech_prob: f64,
+    /// With [`TranscribeOptions::word_timestamps`]: the words and when each is spoken.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub words: Vec<super::words::Word>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -229,6 +235,10 @@ impl<B: Backend> Stt<B> {
         for seg in &mut t.segments {
             seg.start = restore(seg.start, false);
             seg.end = restore(seg.end, true).max(seg.start);
+            for w in &mut seg.words {
+                w.start = restore(w.start, false);
+                w.end = restore(w.end, true).max(w.start);
+            }
             seg.seek = (restore(seg.seek as f64 * HOP as f64 / rate, false) * rate) as usize / HOP;
         }
         finish(t)
@@ -292,6 +302,7 @@ impl<B: Backend> Stt<B> {
         let mut prompt_reset_since = 0;
         let mut segments: Vec<Segment> = Vec::new();
         let mut seek = 0usize;
+        let mut last_speech = 0.0;
         let input_stride = 2; // mel frames per encoder position
         let frames_per_s = SAMPLE_RATE as f64 / HOP as f64;
         while seek < content_frames {
@@ -380,7 +391,32 @@ impl<B: Backend> Stt<B> {
                 current.push((time_offset, time_offset + duration, tokens.clone()));
                 seek += segment_size;
             }
+            let mut words = Vec::new();
+            if o.word_timestamps {
+                // The start sequence the window was decoded after, without a prompt.
+                let mut sot = vec![sp.sot];
+                let mut code = "en".to_string();
+                if sp.multilingual {
+                    let lang = language_tok.unwrap_or(sp.language("en").unwrap_or(sp.sot + 1));
+                    sot.push(lang);
+                    sot.push(if o.translate { sp.translate } else { sp.transcribe });
+                    if let Some(l) = sp.languages.iter().find(|l| l.1 == lang) {
+                        code = l.0.clone();
+                    }
+                }
+                words = self.add_words(
+                    &cross,
+                    &sot,
+                    &mut current,
+                    segment_size,
+                    time_offset,
+                    &code,
+                    &mut last_speech,
+                )?;
+            }
+            let mut words = words.into_iter();
             for (start, end, toks) in current {
+                let seg_words = words.next().unwrap_or_default();
                 let text = self.text(&toks)?;
                 if start == end || text.trim().is_empty() {
                     continue;
@@ -398,6 +434,7 @@ impl<B: Backend> Stt<B> {
                     avg_logprob: r.avg_logprob,
                     compression_ratio: ratio,
                     no_speech_prob: r.no_speech_prob,
+                    words: seg_words,
                 });
             }
             if !o.condition_on_previous_text || r.temperature > 0.5 {
