@@ -308,7 +308,10 @@ fn word_timestamps_follow_the_reference_alignment() {
     .unwrap();
     let want = v["words"].as_array().unwrap();
     let got_words: Vec<String> = got.iter().map(|w| words(&w.word)).collect();
-    let want_words: Vec<String> = want.iter().map(|w| words(w["word"].as_str().unwrap())).collect();
+    let want_words: Vec<String> = want
+        .iter()
+        .map(|w| words(w["word"].as_str().unwrap()))
+        .collect();
     assert_eq!(got_words, want_words, "{got:?}");
     for (g, w) in got.iter().zip(want) {
         let (ws, we) = (w["start"].as_f64().unwrap(), w["end"].as_f64().unwrap());
@@ -323,7 +326,10 @@ fn word_timestamps_follow_the_reference_alignment() {
     // Words lie in order inside their segments.
     for seg in &t.segments {
         for w in &seg.words {
-            assert!(w.start <= w.end && w.start >= seg.start - 1e-9 && w.end <= seg.end + 1e-9, "{w:?} in {seg:?}");
+            assert!(
+                w.start <= w.end && w.start >= seg.start - 1e-9 && w.end <= seg.end + 1e-9,
+                "{w:?} in {seg:?}"
+            );
         }
     }
     // Without asking, no words.

@@ -255,6 +255,51 @@ fn non_audio_upload_is_400_and_the_server_keeps_serving() {
     let srt = r.text();
     assert!(srt.starts_with("1\n00:00:00,000 --> "), "{srt}");
     assert!(words(&srt).contains("ask not what your country"), "{srt}");
+
+    // Word timestamps, as OpenAI's clients ask for them: verbose_json only.
+    let r = post_form(
+        path,
+        &[
+            ("response_format", "verbose_json"),
+            ("timestamp_granularities[]", "word"),
+            ("timestamp_granularities[]", "segment"),
+        ],
+        Some(("jfk.wav", &jfk)),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let ws = v["words"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no words: {v}"));
+    assert_eq!(ws.len(), 22, "{v}");
+    assert_eq!(ws[4]["word"], "Americans");
+    let (s4, e4) = (
+        ws[4]["start"].as_f64().unwrap(),
+        ws[4]["end"].as_f64().unwrap(),
+    );
+    assert!(
+        (1.66..=1.86).contains(&s4) && (2.16..=2.36).contains(&e4),
+        "{}",
+        ws[4]
+    );
+    assert!(!v["segments"].as_array().unwrap().is_empty());
+    let e = post_form(
+        path,
+        &[("timestamp_granularities[]", "word")],
+        Some(("jfk.wav", &jfk)),
+    )
+    .assert_error(400);
+    assert_eq!(e["param"], "timestamp_granularities");
+    let e = post_form(
+        path,
+        &[
+            ("response_format", "verbose_json"),
+            ("timestamp_granularities[]", "letter"),
+        ],
+        Some(("jfk.wav", &jfk)),
+    )
+    .assert_error(400);
+    assert_eq!(e["param"], "timestamp_granularities");
 }
 
 #[test]

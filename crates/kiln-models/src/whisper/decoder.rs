@@ -222,7 +222,8 @@ impl<B: Backend> Decoder<B> {
                 let qt = &q[t * d + h * hd..t * d + (h + 1) * hd];
                 for f in 0..n_frames {
                     let kf = &k[f * d + h * hd..f * d + (h + 1) * hd];
-                    m[t * n_frames + f] = qt.iter().zip(kf).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    m[t * n_frames + f] =
+                        qt.iter().zip(kf).map(|(a, b)| a * b).sum::<f32>() * scale;
                 }
             }
             out.push(m);

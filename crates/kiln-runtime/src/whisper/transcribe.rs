@@ -399,7 +399,11 @@ impl<B: Backend> Stt<B> {
                 if sp.multilingual {
                     let lang = language_tok.unwrap_or(sp.language("en").unwrap_or(sp.sot + 1));
                     sot.push(lang);
-                    sot.push(if o.translate { sp.translate } else { sp.transcribe });
+                    sot.push(if o.translate {
+                        sp.translate
+                    } else {
+                        sp.transcribe
+                    });
                     if let Some(l) = sp.languages.iter().find(|l| l.1 == lang) {
                         code = l.0.clone();
                     }
