@@ -136,6 +136,20 @@ def logprobs(client, model):
     print(f"logprobs: {len(lp)} tokens, first {lp[0].token!r} {lp[0].logprob:.3f}")
 
 
+def choices(client, model):
+    msgs = [{"role": "user", "content": "Name a color."}]
+    r = client.chat.completions.create(model=model, messages=msgs, n=3, temperature=1.0,
+                                       seed=11, max_tokens=8)
+    check([c.index for c in r.choices] == [0, 1, 2], f"indices {[c.index for c in r.choices]}")
+    got = ["", "", ""]
+    for chunk in client.chat.completions.create(model=model, messages=msgs, n=3, temperature=1.0,
+                                                seed=11, max_tokens=8, stream=True):
+        for c in chunk.choices:
+            got[c.index] += c.delta.content or ""
+    check(got == [c.message.content for c in r.choices], f"streamed {got} vs {r.choices}")
+    print(f"n=3: {len(set(got))} different answers, streamed as whole")
+
+
 def embeddings(client, model):
     # The client asks for base64 unless told otherwise: both must decode to the same.
     a = client.embeddings.create(model=model, input=["hello world", "goodbye"]).data
@@ -198,6 +212,7 @@ def main():
     tool_round_trip(client, a.model, stream=False)
     tool_round_trip(client, a.model, stream=True)
     logprobs(client, a.model)
+    choices(client, a.model)
     unknown_field(client, a.model)
     embeddings(client, a.model)
     json_schema(client, a.model, a.samples)

@@ -133,13 +133,25 @@ fn range(param: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> 
     }
 }
 
+/// Most choices one request may ask for.
+pub const MAX_CHOICES: i64 = 16;
+
 impl Sampling {
+    /// How many choices to generate (`n`, 1 unless given).
+    pub fn choices(&self) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if (1..=MAX_CHOICES).contains(&n) => Ok(n as usize),
+            Some(n) => Err(invalid(
+                "n",
+                format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
+            )),
+        }
+    }
+
     /// Generation options (OpenAI's defaults: temperature 1, top_p 1, no top-k or min-p;
     /// no max_tokens: until the context is full). `seed`: the one to use when none is given.
     pub fn options(&self, seed: u64) -> Result<GenerateOptions, ApiError> {
-        if let Some(n) = self.n.filter(|&n| n != 1) {
-            return Err(invalid("n", format!("n must be 1 (got {n})")));
-        }
         if let Some(n) = self.best_of.filter(|&n| n != 1) {
             return Err(invalid("best_of", format!("best_of must be 1 (got {n})")));
         }

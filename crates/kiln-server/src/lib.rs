@@ -398,7 +398,8 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -
         };
         let stream = req.stream.unwrap_or(false);
         let usage = api::include_usage(&req.stream_options);
-        generate(st.clone(), shape, prompt, opts, stream, usage).await
+        let n = req.sampling.choices()?;
+        generate(st.clone(), shape, prompt, opts, n, stream, usage).await
     };
     res.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -419,7 +420,8 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
         };
         let stream = req.stream.unwrap_or(false);
         let usage = api::include_usage(&req.stream_options);
-        generate(st.clone(), shape, prompt, opts, stream, usage).await
+        let n = req.sampling.choices()?;
+        generate(st.clone(), shape, prompt, opts, n, stream, usage).await
     };
     res.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -458,12 +460,17 @@ fn finish_reason(f: FinishReason) -> &'static str {
     }
 }
 
-fn usage(c: &Completion) -> Value {
+/// Usage of a request's choices: the prompt counted once (as OpenAI counts it), every
+/// choice's completion tokens.
+fn usage(done: &[Completion]) -> Value {
+    let prompt = done.first().map_or(0, |c| c.prompt_tokens);
+    let cached = done.first().map_or(0, |c| c.cached_tokens);
+    let completion: usize = done.iter().map(|c| c.completion_tokens).sum();
     json!({
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
-        "total_tokens": c.prompt_tokens + c.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -584,18 +591,38 @@ fn logprobs_json(kind: Kind, lps: &[TokenLogprob], text_start: &mut usize) -> Va
     }
 }
 
-/// Submits a request and answers it: one JSON body, or server-sent events. Errors the
-/// engine finds before the first token (a prompt too long for the context) are still
-/// status codes; later ones arrive as an `error` event.
+/// Submits a request's `n` choices (sampled with seeds seed, seed + 1, ...) and answers
+/// them: one JSON body, or server-sent events. Errors the engine finds before the first
+/// token (a prompt too long for the context) are still status codes; later ones arrive as
+/// an `error` event.
+#[allow(clippy::too_many_arguments)]
 async fn generate(
     st: Arc<AppState>,
     shape: Shape,
     prompt: Prompt,
     opts: GenerateOptions,
+    n: usize,
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, ApiError> {
-    let (first, mut rx) = submit(&st, prompt, opts, shape.kind).await?;
+    // Every choice is its own sequence in the engine (the prompt's cache is shared); each
+    // one's events are tagged with its index on one channel.
+    let (tx, rx) = mpsc::unbounded_channel::<(usize, Event)>();
+    for i in 0..n {
+        let mut o = opts.clone();
+        o.sampler.seed = o.sampler.seed.wrapping_add(i as u64);
+        let (first, mut one) = submit(&st, prompt.clone(), o, shape.kind).await?;
+        let _ = tx.send((i, first));
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(e) = one.recv().await {
+                if tx.send((i, e)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(tx);
     let (prefix, object) = match shape.kind {
         Kind::Chat => ("chatcmpl", "chat.completion"),
         Kind::Completion => ("cmpl", "text_completion"),
@@ -607,26 +634,54 @@ async fn generate(
         kind: shape.kind,
     };
     if stream {
-        return Ok(sse(st, head, shape, first, rx, include_usage));
+        return Ok(sse(st, head, shape, n, rx, include_usage));
     }
-    let mut text = String::new();
-    let mut lps = Vec::new();
-    let mut ev = first;
-    let done = loop {
+    let mut rx = rx;
+    let mut text = vec![String::new(); n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut done: Vec<Option<Completion>> = vec![None; n];
+    while done.iter().any(Option::is_none) {
+        let (i, ev) = rx.recv().await.ok_or_else(engine_gone)?;
         match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Logprobs(l) => lps.push(l),
-            Event::Done(c) => break c,
+            Event::Text(t) => text[i].push_str(&t),
+            Event::Logprobs(l) => lps[i].push(l),
+            Event::Done(c) => done[i] = Some(c),
             Event::Error(e) => return Err(engine_error(e, shape.kind)),
         }
-        ev = rx.recv().await.ok_or_else(engine_gone)?;
-    };
-    st.metrics.generation(&done);
+    }
+    let done: Vec<Completion> = done.into_iter().flatten().collect();
+    let mut choices = Vec::with_capacity(n);
+    for (i, (text, c)) in text.into_iter().zip(&done).enumerate() {
+        st.metrics.generation(c);
+        choices.push(choice_json(&st, shape, i, text, &lps[i], c));
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "id": head.id,
+            "object": object,
+            "created": head.created,
+            "model": head.model,
+            "choices": choices,
+            "usage": usage(&done),
+        }),
+    ))
+}
+
+/// One whole choice: the message (its tool calls split from the text) or the text.
+fn choice_json(
+    st: &AppState,
+    shape: Shape,
+    index: usize,
+    text: String,
+    lps: &[TokenLogprob],
+    done: &Completion,
+) -> Value {
     let logprobs = match shape.logprobs {
-        true => logprobs_json(shape.kind, &lps, &mut 0),
+        true => logprobs_json(shape.kind, lps, &mut 0),
         false => Value::Null,
     };
-    let choice = match shape.kind {
+    match shape.kind {
         Kind::Chat => {
             let mut calls = Vec::new();
             let content = match shape.tools {
@@ -656,30 +711,19 @@ async fn generate(
                 "tool_calls"
             };
             json!({
-                "index": 0,
+                "index": index,
                 "message": message,
                 "logprobs": logprobs,
                 "finish_reason": finish,
             })
         }
         Kind::Completion => json!({
-            "index": 0,
+            "index": index,
             "text": text,
             "logprobs": logprobs,
             "finish_reason": finish_reason(done.finish),
         }),
-    };
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "id": head.id,
-            "object": object,
-            "created": head.created,
-            "model": head.model,
-            "choices": [choice],
-            "usage": usage(&done),
-        }),
-    ))
+    }
 }
 
 /// What every chunk of one response repeats.
@@ -695,6 +739,7 @@ impl Head {
     /// log-probabilities, the finish.
     fn chunk(
         &self,
+        index: usize,
         delta: serde_json::Map<String, Value>,
         logprobs: Value,
         finish: Option<&str>,
@@ -702,10 +747,10 @@ impl Head {
     ) -> String {
         let choice = match self.kind {
             Kind::Chat => {
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => json!({
-                "index": 0,
+                "index": index,
                 "text": delta.get("content").and_then(Value::as_str).unwrap_or(""),
                 "logprobs": logprobs,
                 "finish_reason": finish,
@@ -737,15 +782,9 @@ fn data(v: &Value) -> String {
     format!("data: {v}\n\n")
 }
 
-struct SseState {
-    st: Arc<AppState>,
-    head: Head,
-    shape: Shape,
-    first: Option<Event>,
-    rx: mpsc::UnboundedReceiver<Event>,
-    include_usage: bool,
+/// One choice of a streamed response.
+struct ChoiceStream {
     role_sent: bool,
-    ended: bool,
     split: Option<tools::Splitter>,
     /// Log-probabilities not yet sent (their text is held back).
     lps: Vec<TokenLogprob>,
@@ -753,118 +792,142 @@ struct SseState {
     offset: usize,
 }
 
+struct SseState {
+    st: Arc<AppState>,
+    head: Head,
+    shape: Shape,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    include_usage: bool,
+    ended: bool,
+    choices: Vec<ChoiceStream>,
+    /// Each finished choice's completion, in the order they finished.
+    done: Vec<Completion>,
+}
+
 impl SseState {
-    /// Chunks for `pieces`: content deltas, and each tool call as a delta naming it (id,
-    /// name, empty arguments) then one with its arguments. Pending log-probabilities ride
-    /// on the first chunk.
-    fn pieces(&mut self, pieces: Vec<tools::Piece>, out: &mut String) {
+    /// Chunks of choice `i` for `pieces`: content deltas, and each tool call as a delta
+    /// naming it (id, name, empty arguments) then one with its arguments. Pending
+    /// log-probabilities ride on the first chunk.
+    fn pieces(&mut self, i: usize, pieces: Vec<tools::Piece>, out: &mut String) {
         for p in pieces {
-            let mut delta = serde_json::Map::new();
-            if self.head.kind == Kind::Chat && !self.role_sent {
-                delta.insert("role".into(), "assistant".into());
-                self.role_sent = true;
-            }
-            let lp = self.take_logprobs();
+            let delta = self.role(i);
+            let lp = self.take_logprobs(i);
             let u = self.include_usage;
+            let mut delta = delta;
             match p {
                 tools::Piece::Text(t) => {
                     delta.insert("content".into(), t.into());
-                    out.push_str(&self.head.chunk(delta, lp, None, u));
+                    out.push_str(&self.head.chunk(i, delta, lp, None, u));
                 }
                 tools::Piece::Call(c) => {
-                    let index = self.split.as_ref().map_or(1, |s| s.calls) - 1;
+                    let index = self.choices[i].split.as_ref().map_or(1, |s| s.calls) - 1;
                     let id = self.st.next_id("call");
                     delta.insert(
                         "tool_calls".into(),
                         json!([{"index": index, "id": id, "type": "function", "function": {"name": c.name, "arguments": ""}}]),
                     );
-                    out.push_str(&self.head.chunk(delta, lp, None, u));
+                    out.push_str(&self.head.chunk(i, delta, lp, None, u));
                     let mut args = serde_json::Map::new();
                     args.insert(
                         "tool_calls".into(),
                         json!([{"index": index, "function": {"arguments": c.arguments}}]),
                     );
-                    out.push_str(&self.head.chunk(args, Value::Null, None, u));
+                    out.push_str(&self.head.chunk(i, args, Value::Null, None, u));
                 }
             }
         }
     }
 
-    fn take_logprobs(&mut self) -> Value {
-        if !self.shape.logprobs || self.lps.is_empty() {
+    /// A delta carrying the role when it is choice `i`'s first (chat).
+    fn role(&mut self, i: usize) -> serde_json::Map<String, Value> {
+        let mut delta = serde_json::Map::new();
+        if self.head.kind == Kind::Chat && !self.choices[i].role_sent {
+            delta.insert("role".into(), "assistant".into());
+            self.choices[i].role_sent = true;
+        }
+        delta
+    }
+
+    fn take_logprobs(&mut self, i: usize) -> Value {
+        let c = &mut self.choices[i];
+        if !self.shape.logprobs || c.lps.is_empty() {
             return Value::Null;
         }
-        let lps = std::mem::take(&mut self.lps);
-        logprobs_json(self.head.kind, &lps, &mut self.offset)
+        let lps = std::mem::take(&mut c.lps);
+        logprobs_json(self.head.kind, &lps, &mut c.offset)
     }
 }
 
-/// Server-sent events: `data: {chunk}` per text piece, a finishing chunk, the usage chunk
-/// when asked for (`stream_options.include_usage`), then `data: [DONE]`.
+/// Server-sent events: `data: {chunk}` per text piece of each choice, each choice's
+/// finishing chunk, the usage chunk when asked for (`stream_options.include_usage`) once
+/// every choice is done, then `data: [DONE]`.
 fn sse(
     st: Arc<AppState>,
     head: Head,
     shape: Shape,
-    first: Event,
-    rx: mpsc::UnboundedReceiver<Event>,
+    n: usize,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
     include_usage: bool,
 ) -> Response {
     let state = SseState {
         st,
         head,
         shape,
-        first: Some(first),
         rx,
         include_usage,
-        role_sent: false,
         ended: false,
-        split: shape.tools.map(tools::Splitter::new),
-        lps: Vec::new(),
-        offset: 0,
+        choices: (0..n)
+            .map(|_| ChoiceStream {
+                role_sent: false,
+                split: shape.tools.map(tools::Splitter::new),
+                lps: Vec::new(),
+                offset: 0,
+            })
+            .collect(),
+        done: Vec::new(),
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         let mut out = String::new();
         while out.is_empty() && !s.ended {
-            let ev = match s.first.take() {
-                Some(e) => Some(e),
-                None => s.rx.recv().await,
-            };
             let u = s.include_usage;
-            match ev {
-                Some(Event::Logprobs(l)) => s.lps.push(l),
-                Some(Event::Text(t)) => {
-                    let pieces = match s.split.as_mut() {
+            match s.rx.recv().await {
+                Some((i, Event::Logprobs(l))) => s.choices[i].lps.push(l),
+                Some((i, Event::Text(t))) => {
+                    let pieces = match s.choices[i].split.as_mut() {
                         Some(sp) => sp.push(&t),
                         None => vec![tools::Piece::Text(t)],
                     };
-                    s.pieces(pieces, &mut out);
+                    s.pieces(i, pieces, &mut out);
                 }
-                Some(Event::Done(c)) => {
+                Some((i, Event::Done(c))) => {
                     s.st.metrics.generation(&c);
-                    let rest = s.split.as_mut().map(|sp| sp.finish()).unwrap_or_default();
-                    s.pieces(rest, &mut out);
-                    let calls = s.split.as_ref().map_or(0, |sp| sp.calls);
+                    let rest = s.choices[i]
+                        .split
+                        .as_mut()
+                        .map(|sp| sp.finish())
+                        .unwrap_or_default();
+                    s.pieces(i, rest, &mut out);
+                    let calls = s.choices[i].split.as_ref().map_or(0, |sp| sp.calls);
                     let fin = if calls > 0 {
                         "tool_calls"
                     } else {
                         finish_reason(c.finish)
                     };
-                    let mut delta = serde_json::Map::new();
-                    if s.head.kind == Kind::Chat && !s.role_sent {
-                        delta.insert("role".into(), "assistant".into());
-                        s.role_sent = true;
+                    let delta = s.role(i);
+                    let lp = s.take_logprobs(i);
+                    out.push_str(&s.head.chunk(i, delta, lp, Some(fin), u));
+                    s.done.push(c);
+                    if s.done.len() == s.choices.len() {
+                        if u {
+                            let mut v = s.head.object(Vec::new());
+                            v["usage"] = usage(&s.done);
+                            out.push_str(&data(&v));
+                        }
+                        out.push_str("data: [DONE]\n\n");
+                        s.ended = true;
                     }
-                    let lp = s.take_logprobs();
-                    out.push_str(&s.head.chunk(delta, lp, Some(fin), u));
-                    if u {
-                        let mut v = s.head.object(Vec::new());
-                        v["usage"] = usage(&c);
-                        out.push_str(&data(&v));
-                    }
-                    out.push_str("data: [DONE]\n\n");
-                    s.ended = true;
                 }
-                Some(Event::Error(e)) => {
+                Some((_, Event::Error(e))) => {
                     out.push_str(&data(&engine_error(e, s.head.kind).body()));
                     out.push_str("data: [DONE]\n\n");
                     s.ended = true;

@@ -323,7 +323,8 @@ fn bad_requests_get_error_json_and_the_server_keeps_serving() {
     .assert_error(400);
     assert!(v["error"]["message"].as_str().unwrap().contains("context"));
     for bad in [
-        json!({"n": 2}),
+        json!({"n": 0}),
+        json!({"n": 17}),
         json!({"temperature": 7}),
         json!({"max_tokens": 0}),
         json!({"top_p": -1}),
@@ -347,6 +348,90 @@ fn bad_requests_get_error_json_and_the_server_keeps_serving() {
         .as_str()
         .unwrap()
         .contains("Paris"));
+}
+
+/// `n` choices: each its own sample (seed, seed + 1, ...), indexed, streamed interleaved,
+/// the prompt counted once in the usage; at temperature 0 every choice is the greedy answer.
+#[test]
+fn several_choices_streamed_and_not() {
+    let _g = serial();
+    let chat = "/v1/chat/completions";
+    let one = post(
+        chat,
+        &chat_body("What is the capital of France?", 12, false),
+    )
+    .json();
+    let greedy = one["choices"][0]["message"]["content"].as_str().unwrap();
+    let mut b = chat_body("What is the capital of France?", 12, false);
+    b["n"] = json!(2);
+    let v = post(chat, &b).json();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["message"]["content"], greedy, "{v}");
+    }
+    assert_eq!(v["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+        2 * one["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+
+    // Sampled: three different answers, each as its seed gives it alone.
+    let mut b = chat_body("Write a word.", 12, false);
+    b["temperature"] = json!(1.0);
+    b["seed"] = json!(7);
+    b["n"] = json!(3);
+    let v = post(chat, &b).json();
+    let texts: Vec<String> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(texts.len(), 3);
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "{texts:?}");
+    let mut alone = b.clone();
+    alone["n"] = json!(1);
+    alone["seed"] = json!(8);
+    let second = post(chat, &alone).json();
+    assert_eq!(
+        second["choices"][0]["message"]["content"],
+        texts[1].as_str()
+    );
+
+    // Streamed: the same three, their chunks tagged by index, one usage chunk, then done.
+    b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
+    let r = post(chat, &b);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r.body);
+    let mut got = vec![String::new(); 3];
+    let mut finished = [0; 3];
+    let mut usage = Vec::new();
+    for e in &events {
+        let cs = e["choices"].as_array().unwrap();
+        if cs.is_empty() {
+            usage.push(e["usage"].clone());
+            continue;
+        }
+        for c in cs {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if let Some(t) = c["delta"]["content"].as_str() {
+                got[i].push_str(t);
+            }
+            if c["finish_reason"].is_string() {
+                finished[i] += 1;
+            }
+        }
+    }
+    assert_eq!(got, texts);
+    assert_eq!(finished, [1, 1, 1]);
+    assert_eq!(usage.len(), 1, "{events:?}");
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage[0][k], v["usage"][k], "{k}");
+    }
+    assert!(r.body.trim_end().ends_with("data: [DONE]"));
 }
 
 /// Reads from a streamed response until the first event has arrived.
