@@ -1,5 +1,6 @@
 //! `kiln transcribe` and `kiln bench --stt`: Whisper speech to text.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -109,6 +110,15 @@ pub struct TranscribeArgs {
     /// Do not feed each window's text to the next as a prompt.
     #[arg(long)]
     pub no_condition: bool,
+    /// Transcribe as the audio arrives (`-`: raw s16le 16 kHz mono on stdin, or a WAV of
+    /// that; a file is replayed as a stream): each utterance, found by the VAD, is printed
+    /// when its speaker has been quiet for --end-silence-ms (txt: one line each; json: one
+    /// JSON object a line, with `partial` transcripts as the utterance grows).
+    #[arg(long)]
+    pub live: bool,
+    /// With --live: the silence that ends an utterance.
+    #[arg(long, default_value_t = 700, value_name = "MS")]
+    pub end_silence_ms: u32,
     /// Only temperature 0 (no fallback on loops or low confidence).
     #[arg(long)]
     pub no_fallback: bool,
@@ -198,6 +208,9 @@ pub fn options(a: &TranscribeArgs) -> TranscribeOptions {
 }
 
 pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
+    if a.live {
+        return live(a);
+    }
     // The backend first (a missing GPU is the cheapest thing to report), then the audio.
     let stt = spawn(a.device, a.adapter.as_deref(), &a.model)?;
     let audio = kiln_audio::load_16k(&a.file)?;
@@ -228,6 +241,143 @@ pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
         s.total_ms,
         s.total_ms / 1e3 / s.audio_s.max(1e-9)
     );
+    Ok(())
+}
+
+/// A WAV header on a live stream: checked to be 16 kHz mono 16-bit PCM and skipped up to
+/// its samples. None when the stream does not start with one.
+fn skip_wav_header(r: &mut impl Read, first: &[u8; 4]) -> anyhow::Result<bool> {
+    if first != b"RIFF" {
+        return Ok(false);
+    }
+    let mut head = [0u8; 8];
+    r.read_exact(&mut head)?;
+    anyhow::ensure!(
+        &head[4..] == b"WAVE",
+        "stdin: a RIFF stream that is not WAVE"
+    );
+    loop {
+        let mut ch = [0u8; 8];
+        r.read_exact(&mut ch)
+            .context("stdin: the WAV header ended before its data")?;
+        let len = u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]) as usize;
+        match &ch[..4] {
+            b"data" => return Ok(true),
+            b"fmt " => {
+                let mut f = vec![0u8; len + len % 2];
+                r.read_exact(&mut f)?;
+                let u16_at = |i: usize| u16::from_le_bytes([f[i], f[i + 1]]);
+                let rate = u32::from_le_bytes([f[4], f[5], f[6], f[7]]);
+                let (format, channels, bits) = (u16_at(0), u16_at(2), u16_at(14));
+                anyhow::ensure!(
+                    format == 1 && channels == 1 && rate == 16_000 && bits == 16,
+                    "stdin: --live takes 16 kHz mono 16-bit PCM, this WAV is {rate} Hz, \
+                     {channels} channel(s), {bits}-bit (convert it: ffmpeg -i IN -ar 16000 -ac 1 \
+                     -f s16le -)"
+                );
+            }
+            _ => {
+                std::io::copy(&mut r.take((len + len % 2) as u64), &mut std::io::sink())?;
+            }
+        }
+    }
+}
+
+/// `kiln transcribe --live`: utterances as they end, from stdin or a file replayed.
+fn live(a: TranscribeArgs) -> anyhow::Result<()> {
+    use kiln_runtime::live::{Live, LiveEvent, LiveOptions};
+    use std::io::{IsTerminal, Write};
+    anyhow::ensure!(
+        matches!(a.format, Format::Txt | Format::Json),
+        "--live writes txt or json (one line per utterance)"
+    );
+    let vad = crate::resolve_model(VAD_MODEL)
+        .and_then(|p| Ok(kiln_models::vad::SileroVad::load(&p)?))
+        .context(format!("--live needs {VAD_MODEL}"))?;
+    let stt = spawn(a.device, a.adapter.as_deref(), &a.model)?;
+    let mut o = options(&a);
+    o.vad = kiln_runtime::whisper::Vad::Off;
+    o.condition_on_previous_text = false;
+    o.word_timestamps = false;
+    let mut transcribe = |s: &[f32]| stt.transcribe(s, &o).map(|t| t.text);
+    let json = matches!(a.format, Format::Json);
+    let show_partials = json || std::io::stderr().is_terminal();
+    let mut on = |e: LiveEvent| {
+        let mut out = std::io::stdout().lock();
+        match (&e, json) {
+            (LiveEvent::Partial { start, text }, true) => {
+                let v = serde_json::json!({"type": "partial", "start": start, "text": text});
+                let _ = writeln!(out, "{v}");
+            }
+            (LiveEvent::Final { start, end, text }, true) => {
+                let v =
+                    serde_json::json!({"type": "final", "start": start, "end": end, "text": text});
+                let _ = writeln!(out, "{v}");
+            }
+            (LiveEvent::Partial { text, .. }, false) if show_partials => {
+                eprint!("\r\x1b[2K… {text}");
+            }
+            (LiveEvent::Final { text, .. }, false) => {
+                if show_partials {
+                    eprint!("\r\x1b[2K");
+                }
+                let _ = writeln!(out, "{text}");
+            }
+            _ => {}
+        }
+        let _ = out.flush();
+    };
+    let mut live = Live::new(
+        vad,
+        LiveOptions {
+            end_silence_ms: a.end_silence_ms,
+            ..Default::default()
+        },
+    );
+    // 100 ms of audio a read.
+    const CHUNK: usize = 1600;
+    if a.file.as_os_str() == "-" {
+        let stdin = std::io::stdin();
+        anyhow::ensure!(
+            !stdin.is_terminal(),
+            "--live -: pipe audio in (raw s16le 16 kHz mono, e.g. arecord -f S16_LE -r 16000 -c 1)"
+        );
+        let mut r = stdin.lock();
+        let mut first = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            let n = r.read(&mut first[got..])?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        let mut carry: Vec<u8> = Vec::new();
+        if !(got == 4 && skip_wav_header(&mut r, &first)?) {
+            carry.extend_from_slice(&first[..got]);
+        }
+        let mut buf = vec![0u8; CHUNK * 2];
+        loop {
+            let n = r.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            carry.extend_from_slice(&buf[..n]);
+            let whole = carry.len() / 2 * 2;
+            let samples: Vec<f32> = carry[..whole]
+                .chunks_exact(2)
+                .map(|b| i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0)
+                .collect();
+            carry.drain(..whole);
+            live.push(&samples, &mut transcribe, &mut on)?;
+        }
+    } else {
+        let audio = kiln_audio::load_16k(&a.file)?;
+        for piece in audio.samples.chunks(CHUNK) {
+            live.push(piece, &mut transcribe, &mut on)?;
+        }
+    }
+    live.finish(&mut transcribe, &mut on)?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@ pub mod embed;
 pub mod engine;
 mod generation;
 pub mod grammar;
+pub mod live;
 mod llm;
 pub mod memory;
 pub mod mix;
