@@ -138,6 +138,18 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
             crate::stt_cmd::spawn(device, adapter, &args)
         })?
         .map(|(id, m)| (id, Arc::new(m)));
+        // Live transcription's VAD (where utterances end): without it /v1/audio/live says so.
+        if audio.stt.is_some() {
+            let vad = crate::resolve_model(crate::stt_cmd::VAD_MODEL)
+                .and_then(|p| Ok(kiln_models::vad::SileroVad::load(&p)?));
+            match vad {
+                Ok(v) => audio.vad = Some(Arc::new(v)),
+                Err(e) => eprintln!(
+                    "kiln serve: warning: no VAD ({}: {e:#}); /v1/audio/live answers 404",
+                    crate::stt_cmd::VAD_MODEL
+                ),
+            }
+        }
         audio.tts = optional(&a.tts, DEFAULT_TTS, "text-to-speech", |m| {
             crate::speak::spawn(device, adapter, m, false, None, threads)
         })?

@@ -328,7 +328,7 @@ fn live(a: TranscribeArgs) -> anyhow::Result<()> {
         let _ = out.flush();
     };
     let mut live = Live::new(
-        vad,
+        std::sync::Arc::new(vad),
         LiveOptions {
             end_silence_ms: a.end_silence_ms,
             ..Default::default()

@@ -52,7 +52,7 @@ pub enum LiveEvent {
 pub type Transcribe<'a, E> = dyn FnMut(&[f32]) -> Result<String, E> + 'a;
 
 pub struct Live {
-    vad: SileroVad,
+    vad: std::sync::Arc<SileroVad>,
     state: VadState,
     o: LiveOptions,
     /// Samples not yet a whole VAD step.
@@ -75,7 +75,7 @@ fn samples(ms: u32) -> usize {
 }
 
 impl Live {
-    pub fn new(vad: SileroVad, o: LiveOptions) -> Self {
+    pub fn new(vad: std::sync::Arc<SileroVad>, o: LiveOptions) -> Self {
         Live {
             vad,
             state: VadState::default(),

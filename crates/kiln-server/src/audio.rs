@@ -37,6 +37,8 @@ pub struct AudioModels {
     pub max_upload: usize,
     /// Longest audio, in seconds, the audio-in routes take (after decoding).
     pub max_audio_secs: f64,
+    /// Silero VAD for live transcription (`/v1/audio/live`): where utterances end.
+    pub vad: Option<Arc<kiln_models::vad::SileroVad>>,
 }
 
 impl Default for AudioModels {
@@ -46,6 +48,7 @@ impl Default for AudioModels {
             tts: None,
             max_upload: 25 << 20,
             max_audio_secs: 3600.0,
+            vad: None,
         }
     }
 }
@@ -820,5 +823,151 @@ mod tests {
         assert!(e.message.contains("'mp3'"), "{}", e.message);
         assert_eq!(speed(Some(4.0)).unwrap(), 4.0);
         assert!(speed(Some(0.1)).is_err() && speed(Some(f32::NAN)).is_err());
+    }
+}
+
+/// Query of `/v1/audio/live`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveQuery {
+    /// The silence that ends an utterance (default 700).
+    end_silence_ms: Option<u32>,
+    /// Spoken language (multilingual models; default: detected per utterance).
+    language: Option<String>,
+}
+
+/// Live transcription over a WebSocket: the client sends binary messages of raw s16le
+/// 16 kHz mono PCM as it records, and a text message `{"type": "end"}` (or closes) when it
+/// stops; the server sends `{"type": "partial", "start", "text"}` as an utterance grows,
+/// `{"type": "final", "start", "end", "text"}` when its speaker goes quiet, `{"type":
+/// "error", "message"}` for a message it cannot take, and `{"type": "done"}` last.
+pub async fn live(
+    State(st): State<Arc<AppState>>,
+    query: Result<axum::extract::Query<LiveQuery>, axum::extract::rejection::QueryRejection>,
+    ws: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Response {
+    let res = (|| {
+        let (_, stt) = st.stt()?;
+        let vad = st
+            .audio
+            .vad
+            .clone()
+            .ok_or_else(|| no_model("voice activity detection", "silero-vad"))?;
+        let q = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+        let ws = ws.map_err(|e| {
+            ApiError::invalid(format!(
+                "/v1/audio/live is a WebSocket (connect with ws://, an Upgrade request): {}",
+                e.body_text()
+            ))
+        })?;
+        let o = kiln_runtime::live::LiveOptions {
+            end_silence_ms: q.end_silence_ms.unwrap_or(700).clamp(100, 10_000),
+            ..Default::default()
+        };
+        let topts = TranscribeOptions {
+            language: q.language.clone(),
+            vad: kiln_runtime::whisper::Vad::Off,
+            condition_on_previous_text: false,
+            ..Default::default()
+        };
+        Ok::<_, ApiError>(ws.on_upgrade(move |socket| live_session(socket, stt, vad, o, topts)))
+    })();
+    res.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn live_session(
+    mut socket: axum::extract::ws::WebSocket,
+    stt: Arc<SpeechToText>,
+    vad: Arc<kiln_models::vad::SileroVad>,
+    o: kiln_runtime::live::LiveOptions,
+    topts: TranscribeOptions,
+) {
+    use axum::extract::ws::Message;
+    use kiln_runtime::live::{Live, LiveEvent};
+    let (audio_tx, audio_rx) = std::sync::mpsc::channel::<Vec<f32>>();
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<String>();
+    // The VAD and Whisper on a thread of their own: the socket keeps reading meanwhile.
+    std::thread::spawn(move || {
+        let mut live = Live::new(vad, o);
+        let mut transcribe = |s: &[f32]| stt.transcribe(s, &topts).map(|t| t.text);
+        let tx = ev_tx.clone();
+        let mut on = |e: LiveEvent| {
+            let v = match e {
+                LiveEvent::Partial { start, text } => {
+                    json!({"type": "partial", "start": start, "text": text})
+                }
+                LiveEvent::Final { start, end, text } => {
+                    json!({"type": "final", "start": start, "end": end, "text": text})
+                }
+            };
+            let _ = tx.send(v.to_string());
+        };
+        let mut failed = None;
+        for samples in audio_rx {
+            if let Err(e) = live.push(&samples, &mut transcribe, &mut on) {
+                failed = Some(e);
+                break;
+            }
+        }
+        if failed.is_none() {
+            failed = live.finish(&mut transcribe, &mut on).err();
+        }
+        if let Some(e) = failed {
+            let _ = ev_tx.send(json!({"type": "error", "message": e.to_string()}).to_string());
+        }
+        let _ = ev_tx.send(json!({"type": "done"}).to_string());
+    });
+    let mut audio_tx = Some(audio_tx);
+    let mut carry: Option<u8> = None;
+    loop {
+        tokio::select! {
+            msg = socket.recv(), if audio_tx.is_some() => match msg {
+                Some(Ok(Message::Binary(b))) => {
+                    let mut bytes: Vec<u8> = carry.take().into_iter().collect();
+                    bytes.extend_from_slice(&b);
+                    if bytes.len() % 2 == 1 {
+                        carry = bytes.pop();
+                    }
+                    let samples: Vec<f32> = bytes
+                        .chunks_exact(2)
+                        .map(|p| i16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0)
+                        .collect();
+                    if let Some(tx) = &audio_tx {
+                        let _ = tx.send(samples);
+                    }
+                }
+                Some(Ok(Message::Text(t))) => {
+                    let end = serde_json::from_str::<serde_json::Value>(t.as_str())
+                        .ok()
+                        .is_some_and(|v| v["type"] == "end");
+                    if end {
+                        audio_tx = None;
+                    } else {
+                        let e = json!({"type": "error", "message": "text messages are {\"type\": \"end\"}; audio goes in binary messages (s16le 16 kHz mono)"});
+                        if socket.send(Message::Text(e.to_string().into())).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => audio_tx = None,
+                Some(Ok(_)) => {}
+            },
+            ev = ev_rx.recv() => match ev {
+                Some(text) => {
+                    let done = text.contains("\"type\":\"done\"");
+                    if socket.send(Message::Text(text.into())).await.is_err() {
+                        return;
+                    }
+                    if done {
+                        let _ = socket.send(Message::Close(None)).await;
+                        return;
+                    }
+                }
+                None => return,
+            },
+        }
     }
 }

@@ -140,6 +140,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/audio/transcriptions", post(audio::transcriptions))
         .route("/v1/audio/translations", post(audio::translations))
+        .route("/v1/audio/live", get(audio::live))
         .route("/v1/audio/speech", post(audio::speech))
         .route("/v1/audio/chat", post(audio::chat))
         .route("/api/chat", post(ollama::chat))

@@ -7,6 +7,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -67,6 +68,9 @@ fn server() -> SocketAddr {
             tts: Some(("kokoro-82m".into(), Arc::new(tts), voices)),
             max_upload: 4 << 20,
             max_audio_secs: 60.0,
+            vad: Some(Arc::new(
+                kiln_models::vad::SileroVad::load(&resolve("silero-vad")).unwrap(),
+            )),
         };
         let cfg = ServerConfig {
             model_id: "smollm2-135m-instruct".into(),
@@ -482,4 +486,81 @@ fn audio_past_the_duration_limit_is_refused() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().to_lowercase().contains(PHRASE), "{}", r.text());
+}
+
+/// `/v1/audio/live`: jfk.wav streamed as binary PCM messages over a WebSocket, then
+/// `{"type": "end"}`: partial transcripts, then finals whose words are the speech's, then
+/// `done`. A plain GET is a 400 that says it is a WebSocket; a text message that is not
+/// `end` is an error event and the session goes on.
+#[test]
+fn live_transcription_over_a_websocket() {
+    use tungstenite::Message;
+    let addr = server();
+    let get = |path: &str| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        raw
+    };
+    let plain = get("/v1/audio/live");
+    assert!(
+        plain.starts_with("HTTP/1.1 400") && plain.contains("WebSocket"),
+        "{plain}"
+    );
+    let bad = get("/v1/audio/live?nope=1");
+    assert!(
+        bad.starts_with("HTTP/1.1 400") && bad.contains("nope"),
+        "{bad}"
+    );
+
+    let jfk = kiln_audio::load_16k(Path::new(JFK)).unwrap().samples;
+    let mut audio = vec![0f32; 8000];
+    audio.extend_from_slice(&jfk);
+    audio.extend(std::iter::repeat_n(0f32, 16000));
+    let pcm: Vec<u8> = audio
+        .iter()
+        .flat_map(|&s| ((s * 32767.0).round() as i16).to_le_bytes())
+        .collect();
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    let url = format!("ws://{addr}/v1/audio/live?end_silence_ms=700");
+    let (mut ws, _) = tungstenite::client(url.as_str(), stream).expect("websocket handshake");
+    ws.send(Message::Text(r#"{"type": "hello"}"#.into()))
+        .unwrap();
+    // 0.1 s a message, odd sizes too (a sample split across two messages).
+    for piece in pcm.chunks(3201) {
+        ws.send(Message::Binary(piece.to_vec().into())).unwrap();
+    }
+    ws.send(Message::Text(r#"{"type": "end"}"#.into())).unwrap();
+    let mut events = Vec::new();
+    loop {
+        match ws.read().expect("read") {
+            Message::Text(t) => {
+                let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                let done = v["type"] == "done";
+                events.push(v);
+                if done {
+                    break;
+                }
+            }
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    assert_eq!(events[0]["type"], "error", "{events:?}");
+    assert_eq!(events.last().unwrap()["type"], "done", "{events:?}");
+    assert!(events.iter().any(|e| e["type"] == "partial"), "{events:?}");
+    let text: String = events
+        .iter()
+        .filter(|e| e["type"] == "final")
+        .map(|e| format!("{} ", e["text"].as_str().unwrap()))
+        .collect();
+    assert!(
+        words(&text).contains("what you can do for your country"),
+        "{events:?}"
+    );
+    let first = events.iter().find(|e| e["type"] == "final").unwrap();
+    let s0 = first["start"].as_f64().unwrap();
+    assert!((0.1..=0.6).contains(&s0), "{first}");
 }
