@@ -283,6 +283,58 @@ fn skip_wav_header(r: &mut impl Read, first: &[u8; 4]) -> anyhow::Result<bool> {
     }
 }
 
+/// Audio for a live stream, 100 ms at a time: `-` is stdin (raw s16le 16 kHz mono, or a WAV
+/// of that), a file is decoded and replayed.
+pub fn feed_live(
+    file: &Path,
+    push: &mut dyn FnMut(&[f32]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    const CHUNK: usize = 1600;
+    if file.as_os_str() != "-" {
+        let audio = kiln_audio::load_16k(file)?;
+        for piece in audio.samples.chunks(CHUNK) {
+            push(piece)?;
+        }
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    anyhow::ensure!(
+        !stdin.is_terminal(),
+        "--live -: pipe audio in (raw s16le 16 kHz mono, e.g. arecord -f S16_LE -r 16000 -c 1)"
+    );
+    let mut r = stdin.lock();
+    let mut first = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        let n = r.read(&mut first[got..])?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    let mut carry: Vec<u8> = Vec::new();
+    if !(got == 4 && skip_wav_header(&mut r, &first)?) {
+        carry.extend_from_slice(&first[..got]);
+    }
+    let mut buf = vec![0u8; CHUNK * 2];
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        carry.extend_from_slice(&buf[..n]);
+        let whole = carry.len() / 2 * 2;
+        let samples: Vec<f32> = carry[..whole]
+            .chunks_exact(2)
+            .map(|b| i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0)
+            .collect();
+        carry.drain(..whole);
+        push(&samples)?;
+    }
+    Ok(())
+}
+
 /// `kiln transcribe --live`: utterances as they end, from stdin or a file replayed.
 fn live(a: TranscribeArgs) -> anyhow::Result<()> {
     use kiln_runtime::live::{Live, LiveEvent, LiveOptions};
@@ -334,49 +386,9 @@ fn live(a: TranscribeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     );
-    // 100 ms of audio a read.
-    const CHUNK: usize = 1600;
-    if a.file.as_os_str() == "-" {
-        let stdin = std::io::stdin();
-        anyhow::ensure!(
-            !stdin.is_terminal(),
-            "--live -: pipe audio in (raw s16le 16 kHz mono, e.g. arecord -f S16_LE -r 16000 -c 1)"
-        );
-        let mut r = stdin.lock();
-        let mut first = [0u8; 4];
-        let mut got = 0;
-        while got < 4 {
-            let n = r.read(&mut first[got..])?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
-        let mut carry: Vec<u8> = Vec::new();
-        if !(got == 4 && skip_wav_header(&mut r, &first)?) {
-            carry.extend_from_slice(&first[..got]);
-        }
-        let mut buf = vec![0u8; CHUNK * 2];
-        loop {
-            let n = r.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            carry.extend_from_slice(&buf[..n]);
-            let whole = carry.len() / 2 * 2;
-            let samples: Vec<f32> = carry[..whole]
-                .chunks_exact(2)
-                .map(|b| i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0)
-                .collect();
-            carry.drain(..whole);
-            live.push(&samples, &mut transcribe, &mut on)?;
-        }
-    } else {
-        let audio = kiln_audio::load_16k(&a.file)?;
-        for piece in audio.samples.chunks(CHUNK) {
-            live.push(piece, &mut transcribe, &mut on)?;
-        }
-    }
+    feed_live(&a.file, &mut |samples| {
+        Ok(live.push(samples, &mut transcribe, &mut on)?)
+    })?;
     live.finish(&mut transcribe, &mut on)?;
     Ok(())
 }

@@ -79,6 +79,16 @@ pub struct VoiceArgs {
     /// mean; the WAV holds the last run's reply.
     #[arg(short = 'r', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=100))]
     pub reps: u16,
+    /// Listen to a stream instead of one file (`-`: raw s16le 16 kHz mono, or a WAV of it,
+    /// on stdin; a file is replayed as a stream): each utterance is answered once its
+    /// speaker has been quiet for --end-silence-ms. The replies go to -o (`-`: raw s16le
+    /// 24 kHz mono on stdout as they are spoken; a file: one WAV of every reply); the
+    /// dialogue and each reply's first-audio latency from the end of speech go to stderr.
+    #[arg(long)]
+    pub live: bool,
+    /// With --live: the silence that ends the user's turn.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub end_silence_ms: u32,
 }
 
 pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
@@ -95,7 +105,10 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.max_tokens > 0, "--max-tokens must be at least 1");
     let threads = a.threads.unwrap_or_else(default_threads);
     anyhow::ensure!(threads > 0, "-t/--threads must be at least 1");
-    let audio = kiln_audio::load_16k(&a.input)?;
+    let audio = match a.live {
+        true => None,
+        false => Some(kiln_audio::load_16k(&a.input)?.samples),
+    };
 
     let llm_path = resolve_model(&a.model)?;
     let file = kiln_runtime::find_gguf(&llm_path)?;
@@ -139,7 +152,8 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
     // every later one.
     let mut quick = TranscribeOptions::default();
     quick.temperatures = vec![0.0];
-    stt.transcribe(&audio.samples[..audio.samples.len().min(16_000)], &quick)
+    let warm = audio.as_deref().unwrap_or(&[0.0; 16_000]);
+    stt.transcribe(&warm[..warm.len().min(16_000)], &quick)
         .context("warming up Whisper")?;
     tts.speak("Hi.", false, &a.voice, 1.0, &mut |_| Ok(()))
         .context("warming up Kokoro")?;
@@ -167,11 +181,14 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         first_words: a.first_words,
     };
     pipeline.warm_llm(&opts).context("warming up the LLM")?;
+    let Some(audio) = audio else {
+        return live(&pipeline, &opts, &a);
+    };
 
     let mut runs = Vec::new();
     for rep in 0..a.reps {
         let last = rep + 1 == a.reps;
-        let st = turn(&pipeline, &audio.samples, &opts, &a.output, last)?;
+        let st = turn(&pipeline, &audio, &opts, &a.output, last)?;
         if a.reps > 1 {
             eprintln!("run {}: {}", rep + 1, latencies(&st));
         }
@@ -268,4 +285,126 @@ fn turn(
     f.write_all(&wav_header(len))?;
     out.commit()?;
     Ok(st)
+}
+
+/// `kiln voice --live`: every utterance of the stream answered as its speaker goes quiet.
+fn live(pipeline: &Voice<'_>, opts: &VoiceOptions, a: &VoiceArgs) -> anyhow::Result<()> {
+    use kiln_runtime::live::{Live, LiveEvent, LiveOptions};
+    use std::cell::RefCell;
+    use std::io::IsTerminal;
+    use std::time::Instant;
+    let to_stdout = a.output.as_os_str() == "-";
+    anyhow::ensure!(
+        !(to_stdout && std::io::stdout().is_terminal()),
+        "not writing audio to a terminal: pass -o FILE, or pipe stdout to a player \
+         (aplay -f S16_LE -r 24000 -c 1)"
+    );
+    let vad = crate::resolve_model(crate::stt_cmd::VAD_MODEL)
+        .and_then(|p| Ok(kiln_models::vad::SileroVad::load(&p)?))
+        .context(format!("--live needs {}", crate::stt_cmd::VAD_MODEL))?;
+    let mut file = match to_stdout {
+        true => None,
+        false => {
+            let mut f = kiln_formats::OutputFile::create(&a.output)?;
+            f.file().write_all(&wav_header(0))?;
+            Some(f)
+        }
+    };
+    let mut written = 0u64;
+    // When each piece of the stream arrived: (samples so far, then).
+    let arrivals: RefCell<Vec<(usize, Instant)>> = RefCell::new(Vec::new());
+    let mut failed: Option<anyhow::Error> = None;
+    let mut quick = opts.transcribe.clone();
+    quick.vad = kiln_runtime::whisper::Vad::Off;
+    quick.condition_on_previous_text = false;
+    let mut transcribe = |s: &[f32]| pipeline.stt.transcribe(s, &quick).map(|t| t.text);
+    let mut turns = 0;
+    let mut on = |e: LiveEvent| {
+        let LiveEvent::Final { end, text, .. } = e else {
+            return;
+        };
+        if failed.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let end_sample = (end * 16_000.0) as usize;
+        let spoke = arrivals
+            .borrow()
+            .iter()
+            .find(|(n, _)| *n >= end_sample)
+            .map_or(now, |(_, t)| *t);
+        eprintln!("you: {text}");
+        eprint!("kiln: ");
+        let mut io_err = None;
+        let res = pipeline.reply(&text, now, 0.0, opts, &mut |ev| {
+            let r = match ev {
+                VoiceEvent::Text(t) => {
+                    eprint!("{t}");
+                    Ok(())
+                }
+                VoiceEvent::Audio(s) => {
+                    let b = pcm16(s);
+                    written += b.len() as u64;
+                    match file.as_mut() {
+                        Some(f) => f.file().write_all(&b),
+                        None => {
+                            let mut o = std::io::stdout().lock();
+                            o.write_all(&b).and_then(|_| o.flush())
+                        }
+                    }
+                }
+                _ => Ok(()),
+            };
+            match r {
+                Ok(()) => true,
+                Err(e) => {
+                    io_err = Some(e);
+                    false
+                }
+            }
+        });
+        eprintln!();
+        match (res, io_err) {
+            (_, Some(e)) => failed = Some(anyhow::Error::from(e).context("writing the reply")),
+            (Err(e), None) => failed = Some(e.into()),
+            (Ok(st), None) => {
+                turns += 1;
+                let waited = now.duration_since(spoke).as_secs_f64() * 1e3;
+                eprintln!(
+                    "first audio {:.0} ms after the end of speech ({:.0} ms waiting out --end-silence-ms and the last read, then TTFT {:.0} ms, first audio {:.0} ms)",
+                    waited + st.first_audio_ms,
+                    waited,
+                    st.ttft_ms,
+                    st.first_audio_ms
+                );
+            }
+        }
+    };
+    let mut live = Live::new(
+        std::sync::Arc::new(vad),
+        LiveOptions {
+            end_silence_ms: a.end_silence_ms,
+            ..Default::default()
+        },
+    );
+    let mut fed = 0usize;
+    crate::stt_cmd::feed_live(&a.input, &mut |samples| {
+        fed += samples.len();
+        arrivals.borrow_mut().push((fed, Instant::now()));
+        live.push(samples, &mut transcribe, &mut on)?;
+        Ok(())
+    })?;
+    live.finish(&mut transcribe, &mut on)?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if let Some(mut out) = file {
+        let len = u32::try_from(written).context("replies longer than a WAV file holds")?;
+        let f = out.file();
+        f.seek(SeekFrom::Start(0))?;
+        f.write_all(&wav_header(len))?;
+        out.commit()?;
+    }
+    eprintln!("{turns} turn(s) answered");
+    Ok(())
 }

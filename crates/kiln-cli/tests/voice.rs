@@ -154,3 +154,87 @@ fn voice_bad_input_is_one_line() {
         assert_eq!(std::fs::read(&o).unwrap(), b"an earlier reply", "{args:?}");
     }
 }
+
+/// `--live`: a stream on stdin (silence, jfk.wav, silence, then jfk.wav again) is answered
+/// turn by turn once the speaker has been quiet for --end-silence-ms; the replies' audio
+/// goes to stdout as raw PCM, the dialogue and each turn's latency from the end of speech
+/// to stderr.
+#[test]
+fn voice_live_answers_each_turn_of_a_stream() {
+    use std::io::Write;
+    use std::process::Stdio;
+    for m in [
+        "smollm2-135m-instruct",
+        "whisper-tiny.en",
+        "kokoro-82m",
+        "misaki-en-us",
+        "silero-vad",
+    ] {
+        kiln_assets::resolve(m, &mut |_| {}).unwrap();
+    }
+    let jfk = kiln_audio::load_16k(std::path::Path::new(JFK))
+        .unwrap()
+        .samples;
+    let mut audio = vec![0f32; 8000];
+    audio.extend_from_slice(&jfk);
+    audio.extend(std::iter::repeat_n(0f32, 40000));
+    audio.extend_from_slice(&jfk);
+    audio.extend(std::iter::repeat_n(0f32, 40000));
+    let pcm: Vec<u8> = audio
+        .iter()
+        .flat_map(|&s| ((s * 32767.0).round() as i16).to_le_bytes())
+        .collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["voice", "--live", "-", "-o", "-", "-n", "24"])
+        .args(["--end-silence-ms", "1600"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::spawn(move || {
+        for piece in pcm.chunks(3200) {
+            if stdin.write_all(piece).is_err() {
+                break;
+            }
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{se}");
+    let heard: Vec<&str> = se.lines().filter_map(|l| l.strip_prefix("you: ")).collect();
+    assert_eq!(heard.len(), 2, "{se}");
+    for h in &heard {
+        assert!(
+            h.to_lowercase()
+                .contains("what you can do for your country"),
+            "{se}"
+        );
+    }
+    assert_eq!(
+        se.lines().filter(|l| l.starts_with("kiln: ")).count(),
+        2,
+        "{se}"
+    );
+    assert_eq!(
+        se.lines()
+            .filter(|l| l.starts_with("first audio ") && l.contains("after the end of speech"))
+            .count(),
+        2,
+        "{se}"
+    );
+    assert!(se.contains("2 turn(s) answered"), "{se}");
+    // Two spoken replies, 24 kHz 16-bit: more than a second of audio.
+    assert!(
+        out.stdout.len() > 48_000,
+        "{} bytes of reply audio",
+        out.stdout.len()
+    );
+    let loud = out
+        .stdout
+        .chunks_exact(2)
+        .filter(|b| i16::from_le_bytes([b[0], b[1]]).unsigned_abs() > 1000)
+        .count();
+    assert!(loud > 1000, "silent replies");
+}

@@ -162,10 +162,26 @@ impl Voice<'_> {
         sink: &mut dyn FnMut(VoiceEvent<'_>) -> bool,
     ) -> Result<VoiceStats, VoiceError> {
         let t0 = Instant::now();
-        let mut st = VoiceStats::default();
         let transcript = self.stt.transcribe(audio, &o.transcribe)?;
-        st.transcript = transcript.text.trim().to_string();
-        st.stt_ms = ms_since(t0);
+        let stt_ms = ms_since(t0);
+        self.reply(transcript.text.trim(), t0, stt_ms, o, sink)
+    }
+
+    /// Answers what the user said (`transcript`, already transcribed: a live stream's final
+    /// transcript) with speech; latencies from `t0`, the transcript having taken `stt_ms`.
+    pub fn reply(
+        &self,
+        transcript: &str,
+        t0: Instant,
+        stt_ms: f64,
+        o: &VoiceOptions,
+        sink: &mut dyn FnMut(VoiceEvent<'_>) -> bool,
+    ) -> Result<VoiceStats, VoiceError> {
+        let mut st = VoiceStats {
+            transcript: transcript.trim().to_string(),
+            stt_ms,
+            ..Default::default()
+        };
         if st.transcript.is_empty() {
             return Err(VoiceError::NoSpeech);
         }
