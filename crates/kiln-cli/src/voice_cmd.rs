@@ -327,12 +327,23 @@ fn live(pipeline: &Voice<'_>, opts: &VoiceOptions, a: &VoiceArgs) -> anyhow::Res
             return;
         }
         let now = Instant::now();
+        // When the speech ended, on the stream's clock (a live source delivers sample k
+        // k/16000 s after its first): later reads that lagged behind do not hide the wait.
+        // A stream faster than real time (a file replayed) has no such clock: there, when
+        // the sample was read.
         let end_sample = (end * 16_000.0) as usize;
-        let spoke = arrivals
-            .borrow()
+        let arrived = arrivals.borrow();
+        let read_at = arrived
             .iter()
             .find(|(n, _)| *n >= end_sample)
             .map_or(now, |(_, t)| *t);
+        let clock = arrived.first().map(|(n, t)| {
+            *t + std::time::Duration::from_secs_f64(
+                (end_sample.saturating_sub(*n)) as f64 / 16_000.0,
+            )
+        });
+        drop(arrived);
+        let spoke = clock.filter(|c| *c <= now).unwrap_or(read_at);
         eprintln!("you: {text}");
         eprint!("kiln: ");
         let mut io_err = None;
@@ -371,7 +382,7 @@ fn live(pipeline: &Voice<'_>, opts: &VoiceOptions, a: &VoiceArgs) -> anyhow::Res
                 turns += 1;
                 let waited = now.duration_since(spoke).as_secs_f64() * 1e3;
                 eprintln!(
-                    "first audio {:.0} ms after the end of speech ({:.0} ms waiting out --end-silence-ms and the last read, then TTFT {:.0} ms, first audio {:.0} ms)",
+                    "first audio {:.0} ms after the end of speech ({:.0} ms to the turn's final transcript, --end-silence-ms included, then TTFT {:.0} ms, first audio {:.0} ms)",
                     waited + st.first_audio_ms,
                     waited,
                     st.ttft_ms,
@@ -384,6 +395,8 @@ fn live(pipeline: &Voice<'_>, opts: &VoiceOptions, a: &VoiceArgs) -> anyhow::Res
         std::sync::Arc::new(vad),
         LiveOptions {
             end_silence_ms: a.end_silence_ms,
+            // Nobody reads partial transcripts here: they would only delay the turn's end.
+            partial_every_ms: 0,
             ..Default::default()
         },
     );

@@ -44,7 +44,8 @@ impl Default for LiveOptions {
 pub enum LiveEvent {
     /// The utterance so far, transcribed again as it grows.
     Partial { start: f64, text: String },
-    /// The whole utterance, after its speaker went quiet (or at the end of the stream).
+    /// The whole utterance, after its speaker went quiet (or at the end of the stream);
+    /// `end`: where the VAD last heard speech.
     Final { start: f64, end: f64, text: String },
 }
 
@@ -185,12 +186,15 @@ impl Live {
         transcribe: &mut Transcribe<'_, E>,
         on: &mut dyn FnMut(LiveEvent),
     ) -> Result<(), E> {
-        // The trailing silence, but for the pre-roll's worth of it (word endings).
+        // Where the VAD last heard speech: the utterance's end.
+        let end = self.start + self.speech.len() - self.silence.min(self.speech.len());
+        // Whisper hears the trailing silence but for the pre-roll's worth of it (word
+        // endings the VAD called silence).
         let trailing = self.silence.saturating_sub(samples(self.o.pre_roll_ms));
         let keep = self.speech.len() - trailing.min(self.speech.len());
         self.speech.truncate(keep);
         let text = transcribe(&self.speech)?;
-        let (start, end) = (self.start, self.start + self.speech.len());
+        let start = self.start;
         self.in_speech = false;
         self.speech.clear();
         self.silence = 0;
