@@ -145,12 +145,19 @@ impl<B: Backend> Llm<B> {
         self.model.cfg.vocab_size.min(self.tokenizer.vocab_size())
     }
 
+    /// A job that builds the grammar tables (what the first constrained request would
+    /// otherwise build), borrowing only what they are made of: it can run on a thread of
+    /// its own beside the model's work.
+    pub fn grammar_tables(&self) -> impl FnOnce() + Send + '_ {
+        let (tok, bytes, grammars) = (&self.tokenizer, &self.token_bytes, &self.grammars);
+        move || {
+            build_tables(tok, bytes, grammars);
+        }
+    }
+
     /// A fresh constraint that makes generation follow `g`.
     pub fn constraint(&self, g: &Grammar) -> Result<Constraint, RuntimeError> {
-        let tables = self.grammars.get_or_init(|| {
-            crate::grammar::Grammars::with_bytes(&self.tokenizer, self.all_token_bytes())
-                .map_err(|e| e.to_string())
-        });
+        let tables = build_tables(&self.tokenizer, &self.token_bytes, &self.grammars);
         match tables {
             Ok(t) => t.compile(g),
             Err(e) => Err(RuntimeError::Grammar(e.clone())),
@@ -248,6 +255,18 @@ impl<B: Backend> Llm<B> {
             tokens: Vec::new(),
         }
     }
+}
+
+/// The grammar tables of a vocabulary, built once (every id's bytes first, also once).
+fn build_tables<'a>(
+    tok: &Tokenizer,
+    bytes: &std::sync::OnceLock<Vec<Vec<u8>>>,
+    grammars: &'a std::sync::OnceLock<Result<crate::grammar::Grammars, String>>,
+) -> &'a Result<crate::grammar::Grammars, String> {
+    grammars.get_or_init(|| {
+        let words = bytes.get_or_init(|| tok.token_bytes());
+        crate::grammar::Grammars::with_bytes(tok, words).map_err(|e| e.to_string())
+    })
 }
 
 /// `path` itself, or the only `.gguf` file in it when it is a directory.

@@ -233,7 +233,16 @@ impl Scheduler {
                     n_ctx: engine.n_ctx,
                     slots: engine.slots.len(),
                 }));
-                engine.run(rx);
+                // The grammar tables (the vocabulary's byte trie, ~0.5 s for Qwen3's) are
+                // built beside the engine as it starts serving, so the first constrained
+                // request finds them ready (one that comes sooner waits for them once).
+                std::thread::scope(|s| {
+                    let tables = llm.grammar_tables();
+                    let _ = std::thread::Builder::new()
+                        .name("kiln-grammar".into())
+                        .spawn_scoped(s, tables);
+                    engine.run(rx);
+                });
             })
             .map_err(|e| RuntimeError::Path {
                 path: "kiln-engine".into(),
