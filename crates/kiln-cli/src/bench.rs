@@ -516,13 +516,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     // Resolve every model first, so a bad name fails before any measurement.
     let files = names
         .iter()
-        .map(|n| {
-            let p = resolve_model(n)?;
-            match kiln_models::llm::is_hf_dir(&p) {
-                true => Ok(p),
-                false => Ok(kiln_runtime::find_gguf(&p)?),
-            }
-        })
+        .map(|n| Ok(kiln_runtime::llm_path(&resolve_model(n)?)?))
         .collect::<anyhow::Result<Vec<PathBuf>>>()?;
 
     // The header waits for the first row, so a model that fails to load prints only the error.

@@ -98,7 +98,7 @@ fn model_id(model: &str, path: &std::path::Path) -> String {
 
 pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let path = resolve_model(&a.model.model)?;
-    let file = kiln_runtime::find_gguf(&path)?;
+    let file = kiln_runtime::llm_path(&path)?;
     let id = model_id(&a.model.model, &file);
     let (reference, threads) = (a.model.reference, a.model.threads);
     let cfg = SchedulerConfig {

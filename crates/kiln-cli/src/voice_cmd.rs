@@ -111,7 +111,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
     };
 
     let llm_path = resolve_model(&a.model)?;
-    let file = kiln_runtime::find_gguf(&llm_path)?;
+    let file = kiln_runtime::llm_path(&llm_path)?;
     let cfg = SchedulerConfig {
         slots: 1,
         n_ctx: 2048,

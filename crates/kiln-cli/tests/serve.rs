@@ -94,6 +94,57 @@ fn openai_and_ollama_clients_as_apps_use_them() {
     drop(server);
 }
 
+/// The official openai client's tool round trip (streamed and not) under the real Qwen3
+/// chat template (its own `<tool_call>` format), served by `kiln serve` from a Hugging Face
+/// directory: the tiny random Qwen3 of the model tests with Qwen3's template put in.
+#[test]
+fn openai_client_tool_round_trip_under_the_qwen3_template() {
+    python_packages(&[
+        ("openai", "openai"),
+        ("jsonschema", "jsonschema"),
+        ("ollama", "ollama"),
+    ]);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-models/tests/fixtures/hf/qwen3");
+    let dir = std::env::temp_dir().join(format!("kiln-serve-tiny-qwen3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let tok = kiln_assets::resolve("qwen3-tokenizer", &mut |_| {}).unwrap();
+    let real: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tok.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    c["chat_template"] = real["chat_template"].clone();
+    assert!(c["chat_template"].as_str().unwrap().contains("<tool_call>"));
+    std::fs::write(dir.join("tokenizer_config.json"), c.to_string()).unwrap();
+    let (server, url) = start(&["-m", dir.to_str().unwrap(), "-c", "1024", "--no-audio"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/api_clients.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(&url)
+        .args(["--tools-only", "--max-tokens", "200"])
+        .output()
+        .expect("run the client checks");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "client checks failed:\n{so}\n{se}");
+    assert!(so.contains("tool round trip (stream=False)"), "{so}");
+    assert!(so.contains("tool round trip (stream=True)"), "{so}");
+    eprintln!("{}", so.trim());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn openai_python_client_against_kiln_serve() {
     for m in [

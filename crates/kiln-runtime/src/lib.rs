@@ -26,7 +26,8 @@ pub use embed::Pooling;
 pub use generation::GenerationDefaults;
 pub use grammar::{Constraint, Grammar};
 pub use llm::{
-    find_gguf, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession, RuntimeError,
+    find_gguf, llm_path, FinishReason, GenerateOptions, GenerationStats, Llm, LlmSession,
+    RuntimeError,
 };
 pub use mix::{choose_mix, mix_bpw, Mix, MixError};
 pub use perplexity::{nll, Perplexity};

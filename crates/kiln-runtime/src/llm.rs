@@ -269,6 +269,15 @@ fn build_tables<'a>(
     })
 }
 
+/// What an LLM loads from `path`: a Hugging Face / MLX directory as it is, else the GGUF
+/// file ([`find_gguf`]).
+pub fn llm_path(path: &Path) -> Result<PathBuf, RuntimeError> {
+    match is_hf_dir(path) {
+        true => Ok(path.to_path_buf()),
+        false => find_gguf(path),
+    }
+}
+
 /// `path` itself, or the only `.gguf` file in it when it is a directory.
 pub fn find_gguf(path: &Path) -> Result<PathBuf, RuntimeError> {
     if !path.is_dir() {
