@@ -139,6 +139,23 @@ impl Form {
             .filter(|v| !v.is_empty())
     }
 
+    /// A field this route does not take is a 400 that names it (OpenAI's fields it has no
+    /// use for are refused too: nothing is silently ignored).
+    fn only(&self, known: &[&str]) -> Result<(), ApiError> {
+        match self
+            .fields
+            .iter()
+            .find(|(k, _)| !known.contains(&k.strip_suffix("[]").unwrap_or(k)))
+        {
+            None => Ok(()),
+            Some((k, _)) => Err(ApiError::invalid(format!(
+                "unknown or unsupported field '{k}' (this route takes {})",
+                known.join(", ")
+            ))
+            .param(k)),
+        }
+    }
+
     /// Every value of a repeated field (`timestamp_granularities[]`).
     fn all(&self, name: &str) -> Vec<&str> {
         self.fields
@@ -301,6 +318,15 @@ async fn audio_to_text(
         let (id, stt) = st.stt()?;
         let form = read_form(req, st.audio.max_upload).await?;
         check_model(form.get("model"), id, STT_ALIASES)?;
+        form.only(&[
+            "model",
+            "response_format",
+            "language",
+            "prompt",
+            "temperature",
+            "timestamp_granularities",
+            "stream",
+        ])?;
         let format = form.get("response_format").unwrap_or("json").to_string();
         if !["json", "text", "srt", "vtt", "verbose_json"].contains(&format.as_str()) {
             return Err(ApiError::invalid(format!(
@@ -673,6 +699,16 @@ pub async fn chat(State(st): State<Arc<AppState>>, req: axum::extract::Request) 
         let (_, tts) = st.tts()?;
         let form = read_form(req, st.audio.max_upload).await?;
         st.check_model(form.get("model"))?;
+        form.only(&[
+            "model",
+            "response_format",
+            "voice",
+            "speed",
+            "max_tokens",
+            "temperature",
+            "system",
+            "first_words",
+        ])?;
         let format = audio_format(form.get("response_format"))?;
         let voice = st.voice(form.get("voice"))?;
         let speed = speed(form.number("speed")?)?;

@@ -243,6 +243,14 @@ fn non_audio_upload_is_400_and_the_server_keeps_serving() {
     let e =
         post_form(path, &[("response_format", "mp3")], Some(("jfk.wav", &jfk))).assert_error(400);
     assert_eq!(e["param"], "response_format");
+    // A field the route does not take: refused by name, not ignored.
+    let e = post_form(
+        path,
+        &[("chunking_strategy", "auto")],
+        Some(("jfk.wav", &jfk)),
+    )
+    .assert_error(400);
+    assert_eq!(e["param"], "chunking_strategy");
     let e = post_form(path, &[("model", "nope")], Some(("jfk.wav", &jfk))).assert_error(404);
     assert_eq!(e["code"], "model_not_found");
     // Larger than --max-upload: 413.
@@ -412,6 +420,8 @@ fn audio_chat_answers_jfk_with_speech() {
     let e = post_form(path, &[], Some(("notes.txt", b"hello"))).assert_error(400);
     assert_eq!(e["param"], "file");
     post_form(path, &[("voice", "nobody")], Some(("jfk.wav", &jfk))).assert_error(400);
+    let e = post_form(path, &[("frobnicate", "1")], Some(("jfk.wav", &jfk))).assert_error(400);
+    assert_eq!(e["param"], "frobnicate");
     post_form(path, &[("max_tokens", "0")], Some(("jfk.wav", &jfk))).assert_error(400);
 
     let r = post_form(
