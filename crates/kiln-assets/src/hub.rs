@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use hf_hub::api::sync::{ApiBuilder, ApiRepo};
 use hf_hub::{Cache, Repo, RepoType};
 
-use crate::{io_err, kiln_home, sha256_file, AssetError, Progress};
+use crate::{dir_size, fetch_lock, io_err, sha256_file, AssetError, Progress};
 
 /// A repository and what to take from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -439,23 +439,6 @@ fn token(cache: &Cache) -> Option<String> {
         .or_else(|| cache.token())
 }
 
-/// A lock held while a repository or catalog entry is fetched, so two processes fetching the
-/// same model take turns (the second then finds it in the cache) instead of writing over
-/// each other's files.
-pub(crate) fn fetch_lock(name: &str) -> Result<fs::File, AssetError> {
-    let dir = kiln_home().join("locks");
-    fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-    let path = dir.join(format!("{}.lock", name.replace('/', "--")));
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io_err(&path))?;
-    f.lock().map_err(io_err(&path))?;
-    Ok(f)
-}
-
 /// The local path of `spec`: from the cache when it is there (unless `refresh`), else fetched.
 pub fn resolve(
     spec: &HubSpec,
@@ -589,26 +572,6 @@ pub fn cached_repos() -> Vec<(String, PathBuf, u64)> {
     }
     out.sort();
     out
-}
-
-/// Bytes under a directory (files, not links: blobs are counted once).
-pub(crate) fn dir_size(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            let Ok(m) = fs::symlink_metadata(e.path()) else {
-                continue;
-            };
-            if m.is_dir() {
-                stack.push(e.path());
-            } else if m.is_file() {
-                total += m.len();
-            }
-        }
-    }
-    total
 }
 
 /// The cache directory of a repository (`models--owner--name`), for `kiln rm`.

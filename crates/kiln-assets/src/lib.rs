@@ -99,6 +99,43 @@ pub enum Progress<'a> {
     Done,
 }
 
+/// A lock held while a repository or catalog entry is fetched, so two processes fetching the
+/// same model take turns (the second then finds it in the cache) instead of writing over
+/// each other's files.
+pub(crate) fn fetch_lock(name: &str) -> Result<fs::File, AssetError> {
+    let dir = kiln_home().join("locks");
+    fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let path = dir.join(format!("{}.lock", name.replace('/', "--")));
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    f.lock().map_err(io_err(&path))?;
+    Ok(f)
+}
+
+/// Bytes under a directory (files, not links: blobs are counted once).
+pub(crate) fn dir_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let Ok(m) = fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() {
+                total += m.len();
+            }
+        }
+    }
+    total
+}
+
 /// Whether an entry is already fully in the cache.
 /// The marker names every source, so an entry that gains a source is fetched again.
 pub fn is_cached(e: &Entry) -> bool {
@@ -123,7 +160,7 @@ pub fn ensure(e: &Entry, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, 
         return Ok(main);
     }
     // Another process fetching the same entry: wait for it, then use what it fetched.
-    let _file_lock = hub::fetch_lock(e.name)?;
+    let _file_lock = fetch_lock(e.name)?;
     if is_cached(e) {
         return Ok(main);
     }
@@ -495,7 +532,7 @@ pub fn list_cached() -> Vec<Cached> {
         out.push(Cached {
             name: e.name.to_string(),
             path: entry_dir(e),
-            bytes: hub::dir_size(&entry_dir(e)),
+            bytes: dir_size(&entry_dir(e)),
             source,
             last_used: used(e.name),
         });
@@ -539,7 +576,7 @@ pub fn remove(model: &str) -> Result<Vec<PathBuf>, AssetError> {
             continue;
         }
         // Not while another process is fetching it.
-        locks.push(hub::fetch_lock(&lock)?);
+        locks.push(fetch_lock(&lock)?);
         fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
         removed.push(dir);
     }

@@ -114,13 +114,10 @@ pub fn load_on<B: Backend>(
     lang: Option<Language>,
 ) -> anyhow::Result<Tts<B>> {
     let path = crate::resolve_model(model)?;
-    let (lex, british) = if phonemes_only {
-        (None, None)
+    let lex = if phonemes_only {
+        None
     } else {
-        (
-            Some(crate::resolve_model(DEFAULT_LEXICON)?),
-            Some(crate::resolve_model(BRITISH_LEXICON)?),
-        )
+        Some(crate::resolve_model(DEFAULT_LEXICON)?)
     };
     let (file, config, voices) = if path.is_dir() {
         model_dir_files(&path)
@@ -139,9 +136,12 @@ pub fn load_on<B: Backend>(
     };
     let tts =
         Tts::load_files_on(backend, &file, &config, &voices, lex.as_deref())?.with_language(lang);
-    Ok(match british {
-        Some(d) => tts.with_british_lexicons(&d),
-        None => tts,
+    // Fetched when a British voice first speaks text, not by every user of the others.
+    Ok(match phonemes_only {
+        true => tts,
+        false => tts.with_british_lexicons_from(|| {
+            crate::resolve_model(BRITISH_LEXICON).map_err(|e| format!("{e:#}"))
+        }),
     })
 }
 

@@ -150,10 +150,11 @@ impl Live {
                 self.since_partial = step.len();
             } else {
                 self.recent.extend(step);
-                let keep = samples(self.o.pre_roll_ms);
-                while self.recent.len() > keep {
-                    self.recent.pop_front();
-                }
+                let over = self
+                    .recent
+                    .len()
+                    .saturating_sub(samples(self.o.pre_roll_ms));
+                self.recent.drain(..over);
             }
             return Ok(());
         }

@@ -42,14 +42,17 @@ pub struct Tts<B: Backend = CpuBackend> {
     voices: Vec<Voice>,
     /// American English (misaki's US lexicons).
     g2p: Option<G2p>,
-    /// British English: the directory of misaki's GB lexicons, loaded on the first British
-    /// voice's text.
-    british: Option<(PathBuf, std::sync::OnceLock<Result<G2p, String>>)>,
+    /// British English: where misaki's GB lexicons are (found, and fetched if need be, by
+    /// the caller's function), loaded on the first British voice's text.
+    british: Option<(BritishLexicons, std::sync::OnceLock<Result<G2p, String>>)>,
     /// The text's language for every voice (None: each voice's own).
     language: Option<Language>,
     /// [`Tts::without_espeak`].
     no_espeak: bool,
 }
+
+/// Finds misaki's British lexicons' directory (a path, or a fetch on first use).
+type BritishLexicons = Box<dyn Fn() -> Result<PathBuf, String> + Send + Sync>;
 
 /// Timing of one utterance.
 #[derive(Debug, Clone, Default)]
@@ -152,8 +155,18 @@ impl<B: Backend> Tts<B> {
 
     /// Where misaki's British lexicons are (`gb_gold.json`, `gb_silver.json`), for the
     /// British voices (`bf_*`, `bm_*`); without them those voices' text is an error.
-    pub fn with_british_lexicons(mut self, dir: &Path) -> Self {
-        self.british = Some((dir.to_path_buf(), std::sync::OnceLock::new()));
+    pub fn with_british_lexicons(self, dir: &Path) -> Self {
+        let dir = dir.to_path_buf();
+        self.with_british_lexicons_from(move || Ok(dir.clone()))
+    }
+
+    /// As [`Tts::with_british_lexicons`], the directory found by `find` when a British
+    /// voice first speaks text (so that only users of those voices fetch them).
+    pub fn with_british_lexicons_from(
+        mut self,
+        find: impl Fn() -> Result<PathBuf, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.british = Some((Box::new(find), std::sync::OnceLock::new()));
         self
     }
 
@@ -167,7 +180,7 @@ impl<B: Backend> Tts<B> {
                 Ok(g2p.phonemize(&normalize(sentence))?)
             }
             Some(Phonemizer::English(English::British)) => {
-                let (dir, g2p) = self.british.as_ref().ok_or_else(|| {
+                let (find, g2p) = self.british.as_ref().ok_or_else(|| {
                     TtsError::Input(format!(
                         "voice {voice} speaks British English, and misaki's British lexicons \
                          are not loaded"
@@ -175,7 +188,9 @@ impl<B: Backend> Tts<B> {
                 })?;
                 let g2p = g2p
                     .get_or_init(|| {
-                        let g = G2p::load_english(dir, English::British).map_err(|e| e.to_string());
+                        let g = find().and_then(|dir| {
+                            G2p::load_english(&dir, English::British).map_err(|e| e.to_string())
+                        });
                         g.map(|g| {
                             if self.no_espeak {
                                 g.without_espeak()

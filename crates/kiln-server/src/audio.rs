@@ -924,7 +924,7 @@ async fn live_session(
     use axum::extract::ws::Message;
     use kiln_runtime::live::{Live, LiveEvent};
     let (audio_tx, audio_rx) = std::sync::mpsc::channel::<Vec<f32>>();
-    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<String>();
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<serde_json::Value>();
     // The VAD and Whisper on a thread of their own: the socket keeps reading meanwhile.
     std::thread::spawn(move || {
         let mut live = Live::new(vad, o);
@@ -939,7 +939,7 @@ async fn live_session(
                     json!({"type": "final", "start": start, "end": end, "text": text})
                 }
             };
-            let _ = tx.send(v.to_string());
+            let _ = tx.send(v);
         };
         let mut failed = None;
         for samples in audio_rx {
@@ -952,9 +952,9 @@ async fn live_session(
             failed = live.finish(&mut transcribe, &mut on).err();
         }
         if let Some(e) = failed {
-            let _ = ev_tx.send(json!({"type": "error", "message": e.to_string()}).to_string());
+            let _ = ev_tx.send(json!({"type": "error", "message": e.to_string()}));
         }
-        let _ = ev_tx.send(json!({"type": "done"}).to_string());
+        let _ = ev_tx.send(json!({"type": "done"}));
     });
     let mut audio_tx = Some(audio_tx);
     let mut carry: Option<u8> = None;
@@ -992,9 +992,9 @@ async fn live_session(
                 Some(Ok(_)) => {}
             },
             ev = ev_rx.recv() => match ev {
-                Some(text) => {
-                    let done = text.contains("\"type\":\"done\"");
-                    if socket.send(Message::Text(text.into())).await.is_err() {
+                Some(v) => {
+                    let done = v["type"] == "done";
+                    if socket.send(Message::Text(v.to_string().into())).await.is_err() {
                         return;
                     }
                     if done {

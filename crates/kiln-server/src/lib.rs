@@ -606,24 +606,27 @@ async fn generate(
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, ApiError> {
-    // Every choice is its own sequence in the engine (the prompt's cache is shared); each
-    // one's events are tagged with its index on one channel.
-    let (tx, rx) = mpsc::unbounded_channel::<(usize, Event)>();
+    // Every choice is its own sequence in the engine (the prompt's cache is shared); their
+    // events are read as one stream, each tagged with its choice's index (no task or
+    // channel between the engine's receivers and the response).
+    let mut streams = Vec::with_capacity(n);
     for i in 0..n {
         let mut o = opts.clone();
         o.sampler.seed = o.sampler.seed.wrapping_add(i as u64);
-        let (first, mut one) = submit(&st, prompt.clone(), o, shape.kind).await?;
-        let _ = tx.send((i, first));
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while let Some(e) = one.recv().await {
-                if tx.send((i, e)).is_err() {
-                    break;
-                }
-            }
-        });
+        let (first, rx) = submit(&st, prompt.clone(), o, shape.kind).await?;
+        let rest =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
+            );
+        streams.push(
+            futures_util::stream::once(async move { first })
+                .chain(rest)
+                .map(move |e| (i, e))
+                .boxed(),
+        );
     }
-    drop(tx);
+    let mut rx = futures_util::stream::select_all(streams);
     let (prefix, object) = match shape.kind {
         Kind::Chat => ("chatcmpl", "chat.completion"),
         Kind::Completion => ("cmpl", "text_completion"),
@@ -637,12 +640,11 @@ async fn generate(
     if stream {
         return Ok(sse(st, head, shape, n, rx, include_usage));
     }
-    let mut rx = rx;
     let mut text = vec![String::new(); n];
     let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
     let mut done: Vec<Option<Completion>> = vec![None; n];
     while done.iter().any(Option::is_none) {
-        let (i, ev) = rx.recv().await.ok_or_else(engine_gone)?;
+        let (i, ev) = rx.next().await.ok_or_else(engine_gone)?;
         match ev {
             Event::Text(t) => text[i].push_str(&t),
             Event::Logprobs(l) => lps[i].push(l),
@@ -783,6 +785,10 @@ fn data(v: &Value) -> String {
     format!("data: {v}\n\n")
 }
 
+/// The events of a request's choices, tagged with their index.
+type Choices =
+    futures_util::stream::SelectAll<futures_util::stream::BoxStream<'static, (usize, Event)>>;
+
 /// One choice of a streamed response.
 struct ChoiceStream {
     role_sent: bool,
@@ -797,7 +803,7 @@ struct SseState {
     st: Arc<AppState>,
     head: Head,
     shape: Shape,
-    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    rx: Choices,
     include_usage: bool,
     ended: bool,
     choices: Vec<ChoiceStream>,
@@ -867,7 +873,7 @@ fn sse(
     head: Head,
     shape: Shape,
     n: usize,
-    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    rx: Choices,
     include_usage: bool,
 ) -> Response {
     let state = SseState {
@@ -891,7 +897,7 @@ fn sse(
         let mut out = String::new();
         while out.is_empty() && !s.ended {
             let u = s.include_usage;
-            match s.rx.recv().await {
+            match s.rx.next().await {
                 Some((i, Event::Logprobs(l))) => s.choices[i].lps.push(l),
                 Some((i, Event::Text(t))) => {
                     let pieces = match s.choices[i].split.as_mut() {
