@@ -18,7 +18,7 @@
 # Result:
 #   DEST/dl/llama_cpp_python-VER.tar.gz   the downloaded sdist
 #   DEST/src/                             the vendored llama.cpp source tree
-#   DEST/build/bin/llama-bench, llama-quantize, llama-completion
+#   DEST/build/bin/llama-bench, llama-quantize, llama-completion, llama-perplexity
 #
 # Build flags: Release, GGML_NATIVE=ON (-march=native for this host's CPU) minus AMX,
 # static libraries, OpenMP on (llama.cpp's default), no network features.
@@ -35,7 +35,7 @@ esac
 JOBS="${JOBS:-2}"
 NICE="${NICE:-10}"
 CMAKE="${CMAKE:-cmake}"
-TARGETS=(llama-bench llama-quantize llama-completion)
+TARGETS=(llama-bench llama-quantize llama-completion llama-perplexity)
 
 if ! command -v "$CMAKE" >/dev/null 2>&1; then
     echo "cmake missing: installing it with apt-get" >&2

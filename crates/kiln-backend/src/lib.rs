@@ -163,6 +163,21 @@ pub struct AttnShape {
     pub head_dim: usize,
     pub pos0: usize,
     pub n_tokens: usize,
+    /// Sliding-window attention: the token at position p sees positions
+    /// `p + 1 - window ..= p` only (Gemma 3's local layers, Mistral's `sliding_window`);
+    /// 0 sees every position up to its own.
+    pub window: usize,
+}
+
+impl AttnShape {
+    /// The first position token `t` (of this step) attends to.
+    #[inline]
+    pub fn first(&self, t: usize) -> usize {
+        match self.window {
+            0 => 0,
+            w => (self.pos0 + t + 1).saturating_sub(w),
+        }
+    }
 }
 
 /// Shape of one attention without a cache (encoder self-attention, cross-attention):
@@ -406,6 +421,16 @@ pub trait Backend {
         Ok(())
     }
 
+    /// Whether this backend's cached attention honours [`AttnShape::window`]: models with
+    /// sliding-window layers ask at load, so that a backend without it is an error then
+    /// rather than attention over the wrong positions. The default says no.
+    fn check_window(&self) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            backend: self.name(),
+            what: "sliding-window attention is not implemented there".into(),
+        })
+    }
+
     // ---- ops; `n` is the number of active rows (tokens) ----
 
     /// out[t] = table[ids[t]] (dequantized row).
@@ -504,6 +529,8 @@ pub trait Backend {
         Self::KvCache: 'c;
     /// gate[t] = silu(gate[t]) * up[t], in place.
     fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, n: usize);
+    /// gate[t] = gelu_tanh(gate[t]) * up[t], in place (GeGLU: Gemma's MLP).
+    fn gelu_tanh_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, n: usize);
     /// x[t] += y[t]
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize);
     /// Copies row `src_row` of `src` into row 0 of `dst`.

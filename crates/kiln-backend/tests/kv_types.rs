@@ -28,6 +28,7 @@ fn packed_caches_match_f32() {
         head_dim: hd,
         pos0,
         n_tokens: n,
+        window: 0,
     };
     let run = |ty: KvType| -> (Vec<f32>, usize) {
         let mut cache = b.kv_cache_typed(layers, n_ctx, kv_heads, hd, ty).unwrap();

@@ -364,6 +364,7 @@ fn kv_copy_forks_a_sequence() {
         head_dim: hd,
         pos0: 4,
         n_tokens: 1,
+        window: 0,
     };
     for l in 0..2 {
         let (mut o1, mut o2) = (b.tensor(1, d), b.tensor(1, d));

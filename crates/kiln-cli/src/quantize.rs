@@ -215,6 +215,13 @@ fn from_hf(dir: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usiz
     let ck = HfCheckpoint::open(dir)?;
     let c = &ck.cfg;
     let arch = c.arch.as_str();
+    if c.post_norms || !c.layer_window.is_empty() {
+        bail!(
+            "{}: writing {arch} with sliding windows from a Hugging Face directory to GGUF is \
+             not supported (run the directory as it is, or quantize a GGUF of it)",
+            dir.display()
+        );
+    }
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -320,7 +327,7 @@ fn shape_of(c: &LlmConfig, p: Param) -> (usize, usize) {
         Param::OutputNorm => (1, c.dim),
         Param::RopeFreqs => (1, c.rope.dims / 2),
         Param::Layer(_, l) => match l {
-            AttnNorm | FfnNorm => (1, c.dim),
+            AttnNorm | FfnNorm | PostAttnNorm | PostFfnNorm => (1, c.dim),
             AttnQ => (q, c.dim),
             AttnK | AttnV => (kv, c.dim),
             AttnOutput => (c.dim, q),

@@ -167,6 +167,7 @@ pub const KERNELS: &[&str] = &[
     "attn_softmax_causal",
     "add",
     "silu_mul",
+    "gelu_tanh_mul",
     "scale",
     "kv_store",
     "im2col",

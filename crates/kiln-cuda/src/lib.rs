@@ -921,6 +921,11 @@ impl Backend for CudaBackend {
         self.elementwise("silu_mul", a, n * gate.cols);
     }
 
+    fn gelu_tanh_mul(&self, gate: &mut CudaTensor, up: &CudaTensor, n: usize) {
+        let a = Args::default().a(gate.buf.ptr).a(up.buf.ptr);
+        self.elementwise("gelu_tanh_mul", a, n * gate.cols);
+    }
+
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) {
         let a = Args::default().a(x.buf.ptr).a(y.buf.ptr);
         self.elementwise("add", a, n * x.cols);

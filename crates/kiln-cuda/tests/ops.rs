@@ -269,6 +269,7 @@ fn heads_rope_cache_attention() {
                 head_dim: hd,
                 pos0,
                 n_tokens: n,
+                window: 0,
             };
             let (mut og, mut oc) = (g.tensor(n, heads * hd), c.tensor(n, heads * hd));
             g.attention(&qg, &kg, 1, shape, &mut og);
@@ -309,6 +310,7 @@ fn heads_rope_cache_attention() {
                 head_dim: hd,
                 pos0,
                 n_tokens: 1,
+                window: 0,
             };
             let norms_g = qk.then_some((&qng, &kng, 1e-6));
             let norms_c = qk.then_some((&qnc, &knc, 1e-6));

@@ -35,6 +35,8 @@ pub struct WeightMap<'a> {
     src: Source<'a>,
     unused: RefCell<BTreeSet<String>>,
     quant: Option<GgmlType>,
+    /// Gemma: its Hugging Face names, and its norms stored as w - 1 there.
+    gemma: bool,
 }
 
 /// A stored matrix, before it goes to the backend.
@@ -66,12 +68,21 @@ impl<'a> WeightMap<'a> {
             src,
             unused: RefCell::new(unused),
             quant,
+            gemma: false,
         }
+    }
+
+    /// The weights of a model of architecture `arch` (Gemma's Hugging Face checkpoints
+    /// name and store some parameters their own way).
+    pub fn for_arch(mut self, arch: &str) -> Self {
+        self.gemma = arch == "gemma3";
+        self
     }
 
     fn naming(&self) -> Naming {
         match self.src {
             Source::Gguf(_) => Naming::Gguf,
+            Source::SafeTensors { .. } if self.gemma => Naming::HuggingFaceGemma,
             Source::SafeTensors { .. } => Naming::HuggingFace,
         }
     }
@@ -347,10 +358,15 @@ impl<'a> WeightMap<'a> {
                 )
             }
         };
-        dequantize(ty, bytes, n).map_err(|source| ModelError::Backend {
+        let mut v = dequantize(ty, bytes, n).map_err(|source| ModelError::Backend {
             file,
             source: BackendError::Quant { name, source },
-        })
+        })?;
+        if self.naming() == Naming::HuggingFaceGemma && p.is_norm() {
+            // Gemma's RMSNorm scales by 1 + w (GGUF conversion stored 1 + w already).
+            v.iter_mut().for_each(|x| *x += 1.0);
+        }
+        Ok(v)
     }
 
     /// Errors if some tensor of the source was never read.

@@ -1,5 +1,6 @@
 //! Hugging Face and MLX checkpoints against transformers: tiny random Qwen3, Qwen2 (sharded)
-//! and Llama 3 (llama3 RoPE scaling) models made by `tools/make_hf_fixtures.py`, with
+//! and Llama 3 (llama3 RoPE scaling) models made by `tools/make_hf_fixtures.py`, and Gemma 3
+//! (sliding windows, post-norms, GeGLU) made by `tools/make_gemma3_fixtures.py`, with
 //! transformers' f32 logits at every prompt position and 32 greedy tokens.
 //!
 //! Error measure: max |kiln - ref| / max |ref| over all logits of both prompts.
@@ -17,9 +18,24 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
 }
 
+/// reference.json, with the models of every `reference_*.json` beside it added.
 fn reference() -> Value {
-    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    let read = |p: PathBuf| -> Value {
+        let text = std::fs::read_to_string(&p).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let mut r = read(fixtures().join("reference.json"));
+    for e in std::fs::read_dir(fixtures()).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("reference_") && name.ends_with(".json") {
+            let more = read(p);
+            for (k, v) in more["models"].as_object().unwrap() {
+                r["models"][k] = v.clone();
+            }
+        }
+    }
+    r
 }
 
 struct Ref {
@@ -117,6 +133,33 @@ fn check_f32(dir: &str) {
 #[test]
 fn qwen3_f32_matches_transformers() {
     check_f32("qwen3");
+}
+
+/// Gemma 3: five sliding-window layers (window 5) to one global, post-norms, GeGLU, scaled
+/// embeddings, query_pre_attn_scalar, two RoPE bases (the global one linearly scaled).
+#[test]
+fn gemma3_f32_matches_transformers() {
+    check_f32("gemma3");
+    let ck = HfCheckpoint::open(&fixtures().join("gemma3")).unwrap();
+    assert_eq!(ck.cfg.layer_window, [5, 5, 5, 5, 5, 0, 5]);
+    assert!(ck.cfg.post_norms && ck.cfg.qk_norm && ck.cfg.tied_embeddings);
+    // Prefill in chunks shorter than the window and across it gives the logits of one pass.
+    let r = model_ref("gemma3");
+    let b = CpuBackend::new(2);
+    let m = load(&b, "gemma3", None);
+    let p = &r.prompts[0];
+    let mut whole = m.new_state(&b, 64, 16);
+    let want = m.forward(&b, &mut whole, p, 0, false).unwrap().to_vec();
+    for chunk in [1, 2, 3, 7] {
+        let mut st = m.new_state(&b, 64, chunk);
+        let got = m.forward(&b, &mut st, p, 0, false).unwrap();
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0f32, f32::max);
+        assert!(err < 1e-4, "chunks of {chunk}: logits differ by {err}");
+    }
 }
 
 #[test]

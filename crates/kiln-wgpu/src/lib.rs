@@ -58,6 +58,7 @@ const MODE_THREE: u32 = 4;
 const OP_ADD: u32 = 0;
 const OP_SILU_MUL: u32 = 1;
 const OP_SCALE: u32 = 2;
+const OP_GELU_TANH_MUL: u32 = 3;
 
 pub struct WgpuTensor {
     buf: Buf,
@@ -945,6 +946,10 @@ impl Backend for WgpuBackend {
 
     fn silu_mul(&self, gate: &mut WgpuTensor, up: &WgpuTensor, n: usize) {
         self.elementwise(&gate.buf, &up.buf, OP_SILU_MUL, 0.0, n * gate.cols);
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut WgpuTensor, up: &WgpuTensor, n: usize) {
+        self.elementwise(&gate.buf, &up.buf, OP_GELU_TANH_MUL, 0.0, n * gate.cols);
     }
 
     fn add(&self, x: &mut WgpuTensor, y: &WgpuTensor, n: usize) {

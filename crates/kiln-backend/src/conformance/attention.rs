@@ -161,6 +161,7 @@ pub fn attention<B: Backend>(b: &B, tol: &Tolerances) {
                     head_dim: hd,
                     pos0,
                     n_tokens: n,
+                    window: 0,
                 };
                 let (mut o, mut orf) = (b.tensor(n, qd), rf.r.tensor(n, qd));
                 b.attention(&qt, &cb, 1, shape, &mut o);
@@ -248,6 +249,7 @@ pub fn attention_batch<B: Backend>(b: &B, tol: &Tolerances) {
                         head_dim: hd,
                         pos0: pos[i],
                         n_tokens: tokens[i],
+                        window: 0,
                     })
                     .collect();
                 for i in 0..4 {
@@ -372,6 +374,7 @@ pub fn qk_norm_rope_attention<B: Backend>(b: &B, tol: &Tolerances) {
                         head_dim: hd,
                         pos0: pos[i],
                         n_tokens: tokens[i],
+                        window: 0,
                     })
                     .collect();
                 let got = step_seqs(b, &mut cb, &shapes, [&q, &k, &v], nb, &rope);
@@ -450,6 +453,7 @@ pub fn kv_copy<B: Backend>(b: &B, tol: &Tolerances) {
             head_dim: hd,
             pos0: n - 3,
             n_tokens: 3,
+            window: 0,
         };
         let q = rng.v(3 * qd);
         let (qt, qr) = both(b, &rf, 3, qd, &q);

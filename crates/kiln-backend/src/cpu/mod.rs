@@ -54,7 +54,7 @@ pub struct CpuBackend {
     /// Activations quantized for the integer kernels (reused across ops).
     act: Mutex<QuantAct>,
     /// The last RoPE config's per-pair frequencies.
-    rope_freqs: Mutex<Option<(RopeConfig, Vec<f32>)>>,
+    rope_freqs: Mutex<Vec<(RopeConfig, Vec<f32>)>>,
     /// conv1d's receptive fields (im2col), kept between calls.
     conv_cols: Mutex<CpuTensor>,
 }
@@ -248,6 +248,10 @@ impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
     type KvCache = CpuKvCache;
+
+    fn check_window(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 
     fn name(&self) -> String {
         if self.reference {
@@ -654,13 +658,20 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &mut CpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {
-        // Frequencies computed once per config (powf per pair is not free at decode rates).
+        // Frequencies computed once per config (powf per pair is not free at decode rates);
+        // a few kept, as Gemma's local and global layers alternate two.
         let mut cache = self.rope_freqs.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.as_ref().is_none_or(|(c, _)| c != rope) {
-            *cache = Some((rope.clone(), rope.inv_freqs()));
-        }
-        let inv = &cache.as_ref().expect("filled above").1;
-        ops::rope::rope(x, rope, inv, heads, pos0, n)
+        let i = match cache.iter().position(|(c, _)| c == rope) {
+            Some(i) => i,
+            None => {
+                if cache.len() == 4 {
+                    cache.remove(0);
+                }
+                cache.push((rope.clone(), rope.inv_freqs()));
+                cache.len() - 1
+            }
+        };
+        ops::rope::rope(x, rope, &cache[i].1, heads, pos0, n)
     }
 
     fn kv_store(
@@ -737,6 +748,7 @@ impl Backend for CpuBackend {
                 head_dim: 0,
                 pos0: 0,
                 n_tokens: 0,
+                window: 0,
             },
             row0: 0,
         };
@@ -806,6 +818,17 @@ impl Backend for CpuBackend {
 
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
         ops::elementwise::silu_mul(gate, up, n)
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
+        let len = n * gate.cols;
+        self.gelu_tanh(gate, len);
+        let up = &up.data[..len];
+        ops::signal::par_chunks(&self.pool, &mut gate.data[..len], |c, at| {
+            for (g, &u) in c.iter_mut().zip(&up[at..]) {
+                *g *= u;
+            }
+        });
     }
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor, n: usize) {

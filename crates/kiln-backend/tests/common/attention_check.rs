@@ -13,13 +13,22 @@ fn rnd(seed: &mut u64) -> f32 {
 }
 
 pub fn attention_matches_naive() {
-    for (heads, kv_heads, hd, pos0, n) in [
-        (4, 4, 8, 0, 5),
-        (9, 3, 64, 7, 3),
-        (16, 8, 128, 30, 1),
-        (6, 1, 16, 0, 9),
-        (8, 2, 64, 40, 21),
-        (4, 2, 128, 0, 64),
+    // (heads, kv heads, head size, cached prefix, new tokens, sliding window (0: none))
+    for (heads, kv_heads, hd, pos0, n, window) in [
+        (4, 4, 8, 0, 5, 0),
+        (9, 3, 64, 7, 3, 0),
+        (16, 8, 128, 30, 1, 0),
+        (6, 1, 16, 0, 9, 0),
+        (8, 2, 64, 40, 21, 0),
+        (4, 2, 128, 0, 64, 0),
+        (4, 1, 256, 20, 9, 0),
+        (4, 4, 8, 0, 5, 2),
+        (9, 3, 64, 7, 3, 4),
+        (16, 8, 128, 30, 1, 13),
+        (8, 2, 64, 40, 21, 9),
+        (4, 2, 128, 0, 64, 33),
+        (4, 1, 256, 20, 9, 7),
+        (8, 2, 64, 3, 40, 100),
     ] {
         for threads in [1, 2] {
             let b = CpuBackend::new(threads);
@@ -48,6 +57,7 @@ pub fn attention_matches_naive() {
                 head_dim: hd,
                 pos0,
                 n_tokens: n,
+                window,
             };
             b.attention(&q, &cache, 0, shape, &mut out);
             let mut got = vec![0f32; n * heads * hd];
@@ -56,8 +66,13 @@ pub fn attention_matches_naive() {
                 for h in 0..heads {
                     let kvh = h / (heads / kv_heads);
                     let len = pos0 + t + 1;
+                    let lo = if window == 0 {
+                        0
+                    } else {
+                        len.saturating_sub(window)
+                    };
                     let qv = &qs[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                    let sc: Vec<f64> = (0..len)
+                    let sc: Vec<f64> = (lo..len)
                         .map(|p| {
                             let kp = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
                             qv.iter()
@@ -71,13 +86,13 @@ pub fn attention_matches_naive() {
                     let w: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
                     let z: f64 = w.iter().sum();
                     for e in 0..hd {
-                        let want: f64 = (0..len)
-                            .map(|p| w[p] / z * vals[p * kv_dim + kvh * hd + e] as f64)
+                        let want: f64 = (lo..len)
+                            .map(|p| w[p - lo] / z * vals[p * kv_dim + kvh * hd + e] as f64)
                             .sum();
                         let g = got[(t * heads + h) * hd + e] as f64;
                         assert!(
                             (g - want).abs() < 1e-5,
-                            "shape {heads}/{kv_heads}x{hd} t{t} h{h} e{e}: {g} vs {want}"
+                            "shape {heads}/{kv_heads}x{hd} window {window} t{t} h{h} e{e}: {g} vs {want}"
                         );
                     }
                 }
@@ -153,6 +168,12 @@ pub fn attention_batch_matches_each() {
                 head_dim: hd,
                 pos0,
                 n_tokens,
+                // One sequence with a sliding window (and the packed one, past it).
+                window: match pos0 {
+                    17 => 6,
+                    9 => 4,
+                    _ => 0,
+                },
             };
             let q = b.tensor_from(rows, q_dim, &qs);
             let mut out = b.tensor(rows, q_dim);

@@ -14,6 +14,16 @@ extern "C" __global__ void silu_mul(float* g, const float* u, size_t n) {
         g[i] = silu(g[i]) * u[i];
 }
 
+// GeGLU: g = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * u
+extern "C" __global__ void gelu_tanh_mul(float* g, const float* u, size_t n) {
+    pdl_begin();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(0.7978846f * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
 extern "C" __global__ void scale(float* x, float s, size_t n) {
     pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

@@ -1,4 +1,5 @@
-//! Hyper-parameters of the Llama family (Llama 2/3, SmolLM, Qwen2, Qwen3), from GGUF metadata.
+//! Hyper-parameters of the Llama family (Llama 2/3, SmolLM, Qwen2, Qwen3) and Gemma 3, from
+//! GGUF metadata.
 
 use kiln_backend::{RopeConfig, RopeScaling, RopeStyle};
 use kiln_formats::GgufFile;
@@ -24,9 +25,35 @@ pub struct LlmConfig {
     pub qk_norm: bool,
     /// Output projection shares the embedding table.
     pub tied_embeddings: bool,
+    /// The MLP's gate activation.
+    pub act: Activation,
+    /// Gemma's blocks: an RMSNorm of the attention's and the MLP's outputs too, before each
+    /// is added to the residual stream.
+    pub post_norms: bool,
+    /// Embeddings are multiplied by this (Gemma: sqrt(dim)); 1 elsewhere.
+    pub embed_scale: f32,
+    /// Each layer's sliding window (0: the layer attends to every position); empty when no
+    /// layer has one.
+    pub layer_window: Vec<usize>,
+    /// RoPE of the windowed layers where it differs from `rope` (Gemma 3's local base).
+    pub rope_local: Option<RopeConfig>,
+    /// Attention scores' scale over 1/sqrt(head_dim) (Gemma's `query_pre_attn_scalar`),
+    /// folded into the queries' head norm at load; 1 elsewhere.
+    pub q_scale: f32,
 }
 
-pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3";
+/// The gated MLP's activation: SwiGLU's SiLU, or GeGLU's tanh-approximated GELU (Gemma).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3, gemma3";
+
+/// Gemma 3's sliding-window layers: five local layers to each global one (llama.cpp's
+/// GGUFs do not store the pattern; transformers' configs name every layer's type).
+pub const GEMMA3_GLOBAL_EVERY: usize = 6;
 
 /// The widest attention head kiln accepts (models use 64..256). A header saying more is
 /// corrupt, and is refused before anything (RoPE tables) is sized by it.
@@ -49,7 +76,7 @@ impl LlmConfig {
         let (style, qkv_bias, qk_norm) = match arch.as_str() {
             "llama" => (RopeStyle::Interleaved, false, false),
             "qwen2" => (RopeStyle::Neox, true, false),
-            "qwen3" => (RopeStyle::Neox, false, true),
+            "qwen3" | "gemma3" => (RopeStyle::Neox, false, true),
             _ => {
                 return Err(ModelError::UnsupportedArch {
                     file,
@@ -118,14 +145,47 @@ impl LlmConfig {
             Some(other) => return Err(bad(format!("rope scaling '{other}' is not supported"))),
         };
         let tied_embeddings = g.tensor("output.weight").is_none();
+        let rope = RopeConfig {
+            style,
+            dims: rope_dims,
+            head_dim,
+            theta,
+            scaling,
+        };
+        let gemma = arch == "gemma3";
+        let (mut layer_window, mut rope_local, mut q_scale) = (Vec::new(), None, 1.0);
+        if gemma {
+            let window = match g.get(&key("attention.sliding_window")) {
+                Some(_) => usize_of("attention.sliding_window")?,
+                None => 0,
+            };
+            if window > 0 {
+                layer_window = gemma3_windows(n_layers, window);
+            }
+            // Local layers: base 10000, never scaled (as llama.cpp runs these files).
+            rope_local = Some(RopeConfig {
+                theta: 10000.0,
+                scaling: RopeScaling::None,
+                ..rope.clone()
+            });
+            // Scores scaled by 1/sqrt(query_pre_attn_scalar): head_dim for every size but
+            // the 27B (62 layers), whose scalar is dim / heads (llama.cpp's rule).
+            if n_layers == 62 {
+                q_scale = (head_dim as f32 / (dim / n_heads) as f32).sqrt();
+            }
+        }
         Ok(LlmConfig {
-            rope: RopeConfig {
-                style,
-                dims: rope_dims,
-                head_dim,
-                theta,
-                scaling,
+            rope,
+            act: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
             },
+            post_norms: gemma,
+            embed_scale: if gemma { (dim as f32).sqrt() } else { 1.0 },
+            layer_window,
+            rope_local,
+            q_scale,
             arch,
             n_layers,
             dim,
@@ -149,6 +209,32 @@ impl LlmConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+
+    /// Layer `il`'s sliding window (0: none).
+    pub fn window(&self, il: usize) -> usize {
+        self.layer_window.get(il).copied().unwrap_or(0)
+    }
+
+    /// Layer `il`'s RoPE.
+    pub fn rope_of(&self, il: usize) -> &RopeConfig {
+        match &self.rope_local {
+            Some(local) if self.window(il) > 0 => local,
+            _ => &self.rope,
+        }
+    }
+}
+
+/// Gemma 3's layer windows: `window` for the local layers, 0 for every sixth (global).
+pub fn gemma3_windows(n_layers: usize, window: usize) -> Vec<usize> {
+    (0..n_layers)
+        .map(|i| {
+            if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 {
+                0
+            } else {
+                window
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! Hugging Face checkpoints of the Llama family: a directory with `config.json`
-//! (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) and safetensors weights (f32, f16,
+//! Hugging Face checkpoints of the Llama family and Gemma 3: a directory with `config.json`
+//! (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+//! Gemma3ForCausalLM) and safetensors weights (f32, f16,
 //! bf16, or MLX affine 4/8-bit with a `quantization` entry in the config).
 
 use std::collections::BTreeMap;
@@ -9,6 +10,7 @@ use kiln_backend::{RopeConfig, RopeScaling, RopeStyle};
 use kiln_formats::SafetensorsSet;
 use serde_json::Value as Json;
 
+use super::config::Activation;
 use super::LlmConfig;
 use crate::ModelError;
 
@@ -162,17 +164,22 @@ impl LlmConfig {
             .and_then(|v| v.as_str());
         let arch = match (model_type, class) {
             (Some("llama"), _) | (None, Some("LlamaForCausalLM")) => "llama",
+            // Mistral is Llama with a sliding window (read below).
+            (Some("mistral"), _) | (None, Some("MistralForCausalLM")) => "llama",
             (Some("qwen2"), _) | (None, Some("Qwen2ForCausalLM")) => "qwen2",
             (Some("qwen3"), _) | (None, Some("Qwen3ForCausalLM")) => "qwen3",
+            (Some("gemma3_text"), _) | (None, Some("Gemma3ForCausalLM")) => "gemma3",
             _ => {
                 return Err(ModelError::UnsupportedArch {
                     file: file.into(),
                     arch: model_type.or(class).unwrap_or("(none given)").to_string(),
-                    supported:
-                        "llama, qwen2, qwen3 (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                    supported: "llama, mistral, qwen2, qwen3, gemma3_text (LlamaForCausalLM, \
+                                MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
+                                Gemma3ForCausalLM)",
                 })
             }
         };
+        let gemma = arch == "gemma3";
         let num = |k: &str| -> Result<Option<usize>, ModelError> {
             match c.get(k) {
                 None | Some(Json::Null) => Ok(None),
@@ -205,12 +212,28 @@ impl LlmConfig {
         let vocab_size = need("vocab_size")?;
         let ctx_train = num("max_position_embeddings")?.unwrap_or(4096);
         let norm_eps = float(c.get("rms_norm_eps"), "rms_norm_eps")?.unwrap_or(1e-6) as f32;
-        if let Some(act) = c.get("hidden_act").and_then(|v| v.as_str()) {
-            if act != "silu" {
+        // Gemma names it hidden_activation (hidden_act in older configs).
+        let act = c
+            .get("hidden_activation")
+            .filter(|v| !v.is_null())
+            .or(c.get("hidden_act"))
+            .and_then(|v| v.as_str());
+        let act = match (act, gemma) {
+            (None, false) | (Some("silu"), _) => Activation::Silu,
+            (None, true) | (Some("gelu_pytorch_tanh"), true) => Activation::GeluTanh,
+            (Some(other), _) => {
                 return Err(bad(format!(
-                    "hidden_act '{act}' is not supported (silu is)"
-                )));
+                    "hidden_act '{other}' is not supported (silu and gelu_pytorch_tanh are)"
+                )))
             }
+        };
+        for k in ["final_logit_softcapping", "attn_logit_softcapping"] {
+            if c.get(k).is_some_and(|v| !v.is_null()) {
+                return Err(bad(format!("{k} is not supported")));
+            }
+        }
+        if flag("use_bidirectional_attention") == Some(true) {
+            return Err(bad("use_bidirectional_attention is not supported".into()));
         }
         if n_heads % n_kv_heads != 0 {
             return Err(bad(format!(
@@ -233,12 +256,18 @@ impl LlmConfig {
             )),
             _ => false,
         };
-        if flag("use_sliding_window") == Some(true) {
-            return Err(bad("use_sliding_window is not supported".into()));
-        }
-        // transformers 5 folds theta and scaling into `rope_parameters`; 4.x has
-        // `rope_theta` and `rope_scaling`.
-        let rp = c.get("rope_parameters").filter(|v| v.is_object());
+        let layer_window = layer_windows(c, arch, n_layers).map_err(bad)?;
+        // transformers 5 folds theta and scaling into `rope_parameters` (Gemma 3: one per
+        // layer type); 4.x has `rope_theta` and `rope_scaling` (Gemma 3 also
+        // `rope_local_base_freq`).
+        let rp_all = c.get("rope_parameters").filter(|v| v.is_object());
+        let rp = rp_all
+            .and_then(|p| p.get("full_attention"))
+            .filter(|v| v.is_object())
+            .or(rp_all);
+        let rp_local = rp_all
+            .and_then(|p| p.get("sliding_attention"))
+            .filter(|v| v.is_object());
         let theta = float(
             rp.and_then(|p| p.get("rope_theta")).or(c.get("rope_theta")),
             "rope_theta",
@@ -271,7 +300,54 @@ impl LlmConfig {
                 )))
             }
         };
-        let tied_embeddings = flag("tie_word_embeddings").unwrap_or(false);
+        // Gemma ties its embeddings unless the config says otherwise.
+        let tied_embeddings = flag("tie_word_embeddings").unwrap_or(gemma);
+        let rope = RopeConfig {
+            // Hugging Face q/k weights are laid out for rotate-half RoPE (GGUF conversion
+            // permutes Llama's into interleaved pairs; here they stay as trained).
+            style: RopeStyle::Neox,
+            dims,
+            head_dim,
+            theta,
+            scaling,
+        };
+        let rope_local = match (gemma, rp_local) {
+            (false, _) => None,
+            (true, Some(p)) => {
+                let t = p
+                    .get("rope_type")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("default");
+                if t != "default" {
+                    return Err(bad(format!(
+                        "rope scaling '{t}' of the sliding layers is not supported"
+                    )));
+                }
+                let theta = float(p.get("rope_theta"), "rope_theta")?.unwrap_or(10000.0);
+                Some(RopeConfig {
+                    theta: theta as f32,
+                    scaling: RopeScaling::None,
+                    ..rope.clone()
+                })
+            }
+            (true, None) => Some(RopeConfig {
+                theta: float(c.get("rope_local_base_freq"), "rope_local_base_freq")?
+                    .unwrap_or(10000.0) as f32,
+                scaling: RopeScaling::None,
+                ..rope.clone()
+            }),
+        };
+        let q_scale = match gemma {
+            true => {
+                let s = float(c.get("query_pre_attn_scalar"), "query_pre_attn_scalar")?
+                    .unwrap_or(head_dim as f64);
+                if s <= 0.0 {
+                    return Err(bad(format!("query_pre_attn_scalar {s} is not positive")));
+                }
+                (head_dim as f64 / s).sqrt() as f32
+            }
+            false => 1.0,
+        };
         Ok(LlmConfig {
             arch: arch.into(),
             n_layers,
@@ -283,20 +359,77 @@ impl LlmConfig {
             vocab_size,
             ctx_train,
             norm_eps,
-            // Hugging Face q/k weights are laid out for rotate-half RoPE (GGUF conversion
-            // permutes Llama's into interleaved pairs; here they stay as trained).
-            rope: RopeConfig {
-                style: RopeStyle::Neox,
-                dims,
-                head_dim,
-                theta,
-                scaling,
-            },
+            rope,
             qkv_bias,
-            qk_norm: arch == "qwen3",
+            qk_norm: arch == "qwen3" || gemma,
             tied_embeddings,
+            act,
+            post_norms: gemma,
+            embed_scale: if gemma { (dim as f32).sqrt() } else { 1.0 },
+            layer_window,
+            rope_local,
+            q_scale,
         })
     }
+}
+
+/// Each layer's sliding window from a config (empty: none): `layer_types` where the config
+/// names them (Gemma 3, Qwen2/3 in transformers 5), else Qwen2's `use_sliding_window` from
+/// layer `max_window_layers` on, Mistral's `sliding_window` on every layer, Gemma 3's
+/// pattern of one global layer in six.
+fn layer_windows(c: &Json, arch: &str, n_layers: usize) -> Result<Vec<usize>, String> {
+    let window = match c.get("sliding_window") {
+        None | Some(Json::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .filter(|&w| w > 0 && w < (1 << 31))
+                .ok_or_else(|| format!("'sliding_window' = {v} is not a positive integer"))?
+                as usize,
+        ),
+    };
+    let model_type = c.get("model_type").and_then(|v| v.as_str());
+    let use_sw = c.get("use_sliding_window").and_then(|v| v.as_bool());
+    if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
+        let types = types
+            .as_array()
+            .filter(|a| a.len() == n_layers)
+            .ok_or_else(|| format!("'layer_types' is not a list of {n_layers} layer types"))?;
+        // Qwen2/3 write `sliding_attention` types but only use them with use_sliding_window.
+        let honoured = arch == "gemma3" || use_sw != Some(false);
+        let mut out = Vec::with_capacity(n_layers);
+        for t in types {
+            match t.as_str() {
+                Some("full_attention") => out.push(0),
+                Some("sliding_attention") if !honoured => out.push(0),
+                Some("sliding_attention") => out.push(
+                    window.ok_or("'layer_types' has sliding layers but no 'sliding_window'")?,
+                ),
+                _ => return Err(format!("layer type {t} is not supported")),
+            }
+        }
+        return Ok(if out.iter().all(|&w| w == 0) {
+            Vec::new()
+        } else {
+            out
+        });
+    }
+    let Some(w) = window else {
+        return Ok(Vec::new());
+    };
+    Ok(match (arch, model_type) {
+        ("gemma3", _) => super::config::gemma3_windows(n_layers, w),
+        (_, Some("mistral")) => vec![w; n_layers],
+        ("qwen2" | "qwen3", _) if use_sw == Some(true) => {
+            let from = c
+                .get("max_window_layers")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0) as usize;
+            (0..n_layers)
+                .map(|i| if i >= from { w } else { 0 })
+                .collect()
+        }
+        _ => Vec::new(),
+    })
 }
 
 /// Llama 3's frequency rule as per-pair divisors of the base frequencies: wavelengths

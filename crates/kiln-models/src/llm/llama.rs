@@ -5,11 +5,17 @@
 //! for each layer:  x += Wo · attn(rope(Wq·norm(x)), rope(Wk·norm(x)), Wv·norm(x))
 //!                  x += Wdown · (silu(Wgate·norm(x)) * Wup·norm(x))
 //! logits = Wout · norm(x)
+//!
+//! Gemma 3 is the same skeleton with its own parts: embeddings times sqrt(dim), Qwen3's q/k
+//! norms, a norm of each block's output before its residual add (x += norm(Wo · attn(..)),
+//! x += norm(Wdown · ..)), GeGLU (tanh GELU) for SiLU, and sliding-window attention with
+//! its own RoPE base on five layers of six.
 
 use kiln_backend::{AttnShape, Backend, SeqKv};
 use kiln_formats::GgufFile;
 use kiln_quant::GgmlType;
 
+use super::config::Activation;
 use super::{HfCheckpoint, LayerParam, LlmConfig, Param};
 use crate::{ModelError, Source, WeightMap};
 
@@ -39,6 +45,9 @@ pub struct Layer<B: Backend> {
     pub attn: Attention<B>,
     pub ffn_norm: B::Tensor, // ffn_norm (dim)
     pub mlp: Mlp<B>,
+    /// Gemma: norms of the attention's and the MLP's outputs (post_attention_norm,
+    /// post_ffw_norm).
+    pub post_norms: Option<(B::Tensor, B::Tensor)>,
 }
 
 pub struct Llama<B: Backend> {
@@ -58,7 +67,8 @@ impl<B: Backend> Llama<B> {
     /// A GGUF model; `quant` requantizes every matrix at load.
     pub fn load_gguf(b: &B, g: &GgufFile, quant: Option<GgmlType>) -> Result<Self, ModelError> {
         let cfg = LlmConfig::from_gguf(g)?;
-        Self::from_weights(b, cfg, WeightMap::from_source(Source::Gguf(g), quant))
+        let w = WeightMap::from_source(Source::Gguf(g), quant).for_arch(&cfg.arch);
+        Self::from_weights(b, cfg, w)
     }
 
     /// A Hugging Face (or MLX) checkpoint; `quant` requantizes every matrix at load.
@@ -68,7 +78,8 @@ impl<B: Backend> Llama<B> {
             dir: &ck.dir,
             mlx: ck.mlx.as_ref(),
         };
-        Self::from_weights(b, ck.cfg.clone(), WeightMap::from_source(src, quant))
+        let w = WeightMap::from_source(src, quant).for_arch(&ck.cfg.arch);
+        Self::from_weights(b, ck.cfg.clone(), w)
     }
 
     /// Reads every parameter the config calls for, by canonical name.
@@ -76,6 +87,10 @@ impl<B: Backend> Llama<B> {
         use LayerParam as L;
         let (dim, q_dim, kv_dim, ffn) = (cfg.dim, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_dim);
         b.check_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+            .and_then(|()| match cfg.layer_window.iter().any(|&w| w > 0) {
+                true => b.check_window(),
+                false => Ok(()),
+            })
             .map_err(|source| ModelError::Backend {
                 file: w.origin(),
                 source,
@@ -87,10 +102,17 @@ impl<B: Backend> Llama<B> {
             let bias = |l, len| -> Result<_, ModelError> {
                 cfg.qkv_bias.then(|| w.vector(b, p(l), len)).transpose()
             };
-            let head_norm = |l| -> Result<_, ModelError> {
-                cfg.qk_norm
-                    .then(|| w.vector(b, p(l), cfg.head_dim))
-                    .transpose()
+            // The queries' norm carries the attention scale's difference (Gemma's
+            // query_pre_attn_scalar), since every backend scales scores by 1/sqrt(head_dim).
+            let head_norm = |l, scale: f32| -> Result<_, ModelError> {
+                if !cfg.qk_norm {
+                    return Ok(None);
+                }
+                let mut v = w.vector_host(p(l), cfg.head_dim)?;
+                if scale != 1.0 {
+                    v.iter_mut().for_each(|x| *x *= scale);
+                }
+                Ok(Some(b.tensor_from(1, cfg.head_dim, &v)))
             };
             layers.push(Layer {
                 attn_norm: w.vector(b, p(L::AttnNorm), dim)?,
@@ -102,14 +124,21 @@ impl<B: Backend> Llama<B> {
                     q_bias: bias(L::AttnQBias, q_dim)?,
                     k_bias: bias(L::AttnKBias, kv_dim)?,
                     v_bias: bias(L::AttnVBias, kv_dim)?,
-                    q_norm: head_norm(L::AttnQNorm)?,
-                    k_norm: head_norm(L::AttnKNorm)?,
+                    q_norm: head_norm(L::AttnQNorm, cfg.q_scale)?,
+                    k_norm: head_norm(L::AttnKNorm, 1.0)?,
                 },
                 ffn_norm: w.vector(b, p(L::FfnNorm), dim)?,
                 mlp: Mlp {
                     gate: w.matrix(b, p(L::FfnGate), ffn, dim)?,
                     up: w.matrix(b, p(L::FfnUp), ffn, dim)?,
                     down: w.matrix(b, p(L::FfnDown), dim, ffn)?,
+                },
+                post_norms: match cfg.post_norms {
+                    true => Some((
+                        w.vector(b, p(L::PostAttnNorm), dim)?,
+                        w.vector(b, p(L::PostFfnNorm), dim)?,
+                    )),
+                    false => None,
                 },
             });
         }
@@ -197,7 +226,9 @@ impl<B: Backend> Llama<B> {
                     | L::AttnKBias
                     | L::AttnVBias
                     | L::AttnQNorm
-                    | L::AttnKNorm => None,
+                    | L::AttnKNorm
+                    | L::PostAttnNorm
+                    | L::PostFfnNorm => None,
                 }
             }
         }
@@ -208,7 +239,8 @@ impl<B: Backend> Llama<B> {
         let c = &self.cfg;
         let bias = usize::from(c.qkv_bias) * (c.q_dim() + 2 * c.kv_dim());
         let head_norm = usize::from(c.qk_norm) * 2 * c.head_dim;
-        c.n_layers * (2 * c.dim + bias + head_norm) + c.dim
+        let norms = if c.post_norms { 4 } else { 2 };
+        c.n_layers * (norms * c.dim + bias + head_norm) + c.dim
     }
 
     /// Bytes of all weights: matrices in their stored format, norms and biases as f32.
@@ -410,6 +442,8 @@ impl<B: Backend> Llama<B> {
             head_dim: c.head_dim,
             pos0: s.pos0,
             n_tokens: s.tokens.len(),
+            // Set per layer (forward_rows).
+            window: 0,
         };
         if let [one] = seqs {
             let s = shape(one);
@@ -478,7 +512,14 @@ impl<B: Backend> Llama<B> {
                 file: Default::default(),
                 source,
             })?;
+        if c.embed_scale != 1.0 {
+            b.scale(&mut sc.x, c.embed_scale, n * c.dim);
+        }
         for (il, layer) in self.layers.iter().enumerate() {
+            if let Some(post) = &layer.post_norms {
+                self.gemma_layer(b, sc, kv, il, layer, post);
+                continue;
+            }
             let a = &layer.attn;
             b.rms_norm_matmul3(
                 &sc.x,
@@ -494,13 +535,17 @@ impl<B: Backend> Llama<B> {
                 (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
                 _ => None,
             };
+            if !c.layer_window.is_empty() {
+                let window = c.window(il);
+                kv.iter_mut().for_each(|s| s.shape.window = window);
+            }
             let [sq, sk, sv] = &mut sc.seq_rows;
             b.qk_norm_rope_attention(
                 &mut sc.q,
                 &mut sc.k,
                 &sc.v,
                 qk_norm,
-                &c.rope,
+                c.rope_of(il),
                 kv,
                 il,
                 &mut sc.attn,
@@ -554,6 +599,71 @@ impl<B: Backend> Llama<B> {
         b.rms_norm(&sc.last, &self.norm, c.norm_eps, m, &mut sc.last_h);
         b.matmul(output, &sc.last_h, None, m, &mut sc.logits);
         Ok(m)
+    }
+
+    /// A Gemma block over the stacked rows of `sc.ids`: each half's output normed before
+    /// its residual add, GeGLU, the layer's own window and RoPE. (Plain ops where the Llama
+    /// block fuses: no backend fuses the post-norms yet.)
+    fn gemma_layer(
+        &self,
+        b: &B,
+        sc: &mut LlamaScratch<B>,
+        kv: &mut [SeqKv<'_, B::KvCache>],
+        il: usize,
+        layer: &Layer<B>,
+        (post_attn, post_ffn): &(B::Tensor, B::Tensor),
+    ) {
+        let c = &self.cfg;
+        let n = sc.ids.len();
+        let a = &layer.attn;
+        b.rms_norm_matmul3(
+            &sc.x,
+            &layer.attn_norm,
+            c.norm_eps,
+            [&a.q, &a.k, &a.v],
+            [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
+            n,
+            &mut sc.h,
+            [&mut sc.q, &mut sc.k, &mut sc.v],
+        );
+        let qk_norm = match (&a.q_norm, &a.k_norm) {
+            (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
+            _ => None,
+        };
+        let window = c.window(il);
+        kv.iter_mut().for_each(|s| s.shape.window = window);
+        let [sq, sk, sv] = &mut sc.seq_rows;
+        b.qk_norm_rope_attention(
+            &mut sc.q,
+            &mut sc.k,
+            &sc.v,
+            qk_norm,
+            c.rope_of(il),
+            kv,
+            il,
+            &mut sc.attn,
+            [sq, sk, sv],
+        );
+        self.trace(b, sc.trace, "attn", il, &sc.attn, n, c.q_dim());
+        // x += norm(Wo attn)
+        b.matmul(&a.o, &sc.attn, None, n, &mut sc.y);
+        b.rms_norm(&sc.y, post_attn, c.norm_eps, n, &mut sc.h);
+        b.add(&mut sc.x, &sc.h, n);
+        // x += norm(Wdown (act(Wgate norm(x)) * Wup norm(x)))
+        b.rms_norm(&sc.x, &layer.ffn_norm, c.norm_eps, n, &mut sc.h);
+        let m = &layer.mlp;
+        match c.act {
+            Activation::GeluTanh => {
+                b.matmul(&m.gate, &sc.h, None, n, &mut sc.gate);
+                b.matmul(&m.up, &sc.h, None, n, &mut sc.up);
+                b.gelu_tanh_mul(&mut sc.gate, &sc.up, n);
+            }
+            Activation::Silu => b.gate_up_silu(&m.gate, &m.up, &sc.h, n, &mut sc.gate),
+        }
+        b.matmul(&m.down, &sc.gate, None, n, &mut sc.y);
+        b.rms_norm(&sc.y, post_ffn, c.norm_eps, n, &mut sc.h);
+        b.add(&mut sc.x, &sc.h, n);
+        self.trace(b, sc.trace, "residual", il, &sc.x, n, c.dim);
     }
 
     /// Every token's final-normed hidden state (`tokens.len() x dim`, the model's last

@@ -19,10 +19,14 @@ pub enum LayerParam {
     FfnGate,
     FfnUp,
     FfnDown,
+    /// Gemma: RMSNorm of the attention's output before the residual add.
+    PostAttnNorm,
+    /// Gemma: RMSNorm of the MLP's output before the residual add.
+    PostFfnNorm,
 }
 
 /// (parameter, GGUF suffix after `blk.N.`, Hugging Face suffix after `model.layers.N.`)
-const LAYER: [(LayerParam, &str, &str); 14] = [
+const LAYER: [(LayerParam, &str, &str); 16] = [
     (
         LayerParam::AttnNorm,
         "attn_norm.weight",
@@ -89,7 +93,27 @@ const LAYER: [(LayerParam, &str, &str); 14] = [
         "ffn_down.weight",
         "mlp.down_proj.weight",
     ),
+    (
+        LayerParam::PostAttnNorm,
+        "post_attention_norm.weight",
+        "post_attention_layernorm.weight",
+    ),
+    (
+        LayerParam::PostFfnNorm,
+        "post_ffw_norm.weight",
+        "post_feedforward_layernorm.weight",
+    ),
 ];
+
+/// Gemma's Hugging Face names where they differ from the table's: its
+/// `post_attention_layernorm` is the norm after attention, and the MLP's input norm is
+/// `pre_feedforward_layernorm` (GGUF names them as for every family).
+fn hf_gemma_suffix(p: LayerParam) -> &'static str {
+    match p {
+        LayerParam::FfnNorm => "pre_feedforward_layernorm.weight",
+        p => layer_entry(p).2,
+    }
+}
 
 /// A parameter of the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -110,6 +134,8 @@ pub enum Param {
 pub enum Naming {
     Gguf,
     HuggingFace,
+    /// Gemma's Hugging Face names.
+    HuggingFaceGemma,
 }
 
 impl Param {
@@ -118,6 +144,24 @@ impl Param {
         match naming {
             Naming::Gguf => Some(self.gguf()),
             Naming::HuggingFace => self.hf(),
+            Naming::HuggingFaceGemma => match self {
+                Param::Layer(i, p) => Some(format!("model.layers.{i}.{}", hf_gemma_suffix(p))),
+                p => p.hf(),
+            },
+        }
+    }
+
+    /// Whether the parameter is an RMSNorm's weight (Gemma's Hugging Face checkpoints store
+    /// these as w - 1).
+    pub fn is_norm(self) -> bool {
+        use LayerParam::*;
+        match self {
+            Param::OutputNorm => true,
+            Param::Layer(_, p) => matches!(
+                p,
+                AttnNorm | FfnNorm | PostAttnNorm | PostFfnNorm | AttnQNorm | AttnKNorm
+            ),
+            _ => false,
         }
     }
 

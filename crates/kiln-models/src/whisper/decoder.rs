@@ -257,6 +257,7 @@ impl<B: Backend> Decoder<B> {
             head_dim: hd,
             pos0,
             n_tokens: n,
+            window: 0,
         };
         let cross_shape = DenseAttnShape {
             heads,

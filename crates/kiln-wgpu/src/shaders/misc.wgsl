@@ -9,8 +9,8 @@ fn fb(i: u32) -> f32 { return bitcast<f32>(B[i]); }
 // Grid-stride index over a (x, y) grid of 256-wide workgroups.
 fn gidx(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 { return (wg.y * nwg.x + wg.x) * WG + li; }
 
-// A[i] = op(A[i], B[i]) for i < n: params 0 n, 1 op (0 add, 1 silu_mul, 2 scale by PF(2)),
-// 3 a_off, 4 b_off.
+// A[i] = op(A[i], B[i]) for i < n: params 0 n, 1 op (0 add, 1 silu_mul, 2 scale by PF(2),
+// 3 gelu_tanh_mul), 3 a_off, 4 b_off.
 @compute @workgroup_size(256)
 fn elementwise(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
                @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -22,6 +22,11 @@ fn elementwise(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     switch P(1u) {
         case 0u: { v = fa(ia) + fb(ib); }
         case 1u: { v = silu(fa(ia)) * fb(ib); }
+        case 3u: {
+            let x = fa(ia);
+            let z = clamp(0.7978846 * (x + 0.044715 * x * x * x), -15.0, 15.0);
+            v = 0.5 * x * (1.0 + tanh(z)) * fb(ib);
+        }
         default: { v = fa(ia) * PF(2u); }
     }
     A[ia] = bitcast<u32>(v);

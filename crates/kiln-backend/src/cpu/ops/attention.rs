@@ -207,15 +207,16 @@ fn items(job: &Items, i0: usize, i1: usize, scores: &mut [f32], acc: &mut [f32])
     let group = s.n_heads / s.n_kv_heads;
     for i in i0..i1 {
         let (t, kvh) = (zigzag(i / s.n_kv_heads, s.n_tokens), i % s.n_kv_heads);
-        let len = s.pos0 + t + 1;
-        let kh = &k[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
-        let vh = &v[kvh * n_ctx * hd..(kvh * n_ctx + len) * hd];
+        // Positions lo..len (a sliding window starts past 0).
+        let (lo, len) = (s.first(t), s.pos0 + t + 1);
+        let kh = &k[(kvh * n_ctx + lo) * hd..(kvh * n_ctx + len) * hd];
+        let vh = &v[(kvh * n_ctx + lo) * hd..(kvh * n_ctx + len) * hd];
         for j in 0..group {
             let h = kvh * group + j;
             let qr = (row0 + t) * q.cols;
             let qh = &q.data[qr + h * hd..qr + (h + 1) * hd];
             let o = &mut acc[..hd];
-            let sc = &mut scores[..len];
+            let sc = &mut scores[..len - lo];
             match hd {
                 64 => head::<64>(qh, kh, vh, scale, sc, o),
                 128 => head::<128>(qh, kh, vh, scale, sc, o),

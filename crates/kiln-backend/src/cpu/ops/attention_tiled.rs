@@ -202,16 +202,23 @@ unsafe fn tiles<const HD: usize, const W512: bool, E: KvElem>(
         let max_len = s.pos0 + t1;
         let kh = &k[kvh * n_ctx * HD..(kvh * n_ctx + max_len) * HD];
         let vh = &v[kvh * n_ctx * HD..(kvh * n_ctx + max_len) * HD];
-        // Query m: token t0 + m / group, head kvh * group + m % group (row row0 + token).
+        // Query m: token t0 + m / group, head kvh * group + m % group (row row0 + token);
+        // it sees positions lo..len (a sliding window starts past 0).
         let query = |m: usize| {
             let (t, h) = (t0 + m / group, kvh * group + m % group);
             let at = (row0 + t) * job.q.cols + h * HD;
-            (&job.q.data[at..at + HD], s.pos0 + t + 1, t, h)
+            (&job.q.data[at..at + HD], s.pos0 + t + 1, t, h, s.first(t))
         };
+        // The tile's first position: its first token's (blocks stay at absolute offsets, so
+        // each query's sums are the ones it gets in any tile).
+        let tile_lo = s.first(t0);
         let scores = &mut scr.scores[..m_count * max_len];
-        for p0 in (0..max_len).step_by(8) {
+        for p0 in (tile_lo / 8 * 8..max_len).step_by(8) {
             for m in 0..m_count {
-                let (qm, len, _, _) = query(m);
+                let (qm, len, _, _, lo) = query(m);
+                if p0 + 8 <= lo {
+                    continue;
+                }
                 let row = &mut scores[m * max_len..(m + 1) * max_len];
                 if p0 + 8 <= len {
                     unsafe {
@@ -231,25 +238,26 @@ unsafe fn tiles<const HD: usize, const W512: bool, E: KvElem>(
             }
         }
         for m in 0..m_count {
-            let len = query(m).1;
-            softmax(&mut scores[m * max_len..m * max_len + len]);
+            let (_, len, _, _, lo) = query(m);
+            softmax(&mut scores[m * max_len + lo..m * max_len + len]);
         }
         let o = &mut scr.o[..m_count * 2 * HD];
         o.fill(0.0);
-        for p0 in (0..max_len).step_by(PV_BLOCK) {
+        for b0 in (tile_lo / PV_BLOCK * PV_BLOCK..max_len).step_by(PV_BLOCK) {
             for m in 0..m_count {
-                let len = query(m).1;
-                if p0 >= len {
+                let (_, len, _, _, lo) = query(m);
+                let p0 = b0.max(lo);
+                if p0 >= len || b0 + PV_BLOCK <= lo {
                     continue;
                 }
-                let p1 = (p0 + PV_BLOCK).min(len);
+                let p1 = (b0 + PV_BLOCK).min(len);
                 let w = &scores[m * max_len + p0..m * max_len + p1];
                 let om = &mut o[m * 2 * HD..(m + 1) * 2 * HD];
                 unsafe { pv::<HD, W512, E>(w, &vh[p0 * HD..p1 * HD], om) };
             }
         }
         for m in 0..m_count {
-            let (_, _, t, h) = query(m);
+            let (_, _, t, h, _) = query(m);
             let base = (row0 + t) * job.out_cols + h * HD;
             let om = &o[m * 2 * HD..(m + 1) * 2 * HD];
             for e in 0..HD {
@@ -338,8 +346,8 @@ unsafe fn score1<const HD: usize, const W512: bool, E: KvElem>(q: &[f32], k: &[E
     }
 }
 
-/// o[set] += w[i] * v[i] over a block of positions (starting at an even position), set =
-/// the position's parity; `o` holds the two sets, HD each.
+/// o[set] += w[i] * v[i] over a block of positions, set = the parity of i (the position's,
+/// where the block starts at an even one); `o` holds the two sets, HD each.
 #[inline(always)]
 unsafe fn pv<const HD: usize, const W512: bool, E: KvElem>(w: &[f32], v: &[E], o: &mut [f32]) {
     assert!(v.len() == w.len() * HD && o.len() == 2 * HD);

@@ -256,6 +256,7 @@ mod tests {
                 head_dim: hd,
                 pos0,
                 n_tokens,
+                window: 0,
             };
             let Some((k16, v16)) = kv.f16_layer(0) else {
                 panic!("f16 cache not 2-byte aligned")

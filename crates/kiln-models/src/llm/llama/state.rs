@@ -29,6 +29,10 @@ pub struct LlamaScratch<B: Backend> {
     pub(super) v: B::Tensor,
     pub(super) attn: B::Tensor,
     pub(super) gate: B::Tensor,
+    /// Gemma: the up projection (GeGLU's second half) and a block's output before its norm
+    /// (a row elsewhere).
+    pub(super) up: B::Tensor,
+    pub(super) y: B::Tensor,
     /// One sequence's rows of q, k, v (the attention side's scratch when a step holds
     /// several sequences; a row when it never does).
     pub(super) seq_rows: [B::Tensor; 3],
@@ -129,6 +133,8 @@ impl<B: Backend> Llama<B> {
             v: b.tensor(r, c.kv_dim()),
             attn: b.tensor(r, c.q_dim()),
             gate: b.tensor(r, c.ffn_dim),
+            up: b.tensor(if c.post_norms { r } else { 1 }, c.ffn_dim),
+            y: b.tensor(if c.post_norms { r } else { 1 }, c.dim),
             seq_rows: [
                 b.tensor(sr, c.q_dim()),
                 b.tensor(sr, c.kv_dim()),
