@@ -155,8 +155,10 @@ struct BenchModel<B: Backend> {
     /// Weight bytes one decode step reads: every matrix but the embedding table (of which it
     /// reads one row) unless the table is also the output projection; norms and biases.
     decode_bytes: usize,
-    /// K and V bytes, f32, per cached position over all layers.
+    /// K and V bytes, f32, per cached position of one layer.
     kv_bytes_per_pos: usize,
+    /// Each layer's sliding window (0: every position).
+    windows: Vec<usize>,
 }
 
 impl<B: Backend> BenchModel<B> {
@@ -185,7 +187,8 @@ impl<B: Backend> BenchModel<B> {
             };
             let c = &model.cfg;
             let desc = format!("{} {} {}", c.arch, params_label(n_params), dominant);
-            let kv_bytes_per_pos = 2 * c.n_layers * c.kv_dim() * 4;
+            let kv_bytes_per_pos = 2 * c.kv_dim() * 4;
+            let windows = (0..c.n_layers).map(|il| c.window(il)).collect();
             Ok(BenchModel {
                 file: file.to_path_buf(),
                 desc,
@@ -194,17 +197,39 @@ impl<B: Backend> BenchModel<B> {
                 n_params,
                 decode_bytes: size - embed_unread,
                 kv_bytes_per_pos,
+                windows,
             })
         };
         load().with_context(|| format!("loading {}", file.display()))
     }
 
-    /// Effective bandwidth of a `tgN` run at `tps` tokens/s from depth `d`: weights plus the
-    /// KV cache read at the mean number of positions attended, d + (N + 1) / 2.
-    fn decode_gbps(&self, n: usize, d: usize, tps: f64) -> f64 {
-        let kv = self.kv_bytes_per_pos as f64 * (d as f64 + (n + 1) as f64 / 2.0);
-        (self.decode_bytes as f64 + kv) * tps / 1e9
+    /// Bytes one decode step of a `tgN` run from depth `d` reads, on average: the weights,
+    /// and each layer's keys and values at the positions its tokens attend (d + t + 1 for
+    /// the token t, at most the layer's window).
+    fn decode_bytes_per_token(&self, n: usize, d: usize) -> f64 {
+        let positions = attended_positions(&self.windows, n, d);
+        self.decode_bytes as f64 + self.kv_bytes_per_pos as f64 * positions
     }
+
+    /// Effective bandwidth of a `tgN` run at `tps` tokens/s from depth `d`.
+    fn decode_gbps(&self, n: usize, d: usize, tps: f64) -> f64 {
+        self.decode_bytes_per_token(n, d) * tps / 1e9
+    }
+}
+
+/// Cached positions a decode step reads over all layers (`windows`: each layer's sliding
+/// window, 0 for none), averaged over the `n` tokens of a run from depth `d`: the token t
+/// attends d + t + 1 positions, at most its layer's window.
+fn attended_positions(windows: &[usize], n: usize, d: usize) -> f64 {
+    let n = n.max(1);
+    let per_layer = |w: usize| -> f64 {
+        let seen = |t: usize| match w {
+            0 => d + t + 1,
+            w => (d + t + 1).min(w),
+        };
+        (0..n).map(seen).sum::<usize>() as f64 / n as f64
+    };
+    windows.iter().map(|&w| per_layer(w)).sum()
 }
 
 /// Runs `test` from cache depth `depth` once untimed, then `reps` times; returns each timed
@@ -367,6 +392,16 @@ impl<B: Backend> Measured<'_, B> {
             .collect()
     }
 
+    /// Bytes per token of a single-sequence decode test.
+    fn bytes_per_token(&self) -> Option<f64> {
+        match self.test {
+            Test::Gen(n, 1) | Test::GenSchema(n) => {
+                Some(self.model.decode_bytes_per_token(n, self.depth))
+            }
+            Test::Gen(..) | Test::Prompt(_) => None,
+        }
+    }
+
     /// Effective GB/s of a decode test at its mean tokens/s.
     fn gbps(&self, avg_ts: f64) -> Option<f64> {
         match self.test {
@@ -382,7 +417,7 @@ impl<B: Backend> Measured<'_, B> {
         let m = self.model;
         let (avg_ts, sd_ts) = mean_sd(&self.samples_ts());
         format!(
-            "| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:>13} | {:>20} | {:>8} |",
+            "| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:>13} | {:>20} | {:>8} | {:>7} |",
             m.desc,
             size_label(m.size),
             n_params_label(m.n_params),
@@ -392,11 +427,13 @@ impl<B: Backend> Measured<'_, B> {
             format!("{avg_ts:.2} ± {sd_ts:.2}"),
             self.gbps(avg_ts)
                 .map_or(String::new(), |g| format!("{g:.2}")),
+            self.bytes_per_token()
+                .map_or(String::new(), |b| format!("{:.1}", b / 1e6)),
         )
     }
 
-    /// llama-bench's JSON fields, plus `peak_rss_bytes`, `effective_gbps` (decode) and
-    /// `kernels`.
+    /// llama-bench's JSON fields, plus `peak_rss_bytes`, `effective_gbps` and
+    /// `bytes_per_token` (decode) and `kernels`.
     fn json(&self, cpu_info: &str, kernels: &str) -> serde_json::Value {
         let m = self.model;
         let samples_ts = self.samples_ts();
@@ -438,6 +475,9 @@ impl<B: Backend> Measured<'_, B> {
         }
         if let Some(g) = self.gbps(avg_ts) {
             o["effective_gbps"] = g.into();
+        }
+        if let Some(b) = self.bytes_per_token() {
+            o["bytes_per_token"] = (b.round() as u64).into();
         }
         o
     }
@@ -638,6 +678,7 @@ impl Run<'_> {
                     ("test", 13),
                     ("t/s", 20),
                     ("GB/s", 8),
+                    ("MB/tok", 7),
                 ]);
             }
             println!("{}", r.table_row());
@@ -805,5 +846,22 @@ mod tests {
         assert_eq!(a, random_tokens(1000, 50, SEED));
         assert!(a.iter().all(|&t| t < 50));
         assert!(a.iter().collect::<std::collections::BTreeSet<_>>().len() > 40);
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::attended_positions;
+
+    /// A window caps what a layer reads at depth; global layers read every position.
+    #[test]
+    fn windows_cap_the_positions_read() {
+        // tg4 from depth 8192: tokens attend 8193..8196 positions, 8194.5 on average.
+        assert_eq!(attended_positions(&[0, 0], 4, 8192), 2.0 * 8194.5);
+        // Gemma 3's pattern, window 512: five layers read 512, one 8194.5.
+        let gemma = [512, 512, 512, 512, 512, 0];
+        assert_eq!(attended_positions(&gemma, 4, 8192), 5.0 * 512.0 + 8194.5);
+        // Below the window a windowed layer reads what a global one does.
+        assert_eq!(attended_positions(&[512], 2, 0), 1.5);
     }
 }

@@ -56,7 +56,7 @@ fn table_has_a_row_per_test_and_thread_count() {
     let t = table(&so);
     assert_eq!(
         t[0],
-        ["model", "size", "params", "backend", "threads", "test", "t/s", "GB/s"],
+        ["model", "size", "params", "backend", "threads", "test", "t/s", "GB/s", "MB/tok"],
         "{so}"
     );
     assert!(t[1].iter().all(|c| c.starts_with("---")), "{so}");
@@ -71,7 +71,7 @@ fn table_has_a_row_per_test_and_thread_count() {
         "{so}"
     );
     for r in rows {
-        assert_eq!(r.len(), 8, "{so}");
+        assert_eq!(r.len(), 9, "{so}");
         assert!(r[0].starts_with("llama 135M "), "model: {so}");
         assert!(r[1].ends_with(" MiB"), "size: {so}");
         assert!(r[2].ends_with(" M"), "params: {so}");
@@ -80,8 +80,11 @@ fn table_has_a_row_per_test_and_thread_count() {
         assert!(mean.parse::<f64>().unwrap() > 0.0, "{so}");
         assert!(sd.parse::<f64>().unwrap() >= 0.0, "{so}");
         match r[5].starts_with("tg") {
-            true => assert!(r[7].parse::<f64>().unwrap() > 0.0, "GB/s: {so}"),
-            false => assert_eq!(r[7], "", "pp rows have no GB/s: {so}"),
+            true => {
+                assert!(r[7].parse::<f64>().unwrap() > 0.0, "GB/s: {so}");
+                assert!(r[8].parse::<f64>().unwrap() > 0.0, "MB/tok: {so}");
+            }
+            false => assert_eq!((r[7].as_str(), r[8].as_str()), ("", ""), "pp rows: {so}"),
         }
     }
     assert!(so.contains("peak RSS: "), "{so}");
@@ -137,8 +140,11 @@ fn json_lines_carry_llama_bench_fields() {
             assert!(o["peak_rss_bytes"].as_u64().unwrap() > size);
         }
         match n_gen > 0 {
-            true => assert!(o["effective_gbps"].as_f64().unwrap() > 0.0),
-            false => assert!(o.get("effective_gbps").is_none()),
+            true => {
+                assert!(o["effective_gbps"].as_f64().unwrap() > 0.0);
+                assert!(o["bytes_per_token"].as_u64().unwrap() > 0);
+            }
+            false => assert!(o.get("effective_gbps").is_none() && o.get("bytes_per_token").is_none()),
         }
     }
 }

@@ -101,7 +101,11 @@ impl<B: Backend> Llm<B> {
                 pooling,
             )
         };
-        let template = match tokenizer.chat_template() {
+        // The file's template, else the one its architecture is known to use.
+        let source = tokenizer
+            .chat_template()
+            .or_else(|| kiln_text::builtin_template(&model.cfg.arch));
+        let template = match source {
             Some(src) => Some(ChatTemplate::new(
                 src,
                 tokenizer.bos_token().unwrap_or(""),

@@ -227,7 +227,11 @@ impl Scheduler {
                 let mut engine = Engine::new(&llm, &cfg2, st);
                 let _ = info_tx.send(Ok(ModelInfo {
                     path: llm.path.clone(),
-                    chat_template: llm.tokenizer.chat_template().map(str::to_string),
+                    chat_template: llm
+                        .tokenizer
+                        .chat_template()
+                        .or_else(|| kiln_text::builtin_template(&llm.model.cfg.arch))
+                        .map(str::to_string),
                     embedding_dim: llm.model.cfg.dim,
                     backend: llm.backend.name(),
                     n_ctx: engine.n_ctx,

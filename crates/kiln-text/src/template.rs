@@ -313,3 +313,62 @@ fn template_error(e: Error, limits: &Limits) -> TextError {
     }
     TextError::Template(one_line(&msg))
 }
+
+/// The chat format of an architecture whose GGUF files commonly ship without a template
+/// (llama.cpp's Gemma 3 conversions): Gemma's turns, `<start_of_turn>user|model` ...
+/// `<end_of_turn>`, a system message put before the first user turn, roles alternating.
+pub fn builtin_template(arch: &str) -> Option<&'static str> {
+    match arch {
+        "gemma3" => Some(GEMMA_TURNS),
+        _ => None,
+    }
+}
+
+const GEMMA_TURNS: &str = "{{- bos_token -}}
+{%- set sys = '' -%}
+{%- set turns = messages -%}
+{%- if messages and messages[0]['role'] == 'system' -%}
+{%- set sys = messages[0]['content'] ~ '\n\n' -%}
+{%- set turns = messages[1:] -%}
+{%- endif -%}
+{%- for m in turns -%}
+{%- if (m['role'] == 'user') != (loop.index0 is even) -%}
+{{- raise_exception('Gemma chats alternate user and assistant turns, starting with the user') -}}
+{%- endif -%}
+<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}
+{{ (sys if loop.first else '') ~ (m['content'] | trim) }}<end_of_turn>
+{% endfor -%}
+{%- if add_generation_prompt -%}
+<start_of_turn>model
+{% endif -%}";
+
+#[cfg(test)]
+mod builtin_tests {
+    use super::*;
+
+    /// Gemma's turns: the system message before the first user turn, `model` for the
+    /// assistant, contents trimmed, the generation prompt; roles out of turn are an error.
+    #[test]
+    fn gemma_turns() {
+        let t = ChatTemplate::new(builtin_template("gemma3").unwrap(), "<bos>", "<eos>").unwrap();
+        let msgs = [
+            Message::new("system", "Be brief."),
+            Message::new("user", " Hi! "),
+            Message::new("assistant", "Hello."),
+            Message::new("user", "Name a colour."),
+        ];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n\
+             <start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            t.render(&msgs[1..2], false).unwrap(),
+            "<bos><start_of_turn>user\nHi!<end_of_turn>\n"
+        );
+        let e = t.render(&msgs[2..], true).unwrap_err().to_string();
+        assert!(e.contains("alternate"), "{e}");
+        assert!(builtin_template("qwen3").is_none());
+    }
+}

@@ -52,7 +52,7 @@ impl KvElem for u16 {
 
 /// Whether this path takes the shape (head sizes with compiled kernels).
 pub fn handles(hd: usize) -> bool {
-    matches!(hd, 64 | 128)
+    matches!(hd, 64 | 128 | 256)
 }
 
 #[derive(Default)]
@@ -110,9 +110,11 @@ pub fn attention<E: Entries>(
             unsafe {
                 match (avx512, hd) {
                     (true, 64) => E::tiles_avx512::<64>(&job, i0, i1, sc),
-                    (true, _) => E::tiles_avx512::<128>(&job, i0, i1, sc),
+                    (true, 128) => E::tiles_avx512::<128>(&job, i0, i1, sc),
+                    (true, _) => E::tiles_avx512::<256>(&job, i0, i1, sc),
                     (false, 64) => E::tiles_avx2::<64>(&job, i0, i1, sc),
-                    (false, _) => E::tiles_avx2::<128>(&job, i0, i1, sc),
+                    (false, 128) => E::tiles_avx2::<128>(&job, i0, i1, sc),
+                    (false, _) => E::tiles_avx2::<256>(&job, i0, i1, sc),
                 }
             }
         })
@@ -284,7 +286,7 @@ unsafe fn score8<const HD: usize, const W512: bool, E: KvElem>(
         if W512 {
             // Row by row (the cache read in address order, which the prefetchers follow),
             // the query in registers; each lane's sum taken over c in order as before.
-            let mut qv = [_mm512_setzero_ps(); 8];
+            let mut qv = [_mm512_setzero_ps(); 16];
             for (c, x) in qv.iter_mut().enumerate().take(HD / 16) {
                 *x = _mm512_loadu_ps(qp.add(16 * c));
             }
@@ -351,13 +353,33 @@ unsafe fn score1<const HD: usize, const W512: bool, E: KvElem>(q: &[f32], k: &[E
 #[inline(always)]
 unsafe fn pv<const HD: usize, const W512: bool, E: KvElem>(w: &[f32], v: &[E], o: &mut [f32]) {
     assert!(v.len() == w.len() * HD && o.len() == 2 * HD);
+    // Columns in slices of up to 128 (the accumulators of one slice fill the registers);
+    // each output value's sum runs over the positions in the same order whatever the slice.
+    if HD <= 128 {
+        unsafe { pv_cols::<HD, W512, E, HD>(w, v, o, 0) };
+    } else {
+        for c0 in (0..HD).step_by(128) {
+            unsafe { pv_cols::<HD, W512, E, 128>(w, v, o, c0) };
+        }
+    }
+}
+
+/// `pv` over columns c0..c0 + CW (CW <= 128, a multiple of 16).
+#[inline(always)]
+unsafe fn pv_cols<const HD: usize, const W512: bool, E: KvElem, const CW: usize>(
+    w: &[f32],
+    v: &[E],
+    o: &mut [f32],
+    c0: usize,
+) {
+    let cw = CW;
     unsafe {
-        let (vp, op) = (v.as_ptr(), o.as_mut_ptr());
+        let (vp, op) = (v.as_ptr().add(c0), o.as_mut_ptr().add(c0));
         if W512 {
             // The two sets as two named arrays, positions taken in pairs: a set chosen by a
             // runtime index would live on the stack, each FMA a load and a store.
             let (mut a0, mut a1) = ([_mm512_setzero_ps(); 8], [_mm512_setzero_ps(); 8]);
-            for c in 0..HD / 16 {
+            for c in 0..cw / 16 {
                 a0[c] = _mm512_loadu_ps(op.add(16 * c));
                 a1[c] = _mm512_loadu_ps(op.add(HD + 16 * c));
             }
@@ -365,36 +387,36 @@ unsafe fn pv<const HD: usize, const W512: bool, E: KvElem>(w: &[f32], v: &[E], o
             for i in 0..pairs {
                 let (w0, w1) = (_mm512_set1_ps(w[2 * i]), _mm512_set1_ps(w[2 * i + 1]));
                 let (r0, r1) = (vp.add(2 * i * HD), vp.add((2 * i + 1) * HD));
-                for c in 0..HD / 16 {
+                for c in 0..cw / 16 {
                     a0[c] = _mm512_fmadd_ps(w0, E::ld16(r0.add(16 * c)), a0[c]);
                 }
-                for c in 0..HD / 16 {
+                for c in 0..cw / 16 {
                     a1[c] = _mm512_fmadd_ps(w1, E::ld16(r1.add(16 * c)), a1[c]);
                 }
             }
             if w.len() % 2 == 1 {
                 let (wv, r) = (_mm512_set1_ps(w[2 * pairs]), vp.add(2 * pairs * HD));
-                for c in 0..HD / 16 {
+                for c in 0..cw / 16 {
                     a0[c] = _mm512_fmadd_ps(wv, E::ld16(r.add(16 * c)), a0[c]);
                 }
             }
-            for c in 0..HD / 16 {
+            for c in 0..cw / 16 {
                 _mm512_storeu_ps(op.add(16 * c), a0[c]);
                 _mm512_storeu_ps(op.add(HD + 16 * c), a1[c]);
             }
         } else {
             // One set (the second stays zero): 16-lane sets would not fit 16 registers.
             let mut acc = [_mm256_setzero_ps(); 16];
-            for c in 0..HD / 8 {
+            for c in 0..cw / 8 {
                 acc[c] = _mm256_loadu_ps(op.add(8 * c));
             }
             for (i, &wi) in w.iter().enumerate() {
                 let wv = _mm256_set1_ps(wi);
-                for c in 0..HD / 8 {
+                for c in 0..cw / 8 {
                     acc[c] = _mm256_fmadd_ps(wv, E::ld8(vp.add(i * HD + 8 * c)), acc[c]);
                 }
             }
-            for c in 0..HD / 8 {
+            for c in 0..cw / 8 {
                 _mm256_storeu_ps(op.add(8 * c), acc[c]);
             }
         }
