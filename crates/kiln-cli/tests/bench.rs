@@ -144,7 +144,9 @@ fn json_lines_carry_llama_bench_fields() {
                 assert!(o["effective_gbps"].as_f64().unwrap() > 0.0);
                 assert!(o["bytes_per_token"].as_u64().unwrap() > 0);
             }
-            false => assert!(o.get("effective_gbps").is_none() && o.get("bytes_per_token").is_none()),
+            false => {
+                assert!(o.get("effective_gbps").is_none() && o.get("bytes_per_token").is_none())
+            }
         }
     }
 }

@@ -56,7 +56,8 @@ pub(crate) struct SeqDesc {
     pub(crate) len: i32,
     pub(crate) n_ctx: i32,
     pub(crate) splits: i32,
-    pub(crate) pad: i32,
+    /// Sliding window (0: none).
+    pub(crate) window: i32,
 }
 
 /// From this many tokens a prompt's attention runs as two cuBLAS products per chunk of
@@ -192,7 +193,7 @@ impl CudaBackend {
                     len: (x.shape.pos0 + 1) as i32,
                     n_ctx: x.cache.n_ctx as i32,
                     splits: self.dec_splits(x.cache.n_ctx, s.n_kv_heads) as i32,
-                    pad: 0,
+                    window: x.shape.window as i32,
                 };
                 changed |= *d != new;
                 *d = new;
@@ -436,7 +437,8 @@ impl CudaBackend {
             .a(scale)
             .a(self.params.ptr)
             .a(acc)
-            .a(ml);
+            .a(ml)
+            .a(s.window as i32);
         if let Some(dh) = dec {
             a = a.a(dh);
         }
@@ -563,7 +565,8 @@ impl CudaBackend {
                 .a(ld as i32)
                 .a((s.pos0 + t0) as i32)
                 .a(nc as i32)
-                .a(pr);
+                .a(pr)
+                .a(s.window as i32);
             self.dev.launch(
                 self.dev.func("attn_softmax_causal"),
                 (nc as u32, heads as u32, 1),

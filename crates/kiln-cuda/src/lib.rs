@@ -503,6 +503,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn check_window(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     fn check_attention(
         &self,
         heads: usize,

@@ -1,5 +1,6 @@
 //! Whole models on CUDA: the tiny random Hugging Face fixtures of kiln-models (Qwen3, Qwen2
-//! sharded, Llama 3 with its RoPE scaling) against transformers' logits and the CPU path,
+//! sharded, Llama 3 with its RoPE scaling, Gemma 3 with sliding windows) against
+//! transformers' logits and the CPU path,
 //! and the recorded decode step (CUDA graph) against eager launches.
 //!
 //! Need an NVIDIA GPU: `cargo test --release -p kiln-cuda -- --ignored`.
@@ -18,7 +19,13 @@ fn fixtures() -> PathBuf {
 }
 
 fn model_ref(name: &str) -> (Vec<Vec<u32>>, Vec<Vec<f32>>, Vec<u32>) {
-    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
+    // A model's own reference file where it has one (Gemma 3), else reference.json.
+    let own = fixtures().join(format!("reference_{name}.json"));
+    let file = match own.is_file() {
+        true => own,
+        false => fixtures().join("reference.json"),
+    };
+    let text = std::fs::read_to_string(file).unwrap();
     let r: Value = serde_json::from_str(&text).unwrap();
     let m = &r["models"][name];
     let ids = |v: &Value| -> Vec<u32> {
@@ -90,7 +97,7 @@ fn greedy<B: Backend>(b: &B, m: &Llama<B>, prompt: &[u32], n: usize) -> (Vec<u32
 fn f32_fixtures_match_transformers_and_cpu() {
     let g = CudaBackend::new().expect("a CUDA GPU");
     let c = CpuBackend::new(2);
-    for dir in ["qwen3", "qwen2", "llama3"] {
+    for dir in ["qwen3", "qwen2", "llama3", "gemma3"] {
         let (prompts, want, want_greedy) = model_ref(dir);
         let mg = load(&g, dir, None);
         for (p, w) in prompts.iter().zip(&want) {
@@ -122,7 +129,7 @@ fn quantized_fixtures_match_cpu() {
         GgmlType::Q4_0,
         GgmlType::Q6_K,
     ] {
-        for dir in ["qwen3", "qwen2", "llama3"] {
+        for dir in ["qwen3", "qwen2", "llama3", "gemma3"] {
             let (prompts, _, _) = model_ref(dir);
             let (mg, mc) = (load(&g, dir, Some(ty)), load(&c, dir, Some(ty)));
             let mut sg = mg.new_state(&g, 64, 16);
@@ -149,7 +156,7 @@ fn quantized_fixtures_match_cpu() {
 fn recorded_decode_step_equals_eager_launches() {
     let g = CudaBackend::new().expect("a CUDA GPU");
     let e = CudaBackend::new().expect("a CUDA GPU").without_graphs();
-    for dir in ["qwen3", "llama3"] {
+    for dir in ["qwen3", "llama3", "gemma3"] {
         let (prompts, _, _) = model_ref(dir);
         let (mg, me) = (
             load(&g, dir, Some(GgmlType::Q4_K)),
@@ -181,7 +188,11 @@ fn recorded_decode_step_equals_eager_launches() {
 fn batched_greedy_equals_alone() {
     use kiln_models::llm::{Logits, SeqChunk};
     let g = CudaBackend::new().expect("a CUDA GPU");
-    for (dir, quant) in [("qwen3", None), ("llama3", Some(GgmlType::Q8_0))] {
+    for (dir, quant) in [
+        ("qwen3", None),
+        ("llama3", Some(GgmlType::Q8_0)),
+        ("gemma3", None),
+    ] {
         let m = load(&g, dir, quant);
         let (prompts, _, _) = model_ref(dir);
         let base = &prompts[0];

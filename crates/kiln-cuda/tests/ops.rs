@@ -222,15 +222,20 @@ fn rope_cfg(style: RopeStyle, dims: usize, hd: usize) -> RopeConfig {
 fn heads_rope_cache_attention() {
     let (g, c) = (gpu(), CpuBackend::new(2));
     let mut r = Rng(4);
-    for (hd, heads, kvh, style, dims, qk) in [
-        (128, 16, 8, RopeStyle::Neox, 128, true),
-        (64, 12, 4, RopeStyle::Interleaved, 64, false),
-        (64, 6, 2, RopeStyle::Neox, 32, false),
-        (128, 24, 8, RopeStyle::Interleaved, 128, false),
+    // (head size, heads, kv heads, rope, rotated dims, q/k norms, sliding window)
+    for (hd, heads, kvh, style, dims, qk, window) in [
+        (128, 16, 8, RopeStyle::Neox, 128, true, 0),
+        (64, 12, 4, RopeStyle::Interleaved, 64, false, 0),
+        (64, 6, 2, RopeStyle::Neox, 32, false, 0),
+        (128, 24, 8, RopeStyle::Interleaved, 128, false, 0),
         // A head size whose lanes' slices are not aligned for wide loads, one query head a
         // KV head, and a group of eight.
-        (80, 8, 8, RopeStyle::Neox, 80, false),
-        (112, 16, 2, RopeStyle::Neox, 112, false),
+        (80, 8, 8, RopeStyle::Neox, 80, false, 0),
+        (112, 16, 2, RopeStyle::Neox, 112, false, 0),
+        // Sliding windows: Gemma 3's shape (window 512, passed by the prompt of 600), and a
+        // window shorter than a decode split's keys.
+        (256, 4, 1, RopeStyle::Neox, 256, true, 512),
+        (128, 16, 8, RopeStyle::Neox, 128, true, 13),
     ] {
         let n_ctx = 700;
         let rope = rope_cfg(style, dims, hd);
@@ -269,7 +274,7 @@ fn heads_rope_cache_attention() {
                 head_dim: hd,
                 pos0,
                 n_tokens: n,
-                window: 0,
+                window,
             };
             let (mut og, mut oc) = (g.tensor(n, heads * hd), c.tensor(n, heads * hd));
             g.attention(&qg, &kg, 1, shape, &mut og);
@@ -277,7 +282,7 @@ fn heads_rope_cache_attention() {
             let e = rel(&read(&g, &og, n, heads * hd), &read(&c, &oc, n, heads * hd));
             assert!(
                 e < 5e-3,
-                "attention hd={hd} g={} n={n} pos0={pos0}: {e}",
+                "attention hd={hd} g={} n={n} pos0={pos0} window {window}: {e}",
                 heads / kvh
             );
             // The same prompt attention in query chunks of 7.
@@ -310,7 +315,7 @@ fn heads_rope_cache_attention() {
                 head_dim: hd,
                 pos0,
                 n_tokens: 1,
-                window: 0,
+                window,
             };
             let norms_g = qk.then_some((&qng, &kng, 1e-6));
             let norms_c = qk.then_some((&qnc, &knc, 1e-6));

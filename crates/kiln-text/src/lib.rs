@@ -19,5 +19,7 @@ mod tokenizer;
 pub use error::{Result, TextError};
 pub use guard::{installed as memory_guard_installed, GuardedAlloc};
 pub use stream::StreamDecoder;
-pub use template::{builtin_template, value_from_json, ChatTemplate, Limits, Message, TemplateValue};
+pub use template::{
+    builtin_template, value_from_json, ChatTemplate, Limits, Message, TemplateValue,
+};
 pub use tokenizer::Tokenizer;

@@ -169,11 +169,25 @@ pub fn attention<B: Backend>(b: &B, tol: &Tolerances) {
                 check_rel(
                     &name,
                     "attention",
-                    case,
+                    case.clone(),
                     &read(b, &o, n, qd),
                     &read(&rf.r, &orf, n, qd),
                     kv_bound(tol, ty),
                 );
+                // A sliding window, where the backend has them.
+                if b.check_window().is_ok() {
+                    let shape = AttnShape { window: 7, ..shape };
+                    b.attention(&qt, &cb, 1, shape, &mut o);
+                    rf.r.attention(&qr, &cr, 1, shape, &mut orf);
+                    check_rel(
+                        &name,
+                        "attention",
+                        format!("{case} window=7"),
+                        &read(b, &o, n, qd),
+                        &read(&rf.r, &orf, n, qd),
+                        kv_bound(tol, ty),
+                    );
+                }
                 pos0 += n;
             }
         }

@@ -75,7 +75,8 @@ pub struct Tolerances {
     pub norm: f32,
     /// Kokoro's norms over feature maps: `layer_norm_rows`, `ada_in`, `ada_layer_norm`.
     pub signal_norm: f32,
-    /// `silu_mul`, `gelu`, `gelu_tanh`, `snake` (`add`, `scale`, `leaky_relu`: exact).
+    /// `silu_mul`, `gelu_tanh_mul`, `gelu`, `gelu_tanh`, `snake` (`add`, `scale`,
+    /// `leaky_relu`: exact).
     pub elementwise: f32,
     /// `rope` and the q, k that `qk_norm_rope_store` leaves.
     pub rope: f32,

@@ -213,12 +213,18 @@ pub fn elementwise<B: Backend>(b: &B, tol: &Tolerances) {
         let (yt, yr) = both(b, &rf, n, cols, &y);
         type Op<'a, T> = &'a dyn Fn(&mut T);
         // (op, backend, reference, exact: one IEEE operation per value)
-        let cases: [(&str, Op<B::Tensor>, Op<CpuTensor>, bool); 5] = [
+        let cases: [(&str, Op<B::Tensor>, Op<CpuTensor>, bool); 6] = [
             ("add", &|t| b.add(t, &yt, n), &|t| rf.r.add(t, &yr, n), true),
             (
                 "silu_mul",
                 &|t| b.silu_mul(t, &yt, n),
                 &|t| rf.r.silu_mul(t, &yr, n),
+                false,
+            ),
+            (
+                "gelu_tanh_mul",
+                &|t| b.gelu_tanh_mul(t, &yt, n),
+                &|t| rf.r.gelu_tanh_mul(t, &yr, n),
                 false,
             ),
             (

@@ -125,11 +125,13 @@ __device__ __forceinline__ void load_row_h(const u16* r, int lane, int hd, float
 // every query head of its kv head. A lane scores one key against the query heads (q from
 // shared memory, the key row by 16-byte loads), the warp takes one softmax step per 32 keys,
 // then accumulates V rows (lanes split head_dim) weighted by the broadcast probabilities;
-// each warp writes its softmax partial (max, sum, weighted V) for attn_combine.
+// each warp writes its softmax partial (max, sum, weighted V) for attn_combine. With a
+// sliding window (window > 0) a token sees its last `window` positions only.
 template <int EPL>
 __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, int n_ctx,
                                 int heads, int kv_heads, int hd, float scale,
-                                const u32* params, float* part_acc, float* part_ml) {
+                                const u32* params, float* part_acc, float* part_ml,
+                                int window) {
     __shared__ float qs[MAX_GROUP * EPL * 32];
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -137,7 +139,8 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
     const int ws = blockIdx.y * ATT_WARPS + warp, n_ws = gridDim.y * ATT_WARPS;
     const int g = heads / kv_heads;
     const int len = (int)params[0] + t + 1;
-    const int k0 = ws * ATT_WCHUNK, k1 = min(len, k0 + ATT_WCHUNK);
+    const int lo = window > 0 ? max(0, len - window) : 0;
+    const int k0 = max(lo, ws * ATT_WCHUNK), k1 = min(len, ws * ATT_WCHUNK + ATT_WCHUNK);
     for (int i = threadIdx.x; i < g * hd; i += blockDim.x)
         qs[i] = q[((size_t)t * heads + kvh * g) * hd + i] * scale;
     __syncthreads();
@@ -318,7 +321,7 @@ __device__ __forceinline__ void tile_rows_or_pre(const u16* p, int base, int j0,
 // partial (max, sum, weighted V) per query head for attn_combine.
 template <int EPL>
 __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int heads,
-                              int kv_heads, int hd, float scale, int len, int t,
+                              int kv_heads, int hd, float scale, int len, int window, int t,
                               int n_split, float* part_acc, float* part_ml,
                               const DecHeads& dh) {
     __shared__ float sc[MAX_GROUP][ATT_TILE];
@@ -334,7 +337,9 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
     // Splits of ATT_SPLIT_KEYS keys or more while the cache is short (a grid made for a
     // full cache, replayed at every position): the same count for a length and cache
     // size whatever else the launch holds.
-    n_split = min(n_split, max(1, (len + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS));
+    // A sliding window (window > 0): the keys lo..len only.
+    const int lo = window > 0 ? max(0, len - window) : 0;
+    n_split = min(n_split, max(1, (len - lo + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS));
     if (split >= n_split) {
         pdl_wait();
         if (threadIdx.x < g)
@@ -347,8 +352,8 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
     // later kernel waits for the copy), and a warp's first keys and values of this split
     // (ATT_KU rows each) older than the new one, which earlier steps or prompt chunks wrote:
     // a copy precedes them, and the host reads each step's tokens before launching the next.
-    const int c = (len + n_split - 1) / n_split;
-    const int k0 = split * c, k1 = min(len, k0 + c);
+    const int c = (len - lo + n_split - 1) / n_split;
+    const int k0 = lo + split * c, k1 = min(len, k0 + c);
     const u16* kp = kc + (size_t)kvh * n_ctx * hd;
     const u16* vp = vc + (size_t)kvh * n_ctx * hd;
     float kpre[ATT_KU][EPL], vpre[ATT_KU][EPL];
@@ -496,14 +501,14 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
 
 // One sequence of a batched decode step (attn_dec_seqs_<EPL>): its cache (the f16 planes
 // of layer 0; a layer's start is layer * kv_heads * n_ctx * hd further), the keys its
-// token sees (its position + 1) and its splits.
+// token sees (its position + 1, the last `window` of them where window > 0) and its splits.
 struct SeqDesc {
     u16* k;
     u16* v;
     int len;
     int n_ctx;
     int splits;  // as attn_dec_<EPL>'s grid for this sequence alone, so the same sums
-    int pad;
+    int window;
 };
 
 // One entry point per EPL (head_dim / 32, rounded up): lib.rs picks attn_split_<EPL>, or
@@ -514,16 +519,17 @@ struct SeqDesc {
     extern "C" __global__ void attn_split_##E(const float* q, const u16* kc, const u16* vc,  \
                                               int n_ctx, int heads, int kv_heads, int hd,    \
                                               float scale, const u32* params, float* pa,     \
-                                              float* pml) {                                  \
-        attn_split_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml);   \
+                                              float* pml, int window) {                      \
+        attn_split_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml,    \
+                           window);                                                          \
     }                                                                                        \
     extern "C" __global__ void attn_dec_##E(const float* q, u16* kc, u16* vc, int n_ctx,     \
                                             int heads, int kv_heads, int hd, float scale,    \
                                             const u32* params, float* pa, float* pml,        \
-                                            DecHeads dh) {                                   \
+                                            int window, DecHeads dh) {                       \
         attn_dec_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale,                      \
-                         (int)params[0] + (int)blockIdx.z + 1, blockIdx.z, gridDim.y, pa,    \
-                         pml, dh);                                                           \
+                         (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,           \
+                         gridDim.y, pa, pml, dh);                                            \
     }                                                                                        \
     extern "C" __global__ void attn_dec_seqs_##E(const float* q, const SeqDesc* seqs,        \
                                                  int layer, int heads, int kv_heads, int hd, \
@@ -536,7 +542,8 @@ struct SeqDesc {
         d.k += (size_t)z * kv_heads * hd;                                                    \
         d.v += (size_t)z * kv_heads * hd;                                                    \
         attn_dec_impl<E>(q + (size_t)z * heads * hd, sd.k + plane, sd.v + plane, sd.n_ctx,   \
-                         heads, kv_heads, hd, scale, sd.len, z, sd.splits, pa, pml, d);      \
+                         heads, kv_heads, hd, scale, sd.len, sd.window, z, sd.splits, pa,    \
+                         pml, d);                                                            \
     }
 ATTN_SPLIT(1)
 ATTN_SPLIT(2)
@@ -603,10 +610,10 @@ extern "C" __global__ void attn_q16(const float* q, int heads, int hd, int nc, f
 }
 
 // grid (nc, heads): row (h, t) of the scores (heads, nc, ld) f32 over len keys, softmax over
-// the keys 0..=pos0 + t the query at position pos0 + t sees, into the probabilities
-// (heads, nc, ld) f16, zero for the keys after it.
+// the keys 0..=pos0 + t the query at position pos0 + t sees (the last `window` of them
+// where window > 0), into the probabilities (heads, nc, ld) f16, zero for the other keys.
 extern "C" __global__ void attn_softmax_causal(const float* s, int len, int ld, int pos0, int nc,
-                                               u16* p) {
+                                               u16* p, int window) {
     pdl_begin();
     __shared__ float red[32];
     const int t = blockIdx.x, h = blockIdx.y;
@@ -614,12 +621,13 @@ extern "C" __global__ void attn_softmax_causal(const float* s, int len, int ld, 
     const float* sr = s + row;
     u16* pr = p + row;
     const int seen = min(len, pos0 + t + 1);
+    const int lo = window > 0 ? max(0, pos0 + t + 1 - window) : 0;
     float mx = -KINF;
-    for (int j = threadIdx.x; j < seen; j += blockDim.x) mx = fmaxf(mx, sr[j]);
+    for (int j = lo + threadIdx.x; j < seen; j += blockDim.x) mx = fmaxf(mx, sr[j]);
     mx = block_max(mx, red);
     float l = 0.0f;
-    for (int j = threadIdx.x; j < seen; j += blockDim.x) l += expf(sr[j] - mx);
+    for (int j = lo + threadIdx.x; j < seen; j += blockDim.x) l += expf(sr[j] - mx);
     const float inv = 1.0f / block_sum(l, red);
     for (int j = threadIdx.x; j < len; j += blockDim.x)
-        pr[j] = f2h(j < seen ? expf(sr[j] - mx) * inv : 0.0f);
+        pr[j] = f2h(j >= lo && j < seen ? expf(sr[j] - mx) * inv : 0.0f);
 }
