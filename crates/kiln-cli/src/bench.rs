@@ -147,7 +147,8 @@ impl Test {
 /// A loaded model and what the report says about it.
 struct BenchModel<B: Backend> {
     file: PathBuf,
-    /// e.g. "llama 135M Q4_1": architecture, parameter count, the format holding most bytes.
+    /// e.g. "llama 135M Q4_1": architecture, parameter count, the file type (its
+    /// `general.file_type`, else the format holding most bytes).
     desc: String,
     model: Llama<B>,
     size: usize,
@@ -728,6 +729,31 @@ fn table_header(cols: &[(&str, i32)]) {
 
 /// The tensor format that holds the most bytes of the file, e.g. "Q4_1".
 fn dominant_type(g: &GgufFile) -> &'static str {
+    // The file's own type where it names one (llama-bench's label: a Q4_K_M file keeps its
+    // embeddings in Q8_0 or Q6_K, which may hold the most bytes of a small model).
+    let named = match g.get_u64("general.file_type").ok() {
+        Some(0) => Some("F32"),
+        Some(1) => Some("F16"),
+        Some(2) => Some("Q4_0"),
+        Some(3) => Some("Q4_1"),
+        Some(7) => Some("Q8_0"),
+        Some(8) => Some("Q5_0"),
+        Some(9) => Some("Q5_1"),
+        Some(10) => Some("Q2_K"),
+        Some(11) => Some("Q3_K_S"),
+        Some(12) => Some("Q3_K_M"),
+        Some(13) => Some("Q3_K_L"),
+        Some(14) => Some("Q4_K_S"),
+        Some(15) => Some("Q4_K_M"),
+        Some(16) => Some("Q5_K_S"),
+        Some(17) => Some("Q5_K_M"),
+        Some(18) => Some("Q6_K"),
+        Some(32) => Some("BF16"),
+        _ => None,
+    };
+    if let Some(name) = named {
+        return name;
+    }
     let mut bytes: BTreeMap<&'static str, u64> = BTreeMap::new();
     for t in &g.tensors {
         *bytes.entry(t.ty.name()).or_default() += t.n_bytes;

@@ -137,6 +137,7 @@ pub const KERNELS: &[&str] = &[
     "quant_act",
     "embed",
     "rms_norm",
+    "add_rms_norm",
     "heads",
     "attn_split_1",
     "attn_split_2",

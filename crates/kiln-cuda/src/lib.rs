@@ -712,6 +712,70 @@ impl Backend for CudaBackend {
         );
     }
 
+    fn gate_up_gelu(
+        &self,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: &CudaTensor,
+        n: usize,
+        out: &mut CudaTensor,
+        _up_out: &mut CudaTensor,
+    ) {
+        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
+        self.matvec(
+            m,
+            (x.buf.ptr, x.cols),
+            gate.cols,
+            n,
+            None,
+            MODE_GATE_UP_GELU,
+            Some(0),
+        );
+    }
+
+    fn rms_norm_gate_up_gelu(
+        &self,
+        x: &CudaTensor,
+        norm_w: &CudaTensor,
+        eps: f32,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        n: usize,
+        _h: &mut CudaTensor,
+        out: &mut CudaTensor,
+        _up_out: &mut CudaTensor,
+    ) {
+        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
+        self.matvec(
+            m,
+            (x.buf.ptr, x.cols),
+            gate.cols,
+            n,
+            Some((norm_w, eps)),
+            MODE_GATE_UP_GELU,
+            Some(0),
+        );
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut CudaTensor,
+        y: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+        n: usize,
+        _h: &mut CudaTensor,
+    ) {
+        self.xq_src.set(None);
+        let mut a = Args::default()
+            .a(x.buf.ptr)
+            .a(y.buf.ptr)
+            .a(w.buf.ptr)
+            .a(eps)
+            .a(x.cols as i32);
+        self.launch_rows("add_rms_norm", n, &mut a);
+    }
+
     fn rms_norm_matmul3(
         &self,
         x: &CudaTensor,

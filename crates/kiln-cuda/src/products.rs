@@ -42,6 +42,13 @@ pub(crate) const MODE_STORE: i32 = 0;
 pub(crate) const MODE_ADD: i32 = 1;
 
 pub(crate) const MODE_GATE_UP: i32 = 2;
+/// out = gelu_tanh(W0 x) * (W1 x) (GeGLU), as MODE_GATE_UP otherwise.
+pub(crate) const MODE_GATE_UP_GELU: i32 = 3;
+
+/// Whether `mode` is a gate/up pair (SiLU or GELU).
+pub(crate) fn gate_up(mode: i32) -> bool {
+    mode == MODE_GATE_UP || mode == MODE_GATE_UP_GELU
+}
 
 /// Rows whose quantized form an activation buffer holds, written by the op that wrote the
 /// rows (attention's combine, a decode product's epilogue); taken by the next product.
@@ -68,7 +75,7 @@ pub(crate) const SS_SLOTS: usize = 1 << 16;
 /// The one format of a launch's matrices as an index of the kernel tables below: 0 (`any`)
 /// for a mix (or a float format), then Q4_0, Q4_1, Q8_0, Q4_K, Q6_K.
 fn fmt_index(mats: &Mats, mode: i32) -> usize {
-    let n_used = if mode == MODE_GATE_UP {
+    let n_used = if gate_up(mode) {
         2
     } else {
         mats.n_mats as usize
@@ -197,13 +204,13 @@ impl CudaBackend {
             self.xq_src.set(None);
             return self.gemm(&mats, x, cols, n, norm, mode);
         }
-        let total = if mode == MODE_GATE_UP {
+        let total = if gate_up(mode) {
             mats.m[0].rows as usize
         } else {
             mats.row0[mats.n_mats as usize] as usize
         };
         let quantized = |m: &Mat| m.fmt != FMT_F32 && m.fmt != FMT_F16;
-        let n_used = if mode == MODE_GATE_UP {
+        let n_used = if gate_up(mode) {
             2
         } else {
             mats.n_mats as usize
@@ -468,7 +475,7 @@ impl CudaBackend {
         };
         for (i, m) in mats.m[..mats.n_mats as usize].iter().enumerate() {
             let rows = m.rows as usize;
-            let gate_up_second = mode == MODE_GATE_UP && i == 1;
+            let gate_up_second = gate_up(mode) && i == 1;
             let (out, ld) = match gate_up_second {
                 true => (tmp, rows),
                 false => (m.out, m.ld_out as usize),
@@ -528,12 +535,16 @@ impl CudaBackend {
             .unwrap_or_else(|e| panic!("cuBLAS GEMM failed: {e:?}"));
             self.gemm_bias(m, out, rows, ld, n);
         }
-        if mode == MODE_GATE_UP {
-            // out = silu(gate) * up, both (n, rows) with the output's row stride = rows.
+        if gate_up(mode) {
+            // out = act(gate) * up, both (n, rows) with the output's row stride = rows.
             let m = &mats.m[0];
             assert_eq!(m.ld_out, m.rows, "gate/up output rows are the FFN width");
             let a = Args::default().a(m.out).a(tmp);
-            self.elementwise("silu_mul", a, n * m.rows as usize);
+            let op = match mode {
+                MODE_GATE_UP_GELU => "gelu_tanh_mul",
+                _ => "silu_mul",
+            };
+            self.elementwise(op, a, n * m.rows as usize);
         }
     }
 

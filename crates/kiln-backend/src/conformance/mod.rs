@@ -387,6 +387,17 @@ fn silu_mul(g: &[f32], u: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+fn gelu_tanh_mul(g: &[f32], u: &[f32]) -> Vec<f32> {
+    g.iter()
+        .zip(u)
+        .map(|(&g, &u)| {
+            let g = g as f64;
+            let t = (0.7978845608028654 * (g + 0.044715 * g * g * g)).tanh();
+            (0.5 * g * (1.0 + t) * u as f64) as f32
+        })
+        .collect()
+}
+
 fn added(a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter().zip(b).map(|(a, b)| a + b).collect()
 }

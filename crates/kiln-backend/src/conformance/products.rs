@@ -101,8 +101,9 @@ pub fn matmul3<B: Backend>(b: &B, tol: &Tolerances) {
     }
 }
 
-/// `gate_up_silu` and `rms_norm_gate_up_silu`, every format as gate, up in the same format
-/// or another, 75 rows, 1, 3 and 70 tokens.
+/// `gate_up_silu` and `rms_norm_gate_up_silu` (and their GeGLU forms, `gate_up_gelu` and
+/// `rms_norm_gate_up_gelu`), every format as gate, up in the same format or another, 75
+/// rows, 1, 3 and 70 tokens.
 pub fn gate_up_silu<B: Backend>(b: &B, tol: &Tolerances) {
     let (name, rf, mut rng) = (b.name(), Ref::new(), Rng(0x1003));
     let (dim, ffn, eps) = (256, 75, 1e-5);
@@ -128,22 +129,29 @@ pub fn gate_up_silu<B: Backend>(b: &B, tol: &Tolerances) {
             for n in [1, 3, 70] {
                 let x = rng.v(n * dim);
                 let xt = b.tensor_from(n, dim, &x);
-                let (mut h, mut o) = (b.tensor(n, dim), b.tensor(n, ffn));
+                let (mut h, mut o, mut up) = (b.tensor(n, dim), b.tensor(n, ffn), b.tensor(n, ffn));
                 let hr = rf.rms_norm(&x, n, &norm, eps);
-                for fused in [false, true] {
-                    match fused {
-                        false => b.gate_up_silu(&g, &u, &xt, n, &mut o),
-                        true => b.rms_norm_gate_up_silu(&xt, &nt, eps, &g, &u, n, &mut h, &mut o),
+                for (fused, gelu) in [(false, false), (true, false), (false, true), (true, true)] {
+                    match (fused, gelu) {
+                        (false, false) => b.gate_up_silu(&g, &u, &xt, n, &mut o),
+                        (true, false) => {
+                            b.rms_norm_gate_up_silu(&xt, &nt, eps, &g, &u, n, &mut h, &mut o)
+                        }
+                        (false, true) => b.gate_up_gelu(&g, &u, &xt, n, &mut o, &mut up),
+                        (true, true) => b.rms_norm_gate_up_gelu(
+                            &xt, &nt, eps, &g, &u, n, &mut h, &mut o, &mut up,
+                        ),
                     }
                     let input = if fused { &hr } else { &x };
                     let (gw, uw) = (rf.mm2(&gr, input, n, None), rf.mm2(&ur, input, n, None));
                     // Each product on either activations (the two formats may differ).
-                    let want: Vec<Vec<f32>> =
-                        (0..4).map(|c| silu_mul(&gw[c / 2], &uw[c % 2])).collect();
-                    let op = if fused {
-                        "rms_norm_gate_up_silu"
-                    } else {
-                        "gate_up_silu"
+                    let act = if gelu { gelu_tanh_mul } else { silu_mul };
+                    let want: Vec<Vec<f32>> = (0..4).map(|c| act(&gw[c / 2], &uw[c % 2])).collect();
+                    let op = match (fused, gelu) {
+                        (false, false) => "gate_up_silu",
+                        (true, false) => "rms_norm_gate_up_silu",
+                        (false, true) => "gate_up_gelu",
+                        (true, true) => "rms_norm_gate_up_gelu",
                     };
                     let case = format!("{}+{} {ffn}x{dim} n={n}", tys[0].name(), tys[1].name());
                     check_either(

@@ -77,6 +77,19 @@ pub fn rms_norm<B: Backend>(b: &B, tol: &Tolerances) {
                 &want,
                 tol.norm,
             );
+            // x += rms_norm(y) w (the post-norm and its residual add).
+            let base = rng.v(n * cols);
+            let mut acc = b.tensor_from(n, cols, &base);
+            b.add_rms_norm(&mut acc, &xt, &b.tensor_from(1, cols, &w), 1e-6, n, &mut o);
+            let want: Vec<f32> = base.iter().zip(&want).map(|(a, v)| a + v).collect();
+            check_rel(
+                &name,
+                "add_rms_norm",
+                format!("{n}x{cols}"),
+                &read(b, &acc, n, cols),
+                &want,
+                tol.norm,
+            );
         }
     }
     for (heads, hd) in [(3, 64), (8, 128), (5, 80)] {

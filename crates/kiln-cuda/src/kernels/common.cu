@@ -29,6 +29,8 @@ typedef unsigned int u32;
 #define MODE_STORE 0
 #define MODE_ADD 1
 #define MODE_GATE_UP 2
+// out = gelu_tanh(W0 x) * (W1 x) (GeGLU): MODE_GATE_UP's products, the other activation.
+#define MODE_GATE_UP_GELU 3
 
 #define MAX_TOK 4
 #define DEC_TILE 8
@@ -115,6 +117,13 @@ __device__ __forceinline__ void row_moments(const float* r, int cols, float eps,
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+// The gated product's activation of a gate/up mode.
+__device__ __forceinline__ bool is_gate_up(int mode) { return mode >= MODE_GATE_UP; }
+__device__ __forceinline__ float gate_act(int mode, float x) {
+    return mode == MODE_GATE_UP_GELU
+               ? 0.5f * x * (1.0f + tanhf(0.7978846f * (x + 0.044715f * x * x * x)))
+               : silu(x);
+}
 
 // Programmatic dependent launch (sm_90+): a kernel lets the next one in the stream start as
 // soon as all its blocks run (pdl_trigger), and waits for the previous one to finish and

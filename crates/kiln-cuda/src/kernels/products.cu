@@ -266,7 +266,8 @@ __device__ __forceinline__ size_t row_bytes(int fmt, int cols) {
     }
 }
 
-// out = W x (+ bias), out += W x, or out = silu(W0 x) * (W1 x), for the matrices of `ms`
+// out = W x (+ bias), out += W x, or out = act(W0 x) * (W1 x) (act: SiLU, or GELU in
+// MODE_GATE_UP_GELU), for the matrices of `ms`
 // over ntok tokens of x (cols values each, quantized by quant_act into xqb; the float
 // formats read x itself, RMS-normalised with norm_w and quant_act's 1 / rms).
 // A block has WARPS warps: WARPS / kw row groups of nr consecutive rows, each group's k
@@ -279,14 +280,14 @@ __device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int c
     const XQ xq = xq_layout(xqb, cols, ntok);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = warp / kw, part = warp % kw;
-    const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
+    const int total = is_gate_up(mode) ? ms.m[0].rows : ms.row0[ms.n_mats];
     const int row = (blockIdx.x * (WARPS / kw) + slot) * NR;
     const bool live = row < total;
     float acc[2 * NR][NT];
     Mat m = ms.m[0];
     int rr = row;
     if (live) {
-        if (mode == MODE_GATE_UP) {
+        if (is_gate_up(mode)) {
             rows_dot<NR, F, NT>(ms.m[0], row, cols, xq, ntok, x, norm_w, part, kw, acc);
             rows_dot<NR, F, NT>(ms.m[1], row, cols, xq, ntok, x, norm_w, part, kw, acc + NR);
         } else {
@@ -298,7 +299,7 @@ __device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int c
             rows_dot<NR, F, NT>(m, rr, cols, xq, ntok, x, norm_w, part, kw, acc);
         }
     }
-    const int nacc = mode == MODE_GATE_UP ? 2 * NR : NR;
+    const int nacc = is_gate_up(mode) ? 2 * NR : NR;
 #pragma unroll
     for (int i = 0; i < 2 * NR; i++) {
         if (i >= nacc) break;
@@ -331,8 +332,9 @@ __device__ void matvec_impl(const Mats& ms, const float* x, const u8* xqb, int c
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= ntok) break;
-            if (mode == MODE_GATE_UP) {
-                ms.m[0].out[(size_t)t * ms.m[0].ld_out + row + i] = silu(acc[i][t]) * acc[NR + i][t];
+            if (is_gate_up(mode)) {
+                ms.m[0].out[(size_t)t * ms.m[0].ld_out + row + i] =
+                    gate_act(mode, acc[i][t]) * acc[NR + i][t];
             } else {
                 float* o = m.out + (size_t)t * m.ld_out + rr + i;
                 const float bv = m.bias ? m.bias[rr + i] : 0.0f;
@@ -353,13 +355,13 @@ __device__ __forceinline__ void matvec_entry(const Mats& ms, const float* x, con
     pdl_trigger();
     if (prefetch) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        const int total = mode == MODE_GATE_UP ? ms.m[0].rows : ms.row0[ms.n_mats];
+        const int total = is_gate_up(mode) ? ms.m[0].rows : ms.row0[ms.n_mats];
         const int row = (blockIdx.x * (WARPS / kw) + warp / kw) * NR;
         if (row < total) {
-            const int nm = mode == MODE_GATE_UP ? 2 : 1;
+            const int nm = is_gate_up(mode) ? 2 : 1;
             for (int j = 0; j < nm; j++) {
                 int mi = j, rr = row;
-                if (mode != MODE_GATE_UP) {
+                if (!is_gate_up(mode)) {
                     mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
                     rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
                 }
@@ -588,7 +590,8 @@ struct QOut {
 // uses, so that the value is the same whichever ran it.
 __device__ __forceinline__ float dec_out(float a0, float a1, float r, float bias, float res,
                                          int mode) {
-    if (mode == MODE_GATE_UP) return __fmul_rn(silu(__fmul_rn(a0, r)), __fmul_rn(a1, r));
+    if (is_gate_up(mode))
+        return __fmul_rn(gate_act(mode, __fmul_rn(a0, r)), __fmul_rn(a1, r));
     const float v = __fmaf_rn(a0, r, bias);
     return mode == MODE_ADD ? __fadd_rn(v, res) : v;
 }
@@ -637,7 +640,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = warp / kw, part = warp % kw;
     const int nb = cols / 32;
-    const bool gu = mode == MODE_GATE_UP;
+    const bool gu = is_gate_up(mode);
     const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
     const int row = (blockIdx.x * (WARPS / kw) + slot) * ROWS;
     const bool live = row < total;
@@ -755,7 +758,7 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
     __shared__ float outv[NT][WARPS * ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nb = cols / 32;
-    const bool gu = mode == MODE_GATE_UP;
+    const bool gu = is_gate_up(mode);
     const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
     const int tiles = (ntok + NT - 1) / NT;
     const int rb = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * NT;

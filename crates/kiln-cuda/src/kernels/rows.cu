@@ -81,3 +81,14 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, i
         out[(size_t)blockIdx.x * cols + c] = xr[c] * r * w[c];
 }
 
+
+// x[r] += y[r] / rms(y[r]) * w, one block per row (Gemma's post-norms, the residual add in
+// the same pass).
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float eps,
+                                        int cols) {
+    pdl_begin();
+    const float* yr = y + (size_t)blockIdx.x * cols;
+    const float r = block_inv_rms(yr, cols, eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        x[(size_t)blockIdx.x * cols + c] += yr[c] * r * w[c];
+}

@@ -1,5 +1,5 @@
-//! Hyper-parameters of the Llama family (Llama 2/3, SmolLM, Qwen2, Qwen3) and Gemma 3, from
-//! GGUF metadata.
+//! Hyper-parameters of the Llama family (Llama 2/3, SmolLM, Qwen2, Qwen3), Gemma 3 and LFM2,
+//! from GGUF metadata.
 
 use kiln_backend::{RopeConfig, RopeScaling, RopeStyle};
 use kiln_formats::GgufFile;
@@ -40,6 +40,11 @@ pub struct LlmConfig {
     /// Attention scores' scale over 1/sqrt(head_dim) (Gemma's `query_pre_attn_scalar`),
     /// folded into the queries' head norm at load; 1 elsewhere.
     pub q_scale: f32,
+    /// LFM2: which layers are gated short convolutions instead of attention (empty: none).
+    pub conv_layers: Vec<bool>,
+    /// LFM2: the short convolutions' width (`conv_L_cache`: the current position and the
+    /// k - 1 before it).
+    pub conv_k: usize,
 }
 
 /// The gated MLP's activation: SwiGLU's SiLU, or GeGLU's tanh-approximated GELU (Gemma).
@@ -49,7 +54,10 @@ pub enum Activation {
     GeluTanh,
 }
 
-pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3, gemma3, lfm2";
+
+/// The widest short convolution kiln runs (LFM2's is 3).
+pub const MAX_CONV_K: usize = 64;
 
 /// Gemma 3's sliding-window layers: five local layers to each global one (llama.cpp's
 /// GGUFs do not store the pattern; transformers' configs name every layer's type).
@@ -76,7 +84,7 @@ impl LlmConfig {
         let (style, qkv_bias, qk_norm) = match arch.as_str() {
             "llama" => (RopeStyle::Interleaved, false, false),
             "qwen2" => (RopeStyle::Neox, true, false),
-            "qwen3" | "gemma3" => (RopeStyle::Neox, false, true),
+            "qwen3" | "gemma3" | "lfm2" => (RopeStyle::Neox, false, true),
             _ => {
                 return Err(ModelError::UnsupportedArch {
                     file,
@@ -100,10 +108,51 @@ impl LlmConfig {
         let dim = usize_of("embedding_length")?;
         let ffn_dim = usize_of("feed_forward_length")?;
         let n_heads = usize_of("attention.head_count")?;
+        // LFM2 gives the KV heads per layer, 0 for its convolution layers.
+        let mut conv_layers = Vec::new();
         let n_kv_heads = match g.get(&key("attention.head_count_kv")) {
+            Some(v) if v.as_array().is_some() => {
+                let per: Vec<u64> = v
+                    .as_array()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap_or(u64::MAX))
+                    .collect();
+                let bad_len = per.len() as u64 != g.get_u64(&key("block_count")).unwrap_or(0);
+                let heads: Vec<u64> = per.iter().copied().filter(|&h| h != 0).collect();
+                let h = heads.first().copied().unwrap_or(0);
+                if bad_len || h == 0 || h >= 1 << 31 || heads.iter().any(|&x| x != h) {
+                    return Err(ModelError::Config {
+                        file: file.clone(),
+                        what: format!(
+                            "{} is not one KV head count per layer (0 for convolution layers)",
+                            key("attention.head_count_kv")
+                        ),
+                    });
+                }
+                if arch == "lfm2" {
+                    conv_layers = per.iter().map(|&h| h == 0).collect();
+                } else if per.contains(&0) {
+                    return Err(ModelError::Config {
+                        file: file.clone(),
+                        what: format!("layers without attention are not supported for {arch}"),
+                    });
+                }
+                h as usize
+            }
             Some(_) => usize_of("attention.head_count_kv")?,
             None => n_heads,
         };
+        let conv_k = match arch.as_str() {
+            "lfm2" => usize_of("shortconv.l_cache")?,
+            _ => 0,
+        };
+        if conv_k > MAX_CONV_K {
+            return Err(ModelError::Config {
+                file: file.clone(),
+                what: format!("{} = {conv_k} is out of range", key("shortconv.l_cache")),
+            });
+        }
         let head_dim = match g.get(&key("attention.key_length")) {
             Some(_) => usize_of("attention.key_length")?,
             None => dim / n_heads,
@@ -186,6 +235,8 @@ impl LlmConfig {
             layer_window,
             rope_local,
             q_scale,
+            conv_layers,
+            conv_k,
             arch,
             n_layers,
             dim,
@@ -208,6 +259,16 @@ impl LlmConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// Whether layer `il` is a short convolution (LFM2) rather than attention.
+    pub fn is_conv(&self, il: usize) -> bool {
+        self.conv_layers.get(il).copied().unwrap_or(false)
+    }
+
+    /// Convolution layers (each sequence keeps k - 1 rows of state for each).
+    pub fn n_conv_layers(&self) -> usize {
+        self.conv_layers.iter().filter(|&&c| c).count()
     }
 
     /// Layer `il`'s sliding window (0: none).

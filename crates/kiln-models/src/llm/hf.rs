@@ -1,6 +1,6 @@
-//! Hugging Face checkpoints of the Llama family and Gemma 3: a directory with `config.json`
-//! (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-//! Gemma3ForCausalLM) and safetensors weights (f32, f16,
+//! Hugging Face checkpoints of the Llama family, Gemma 3 and LFM2: a directory with
+//! `config.json` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+//! Gemma3ForCausalLM, Lfm2ForCausalLM) and safetensors weights (f32, f16,
 //! bf16, or MLX affine 4/8-bit with a `quantization` entry in the config).
 
 use std::collections::BTreeMap;
@@ -169,17 +169,19 @@ impl LlmConfig {
             (Some("qwen2"), _) | (None, Some("Qwen2ForCausalLM")) => "qwen2",
             (Some("qwen3"), _) | (None, Some("Qwen3ForCausalLM")) => "qwen3",
             (Some("gemma3_text"), _) | (None, Some("Gemma3ForCausalLM")) => "gemma3",
+            (Some("lfm2"), _) | (None, Some("Lfm2ForCausalLM")) => "lfm2",
             _ => {
                 return Err(ModelError::UnsupportedArch {
                     file: file.into(),
                     arch: model_type.or(class).unwrap_or("(none given)").to_string(),
-                    supported: "llama, mistral, qwen2, qwen3, gemma3_text (LlamaForCausalLM, \
-                                MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-                                Gemma3ForCausalLM)",
+                    supported: "llama, mistral, qwen2, qwen3, gemma3_text, lfm2 \
+                                (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
+                                Qwen3ForCausalLM, Gemma3ForCausalLM, Lfm2ForCausalLM)",
                 })
             }
         };
         let gemma = arch == "gemma3";
+        let lfm2 = arch == "lfm2";
         let num = |k: &str| -> Result<Option<usize>, ModelError> {
             match c.get(k) {
                 None | Some(Json::Null) => Ok(None),
@@ -208,10 +210,14 @@ impl LlmConfig {
         let n_heads = need("num_attention_heads")?;
         let n_kv_heads = num("num_key_value_heads")?.unwrap_or(n_heads);
         let head_dim = num("head_dim")?.unwrap_or(dim / n_heads);
-        let ffn_dim = need("intermediate_size")?;
+        let ffn_dim = match lfm2 {
+            true => lfm2_ffn_dim(c).map_err(bad)?,
+            false => need("intermediate_size")?,
+        };
         let vocab_size = need("vocab_size")?;
         let ctx_train = num("max_position_embeddings")?.unwrap_or(4096);
-        let norm_eps = float(c.get("rms_norm_eps"), "rms_norm_eps")?.unwrap_or(1e-6) as f32;
+        let eps_key = if lfm2 { "norm_eps" } else { "rms_norm_eps" };
+        let norm_eps = float(c.get(eps_key), eps_key)?.unwrap_or(1e-6) as f32;
         // Gemma names it hidden_activation (hidden_act in older configs).
         let act = c
             .get("hidden_activation")
@@ -256,7 +262,23 @@ impl LlmConfig {
             )),
             _ => false,
         };
-        let layer_window = layer_windows(c, arch, n_layers).map_err(bad)?;
+        let layer_window = match lfm2 {
+            true => Vec::new(),
+            false => layer_windows(c, arch, n_layers).map_err(bad)?,
+        };
+        let (conv_layers, conv_k) = match lfm2 {
+            true => {
+                if flag("conv_bias") == Some(true) {
+                    return Err(bad("conv_bias is not supported".into()));
+                }
+                let k = num("conv_L_cache")?.unwrap_or(3);
+                if k > super::config::MAX_CONV_K {
+                    return Err(bad(format!("conv_L_cache {k} is out of range")));
+                }
+                (lfm2_conv_layers(c, n_layers).map_err(bad)?, k)
+            }
+            false => (Vec::new(), 0),
+        };
         // transformers 5 folds theta and scaling into `rope_parameters` (Gemma 3: one per
         // layer type); 4.x has `rope_theta` and `rope_scaling` (Gemma 3 also
         // `rope_local_base_freq`).
@@ -300,8 +322,11 @@ impl LlmConfig {
                 )))
             }
         };
-        // Gemma ties its embeddings unless the config says otherwise.
-        let tied_embeddings = flag("tie_word_embeddings").unwrap_or(gemma);
+        // Gemma and LFM2 tie their embeddings unless the config says otherwise (LFM2's
+        // configs name it `tie_embedding`).
+        let tied_embeddings = flag("tie_word_embeddings")
+            .or(flag("tie_embedding"))
+            .unwrap_or(gemma || lfm2);
         let rope = RopeConfig {
             // Hugging Face q/k weights are laid out for rotate-half RoPE (GGUF conversion
             // permutes Llama's into interleaved pairs; here they stay as trained).
@@ -361,7 +386,7 @@ impl LlmConfig {
             norm_eps,
             rope,
             qkv_bias,
-            qk_norm: arch == "qwen3" || gemma,
+            qk_norm: arch == "qwen3" || gemma || lfm2,
             tied_embeddings,
             act,
             post_norms: gemma,
@@ -369,7 +394,68 @@ impl LlmConfig {
             layer_window,
             rope_local,
             q_scale,
+            conv_layers,
+            conv_k,
         })
+    }
+}
+
+/// LFM2's MLP width as transformers derives it: `block_ff_dim` (else `intermediate_size`),
+/// taken to 2/3 when `block_auto_adjust_ff_dim`, then times `block_ffn_dim_multiplier` and
+/// rounded up to `block_multiple_of` where a multiplier is given.
+fn lfm2_ffn_dim(c: &Json) -> Result<usize, String> {
+    let base = ["block_ff_dim", "intermediate_size"]
+        .iter()
+        .find_map(|k| c.get(*k).and_then(|v| v.as_u64()))
+        .filter(|&v| v > 0 && v < 1 << 31)
+        .ok_or("missing 'intermediate_size'")? as usize;
+    if c.get("block_auto_adjust_ff_dim").and_then(|v| v.as_bool()) == Some(false) {
+        return Ok(base);
+    }
+    let mut ff = 2 * base / 3;
+    // Absent: transformers' default multiplier, 1.0; null: none (no rounding either).
+    let multiplier = match c.get("block_ffn_dim_multiplier") {
+        None => Some(1.0),
+        Some(v) => v.as_f64(),
+    };
+    if let Some(m) = multiplier {
+        let of = c
+            .get("block_multiple_of")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(256)
+            .clamp(1, 1 << 20) as usize;
+        ff = (m * ff as f64) as usize;
+        ff = of * ff.div_ceil(of);
+    }
+    match ff {
+        0 => Err("the MLP width comes out as 0".into()),
+        ff => Ok(ff),
+    }
+}
+
+/// LFM2's convolution layers: `layer_types` ("conv" / "full_attention"), else every layer
+/// not in `full_attn_idxs` (neither: all attention).
+fn lfm2_conv_layers(c: &Json, n_layers: usize) -> Result<Vec<bool>, String> {
+    if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
+        let types = types
+            .as_array()
+            .filter(|a| a.len() == n_layers)
+            .ok_or_else(|| format!("'layer_types' is not a list of {n_layers} layer types"))?;
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("conv") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(format!("layer type {t} is not supported")),
+            })
+            .collect();
+    }
+    match c.get("full_attn_idxs").and_then(|v| v.as_array()) {
+        Some(idx) => {
+            let idx: Vec<u64> = idx.iter().filter_map(|v| v.as_u64()).collect();
+            Ok((0..n_layers as u64).map(|i| !idx.contains(&i)).collect())
+        }
+        None => Ok(vec![false; n_layers]),
     }
 }
 

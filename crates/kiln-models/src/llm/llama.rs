@@ -602,8 +602,7 @@ impl<B: Backend> Llama<B> {
     }
 
     /// A Gemma block over the stacked rows of `sc.ids`: each half's output normed before
-    /// its residual add, GeGLU, the layer's own window and RoPE. (Plain ops where the Llama
-    /// block fuses: no backend fuses the post-norms yet.)
+    /// its residual add (`add_rms_norm`), GeGLU, the layer's own window and RoPE.
     fn gemma_layer(
         &self,
         b: &B,
@@ -647,22 +646,34 @@ impl<B: Backend> Llama<B> {
         self.trace(b, sc.trace, "attn", il, &sc.attn, n, c.q_dim());
         // x += norm(Wo attn)
         b.matmul(&a.o, &sc.attn, None, n, &mut sc.y);
-        b.rms_norm(&sc.y, post_attn, c.norm_eps, n, &mut sc.h);
-        b.add(&mut sc.x, &sc.h, n);
+        b.add_rms_norm(&mut sc.x, &sc.y, post_attn, c.norm_eps, n, &mut sc.h);
         // x += norm(Wdown (act(Wgate norm(x)) * Wup norm(x)))
-        b.rms_norm(&sc.x, &layer.ffn_norm, c.norm_eps, n, &mut sc.h);
-        let m = &layer.mlp;
+        let (m, eps) = (&layer.mlp, c.norm_eps);
         match c.act {
-            Activation::GeluTanh => {
-                b.matmul(&m.gate, &sc.h, None, n, &mut sc.gate);
-                b.matmul(&m.up, &sc.h, None, n, &mut sc.up);
-                b.gelu_tanh_mul(&mut sc.gate, &sc.up, n);
-            }
-            Activation::Silu => b.gate_up_silu(&m.gate, &m.up, &sc.h, n, &mut sc.gate),
+            Activation::GeluTanh => b.rms_norm_gate_up_gelu(
+                &sc.x,
+                &layer.ffn_norm,
+                eps,
+                &m.gate,
+                &m.up,
+                n,
+                &mut sc.h,
+                &mut sc.gate,
+                &mut sc.up,
+            ),
+            Activation::Silu => b.rms_norm_gate_up_silu(
+                &sc.x,
+                &layer.ffn_norm,
+                eps,
+                &m.gate,
+                &m.up,
+                n,
+                &mut sc.h,
+                &mut sc.gate,
+            ),
         }
         b.matmul(&m.down, &sc.gate, None, n, &mut sc.y);
-        b.rms_norm(&sc.y, post_ffn, c.norm_eps, n, &mut sc.h);
-        b.add(&mut sc.x, &sc.h, n);
+        b.add_rms_norm(&mut sc.x, &sc.y, post_ffn, c.norm_eps, n, &mut sc.h);
         self.trace(b, sc.trace, "residual", il, &sc.x, n, c.dim);
     }
 
