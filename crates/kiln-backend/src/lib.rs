@@ -318,6 +318,41 @@ pub fn qk_norm_rope_attention_seqs<B: Backend>(
     b.attention_batch(q, shapes, layer, out);
 }
 
+/// LFM2's gated short convolution on the host ([`Backend::short_conv`]): `rows` (n x 3·dim:
+/// B, C, x), taps (dim x k), `state` ((k - 1) x dim, oldest first). Returns the n output
+/// rows (dim each) and the state after them. Each output is the sum over taps j = 0..k of
+/// taps[c][j] * (B * x) at position t - (k - 1) + j, in that order.
+pub fn short_conv_host(
+    rows: &[f32],
+    taps: &[f32],
+    state: &[f32],
+    dim: usize,
+    k: usize,
+    n: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let s = k - 1;
+    // The k - 1 previous values of B * x, then this chunk's: (s + n) x dim.
+    let mut bx = Vec::with_capacity((s + n) * dim);
+    bx.extend_from_slice(&state[..s * dim]);
+    for t in 0..n {
+        let r = &rows[t * 3 * dim..(t + 1) * 3 * dim];
+        bx.extend((0..dim).map(|c| r[c] * r[2 * dim + c]));
+    }
+    let mut y = vec![0f32; n * dim];
+    for t in 0..n {
+        let cg = &rows[t * 3 * dim + dim..t * 3 * dim + 2 * dim];
+        for c in 0..dim {
+            let mut acc = 0f32;
+            for j in 0..k {
+                acc += taps[c * k + j] * bx[(t + j) * dim + c];
+            }
+            y[t * dim + c] = cg[c] * acc;
+        }
+    }
+    let next = bx[n * dim..].to_vec();
+    (y, next)
+}
+
 /// Index of the largest value of `r`, the first on ties (a NaN never wins; a row of NaNs
 /// gives 0), as the sampler's greedy pick.
 pub fn argmax_first(r: &[f32]) -> u32 {
@@ -428,6 +463,16 @@ pub trait Backend {
         Err(BackendError::Unsupported {
             backend: self.name(),
             what: "sliding-window attention is not implemented there".into(),
+        })
+    }
+
+    /// Whether this backend runs [`Backend::short_conv`] (LFM2's convolution layers): models
+    /// with them ask at load. The default says no: its `short_conv` works through host
+    /// copies, which a backend that records its steps (CUDA graphs) must not take.
+    fn check_short_conv(&self) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            backend: self.name(),
+            what: "LFM2's short convolutions are not implemented there".into(),
         })
     }
 
@@ -613,6 +658,41 @@ pub trait Backend {
     ) {
         self.rms_norm(x, norm_w, eps, n, h);
         self.gate_up_gelu(gate, up, h, n, out, up_out);
+    }
+    /// LFM2's gated short convolution over one sequence's rows `row0..row0 + n` of `bcx`
+    /// (B, C and x side by side, `3 * dim` columns): the same rows of `out` (dim columns) get
+    /// C * conv(B * x), the causal depthwise convolution of width `k` (taps: `dim` rows of `k`,
+    /// the last on the current position) continuing from rows `srow..srow + k - 1` of
+    /// `state` (the k - 1 values of B * x before row0, oldest first; zeros when `fresh`),
+    /// which it then advances past the n rows. The default computes on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn short_conv(
+        &self,
+        bcx: &Self::Tensor,
+        taps: &Self::Tensor,
+        state: &mut Self::Tensor,
+        srow: usize,
+        (dim, k): (usize, usize),
+        (row0, n): (usize, usize),
+        fresh: bool,
+        out: &mut Self::Tensor,
+    ) {
+        let mut rows = vec![0f32; (row0 + n) * 3 * dim];
+        self.read(bcx, row0 + n, &mut rows);
+        let mut w = vec![0f32; dim * k];
+        self.read(taps, dim, &mut w);
+        let s = k - 1;
+        let mut st = vec![0f32; (srow + s) * dim];
+        if !fresh {
+            self.read(state, srow + s, &mut st);
+        }
+        let (y, next) = short_conv_host(&rows[row0 * 3 * dim..], &w, &st[srow * dim..], dim, k, n);
+        let t = self.tensor_from(n, dim, &y);
+        self.copy_rows(&t, 0, n, out, row0);
+        if s > 0 {
+            let t = self.tensor_from(s, dim, &next);
+            self.copy_rows(&t, 0, s, state, srow);
+        }
     }
     /// x[t] += rms_norm(y[t]) * w: a block's output normed before its residual add (Gemma's
     /// post-norms). `h` is scratch the default writes.

@@ -158,7 +158,7 @@ struct BenchModel<B: Backend> {
     decode_bytes: usize,
     /// K and V bytes, f32, per cached position of one layer.
     kv_bytes_per_pos: usize,
-    /// Each layer's sliding window (0: every position).
+    /// Each attention layer's sliding window (0: every position).
     windows: Vec<usize>,
 }
 
@@ -189,7 +189,11 @@ impl<B: Backend> BenchModel<B> {
             let c = &model.cfg;
             let desc = format!("{} {} {}", c.arch, params_label(n_params), dominant);
             let kv_bytes_per_pos = 2 * c.kv_dim() * 4;
-            let windows = (0..c.n_layers).map(|il| c.window(il)).collect();
+            // Attention layers only read a KV cache (LFM2's convolution layers read k - 1 rows).
+            let windows = (0..c.n_layers)
+                .filter(|&il| !c.is_conv(il))
+                .map(|il| c.window(il))
+                .collect();
             Ok(BenchModel {
                 file: file.to_path_buf(),
                 desc,

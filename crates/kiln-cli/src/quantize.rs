@@ -197,7 +197,10 @@ fn from_gguf(path: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<u
         let mut f = vec![0f32; n];
         dequantize_row(t.ty, g.tensor_data(t), &mut f)
             .map_err(|e| anyhow!("{}: tensor '{}': {e}", path.display(), t.name))?;
-        let ty = if t.dims.len() == 2 && t.name.ends_with(".weight") {
+        // Matrices only: LFM2's convolution taps (`shortconv.conv`, k values a channel) stay
+        // f32.
+        let matrix = t.dims.len() == 2 && !t.name.ends_with("shortconv.conv.weight");
+        let ty = if matrix && t.name.ends_with(".weight") {
             recipe.type_for(&t.name, cols)?
         } else {
             GgmlType::F32
@@ -215,10 +218,10 @@ fn from_hf(dir: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usiz
     let ck = HfCheckpoint::open(dir)?;
     let c = &ck.cfg;
     let arch = c.arch.as_str();
-    if c.post_norms || !c.layer_window.is_empty() {
+    if c.post_norms || !c.layer_window.is_empty() || !c.conv_layers.is_empty() {
         bail!(
-            "{}: writing {arch} with sliding windows from a Hugging Face directory to GGUF is \
-             not supported (run the directory as it is, or quantize a GGUF of it)",
+            "{}: writing {arch} from a Hugging Face directory to GGUF is not supported (run \
+             the directory as it is, or quantize a GGUF of it)",
             dir.display()
         );
     }
@@ -328,6 +331,9 @@ fn shape_of(c: &LlmConfig, p: Param) -> (usize, usize) {
         Param::RopeFreqs => (1, c.rope.dims / 2),
         Param::Layer(_, l) => match l {
             AttnNorm | FfnNorm | PostAttnNorm | PostFfnNorm => (1, c.dim),
+            ConvInProj => (3 * c.dim, c.dim),
+            ConvOutProj => (c.dim, c.dim),
+            ConvTaps => (c.dim, c.conv_k),
             AttnQ => (q, c.dim),
             AttnK | AttnV => (kv, c.dim),
             AttnOutput => (c.dim, q),

@@ -37,6 +37,8 @@ pub struct WeightMap<'a> {
     quant: Option<GgmlType>,
     /// Gemma: its Hugging Face names, and its norms stored as w - 1 there.
     gemma: bool,
+    /// LFM2: its names (Hugging Face, and the GGUF final norm's).
+    lfm2: bool,
 }
 
 /// A stored matrix, before it goes to the backend.
@@ -69,6 +71,7 @@ impl<'a> WeightMap<'a> {
             unused: RefCell::new(unused),
             quant,
             gemma: false,
+            lfm2: false,
         }
     }
 
@@ -76,12 +79,15 @@ impl<'a> WeightMap<'a> {
     /// name and store some parameters their own way).
     pub fn for_arch(mut self, arch: &str) -> Self {
         self.gemma = arch == "gemma3";
+        self.lfm2 = arch == "lfm2";
         self
     }
 
     fn naming(&self) -> Naming {
         match self.src {
+            Source::Gguf(_) if self.lfm2 => Naming::GgufLfm2,
             Source::Gguf(_) => Naming::Gguf,
+            Source::SafeTensors { .. } if self.lfm2 => Naming::HuggingFaceLfm2,
             Source::SafeTensors { .. } if self.gemma => Naming::HuggingFaceGemma,
             Source::SafeTensors { .. } => Naming::HuggingFace,
         }
@@ -338,19 +344,31 @@ impl<'a> WeightMap<'a> {
     }
 
     pub fn vector_host(&self, p: Param, n: usize) -> Result<Vec<f32>, ModelError> {
+        self.floats_host(p, &[n as u64], &[n as u64])
+    }
+
+    /// A small tensor as f32, of GGUF dims `gguf_dims` or safetensors shape `st_shape`
+    /// (the same values in the same order: LFM2's taps are GGUF [k, dim], HF (dim, 1, k)).
+    pub fn floats_host(
+        &self,
+        p: Param,
+        gguf_dims: &[u64],
+        st_shape: &[u64],
+    ) -> Result<Vec<f32>, ModelError> {
+        let n = gguf_dims.iter().product::<u64>() as usize;
         let name = self.stored_name(p).ok_or_else(|| self.missing(&p.gguf()))?;
         let (ty, bytes, file) = match self.src {
             Source::Gguf(g) => {
                 let file = g.path().to_path_buf();
                 let t = g.tensor(&name).ok_or_else(|| self.missing(&name))?;
-                if t.dims != [n as u64] {
-                    return Err(self.shape_err(file, &name, &[n as u64], &t.dims, t.ty.name()));
+                if t.dims != gguf_dims {
+                    return Err(self.shape_err(file, &name, gguf_dims, &t.dims, t.ty.name()));
                 }
                 self.unused.borrow_mut().remove(&name);
                 (t.ty, g.tensor_data(t), file)
             }
             Source::SafeTensors { set, .. } => {
-                let t = self.st(set, &name, &[n as u64])?;
+                let t = self.st(set, &name, st_shape)?;
                 (
                     self.float_type(set, t)?,
                     set.data(t),

@@ -6,7 +6,6 @@
 //! prompt that runs past the 512-position sliding window.
 
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::Backend;
 use kiln_formats::GgufFile;
 use kiln_models::llm::Llama;
 use serde_json::Value;

@@ -1,6 +1,7 @@
 //! Hugging Face and MLX checkpoints against transformers: tiny random Qwen3, Qwen2 (sharded)
 //! and Llama 3 (llama3 RoPE scaling) models made by `tools/make_hf_fixtures.py`, and Gemma 3
-//! (sliding windows, post-norms, GeGLU) made by `tools/make_gemma3_fixtures.py`, with
+//! (sliding windows, post-norms, GeGLU) made by `tools/make_gemma3_fixtures.py`, and LFM2
+//! (gated short convolutions) made by `tools/make_lfm2_fixtures.py`, with
 //! transformers' f32 logits at every prompt position and 32 greedy tokens.
 //!
 //! Error measure: max |kiln - ref| / max |ref| over all logits of both prompts.
@@ -133,6 +134,126 @@ fn check_f32(dir: &str) {
 #[test]
 fn qwen3_f32_matches_transformers() {
     check_f32("qwen3");
+}
+
+/// LFM2: gated short convolutions (width 3) on four layers of six, Qwen3-style attention on
+/// the other two; each sequence's convolution state carried from prompt to decode.
+#[test]
+fn lfm2_f32_matches_transformers() {
+    check_f32("lfm2");
+    let ck = HfCheckpoint::open(&fixtures().join("lfm2")).unwrap();
+    assert_eq!(ck.cfg.conv_layers, [true, true, false, true, false, true]);
+    assert_eq!((ck.cfg.conv_k, ck.cfg.ffn_dim), (3, 96));
+    let r = model_ref("lfm2");
+    let b = CpuBackend::new(2);
+    let m = load(&b, "lfm2", None);
+    assert!(m.has_recurrent_state());
+    // Prefill in chunks gives the logits of one pass (the state crosses chunk boundaries).
+    let p = &r.prompts[0];
+    let mut whole = m.new_state(&b, 64, 16);
+    let want = m.forward(&b, &mut whole, p, 0, true).unwrap().to_vec();
+    for chunk in [1, 2, 5] {
+        let mut st = m.new_state(&b, 64, chunk);
+        let mut got = Vec::new();
+        for (i, c) in p.chunks(chunk).enumerate() {
+            got.extend_from_slice(m.forward(&b, &mut st, c, i * chunk, true).unwrap());
+        }
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0f32, f32::max);
+        assert!(err < 1e-4, "chunks of {chunk}: logits differ by {err}");
+    }
+    // A state that restarts at position 0 forgets what it held (the same cache reused).
+    let again = m.forward(&b, &mut whole, p, 0, true).unwrap();
+    assert_eq!(again, &want[..]);
+}
+
+/// LFM2 from llama.cpp's own conversion of the same checkpoint (convert_hf_to_gguf.py:
+/// `lfm2` names, per-layer KV head counts, `token_embd_norm`): transformers' logits.
+#[test]
+fn lfm2_gguf_from_llama_cpp_matches_transformers() {
+    let path = fixtures().join("../llama-cpp/lfm2-tiny-f32.gguf");
+    let g = kiln_formats::GgufFile::open(&path).unwrap();
+    let r = model_ref("lfm2");
+    for b in [CpuBackend::reference(), CpuBackend::new(2)] {
+        let m = Llama::load(&b, &g).unwrap();
+        assert_eq!(m.cfg.conv_layers, [true, true, false, true, false, true]);
+        let err = logits_err(&b, &m, &r);
+        assert!(
+            err < 1e-4,
+            "lfm2 GGUF on {}: logits rel err {err:e}",
+            b.name()
+        );
+        assert_eq!(greedy(&b, &m, &r.prompts[0], 32), r.greedy, "{}", b.name());
+    }
+}
+
+/// Sequences decoded together in one forward (as the server batches them), each with its
+/// own convolution state and KV cache, get the logits each gets alone.
+#[test]
+fn lfm2_batched_sequences_keep_their_own_state() {
+    use kiln_models::llm::{Logits, SeqChunk};
+    let r = model_ref("lfm2");
+    let b = CpuBackend::new(2);
+    let m = load(&b, "lfm2", None);
+    let (p0, p1) = (&r.prompts[0], &r.prompts[1]);
+    let alone = |p: &[u32], steps: &[u32]| -> Vec<Vec<f32>> {
+        let mut st = m.new_state(&b, 64, 16);
+        let mut out = vec![m.forward(&b, &mut st, p, 0, false).unwrap().to_vec()];
+        for (i, &t) in steps.iter().enumerate() {
+            out.push(
+                m.forward(&b, &mut st, &[t], p.len() + i, false)
+                    .unwrap()
+                    .to_vec(),
+            );
+        }
+        out
+    };
+    let steps = [7u32, 19, 201, 3];
+    let (want0, want1) = (alone(p0, &steps), alone(p1, &steps));
+    let mut c0 = m.new_cache(&b, 64);
+    let mut c1 = m.new_cache(&b, 64);
+    let mut sc = m.new_scratch(&b, 32, 2, 2);
+    let vocab = m.cfg.vocab_size;
+    let mut got = Vec::new();
+    for step in 0..=steps.len() {
+        let (t0, t1, q0, q1);
+        if step == 0 {
+            (t0, t1, q0, q1) = (&p0[..], &p1[..], 0, 0);
+        } else {
+            (t0, t1) = (&steps[step - 1..step], &steps[step - 1..step]);
+            (q0, q1) = (p0.len() + step - 1, p1.len() + step - 1);
+        }
+        let mut seqs = [
+            SeqChunk {
+                cache: &mut c0,
+                tokens: t0,
+                pos0: q0,
+            },
+            SeqChunk {
+                cache: &mut c1,
+                tokens: t1,
+                pos0: q1,
+            },
+        ];
+        let rows = m
+            .forward_seqs(&b, &mut sc, &mut seqs, Logits::Last)
+            .unwrap();
+        let l = m.logits(&b, &mut sc, rows);
+        got.push((l[..vocab].to_vec(), l[vocab..2 * vocab].to_vec()));
+    }
+    for (i, (g0, g1)) in got.iter().enumerate() {
+        for (g, w, which) in [(g0, &want0[i], 0), (g1, &want1[i], 1)] {
+            let err = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-4, "sequence {which} step {i}: {err}");
+        }
+    }
 }
 
 /// Gemma 3: five sliding-window layers (window 5) to one global, post-norms, GeGLU, scaled

@@ -136,6 +136,12 @@ impl LlmEngine {
             s.llm.check_kv_memory(s.n_ctx, 1)?;
             let (llm, draft) = (&s.llm, s.draft.as_ref());
             let session = llm.session(s.n_ctx, 512);
+            if (s.lookup.is_some() || draft.is_some()) && llm.model.has_recurrent_state() {
+                return Err(RuntimeError::NoSpeculation {
+                    path: llm.path.clone(),
+                }
+                .into());
+            }
             let drafter: Option<Box<dyn Drafter>> = match (s.lookup, draft) {
                 (Some(n), _) => Some(Box::new(PromptLookup::new(n, s.draft_max))),
                 (None, Some(d)) => Some(Box::new(DraftModel::new(

@@ -41,6 +41,8 @@ pub enum RuntimeError {
     Grammar(String),
     #[error("the draft model {} does not share the model's tokenizer: {what}", path.display())]
     DraftMismatch { path: PathBuf, what: String },
+    #[error("{}: speculative decoding (--draft, --lookup) is not supported for this model: its convolution layers' state cannot be rewound past rejected drafts", path.display())]
+    NoSpeculation { path: PathBuf },
     #[error("{what} needs {} of memory but {} is available (--no-memory-check or KILN_NO_MEMORY_CHECK=1 tries anyway)", crate::memory::size_label(*need), crate::memory::size_label(*have))]
     OutOfMemory { what: String, need: u64, have: u64 },
 }
@@ -467,9 +469,14 @@ impl<B: Backend> LlmSession<'_, B> {
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        let reuse = common.min(prompt.len() - 1);
-        self.tokens.truncate(reuse);
         let llm = self.llm;
+        let mut reuse = common.min(prompt.len() - 1);
+        // A recurrent state (LFM2's convolutions) holds every token fed so far: it goes on
+        // only from the end of what the cache holds, never from an earlier position.
+        if llm.model.has_recurrent_state() && reuse != self.tokens.len() {
+            reuse = 0;
+        }
+        self.tokens.truncate(reuse);
         let new = &prompt[reuse..];
         let logits = llm
             .model

@@ -615,9 +615,14 @@ impl<'m, B: Backend> Engine<'m, B> {
             self.stats.queued.fetch_sub(1, Ordering::SeqCst);
             self.stats.running.fetch_add(1, Ordering::SeqCst);
             // The last prompt token is always recomputed: its logits start the answer.
-            let reuse = common.min(w.prompt.len() - 1);
+            let mut reuse = common.min(w.prompt.len() - 1);
             let tok = &self.llm.tokenizer;
             let slot = &mut self.slots[i];
+            // A recurrent state (LFM2's convolutions) goes on only from the end of what the
+            // slot holds.
+            if self.llm.model.has_recurrent_state() && reuse != slot.tokens.len() {
+                reuse = 0;
+            }
             slot.tokens.truncate(reuse);
             slot.seq = Some(Seq {
                 sampler: Sampler::new(w.req.opts.sampler.clone()),

@@ -253,6 +253,33 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn check_short_conv(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn short_conv(
+        &self,
+        bcx: &CpuTensor,
+        taps: &CpuTensor,
+        state: &mut CpuTensor,
+        srow: usize,
+        (dim, k): (usize, usize),
+        (row0, n): (usize, usize),
+        fresh: bool,
+        out: &mut CpuTensor,
+    ) {
+        assert!(bcx.cols == 3 * dim && out.cols == dim && state.cols == dim && k >= 1);
+        let s = k - 1;
+        let st = &mut state.data[srow * dim..(srow + s) * dim];
+        if fresh {
+            st.fill(0.0);
+        }
+        let rows = &bcx.data[row0 * 3 * dim..(row0 + n) * 3 * dim];
+        let (y, next) = crate::short_conv_host(rows, &taps.data[..dim * k], st, dim, k, n);
+        out.data[row0 * dim..(row0 + n) * dim].copy_from_slice(&y);
+        st.copy_from_slice(&next);
+    }
+
     fn name(&self) -> String {
         if self.reference {
             "cpu-reference".into()

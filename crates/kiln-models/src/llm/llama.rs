@@ -10,6 +10,11 @@
 //! norms, a norm of each block's output before its residual add (x += norm(Wo · attn(..)),
 //! x += norm(Wdown · ..)), GeGLU (tanh GELU) for SiLU, and sliding-window attention with
 //! its own RoPE base on five layers of six.
+//!
+//! LFM2 swaps attention for a gated short convolution on most layers:
+//! x += Wout · (C * conv(B * x')) with B, C, x' = Win · norm(x), a causal depthwise
+//! convolution over the last k positions whose k - 1 previous inputs each sequence keeps
+//! (its cache's `conv` rows); its attention layers are Qwen3's.
 
 use kiln_backend::{AttnShape, Backend, SeqKv};
 use kiln_formats::GgufFile;
@@ -40,9 +45,22 @@ pub struct Mlp<B: Backend> {
     pub down: B::Weight, // ffn_down (dim, ffn_dim)
 }
 
+/// LFM2's gated short convolution.
+pub struct ShortConv<B: Backend> {
+    pub in_proj: B::Weight,  // shortconv.in_proj (3·dim, dim): B, C, x
+    pub out_proj: B::Weight, // shortconv.out_proj (dim, dim)
+    pub taps: B::Tensor,     // shortconv.conv (dim, k)
+}
+
+/// What mixes positions in a layer.
+pub enum Mixer<B: Backend> {
+    Attention(Attention<B>),
+    ShortConv(ShortConv<B>),
+}
+
 pub struct Layer<B: Backend> {
-    pub attn_norm: B::Tensor, // attn_norm (dim)
-    pub attn: Attention<B>,
+    pub attn_norm: B::Tensor, // attn_norm (dim); LFM2's operator_norm
+    pub mixer: Mixer<B>,
     pub ffn_norm: B::Tensor, // ffn_norm (dim)
     pub mlp: Mlp<B>,
     /// Gemma: norms of the attention's and the MLP's outputs (post_attention_norm,
@@ -91,6 +109,10 @@ impl<B: Backend> Llama<B> {
                 true => b.check_window(),
                 false => Ok(()),
             })
+            .and_then(|()| match cfg.n_conv_layers() > 0 {
+                true => b.check_short_conv(),
+                false => Ok(()),
+            })
             .map_err(|source| ModelError::Backend {
                 file: w.origin(),
                 source,
@@ -114,9 +136,8 @@ impl<B: Backend> Llama<B> {
                 }
                 Ok(Some(b.tensor_from(1, cfg.head_dim, &v)))
             };
-            layers.push(Layer {
-                attn_norm: w.vector(b, p(L::AttnNorm), dim)?,
-                attn: Attention {
+            let mixer = match cfg.is_conv(i) {
+                false => Mixer::Attention(Attention {
                     q: w.matrix(b, p(L::AttnQ), q_dim, dim)?,
                     k: w.matrix(b, p(L::AttnK), kv_dim, dim)?,
                     v: w.matrix(b, p(L::AttnV), kv_dim, dim)?,
@@ -126,7 +147,21 @@ impl<B: Backend> Llama<B> {
                     v_bias: bias(L::AttnVBias, kv_dim)?,
                     q_norm: head_norm(L::AttnQNorm, cfg.q_scale)?,
                     k_norm: head_norm(L::AttnKNorm, 1.0)?,
-                },
+                }),
+                true => {
+                    let k = cfg.conv_k as u64;
+                    let taps =
+                        w.floats_host(p(L::ConvTaps), &[k, dim as u64], &[dim as u64, 1, k])?;
+                    Mixer::ShortConv(ShortConv {
+                        in_proj: w.matrix(b, p(L::ConvInProj), 3 * dim, dim)?,
+                        out_proj: w.matrix(b, p(L::ConvOutProj), dim, dim)?,
+                        taps: b.tensor_from(dim, cfg.conv_k, &taps),
+                    })
+                }
+            };
+            layers.push(Layer {
+                attn_norm: w.vector(b, p(L::AttnNorm), dim)?,
+                mixer,
                 ffn_norm: w.vector(b, p(L::FfnNorm), dim)?,
                 mlp: Mlp {
                     gate: w.matrix(b, p(L::FfnGate), ffn, dim)?,
@@ -169,8 +204,12 @@ impl<B: Backend> Llama<B> {
     /// Every weight matrix once (a tied output projection is the embedding table).
     fn matrices(&self) -> impl Iterator<Item = &B::Weight> {
         let layers = self.layers.iter().flat_map(|l| {
-            let (a, m) = (&l.attn, &l.mlp);
-            [&a.q, &a.k, &a.v, &a.o, &m.gate, &m.up, &m.down]
+            let m = &l.mlp;
+            let mix: Vec<&B::Weight> = match &l.mixer {
+                Mixer::Attention(a) => vec![&a.q, &a.k, &a.v, &a.o],
+                Mixer::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
+            };
+            mix.into_iter().chain([&m.gate, &m.up, &m.down])
         });
         std::iter::once(&self.embed)
             .chain(layers)
@@ -185,11 +224,19 @@ impl<B: Backend> Llama<B> {
         let (dim, q, kv, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let mut v = vec![(Param::TokenEmbd, c.vocab_size, dim)];
         for i in 0..self.layers.len() {
+            match c.is_conv(i) {
+                false => v.extend([
+                    (Param::Layer(i, L::AttnQ), q, dim),
+                    (Param::Layer(i, L::AttnK), kv, dim),
+                    (Param::Layer(i, L::AttnV), kv, dim),
+                    (Param::Layer(i, L::AttnOutput), dim, q),
+                ]),
+                true => v.extend([
+                    (Param::Layer(i, L::ConvInProj), 3 * dim, dim),
+                    (Param::Layer(i, L::ConvOutProj), dim, dim),
+                ]),
+            }
             v.extend([
-                (Param::Layer(i, L::AttnQ), q, dim),
-                (Param::Layer(i, L::AttnK), kv, dim),
-                (Param::Layer(i, L::AttnV), kv, dim),
-                (Param::Layer(i, L::AttnOutput), dim, q),
                 (Param::Layer(i, L::FfnGate), ffn, dim),
                 (Param::Layer(i, L::FfnUp), ffn, dim),
                 (Param::Layer(i, L::FfnDown), dim, ffn),
@@ -211,24 +258,19 @@ impl<B: Backend> Llama<B> {
             Param::OutputNorm | Param::RopeFreqs => None,
             Param::Layer(i, l) => {
                 let layer = self.layers.get_mut(i)?;
-                let (a, m) = (&mut layer.attn, &mut layer.mlp);
-                match l {
-                    L::AttnQ => Some(&mut a.q),
-                    L::AttnK => Some(&mut a.k),
-                    L::AttnV => Some(&mut a.v),
-                    L::AttnOutput => Some(&mut a.o),
-                    L::FfnGate => Some(&mut m.gate),
-                    L::FfnUp => Some(&mut m.up),
-                    L::FfnDown => Some(&mut m.down),
-                    L::AttnNorm
-                    | L::FfnNorm
-                    | L::AttnQBias
-                    | L::AttnKBias
-                    | L::AttnVBias
-                    | L::AttnQNorm
-                    | L::AttnKNorm
-                    | L::PostAttnNorm
-                    | L::PostFfnNorm => None,
+                let m = &mut layer.mlp;
+                match (l, &mut layer.mixer) {
+                    (L::AttnQ, Mixer::Attention(a)) => Some(&mut a.q),
+                    (L::AttnK, Mixer::Attention(a)) => Some(&mut a.k),
+                    (L::AttnV, Mixer::Attention(a)) => Some(&mut a.v),
+                    (L::AttnOutput, Mixer::Attention(a)) => Some(&mut a.o),
+                    (L::ConvInProj, Mixer::ShortConv(c)) => Some(&mut c.in_proj),
+                    (L::ConvOutProj, Mixer::ShortConv(c)) => Some(&mut c.out_proj),
+                    (L::FfnGate, _) => Some(&mut m.gate),
+                    (L::FfnUp, _) => Some(&mut m.up),
+                    (L::FfnDown, _) => Some(&mut m.down),
+                    // Vectors, and a mixer's matrices asked of the other kind of layer.
+                    _ => None,
                 }
             }
         }
@@ -240,7 +282,9 @@ impl<B: Backend> Llama<B> {
         let bias = usize::from(c.qkv_bias) * (c.q_dim() + 2 * c.kv_dim());
         let head_norm = usize::from(c.qk_norm) * 2 * c.head_dim;
         let norms = if c.post_norms { 4 } else { 2 };
-        c.n_layers * (norms * c.dim + bias + head_norm) + c.dim
+        let n_conv = c.n_conv_layers();
+        let n_attn = c.n_layers - n_conv;
+        c.n_layers * norms * c.dim + n_attn * (bias + head_norm) + n_conv * c.dim * c.conv_k + c.dim
     }
 
     /// Bytes of all weights: matrices in their stored format, norms and biases as f32.
@@ -253,9 +297,15 @@ impl<B: Backend> Llama<B> {
     pub fn n_params(&self) -> usize {
         let c = &self.cfg;
         let attn = 2 * c.q_dim() * c.dim + 2 * c.kv_dim() * c.dim;
+        let conv = 4 * c.dim * c.dim;
         let mlp = 3 * c.ffn_dim * c.dim;
         let tables = if self.output.is_some() { 2 } else { 1 };
-        tables * c.vocab_size * c.dim + c.n_layers * (attn + mlp) + self.vector_params()
+        let n_conv = c.n_conv_layers();
+        tables * c.vocab_size * c.dim
+            + (c.n_layers - n_conv) * attn
+            + n_conv * conv
+            + c.n_layers * mlp
+            + self.vector_params()
     }
 
     /// Runs `tokens` at positions `pos0..`, filling the KV cache. Returns the logits of the
@@ -447,26 +497,33 @@ impl<B: Backend> Llama<B> {
         };
         if let [one] = seqs {
             let s = shape(one);
+            let cache = &mut *one.cache;
             let mut kv = [SeqKv {
-                cache: &mut one.cache.kv,
+                cache: &mut cache.kv,
                 shape: s,
             }];
-            if n == 1 && out == Logits::Last && !sc.trace {
+            let mut convs: Vec<&mut B::Tensor> = cache.conv.iter_mut().collect();
+            if n == 1 && out == Logits::Last && !sc.trace && convs.is_empty() {
                 // One decode step: the same ops on the same buffers every time, so a backend
                 // may record it once and replay it (a key per scratch and cache).
-                let key = (sc.key << 32) ^ one.cache.key;
-                return self.step(b, sc, &mut kv, out, Some((key, one.tokens, s.pos0)));
+                let key = (sc.key << 32) ^ cache.key;
+                let rec = Some((key, one.tokens, s.pos0));
+                return self.step(b, sc, &mut kv, &mut convs, out, rec);
             }
-            return self.step(b, sc, &mut kv, out, None);
+            return self.step(b, sc, &mut kv, &mut convs, out, None);
         }
-        let mut kv: Vec<SeqKv<'_, B::KvCache>> = seqs
-            .iter_mut()
-            .map(|s| SeqKv {
-                shape: shape(s),
-                cache: &mut s.cache.kv,
-            })
-            .collect();
-        self.step(b, sc, &mut kv, out, None)
+        let mut kv: Vec<SeqKv<'_, B::KvCache>> = Vec::with_capacity(seqs.len());
+        let mut convs: Vec<&mut B::Tensor> = Vec::new();
+        for s in seqs.iter_mut() {
+            let sh = shape(s);
+            let cache = &mut *s.cache;
+            kv.push(SeqKv {
+                shape: sh,
+                cache: &mut cache.kv,
+            });
+            convs.extend(cache.conv.as_mut());
+        }
+        self.step(b, sc, &mut kv, &mut convs, out, None)
     }
 
     /// `forward_rows` as one backend step: recorded for replay under `record`'s key (with the
@@ -477,6 +534,7 @@ impl<B: Backend> Llama<B> {
         b: &B,
         sc: &mut LlamaScratch<B>,
         kv: &mut [SeqKv<'_, B::KvCache>],
+        convs: &mut [&mut B::Tensor],
         out: Logits,
         record: Option<(u64, &[u32], usize)>,
     ) -> Result<usize, ModelError> {
@@ -487,7 +545,7 @@ impl<B: Backend> Llama<B> {
             None => (None, &[][..], 0),
         };
         b.step(key, tokens, pos0, &mut || {
-            res = self.forward_rows(b, sc, kv, out);
+            res = self.forward_rows(b, sc, kv, convs, out);
             Ok(())
         })
         .map_err(|source| ModelError::Backend {
@@ -497,12 +555,14 @@ impl<B: Backend> Llama<B> {
         res
     }
 
-    /// The layers over the stacked token rows of `sc.ids` (sequences `kv`), then the logits.
+    /// The layers over the stacked token rows of `sc.ids` (sequences `kv`, with their
+    /// convolution states `convs` where the model has convolution layers), then the logits.
     fn forward_rows(
         &self,
         b: &B,
         sc: &mut LlamaScratch<B>,
         kv: &mut [SeqKv<'_, B::KvCache>],
+        convs: &mut [&mut B::Tensor],
         out: Logits,
     ) -> Result<usize, ModelError> {
         let c = &self.cfg;
@@ -520,7 +580,13 @@ impl<B: Backend> Llama<B> {
                 self.gemma_layer(b, sc, kv, il, layer, post);
                 continue;
             }
-            let a = &layer.attn;
+            let a = match &layer.mixer {
+                Mixer::Attention(a) => a,
+                Mixer::ShortConv(cv) => {
+                    self.conv_layer(b, sc, kv, convs, il, layer, cv);
+                    continue;
+                }
+            };
             b.rms_norm_matmul3(
                 &sc.x,
                 &layer.attn_norm,
@@ -614,7 +680,9 @@ impl<B: Backend> Llama<B> {
     ) {
         let c = &self.cfg;
         let n = sc.ids.len();
-        let a = &layer.attn;
+        let Mixer::Attention(a) = &layer.mixer else {
+            unreachable!("Gemma's layers are attention layers");
+        };
         b.rms_norm_matmul3(
             &sc.x,
             &layer.attn_norm,
@@ -675,6 +743,59 @@ impl<B: Backend> Llama<B> {
         b.matmul(&m.down, &sc.gate, None, n, &mut sc.y);
         b.add_rms_norm(&mut sc.x, &sc.y, post_ffn, c.norm_eps, n, &mut sc.h);
         self.trace(b, sc.trace, "residual", il, &sc.x, n, c.dim);
+    }
+
+    /// An LFM2 convolution layer over the stacked rows of `sc.ids`: x += Wout (C * conv(B *
+    /// x')) with B, C, x' = Win norm(x), each sequence's rows convolved from its own state;
+    /// then the SwiGLU MLP as in the Llama block.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_layer(
+        &self,
+        b: &B,
+        sc: &mut LlamaScratch<B>,
+        kv: &[SeqKv<'_, B::KvCache>],
+        convs: &mut [&mut B::Tensor],
+        il: usize,
+        layer: &Layer<B>,
+        cv: &ShortConv<B>,
+    ) {
+        let c = &self.cfg;
+        let n = sc.ids.len();
+        let (dim, k) = (c.dim, c.conv_k);
+        // This layer's state rows: k - 1 for each convolution layer before it.
+        let srow = (0..il).filter(|&i| c.is_conv(i)).count() * (k - 1);
+        b.rms_norm(&sc.x, &layer.attn_norm, c.norm_eps, n, &mut sc.h);
+        b.matmul(&cv.in_proj, &sc.h, None, n, &mut sc.bcx);
+        let mut r0 = 0;
+        for (s, state) in kv.iter().zip(convs.iter_mut()) {
+            let ns = s.shape.n_tokens;
+            let fresh = s.shape.pos0 == 0;
+            b.short_conv(
+                &sc.bcx,
+                &cv.taps,
+                state,
+                srow,
+                (dim, k),
+                (r0, ns),
+                fresh,
+                &mut sc.y,
+            );
+            r0 += ns;
+        }
+        b.matmul_add(&cv.out_proj, &sc.y, n, &mut sc.x);
+        self.trace(b, sc.trace, "conv", il, &sc.y, n, dim);
+        b.rms_norm_gate_up_silu(
+            &sc.x,
+            &layer.ffn_norm,
+            c.norm_eps,
+            &layer.mlp.gate,
+            &layer.mlp.up,
+            n,
+            &mut sc.h,
+            &mut sc.gate,
+        );
+        b.matmul_add(&layer.mlp.down, &sc.gate, n, &mut sc.x);
+        self.trace(b, sc.trace, "residual", il, &sc.x, n, dim);
     }
 
     /// Every token's final-normed hidden state (`tokens.len() x dim`, the model's last

@@ -23,10 +23,16 @@ pub enum LayerParam {
     PostAttnNorm,
     /// Gemma: RMSNorm of the MLP's output before the residual add.
     PostFfnNorm,
+    /// LFM2's short convolution: the input projection to B, C and x (3·dim, dim).
+    ConvInProj,
+    /// LFM2's short convolution: the output projection (dim, dim).
+    ConvOutProj,
+    /// LFM2's short convolution: the depthwise taps (dim, k).
+    ConvTaps,
 }
 
 /// (parameter, GGUF suffix after `blk.N.`, Hugging Face suffix after `model.layers.N.`)
-const LAYER: [(LayerParam, &str, &str); 16] = [
+const LAYER: [(LayerParam, &str, &str); 19] = [
     (
         LayerParam::AttnNorm,
         "attn_norm.weight",
@@ -103,7 +109,38 @@ const LAYER: [(LayerParam, &str, &str); 16] = [
         "post_ffw_norm.weight",
         "post_feedforward_layernorm.weight",
     ),
+    (
+        LayerParam::ConvInProj,
+        "shortconv.in_proj.weight",
+        "conv.in_proj.weight",
+    ),
+    (
+        LayerParam::ConvOutProj,
+        "shortconv.out_proj.weight",
+        "conv.out_proj.weight",
+    ),
+    (
+        LayerParam::ConvTaps,
+        "shortconv.conv.weight",
+        "conv.conv.weight",
+    ),
 ];
+
+/// LFM2's Hugging Face names where they differ from the table's (its GGUF names are the
+/// table's but for the final norm, `token_embd_norm`).
+fn hf_lfm2_suffix(p: LayerParam) -> &'static str {
+    match p {
+        LayerParam::AttnNorm => "operator_norm.weight",
+        LayerParam::FfnNorm => "ffn_norm.weight",
+        LayerParam::FfnGate => "feed_forward.w1.weight",
+        LayerParam::FfnUp => "feed_forward.w3.weight",
+        LayerParam::FfnDown => "feed_forward.w2.weight",
+        LayerParam::AttnOutput => "self_attn.out_proj.weight",
+        LayerParam::AttnQNorm => "self_attn.q_layernorm.weight",
+        LayerParam::AttnKNorm => "self_attn.k_layernorm.weight",
+        p => layer_entry(p).2,
+    }
+}
 
 /// Gemma's Hugging Face names where they differ from the table's: its
 /// `post_attention_layernorm` is the norm after attention, and the MLP's input norm is
@@ -136,6 +173,10 @@ pub enum Naming {
     HuggingFace,
     /// Gemma's Hugging Face names.
     HuggingFaceGemma,
+    /// LFM2's GGUF names (llama.cpp's `lfm2`).
+    GgufLfm2,
+    /// LFM2's Hugging Face names.
+    HuggingFaceLfm2,
 }
 
 impl Param {
@@ -146,6 +187,15 @@ impl Param {
             Naming::HuggingFace => self.hf(),
             Naming::HuggingFaceGemma => match self {
                 Param::Layer(i, p) => Some(format!("model.layers.{i}.{}", hf_gemma_suffix(p))),
+                p => p.hf(),
+            },
+            Naming::GgufLfm2 => match self {
+                Param::OutputNorm => Some("token_embd_norm.weight".into()),
+                p => Some(p.gguf()),
+            },
+            Naming::HuggingFaceLfm2 => match self {
+                Param::OutputNorm => Some("model.embedding_norm.weight".into()),
+                Param::Layer(i, p) => Some(format!("model.layers.{i}.{}", hf_lfm2_suffix(p))),
                 p => p.hf(),
             },
         }
@@ -212,7 +262,15 @@ impl Param {
             Param::OutputNorm | Param::RopeFreqs => false,
             Param::Layer(_, p) => matches!(
                 p,
-                AttnQ | AttnK | AttnV | AttnOutput | FfnGate | FfnUp | FfnDown
+                AttnQ
+                    | AttnK
+                    | AttnV
+                    | AttnOutput
+                    | FfnGate
+                    | FfnUp
+                    | FfnDown
+                    | ConvInProj
+                    | ConvOutProj
             ),
         }
     }

@@ -11,6 +11,9 @@ use crate::ModelError;
 pub struct LlamaCache<B: Backend> {
     pub n_ctx: usize,
     pub(super) kv: B::KvCache,
+    /// LFM2: the last k - 1 inputs of each convolution layer (k - 1 rows a layer, dim wide),
+    /// the state a sequence's next tokens continue from; None without convolution layers.
+    pub(super) conv: Option<B::Tensor>,
     /// Unique per cache: with the scratch's, the key under which a backend may record a
     /// decode step of this sequence.
     pub(super) key: u64,
@@ -30,9 +33,11 @@ pub struct LlamaScratch<B: Backend> {
     pub(super) attn: B::Tensor,
     pub(super) gate: B::Tensor,
     /// Gemma: the up projection (GeGLU's second half) and a block's output before its norm
-    /// (a row elsewhere).
+    /// (LFM2: a convolution's output); a row elsewhere.
     pub(super) up: B::Tensor,
     pub(super) y: B::Tensor,
+    /// LFM2: the convolution input projection's B, C, x (a row elsewhere).
+    pub(super) bcx: B::Tensor,
     /// One sequence's rows of q, k, v (the attention side's scratch when a step holds
     /// several sequences; a row when it never does).
     pub(super) seq_rows: [B::Tensor; 3],
@@ -83,8 +88,23 @@ impl<B: Backend> Llama<B> {
         LlamaCache {
             n_ctx,
             kv: b.kv_cache(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim),
+            conv: self.conv_state(b),
             key: kiln_backend::next_step_key(),
         }
+    }
+
+    /// A sequence's convolution state (zeros), where the model has convolution layers.
+    fn conv_state(&self, b: &B) -> Option<B::Tensor> {
+        let c = &self.cfg;
+        let rows = c.n_conv_layers() * c.conv_k.saturating_sub(1);
+        (c.n_conv_layers() > 0).then(|| b.tensor(rows.max(1), c.dim))
+    }
+
+    /// Whether a sequence's state is more than its KV cache (LFM2's convolution state):
+    /// then it cannot be rewound to an earlier position, nor a cached prefix reused, nor
+    /// drafted tokens rejected.
+    pub fn has_recurrent_state(&self) -> bool {
+        self.cfg.n_conv_layers() > 0
     }
 
     /// A KV cache of `n_ctx` positions storing keys and values as `kv`.
@@ -104,6 +124,7 @@ impl<B: Backend> Llama<B> {
         Ok(LlamaCache {
             n_ctx,
             kv,
+            conv: self.conv_state(b),
             key: kiln_backend::next_step_key(),
         })
     }
@@ -118,6 +139,7 @@ impl<B: Backend> Llama<B> {
         logit_rows: usize,
     ) -> LlamaScratch<B> {
         let c = &self.cfg;
+        let conv = c.n_conv_layers() > 0;
         let (r, s) = (max_rows.max(1), max_seqs.max(1));
         let l = logit_rows.max(s);
         // Only a step of several sequences gathers one's rows.
@@ -134,7 +156,8 @@ impl<B: Backend> Llama<B> {
             attn: b.tensor(r, c.q_dim()),
             gate: b.tensor(r, c.ffn_dim),
             up: b.tensor(if c.post_norms { r } else { 1 }, c.ffn_dim),
-            y: b.tensor(if c.post_norms { r } else { 1 }, c.dim),
+            y: b.tensor(if c.post_norms || conv { r } else { 1 }, c.dim),
+            bcx: b.tensor(if conv { r } else { 1 }, if conv { 3 * c.dim } else { 1 }),
             seq_rows: [
                 b.tensor(sr, c.q_dim()),
                 b.tensor(sr, c.kv_dim()),
