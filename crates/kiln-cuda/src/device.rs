@@ -138,6 +138,7 @@ pub const KERNELS: &[&str] = &[
     "embed",
     "rms_norm",
     "add_rms_norm",
+    "short_conv",
     "heads",
     "attn_split_1",
     "attn_split_2",

@@ -507,6 +507,50 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn check_short_conv(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn short_conv(
+        &self,
+        bcx: &CudaTensor,
+        taps: &CudaTensor,
+        state: &mut CudaTensor,
+        srow: usize,
+        (dim, k): (usize, usize),
+        (row0, n): (usize, usize),
+        fresh: bool,
+        out: &mut CudaTensor,
+    ) {
+        assert!((1..=64).contains(&k), "short convolution width {k}");
+        self.xq_src.set(None);
+        // A recorded step (one sequence's decode token) reads "fresh" from its position at
+        // every replay; otherwise the caller's flag.
+        let fresh = match self.recording.get() {
+            true => 2,
+            false => fresh as i32,
+        };
+        let mut a = Args::default()
+            .a(bcx.buf.ptr)
+            .a(taps.buf.ptr)
+            .a(state.buf.ptr)
+            .a(srow as i32)
+            .a(dim as i32)
+            .a(k as i32)
+            .a(row0 as i32)
+            .a(n as i32)
+            .a(fresh)
+            .a(self.params.ptr)
+            .a(out.buf.ptr);
+        self.dev.launch(
+            self.dev.func("short_conv"),
+            (dim.div_ceil(128) as u32, 1, 1),
+            (128, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
     fn check_attention(
         &self,
         heads: usize,

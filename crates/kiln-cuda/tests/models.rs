@@ -1,5 +1,6 @@
 //! Whole models on CUDA: the tiny random Hugging Face fixtures of kiln-models (Qwen3, Qwen2
-//! sharded, Llama 3 with its RoPE scaling, Gemma 3 with sliding windows) against
+//! sharded, Llama 3 with its RoPE scaling, Gemma 3 with sliding windows, LFM2 with its
+//! convolution state) against
 //! transformers' logits and the CPU path,
 //! and the recorded decode step (CUDA graph) against eager launches.
 //!
@@ -97,7 +98,7 @@ fn greedy<B: Backend>(b: &B, m: &Llama<B>, prompt: &[u32], n: usize) -> (Vec<u32
 fn f32_fixtures_match_transformers_and_cpu() {
     let g = CudaBackend::new().expect("a CUDA GPU");
     let c = CpuBackend::new(2);
-    for dir in ["qwen3", "qwen2", "llama3", "gemma3"] {
+    for dir in ["qwen3", "qwen2", "llama3", "gemma3", "lfm2"] {
         let (prompts, want, want_greedy) = model_ref(dir);
         let mg = load(&g, dir, None);
         for (p, w) in prompts.iter().zip(&want) {
@@ -129,7 +130,7 @@ fn quantized_fixtures_match_cpu() {
         GgmlType::Q4_0,
         GgmlType::Q6_K,
     ] {
-        for dir in ["qwen3", "qwen2", "llama3", "gemma3"] {
+        for dir in ["qwen3", "qwen2", "llama3", "gemma3", "lfm2"] {
             let (prompts, _, _) = model_ref(dir);
             let (mg, mc) = (load(&g, dir, Some(ty)), load(&c, dir, Some(ty)));
             let mut sg = mg.new_state(&g, 64, 16);
@@ -156,7 +157,7 @@ fn quantized_fixtures_match_cpu() {
 fn recorded_decode_step_equals_eager_launches() {
     let g = CudaBackend::new().expect("a CUDA GPU");
     let e = CudaBackend::new().expect("a CUDA GPU").without_graphs();
-    for dir in ["qwen3", "llama3", "gemma3"] {
+    for dir in ["qwen3", "llama3", "gemma3", "lfm2"] {
         let (prompts, _, _) = model_ref(dir);
         let (mg, me) = (
             load(&g, dir, Some(GgmlType::Q4_K)),
@@ -192,6 +193,7 @@ fn batched_greedy_equals_alone() {
         ("qwen3", None),
         ("llama3", Some(GgmlType::Q8_0)),
         ("gemma3", None),
+        ("lfm2", Some(GgmlType::Q8_0)),
     ] {
         let m = load(&g, dir, quant);
         let (prompts, _, _) = model_ref(dir);

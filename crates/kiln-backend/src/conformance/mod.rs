@@ -62,7 +62,8 @@ pub use products::{
     gate_up_silu, matmul, matmul3, matmul_add_before_norm, mlx_weights, prefer_batches, step,
 };
 pub use rows::{
-    argmax_rows, copies, elementwise, embed, layer_norm, rms_norm, signal_norms, top_candidates,
+    argmax_rows, copies, elementwise, embed, layer_norm, rms_norm, short_conv, signal_norms,
+    top_candidates,
 };
 pub use signal::{conv1d, conv1d_nc, conv1d_q8, fake_quant_u8, lstm, stft, CONV_NC_CASES};
 
@@ -146,7 +147,7 @@ macro_rules! conformance_tests {
             embed rms_norm layer_norm signal_norms elementwise copies argmax_rows
             top_candidates rope attention attention_batch qk_norm_rope_attention kv_copy
             attention_dense self_attention conv1d conv1d_nc conv1d_q8 lstm stft
-            fake_quant_u8 step);
+            fake_quant_u8 step short_conv);
     };
     (@tests $attrs:tt $run:path; $op:ident $($rest:ident)*) => {
         $crate::conformance_tests!(@one $attrs $run; $op);

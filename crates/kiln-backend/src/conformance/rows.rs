@@ -419,3 +419,82 @@ pub fn top_candidates<B: Backend>(b: &B, _tol: &Tolerances) {
         );
     }
 }
+
+/// LFM2's `short_conv` (where the backend has it: `check_short_conv`) against the host
+/// reference: one sequence's rows in the middle of a batch, its state carried from rows
+/// written before, then started fresh; the output rows and the state after them.
+pub fn short_conv<B: Backend>(b: &B, tol: &Tolerances) {
+    if b.check_short_conv().is_err() {
+        return;
+    }
+    let (name, mut rng) = (b.name(), Rng(0x2009));
+    for (dim, k, row0, n) in [(64, 3, 2, 5), (200, 4, 0, 1), (96, 2, 3, 17), (32, 1, 1, 3)] {
+        let s = k - 1;
+        let srow = 2 * s;
+        let rows = row0 + n + 2;
+        let bcx = rng.v(rows * 3 * dim);
+        let taps = rng.v(dim * k);
+        let state = rng.v((srow + s + 1) * dim);
+        for fresh in [false, true] {
+            let bt = b.tensor_from(rows, 3 * dim, &bcx);
+            let tt = b.tensor_from(dim, k, &taps);
+            let mut st = b.tensor_from(srow + s + 1, dim, &state);
+            let mut out = b.tensor_from(rows, dim, &vec![0.5; rows * dim]);
+            b.short_conv(
+                &bt,
+                &tt,
+                &mut st,
+                srow,
+                (dim, k),
+                (row0, n),
+                fresh,
+                &mut out,
+            );
+            let prev = match fresh {
+                true => vec![0.0; s * dim],
+                false => state[srow * dim..(srow + s) * dim].to_vec(),
+            };
+            let (want, next) = crate::short_conv_host(
+                &bcx[row0 * 3 * dim..(row0 + n) * 3 * dim],
+                &taps,
+                &prev,
+                dim,
+                k,
+                n,
+            );
+            let case = format!("dim={dim} k={k} rows {row0}..{} fresh={fresh}", row0 + n);
+            let got = read(b, &out, rows, dim);
+            check_rel(
+                &name,
+                "short_conv",
+                &case,
+                &got[row0 * dim..(row0 + n) * dim],
+                &want,
+                tol.elementwise,
+            );
+            // Rows outside the sequence's are left alone.
+            let others: Vec<f32> = got[..row0 * dim]
+                .iter()
+                .chain(&got[(row0 + n) * dim..])
+                .copied()
+                .collect();
+            let halves = vec![0.5; others.len()];
+            check_exact(
+                &name,
+                "short_conv",
+                format!("{case} other rows"),
+                &others,
+                &halves,
+            );
+            let st_got = read(b, &st, srow + s + 1, dim);
+            check_rel(
+                &name,
+                "short_conv",
+                format!("{case} state"),
+                &st_got[srow * dim..(srow + s) * dim],
+                &next,
+                tol.elementwise,
+            );
+        }
+    }
+}

@@ -92,3 +92,32 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         x[(size_t)blockIdx.x * cols + c] += yr[c] * r * w[c];
 }
+
+// LFM2's gated short convolution of one sequence (Backend::short_conv): rows row0..row0 + n of
+// bcx (3 * dim wide: B, C, x), taps (dim x k), the state's rows srow..srow + k - 1 (the k - 1
+// B * x before row0, oldest first; zeros when fresh: 1, or 2 with position 0 in the step's
+// parameters, as a recorded decode step reads it at every replay), out's rows row0..; one
+// thread a channel, its tokens in order, sums over the taps in order as the CPU takes them.
+extern "C" __global__ void short_conv(const float* bcx, const float* taps, float* state,
+                                      int srow, int dim, int k, int row0, int n, int fresh,
+                                      const u32* params, float* out) {
+    pdl_begin();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= dim) return;
+    const int s = k - 1;
+    const bool zero = fresh == 2 ? params[0] == 0 : fresh != 0;
+    float prev[63];
+    for (int i = 0; i < s; i++) prev[i] = zero ? 0.0f : state[(size_t)(srow + i) * dim + c];
+    const float* w = taps + (size_t)c * k;
+    for (int t = 0; t < n; t++) {
+        const float* r = bcx + (size_t)(row0 + t) * 3 * dim;
+        const float bx = r[c] * r[2 * dim + c];
+        float acc = 0.0f;
+        for (int j = 0; j < s; j++) acc = __fadd_rn(acc, __fmul_rn(w[j], prev[j]));
+        acc = __fadd_rn(acc, __fmul_rn(w[s], bx));
+        out[(size_t)(row0 + t) * dim + c] = r[dim + c] * acc;
+        for (int j = 0; j + 1 < s; j++) prev[j] = prev[j + 1];
+        if (s > 0) prev[s - 1] = bx;
+    }
+    for (int i = 0; i < s; i++) state[(size_t)(srow + i) * dim + c] = prev[i];
+}

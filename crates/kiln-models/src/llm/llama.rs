@@ -503,7 +503,7 @@ impl<B: Backend> Llama<B> {
                 shape: s,
             }];
             let mut convs: Vec<&mut B::Tensor> = cache.conv.iter_mut().collect();
-            if n == 1 && out == Logits::Last && !sc.trace && convs.is_empty() {
+            if n == 1 && out == Logits::Last && !sc.trace {
                 // One decode step: the same ops on the same buffers every time, so a backend
                 // may record it once and replay it (a key per scratch and cache).
                 let key = (sc.key << 32) ^ cache.key;
