@@ -177,7 +177,7 @@ SHAPES = {
 
 def stand_in_vocab(n_vocab: int) -> tuple[list[str], list[int]]:
     """A byte-level vocabulary of n_vocab entries for shapes whose tokenizer is not reachable:
-    two control tokens, the 256 byte symbols of GPT-2's map, then padding."""
+    two control tokens, the 256 byte symbols of GPT-2's map, one merged pair, then padding."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     bs += list(range(ord("®"), ord("ÿ") + 1))
     cs, n = bs[:], 0
@@ -186,8 +186,9 @@ def stand_in_vocab(n_vocab: int) -> tuple[list[str], list[int]]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    tokens = ["<|startoftext|>", "<|im_end|>"] + [chr(c) for c in cs]
-    types = [int(gguf.TokenType.CONTROL)] * 2 + [int(gguf.TokenType.NORMAL)] * 256
+    # One merge ("Ġ t"): llama.cpp refuses a BPE vocabulary without merges.
+    tokens = ["<|startoftext|>", "<|im_end|>"] + [chr(c) for c in cs] + ["Ġt"]
+    types = [int(gguf.TokenType.CONTROL)] * 2 + [int(gguf.TokenType.NORMAL)] * 257
     for i in range(len(tokens), n_vocab):
         tokens.append(f"[PAD{i}]")
         types.append(int(gguf.TokenType.UNUSED))
@@ -361,7 +362,7 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
         w.add_tokenizer_pre("gpt-2")
         w.add_token_list(tokens)
         w.add_token_types(types)
-        w.add_token_merges([])
+        w.add_token_merges(["Ġ t"])
         w.add_add_bos_token(False)
     elif tok_src is not None:
         w.add_tokenizer_model("gpt2")

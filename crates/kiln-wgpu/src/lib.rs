@@ -542,6 +542,7 @@ impl WgpuBackend {
             (row0 * out.cols) as u32,
             out.cols as u32,
             per as u32,
+            s.window as u32,
         ];
         self.gpu.dispatch(
             "attention",
@@ -685,6 +686,15 @@ impl Backend for WgpuBackend {
                 what: "the wgpu backend stores keys and values as f16 or f32".into(),
             }),
         }
+    }
+
+    fn check_window(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// LFM2's convolutions through the trait's host default (no recorded steps here).
+    fn check_short_conv(&self) -> Result<(), BackendError> {
+        Ok(())
     }
 
     fn check_attention(

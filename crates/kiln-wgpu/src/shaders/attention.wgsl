@@ -1,11 +1,11 @@
 // Causal grouped-query attention over the KV cache, split over keys: `attn_split` takes one
 // (query head, chunk of 256 keys, token) per workgroup and writes the chunk's softmax
 // partial (max m, sum l, the p-weighted sum of V rows); `attn_combine` merges a head's
-// chunks. Token t sees positions 0..pos0 + t. Cache planes are (kv_heads, n_ctx, head_dim),
-// f16 two per word or f32.
+// chunks. Token t sees positions 0..pos0 + t (the last `window` of them where window > 0).
+// Cache planes are (kv_heads, n_ctx, head_dim), f16 two per word or f32.
 // split params: 0 heads, 1 kv_heads, 2 hd, 3 n_ctx, 4 pos0, 5 plane, 6 kv_f16, 7 scale,
 //               8 splits, 9 q_off, 10 ml_off, 11 q_ld, 12 out_off, 13 out_ld,
-//               14 keys per split (attn_dec)
+//               14 keys per split (attn_dec), 15 window (0: none)
 // With one split, attn_split writes the output itself (acc / l) and no combine runs.
 
 @group(0) @binding(1) var<storage, read_write> Q: array<f32>;
@@ -40,14 +40,16 @@ fn attn_split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
     let g = heads / P(1u);
     let kvh = h / g;
     let len = P(4u) + t + 1u;
+    let lo = select(0u, len - min(len, P(15u)), P(15u) > 0u);
     let k0 = s * CH;
     let k1 = min(len, k0 + CH);
     if (li < hd) { qs[li] = Q[P(9u) + t * P(11u) + h * hd + li] * PF(7u); }
     workgroupBarrier();
     let plane = P(5u) + kvh * n_ctx * hd;
     let key = k0 + li;
+    let valid = key < k1 && key >= lo;
     var sc = NEG_INF;
-    if (key < k1) {
+    if (valid) {
         var a = 0.0;
         let kb = plane + key * hd;
         if (P(6u) == 1u) {
@@ -62,7 +64,7 @@ fn attn_split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
     }
     let m = wmax(sc, li);
     var p = 0.0;
-    if (key < k1) { p = exp(sc - m); }
+    if (valid) { p = exp(sc - m); }
     ps[li] = p;
     let l = wsum(p, li);
     let slot = (t * heads + h) * P(8u) + s;
@@ -114,8 +116,9 @@ fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
     let g = heads / P(1u);
     let kvh = h / g;
     let len = P(4u) + t + 1u;
-    let k0 = s * P(14u);
-    let k1 = min(len, k0 + P(14u));
+    let lo = select(0u, len - min(len, P(15u)), P(15u) > 0u);
+    let k0 = max(s * P(14u), lo);
+    let k1 = min(len, s * P(14u) + P(14u));
     let qb = P(9u) + t * P(11u) + h * hd;
     if (li < np) { q2[li] = vec2<f32>(Q[qb + 2u * li], Q[qb + 2u * li + 1u]) * PF(7u); }
     workgroupBarrier();
