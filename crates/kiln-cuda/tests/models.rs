@@ -146,8 +146,11 @@ fn quantized_fixtures_match_cpu() {
             let e = rel(&lg, &lc);
             eprintln!("{dir} {}: logits rel err vs CPU {e:.2e}", ty.name());
             // Both backends quantize activations to 8 bits, each its own way: on these
-            // random, untrained models that alone moves logits by 1-3e-2 (measured).
-            assert!(e < 5e-2, "{dir} {}: {e}", ty.name());
+            // random, untrained models that alone moves logits by 1-3e-2 (measured); LFM2's
+            // gates multiply three projections (B * x, then C), which moves it about twice as
+            // far (0.068 measured on Q4_K; f32 weights agree to 1e-4 above).
+            let bound = if dir == "lfm2" { 1.5e-1 } else { 5e-2 };
+            assert!(e < bound, "{dir} {}: {e}", ty.name());
         }
     }
 }
