@@ -744,16 +744,7 @@ impl Backend for CudaBackend {
         n: usize,
         out: &mut CudaTensor,
     ) {
-        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
-        self.matvec(
-            m,
-            (x.buf.ptr, x.cols),
-            gate.cols,
-            n,
-            None,
-            MODE_GATE_UP,
-            Some(0),
-        );
+        self.gate_up(gate, up, x, n, None, out, MODE_GATE_UP)
     }
 
     fn gate_up_gelu(
@@ -765,16 +756,7 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
         _up_out: &mut CudaTensor,
     ) {
-        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
-        self.matvec(
-            m,
-            (x.buf.ptr, x.cols),
-            gate.cols,
-            n,
-            None,
-            MODE_GATE_UP_GELU,
-            Some(0),
-        );
+        self.gate_up(gate, up, x, n, None, out, MODE_GATE_UP_GELU)
     }
 
     fn rms_norm_gate_up_gelu(
@@ -789,16 +771,8 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
         _up_out: &mut CudaTensor,
     ) {
-        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
-        self.matvec(
-            m,
-            (x.buf.ptr, x.cols),
-            gate.cols,
-            n,
-            Some((norm_w, eps)),
-            MODE_GATE_UP_GELU,
-            Some(0),
-        );
+        let norm = Some((norm_w, eps));
+        self.gate_up(gate, up, x, n, norm, out, MODE_GATE_UP_GELU)
     }
 
     fn add_rms_norm(
@@ -858,16 +832,7 @@ impl Backend for CudaBackend {
         _h: &mut CudaTensor,
         out: &mut CudaTensor,
     ) {
-        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
-        self.matvec(
-            m,
-            (x.buf.ptr, x.cols),
-            gate.cols,
-            n,
-            Some((norm_w, eps)),
-            MODE_GATE_UP,
-            Some(0),
-        );
+        self.gate_up(gate, up, x, n, Some((norm_w, eps)), out, MODE_GATE_UP)
     }
 
     fn qk_norm_rope_store(
@@ -1507,6 +1472,23 @@ impl CudaBackend {
             0,
             &mut args.ptrs(),
         );
+    }
+
+    /// The gated MLP's first half, out = act(Wg x) * (Wu x) (x RMS-normed with `norm` first,
+    /// where given): one product launch for both matrices, `mode` naming the activation.
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up(
+        &self,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: &CudaTensor,
+        n: usize,
+        norm: Option<(&CudaTensor, f32)>,
+        out: &mut CudaTensor,
+        mode: i32,
+    ) {
+        let m = self.mats(&[(gate, None, &*out), (up, None, &*out)]);
+        self.matvec(m, (x.buf.ptr, x.cols), gate.cols, n, norm, mode, Some(0));
     }
 
     /// rms_norm: n rows of x (cols values) normalised, times w, into out.

@@ -587,37 +587,7 @@ impl<B: Backend> Llama<B> {
                     continue;
                 }
             };
-            b.rms_norm_matmul3(
-                &sc.x,
-                &layer.attn_norm,
-                c.norm_eps,
-                [&a.q, &a.k, &a.v],
-                [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
-                n,
-                &mut sc.h,
-                [&mut sc.q, &mut sc.k, &mut sc.v],
-            );
-            let qk_norm = match (&a.q_norm, &a.k_norm) {
-                (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
-                _ => None,
-            };
-            if !c.layer_window.is_empty() {
-                let window = c.window(il);
-                kv.iter_mut().for_each(|s| s.shape.window = window);
-            }
-            let [sq, sk, sv] = &mut sc.seq_rows;
-            b.qk_norm_rope_attention(
-                &mut sc.q,
-                &mut sc.k,
-                &sc.v,
-                qk_norm,
-                c.rope_of(il),
-                kv,
-                il,
-                &mut sc.attn,
-                [sq, sk, sv],
-            );
-            self.trace(b, sc.trace, "attn", il, &sc.attn, n, c.q_dim());
+            self.attend(b, sc, kv, il, layer, a);
             // x += Wo attn, then the FFN's norm of x.
             b.matmul_add_before_norm(&a.o, &sc.attn, n, &mut sc.x, (&layer.ffn_norm, c.norm_eps));
 
@@ -667,6 +637,53 @@ impl<B: Backend> Llama<B> {
         Ok(m)
     }
 
+    /// A layer's attention over the stacked rows of `sc.ids` into `sc.attn`: q, k, v of the
+    /// normed x, their head norms and the layer's RoPE, its window, each sequence over its
+    /// own cache.
+    fn attend(
+        &self,
+        b: &B,
+        sc: &mut LlamaScratch<B>,
+        kv: &mut [SeqKv<'_, B::KvCache>],
+        il: usize,
+        layer: &Layer<B>,
+        a: &Attention<B>,
+    ) {
+        let c = &self.cfg;
+        let n = sc.ids.len();
+        b.rms_norm_matmul3(
+            &sc.x,
+            &layer.attn_norm,
+            c.norm_eps,
+            [&a.q, &a.k, &a.v],
+            [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
+            n,
+            &mut sc.h,
+            [&mut sc.q, &mut sc.k, &mut sc.v],
+        );
+        let qk_norm = match (&a.q_norm, &a.k_norm) {
+            (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
+            _ => None,
+        };
+        if !c.layer_window.is_empty() {
+            let window = c.window(il);
+            kv.iter_mut().for_each(|s| s.shape.window = window);
+        }
+        let [sq, sk, sv] = &mut sc.seq_rows;
+        b.qk_norm_rope_attention(
+            &mut sc.q,
+            &mut sc.k,
+            &sc.v,
+            qk_norm,
+            c.rope_of(il),
+            kv,
+            il,
+            &mut sc.attn,
+            [sq, sk, sv],
+        );
+        self.trace(b, sc.trace, "attn", il, &sc.attn, n, c.q_dim());
+    }
+
     /// A Gemma block over the stacked rows of `sc.ids`: each half's output normed before
     /// its residual add (`add_rms_norm`), GeGLU, the layer's own window and RoPE.
     fn gemma_layer(
@@ -683,35 +700,7 @@ impl<B: Backend> Llama<B> {
         let Mixer::Attention(a) = &layer.mixer else {
             unreachable!("Gemma's layers are attention layers");
         };
-        b.rms_norm_matmul3(
-            &sc.x,
-            &layer.attn_norm,
-            c.norm_eps,
-            [&a.q, &a.k, &a.v],
-            [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
-            n,
-            &mut sc.h,
-            [&mut sc.q, &mut sc.k, &mut sc.v],
-        );
-        let qk_norm = match (&a.q_norm, &a.k_norm) {
-            (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
-            _ => None,
-        };
-        let window = c.window(il);
-        kv.iter_mut().for_each(|s| s.shape.window = window);
-        let [sq, sk, sv] = &mut sc.seq_rows;
-        b.qk_norm_rope_attention(
-            &mut sc.q,
-            &mut sc.k,
-            &sc.v,
-            qk_norm,
-            c.rope_of(il),
-            kv,
-            il,
-            &mut sc.attn,
-            [sq, sk, sv],
-        );
-        self.trace(b, sc.trace, "attn", il, &sc.attn, n, c.q_dim());
+        self.attend(b, sc, kv, il, layer, a);
         // x += norm(Wo attn)
         b.matmul(&a.o, &sc.attn, None, n, &mut sc.y);
         b.add_rms_norm(&mut sc.x, &sc.y, post_attn, c.norm_eps, n, &mut sc.h);
