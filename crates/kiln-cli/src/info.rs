@@ -48,6 +48,7 @@ pub fn info(path: &Path, all: bool) -> anyhow::Result<()> {
                 "               rms eps {:e}, rope theta {} ({:?}, {} dims), tied embeddings {}",
                 c.norm_eps, c.rope.theta, c.rope.style, c.rope.dims, c.tied_embeddings
             );
+            print_layer_kinds(&c);
         }
         Err(e) => println!("hyper-params:  ({e})"),
     }
@@ -67,10 +68,11 @@ pub fn info(path: &Path, all: bool) -> anyhow::Result<()> {
             println!(
                 "tokenizer:     {kind} ('{m}'{}), {n} tokens, chat template {}",
                 pre.map(|p| format!(", pre '{p}'")).unwrap_or_default(),
-                if g.get("tokenizer.chat_template").is_some() {
-                    "yes"
-                } else {
-                    "no"
+                match (g.get("tokenizer.chat_template"), g.architecture().ok()) {
+                    (Some(_), _) => "yes",
+                    (None, Some(a)) if kiln_text::builtin_template(a).is_some() =>
+                        "no (kiln's built-in one for this architecture)",
+                    _ => "no",
                 }
             );
         }
@@ -159,6 +161,29 @@ fn print_config(c: &LlmConfig) {
         "               rms eps {:e}, rope theta {} ({:?}, {} dims, scaling {scaling}), tied embeddings {}, qkv bias {}, qk norm {}",
         c.norm_eps, c.rope.theta, c.rope.style, c.rope.dims, c.tied_embeddings, c.qkv_bias, c.qk_norm
     );
+    print_layer_kinds(c);
+}
+
+/// Sliding-window and convolution layers, where a model has them.
+fn print_layer_kinds(c: &LlmConfig) {
+    let windowed: Vec<usize> = (0..c.n_layers).map(|il| c.window(il)).collect();
+    let n_win = windowed.iter().filter(|&&w| w > 0).count();
+    if n_win > 0 {
+        let w = windowed.iter().copied().max().unwrap_or(0);
+        let local = c.rope_local.as_ref().map_or(c.rope.theta, |r| r.theta);
+        println!(
+            "               {n_win} sliding-window layers (window {w}, rope theta {local}), {} global",
+            c.n_layers - n_win
+        );
+    }
+    let n_conv = c.n_conv_layers();
+    if n_conv > 0 {
+        println!(
+            "               {n_conv} short-convolution layers (width {}), {} attention",
+            c.conv_k,
+            c.n_layers - n_conv
+        );
+    }
 }
 
 /// A Hugging Face / MLX directory: config, weights (per dtype), tokenizer, generation defaults.
