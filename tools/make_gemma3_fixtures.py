@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-import tarfile
 import tempfile
 
 import torch
@@ -88,30 +87,14 @@ def main():
     d = os.path.join(root, "gemma3")
     os.makedirs(root)
     seed, model = pick_seed(2e-3)
-    base.save(model, d)
-    tok, tok_cfg, _ = base.tokenizer_files()
-    for fn, obj in [("tokenizer.json", tok), ("tokenizer_config.json", tok_cfg)]:
-        with open(os.path.join(d, fn), "w") as f:
-            json.dump(obj, f, ensure_ascii=False, indent=1)
-    # The saved files, reloaded, are the reference (catches anything save drops).
-    reloaded = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager",
-                                                    dtype=torch.float32).eval()
-    assert type(reloaded).__name__ == "Gemma3ForCausalLM", type(reloaded).__name__
-    r = base.reference_of(reloaded)
+    r = base.save_with_reference(model, d, "Gemma3ForCausalLM")
     r["seed"] = seed
     ref = {"transformers": transformers.__version__, "torch": torch.__version__,
            "models": {"gemma3": r}}
     with open(os.path.join(root, "reference_gemma3.json"), "w") as f:
         json.dump(ref, f)
     print("gemma3 seed", seed, "min margin", min(r["margins"]), flush=True)
-    archive = os.path.join(args.out, "gemma3_fixtures.tar.gz")
-    with tarfile.open(archive, "w:gz") as t:
-        t.add(root, arcname="hf")
-    print("wrote", archive, os.path.getsize(archive), "bytes")
-    for dp, _, fs in os.walk(root):
-        for f in fs:
-            p = os.path.join(dp, f)
-            print(os.path.relpath(p, root), os.path.getsize(p))
+    base.write_archive(os.path.dirname(root), ["hf"], args.out, "gemma3_fixtures.tar.gz")
 
 
 if __name__ == "__main__":

@@ -321,6 +321,30 @@ def save_mlx(model, src_dir, dst, group, bits, sdtype):
     return deq_model
 
 
+def save_with_reference(model, d, class_name):
+    """Saves `model` into d with the tiny tokenizer, reloads the saved files (catching anything
+    save drops) and returns their reference (reference_of), the class checked."""
+    save(model, d)
+    tok, tok_cfg, _ = tokenizer_files()
+    for fn, obj in [("tokenizer.json", tok), ("tokenizer_config.json", tok_cfg)]:
+        with open(os.path.join(d, fn), "w") as f:
+            json.dump(obj, f, ensure_ascii=False, indent=1)
+    dkw = {"dtype": torch.float32} if MAJOR >= 5 else {"torch_dtype": torch.float32}
+    reloaded = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", **dkw).eval()
+    assert type(reloaded).__name__ == class_name, type(reloaded).__name__
+    return reference_of(reloaded)
+
+
+def write_archive(top, names, out, filename):
+    """top/<name> for each of names, as folders of the archive out/filename."""
+    archive = os.path.join(out, filename)
+    with tarfile.open(archive, "w:gz") as t:
+        for n in names:
+            t.add(os.path.join(top, n), arcname=n)
+    print("wrote", archive, os.path.getsize(archive), "bytes")
+    return archive
+
+
 def pick_seed(spec, min_margin):
     for seed in range(50):
         cfg = make_config(spec)

@@ -30,7 +30,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 
 import torch
@@ -87,15 +86,7 @@ def main():
     d = os.path.join(root, "lfm2")
     os.makedirs(root)
     seed, model = pick_seed(2e-3)
-    base.save(model, d)
-    tok, tok_cfg, _ = base.tokenizer_files()
-    for fn, obj in [("tokenizer.json", tok), ("tokenizer_config.json", tok_cfg)]:
-        with open(os.path.join(d, fn), "w") as f:
-            json.dump(obj, f, ensure_ascii=False, indent=1)
-    reloaded = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager",
-                                                    dtype=torch.float32).eval()
-    assert type(reloaded).__name__ == "Lfm2ForCausalLM", type(reloaded).__name__
-    r = base.reference_of(reloaded)
+    r = base.save_with_reference(model, d, "Lfm2ForCausalLM")
     r["seed"] = seed
     ref = {"transformers": transformers.__version__, "torch": torch.__version__,
            "models": {"lfm2": r}}
@@ -117,11 +108,7 @@ def main():
                         os.path.join(args.llama_cpp, "convert_hf_to_gguf.py"),
                         d, "--outtype", "f32", "--outfile", out], check=True, env=env)
         names.append("llama-cpp")
-    archive = os.path.join(args.out, "lfm2_fixtures.tar.gz")
-    with tarfile.open(archive, "w:gz") as t:
-        for n in names:
-            t.add(os.path.join(top, n), arcname=n)
-    print("wrote", archive, os.path.getsize(archive), "bytes")
+    base.write_archive(top, names, args.out, "lfm2_fixtures.tar.gz")
 
 
 if __name__ == "__main__":
