@@ -269,13 +269,16 @@ fn decoded_tiles_equal_four_row_kernels_exactly() {
 /// `KILN_REQUIRE_KERNELS=a,b` (CI sets it for the aarch64 run) fails unless those sets are
 /// available here, so a detection slip cannot leave a set untested. Besides the product
 /// kernel sets ("avx2", "avx-vnni", "avx512-vnni", "neon", "neon-dotprod"): "amx" (AMX
-/// tiles) and the integer convolution kernel this CPU runs ("amx", "avx512-vnni-conv",
+/// tiles), "avx512-bf16" (the bf16 block products without tiles) and the integer convolution kernel this CPU runs ("amx", "avx512-vnni-conv",
 /// "avx-vnni-conv" or "avx2-conv").
 #[test]
 fn required_kernel_sets_are_available() {
     let mut names: Vec<&str> = available().iter().map(|k| k.name).collect();
     if kiln_backend::cpu::kernels::amx::available() {
         names.push("amx");
+    }
+    if kiln_backend::cpu::kernels::amx::avx512_bf16_available() {
+        names.push("avx512-bf16");
     }
     names.extend(kiln_backend::cpu::integer_conv_kernel());
     eprintln!("kernel sets: {names:?}");

@@ -167,7 +167,7 @@ fn batched_weights_match_naive() {
                 .map(|i| wr[r * cols + i] as f64 * x[t * cols + i] as f64)
                 .sum()
         };
-        let tiles = n >= kiln_backend::cpu::AMX_MIN_ROWS && amx::available();
+        let tiles = n >= kiln_backend::cpu::AMX_MIN_ROWS && amx::bf16_products();
         // bf16 inputs: 2^-9 relative per operand, random signs over cols terms.
         let tol = if tiles {
             4e-3 * (cols as f64).sqrt()
@@ -183,7 +183,7 @@ fn batched_weights_match_naive() {
             }
             assert_eq!(
                 b.weight_bytes(&ws[0]) > plain,
-                amx::available(),
+                amx::bf16_products(),
                 "tile copy made"
             );
             let xt = b.tensor_from(n, cols, &x);
@@ -329,7 +329,7 @@ fn dense_attention_matches_naive() {
                 &mut out,
             );
             // Many queries and keys run as bf16 tile products where the CPU has AMX.
-            let tiles = n_q >= 32 && n_kv >= 32 && amx::available();
+            let tiles = n_q >= 32 && n_kv >= 32 && amx::bf16_products();
             let tol = if tiles { 1e-2 } else { 1e-5 };
             assert_close(&read(&b, &out, n_q, d), &want, tol, "attention_dense");
         }

@@ -89,3 +89,20 @@ fn tiny_en_jfk_greedy_ids_match_golden() {
     let (ids, _) = greedy(&b, &m, &prompt, 64);
     assert_eq!(ids, want);
 }
+
+/// `--quant q8_0`: the decoder in Q8_0 and the encoder too, whose products run as int8
+/// block products on a CPU with AVX-512 VNNI and without AMX (bf16 tiles with AMX). The
+/// same ids as the golden on jfk.wav, whichever the CPU runs (CI runs this file with
+/// `KILN_NO_AMX=1` too).
+#[test]
+fn tiny_en_jfk_q8_0_greedy_ids_match_golden() {
+    let (prompt, want) = golden();
+    let b = CpuBackend::new(2);
+    let opts = LoadOptions {
+        quant: Some(kiln_quant::GgmlType::Q8_0),
+        ..LoadOptions::default()
+    };
+    let (m, _f) = Whisper::open(&b, &model_dir(), opts).unwrap();
+    let (ids, _) = greedy(&b, &m, &prompt, 64);
+    assert_eq!(ids, want);
+}

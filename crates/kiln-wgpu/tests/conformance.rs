@@ -45,7 +45,7 @@ fn tolerances() -> Tolerances {
 
 /// `exact`, or bf16's bound where the CPU's fast path uses AMX tiles.
 fn cpu_bf16(exact: f32) -> f32 {
-    match kiln_backend::cpu::kernels::amx::available() {
+    match kiln_backend::cpu::kernels::amx::bf16_products() {
         true => 1e-2,
         false => exact,
     }

@@ -112,7 +112,7 @@ impl Tolerances {
     /// summation order, except where AMX tiles round through bf16 (`batched`, and the dense
     /// attention and convolutions of a CPU with AMX).
     pub fn cpu() -> Self {
-        let amx = crate::cpu::kernels::amx::available();
+        let amx = crate::cpu::kernels::amx::bf16_products();
         let bf16 = |exact: f32| if amx { 1e-2 } else { exact };
         Tolerances {
             embed: 0.0,

@@ -86,6 +86,9 @@ pub struct CpuWeight {
     /// A second copy in AMX tile order (bf16) for products over many rows, made when the
     /// model marks the weight as such ([`Backend::prefer_batches`]) and the CPU has AMX.
     pub amx: Option<Box<kernels::amx::PackedB>>,
+    /// A Q8_0 weight marked the same way on a CPU without AMX: int8 rows with one scale a
+    /// row for the AVX-512 VNNI block products (`kernels::vnni_gemm`).
+    pub i8: Option<Box<kernels::vnni_gemm::PackedI8>>,
     /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
     pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
     /// A transposed convolution's weight as stacked phases ([`Backend::conv_transpose_weight`]).
@@ -337,6 +340,7 @@ impl Backend for CpuBackend {
                 bytes,
                 mlx: None,
                 amx: None,
+                i8: None,
                 conv: None,
                 conv_t: None,
             });
@@ -350,6 +354,7 @@ impl Backend for CpuBackend {
             bytes: vec![0u8; w.bytes.len()],
             mlx: None,
             amx: None,
+            i8: None,
             conv: None,
             conv_t: None,
         };
@@ -376,6 +381,7 @@ impl Backend for CpuBackend {
                 bytes: out,
                 mlx: None,
                 amx: None,
+                i8: None,
                 conv: None,
                 conv_t: None,
             };
@@ -401,10 +407,20 @@ impl Backend for CpuBackend {
     }
 
     fn prefer_batches(&self, w: &mut CpuWeight) {
-        if self.reference || w.mlx.is_some() || w.rows == 0 || !kernels::amx::available() {
+        if self.reference || w.mlx.is_some() || w.rows == 0 {
             return;
         }
         let (rows, cols) = (w.rows, w.cols);
+        if w.ty == GgmlType::Q8_0 && !kernels::amx::available() && kernels::vnni_gemm::available() {
+            // Already 8-bit: integer block products (4x the multiply rate of f32 FMA).
+            let packed =
+                kernels::vnni_gemm::PackedI8::from_rows(rows, cols, |r, out| w.dequant_row(r, out));
+            w.i8 = Some(Box::new(packed));
+            return;
+        }
+        if !kernels::amx::bf16_products() {
+            return;
+        }
         let packed = kernels::amx::PackedB::from_rows(rows, cols, |r, out| w.dequant_row(r, out));
         w.amx = Some(Box::new(packed));
     }
@@ -417,6 +433,7 @@ impl Backend for CpuBackend {
         w.bytes.len()
             + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
             + w.amx.as_ref().map_or(0, |p| p.bytes())
+            + w.i8.as_ref().map_or(0, |p| p.bytes())
             + w.conv.as_ref().map_or(0, |p| p.bytes())
             + w.conv_t.as_ref().map_or(0, |p| p.bytes())
     }
@@ -994,6 +1011,7 @@ impl Backend for CpuBackend {
             bytes: Vec::new(),
             mlx: None,
             amx: None,
+            i8: None,
             conv: Some(Box::new(packed)),
             conv_t: None,
         })
@@ -1084,6 +1102,7 @@ impl Backend for CpuBackend {
             bytes: Vec::new(),
             mlx: None,
             amx: None,
+            i8: None,
             conv: None,
             conv_t: Some(Box::new(packed)),
         })

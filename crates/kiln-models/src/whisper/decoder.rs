@@ -94,11 +94,11 @@ impl<B: Backend> Decoder<B> {
             let p = format!("decoder.blocks.{i}");
             let (sa, ca) = (format!("{p}.attn"), format!("{p}.cross_attn"));
             // Cross-attention keys/values are products over all audio positions, once per
-            // window (arithmetic-bound, like the encoder): they keep the file's format.
-            w.set_quantize(false);
+            // window (arithmetic-bound, like the encoder).
+            w.set_batched(true);
             let cross_k = Linear::load_key(b, w, &format!("{ca}.key"), d)?;
             let cross_v = Linear::load(b, w, &format!("{ca}.value"), d, d)?;
-            w.set_quantize(true);
+            w.set_batched(false);
             let sa_w = SelfAttention::load(b, w, &sa, d)?;
             layers.push(DecoderLayer {
                 self_ln: Norm::load(b, w, &format!("{p}.attn_ln"), d)?,

@@ -287,11 +287,11 @@ impl<B: Backend> Whisper<B> {
         let cfg = WhisperConfig::from_file(f)?;
         let w = Weights::new(f, opts.quant);
         // Quantization applies to the decoder: it runs once per token and is bound by
-        // weight bytes. The encoder runs once per window and is bound by arithmetic, where
-        // the f32 block products over fp16 weights are the faster path.
-        w.set_quantize(false);
+        // weight bytes. The encoder runs once per window and is bound by arithmetic: it
+        // keeps the file's format except for Q8_0 (see `set_batched`).
+        w.set_batched(true);
         let encoder = Encoder::load(b, &w, &cfg)?;
-        w.set_quantize(true);
+        w.set_batched(false);
         let decoder = Decoder::load(b, &w, &cfg)?;
         Self::check_tied(f, &w)?;
         if let WhisperFile::Ct2(_) = f {

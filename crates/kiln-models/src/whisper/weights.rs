@@ -300,6 +300,9 @@ pub struct Weights<'a> {
     quant: Option<GgmlType>,
     /// Whether `quant` applies to the matrices loaded now.
     quant_on: Cell<bool>,
+    /// Whether the matrices loaded now run over every position of a window (marked
+    /// `prefer_batches`).
+    batched: Cell<bool>,
 }
 
 impl<'a> Weights<'a> {
@@ -324,12 +327,19 @@ impl<'a> Weights<'a> {
             unused: RefCell::new(unused),
             quant,
             quant_on: Cell::new(true),
+            batched: Cell::new(false),
         }
     }
 
-    /// Turns quantization at load on or off for the matrices read from now on.
-    pub fn set_quantize(&self, on: bool) {
-        self.quant_on.set(on);
+    /// Whether the matrices read from now on run once per window over every position (the
+    /// encoder, the cross-attention keys and values: arithmetic-bound) or once per token
+    /// (the rest of the decoder: bound by weight bytes). The load-time format applies to
+    /// the latter always, to the former only when it is Q8_0 (integer block products where
+    /// the CPU has them; other formats keep the file's half precision, whose bf16/f32 block
+    /// products are the faster path there).
+    pub fn set_batched(&self, on: bool) {
+        self.batched.set(on);
+        self.quant_on.set(!on || self.quant == Some(GgmlType::Q8_0));
     }
 
     fn origin(&self) -> PathBuf {
@@ -557,9 +567,7 @@ impl<'a> Weights<'a> {
             }
         };
         let mut w = w.map_err(backend_err)?;
-        if !self.quant_on.get() {
-            // Weights kept in the file's format are those run once per window over every
-            // position (the encoder, the cross-attention keys/values).
+        if self.batched.get() {
             b.prefer_batches(&mut w);
         }
         Ok(w)

@@ -12,8 +12,13 @@
 //!
 //! Detection: CPUID (AMX-TILE, AMX-BF16), the OS's XSAVE state (XCR0 bits 17-18) and, on
 //! Linux, permission for the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, asked once).
-//! `KILN_NO_AMX=1` (or `KILN_NO_SIMD=1`) turns it off; the callers then keep their AVX-512
-//! or scalar f32 paths.
+//! `KILN_NO_AMX=1` (or `KILN_NO_SIMD=1`) turns it off.
+//!
+//! Without tiles, a CPU with AVX-512 BF16 (AMD Zen 4 and later, Intel Cooper Lake and later)
+//! runs the same block products with `vdpbf16ps` ([`gemm`] and [`gemm_cols`] choose; the
+//! layouts are the same: a B tile row is one 16-lane vector of (even k, odd k) pairs), so
+//! every caller of [`bf16_products`] keeps its packed weights and epilogues. Without either
+//! (`KILN_NO_AVX512=1`, AVX2 machines) the callers keep their f32 paths.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::asm;
@@ -36,6 +41,37 @@ pub fn available() -> bool {
     *OK.get_or_init(|| {
         let off = crate::options::get().no_amx;
         !off && !super::simd_disabled() && detect()
+    })
+}
+
+/// Whether the bf16 block products ([`gemm`], [`gemm_cols`]) run in this process: on AMX
+/// tiles, else on AVX-512 BF16 vectors.
+pub fn bf16_products() -> bool {
+    available() || dp_available()
+}
+
+/// The kernel set behind [`bf16_products`]: "amx" or "avx512-bf16".
+pub fn bf16_products_name() -> Option<&'static str> {
+    match (available(), dp_available()) {
+        (true, _) => Some("amx"),
+        (false, true) => Some("avx512-bf16"),
+        _ => None,
+    }
+}
+
+/// AVX-512 BF16 `vdpbf16ps` (with AVX-512F), allowed by the AVX-512 switch: the block
+/// products' kernel where tiles are absent (tested on machines with tiles too).
+pub fn avx512_bf16_available() -> bool {
+    dp_available()
+}
+
+fn dp_available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        return super::avx512_allowed() && std::is_x86_feature_detected!("avx512bf16");
+        #[allow(unreachable_code)]
+        false
     })
 }
 
@@ -199,7 +235,7 @@ const CONFIG: TileConfig = {
 /// `block` (row-major, 32 wide), including padding rows and columns (zeros times anything).
 ///
 /// # Safety
-/// [`available`] returned true.
+/// [`bf16_products`] returned true.
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, emit: impl FnMut(usize, usize, &[f32])) {
     // SAFETY: as the caller promises.
@@ -209,7 +245,7 @@ pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, emit: impl FnMut(usize, usi
 /// [`gemm`] over columns `j0..j1` of C only (multiples of [`NB`], `j1 <= b.np`).
 ///
 /// # Safety
-/// [`available`] returned true.
+/// [`bf16_products`] returned true.
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn gemm_cols(
     a: &[u16],
@@ -227,6 +263,11 @@ pub unsafe fn gemm_cols(
     let mp = round_up(m.max(1), MB);
     assert!(a.len() >= mp * kp && b.data.len() >= b.np * kp);
     let mut c = Block([0f32; MB * NB]);
+    if !available() {
+        // SAFETY: bf16_products() without tiles means AVX-512F and BF16 (caller); the
+        // operands were bounded above.
+        return unsafe { dp::gemm_cols(a, m, b, j0, j1, &mut c, emit) };
+    }
     let lda = (kp * 2) as isize;
     // SAFETY: AMX is enabled (caller); every tile load reads 16 rows of 64 bytes inside `a`
     // (rows i0..i0+32 < mp, bytes kb*64.. < kp*2) or inside one packed tile of `b`.
@@ -302,6 +343,157 @@ pub unsafe fn gemm_cols(
 
 #[repr(C, align(64))]
 struct Block([f32; MB * NB]);
+
+/// The block products on AVX-512 BF16 vectors: each 32 x 32 block of C as four 8-row strips,
+/// 16 accumulators a strip (8 rows x two 16-column vectors); per k pair one load of each
+/// column tile's row and one broadcast (A's pair as a 32-bit lane) per row.
+#[cfg(target_arch = "x86_64")]
+mod dp {
+    use super::{round_up, Block, PackedB, MB, NB, TILE, TK, TN};
+
+    /// Rows of C per strip.
+    const R: usize = 8;
+
+    /// # Safety
+    /// AVX-512F and AVX-512 BF16 are present; `a` holds `round_up(m, MB)` rows of `b.kp`,
+    /// `b` is packed whole and `j0..j1` is a range of whole blocks inside it.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn gemm_cols(
+        a: &[u16],
+        m: usize,
+        b: &PackedB,
+        j0: usize,
+        j1: usize,
+        c: &mut Block,
+        mut emit: impl FnMut(usize, usize, &[f32]),
+    ) {
+        let (kp, nkb) = (b.kp, b.kp / TK);
+        let mp = round_up(m.max(1), MB);
+        for i0 in (0..mp).step_by(MB) {
+            // Strips wholly past the last row are padding: zeros, left uncomputed.
+            let strips = (m - i0).min(MB).div_ceil(R);
+            if strips * R < MB {
+                c.0[strips * R * NB..].fill(0.0);
+            }
+            for nb in (j0 / TN..j1 / TN).step_by(2) {
+                // SAFETY: rows i0.. of `a` and the two column blocks' tiles lie inside the
+                // operands (caller); each strip writes its own 8 rows of `c`.
+                unsafe {
+                    let b0 = b.data.as_ptr().add(nb * nkb * TILE);
+                    let b1 = b0.add(nkb * TILE);
+                    for s in 0..strips {
+                        let ap = a.as_ptr().add((i0 + s * R) * kp);
+                        strip(ap, kp, b0, b1, kp / 2, c.0.as_mut_ptr().add(s * R * NB));
+                    }
+                }
+                emit(i0, nb * TN, &c.0);
+            }
+        }
+    }
+
+    /// C rows 0..8 (32 wide, at `c`) = A rows (`lda` values apart) · the two column tiles'
+    /// pairs: accumulators zmm0-7 (columns 0-15) and zmm8-15 (16-31), the k pair's two tile
+    /// rows in zmm16-17, each row's pair broadcast once.
+    #[inline]
+    unsafe fn strip(
+        a: *const u16,
+        lda: usize,
+        b0: *const u16,
+        b1: *const u16,
+        pairs: usize,
+        c: *mut f32,
+    ) {
+        debug_assert!(pairs > 0);
+        let lda = (lda * 2) as isize;
+        // SAFETY: the caller bounds every read (pairs = kp / 2 per row and per tile column)
+        // and the 8 x 32 values written; AVX-512F and BF16 are present (caller).
+        unsafe {
+            std::arch::asm!(
+                "vpxord zmm0, zmm0, zmm0",
+                "vpxord zmm1, zmm1, zmm1",
+                "vpxord zmm2, zmm2, zmm2",
+                "vpxord zmm3, zmm3, zmm3",
+                "vpxord zmm4, zmm4, zmm4",
+                "vpxord zmm5, zmm5, zmm5",
+                "vpxord zmm6, zmm6, zmm6",
+                "vpxord zmm7, zmm7, zmm7",
+                "vpxord zmm8, zmm8, zmm8",
+                "vpxord zmm9, zmm9, zmm9",
+                "vpxord zmm10, zmm10, zmm10",
+                "vpxord zmm11, zmm11, zmm11",
+                "vpxord zmm12, zmm12, zmm12",
+                "vpxord zmm13, zmm13, zmm13",
+                "vpxord zmm14, zmm14, zmm14",
+                "vpxord zmm15, zmm15, zmm15",
+                "2:",
+                "vmovdqu16 zmm16, [{b0}]",
+                "vmovdqu16 zmm17, [{b1}]",
+                "vpbroadcastd zmm18, [{a0}]",
+                "vpbroadcastd zmm19, [{a0} + {lda}]",
+                "vpbroadcastd zmm20, [{a0} + {lda} * 2]",
+                "vpbroadcastd zmm21, [{a0} + {l3}]",
+                "vpbroadcastd zmm22, [{a4}]",
+                "vpbroadcastd zmm23, [{a4} + {lda}]",
+                "vpbroadcastd zmm24, [{a4} + {lda} * 2]",
+                "vpbroadcastd zmm25, [{a4} + {l3}]",
+                "vdpbf16ps zmm0, zmm18, zmm16",
+                "vdpbf16ps zmm8, zmm18, zmm17",
+                "vdpbf16ps zmm1, zmm19, zmm16",
+                "vdpbf16ps zmm9, zmm19, zmm17",
+                "vdpbf16ps zmm2, zmm20, zmm16",
+                "vdpbf16ps zmm10, zmm20, zmm17",
+                "vdpbf16ps zmm3, zmm21, zmm16",
+                "vdpbf16ps zmm11, zmm21, zmm17",
+                "vdpbf16ps zmm4, zmm22, zmm16",
+                "vdpbf16ps zmm12, zmm22, zmm17",
+                "vdpbf16ps zmm5, zmm23, zmm16",
+                "vdpbf16ps zmm13, zmm23, zmm17",
+                "vdpbf16ps zmm6, zmm24, zmm16",
+                "vdpbf16ps zmm14, zmm24, zmm17",
+                "vdpbf16ps zmm7, zmm25, zmm16",
+                "vdpbf16ps zmm15, zmm25, zmm17",
+                "add {a0}, 4",
+                "add {a4}, 4",
+                "add {b0}, 64",
+                "add {b1}, 64",
+                "dec {n}",
+                "jnz 2b",
+                "vmovups [{c}], zmm0",
+                "vmovups [{c} + 64], zmm8",
+                "vmovups [{c} + 128], zmm1",
+                "vmovups [{c} + 192], zmm9",
+                "vmovups [{c} + 256], zmm2",
+                "vmovups [{c} + 320], zmm10",
+                "vmovups [{c} + 384], zmm3",
+                "vmovups [{c} + 448], zmm11",
+                "vmovups [{c} + 512], zmm4",
+                "vmovups [{c} + 576], zmm12",
+                "vmovups [{c} + 640], zmm5",
+                "vmovups [{c} + 704], zmm13",
+                "vmovups [{c} + 768], zmm6",
+                "vmovups [{c} + 832], zmm14",
+                "vmovups [{c} + 896], zmm7",
+                "vmovups [{c} + 960], zmm15",
+                a0 = inout(reg) a => _,
+                a4 = inout(reg) a.offset(4 * lda / 2) => _,
+                b0 = inout(reg) b0 => _,
+                b1 = inout(reg) b1 => _,
+                n = inout(reg) pairs => _,
+                lda = in(reg) lda,
+                l3 = in(reg) 3 * lda,
+                c = in(reg) c,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _,
+                out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
+                out("zmm24") _, out("zmm25") _,
+                options(nostack),
+            );
+        }
+    }
+}
 
 /// Configures this thread's tiles for [`conv_block_u8`].
 ///
@@ -443,10 +635,35 @@ mod tests {
 
     #[test]
     fn gemm_matches_f32_products_of_the_rounded_inputs() {
-        if !available() {
-            eprintln!("AMX not available here: skipped");
+        // Tiles where present, else vdpbf16ps; the vector kernel on its own below.
+        if !bf16_products() {
+            eprintln!("no bf16 block products here: skipped");
             return;
         }
+        check_gemm(|a, m, b, j0, j1, emit| unsafe { gemm_cols(a, m, b, j0, j1, emit) });
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn vector_gemm_matches_f32_products_of_the_rounded_inputs() {
+        if !dp_available() {
+            eprintln!("AVX-512 BF16 not available here: skipped");
+            return;
+        }
+        check_gemm(|a, m, b, j0, j1, emit| {
+            let mut c = Block([0f32; MB * NB]);
+            // SAFETY: dp_available() was checked; the operands are built whole below.
+            unsafe { dp::gemm_cols(a, m, b, j0, j1, &mut c, emit) }
+        });
+    }
+
+    type GemmCols<'e> =
+        dyn Fn(&[u16], usize, &PackedB, usize, usize, &mut dyn FnMut(usize, usize, &[f32])) + 'e;
+
+    fn check_gemm(
+        run: impl Fn(&[u16], usize, &PackedB, usize, usize, &mut dyn FnMut(usize, usize, &[f32])),
+    ) {
+        let run: &GemmCols = &run;
         let f = |x: u16| f32::from_bits((x as u32) << 16);
         let mut seed = 0x9e37_79b9u32;
         let mut rnd = move || {
@@ -468,16 +685,16 @@ mod tests {
             let mut a = Vec::new();
             to_bf16_rows(&x, k, m, k, b.kp, &mut a);
             let mut c = vec![f32::NAN; m * n];
-            // SAFETY: available() was checked above.
-            unsafe {
-                gemm(&a, m, &b, |i0, j0, blk| {
+            // All columns, then the upper half of the blocks alone (gemm_cols' range).
+            for j_lo in [0, b.np / NB / 2 * NB] {
+                run(&a, m, &b, j_lo, b.np, &mut |i0, j0, blk| {
                     for i in i0..(i0 + MB).min(m) {
                         for j in j0..(j0 + NB).min(n) {
                             c[i * n + j] = blk[(i - i0) * NB + j - j0];
                         }
                     }
-                })
-            };
+                });
+            }
             for i in 0..m {
                 for j in 0..n {
                     let want: f32 = (0..k)

@@ -10,6 +10,7 @@ mod neon_x8;
 pub mod pack;
 pub mod scalar;
 pub mod tile;
+pub mod vnni_gemm;
 pub mod x8;
 #[cfg(target_arch = "x86_64")]
 mod x86;

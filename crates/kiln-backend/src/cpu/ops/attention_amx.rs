@@ -26,7 +26,7 @@ thread_local! {
 }
 
 pub fn applies(s: &DenseAttnShape) -> bool {
-    s.n_q >= MIN_LEN && s.n_kv >= MIN_LEN && amx::available()
+    s.n_q >= MIN_LEN && s.n_kv >= MIN_LEN && amx::bf16_products()
 }
 
 pub fn attention(

@@ -16,7 +16,7 @@ use crate::Conv1dShape;
 const CHUNK: usize = 128;
 
 pub fn applies(s: &Conv1dShape) -> bool {
-    s.stride == 1 && s.groups == 1 && s.c_out >= MB && s.len_out() >= NB && amx::available()
+    s.stride == 1 && s.groups == 1 && s.c_out >= MB && s.len_out() >= NB && amx::bf16_products()
 }
 
 thread_local! {
@@ -104,7 +104,7 @@ impl PackedConvT {
 pub fn pack_transposed(w: &[f32], s: &Conv1dShape) -> Option<PackedConvT> {
     let (ci, co, k, st) = (s.c_in, s.c_out, s.k, s.stride);
     let runs = s.groups == 1 && s.dilation == 1 && st >= 1 && k >= 1 && co >= MB;
-    if !runs || w.len() != ci * co * k || !amx::available() {
+    if !runs || w.len() != ci * co * k || !amx::bf16_products() {
         return None;
     }
     let jt = k.div_ceil(st);
@@ -210,7 +210,7 @@ mod tests {
     /// Against the direct form, at bf16 tolerance, with padding and dilation (where AMX runs).
     #[test]
     fn tiles_match_direct() {
-        if !amx::available() {
+        if !amx::bf16_products() {
             eprintln!("AMX not available here: skipped");
             return;
         }
@@ -261,7 +261,7 @@ mod tests {
     /// dividing k or not, padding, output padding, lengths off the chunk grid.
     #[test]
     fn transposed_matches_direct() {
-        if !amx::available() {
+        if !amx::bf16_products() {
             eprintln!("AMX not available here: skipped");
             return;
         }

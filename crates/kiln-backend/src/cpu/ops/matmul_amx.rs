@@ -6,6 +6,7 @@
 
 use super::matmul::{Epilogue, Job};
 use crate::cpu::kernels::amx::{self, MB, NB};
+use crate::cpu::kernels::vnni_gemm;
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
 
@@ -14,41 +15,27 @@ use crate::cpu::CpuTensor;
 /// dots and a few ms on tiles.
 pub const MIN_ROWS: usize = 8;
 
-/// Whether `jobs` over `n` rows run here.
+/// Whether `jobs` over `n` rows run here (all on bf16 copies, or all on int8 copies).
 pub fn applies(n: usize, jobs: &[Job]) -> bool {
+    let plain = |j: &Job| !matches!(j.epilogue, Epilogue::SiluMul(_));
     n >= MIN_ROWS
-        && jobs
-            .iter()
-            .all(|j| j.w.amx.is_some() && !matches!(j.epilogue, Epilogue::SiluMul(_)))
+        && (jobs.iter().all(|j| j.w.amx.is_some() && plain(j))
+            || jobs.iter().all(|j| j.w.i8.is_some() && plain(j)))
 }
 
 thread_local! {
     /// One thread's rows of x in bf16.
     static A: std::cell::RefCell<Vec<u16>> = Default::default();
+    /// One thread's rows of x as int8 (+128) and their scales, and its output block.
+    static A8: std::cell::RefCell<(Vec<u8>, Vec<f32>, vnni_gemm::Block)> = Default::default();
 }
 
 pub fn matmul_jobs(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
-    const MAX_JOBS: usize = 3;
-    assert!(jobs.len() <= MAX_JOBS);
-    let cols = x.cols;
-    let mut outs = [(SharedMut(std::ptr::null_mut()), 0usize); MAX_JOBS];
-    for (o, j) in outs.iter_mut().zip(jobs.iter_mut()) {
-        assert_eq!(
-            j.w.cols, cols,
-            "matmul: x has {cols} cols, W has {}",
-            j.w.cols
-        );
-        assert_eq!(
-            j.out.cols, j.w.rows,
-            "matmul: out has {} cols, W {} rows",
-            j.out.cols, j.w.rows
-        );
-        assert!(
-            j.out.data.len() >= n * j.w.rows,
-            "matmul: out has too few rows"
-        );
-        *o = (SharedMut(j.out.data.as_mut_ptr()), j.w.rows);
+    if jobs[0].w.i8.is_some() {
+        return matmul_jobs_i8(pool, x, n, jobs);
     }
+    let outs = outputs(x, n, jobs);
+    let cols = x.cols;
     let jobs = &*jobs;
     let kp = jobs[0].w.amx.as_ref().map_or(0, |p| p.kp);
     if n.div_ceil(MB) < pool.threads() {
@@ -81,6 +68,72 @@ pub fn matmul_jobs(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
                 };
                 // SAFETY: only weights packed by prefer_batches (which checked AMX) get here.
                 unsafe { amx::gemm(a, m, p, emit) };
+            }
+        })
+    });
+}
+
+/// Output pointers and widths of the jobs, their shapes checked against x.
+fn outputs(x: &CpuTensor, n: usize, jobs: &mut [Job]) -> [(SharedMut, usize); 3] {
+    let cols = x.cols;
+    let mut outs = [(SharedMut(std::ptr::null_mut()), 0usize); 3];
+    assert!(jobs.len() <= outs.len());
+    for (o, j) in outs.iter_mut().zip(jobs.iter_mut()) {
+        assert_eq!(
+            j.w.cols, cols,
+            "matmul: x has {cols} cols, W has {}",
+            j.w.cols
+        );
+        assert_eq!(
+            j.out.cols, j.w.rows,
+            "matmul: out has {} cols, W {} rows",
+            j.out.cols, j.w.rows
+        );
+        assert!(
+            j.out.data.len() >= n * j.w.rows,
+            "matmul: out has too few rows"
+        );
+        *o = (SharedMut(j.out.data.as_mut_ptr()), j.w.rows);
+    }
+    outs
+}
+
+/// [`matmul_jobs`] over int8 copies: x's rows quantized once per block of 32 (or once, with
+/// the columns split, when there are too few blocks to go round).
+fn matmul_jobs_i8(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
+    let outs = outputs(x, n, jobs);
+    let jobs = &*jobs;
+    let cols = x.cols;
+    let kp = jobs[0].w.i8.as_ref().map_or(0, |p| p.kp);
+    if n.div_ceil(MB) < pool.threads() {
+        let (mut a, mut sa) = (Vec::new(), Vec::new());
+        vnni_gemm::quantize_rows(&x.data[..n * cols], cols, n, cols, kp, &mut a, &mut sa);
+        for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
+            let p = job.w.i8.as_deref().expect("checked by applies()");
+            pool.run_aligned(p.np, NB, |j0, j1| {
+                let mut c = vnni_gemm::Block::default();
+                let emit = |i0: usize, jb: usize, blk: &[f32]| {
+                    store_block(job, dst, rows, 0, n, i0, jb, blk)
+                };
+                // SAFETY: only weights packed by prefer_batches (which checked VNNI) get
+                // here; each thread writes its own columns j0..j1 of the output.
+                unsafe { vnni_gemm::gemm_cols(&a, &sa, n, p, j0, j1, &mut c, emit) };
+            });
+        }
+        return;
+    }
+    pool.run_aligned(n, MB, |t0, t1| {
+        A8.with(|cell| {
+            let (a, sa, c) = &mut *cell.borrow_mut();
+            let m = t1 - t0;
+            vnni_gemm::quantize_rows(&x.data[t0 * cols..t1 * cols], cols, m, cols, kp, a, sa);
+            for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
+                let p = job.w.i8.as_deref().expect("checked by applies()");
+                let emit = |i0: usize, j0: usize, blk: &[f32]| {
+                    store_block(job, dst, rows, t0, m, i0, j0, blk)
+                };
+                // SAFETY: as above.
+                unsafe { vnni_gemm::gemm_cols(a, sa, m, p, 0, p.np, c, emit) };
             }
         })
     });

@@ -99,6 +99,7 @@ pub fn load(w: MlxWeightData) -> CpuWeight {
             biases: w.biases.to_vec(),
         })),
         amx: None,
+        i8: None,
         conv: None,
         conv_t: None,
     }
