@@ -30,16 +30,24 @@ pub fn attention_dense(
     if s.n_q >= BLOCKED_MIN_QUERIES {
         return blocked(pool, q, k, v, s, dst, avx2);
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::attention_few::handles(&s) {
+        return pool.run(super::attention_few::count(&s), |i0, i1| {
+            SCRATCH.with(|cell| {
+                let mut guard = cell.borrow_mut();
+                let scores: &mut Vec<f32> = &mut guard;
+                let want = scores.len().max(super::attention_few::scores_len(&s));
+                scores.resize(want, 0.0);
+                super::attention_few::items(q, k, v, s, dst, i0, i1, scores)
+            })
+        });
+    }
     pool.run(s.n_q * s.heads, |i0, i1| {
         SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
             let scores: &mut Vec<f32> = &mut guard;
             let want = scores.len().max(s.n_kv);
             scores.resize(want, 0.0);
-            #[cfg(target_arch = "x86_64")]
-            if super::attention_few::handles(&s) {
-                return super::attention_few::items(q, k, v, s, dst, i0, i1, scores);
-            }
             #[cfg(target_arch = "x86_64")]
             if avx2 {
                 // SAFETY: AVX2 and FMA were detected on this CPU.

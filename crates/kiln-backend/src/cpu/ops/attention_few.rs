@@ -4,6 +4,10 @@
 //! key and value rows are prefetched a few positions ahead (each row is a strided 256-512 B
 //! piece of the (n_kv, heads·hd) tensors, which the hardware prefetcher follows poorly).
 //! Same results as the portable path up to f32 summation order.
+//!
+//! Without a causal mask (cross-attention), the queries of several rows (a beam search's
+//! hypotheses over one window) run together: a work item is one head and up to [`group`]
+//! queries, so each key and value row is read once for all of them instead of once each.
 
 use std::arch::x86_64::*;
 
@@ -18,7 +22,26 @@ pub fn handles(s: &DenseAttnShape) -> bool {
     crate::cpu::kernels::avx512_allowed() && matches!(s.head_dim, 64 | 128)
 }
 
-/// Items i0..i1 (item = t · heads + h).
+/// Queries a work item takes (registers: the queries and their outputs).
+pub fn group(s: &DenseAttnShape) -> usize {
+    match (s.causal, s.head_dim) {
+        (true, _) => 1,
+        (false, 64) => 4,
+        _ => 2,
+    }
+}
+
+/// Work items of the shape: (query group, head) pairs.
+pub fn count(s: &DenseAttnShape) -> usize {
+    s.n_q.div_ceil(group(s)) * s.heads
+}
+
+/// Score rows a work item needs (`group` of `n_kv`).
+pub fn scores_len(s: &DenseAttnShape) -> usize {
+    group(s) * s.n_kv
+}
+
+/// Items i0..i1 (item = g · heads + h: queries g·group.. of head h).
 #[allow(clippy::too_many_arguments)]
 pub fn items(
     q: &CpuTensor,
@@ -32,6 +55,32 @@ pub fn items(
 ) {
     let (hd, d) = (s.head_dim, s.heads * s.head_dim);
     let scale = 1.0 / (hd as f32).sqrt();
+    let g = group(&s);
+    if g > 1 {
+        let n = s.n_kv;
+        assert!(k.data.len() >= n * d && v.data.len() >= n * d && scores.len() >= g * n);
+        for i in i0..i1 {
+            let (t0, h) = (i / s.heads * g, i % s.heads);
+            let nq = (s.n_q - t0).min(g);
+            // SAFETY: AVX-512F was detected (handles()); rows p < n_kv of k and v hold d
+            // values (asserted), head h's hd of them start at h·hd; rows t0..t0+nq of q
+            // and out exist (n_q rows), head h of them is this item's.
+            unsafe {
+                let qp = q.data.as_ptr().add(t0 * d + h * hd);
+                let (kp, vp) = (k.data.as_ptr().add(h * hd), v.data.as_ptr().add(h * hd));
+                let out = dst.0.add(t0 * d + h * hd);
+                match (hd, nq) {
+                    (64, 4) => grouped::<4, 4>(qp, kp, vp, d, n, scale, scores, out),
+                    (64, 3) => grouped::<4, 3>(qp, kp, vp, d, n, scale, scores, out),
+                    (64, 2) => grouped::<4, 2>(qp, kp, vp, d, n, scale, scores, out),
+                    (64, _) => grouped::<4, 1>(qp, kp, vp, d, n, scale, scores, out),
+                    (_, 2) => grouped::<8, 2>(qp, kp, vp, d, n, scale, scores, out),
+                    _ => grouped::<8, 1>(qp, kp, vp, d, n, scale, scores, out),
+                }
+            }
+        }
+        return;
+    }
     for i in i0..i1 {
         let (t, h) = (i / s.heads, i % s.heads);
         let len = if s.causal {
@@ -120,4 +169,107 @@ unsafe fn item<const HV: usize>(
             _mm512_storeu_ps(out.add(16 * i), *oi);
         }
     }
+}
+
+/// NQ queries (rows `d` apart from `q`) of one head over every key (no mask): per key row
+/// one load of its HV vectors for all the queries' scores, then per value row one load for
+/// all their outputs. `scores` holds NQ rows of `len`.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn grouped<const HV: usize, const NQ: usize>(
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+    d: usize,
+    len: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: *mut f32,
+) {
+    // SAFETY: the caller bounds q and out (NQ rows), k and v (len rows) and scores.
+    unsafe {
+        let sv = _mm512_set1_ps(scale);
+        let qv: [[__m512; HV]; NQ] = std::array::from_fn(|j| {
+            std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(q.add(j * d + 16 * i)), sv))
+        });
+        // Sixteen keys at a time: their rows stay in L1 for every query, and the sixteen
+        // sums reduce together into one vector of scores.
+        let mut p = 0;
+        while p + 16 <= len {
+            for r in 0..16 {
+                prefetch_row::<HV>(k.wrapping_add((p + r + 16) * d));
+            }
+            for (j, qj) in qv.iter().enumerate() {
+                let acc: [__m512; 16] = std::array::from_fn(|r| {
+                    let row = k.add((p + r) * d);
+                    let mut a = _mm512_mul_ps(qj[0], _mm512_loadu_ps(row));
+                    for i in 1..HV {
+                        a = _mm512_fmadd_ps(qj[i], _mm512_loadu_ps(row.add(16 * i)), a);
+                    }
+                    a
+                });
+                _mm512_storeu_ps(scores.as_mut_ptr().add(j * len + p), sum16(&acc));
+            }
+            p += 16;
+        }
+        for p in p..len {
+            let row = k.add(p * d);
+            for (j, qj) in qv.iter().enumerate() {
+                let mut a = _mm512_mul_ps(qj[0], _mm512_loadu_ps(row));
+                for i in 1..HV {
+                    a = _mm512_fmadd_ps(qj[i], _mm512_loadu_ps(row.add(16 * i)), a);
+                }
+                scores[j * len + p] = _mm512_reduce_add_ps(a);
+            }
+        }
+        for j in 0..NQ {
+            super::attention_dense::softmax8(&mut scores[j * len..(j + 1) * len], 1.0);
+        }
+        let mut o = [[_mm512_setzero_ps(); HV]; NQ];
+        for p in 0..len {
+            prefetch_row::<HV>(v.wrapping_add((p + AHEAD) * d));
+            let row = v.add(p * d);
+            let vr: [__m512; HV] = std::array::from_fn(|i| _mm512_loadu_ps(row.add(16 * i)));
+            for (j, oj) in o.iter_mut().enumerate() {
+                let wv = _mm512_set1_ps(scores[j * len + p]);
+                for (i, oi) in oj.iter_mut().enumerate() {
+                    *oi = _mm512_fmadd_ps(wv, vr[i], *oi);
+                }
+            }
+        }
+        for (j, oj) in o.iter().enumerate() {
+            for (i, oi) in oj.iter().enumerate() {
+                _mm512_storeu_ps(out.add(j * d + 16 * i), *oi);
+            }
+        }
+    }
+}
+
+/// Lane r of the result = the sum of a[r]'s sixteen lanes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn sum16(a: &[__m512; 16]) -> __m512 {
+    // Pairs within 128-bit chunks, then the four rows of a chunk, then across chunks.
+    let pair =
+        |x: __m512, y: __m512| _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+    let y: [__m512; 4] = std::array::from_fn(|g| {
+        let b = 4 * g;
+        let (x01, x23) = (pair(a[b], a[b + 1]), pair(a[b + 2], a[b + 3]));
+        let lo = _mm512_castpd_ps(_mm512_unpacklo_pd(
+            _mm512_castps_pd(x01),
+            _mm512_castps_pd(x23),
+        ));
+        let hi = _mm512_castpd_ps(_mm512_unpackhi_pd(
+            _mm512_castps_pd(x01),
+            _mm512_castps_pd(x23),
+        ));
+        _mm512_add_ps(lo, hi)
+    });
+    let cross = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+        )
+    };
+    cross(cross(y[0], y[1]), cross(y[2], y[3]))
 }
