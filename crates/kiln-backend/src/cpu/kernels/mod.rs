@@ -17,6 +17,102 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_x8;
 
+/// An 8 x 32 strip of a block product in 16 AVX-512 accumulators: per step, one 64-byte row
+/// of each of two packed 16-column blocks (zmm16-17) and each of 8 rows' 4 bytes broadcast
+/// (zmm18-25), combined by `$op` (`vdpbf16ps`: bf16 pairs into f32; `vpdpbusd`: u8 x s8
+/// quads into i32); the 8 x 32 sums stored at `$c` (rows 128 bytes apart). Rows of A are
+/// `$lda` bytes apart, each step 4 bytes along them and 64 along the blocks.
+#[cfg(target_arch = "x86_64")]
+macro_rules! strip_8x32 {
+    ($op:literal, $a:expr, $lda:expr, $b0:expr, $b1:expr, $steps:expr, $c:expr) => {
+        std::arch::asm!(
+            "vpxord zmm0, zmm0, zmm0",
+            "vpxord zmm1, zmm1, zmm1",
+            "vpxord zmm2, zmm2, zmm2",
+            "vpxord zmm3, zmm3, zmm3",
+            "vpxord zmm4, zmm4, zmm4",
+            "vpxord zmm5, zmm5, zmm5",
+            "vpxord zmm6, zmm6, zmm6",
+            "vpxord zmm7, zmm7, zmm7",
+            "vpxord zmm8, zmm8, zmm8",
+            "vpxord zmm9, zmm9, zmm9",
+            "vpxord zmm10, zmm10, zmm10",
+            "vpxord zmm11, zmm11, zmm11",
+            "vpxord zmm12, zmm12, zmm12",
+            "vpxord zmm13, zmm13, zmm13",
+            "vpxord zmm14, zmm14, zmm14",
+            "vpxord zmm15, zmm15, zmm15",
+            "2:",
+            "vmovups zmm16, [{b0}]",
+            "vmovups zmm17, [{b1}]",
+            "vpbroadcastd zmm18, [{a0}]",
+            "vpbroadcastd zmm19, [{a0} + {lda}]",
+            "vpbroadcastd zmm20, [{a0} + {lda} * 2]",
+            "vpbroadcastd zmm21, [{a0} + {l3}]",
+            "vpbroadcastd zmm22, [{a4}]",
+            "vpbroadcastd zmm23, [{a4} + {lda}]",
+            "vpbroadcastd zmm24, [{a4} + {lda} * 2]",
+            "vpbroadcastd zmm25, [{a4} + {l3}]",
+            concat!($op, " zmm0, zmm18, zmm16"),
+            concat!($op, " zmm8, zmm18, zmm17"),
+            concat!($op, " zmm1, zmm19, zmm16"),
+            concat!($op, " zmm9, zmm19, zmm17"),
+            concat!($op, " zmm2, zmm20, zmm16"),
+            concat!($op, " zmm10, zmm20, zmm17"),
+            concat!($op, " zmm3, zmm21, zmm16"),
+            concat!($op, " zmm11, zmm21, zmm17"),
+            concat!($op, " zmm4, zmm22, zmm16"),
+            concat!($op, " zmm12, zmm22, zmm17"),
+            concat!($op, " zmm5, zmm23, zmm16"),
+            concat!($op, " zmm13, zmm23, zmm17"),
+            concat!($op, " zmm6, zmm24, zmm16"),
+            concat!($op, " zmm14, zmm24, zmm17"),
+            concat!($op, " zmm7, zmm25, zmm16"),
+            concat!($op, " zmm15, zmm25, zmm17"),
+            "add {a0}, 4",
+            "add {a4}, 4",
+            "add {b0}, 64",
+            "add {b1}, 64",
+            "dec {n}",
+            "jnz 2b",
+            "vmovups [{c}], zmm0",
+            "vmovups [{c} + 64], zmm8",
+            "vmovups [{c} + 128], zmm1",
+            "vmovups [{c} + 192], zmm9",
+            "vmovups [{c} + 256], zmm2",
+            "vmovups [{c} + 320], zmm10",
+            "vmovups [{c} + 384], zmm3",
+            "vmovups [{c} + 448], zmm11",
+            "vmovups [{c} + 512], zmm4",
+            "vmovups [{c} + 576], zmm12",
+            "vmovups [{c} + 640], zmm5",
+            "vmovups [{c} + 704], zmm13",
+            "vmovups [{c} + 768], zmm6",
+            "vmovups [{c} + 832], zmm14",
+            "vmovups [{c} + 896], zmm7",
+            "vmovups [{c} + 960], zmm15",
+            a0 = inout(reg) $a => _,
+            a4 = inout(reg) $a.wrapping_byte_offset(4 * $lda) => _,
+            b0 = inout(reg) $b0 => _,
+            b1 = inout(reg) $b1 => _,
+            n = inout(reg) $steps => _,
+            lda = in(reg) $lda,
+            l3 = in(reg) 3 * $lda,
+            c = in(reg) $c,
+            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+            out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+            out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+            out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+            out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _,
+            out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
+            out("zmm24") _, out("zmm25") _,
+            options(nostack),
+        )
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use strip_8x32;
+
 use std::sync::OnceLock;
 
 use kiln_quant::GgmlType;
