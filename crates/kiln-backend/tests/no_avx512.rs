@@ -17,3 +17,18 @@ fn avx2_attention_batch_matches_each() {
     std::env::set_var("KILN_NO_AVX512", "1");
     common::attention_check::attention_batch_matches_each();
 }
+
+/// The int8 block products on AVX-VNNI (256-bit `vpdpbusd`), which a CPU with AVX-512 runs
+/// only with the switch: bit for bit the scalar form of the same quantized product.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn avx_vnni_int8_block_products_match_scalar() {
+    use kiln_backend::cpu::kernels::vnni_gemm;
+    std::env::set_var("KILN_NO_AVX512", "1");
+    if !std::is_x86_feature_detected!("avxvnni") {
+        eprintln!("no AVX-VNNI here: skipped");
+        return;
+    }
+    assert_eq!(vnni_gemm::isa(), Some(vnni_gemm::Isa::AvxVnni));
+    vnni_gemm::check_against_scalar();
+}

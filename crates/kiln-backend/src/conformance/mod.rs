@@ -109,11 +109,15 @@ pub struct Tolerances {
 
 impl Tolerances {
     /// The CPU backend's own kernel sets: the same arithmetic as the reference in another
-    /// summation order, except where AMX tiles round through bf16 (`batched`, and the dense
-    /// attention and convolutions of a CPU with AMX).
+    /// summation order, except where block products round through bf16 (`batched`, and the
+    /// dense attention and convolutions of a CPU with AMX or AVX-512 BF16) or int8 (`batched`
+    /// over Q8_0 weights on AVX-512 VNNI or NEON dotprod without AMX).
     pub fn cpu() -> Self {
         let amx = crate::cpu::kernels::amx::bf16_products();
         let bf16 = |exact: f32| if amx { 1e-2 } else { exact };
+        // Q8_0 weights marked `prefer_batches` run as int8 block products where there are no
+        // tiles (AVX-512 VNNI, NEON dotprod): activations rounded to int8 a row.
+        let int8 = crate::cpu::kernels::vnni_gemm::available();
         Tolerances {
             embed: 0.0,
             norm: 1e-6,
@@ -125,7 +129,7 @@ impl Tolerances {
             rope: 1e-6,
             product: 1e-5,
             fused_product: 1e-5,
-            batched: bf16(1e-5),
+            batched: if amx || int8 { 1e-2 } else { 1e-5 },
             attention: 1e-5,
             attention_packed: 1e-5,
             attention_dense: bf16(1e-5),

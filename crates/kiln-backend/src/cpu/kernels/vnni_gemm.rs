@@ -1,10 +1,13 @@
-//! Integer block products on AVX-512 VNNI for prefill-sized products over 8-bit weights
-//! marked `prefer_batches` (Whisper's encoder with `--quant q8_0`) on CPUs without AMX tiles:
+//! Integer block products on AVX-512 VNNI (and NEON dotprod) for prefill-sized products over
+//! 8-bit weights marked `prefer_batches` (Whisper's encoder with `--quant q8_0`) on CPUs
+//! without AMX tiles:
 //! C (m, n) = A (m, k) · Wᵀ with W's rows quantized to int8 with one scale a row and A's rows
 //! quantized on the fly to int8 with one scale a row (what CTranslate2 and ONNX Runtime's
 //! dynamic quantization do). `vpdpbusd` multiplies unsigned by signed bytes, so A is stored
 //! as q + 128 and 128 · Σ W[j] is taken off each sum: the integer sums are exact, and
-//! C[i][j] = ((Σ (qa + 128) qw) - 128 Σ qw) · sa[i] · sw[j] in f32.
+//! C[i][j] = ((Σ (qa + 128) qw) - 128 Σ qw) · sa[i] · sw[j] in f32. NEON's `sdot` multiplies
+//! signed by signed: there A holds qa itself ([`OFFSET`] 0) and the lane-indexed form takes
+//! each row's four bytes of a step from one 16-byte load (four steps).
 //!
 //! Layouts: A row-major u8, rows padded to a multiple of [`MB`] (with q = 0), `k` to
 //! [`KP`] (q = 0 against zero weights); W packed in 16-row blocks, each block's k in steps
@@ -19,18 +22,49 @@ pub const KP: usize = 64;
 /// Rows of W per packed block (lanes of a vector).
 const TN: usize = 16;
 
-/// Whether these products run here: AVX-512F, BW and VNNI, allowed by the AVX-512 switch.
-pub fn available() -> bool {
+/// What A's bytes carry on top of the quantized value: `vpdpbusd` takes unsigned bytes.
+#[cfg(target_arch = "x86_64")]
+const OFFSET: i32 = 128;
+#[cfg(not(target_arch = "x86_64"))]
+const OFFSET: i32 = 0;
+
+/// The instruction set the products run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F, BW and VNNI (allowed by the AVX-512 switch).
+    Avx512,
+    /// AVX-VNNI: `vpdpbusd` on 256-bit vectors (Intel client cores without AVX-512).
+    AvxVnni,
+    /// NEON dotprod (`sdot`).
+    Dotprod,
+}
+
+/// The set these products run on here, if any.
+pub fn isa() -> Option<Isa> {
     use std::sync::OnceLock;
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
+    static ISA: OnceLock<Option<Isa>> = OnceLock::new();
+    *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        return super::avx512_allowed()
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vnni");
-        #[allow(unreachable_code)]
-        false
+        {
+            use std::is_x86_feature_detected as has;
+            if super::avx512_allowed() && has!("avx512bw") && has!("avx512vnni") {
+                return Some(Isa::Avx512);
+            }
+            if !super::simd_disabled() && has!("avx2") && has!("fma") && has!("avxvnni") {
+                return Some(Isa::AvxVnni);
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if !super::simd_disabled() && std::arch::is_aarch64_feature_detected!("dotprod") {
+            return Some(Isa::Dotprod);
+        }
+        None
     })
+}
+
+/// Whether these products run here.
+pub fn available() -> bool {
+    isa().is_some()
 }
 
 /// W (n rows of k) as int8, one scale a row, in vector order.
@@ -39,7 +73,7 @@ pub struct PackedI8 {
     pub data: Vec<i8>,
     /// Each row's scale (max |w| / 127), `np` of them (zeros past n).
     pub scale: Vec<f32>,
-    /// 128 · Σ q over each row: what the +128 of A's bytes adds to every sum.
+    /// [`OFFSET`] · Σ q over each row: what the offset of A's bytes adds to every sum.
     pub corr: Vec<i32>,
     pub k: usize,
     pub n: usize,
@@ -81,7 +115,7 @@ impl PackedI8 {
                 p.data[base + (kk / 4) * 4 * TN + lane * 4 + kk % 4] = q;
             }
             p.scale[j] = scale;
-            p.corr[j] = 128 * sum;
+            p.corr[j] = OFFSET * sum;
         }
         p
     }
@@ -91,8 +125,8 @@ impl PackedI8 {
     }
 }
 
-/// Rows `x[i * ldx ..][..k]` for i < m as q + 128 bytes into `a` (`round_up(m, MB)` rows of
-/// `kp`, padding 128) and their scales into `sa` (one a row, zeros for padding rows).
+/// Rows `x[i * ldx ..][..k]` for i < m as q + [`OFFSET`] bytes into `a` (`round_up(m, MB)`
+/// rows of `kp`, padding q = 0) and their scales into `sa` (one a row, zeros for padding).
 pub fn quantize_rows(
     x: &[f32],
     ldx: usize,
@@ -104,28 +138,51 @@ pub fn quantize_rows(
 ) {
     let mp = round_up(m.max(1), MB);
     a.clear();
-    a.resize(mp * kp, 128);
+    a.resize(mp * kp, OFFSET as u8);
     sa.clear();
     sa.resize(mp, 0.0);
     for i in 0..m {
         let src = &x[i * ldx..i * ldx + k];
         let dst = &mut a[i * kp..i * kp + k];
         #[cfg(target_arch = "x86_64")]
-        if available() {
+        match isa() {
             // SAFETY: AVX-512F/BW were detected; both rows hold k values.
-            sa[i] = unsafe { quantize_row_512(src, dst) };
-            continue;
+            Some(Isa::Avx512) => {
+                sa[i] = unsafe { quantize_row_512(src, dst) };
+                continue;
+            }
+            // SAFETY: AVX2 and FMA were detected.
+            Some(Isa::AvxVnni) => {
+                sa[i] = unsafe { quantize_row_avx2(src, dst) };
+                continue;
+            }
+            _ => {}
         }
+        sa[i] = quantize_row(src, dst);
+    }
+}
+
+/// One row of [`quantize_rows`]; returns its scale.
+#[inline(always)]
+fn quantize_row(src: &[f32], dst: &mut [u8]) -> f32 {
+    {
         let max = src.iter().fold(0f32, |m, v| m.max(v.abs()));
         if max == 0.0 {
-            continue;
+            return 0.0;
         }
         let inv = 127.0 / max;
-        sa[i] = max / 127.0;
         for (d, &v) in dst.iter_mut().zip(src) {
-            *d = (q8(v, inv) as i32 + 128) as u8;
+            *d = (q8(v, inv) as i32 + OFFSET) as u8;
         }
+        max / 127.0
     }
+}
+
+/// [`quantize_row`] compiled for AVX2 (vectorized: the rounding is `vroundps`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_row_avx2(src: &[f32], dst: &mut [u8]) -> f32 {
+    quantize_row(src, dst)
 }
 
 /// One row of [`quantize_rows`] 16 lanes at a time (the conversion rounds to nearest even,
@@ -192,7 +249,8 @@ impl Default for Block {
 ///
 /// # Safety
 /// [`available`] returned true.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_cols(
     a: &[u8],
     sa: &[f32],
@@ -239,8 +297,8 @@ pub unsafe fn gemm_cols(
     }
 }
 
-/// Without x86_64 there is no VNNI ([`available`] is false, so this is never called).
-#[cfg(not(target_arch = "x86_64"))]
+/// Elsewhere [`available`] is false, so this is never called.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_cols(
     _: &[u8],
@@ -252,7 +310,7 @@ pub unsafe fn gemm_cols(
     _: &mut Block,
     _: impl FnMut(usize, usize, &[f32]),
 ) {
-    unreachable!("AVX-512 VNNI is x86_64 only")
+    unreachable!("no integer block products on this architecture")
 }
 
 /// Rows of C per strip.
@@ -261,10 +319,42 @@ const R: usize = 8;
 #[repr(C, align(64))]
 struct Sums([i32; R * NB]);
 
+/// c[r][j] = (sums[r][j] - corr[j]) · sa[r] · sw[j], 8 rows of 32 (the vectorizer's).
+#[cfg(target_arch = "aarch64")]
+unsafe fn finish(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32]) {
+    for r in 0..R {
+        for j in 0..NB {
+            c[r * NB + j] = (sums.0[r * NB + j] - corr[j]) as f32 * sa[r] * sw[j];
+        }
+    }
+}
+
 /// c[r][j] = (sums[r][j] - corr[j]) · sa[r] · sw[j], 8 rows of 32.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
 unsafe fn finish(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32]) {
+    // SAFETY: the set was detected (caller).
+    unsafe {
+        match isa() {
+            Some(Isa::Avx512) => finish_512(sums, sa, sw, corr, c),
+            _ => finish_avx2(sums, sa, sw, corr, c),
+        }
+    }
+}
+
+/// [`finish`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn finish_avx2(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32]) {
+    for r in 0..R {
+        for j in 0..NB {
+            c[r * NB + j] = (sums.0[r * NB + j] - corr[j]) as f32 * sa[r] * sw[j];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn finish_512(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32]) {
     use std::arch::x86_64::*;
     // SAFETY: every slice holds what is read or written (8 rows x 32 columns).
     unsafe {
@@ -295,6 +385,23 @@ unsafe fn strip(
     out: &mut Sums,
 ) {
     debug_assert!(steps > 0);
+    if isa() == Some(Isa::AvxVnni) {
+        for (half, b) in [b0, b1].into_iter().enumerate() {
+            for rows in [0, 4] {
+                // SAFETY: as for the whole strip (caller); AVX-VNNI was detected.
+                unsafe {
+                    piece_vex(
+                        a.add(rows * lda),
+                        lda,
+                        b,
+                        steps,
+                        out.0.as_mut_ptr().add(rows * NB + half * TN),
+                    )
+                };
+            }
+        }
+        return;
+    }
     let lda = lda as isize;
     // SAFETY: the caller bounds every read (steps * 4 bytes of 8 rows and of each block's
     // 16 rows) and `out` holds the 8 x 32 sums; AVX-512 VNNI is present (caller).
@@ -303,81 +410,270 @@ unsafe fn strip(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The integer sums are exact and the scaling is the same f32 arithmetic: the kernel
-    /// equals the scalar form of the same quantized product bit for bit.
-    #[test]
-    fn gemm_equals_the_scalar_quantized_product() {
-        if !available() {
-            eprintln!("AVX-512 VNNI not available here: skipped");
-            return;
+/// AVX-VNNI: 4 rows of A (`lda` bytes apart) · one packed 16-row block into c (4 rows of 16
+/// i32, `NB` apart): 8 accumulators, per step the block's 64 bytes in two vectors and each
+/// row's 4 bytes broadcast.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn piece_vex(a: *const u8, lda: usize, b: *const i8, steps: usize, c: *mut i32) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller bounds every read and the 4 x 16 values written.
+    unsafe {
+        let mut acc = [[_mm256_setzero_si256(); 2]; 4];
+        for q in 0..steps {
+            let w0 = _mm256_loadu_si256(b.add(64 * q) as *const _);
+            let w1 = _mm256_loadu_si256(b.add(64 * q + 32) as *const _);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_set1_epi32((a.add(r * lda + 4 * q) as *const i32).read_unaligned());
+                acc[0] = _mm256_dpbusd_avx_epi32(acc[0], x, w0);
+                acc[1] = _mm256_dpbusd_avx_epi32(acc[1], x, w1);
+            }
         }
-        let mut seed = 0x1234_5679u32;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed as f32 / u32::MAX as f32) * 2.0 - 1.0
-        };
-        for (m, n, k) in [
-            (1, 1, 1),
-            (33, 17, 40),
-            (64, 64, 64),
-            (70, 100, 250),
-            (5, 48, 1536),
-        ] {
-            let mut x: Vec<f32> = (0..m * k).map(|_| rnd() * 3.0).collect();
-            x[..k.min(3)].fill(0.0);
-            if m > 1 {
-                // A row of zeros: scale 0.
-                x[k..2 * k].fill(0.0);
-            }
-            let w: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
-            let b = PackedI8::from_rows(n, k, |j, r| r.copy_from_slice(&w[j * k..(j + 1) * k]));
-            let (mut a, mut sa) = (Vec::new(), Vec::new());
-            quantize_rows(&x, k, m, k, b.kp, &mut a, &mut sa);
-            let mut c = vec![f32::NAN; m * n];
-            let mut blk = Block::default();
-            for j_lo in [0, b.np / NB / 2 * NB] {
-                // SAFETY: available() was checked above.
-                unsafe {
-                    gemm_cols(&a, &sa, m, &b, j_lo, b.np, &mut blk, |i0, j0, bl| {
-                        for i in i0..(i0 + MB).min(m) {
-                            for j in j0..(j0 + NB).min(n) {
-                                c[i * n + j] = bl[(i - i0) * NB + j - j0];
-                            }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm256_storeu_si256(c.add(r * NB) as *mut _, acc[0]);
+            _mm256_storeu_si256(c.add(r * NB + 8) as *mut _, acc[1]);
+        }
+    }
+}
+
+/// NEON dotprod: the 8 x 32 sums of [`strip`] as four 4-row x 16-column pieces, each
+/// 16 accumulators (v0-v15: row r, columns 4c..4c+4 in v(4r + c)); per four steps one
+/// 16-byte load of each row (v20-v23) and per step one 64-byte load of the block (v16-v19),
+/// `sdot` taking the step's 4 bytes of a row by lane.
+#[cfg(target_arch = "aarch64")]
+#[inline]
+unsafe fn strip(
+    a: *const u8,
+    lda: usize,
+    b0: *const i8,
+    b1: *const i8,
+    steps: usize,
+    out: &mut Sums,
+) {
+    debug_assert!(steps > 0 && steps % 4 == 0);
+    for (half, b) in [b0, b1].into_iter().enumerate() {
+        for rows in [0, 4] {
+            // SAFETY: the caller bounds every read (steps * 4 bytes of rows `rows..rows + 4`
+            // and of the block's 16 rows) and `out` holds the 8 x 32 sums.
+            unsafe {
+                piece(
+                    a.add(rows * lda),
+                    lda,
+                    b,
+                    steps / 4,
+                    out.0.as_mut_ptr().add(rows * NB + half * TN),
+                )
+            };
+        }
+    }
+}
+
+/// 4 rows of A (`lda` apart) · one packed 16-row block over `quads` x 4 steps into c (4 rows
+/// of 16 i32, `NB` apart).
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn piece(a: *const u8, lda: usize, b: *const i8, quads: usize, c: *mut i32) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        std::arch::asm!(
+            "movi v0.4s, #0",
+            "movi v1.4s, #0",
+            "movi v2.4s, #0",
+            "movi v3.4s, #0",
+            "movi v4.4s, #0",
+            "movi v5.4s, #0",
+            "movi v6.4s, #0",
+            "movi v7.4s, #0",
+            "movi v8.4s, #0",
+            "movi v9.4s, #0",
+            "movi v10.4s, #0",
+            "movi v11.4s, #0",
+            "movi v12.4s, #0",
+            "movi v13.4s, #0",
+            "movi v14.4s, #0",
+            "movi v15.4s, #0",
+            "2:",
+            "ld1 {{v20.16b}}, [{a0}], #16",
+            "ld1 {{v21.16b}}, [{a1}], #16",
+            "ld1 {{v22.16b}}, [{a2}], #16",
+            "ld1 {{v23.16b}}, [{a3}], #16",
+            "ld1 {{v16.16b, v17.16b, v18.16b, v19.16b}}, [{b}], #64",
+            "sdot v0.4s, v16.16b, v20.4b[0]",
+            "sdot v1.4s, v17.16b, v20.4b[0]",
+            "sdot v2.4s, v18.16b, v20.4b[0]",
+            "sdot v3.4s, v19.16b, v20.4b[0]",
+            "sdot v4.4s, v16.16b, v21.4b[0]",
+            "sdot v5.4s, v17.16b, v21.4b[0]",
+            "sdot v6.4s, v18.16b, v21.4b[0]",
+            "sdot v7.4s, v19.16b, v21.4b[0]",
+            "sdot v8.4s, v16.16b, v22.4b[0]",
+            "sdot v9.4s, v17.16b, v22.4b[0]",
+            "sdot v10.4s, v18.16b, v22.4b[0]",
+            "sdot v11.4s, v19.16b, v22.4b[0]",
+            "sdot v12.4s, v16.16b, v23.4b[0]",
+            "sdot v13.4s, v17.16b, v23.4b[0]",
+            "sdot v14.4s, v18.16b, v23.4b[0]",
+            "sdot v15.4s, v19.16b, v23.4b[0]",
+            "ld1 {{v16.16b, v17.16b, v18.16b, v19.16b}}, [{b}], #64",
+            "sdot v0.4s, v16.16b, v20.4b[1]",
+            "sdot v1.4s, v17.16b, v20.4b[1]",
+            "sdot v2.4s, v18.16b, v20.4b[1]",
+            "sdot v3.4s, v19.16b, v20.4b[1]",
+            "sdot v4.4s, v16.16b, v21.4b[1]",
+            "sdot v5.4s, v17.16b, v21.4b[1]",
+            "sdot v6.4s, v18.16b, v21.4b[1]",
+            "sdot v7.4s, v19.16b, v21.4b[1]",
+            "sdot v8.4s, v16.16b, v22.4b[1]",
+            "sdot v9.4s, v17.16b, v22.4b[1]",
+            "sdot v10.4s, v18.16b, v22.4b[1]",
+            "sdot v11.4s, v19.16b, v22.4b[1]",
+            "sdot v12.4s, v16.16b, v23.4b[1]",
+            "sdot v13.4s, v17.16b, v23.4b[1]",
+            "sdot v14.4s, v18.16b, v23.4b[1]",
+            "sdot v15.4s, v19.16b, v23.4b[1]",
+            "ld1 {{v16.16b, v17.16b, v18.16b, v19.16b}}, [{b}], #64",
+            "sdot v0.4s, v16.16b, v20.4b[2]",
+            "sdot v1.4s, v17.16b, v20.4b[2]",
+            "sdot v2.4s, v18.16b, v20.4b[2]",
+            "sdot v3.4s, v19.16b, v20.4b[2]",
+            "sdot v4.4s, v16.16b, v21.4b[2]",
+            "sdot v5.4s, v17.16b, v21.4b[2]",
+            "sdot v6.4s, v18.16b, v21.4b[2]",
+            "sdot v7.4s, v19.16b, v21.4b[2]",
+            "sdot v8.4s, v16.16b, v22.4b[2]",
+            "sdot v9.4s, v17.16b, v22.4b[2]",
+            "sdot v10.4s, v18.16b, v22.4b[2]",
+            "sdot v11.4s, v19.16b, v22.4b[2]",
+            "sdot v12.4s, v16.16b, v23.4b[2]",
+            "sdot v13.4s, v17.16b, v23.4b[2]",
+            "sdot v14.4s, v18.16b, v23.4b[2]",
+            "sdot v15.4s, v19.16b, v23.4b[2]",
+            "ld1 {{v16.16b, v17.16b, v18.16b, v19.16b}}, [{b}], #64",
+            "sdot v0.4s, v16.16b, v20.4b[3]",
+            "sdot v1.4s, v17.16b, v20.4b[3]",
+            "sdot v2.4s, v18.16b, v20.4b[3]",
+            "sdot v3.4s, v19.16b, v20.4b[3]",
+            "sdot v4.4s, v16.16b, v21.4b[3]",
+            "sdot v5.4s, v17.16b, v21.4b[3]",
+            "sdot v6.4s, v18.16b, v21.4b[3]",
+            "sdot v7.4s, v19.16b, v21.4b[3]",
+            "sdot v8.4s, v16.16b, v22.4b[3]",
+            "sdot v9.4s, v17.16b, v22.4b[3]",
+            "sdot v10.4s, v18.16b, v22.4b[3]",
+            "sdot v11.4s, v19.16b, v22.4b[3]",
+            "sdot v12.4s, v16.16b, v23.4b[3]",
+            "sdot v13.4s, v17.16b, v23.4b[3]",
+            "sdot v14.4s, v18.16b, v23.4b[3]",
+            "sdot v15.4s, v19.16b, v23.4b[3]",
+            "subs {n}, {n}, #1",
+            "b.ne 2b",
+            "st1 {{v0.4s, v1.4s, v2.4s, v3.4s}}, [{c}]",
+            "add {c}, {c}, #128",
+            "st1 {{v4.4s, v5.4s, v6.4s, v7.4s}}, [{c}]",
+            "add {c}, {c}, #128",
+            "st1 {{v8.4s, v9.4s, v10.4s, v11.4s}}, [{c}]",
+            "add {c}, {c}, #128",
+            "st1 {{v12.4s, v13.4s, v14.4s, v15.4s}}, [{c}]",
+            "add {c}, {c}, #128",
+            a0 = inout(reg) a => _,
+            a1 = inout(reg) a.add(lda) => _,
+            a2 = inout(reg) a.add(2 * lda) => _,
+            a3 = inout(reg) a.add(3 * lda) => _,
+            b = inout(reg) b => _,
+            n = inout(reg) quads => _,
+            c = inout(reg) c => _,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+            out("v12") _, out("v13") _, out("v14") _, out("v15") _,
+            out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+            out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+            options(nostack),
+        );
+    }
+}
+
+/// Checks the products on this CPU's set against the scalar form of the same quantized
+/// product (bit for bit: the integer sums are exact and the scaling is the same f32
+/// arithmetic) and against the f32 product (int8 rounding of both operands); panics on a
+/// difference. For the tests of each set (which a process picks once).
+#[doc(hidden)]
+pub fn check_against_scalar() {
+    assert!(available(), "no integer block products here");
+    let mut seed = 0x1234_5679u32;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        (seed as f32 / u32::MAX as f32) * 2.0 - 1.0
+    };
+    for (m, n, k) in [
+        (1, 1, 1),
+        (33, 17, 40),
+        (64, 64, 64),
+        (70, 100, 250),
+        (5, 48, 1536),
+    ] {
+        let mut x: Vec<f32> = (0..m * k).map(|_| rnd() * 3.0).collect();
+        x[..k.min(3)].fill(0.0);
+        if m > 1 {
+            // A row of zeros: scale 0.
+            x[k..2 * k].fill(0.0);
+        }
+        let w: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+        let b = PackedI8::from_rows(n, k, |j, r| r.copy_from_slice(&w[j * k..(j + 1) * k]));
+        let (mut a, mut sa) = (Vec::new(), Vec::new());
+        quantize_rows(&x, k, m, k, b.kp, &mut a, &mut sa);
+        let mut c = vec![f32::NAN; m * n];
+        let mut blk = Block::default();
+        for j_lo in [0, b.np / NB / 2 * NB] {
+            // SAFETY: available() was checked above.
+            unsafe {
+                gemm_cols(&a, &sa, m, &b, j_lo, b.np, &mut blk, |i0, j0, bl| {
+                    for i in i0..(i0 + MB).min(m) {
+                        for j in j0..(j0 + NB).min(n) {
+                            c[i * n + j] = bl[(i - i0) * NB + j - j0];
                         }
-                    })
-                };
-            }
-            for i in 0..m {
-                let max = x[i * k..(i + 1) * k]
+                    }
+                })
+            };
+        }
+        for i in 0..m {
+            let max = x[i * k..(i + 1) * k]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
+            for j in 0..n {
+                let wm = w[j * k..(j + 1) * k]
                     .iter()
                     .fold(0f32, |m, v| m.max(v.abs()));
-                let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
-                for j in 0..n {
-                    let wm = w[j * k..(j + 1) * k]
-                        .iter()
-                        .fold(0f32, |m, v| m.max(v.abs()));
-                    let winv = if wm > 0.0 { 127.0 / wm } else { 0.0 };
-                    let d: i32 = (0..k)
-                        .map(|p| q8(x[i * k + p], inv) as i32 * q8(w[j * k + p], winv) as i32)
-                        .sum();
-                    let want = d as f32 * (max / 127.0) * (wm / 127.0);
-                    assert_eq!(
-                        c[i * n + j].to_bits(),
-                        want.to_bits(),
-                        "{m}x{n}x{k} ({i},{j})"
-                    );
-                    // And near the f32 product (int8 rounding of both operands).
-                    let exact: f32 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
-                    let bound = 0.02 * max * (k as f32).sqrt();
-                    assert!((want - exact).abs() <= bound, "{want} vs {exact}");
-                }
+                let winv = if wm > 0.0 { 127.0 / wm } else { 0.0 };
+                let d: i32 = (0..k)
+                    .map(|p| q8(x[i * k + p], inv) as i32 * q8(w[j * k + p], winv) as i32)
+                    .sum();
+                let want = d as f32 * (max / 127.0) * (wm / 127.0);
+                assert_eq!(
+                    c[i * n + j].to_bits(),
+                    want.to_bits(),
+                    "{m}x{n}x{k} ({i},{j})"
+                );
+                // And near the f32 product (int8 rounding of both operands).
+                let exact: f32 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
+                let bound = 0.02 * max * (k as f32).sqrt();
+                assert!((want - exact).abs() <= bound, "{want} vs {exact}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn gemm_equals_the_scalar_quantized_product() {
+        if !super::available() {
+            eprintln!("no integer block products here: skipped");
+            return;
+        }
+        super::check_against_scalar();
     }
 }
