@@ -192,6 +192,52 @@ fn long_form_across_windows_neither_drops_nor_repeats() {
     }
 }
 
+/// Beam search (5) over the same 66 s: faster-whisper 1.2.1's segments on the same model
+/// (int8, `beam_size=5`, no VAD) as the reference, text for text and each time within
+/// 0.05 s. openai-whisper's rule that drops candidates ranked below the beam's last kept
+/// one, finished ones included, decides this: keeping a finished short ending from further
+/// down let "country." alone win a window on its mean logprob.
+#[test]
+fn beam_search_long_form_segments_match_faster_whisper() {
+    let j = jfk();
+    let silence = |s: f64| vec![0f32; (s * 16_000.0) as usize];
+    let mut audio = silence(3.0);
+    for gap in [10.0, 12.0, 8.0] {
+        audio.extend_from_slice(&j);
+        audio.extend(silence(gap));
+    }
+    let mut o = TranscribeOptions::default();
+    o.decode.beam_size = 5;
+    let t = stt().transcribe(&audio, &o).unwrap();
+    let (a, b) = (
+        "And so, my fellow Americans ask not what your country can do for you, ask what you can",
+        "do for your country.",
+    );
+    let c =
+        "And so, my fellow Americans ask not what your country can do for you, ask what you can do";
+    let want = [
+        (0.00, 12.38, a),
+        (12.38, 24.52, b),
+        (24.52, 33.36, a),
+        (33.36, 47.54, b),
+        (47.54, 56.54, c),
+        (56.54, 57.54, "for your country."),
+    ];
+    let got: Vec<(f64, f64, &str)> = t
+        .segments
+        .iter()
+        .map(|s| (s.start, s.end, s.text.trim()))
+        .collect();
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.2, w.2, "{got:?}");
+        assert!(
+            (g.0 - w.0).abs() <= 0.05 && (g.1 - w.1).abs() <= 0.05,
+            "{g:?} vs {w:?}"
+        );
+    }
+}
+
 #[test]
 fn suppressed_tokens_match_the_models_config() {
     // The package's config.json lists the ids its converter suppressed; ours come from the

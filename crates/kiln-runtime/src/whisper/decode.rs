@@ -213,8 +213,9 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
     }
 
     /// Beam search (temperature 0): every step expands each beam by its best tokens, keeps
-    /// the `beam_size` most likely unfinished sequences and collects finished ones until
-    /// `round(beam_size * patience)` are done; the best by mean logprob wins.
+    /// the `beam_size` most likely unfinished sequences and collects the finished ones ranked
+    /// above the last of them until `round(beam_size * patience)` are done; the best by mean
+    /// logprob wins.
     fn beam(
         &mut self,
         cross: &CrossKv<B>,
@@ -262,8 +263,14 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
                         }
                         finished.push((seq, score));
                     }
-                } else if next.len() < k {
+                } else {
                     next.push((src, t, score));
+                    // As openai-whisper: candidates ranked below the k-th continuing one are
+                    // dropped, finished ones among them too (a short, unlikely ending kept
+                    // from down there could win on its mean logprob).
+                    if next.len() == k {
+                        break;
+                    }
                 }
             }
             if finished.len() >= max_finished || next.is_empty() {
