@@ -42,6 +42,9 @@ enum Isa {
     AvxVnni,
     /// AVX2 (`vpmaddwd` on 16-bit values): the weight is wq - 128 as i16, two bytes a value.
     Avx2,
+    /// NEON dotprod (`sdot`, signed by signed): the weight as `Vnni`'s, the input bytes
+    /// taken as x - 128 and 128 Σ a' added back, so the sums are `Vnni`'s.
+    Dotprod,
 }
 
 impl Isa {
@@ -55,7 +58,7 @@ impl Isa {
 }
 
 /// The integer kernel this CPU runs: AMX tiles where present, else AVX-512 VNNI, else
-/// AVX-VNNI, else AVX2.
+/// AVX-VNNI, else AVX2; NEON dotprod on ARM.
 fn isa() -> Option<Isa> {
     if amx::available() {
         return Some(Isa::Amx);
@@ -66,17 +69,21 @@ fn isa() -> Option<Isa> {
     if vex::available() {
         return Some(Isa::AvxVnni);
     }
+    if dotprod::available() {
+        return Some(Isa::Dotprod);
+    }
     wide::available().then_some(Isa::Avx2)
 }
 
 /// The integer convolution kernel this CPU runs, by name ("amx", "avx512-vnni-conv",
-/// "avx-vnni-conv", "avx2-conv"), or None (Kokoro's int8 convolutions then run in f32 on the rounded input).
+/// "avx-vnni-conv", "avx2-conv", "neon-dotprod-conv"), or None (Kokoro's int8 convolutions then run in f32 on the rounded input).
 pub fn kernel_name() -> Option<&'static str> {
     isa().map(|i| match i {
         Isa::Amx => "amx",
         Isa::Vnni => "avx512-vnni-conv",
         Isa::AvxVnni => "avx-vnni-conv",
         Isa::Avx2 => "avx2-conv",
+        Isa::Dotprod => "neon-dotprod-conv",
     })
 }
 
@@ -132,7 +139,7 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
                 let at = ((j * op + o) * cp + i) * eb;
                 match isa {
                     Isa::Amx => a[at] = v,
-                    Isa::Vnni | Isa::AvxVnni => a[at] = v ^ 0x80,
+                    Isa::Vnni | Isa::AvxVnni | Isa::Dotprod => a[at] = v ^ 0x80,
                     Isa::Avx2 => {
                         a[at..at + 2].copy_from_slice(&(v as i16 - 128).to_le_bytes());
                     }
@@ -676,19 +683,129 @@ mod wide {
     }
 }
 
+/// The block of [`amx::conv_block_u8`] on NEON dotprod: 2 output rows x 32 time steps in 16
+/// accumulators (4 time steps a vector), the input's 4-channel groups flipped to signed
+/// (x - 128) as loaded, each row's 4 weight bytes broadcast; 128 Σ a' added back per row, so
+/// the sums are the VNNI block's.
+mod dotprod {
+    #[cfg(target_arch = "aarch64")]
+    use crate::cpu::kernels::amx::BlockI32;
+
+    pub fn available() -> bool {
+        #[cfg(target_arch = "aarch64")]
+        {
+            !crate::cpu::kernels::simd_disabled()
+                && std::arch::is_aarch64_feature_detected!("dotprod")
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        false
+    }
+
+    /// `sdot acc.4s, x.16b, w.16b`: lane i += Σ_e x[4i + e] w[4i + e].
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn sdot(
+        acc: std::arch::aarch64::int32x4_t,
+        x: std::arch::aarch64::int8x16_t,
+        w: std::arch::aarch64::int8x16_t,
+    ) -> std::arch::aarch64::int32x4_t {
+        let mut acc = acc;
+        // SAFETY: registers only; callers enable "dotprod".
+        unsafe {
+            std::arch::asm!(
+                "sdot {0:v}.4s, {1:v}.16b, {2:v}.16b",
+                inout(vreg) acc,
+                in(vreg) x,
+                in(vreg) w,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        acc
+    }
+
+    /// As `vnni::conv_block`, the first `rows` rounded up to 2.
+    ///
+    /// # Safety
+    /// [`available`] returned true; the rows of a (up to the next multiple of 2 past `rows`,
+    /// nq * 4 bytes each) and of b (nq rows of 128 bytes from each tap's offset) lie inside
+    /// the caller's buffers.
+    #[cfg(target_arch = "aarch64")]
+    #[target_feature(enable = "neon,dotprod")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn conv_block(
+        a: *const u8,
+        lda: usize,
+        a_tap: usize,
+        b: *const u8,
+        ldb: usize,
+        b_off: &[usize],
+        nq: usize,
+        rows: usize,
+        c: &mut BlockI32,
+    ) {
+        use crate::cpu::kernels::amx::{MB, NB};
+        use std::arch::aarch64::*;
+        const R: usize = 2;
+        const Q: usize = NB / 4;
+        for r0 in (0..MB).step_by(R) {
+            if r0 >= rows {
+                c.0[r0 * NB..(r0 + R) * NB].fill(0);
+                continue;
+            }
+            // SAFETY (all below): reads within the bounds the caller vouched for.
+            unsafe {
+                let flip = vdupq_n_u8(0x80);
+                let mut acc = [[vdupq_n_s32(0); Q]; R];
+                let mut wsum = [0i32; R];
+                for (j, &bo) in b_off.iter().enumerate() {
+                    let aj = a.add(j * a_tap + r0 * lda);
+                    let bj = b.add(bo);
+                    for p in 0..nq {
+                        let xr = bj.add(p * ldb);
+                        let x: [int8x16_t; Q] = std::array::from_fn(|q| {
+                            vreinterpretq_s8_u8(veorq_u8(vld1q_u8(xr.add(16 * q)), flip))
+                        });
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            let wb =
+                                std::ptr::read_unaligned(aj.add(r * lda + 4 * p) as *const [i8; 4]);
+                            wsum[r] += wb.iter().map(|&v| v as i32).sum::<i32>();
+                            let wv = vreinterpretq_s8_s32(vdupq_n_s32(i32::from_le_bytes(
+                                wb.map(|v| v as u8),
+                            )));
+                            for (q, a) in acc.iter_mut().enumerate() {
+                                *a = sdot(*a, x[q], wv);
+                            }
+                        }
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate() {
+                    let back = vdupq_n_s32(128 * wsum[r]);
+                    for (q, v) in acc.iter().enumerate() {
+                        let at = (r0 + r) * NB + 4 * q;
+                        vst1q_s32(c.0[at..at + 4].as_mut_ptr(), vaddq_s32(*v, back));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A vector kernel's block: `vnni::conv_block`'s contract.
 type BlockFn =
     unsafe fn(*const u8, usize, usize, *const u8, usize, &[usize], usize, usize, &mut BlockI32);
 
-/// The vector block kernel a weight was packed for (x86-64 only: elsewhere `isa()` finds
-/// none, so no weight is packed).
+/// The vector block kernel a weight was packed for.
 fn vector_block(isa: Isa) -> BlockFn {
     #[cfg(target_arch = "x86_64")]
     match isa {
         Isa::Vnni => return vnni::conv_block,
         Isa::AvxVnni => return vex::conv_block,
         Isa::Avx2 => return wide::conv_block,
-        Isa::Amx => {}
+        Isa::Amx | Isa::Dotprod => {}
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Dotprod {
+        return dotprod::conv_block;
     }
     unreachable!("no vector block for {isa:?}")
 }
@@ -1091,15 +1208,24 @@ mod tests {
     /// where `conv1d` takes the tiles): signed weight bytes, unsigned input bytes, two taps
     /// at different offsets, 13 groups of 4 channels, 19 live rows of 32 (the rest zeroed).
     #[test]
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn vector_blocks_equal_integer_sums() {
         type Block = BlockFn;
         // (name, present here, kernel, bytes a weight value, rows computed in steps of)
+        #[cfg(target_arch = "x86_64")]
         let kernels: [(&str, bool, Block, usize, usize); 3] = [
             ("avx512-vnni", vnni::available(), vnni::conv_block, 1, 8),
             ("avx-vnni", vex::available(), vex::conv_block, 1, 2),
             ("avx2", wide::available(), wide::conv_block, 2, 2),
         ];
+        #[cfg(target_arch = "aarch64")]
+        let kernels: [(&str, bool, Block, usize, usize); 1] = [(
+            "neon-dotprod",
+            dotprod::available(),
+            dotprod::conv_block,
+            1,
+            2,
+        )];
         #[cfg(target_arch = "x86_64")]
         assert!(
             !std::is_x86_feature_detected!("avx2") || wide::available(),
