@@ -392,14 +392,17 @@ pub trait Backend {
             bytes: &bytes,
         })
     }
-    /// `rows` and `cols` of a weight.
     /// A hint: `w` mostly multiplies many rows at once (an encoder's weights, run once per
     /// window over every position), so the backend may keep a layout for block products
     /// beside the one for single rows. Results stay those of `matmul` up to the block
-    /// product's rounding. Default: nothing.
-    fn prefer_batches(&self, w: &mut Self::Weight) {
-        let _ = w;
+    /// product's rounding: bf16 inputs, or, where `int8` allows it (the user asked for
+    /// 8-bit weights) and the backend has integer block products, weights and activations
+    /// rounded to int8 with a scale a row. Default: nothing.
+    fn prefer_batches(&self, w: &mut Self::Weight, int8: bool) {
+        let _ = (w, int8);
     }
+
+    /// `rows` and `cols` of a weight.
 
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     /// Bytes the weight occupies in its stored format.

@@ -179,7 +179,7 @@ fn batched_weights_match_naive() {
             let mut ws: Vec<_> = (0..3).map(|_| f16_weight(&b, &w, rows, cols)).collect();
             let plain = b.weight_bytes(&ws[0]);
             for wt in ws.iter_mut() {
-                b.prefer_batches(wt);
+                b.prefer_batches(wt, false);
             }
             assert_eq!(
                 b.weight_bytes(&ws[0]) > plain,

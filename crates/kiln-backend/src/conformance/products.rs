@@ -282,17 +282,17 @@ pub fn prefer_batches<B: Backend>(b: &B, tol: &Tolerances) {
         GgmlType::Q6_K,
     ] {
         let bytes = weight_data(ty, rows, cols, &mut rng);
-        let Some(mut wb) = load(b, "prefer_batches", ty, rows, cols, &bytes) else {
-            continue;
-        };
-        b.prefer_batches(&mut wb);
         let wr = rf.load(ty, rows, cols, &bytes);
-        for n in [1, 130] {
+        for (int8, n) in [(false, 1), (false, 130), (true, 1), (true, 130)] {
+            let Some(mut wb) = load(b, "prefer_batches", ty, rows, cols, &bytes) else {
+                break;
+            };
+            b.prefer_batches(&mut wb, int8);
             let x = rng.v(n * cols);
             let mut o = b.tensor(n, rows);
             b.matmul(&wb, &b.tensor_from(n, cols, &x), None, n, &mut o);
             let want = rf.mm2(&wr, &x, n, None);
-            let case = format!("{} {rows}x{cols} n={n}", ty.name());
+            let case = format!("{} {rows}x{cols} n={n} int8={int8}", ty.name());
             check_either(
                 &name,
                 "prefer_batches matmul",

@@ -86,8 +86,8 @@ pub struct CpuWeight {
     /// A second copy in AMX tile order (bf16) for products over many rows, made when the
     /// model marks the weight as such ([`Backend::prefer_batches`]) and the CPU has AMX.
     pub amx: Option<Box<kernels::amx::PackedB>>,
-    /// A Q8_0 weight marked the same way on a CPU without AMX: int8 rows with one scale a
-    /// row for the AVX-512 VNNI block products (`kernels::vnni_gemm`).
+    /// The same, where the model allows int8 and the CPU has no AMX: int8 rows with one
+    /// scale a row for the integer block products (`kernels::vnni_gemm`).
     pub i8: Option<Box<kernels::vnni_gemm::PackedI8>>,
     /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
     pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
@@ -406,13 +406,14 @@ impl Backend for CpuBackend {
         Ok(ops::mlx::load(w))
     }
 
-    fn prefer_batches(&self, w: &mut CpuWeight) {
+    fn prefer_batches(&self, w: &mut CpuWeight, int8: bool) {
         if self.reference || w.mlx.is_some() || w.rows == 0 {
             return;
         }
         let (rows, cols) = (w.rows, w.cols);
-        if w.ty == GgmlType::Q8_0 && !kernels::amx::available() && kernels::vnni_gemm::available() {
-            // Already 8-bit: integer block products (4x the multiply rate of f32 FMA).
+        if int8 && !kernels::amx::available() && kernels::vnni_gemm::available() {
+            // Integer block products: 4x the multiply rate of f32 FMA (AMX's bf16 tiles
+            // are faster still, where present).
             let packed =
                 kernels::vnni_gemm::PackedI8::from_rows(rows, cols, |r, out| w.dequant_row(r, out));
             w.i8 = Some(Box::new(packed));

@@ -112,7 +112,7 @@ impl<B: Backend> Linear<B> {
                 source,
             })?;
         if n_in >= 32 && n_out >= 32 {
-            b.prefer_batches(&mut w);
+            b.prefer_batches(&mut w, false);
         }
         Ok(Linear {
             w,
@@ -148,7 +148,7 @@ impl<B: Backend> Linear<B> {
             })?;
         if n_in >= 32 && n_out >= 32 {
             // PL-BERT, the LSTMs' input projections, duration_proj: products over every token.
-            b.prefer_batches(&mut w);
+            b.prefer_batches(&mut w, false);
         }
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {

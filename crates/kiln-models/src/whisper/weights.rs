@@ -332,14 +332,13 @@ impl<'a> Weights<'a> {
     }
 
     /// Whether the matrices read from now on run once per window over every position (the
-    /// encoder, the cross-attention keys and values: arithmetic-bound) or once per token
-    /// (the rest of the decoder: bound by weight bytes). The load-time format applies to
-    /// the latter always, to the former only when it is Q8_0 (integer block products where
-    /// the CPU has them; other formats keep the file's half precision, whose bf16/f32 block
-    /// products are the faster path there).
+    /// encoder, the cross-attention keys and values: arithmetic-bound; they keep the file's
+    /// format, marked `prefer_batches`, with int8 block products allowed where the load-time
+    /// format or the file's is Q8_0) or once per token (the rest of the decoder: bound by
+    /// weight bytes, so the load-time format applies).
     pub fn set_batched(&self, on: bool) {
         self.batched.set(on);
-        self.quant_on.set(!on || self.quant == Some(GgmlType::Q8_0));
+        self.quant_on.set(!on);
     }
 
     fn origin(&self) -> PathBuf {
@@ -568,7 +567,8 @@ impl<'a> Weights<'a> {
         };
         let mut w = w.map_err(backend_err)?;
         if self.batched.get() {
-            b.prefer_batches(&mut w);
+            let int8 = self.quant == Some(GgmlType::Q8_0) || s.ty == GgmlType::Q8_0;
+            b.prefer_batches(&mut w, int8);
         }
         Ok(w)
     }

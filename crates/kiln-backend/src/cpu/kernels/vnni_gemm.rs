@@ -100,19 +100,18 @@ impl PackedI8 {
             kp,
             np,
         };
-        let mut buf = vec![0f32; k];
+        let (mut buf, mut q) = (vec![0f32; k], vec![0u8; k]);
         for j in 0..n {
             row(j, &mut buf);
-            let max = buf.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let scale = max / 127.0;
-            let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
+            // The activations' rounding (vectorized where it is): the same q and scale.
+            let scale = quantize_one(&buf, &mut q);
             let (blk, lane) = (j / TN, j % TN);
             let base = blk * TN * kp;
             let mut sum = 0i32;
-            for (kk, &v) in buf.iter().enumerate() {
-                let q = q8(v, inv);
-                sum += q as i32;
-                p.data[base + (kk / 4) * 4 * TN + lane * 4 + kk % 4] = q;
+            for (kk, &b) in q.iter().enumerate() {
+                let v = (b as i32 - OFFSET) as i8;
+                sum += v as i32;
+                p.data[base + (kk / 4) * 4 * TN + lane * 4 + kk % 4] = v;
             }
             p.scale[j] = scale;
             p.corr[j] = OFFSET * sum;
@@ -142,24 +141,21 @@ pub fn quantize_rows(
     sa.clear();
     sa.resize(mp, 0.0);
     for i in 0..m {
-        let src = &x[i * ldx..i * ldx + k];
-        let dst = &mut a[i * kp..i * kp + k];
-        #[cfg(target_arch = "x86_64")]
-        match isa() {
-            // SAFETY: AVX-512F/BW were detected; both rows hold k values.
-            Some(Isa::Avx512) => {
-                sa[i] = unsafe { quantize_row_512(src, dst) };
-                continue;
-            }
-            // SAFETY: AVX2 and FMA were detected.
-            Some(Isa::AvxVnni) => {
-                sa[i] = unsafe { quantize_row_avx2(src, dst) };
-                continue;
-            }
-            _ => {}
-        }
-        sa[i] = quantize_row(src, dst);
+        sa[i] = quantize_one(&x[i * ldx..i * ldx + k], &mut a[i * kp..i * kp + k]);
     }
+}
+
+/// One row as q + [`OFFSET`] bytes; returns its scale.
+fn quantize_one(src: &[f32], dst: &mut [u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    match isa() {
+        // SAFETY: AVX-512F/BW were detected; both rows hold k values.
+        Some(Isa::Avx512) => return unsafe { quantize_row_512(src, dst) },
+        // SAFETY: AVX2 and FMA were detected.
+        Some(Isa::AvxVnni) => return unsafe { quantize_row_avx2(src, dst) },
+        _ => {}
+    }
+    quantize_row(src, dst)
 }
 
 /// One row of [`quantize_rows`]; returns its scale.
