@@ -315,14 +315,20 @@ const R: usize = 8;
 #[repr(C, align(64))]
 struct Sums([i32; R * NB]);
 
-/// c[r][j] = (sums[r][j] - corr[j]) · sa[r] · sw[j], 8 rows of 32 (the vectorizer's).
-#[cfg(target_arch = "aarch64")]
-unsafe fn finish(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32]) {
+/// c[r][j] = (sums[r][j] - corr[j]) · sa[r] · sw[j], 8 rows of 32 (left to the vectorizer).
+#[inline(always)]
+fn finish_body(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32]) {
     for r in 0..R {
         for j in 0..NB {
             c[r * NB + j] = (sums.0[r * NB + j] - corr[j]) as f32 * sa[r] * sw[j];
         }
     }
+}
+
+/// [`finish_body`] with NEON (the baseline there).
+#[cfg(target_arch = "aarch64")]
+unsafe fn finish(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32]) {
+    finish_body(sums, sa, sw, corr, c)
 }
 
 /// c[r][j] = (sums[r][j] - corr[j]) · sa[r] · sw[j], 8 rows of 32.
@@ -341,11 +347,7 @@ unsafe fn finish(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn finish_avx2(sums: &Sums, sa: &[f32], sw: &[f32], corr: &[i32], c: &mut [f32]) {
-    for r in 0..R {
-        for j in 0..NB {
-            c[r * NB + j] = (sums.0[r * NB + j] - corr[j]) as f32 * sa[r] * sw[j];
-        }
-    }
+    finish_body(sums, sa, sw, corr, c)
 }
 
 #[cfg(target_arch = "x86_64")]
