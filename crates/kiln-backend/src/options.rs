@@ -24,6 +24,9 @@ pub struct RuntimeOptions {
     pub no_avx512: bool,
     /// CPU: no AMX tiles, what most users' CPUs run (`--no-amx`, `KILN_NO_AMX`).
     pub no_amx: bool,
+    /// CPU: no AVX-512 BF16 products, as Intel's CPUs before Cooper Lake (`--no-bf16`,
+    /// `KILN_NO_BF16`).
+    pub no_bf16: bool,
     /// CUDA: decode steps launched op by op instead of replayed as graphs
     /// (`--no-cuda-graphs`, `KILN_CUDA_NO_GRAPHS`).
     pub no_cuda_graphs: bool,
@@ -44,6 +47,7 @@ impl RuntimeOptions {
             no_simd: flag("KILN_NO_SIMD"),
             no_avx512: flag("KILN_NO_AVX512"),
             no_amx: flag("KILN_NO_AMX"),
+            no_bf16: flag("KILN_NO_BF16"),
             no_cuda_graphs: flag("KILN_CUDA_NO_GRAPHS"),
             trace: flag("KILN_TRACE"),
             memory_limit: parsed("KILN_MEMORY_LIMIT"),

@@ -96,6 +96,9 @@ struct RuntimeFlags {
     /// CPU: no AMX tiles, as most CPUs (AMD, Apple, consumer Intel) [env: KILN_NO_AMX]
     #[arg(long, global = true)]
     no_amx: bool,
+    /// CPU: no AVX-512 BF16 products, as Intel CPUs before Cooper Lake [env: KILN_NO_BF16]
+    #[arg(long, global = true)]
+    no_bf16: bool,
     /// CUDA: launch decode steps op by op instead of replaying graphs [env: KILN_CUDA_NO_GRAPHS]
     #[arg(long, global = true)]
     no_cuda_graphs: bool,
@@ -118,6 +121,7 @@ impl RuntimeFlags {
         o.no_simd |= self.no_simd;
         o.no_avx512 |= self.no_avx512;
         o.no_amx |= self.no_amx;
+        o.no_bf16 |= self.no_bf16;
         o.no_cuda_graphs |= self.no_cuda_graphs;
         o.memory_limit = self.memory_limit.or(o.memory_limit);
         o.no_memory_check |= self.no_memory_check;

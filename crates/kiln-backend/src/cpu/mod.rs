@@ -89,6 +89,9 @@ pub struct CpuWeight {
     /// The same, where the model allows int8 and the CPU has no AMX: int8 rows with one
     /// scale a row for the integer block products (`kernels::vnni_gemm`).
     pub i8: Option<Box<kernels::vnni_gemm::PackedI8>>,
+    /// The same on an AVX-512 CPU with neither AMX nor AVX-512 BF16: f32 in vector order
+    /// for the f32 block products (`kernels::f32_gemm`).
+    pub f32p: Option<Box<kernels::f32_gemm::PackedF32>>,
     /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
     pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
     /// A transposed convolution's weight as stacked phases ([`Backend::conv_transpose_weight`]).
@@ -341,6 +344,7 @@ impl Backend for CpuBackend {
                 mlx: None,
                 amx: None,
                 i8: None,
+                f32p: None,
                 conv: None,
                 conv_t: None,
             });
@@ -355,6 +359,7 @@ impl Backend for CpuBackend {
             mlx: None,
             amx: None,
             i8: None,
+            f32p: None,
             conv: None,
             conv_t: None,
         };
@@ -382,6 +387,7 @@ impl Backend for CpuBackend {
                 mlx: None,
                 amx: None,
                 i8: None,
+                f32p: None,
                 conv: None,
                 conv_t: None,
             };
@@ -419,6 +425,12 @@ impl Backend for CpuBackend {
             w.i8 = Some(Box::new(packed));
             return;
         }
+        if kernels::f32_gemm::available() {
+            let packed =
+                kernels::f32_gemm::PackedF32::from_rows(rows, cols, |r, out| w.dequant_row(r, out));
+            w.f32p = Some(Box::new(packed));
+            return;
+        }
         if !kernels::amx::bf16_products() {
             return;
         }
@@ -435,6 +447,7 @@ impl Backend for CpuBackend {
             + w.mlx.as_ref().map_or(0, |m| m.extra_bytes())
             + w.amx.as_ref().map_or(0, |p| p.bytes())
             + w.i8.as_ref().map_or(0, |p| p.bytes())
+            + w.f32p.as_ref().map_or(0, |p| p.bytes())
             + w.conv.as_ref().map_or(0, |p| p.bytes())
             + w.conv_t.as_ref().map_or(0, |p| p.bytes())
     }
@@ -1013,6 +1026,7 @@ impl Backend for CpuBackend {
             mlx: None,
             amx: None,
             i8: None,
+            f32p: None,
             conv: Some(Box::new(packed)),
             conv_t: None,
         })
@@ -1104,6 +1118,7 @@ impl Backend for CpuBackend {
             mlx: None,
             amx: None,
             i8: None,
+            f32p: None,
             conv: None,
             conv_t: Some(Box::new(packed)),
         })

@@ -69,7 +69,9 @@ fn dp_available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        return super::avx512_allowed() && std::is_x86_feature_detected!("avx512bf16");
+        return super::avx512_allowed()
+            && !crate::options::get().no_bf16
+            && std::is_x86_feature_detected!("avx512bf16");
         #[allow(unreachable_code)]
         false
     })

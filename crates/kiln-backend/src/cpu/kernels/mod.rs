@@ -3,6 +3,7 @@
 //! NEON, or the scalar reference (always kept, and forced with `KILN_NO_SIMD=1`).
 
 pub mod amx;
+pub mod f32_gemm;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]

@@ -6,7 +6,7 @@
 
 use super::matmul::{Epilogue, Job};
 use crate::cpu::kernels::amx::{self, MB, NB};
-use crate::cpu::kernels::vnni_gemm;
+use crate::cpu::kernels::{f32_gemm, vnni_gemm};
 use crate::cpu::par::{Pool, SharedMut};
 use crate::cpu::CpuTensor;
 
@@ -20,7 +20,8 @@ pub fn applies(n: usize, jobs: &[Job]) -> bool {
     let plain = |j: &Job| !matches!(j.epilogue, Epilogue::SiluMul(_));
     n >= MIN_ROWS
         && (jobs.iter().all(|j| j.w.amx.is_some() && plain(j))
-            || jobs.iter().all(|j| j.w.i8.is_some() && plain(j)))
+            || jobs.iter().all(|j| j.w.i8.is_some() && plain(j))
+            || jobs.iter().all(|j| j.w.f32p.is_some() && plain(j)))
 }
 
 thread_local! {
@@ -28,11 +29,16 @@ thread_local! {
     static A: std::cell::RefCell<Vec<u16>> = Default::default();
     /// One thread's rows of x as int8 (+128) and their scales, and its output block.
     static A8: std::cell::RefCell<(Vec<u8>, Vec<f32>, vnni_gemm::Block)> = Default::default();
+    /// One thread's rows of x (padded to a block) and its output block, for f32 copies.
+    static AF: std::cell::RefCell<(Vec<f32>, f32_gemm::Block)> = Default::default();
 }
 
 pub fn matmul_jobs(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
     if jobs[0].w.i8.is_some() {
         return matmul_jobs_i8(pool, x, n, jobs);
+    }
+    if jobs[0].w.f32p.is_some() {
+        return matmul_jobs_f32(pool, x, n, jobs);
     }
     let outs = outputs(x, n, jobs);
     let cols = x.cols;
@@ -134,6 +140,51 @@ fn matmul_jobs_i8(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
                 };
                 // SAFETY: as above.
                 unsafe { vnni_gemm::gemm_cols(a, sa, m, p, 0, p.np, c, emit) };
+            }
+        })
+    });
+}
+
+/// [`matmul_jobs`] over f32 copies in vector order: x's rows copied once per block of 32
+/// (zero rows after the last), or the columns split when there are too few blocks.
+fn matmul_jobs_f32(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
+    let outs = outputs(x, n, jobs);
+    let jobs = &*jobs;
+    let cols = x.cols;
+    let padded = |t0: usize, m: usize, a: &mut Vec<f32>| {
+        a.clear();
+        a.extend_from_slice(&x.data[t0 * cols..(t0 + m) * cols]);
+        a.resize(m.next_multiple_of(MB) * cols, 0.0);
+    };
+    if n.div_ceil(MB) < pool.threads() {
+        let mut a = Vec::new();
+        padded(0, n, &mut a);
+        for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
+            let p = job.w.f32p.as_deref().expect("checked by applies()");
+            pool.run_aligned(p.np, NB, |j0, j1| {
+                let mut c = f32_gemm::Block::default();
+                let emit = |i0: usize, jb: usize, blk: &[f32]| {
+                    store_block(job, dst, rows, 0, n, i0, jb, blk)
+                };
+                // SAFETY: only weights packed by prefer_batches (which checked AVX-512) get
+                // here; each thread writes its own columns j0..j1 of the output.
+                unsafe { f32_gemm::gemm_cols(&a, n, p, j0, j1, &mut c, emit) };
+            });
+        }
+        return;
+    }
+    pool.run_aligned(n, MB, |t0, t1| {
+        AF.with(|cell| {
+            let (a, c) = &mut *cell.borrow_mut();
+            let m = t1 - t0;
+            padded(t0, m, a);
+            for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
+                let p = job.w.f32p.as_deref().expect("checked by applies()");
+                let emit = |i0: usize, j0: usize, blk: &[f32]| {
+                    store_block(job, dst, rows, t0, m, i0, j0, blk)
+                };
+                // SAFETY: as above.
+                unsafe { f32_gemm::gemm_cols(a, m, p, 0, p.np, c, emit) };
             }
         })
     });

@@ -100,6 +100,7 @@ pub fn load(w: MlxWeightData) -> CpuWeight {
         })),
         amx: None,
         i8: None,
+        f32p: None,
         conv: None,
         conv_t: None,
     }
