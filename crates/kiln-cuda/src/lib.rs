@@ -18,11 +18,11 @@
 
 mod attention;
 mod device;
+mod launch;
 pub mod pack;
 mod products;
 mod signal;
 
-use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
@@ -40,6 +40,7 @@ use pack::{FMT_F16, FMT_F32};
 
 pub use attention::attention_supported;
 use attention::*;
+use launch::*;
 use products::*;
 
 /// Tokens one matvec launch takes (kernels/*.cu MAX_TOK).
@@ -87,101 +88,6 @@ impl CudaKvCache {
     }
 }
 
-/// Kernel arguments: each value boxed so its address is stable until the launch.
-#[derive(Default)]
-struct Args(Vec<Box<dyn Any>>);
-
-impl Args {
-    fn a<T: 'static>(mut self, v: T) -> Self {
-        self.0.push(Box::new(v));
-        self
-    }
-    fn ptrs(&mut self) -> Vec<*mut c_void> {
-        self.0
-            .iter_mut()
-            .map(|b| (&mut **b) as *mut dyn Any as *mut c_void)
-            .collect()
-    }
-}
-
-/// Buffers sized on demand (outside graph recording: a step runs eagerly once first).
-#[derive(Default)]
-struct Scratch {
-    w16: Option<DevBuf>,
-    x16: Option<DevBuf>,
-    tmp: Option<DevBuf>,
-    attn_acc: Option<DevBuf>,
-    attn_ml: Option<DevBuf>,
-    argmax: Option<DevBuf>,
-    /// A grammar's token mask (`mask_row`).
-    mask: Option<DevBuf>,
-    topk: Option<DevBuf>,
-    /// The candidates' keys on the host, kept from token to token.
-    topk_keys: Vec<u64>,
-    im2col: Option<DevBuf>,
-    /// fake_quant_u8's range (two order-preserving keys).
-    range: Option<DevBuf>,
-    xq: Option<DevBuf>,
-    /// The other activation buffer: a decode product writing its output quantized reads
-    /// its input from one and writes the other.
-    xq2: Option<DevBuf>,
-    /// A batched decode step's sequences (kernels/*.cu SeqDesc) on the device, and what it
-    /// holds, so an unchanged table is not sent again.
-    seq_table: Option<DevBuf>,
-    seq_table_host: Vec<SeqDesc>,
-}
-
-/// Bumped whenever a scratch buffer (or the RoPE table) is reallocated: a recorded step holds
-/// the old addresses, so [`Backend::step`] drops every recording made before.
-static SCRATCH_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-fn scratch_moved() {
-    SCRATCH_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn ensure(slot: &mut Option<DevBuf>, bytes: usize) -> u64 {
-    if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
-        *slot = Some(DevBuf::alloc(bytes));
-        scratch_moved();
-    }
-    slot.as_ref().unwrap().ptr
-}
-
-struct Graph {
-    exec: sys::CUgraphExec,
-    graph: sys::CUgraph,
-}
-
-impl Drop for Graph {
-    fn drop(&mut self) {
-        unsafe {
-            let _ = sys::cuGraphExecDestroy(self.exec);
-            let _ = sys::cuGraphDestroy(self.graph);
-        }
-    }
-}
-
-/// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
-/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM.
-#[derive(Default)]
-struct Tune {
-    kw: Option<usize>,
-    nr: Option<usize>,
-    /// Prompt attention through cuBLAS (KILN_CUDA_NO_PROMPT_GEMM=1: the split kernel instead).
-    prompt_gemm: bool,
-}
-
-impl Tune {
-    fn from_env() -> Tune {
-        let env = kiln_backend::options::dev_parsed::<usize>;
-        Tune {
-            kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
-            nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
-            prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
-        }
-    }
-}
-
 pub struct CudaBackend {
     /// Step parameters on the device: [pos0, n, ids...]; `params_host` mirrors them.
     params: DevBuf,
@@ -210,16 +116,6 @@ pub struct CudaBackend {
     cpu: CpuBackend,
     /// Last: everything above holds device memory or graphs of this context.
     dev: Device,
-}
-
-struct Blas(cudarc::cublas::sys::cublasHandle_t);
-
-impl Drop for Blas {
-    fn drop(&mut self) {
-        unsafe {
-            let _ = cudarc::cublas::result::destroy_handle(self.0);
-        }
-    }
 }
 
 /// Values a block of kernels/*.cu topk_chunks sorts (at most this many sampling candidates).

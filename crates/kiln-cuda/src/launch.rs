@@ -1,0 +1,116 @@
+//! What every launch needs around the kernels: boxed kernel arguments, the scratch buffers
+//! sized on demand (and the generation counter that tells recorded graphs they moved), the
+//! recorded graphs, cuBLAS's handle, and the tuning overrides.
+
+use std::any::Any;
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+
+use crate::attention::SeqDesc;
+use crate::device::DevBuf;
+
+/// Kernel arguments: each value boxed so its address is stable until the launch.
+#[derive(Default)]
+pub(crate) struct Args(pub(crate) Vec<Box<dyn Any>>);
+
+impl Args {
+    pub(crate) fn a<T: 'static>(mut self, v: T) -> Self {
+        self.0.push(Box::new(v));
+        self
+    }
+    pub(crate) fn ptrs(&mut self) -> Vec<*mut c_void> {
+        self.0
+            .iter_mut()
+            .map(|b| (&mut **b) as *mut dyn Any as *mut c_void)
+            .collect()
+    }
+}
+
+/// Buffers sized on demand (outside graph recording: a step runs eagerly once first).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub(crate) w16: Option<DevBuf>,
+    pub(crate) x16: Option<DevBuf>,
+    pub(crate) tmp: Option<DevBuf>,
+    pub(crate) attn_acc: Option<DevBuf>,
+    pub(crate) attn_ml: Option<DevBuf>,
+    pub(crate) argmax: Option<DevBuf>,
+    /// A grammar's token mask (`mask_row`).
+    pub(crate) mask: Option<DevBuf>,
+    pub(crate) topk: Option<DevBuf>,
+    /// The candidates' keys on the host, kept from token to token.
+    pub(crate) topk_keys: Vec<u64>,
+    pub(crate) im2col: Option<DevBuf>,
+    /// fake_quant_u8's range (two order-preserving keys).
+    pub(crate) range: Option<DevBuf>,
+    pub(crate) xq: Option<DevBuf>,
+    /// The other activation buffer: a decode product writing its output quantized reads
+    /// its input from one and writes the other.
+    pub(crate) xq2: Option<DevBuf>,
+    /// A batched decode step's sequences (kernels/*.cu SeqDesc) on the device, and what it
+    /// holds, so an unchanged table is not sent again.
+    pub(crate) seq_table: Option<DevBuf>,
+    pub(crate) seq_table_host: Vec<SeqDesc>,
+}
+
+/// Bumped whenever a scratch buffer (or the RoPE table) is reallocated: a recorded step holds
+/// the old addresses, so `Backend::step` drops every recording made before.
+pub(crate) static SCRATCH_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub(crate) fn scratch_moved() {
+    SCRATCH_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub(crate) fn ensure(slot: &mut Option<DevBuf>, bytes: usize) -> u64 {
+    if slot.as_ref().is_none_or(|b| b.bytes < bytes) {
+        *slot = Some(DevBuf::alloc(bytes));
+        scratch_moved();
+    }
+    slot.as_ref().unwrap().ptr
+}
+
+pub(crate) struct Graph {
+    pub(crate) exec: sys::CUgraphExec,
+    pub(crate) graph: sys::CUgraph,
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = sys::cuGraphExecDestroy(self.exec);
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+/// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
+/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM.
+#[derive(Default)]
+pub(crate) struct Tune {
+    pub(crate) kw: Option<usize>,
+    pub(crate) nr: Option<usize>,
+    /// Prompt attention through cuBLAS (KILN_CUDA_NO_PROMPT_GEMM=1: the split kernel instead).
+    pub(crate) prompt_gemm: bool,
+}
+
+impl Tune {
+    pub(crate) fn from_env() -> Tune {
+        let env = kiln_backend::options::dev_parsed::<usize>;
+        Tune {
+            kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
+            nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
+            prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
+        }
+    }
+}
+
+pub(crate) struct Blas(pub(crate) cudarc::cublas::sys::cublasHandle_t);
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = cudarc::cublas::result::destroy_handle(self.0);
+        }
+    }
+}
