@@ -343,18 +343,51 @@ pub unsafe fn gemm_cols(
     unreachable!("AMX is x86_64 only")
 }
 
+/// A 32 x 32 block of C (row-major, 32 wide), 64-byte aligned.
 #[repr(C, align(64))]
-struct Block([f32; MB * NB]);
+pub struct Block(pub [f32; MB * NB]);
+
+impl Default for Block {
+    fn default() -> Self {
+        Block([0.0; MB * NB])
+    }
+}
+
+/// Rows of C a vector strip fills ([`strips`]).
+pub const STRIP: usize = 8;
+
+/// The block loop of the vector block products (bf16, int8 and f32): for each 32-row block of
+/// A (`i0`) and each pair of 16-column blocks in `j0..j1` (`nb`, `nb + 1`),
+/// `strip(row0, nb, rows)` fills rows `row0 - i0 ..` (8 of them, 32 wide) of `c` for every
+/// strip holding a row below m (the rest of `c` is zeros), then `emit(i0, 16 nb, c)`.
+pub fn strips(
+    m: usize,
+    j0: usize,
+    j1: usize,
+    c: &mut Block,
+    mut strip: impl FnMut(usize, usize, &mut [f32]),
+    mut emit: impl FnMut(usize, usize, &[f32]),
+) {
+    let mp = round_up(m.max(1), MB);
+    for i0 in (0..mp).step_by(MB) {
+        // Strips wholly past the last row are padding: zeros, left uncomputed.
+        let n = (m - i0.min(m)).min(MB).div_ceil(STRIP);
+        c.0[n * STRIP * NB..].fill(0.0);
+        for nb in (j0 / TN..j1 / TN).step_by(2) {
+            for (s, rows) in c.0.chunks_exact_mut(STRIP * NB).take(n).enumerate() {
+                strip(i0 + s * STRIP, nb, rows);
+            }
+            emit(i0, nb * TN, &c.0);
+        }
+    }
+}
 
 /// The block products on AVX-512 BF16 vectors: each 32 x 32 block of C as four 8-row strips,
 /// 16 accumulators a strip (8 rows x two 16-column vectors); per k pair one load of each
 /// column tile's row and one broadcast (A's pair as a 32-bit lane) per row.
 #[cfg(target_arch = "x86_64")]
 mod dp {
-    use super::{round_up, Block, PackedB, MB, NB, TILE, TK, TN};
-
-    /// Rows of C per strip.
-    const R: usize = 8;
+    use super::{Block, PackedB, TILE, TK};
 
     /// # Safety
     /// AVX-512F and AVX-512 BF16 are present; `a` holds `round_up(m, MB)` rows of `b.kp`,
@@ -367,30 +400,26 @@ mod dp {
         j0: usize,
         j1: usize,
         c: &mut Block,
-        mut emit: impl FnMut(usize, usize, &[f32]),
+        emit: impl FnMut(usize, usize, &[f32]),
     ) {
         let (kp, nkb) = (b.kp, b.kp / TK);
-        let mp = round_up(m.max(1), MB);
-        for i0 in (0..mp).step_by(MB) {
-            // Strips wholly past the last row are padding: zeros, left uncomputed.
-            let strips = (m - i0).min(MB).div_ceil(R);
-            if strips * R < MB {
-                c.0[strips * R * NB..].fill(0.0);
+        let strip_of = |row0: usize, nb: usize, rows: &mut [f32]| {
+            // SAFETY: rows row0..row0+8 of `a` and the two column blocks' tiles lie inside
+            // the operands (caller); `rows` holds the strip's 8 x 32 values.
+            unsafe {
+                let b0 = b.data.as_ptr().add(nb * nkb * TILE);
+                let b1 = b0.add(nkb * TILE);
+                strip(
+                    a.as_ptr().add(row0 * kp),
+                    kp,
+                    b0,
+                    b1,
+                    kp / 2,
+                    rows.as_mut_ptr(),
+                )
             }
-            for nb in (j0 / TN..j1 / TN).step_by(2) {
-                // SAFETY: rows i0.. of `a` and the two column blocks' tiles lie inside the
-                // operands (caller); each strip writes its own 8 rows of `c`.
-                unsafe {
-                    let b0 = b.data.as_ptr().add(nb * nkb * TILE);
-                    let b1 = b0.add(nkb * TILE);
-                    for s in 0..strips {
-                        let ap = a.as_ptr().add((i0 + s * R) * kp);
-                        strip(ap, kp, b0, b1, kp / 2, c.0.as_mut_ptr().add(s * R * NB));
-                    }
-                }
-                emit(i0, nb * TN, &c.0);
-            }
-        }
+        };
+        super::strips(m, j0, j1, c, strip_of, emit)
     }
 
     /// C rows 0..8 (32 wide, at `c`) = A rows (`lda` values apart) · the two column tiles'

@@ -9,8 +9,6 @@ use super::amx::{round_up, MB, NB};
 
 /// Rows of W per packed block (lanes of a vector).
 const TN: usize = 16;
-/// Rows of x per strip.
-const R: usize = 8;
 
 /// Whether these products run here: AVX-512F allowed, and neither AMX nor AVX-512 BF16 (whose
 /// bf16 block products are faster).
@@ -48,15 +46,7 @@ impl PackedF32 {
     }
 }
 
-/// A 32 x 32 block of C, 64-byte aligned.
-#[repr(C, align(64))]
-pub struct Block(pub [f32; MB * NB]);
-
-impl Default for Block {
-    fn default() -> Self {
-        Block([0.0; MB * NB])
-    }
-}
+pub use super::amx::Block;
 
 /// C (m, columns j0..j1) = A · Wᵀ for A's rows 0..m (`a`: `round_up(m, MB)` rows of `b.k`
 /// f32, rows past m zeros), by 32 x 32 blocks handed to `emit(i0, j0, block)`. `j0`, `j1`
@@ -73,7 +63,7 @@ pub unsafe fn gemm_cols(
     j0: usize,
     j1: usize,
     c: &mut Block,
-    mut emit: impl FnMut(usize, usize, &[f32]),
+    emit: impl FnMut(usize, usize, &[f32]),
 ) {
     assert!(
         j0 % NB == 0 && j1 % NB == 0 && j1 <= b.np,
@@ -82,26 +72,17 @@ pub unsafe fn gemm_cols(
     let (k, mp) = (b.k, round_up(m.max(1), MB));
     assert!(k > 0 && a.len() >= mp * k && b.data.len() >= b.np * k);
     let lda = (k * 4) as isize;
-    for i0 in (0..mp).step_by(MB) {
-        let strips = (m - i0).min(MB).div_ceil(R);
-        if strips * R < MB {
-            c.0[strips * R * NB..].fill(0.0);
+    let strip_of = |r0: usize, nb: usize, rows: &mut [f32]| {
+        // SAFETY: rows r0..r0+8 of `a` and the two packed blocks lie inside the operands
+        // (checked above); `rows` holds the strip's 8 x 32 values; AVX-512F is present
+        // (caller).
+        unsafe {
+            let b0 = b.data.as_ptr().add(nb * TN * k);
+            let (ap, cp) = (a.as_ptr().add(r0 * k), rows.as_mut_ptr());
+            super::strip_8x32!("vfmadd231ps", ap, lda, b0, b0.add(TN * k), k, cp);
         }
-        for nb in (j0 / TN..j1 / TN).step_by(2) {
-            // SAFETY: rows i0.. of `a` and the two packed blocks lie inside the operands
-            // (checked above); AVX-512F is present (caller).
-            unsafe {
-                let b0 = b.data.as_ptr().add(nb * TN * k);
-                let b1 = b0.add(TN * k);
-                for s in 0..strips {
-                    let ap = a.as_ptr().add((i0 + s * R) * k);
-                    let cp = c.0.as_mut_ptr().add(s * R * NB);
-                    super::strip_8x32!("vfmadd231ps", ap, lda, b0, b1, k, cp);
-                }
-            }
-            emit(i0, nb * TN, &c.0);
-        }
-    }
+    };
+    super::amx::strips(m, j0, j1, c, strip_of, emit)
 }
 
 /// Elsewhere [`available`] is false, so this is never called.

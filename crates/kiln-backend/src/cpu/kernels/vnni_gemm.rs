@@ -229,15 +229,7 @@ unsafe fn quantize_row_512(src: &[f32], dst: &mut [u8]) -> f32 {
     }
 }
 
-/// A 32 x 32 block of C, 64-byte aligned.
-#[repr(C, align(64))]
-pub struct Block(pub [f32; MB * NB]);
-
-impl Default for Block {
-    fn default() -> Self {
-        Block([0.0; MB * NB])
-    }
-}
+pub use super::amx::Block;
 
 /// C (m, columns j0..j1) = A · Wᵀ for A's rows 0..m (`a`, `sa` from [`quantize_rows`] with
 /// `b.kp`), by 32 x 32 blocks handed to `emit(i0, j0, block)` (row-major, 32 wide; rows
@@ -255,7 +247,7 @@ pub unsafe fn gemm_cols(
     j0: usize,
     j1: usize,
     c: &mut Block,
-    mut emit: impl FnMut(usize, usize, &[f32]),
+    emit: impl FnMut(usize, usize, &[f32]),
 ) {
     assert!(
         j0 % NB == 0 && j1 % NB == 0 && j1 <= b.np,
@@ -264,33 +256,30 @@ pub unsafe fn gemm_cols(
     let (kp, mp) = (b.kp, round_up(m.max(1), MB));
     assert!(a.len() >= mp * kp && sa.len() >= mp && b.data.len() >= b.np * kp);
     let mut sums = Sums([0; R * NB]);
-    for i0 in (0..mp).step_by(MB) {
-        let strips = (m - i0).min(MB).div_ceil(R);
-        if strips * R < MB {
-            c.0[strips * R * NB..].fill(0.0);
+    let strip_of = |r0: usize, nb: usize, rows: &mut [f32]| {
+        let cols = nb * TN;
+        // SAFETY: rows r0..r0+8 of `a` and the two packed blocks lie inside the operands
+        // (checked above); the set was detected (caller).
+        unsafe {
+            let b0 = b.data.as_ptr().add(cols * kp);
+            strip(
+                a.as_ptr().add(r0 * kp),
+                kp,
+                b0,
+                b0.add(TN * kp),
+                kp / 4,
+                &mut sums,
+            );
+            finish(
+                &sums,
+                &sa[r0..r0 + R],
+                &b.scale[cols..cols + NB],
+                &b.corr[cols..cols + NB],
+                rows,
+            );
         }
-        for nb in (j0 / TN..j1 / TN).step_by(2) {
-            // SAFETY: rows i0.. of `a` and the two packed blocks lie inside the operands
-            // (checked above); AVX-512 VNNI is present (caller).
-            unsafe {
-                let b0 = b.data.as_ptr().add(nb * TN * kp);
-                let b1 = b0.add(TN * kp);
-                for s in 0..strips {
-                    let r0 = i0 + s * R;
-                    strip(a.as_ptr().add(r0 * kp), kp, b0, b1, kp / 4, &mut sums);
-                    let cols = nb * TN;
-                    finish(
-                        &sums,
-                        &sa[r0..r0 + R],
-                        &b.scale[cols..cols + NB],
-                        &b.corr[cols..cols + NB],
-                        &mut c.0[s * R * NB..(s + 1) * R * NB],
-                    );
-                }
-            }
-            emit(i0, nb * TN, &c.0);
-        }
-    }
+    };
+    super::amx::strips(m, j0, j1, c, strip_of, emit)
 }
 
 /// Elsewhere [`available`] is false, so this is never called.
@@ -310,7 +299,7 @@ pub unsafe fn gemm_cols(
 }
 
 /// Rows of C per strip.
-const R: usize = 8;
+const R: usize = super::amx::STRIP;
 
 #[repr(C, align(64))]
 struct Sums([i32; R * NB]);
