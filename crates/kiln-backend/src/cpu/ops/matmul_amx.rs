@@ -1,8 +1,10 @@
-//! Matrix products over many rows through AMX bf16 tiles, for weights that carry a tile-order
-//! copy (`Backend::prefer_batches`): each thread takes whole 32-row blocks of x, rounds them to
-//! bf16 once, then runs every job's weight over them by 32 x 32 blocks of the output, applying
-//! the job's epilogue (bias, residual add) as each block leaves the tiles.
-//! `out[t][r] = W[r] . x[t]` as in `matmul`, with the inputs rounded to bf16 (f32 sums).
+//! Matrix products over many rows for weights that carry a block-product copy
+//! (`Backend::prefer_batches`): AMX bf16 tiles (or `vdpbf16ps` over the same layout), int8
+//! panels (VNNI / dotprod, where the model allowed int8) or f32 panels (AVX-512 without
+//! BF16). Each thread takes whole 32-row blocks of x, prepares them once (rounded to bf16,
+//! quantized to int8, or padded), then runs every job's weight over them by 32 x 32 blocks of
+//! the output, applying the job's epilogue (bias, residual add) as each block leaves the
+//! kernel. `out[t][r] = W[r] . x[t]` as in `matmul`, up to the inputs' rounding (f32 sums).
 
 use super::matmul::{Epilogue, Job};
 use crate::cpu::kernels::amx::{self, MB, NB};
@@ -15,7 +17,7 @@ use crate::cpu::CpuTensor;
 /// dots and a few ms on tiles.
 pub const MIN_ROWS: usize = 8;
 
-/// Whether `jobs` over `n` rows run here (all on bf16 copies, or all on int8 copies).
+/// Whether `jobs` over `n` rows run here (all on bf16 copies, all on int8 or all on f32).
 pub fn applies(n: usize, jobs: &[Job]) -> bool {
     let plain = |j: &Job| !matches!(j.epilogue, Epilogue::SiluMul(_));
     n >= MIN_ROWS
@@ -24,56 +26,137 @@ pub fn applies(n: usize, jobs: &[Job]) -> bool {
             || jobs.iter().all(|j| j.w.f32p.is_some() && plain(j)))
 }
 
-thread_local! {
-    /// One thread's rows of x in bf16.
-    static A: std::cell::RefCell<Vec<u16>> = Default::default();
-    /// One thread's rows of x as int8 (+128) and their scales, and its output block.
-    static A8: std::cell::RefCell<(Vec<u8>, Vec<f32>, vnni_gemm::Block)> = Default::default();
-    /// One thread's rows of x (padded to a block) and its output block, for f32 copies.
-    static AF: std::cell::RefCell<(Vec<f32>, f32_gemm::Block)> = Default::default();
+/// One thread's rows of x as a block product takes them (bf16; int8 and their scales; f32
+/// padded to a block), one of them used by a call.
+#[derive(Default)]
+struct Rows {
+    bf16: Vec<u16>,
+    q: Vec<u8>,
+    scales: Vec<f32>,
+    f: Vec<f32>,
 }
 
+thread_local! {
+    /// One thread's rows of x and its output block.
+    static ROWS: std::cell::RefCell<(Rows, amx::Block)> = Default::default();
+}
+
+/// `out[t][r] = W[r] . x[t]` over the weights' block-product copies (all bf16 tiles, all
+/// int8 or all f32 panels: `applies`).
 pub fn matmul_jobs(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
-    if jobs[0].w.i8.is_some() {
-        return matmul_jobs_i8(pool, x, n, jobs);
-    }
-    if jobs[0].w.f32p.is_some() {
-        return matmul_jobs_f32(pool, x, n, jobs);
-    }
     let outs = outputs(x, n, jobs);
+    let (jobs, cols) = (&*jobs, x.cols);
+    let w = jobs[0].w;
+    // The products' SAFETY: only weights packed by prefer_batches get here, which packed
+    // each copy only where its kernel set was detected; `run` hands each call rows prepared
+    // for that copy, and each thread its own rows or columns of the output.
+    if let Some(p) = w.i8.as_deref() {
+        let kp = p.kp;
+        let prep = |src: &[f32], m: usize, r: &mut Rows| {
+            vnni_gemm::quantize_rows(src, cols, m, cols, kp, &mut r.q, &mut r.scales)
+        };
+        let product = |r: &Rows, m: usize, job: &Job, (j0, j1), c: &mut amx::Block, emit: Emit| {
+            let p = job.w.i8.as_deref().expect("checked by applies()");
+            // SAFETY: as said above.
+            unsafe { vnni_gemm::gemm_cols(&r.q, &r.scales, m, p, j0, j1, c, emit) }
+        };
+        return run(
+            pool,
+            x,
+            n,
+            jobs,
+            &outs,
+            |j| j.w.i8.as_ref().map_or(0, |p| p.np),
+            prep,
+            product,
+        );
+    }
+    if w.f32p.is_some() {
+        let prep = |src: &[f32], m: usize, r: &mut Rows| {
+            r.f.clear();
+            r.f.extend_from_slice(src);
+            r.f.resize(m.next_multiple_of(MB) * cols, 0.0);
+        };
+        let product = |r: &Rows, m: usize, job: &Job, (j0, j1), c: &mut amx::Block, emit: Emit| {
+            let p = job.w.f32p.as_deref().expect("checked by applies()");
+            // SAFETY: as said above.
+            unsafe { f32_gemm::gemm_cols(&r.f, m, p, j0, j1, c, emit) }
+        };
+        return run(
+            pool,
+            x,
+            n,
+            jobs,
+            &outs,
+            |j| j.w.f32p.as_ref().map_or(0, |p| p.np),
+            prep,
+            product,
+        );
+    }
+    let kp = w.amx.as_ref().map_or(0, |p| p.kp);
+    let prep = |src: &[f32], m: usize, r: &mut Rows| {
+        amx::to_bf16_rows(src, cols, m, cols, kp, &mut r.bf16)
+    };
+    let product = |r: &Rows, m: usize, job: &Job, (j0, j1), _: &mut amx::Block, emit: Emit| {
+        let p = job.w.amx.as_deref().expect("checked by applies()");
+        // SAFETY: as said above.
+        unsafe { amx::gemm_cols(&r.bf16, m, p, j0, j1, emit) }
+    };
+    run(
+        pool,
+        x,
+        n,
+        jobs,
+        &outs,
+        |j| j.w.amx.as_ref().map_or(0, |p| p.np),
+        prep,
+        product,
+    )
+}
+
+/// A product's 32 x 32 blocks as they leave the kernel.
+type Emit<'e> = &'e mut dyn FnMut(usize, usize, &[f32]);
+
+/// Each thread takes whole 32-row blocks of x, prepares them once (`prep`), then runs every
+/// job's weight over them (`product`, all `width(job)` columns); with too few row blocks to
+/// go round (PL-BERT's tokens), x is prepared once and each product's columns are split over
+/// the threads instead.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    pool: &Pool,
+    x: &CpuTensor,
+    n: usize,
+    jobs: &[Job],
+    outs: &[(SharedMut, usize); 3],
+    width: impl Fn(&Job) -> usize + Sync,
+    prep: impl Fn(&[f32], usize, &mut Rows) + Sync,
+    product: impl Fn(&Rows, usize, &Job, (usize, usize), &mut amx::Block, Emit) + Sync,
+) {
     let cols = x.cols;
-    let jobs = &*jobs;
-    let kp = jobs[0].w.amx.as_ref().map_or(0, |p| p.kp);
     if n.div_ceil(MB) < pool.threads() {
-        // Too few row blocks to go round (PL-BERT's tokens): round x once, split the
-        // columns of each product over the threads instead.
-        let mut a = Vec::new();
-        amx::to_bf16_rows(&x.data[..n * cols], cols, n, cols, kp, &mut a);
-        for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
-            let p = job.w.amx.as_deref().expect("checked by applies()");
-            pool.run_aligned(p.np, NB, |j0, j1| {
-                let emit = |i0: usize, jb: usize, blk: &[f32]| {
+        let mut r = Rows::default();
+        prep(&x.data[..n * cols], n, &mut r);
+        for (job, &(dst, rows)) in jobs.iter().zip(outs) {
+            pool.run_aligned(width(job), NB, |j0, j1| {
+                let mut c = amx::Block::default();
+                let mut emit = |i0: usize, jb: usize, blk: &[f32]| {
                     store_block(job, dst, rows, 0, n, i0, jb, blk)
                 };
-                // SAFETY: only weights packed by prefer_batches (which checked AMX) get here;
-                // each thread writes its own columns j0..j1 of the output.
-                unsafe { amx::gemm_cols(&a, n, p, j0, j1, emit) };
+                product(&r, n, job, (j0, j1), &mut c, &mut emit);
             });
         }
         return;
     }
     pool.run_aligned(n, MB, |t0, t1| {
-        A.with(|cell| {
-            let a = &mut *cell.borrow_mut();
+        ROWS.with(|cell| {
+            let (r, c) = &mut *cell.borrow_mut();
             let m = t1 - t0;
-            amx::to_bf16_rows(&x.data[t0 * cols..t1 * cols], cols, m, cols, kp, a);
-            for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
-                let p = job.w.amx.as_deref().expect("checked by applies()");
-                let emit = |i0: usize, j0: usize, blk: &[f32]| {
+            prep(&x.data[t0 * cols..t1 * cols], m, r);
+            for (job, &(dst, rows)) in jobs.iter().zip(outs) {
+                let mut emit = |i0: usize, j0: usize, blk: &[f32]| {
                     store_block(job, dst, rows, t0, m, i0, j0, blk)
                 };
-                // SAFETY: only weights packed by prefer_batches (which checked AMX) get here.
-                unsafe { amx::gemm(a, m, p, emit) };
+                product(r, m, job, (0, width(job)), c, &mut emit);
             }
         })
     });
@@ -102,92 +185,6 @@ fn outputs(x: &CpuTensor, n: usize, jobs: &mut [Job]) -> [(SharedMut, usize); 3]
         *o = (SharedMut(j.out.data.as_mut_ptr()), j.w.rows);
     }
     outs
-}
-
-/// [`matmul_jobs`] over int8 copies: x's rows quantized once per block of 32 (or once, with
-/// the columns split, when there are too few blocks to go round).
-fn matmul_jobs_i8(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
-    let outs = outputs(x, n, jobs);
-    let jobs = &*jobs;
-    let cols = x.cols;
-    let kp = jobs[0].w.i8.as_ref().map_or(0, |p| p.kp);
-    if n.div_ceil(MB) < pool.threads() {
-        let (mut a, mut sa) = (Vec::new(), Vec::new());
-        vnni_gemm::quantize_rows(&x.data[..n * cols], cols, n, cols, kp, &mut a, &mut sa);
-        for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
-            let p = job.w.i8.as_deref().expect("checked by applies()");
-            pool.run_aligned(p.np, NB, |j0, j1| {
-                let mut c = vnni_gemm::Block::default();
-                let emit = |i0: usize, jb: usize, blk: &[f32]| {
-                    store_block(job, dst, rows, 0, n, i0, jb, blk)
-                };
-                // SAFETY: only weights packed by prefer_batches (which checked VNNI) get
-                // here; each thread writes its own columns j0..j1 of the output.
-                unsafe { vnni_gemm::gemm_cols(&a, &sa, n, p, j0, j1, &mut c, emit) };
-            });
-        }
-        return;
-    }
-    pool.run_aligned(n, MB, |t0, t1| {
-        A8.with(|cell| {
-            let (a, sa, c) = &mut *cell.borrow_mut();
-            let m = t1 - t0;
-            vnni_gemm::quantize_rows(&x.data[t0 * cols..t1 * cols], cols, m, cols, kp, a, sa);
-            for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
-                let p = job.w.i8.as_deref().expect("checked by applies()");
-                let emit = |i0: usize, j0: usize, blk: &[f32]| {
-                    store_block(job, dst, rows, t0, m, i0, j0, blk)
-                };
-                // SAFETY: as above.
-                unsafe { vnni_gemm::gemm_cols(a, sa, m, p, 0, p.np, c, emit) };
-            }
-        })
-    });
-}
-
-/// [`matmul_jobs`] over f32 copies in vector order: x's rows copied once per block of 32
-/// (zero rows after the last), or the columns split when there are too few blocks.
-fn matmul_jobs_f32(pool: &Pool, x: &CpuTensor, n: usize, jobs: &mut [Job]) {
-    let outs = outputs(x, n, jobs);
-    let jobs = &*jobs;
-    let cols = x.cols;
-    let padded = |t0: usize, m: usize, a: &mut Vec<f32>| {
-        a.clear();
-        a.extend_from_slice(&x.data[t0 * cols..(t0 + m) * cols]);
-        a.resize(m.next_multiple_of(MB) * cols, 0.0);
-    };
-    if n.div_ceil(MB) < pool.threads() {
-        let mut a = Vec::new();
-        padded(0, n, &mut a);
-        for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
-            let p = job.w.f32p.as_deref().expect("checked by applies()");
-            pool.run_aligned(p.np, NB, |j0, j1| {
-                let mut c = f32_gemm::Block::default();
-                let emit = |i0: usize, jb: usize, blk: &[f32]| {
-                    store_block(job, dst, rows, 0, n, i0, jb, blk)
-                };
-                // SAFETY: only weights packed by prefer_batches (which checked AVX-512) get
-                // here; each thread writes its own columns j0..j1 of the output.
-                unsafe { f32_gemm::gemm_cols(&a, n, p, j0, j1, &mut c, emit) };
-            });
-        }
-        return;
-    }
-    pool.run_aligned(n, MB, |t0, t1| {
-        AF.with(|cell| {
-            let (a, c) = &mut *cell.borrow_mut();
-            let m = t1 - t0;
-            padded(t0, m, a);
-            for (job, &(dst, rows)) in jobs.iter().zip(&outs) {
-                let p = job.w.f32p.as_deref().expect("checked by applies()");
-                let emit = |i0: usize, j0: usize, blk: &[f32]| {
-                    store_block(job, dst, rows, t0, m, i0, j0, blk)
-                };
-                // SAFETY: as above.
-                unsafe { f32_gemm::gemm_cols(a, m, p, 0, p.np, c, emit) };
-            }
-        })
-    });
 }
 
 /// Rows i0..i0+32 (of the m from t0), columns j0..j0+32 of C into the job's output, through
