@@ -468,6 +468,41 @@ pub unsafe fn tiles_off() {
     };
 }
 
+/// For the block products' checks: uniform values in [-1, 1) from a fixed seed.
+#[doc(hidden)]
+pub fn check_values(seed: u32) -> impl FnMut() -> f32 {
+    let mut seed = seed;
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        (seed as f32 / u32::MAX as f32) * 2.0 - 1.0
+    }
+}
+
+/// For the block products' checks: C (m x n) gathered from `run(j_lo, emit)` over all the
+/// columns, then over the upper half of the blocks alone (`gemm_cols`' range); `np` is the
+/// packed width.
+#[doc(hidden)]
+pub fn check_gather(
+    m: usize,
+    n: usize,
+    np: usize,
+    mut run: impl FnMut(usize, &mut dyn FnMut(usize, usize, &[f32])),
+) -> Vec<f32> {
+    let mut c = vec![f32::NAN; m * n];
+    for j_lo in [0, np / NB / 2 * NB] {
+        run(j_lo, &mut |i0, j0, blk| {
+            for i in i0..(i0 + MB).min(m) {
+                for j in j0..(j0 + NB).min(n) {
+                    c[i * n + j] = blk[(i - i0) * NB + j - j0];
+                }
+            }
+        });
+    }
+    c
+}
+
 /// A 32 x 32 block of i32 sums for [`conv_block_u8`], as the tiles store it (row-major).
 #[repr(C, align(64))]
 pub struct BlockI32(pub [i32; MB * NB]);
@@ -614,13 +649,7 @@ mod tests {
     ) {
         let run: &GemmCols = &run;
         let f = |x: u16| f32::from_bits((x as u32) << 16);
-        let mut seed = 0x9e37_79b9u32;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed as f32 / u32::MAX as f32) * 2.0 - 1.0
-        };
+        let mut rnd = check_values(0x9e37_79b9);
         for (m, n, k) in [
             (1, 1, 1),
             (33, 17, 40),
@@ -633,17 +662,7 @@ mod tests {
             let b = PackedB::from_rows(n, k, |j, r| r.copy_from_slice(&w[j * k..(j + 1) * k]));
             let mut a = Vec::new();
             to_bf16_rows(&x, k, m, k, b.kp, &mut a);
-            let mut c = vec![f32::NAN; m * n];
-            // All columns, then the upper half of the blocks alone (gemm_cols' range).
-            for j_lo in [0, b.np / NB / 2 * NB] {
-                run(&a, m, &b, j_lo, b.np, &mut |i0, j0, blk| {
-                    for i in i0..(i0 + MB).min(m) {
-                        for j in j0..(j0 + NB).min(n) {
-                            c[i * n + j] = blk[(i - i0) * NB + j - j0];
-                        }
-                    }
-                });
-            }
+            let c = check_gather(m, n, b.np, |j_lo, emit| run(&a, m, &b, j_lo, b.np, emit));
             for i in 0..m {
                 for j in 0..n {
                     let want: f32 = (0..k)

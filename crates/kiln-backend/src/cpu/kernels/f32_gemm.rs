@@ -105,13 +105,7 @@ pub unsafe fn gemm_cols(
 #[doc(hidden)]
 pub fn check_against_f64() {
     assert!(super::avx512_allowed(), "no AVX-512 here");
-    let mut seed = 0x2468_ace1u32;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        (seed as f32 / u32::MAX as f32) * 2.0 - 1.0
-    };
+    let mut rnd = super::amx::check_values(0x2468_ace1);
     for (m, n, k) in [
         (1, 1, 1),
         (33, 17, 40),
@@ -124,20 +118,11 @@ pub fn check_against_f64() {
         let b = PackedF32::from_rows(n, k, |j, r| r.copy_from_slice(&w[j * k..(j + 1) * k]));
         let mut a = vec![0f32; round_up(m, MB) * k];
         a[..m * k].copy_from_slice(&x);
-        let mut c = vec![f32::NAN; m * n];
         let mut blk = Block::default();
-        for j_lo in [0, b.np / NB / 2 * NB] {
-            // SAFETY: available() was checked above.
-            unsafe {
-                gemm_cols(&a, m, &b, j_lo, b.np, &mut blk, |i0, j0, bl| {
-                    for i in i0..(i0 + MB).min(m) {
-                        for j in j0..(j0 + NB).min(n) {
-                            c[i * n + j] = bl[(i - i0) * NB + j - j0];
-                        }
-                    }
-                })
-            };
-        }
+        let c = super::amx::check_gather(m, n, b.np, |j_lo, emit| {
+            // SAFETY: the set was checked above; the operands are built whole.
+            unsafe { gemm_cols(&a, m, &b, j_lo, b.np, &mut blk, emit) }
+        });
         for i in 0..m {
             for j in 0..n {
                 let want: f64 = (0..k)
