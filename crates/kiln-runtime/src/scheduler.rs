@@ -664,7 +664,7 @@ impl<'m, B: Backend> Engine<'m, B> {
     fn step_inner(&mut self) -> bool {
         for i in 0..self.slots.len() {
             if self.slots[i].seq.as_ref().is_some_and(|s| s.sink.closed()) {
-                self.release(i);
+                self.release(i, None);
             }
         }
         self.assign();
@@ -942,21 +942,21 @@ impl<'m, B: Backend> Engine<'m, B> {
             ttft_secs: seq.first.map_or(0.0, |f| (f - seq.t0).as_secs_f64()),
             total_secs: (now - seq.t0).as_secs_f64(),
         };
-        seq.sink.send(Event::Done(done));
-        self.release(i);
+        self.release(i, Some(Event::Done(done)));
     }
 
     fn fail(&mut self, i: usize, e: RuntimeError) {
-        if let Some(seq) = self.slots[i].seq.as_mut() {
-            seq.sink.send(Event::Error(e));
-            self.release(i);
-        }
+        self.release(i, Some(Event::Error(e)));
     }
 
-    /// Frees slot `i`; its cached tokens stay for the prefix cache.
-    fn release(&mut self, i: usize) {
-        if self.slots[i].seq.take().is_some() {
+    /// Frees slot `i` (its cached tokens stay for the prefix cache), then sends its request
+    /// the last event, if any: a client that has its answer sees the slot free (`/health`).
+    fn release(&mut self, i: usize, last: Option<Event>) {
+        if let Some(mut seq) = self.slots[i].seq.take() {
             self.stats.running.fetch_sub(1, Ordering::SeqCst);
+            if let Some(e) = last {
+                seq.sink.send(e);
+            }
         }
     }
 }
