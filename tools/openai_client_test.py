@@ -188,6 +188,15 @@ def audio_checks(client, a) -> str:
     missing = [w for w in key if w not in heard]
     assert len(missing) <= 1, f"heard {back.text!r}, missing {missing}"
 
+    # Ogg Opus out, and back in through the transcription route.
+    opus = client.audio.speech.create(
+        model=a.tts, voice="alloy", input=said, response_format="opus"
+    ).read()
+    assert opus[:4] == b"OggS" and len(opus) * 5 < len(wav), (len(opus), len(wav))
+    back_opus = client.audio.transcriptions.create(model=a.stt, file=("speech.opus", opus))
+    missing = [w for w in key if w not in set(words(back_opus.text))]
+    assert len(missing) <= 1, f"opus: heard {back_opus.text!r}, missing {missing}"
+
     pcm = client.audio.speech.create(
         model=a.tts, voice="bf_emma", input="Hello there.", response_format="pcm"
     ).read()

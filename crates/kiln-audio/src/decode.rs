@@ -1,4 +1,5 @@
-//! Container + codec decoding through symphonia, to interleaved f32.
+//! Container + codec decoding through symphonia (Ogg Opus through `opus-pure`), to
+//! interleaved f32.
 
 use std::path::Path;
 
@@ -236,6 +237,10 @@ fn decode_inner(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decode
         why,
     };
     let (start, container) = stream_start(&bytes).map_err(not_audio)?;
+    if container == Container::Ogg && crate::opus::is_ogg_opus(&bytes[start..]) {
+        let (samples, channels) = crate::opus::decode(&bytes[start..]).map_err(corrupt)?;
+        return checked(samples, channels, 48_000, path);
+    }
     let bytes = match flac_audio_only(&bytes[start..]).map_err(corrupt)? {
         Some(stripped) => stripped,
         None if start == 0 => bytes,
@@ -319,14 +324,28 @@ fn decode_inner(bytes: Vec<u8>, ext: Option<&str>, path: &Path) -> Result<Decode
             "no packet decodes ({bad} bad: {last_err})"
         )));
     }
+    checked(samples, channels, rate, path)
+}
+
+/// The decoded samples, unless there are none or some are not numbers.
+fn checked(
+    samples: Vec<f32>,
+    channels: usize,
+    rate: u32,
+    path: &Path,
+) -> Result<Decoded, AudioError> {
+    let corrupt = |why: &str| AudioError::Corrupt {
+        path: path.into(),
+        why: why.into(),
+    };
     if samples.is_empty() || channels == 0 {
         return Err(AudioError::NoSamples { path: path.into() });
     }
     if rate == 0 {
-        return Err(corrupt("sample rate is 0".into()));
+        return Err(corrupt("sample rate is 0"));
     }
     if samples.iter().any(|s| !s.is_finite()) {
-        return Err(corrupt("non-finite samples".into()));
+        return Err(corrupt("non-finite samples"));
     }
     Ok(Decoded {
         samples,

@@ -1,10 +1,12 @@
 //! Audio in, for speech models: any file symphonia decodes (WAV PCM 8/16/24/32-bit and float,
-//! FLAC, MP3, OGG/Vorbis) or raw s16le PCM, mixed down to mono and resampled to 16 kHz; then
+//! FLAC, MP3, Ogg Vorbis or Opus) or raw s16le PCM, mixed down to mono and resampled to 16 kHz; then
 //! Whisper's log-mel spectrogram.
 
 mod decode;
+pub mod encode;
 pub mod flac;
 pub mod mel;
+pub mod opus;
 pub mod resample;
 
 use std::path::{Path, PathBuf};
@@ -26,7 +28,7 @@ pub enum AudioError {
     },
     #[error("{}: file is empty", path.display())]
     Empty { path: PathBuf },
-    #[error("{}: not a supported audio file (WAV, FLAC, MP3, OGG/Vorbis): {why}", path.display())]
+    #[error("{}: not a supported audio file (WAV, FLAC, MP3, Ogg Vorbis or Opus): {why}", path.display())]
     NotAudio { path: PathBuf, why: String },
     #[error("{}: corrupt audio: {why}", path.display())]
     Corrupt { path: PathBuf, why: String },

@@ -1,5 +1,6 @@
 //! `kiln`: run, chat, serve, transcribe, speak, voice, info, pull, bench, quantize, perplexity.
 
+mod audio_out;
 mod bench;
 mod calibrate;
 mod info;

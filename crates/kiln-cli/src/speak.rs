@@ -1,11 +1,11 @@
-//! `kiln speak`: text (or phonemes) to 24 kHz speech, written as WAV or raw PCM, sentence by
+//! `kiln speak`: text (or phonemes) to 24 kHz speech, written as WAV, FLAC, Ogg Opus or raw PCM, sentence by
 //! sentence as each is synthesized; `kiln bench --tts`: time to first audio, real-time factor.
 
-use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
+use std::io::{IsTerminal, Read, Write};
 
+use crate::audio_out::AudioFile;
 use anyhow::Context;
 use clap::Args;
-use kiln_audio::flac::FlacStream;
 use kiln_backend::Backend;
 use kiln_formats::OutputFile;
 use kiln_runtime::speech::TextToSpeech;
@@ -45,7 +45,8 @@ pub struct SpeakArgs {
     /// The input is Kokoro phonemes (skips normalisation and G2P).
     #[arg(long)]
     pub phonemes: bool,
-    /// Output file (`-` = stdout): WAV, or FLAC for a name ending `.flac`.
+    /// Output file (`-` = stdout): WAV, or FLAC for a name ending `.flac`, Ogg Opus for `.opus`
+    /// or `.ogg`.
     #[arg(short = 'o', long, default_value = "-")]
     pub output: String,
     /// Write raw 16-bit little-endian PCM (24 kHz mono) instead of WAV.
@@ -193,7 +194,6 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         a.threads,
     )?;
     let text = text.as_str();
-    let mut written = 0u64;
     let st = if a.output == "-" {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
@@ -201,44 +201,22 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
             out.write_all(&wav_header(u32::MAX - 36))?;
         }
         tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
-            let b = pcm16(s);
-            written += b.len() as u64;
-            out.write_all(&b)?;
+            out.write_all(&pcm16(s))?;
             out.flush()
         })?
     } else {
-        // Replaces the file only once all of the audio is written.
-        let mut out = OutputFile::create(&a.output)?;
-        let f = out.file();
-        let is_flac = a.output.to_ascii_lowercase().ends_with(".flac");
-        if a.raw || !is_flac {
-            if !a.raw {
-                f.write_all(&wav_header(0))?;
-            }
+        if a.raw {
+            // Replaces the file only once all of the audio is written.
+            let mut out = OutputFile::create(&a.output)?;
+            let f = out.file();
             let st = tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
-                let b = pcm16(s);
-                written += b.len() as u64;
-                f.write_all(&b)
+                f.write_all(&pcm16(s))
             })?;
-            if !a.raw {
-                let len = u32::try_from(written).context("audio longer than a WAV file holds")?;
-                f.seek(SeekFrom::Start(0))?;
-                f.write_all(&wav_header(len))?;
-            }
             out.commit()?;
             return report(&st);
         }
-        // FLAC (by the file's extension): frames as the audio comes, the header's total
-        // written at the end.
-        let mut enc = FlacStream::new(SAMPLE_RATE).map_err(|e| anyhow::anyhow!("FLAC: {e}"))?;
-        f.write_all(&enc.header(0))?;
-        let st = tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| {
-            let frames = enc.push_s16le(&pcm16(s)).map_err(std::io::Error::other)?;
-            f.write_all(&frames)
-        })?;
-        f.write_all(&enc.finish().map_err(|e| anyhow::anyhow!("FLAC: {e}"))?)?;
-        f.seek(SeekFrom::Start(0))?;
-        f.write_all(&enc.header(enc.total()))?;
+        let mut out = AudioFile::create(std::path::Path::new(&a.output), SAMPLE_RATE)?;
+        let st = tts.speak(text, a.phonemes, &a.voice, a.speed, &mut |s| out.write(s))?;
         out.commit()?;
         st
     };

@@ -79,7 +79,7 @@ impl From<VadArg> for Vad {
 
 #[derive(Args)]
 pub struct TranscribeArgs {
-    /// Audio file (WAV, FLAC, MP3, OGG/Vorbis; any rate and channels), or `-` for stdin:
+    /// Audio file (WAV, FLAC, MP3, Ogg Vorbis or Opus; any rate and channels), or `-` for stdin:
     /// one of those streams, else raw s16le 16 kHz mono PCM.
     pub file: PathBuf,
     #[command(flatten)]

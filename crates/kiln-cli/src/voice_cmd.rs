@@ -2,26 +2,28 @@
 //! streamed) -> Kokoro, sentence by sentence -> a reply WAV written as each sentence is
 //! synthesized; the transcript, the reply and the stage latencies are printed.
 
-use std::io::{Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 use kiln_backend::cpu::{default_threads, CpuBackend};
-use kiln_runtime::tts::{pcm16, wav_header};
+use kiln_runtime::tts::{pcm16, SAMPLE_RATE};
 use kiln_runtime::voice::{Voice, VoiceEvent, VoiceOptions, VoiceStats};
 use kiln_runtime::whisper::TranscribeOptions;
 use kiln_runtime::{GenerateOptions, SamplerConfig, SchedulerConfig};
 
+use crate::audio_out::AudioFile;
 use crate::speak::{DEFAULT_TTS, DEFAULT_VOICE};
 use crate::stt_cmd::{Quant, SttModelArgs, VadArg, DEFAULT_STT};
 use crate::{resolve_model, DEFAULT_LLM};
 
 #[derive(Args)]
 pub struct VoiceArgs {
-    /// What the user says: an audio file (WAV, FLAC, MP3, OGG/Vorbis; any rate).
+    /// What the user says: an audio file (WAV, FLAC, MP3, Ogg Vorbis or Opus; any rate).
     pub input: PathBuf,
-    /// The spoken reply (24 kHz mono 16-bit WAV).
+    /// The spoken reply: 24 kHz mono WAV, or FLAC for a name ending `.flac`, Ogg Opus for
+    /// `.opus` or `.ogg`.
     #[arg(short = 'o', long, default_value = "reply.wav")]
     pub output: PathBuf,
     /// LLM: a GGUF file, a directory or a catalog name.
@@ -243,10 +245,7 @@ fn turn(
     print: bool,
 ) -> anyhow::Result<VoiceStats> {
     // Replaces the file only once the whole reply is written.
-    let mut out = kiln_formats::OutputFile::create(output)?;
-    let f = out.file();
-    f.write_all(&wav_header(0))?;
-    let mut written = 0u64;
+    let mut out = AudioFile::create(output, SAMPLE_RATE)?;
     let mut io_err: Option<std::io::Error> = None;
     let stdout = std::io::stdout();
     let st = pipeline.converse(samples, opts, &mut |ev| {
@@ -259,11 +258,7 @@ fn turn(
                 let mut o = stdout.lock();
                 write!(o, "{t}").and_then(|_| o.flush())
             }
-            VoiceEvent::Audio(s) => {
-                let b = pcm16(s);
-                written += b.len() as u64;
-                f.write_all(&b)
-            }
+            VoiceEvent::Audio(s) => out.write(s),
             _ => Ok(()),
         };
         match res {
@@ -280,9 +275,6 @@ fn turn(
     if print {
         println!();
     }
-    let len = u32::try_from(written).context("reply longer than a WAV file holds")?;
-    f.seek(SeekFrom::Start(0))?;
-    f.write_all(&wav_header(len))?;
     out.commit()?;
     Ok(st)
 }
@@ -304,13 +296,8 @@ fn live(pipeline: &Voice<'_>, opts: &VoiceOptions, a: &VoiceArgs) -> anyhow::Res
         .context(format!("--live needs {}", crate::stt_cmd::VAD_MODEL))?;
     let mut file = match to_stdout {
         true => None,
-        false => {
-            let mut f = kiln_formats::OutputFile::create(&a.output)?;
-            f.file().write_all(&wav_header(0))?;
-            Some(f)
-        }
+        false => Some(AudioFile::create(&a.output, SAMPLE_RATE)?),
     };
-    let mut written = 0u64;
     // When each piece of the stream arrived: (samples so far, then).
     let arrivals: RefCell<Vec<(usize, Instant)>> = RefCell::new(Vec::new());
     let mut failed: Option<anyhow::Error> = None;
@@ -353,17 +340,13 @@ fn live(pipeline: &Voice<'_>, opts: &VoiceOptions, a: &VoiceArgs) -> anyhow::Res
                     eprint!("{t}");
                     Ok(())
                 }
-                VoiceEvent::Audio(s) => {
-                    let b = pcm16(s);
-                    written += b.len() as u64;
-                    match file.as_mut() {
-                        Some(f) => f.file().write_all(&b),
-                        None => {
-                            let mut o = std::io::stdout().lock();
-                            o.write_all(&b).and_then(|_| o.flush())
-                        }
+                VoiceEvent::Audio(s) => match file.as_mut() {
+                    Some(f) => f.write(s),
+                    None => {
+                        let mut o = std::io::stdout().lock();
+                        o.write_all(&pcm16(s)).and_then(|_| o.flush())
                     }
-                }
+                },
                 _ => Ok(()),
             };
             match r {
@@ -411,11 +394,7 @@ fn live(pipeline: &Voice<'_>, opts: &VoiceOptions, a: &VoiceArgs) -> anyhow::Res
     if let Some(e) = failed {
         return Err(e);
     }
-    if let Some(mut out) = file {
-        let len = u32::try_from(written).context("replies longer than a WAV file holds")?;
-        let f = out.file();
-        f.seek(SeekFrom::Start(0))?;
-        f.write_all(&wav_header(len))?;
+    if let Some(out) = file {
         out.commit()?;
     }
     eprintln!("{turns} turn(s) answered");

@@ -131,6 +131,57 @@ fn flac_output_holds_the_wav_samples() {
     assert!(std::fs::metadata(&flac).unwrap().len() < std::fs::metadata(&wav).unwrap().len());
 }
 
+/// `-o NAME.opus` writes Ogg Opus that libopus (libsndfile's, through Python's `soundfile`)
+/// and kiln's own reader decode to the WAV's length and level, in a small part of its bytes.
+#[test]
+fn opus_output_decodes_to_the_wav_audio() {
+    kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
+    kiln_assets::convert::python_module("soundfile", "soundfile").unwrap();
+    let (wav, opus) = (scratch("same.wav"), scratch("same.opus"));
+    for o in [&wav, &opus] {
+        kiln_ok(&[
+            "speak",
+            "Hello there. The meeting is at three thirty.",
+            "-o",
+            o.to_str().unwrap(),
+        ]);
+    }
+    let w = kiln_audio::decode_file(&wav).unwrap();
+    assert_eq!(&std::fs::read(&opus).unwrap()[..4], b"OggS");
+    let rms = |s: &[f32]| (s.iter().map(|v| v * v).sum::<f32>() / s.len() as f32).sqrt();
+    // kiln's reader decodes at Opus's 48 kHz: twice the samples.
+    let o = kiln_audio::decode_file(&opus).unwrap();
+    assert_eq!((o.rate, o.channels), (48000, 1));
+    assert_eq!(o.samples.len(), 2 * w.samples.len());
+    let db = 20.0 * (rms(&o.samples) / rms(&w.samples)).log10();
+    assert!(db.abs() < 0.5, "level {db:.2} dB off");
+    // libopus, at the file's own 24 kHz.
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, soundfile as sf; d, r = sf.read(sys.argv[1], dtype='float32'); \
+             print(r, len(d), float((d ** 2).mean() ** 0.5))",
+            opus.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<f64> = got.split_whitespace().map(|v| v.parse().unwrap()).collect();
+    assert_eq!((f[0], f[1]), (24000.0, w.samples.len() as f64), "{got}");
+    let db = 20.0 * (f[2] / rms(&w.samples) as f64).log10();
+    assert!(db.abs() < 0.5, "libopus: level {db:.2} dB off");
+    let (ob, wb) = (
+        std::fs::metadata(&opus).unwrap().len(),
+        std::fs::metadata(&wav).unwrap().len(),
+    );
+    assert!(ob * 5 < wb, "{ob} bytes against the WAV's {wb}");
+}
+
 #[test]
 fn bad_input_is_one_line() {
     kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();

@@ -87,22 +87,29 @@ fn raw_pcm_on_stdin_and_q8_0_weights() {
 }
 
 /// A container piped to stdin is decoded as the file would be (FLAC was taken for raw PCM
-/// and transcribed as nothing); MP3 frames are recognised by their chained headers.
+/// and transcribed as nothing); MP3 frames are recognised by their chained headers; Ogg Opus
+/// from libopus decodes to the same words.
 #[test]
 fn containers_on_stdin_are_decoded() {
     fetch();
     kiln_assets::convert::python_module("soundfile", "soundfile").unwrap();
     let (wav_text, _) = transcribe_json(JFK, "whisper-tiny.en");
-    for (ext, format) in [("flac", "FLAC"), ("mp3", "MP3")] {
+    // Ogg Opus as libopus (libsndfile's) writes it: what voice messages and browsers send.
+    for (ext, format, subtype) in [
+        ("flac", "FLAC", "PCM_16"),
+        ("mp3", "MP3", "MPEG_LAYER_III"),
+        ("opus", "OGG", "OPUS"),
+    ] {
         let f = scratch(&format!("jfk.{ext}"));
         let st = Command::new("python3")
             .args([
                 "-c",
                 "import sys, soundfile as sf; d, r = sf.read(sys.argv[1]); \
-                 sf.write(sys.argv[2], d, r, format=sys.argv[3])",
+                 sf.write(sys.argv[2], d, r, format=sys.argv[3], subtype=sys.argv[4])",
                 JFK,
                 f.to_str().unwrap(),
                 format,
+                subtype,
             ])
             .status()
             .unwrap();

@@ -282,7 +282,7 @@ pub fn torch(data: &[u8]) -> bool {
     true
 }
 
-/// Any audio file symphonia probes (WAV, FLAC, MP3, OGG/Vorbis), mixed down to mono.
+/// Any audio file kiln decodes (WAV, FLAC, MP3, Ogg Vorbis and Opus), mixed down to mono.
 pub fn audio(data: &[u8]) -> bool {
     let Ok(d) = kiln_audio::decode_bytes(data.to_vec(), None, Path::new("input")) else {
         return false;

@@ -441,7 +441,19 @@ pub fn audio() -> Vec<Vec<u8>> {
         wav(1, 1, 8000, 8, &[128, 140, 150, 120, 100, 128]),
         flac(&[(0..16).map(|i| i * 100 - 800).collect(), vec![7; 16]]),
         mp3_silence(4),
+        ogg_opus(),
     ]
+}
+
+/// 60 ms of a tone as Ogg Opus (kiln's own encoder), three packets and the header pages.
+fn ogg_opus() -> Vec<u8> {
+    let tone: Vec<i16> = (0..1440)
+        .map(|i| ((i as f32 * 0.07).sin() * 9000.0) as i16)
+        .collect();
+    let mut s = kiln_audio::opus::OpusStream::new(24_000).expect("24 kHz is an Opus rate");
+    let mut b = s.push(&tone).expect("encodes");
+    b.extend(s.finish().expect("encodes"));
+    b
 }
 
 fn crc8(b: &[u8]) -> u8 {

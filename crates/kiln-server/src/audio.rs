@@ -15,6 +15,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Multipart, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use kiln_audio::encode::{Compressed, StreamEncoder};
 use kiln_runtime::speech::{SpeechToText, TextToSpeech};
 use kiln_runtime::tts::{pcm16, wav_header, TtsError, SAMPLE_RATE as TTS_RATE};
 use kiln_runtime::voice::{Voice, VoiceError, VoiceEvent, VoiceOptions};
@@ -462,29 +463,30 @@ struct SpeechRequest {
 }
 
 /// Audio out: WAV (24 kHz mono 16-bit, the length unknown while streaming), FLAC (the
-/// same samples, lossless, encoded block by block as they come) or raw PCM.
+/// same samples, lossless) or Ogg Opus, both encoded as the samples come, or raw PCM.
 #[derive(Clone, Copy)]
 enum AudioFormat {
     Wav,
-    Flac,
+    Encoded(Compressed),
     Pcm,
 }
 
 fn audio_format(f: Option<&str>) -> Result<AudioFormat, ApiError> {
     match f {
         None | Some("wav") => Ok(AudioFormat::Wav),
-        Some("flac") => Ok(AudioFormat::Flac),
+        Some("flac") => Ok(AudioFormat::Encoded(Compressed::Flac)),
+        Some("opus") => Ok(AudioFormat::Encoded(Compressed::Opus)),
         Some("pcm") => Ok(AudioFormat::Pcm),
         Some(f) => Err(ApiError::invalid(format!(
-            "response_format '{f}' is not supported (wav, flac, pcm: 24 kHz mono 16-bit)"
+            "response_format '{f}' is not supported (wav, flac, opus, pcm: 24 kHz mono 16-bit)"
         ))
         .param("response_format")),
     }
 }
 
-/// FLAC frames of PCM bytes (s16le), as they arrive.
-fn flac_frames(f: &mut kiln_audio::flac::FlacStream, pcm: &[u8]) -> std::io::Result<Vec<u8>> {
-    f.push_s16le(pcm).map_err(std::io::Error::other)
+/// Encoded bytes of PCM bytes (s16le), as they arrive.
+fn encoded(e: &mut StreamEncoder, pcm: &[u8]) -> std::io::Result<Vec<u8>> {
+    e.push_s16le(pcm).map_err(std::io::Error::other)
 }
 
 fn speed(s: Option<f32>) -> Result<f32, ApiError> {
@@ -515,51 +517,51 @@ fn audio_body(
     t0: Instant,
     route: &'static str,
 ) -> Body {
-    let mut flac = match format {
-        AudioFormat::Flac => match kiln_audio::flac::FlacStream::new(TTS_RATE) {
-            Ok(f) => Some(f),
+    let mut enc = match format {
+        AudioFormat::Encoded(c) => match StreamEncoder::new(c, TTS_RATE) {
+            Ok(e) => Some(e),
             Err(e) => {
-                let e = std::io::Error::other(format!("FLAC: {e}"));
+                let e = std::io::Error::other(format!("{c:?}: {e}"));
                 return Body::from_stream(futures_util::stream::iter([Err::<Bytes, _>(e)]));
             }
         },
         _ => None,
     };
-    let mut head = match (format, &flac) {
+    let mut head = match (format, &mut enc) {
         (AudioFormat::Wav, _) => wav_header(u32::MAX - 36).to_vec(),
-        (AudioFormat::Flac, Some(f)) => f.header(0).to_vec(),
+        (_, Some(e)) => e.header(),
         _ => Vec::new(),
     };
-    match &mut flac {
-        Some(f) => match flac_frames(f, &first) {
+    match &mut enc {
+        Some(e) => match encoded(e, &first) {
             Ok(b) => head.extend(b),
-            Err(e) => eprintln!("kiln serve: {route}: FLAC: {e}"),
+            Err(e) => eprintln!("kiln serve: {route}: encoding: {e}"),
         },
         None => head.extend_from_slice(&first),
     }
-    let state = (Some(head), rx, flac);
-    let stream = futures_util::stream::unfold(state, move |(head, mut rx, mut flac)| async move {
+    let state = (Some(head), rx, enc);
+    let stream = futures_util::stream::unfold(state, move |(head, mut rx, mut enc)| async move {
         if let Some(h) = head {
-            return Some((Ok(Bytes::from(h)), (None, rx, flac)));
+            return Some((Ok(Bytes::from(h)), (None, rx, enc)));
         }
         loop {
             let Some(msg) = rx.recv().await else {
-                // The end: FLAC's last, shorter frame.
-                let f = flac.as_mut()?;
-                let last = f.finish().map_err(std::io::Error::other);
+                // The end: FLAC's last, shorter frame; Opus's last pages.
+                let e = enc.take()?;
+                let last = e.finish().map(|(b, _)| b).map_err(std::io::Error::other);
                 return Some((last.map(Bytes::from), (None, rx, None)));
             };
             match msg {
                 Msg::Audio(b) => {
-                    let b = match &mut flac {
-                        Some(f) => match flac_frames(f, &b) {
+                    let b = match &mut enc {
+                        Some(e) => match encoded(e, &b) {
                             Ok(b) if b.is_empty() => continue,
                             Ok(b) => b,
                             Err(e) => return Some((Err(e), (None, rx, None))),
                         },
                         None => b,
                     };
-                    return Some((Ok(Bytes::from(b)), (None, rx, flac)));
+                    return Some((Ok(Bytes::from(b)), (None, rx, enc)));
                 }
                 Msg::Done(s) => {
                     eprintln!(
@@ -583,7 +585,7 @@ fn audio_body(
 fn content_type(f: AudioFormat) -> &'static str {
     match f {
         AudioFormat::Wav => "audio/wav",
-        AudioFormat::Flac => "audio/flac",
+        AudioFormat::Encoded(c) => c.content_type(),
         AudioFormat::Pcm => "audio/pcm",
     }
 }
@@ -815,10 +817,12 @@ pub async fn chat(State(st): State<Arc<AppState>>, req: axum::extract::Request) 
             );
             let mut b = match format {
                 AudioFormat::Wav => wav_header(0).to_vec(),
-                AudioFormat::Flac => kiln_audio::flac::FlacStream::new(TTS_RATE)
-                    .map_err(internal)?
-                    .header(0)
-                    .to_vec(),
+                AudioFormat::Encoded(c) => {
+                    let mut e = StreamEncoder::new(c, TTS_RATE).map_err(internal)?;
+                    let mut b = e.header();
+                    b.extend(e.finish().map_err(internal)?.0);
+                    b
+                }
                 AudioFormat::Pcm => Vec::new(),
             };
             b.extend_from_slice(&first);

@@ -340,6 +340,8 @@ fn speech_checks_input_and_streams_by_sentence() {
     );
     let e = post_json(path, &json!({"input": "Hi.", "response_format": "mp3"})).assert_error(400);
     assert_eq!(e["param"], "response_format");
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("wav, flac, opus, pcm"), "{m}");
     let e = post_json(path, &json!({"input": "Hi.", "speed": 9})).assert_error(400);
     assert_eq!(e["param"], "speed");
     post_json(path, &json!({"input": "Hi.", "model": "nope"})).assert_error(404);
@@ -396,6 +398,24 @@ fn speech_checks_input_and_streams_by_sentence() {
         r.body.len(),
         pcm.body.len()
     );
+
+    // Ogg Opus: the same length (48 kHz when decoded: twice the samples), streamed in pages.
+    let r = post_json(
+        path,
+        &json!({"input": "Good morning. How are you?", "response_format": "opus"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type").as_deref(), Some("audio/ogg"));
+    assert_eq!(&r.body[..4], b"OggS");
+    let two = post_json(
+        path,
+        &json!({"input": "Good morning. How are you?", "response_format": "pcm"}),
+    );
+    let d =
+        kiln_audio::decode_bytes(r.body.to_vec(), None, std::path::Path::new("r.opus")).unwrap();
+    assert_eq!((d.rate, d.samples.len()), (48000, two.body.len()));
+    assert!(r.chunks.len() >= 3, "header, pages, end: {:?}", r.chunks);
+    assert!(r.body.len() * 5 < two.body.len());
 
     // Raw PCM: the same samples without the header.
     let r = post_json(
