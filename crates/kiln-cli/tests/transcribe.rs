@@ -550,3 +550,174 @@ fn live_transcription_from_a_pipe() {
     bad[24..28].copy_from_slice(&8000u32.to_le_bytes());
     assert_clean_error(&run(bad), "16 kHz mono 16-bit");
 }
+
+/// A 16 kHz mono WAV of `samples` in the test's scratch folder.
+fn write_wav16(name: &str, samples: &[f32]) -> PathBuf {
+    let pcm: Vec<u8> = samples
+        .iter()
+        .flat_map(|&s| ((s.clamp(-1.0, 1.0) * 32767.0).round() as i16).to_le_bytes())
+        .collect();
+    let p = scratch(name);
+    let mut b = kiln_runtime::tts::wav_header(pcm.len() as u32).to_vec();
+    // The header is kiln's 24 kHz one: the rate and byte rate set to 16 kHz.
+    b[24..28].copy_from_slice(&16000u32.to_le_bytes());
+    b[28..32].copy_from_slice(&32000u32.to_le_bytes());
+    b.extend(pcm);
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+/// Word errors (substitutions, insertions, deletions) of `hyp` against `reference`.
+fn word_errors(reference: &[String], hyp: &[String]) -> usize {
+    let mut d: Vec<usize> = (0..=hyp.len()).collect();
+    for (i, r) in reference.iter().enumerate() {
+        let mut diag = d[0];
+        d[0] = i + 1;
+        for (j, h) in hyp.iter().enumerate() {
+            let sub = diag + usize::from(r != h);
+            diag = d[j + 1];
+            d[j + 1] = sub.min(d[j + 1] + 1).min(d[j] + 1);
+        }
+    }
+    d[hyp.len()]
+}
+
+/// Words as they are compared: lowercase, punctuation and apostrophes as spaces, "mr" as
+/// the transcripts spell it.
+fn wer_words(s: &str) -> Vec<String> {
+    words(&s.replace(['’', '\''], ""))
+        .split(' ')
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            if w == "mr" {
+                "mister".into()
+            } else {
+                w.to_string()
+            }
+        })
+        .collect()
+}
+
+/// The lines of a sonnet's XHTML page (`<span id="fNNN">`), its title a number.
+fn sonnet_text(xhtml: &str) -> String {
+    let mut lines: Vec<String> = xhtml
+        .split("<span id=\"f")
+        .skip(1)
+        .filter_map(|s| Some(s.split_once('>')?.1.split_once("</span>")?.0.to_string()))
+        .collect();
+    let title = match lines[0].as_str() {
+        "II" => "2",
+        "III" => "3",
+        t => t,
+    };
+    lines[0] = title.into();
+    lines.join(" ")
+}
+
+/// The held-out check of the VAD: public-domain LibriVox readings (five Sense and
+/// Sensibility clips and three sonnets, registry packages' test data) with their
+/// transcripts, as they are and with pauses of 2.5-12 s of faint noise put between
+/// sentences and lines; word errors with `--vad on` are no more than without (`auto`, the
+/// default, runs the VAD only to skip windows without speech: none here).
+#[test]
+fn vad_does_not_raise_word_errors_on_librivox_readings() {
+    fetch();
+    let sense = kiln_assets::test_data("librivox-sense-and-sensibility").unwrap();
+    let sonnets = kiln_assets::test_data("librivox-sonnets").unwrap();
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+    let samples = |p: &Path| {
+        let d = kiln_audio::decode_file(p).unwrap();
+        assert_eq!((d.rate, d.channels), (16000, 1), "{}", p.display());
+        d.samples
+    };
+    // Faint noise (about -60 dBFS), as a room between sentences.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut pause = |secs: f32| -> Vec<f32> {
+        (0..(secs * 16000.0) as usize)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.003
+            })
+            .collect()
+    };
+    let mut cases: Vec<(PathBuf, String)> = Vec::new();
+    let (mut joined, mut joined_text) = (Vec::new(), Vec::new());
+    for (id, gap) in [
+        ("0870", 3.0),
+        ("0880", 6.0),
+        ("0890", 2.5),
+        ("0920", 9.0),
+        ("0930", 0.0),
+    ] {
+        let (wav, txt) = (
+            sense.join(format!("{id}.wav")),
+            read(&sense.join(format!("{id}.txt"))),
+        );
+        joined.extend(samples(&wav));
+        joined.extend(pause(gap));
+        joined_text.push(txt.clone());
+        cases.push((wav, txt));
+    }
+    cases.push((
+        write_wav16("sense-pauses.wav", &joined),
+        joined_text.join(" "),
+    ));
+    let sonnet1 = read(&sonnets.join("sonnet1.txt"))
+        .lines()
+        .collect::<Vec<_>>()
+        .join(" ");
+    cases.push((sonnets.join("sonnet1.wav"), sonnet1.clone()));
+    // Sonnet 1 cut at its line times, with pauses after four of its lines.
+    let audio = samples(&sonnets.join("sonnet1.wav"));
+    let mut cut = Vec::new();
+    for (i, line) in read(&sonnets.join("sonnet1.csv")).lines().enumerate() {
+        let f: Vec<&str> = line.splitn(4, ',').collect();
+        let at = |s: &str| ((s.parse::<f32>().unwrap() * 16000.0) as usize).min(audio.len());
+        cut.extend(&audio[at(f[1])..at(f[2])]);
+        if let Some(k) = [1, 5, 9, 12].iter().position(|&l| l == i) {
+            cut.extend(pause([4.0, 7.0, 3.0, 12.0][k]));
+        }
+    }
+    cases.push((write_wav16("sonnet1-pauses.wav", &cut), sonnet1));
+    for n in [2, 3] {
+        let text = sonnet_text(&read(&sonnets.join(format!("sonnet{n}.xhtml"))));
+        cases.push((sonnets.join(format!("sonnet{n}.mp3")), text));
+    }
+
+    let mut totals = [0usize; 2];
+    let mut reference_words = 0;
+    for (file, reference) in &cases {
+        let reference = wer_words(reference);
+        reference_words += reference.len();
+        let mut row = Vec::new();
+        for (k, vad) in ["off", "on"].iter().enumerate() {
+            let v = transcribe_vad(file, vad);
+            let e = word_errors(&reference, &wer_words(v["text"].as_str().unwrap()));
+            totals[k] += e;
+            row.push(e);
+        }
+        let name = file.file_name().unwrap().to_string_lossy();
+        eprintln!(
+            "{name:<22} {:>4} words, errors off/on {row:?}",
+            reference.len()
+        );
+    }
+    let wer = |e: usize| 100.0 * e as f64 / reference_words as f64;
+    eprintln!(
+        "WER off {:.2}% | on {:.2}% ({reference_words} words)",
+        wer(totals[0]),
+        wer(totals[1])
+    );
+    assert!(reference_words > 550, "{reference_words} words");
+    assert!(
+        wer(totals[0]) < 12.0,
+        "WER without the VAD {:.2}%",
+        wer(totals[0])
+    );
+    assert!(
+        totals[1] <= totals[0],
+        "--vad on: {totals:?} errors (off, on)"
+    );
+}
