@@ -137,7 +137,7 @@ fn flac_output_holds_the_wav_samples() {
 fn opus_output_decodes_to_the_wav_audio() {
     kiln_assets::resolve("kokoro-82m", &mut |_| {}).unwrap();
     kiln_assets::convert::python_module("soundfile", "soundfile").unwrap();
-    let (wav, opus) = (scratch("same.wav"), scratch("same.opus"));
+    let (wav, opus) = (scratch("opus-ref.wav"), scratch("opus-ref.opus"));
     for o in [&wav, &opus] {
         kiln_ok(&[
             "speak",
