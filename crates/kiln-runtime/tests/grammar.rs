@@ -125,6 +125,51 @@ fn token_bytes_spell_text_for_gguf_and_json_vocabularies() {
     }
 }
 
+/// kiln's slices (bounded string bodies added to llguidance's) change how masks are computed,
+/// never what they are: the same masks at every step of random walks through a schema of
+/// bounded strings, on the Qwen3 vocabulary (151,936 ids, byte-level pieces of characters).
+#[test]
+fn bounded_string_slices_give_the_same_masks() {
+    let qwen = kiln_assets::resolve("qwen3-tokenizer", &mut |_| {}).unwrap();
+    let tok = Tokenizer::from_file(&qwen).unwrap();
+    let ours = kiln_runtime::grammar::Grammars::new(&tok).unwrap();
+    let theirs = kiln_runtime::grammar::Grammars::with_llguidance_slices(&tok).unwrap();
+    let people = json!({"type": "array", "minItems": 3, "items": {"type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12},
+            "city": {"type": "string", "minLength": 2, "maxLength": 5},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "city", "age"], "additionalProperties": false}});
+    let g = Grammar::JsonSchema(people);
+    let (mut a, mut b) = (ours.compile(&g).unwrap(), theirs.compile(&g).unwrap());
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let (mut steps, mut in_strings) = (0, 0);
+    while steps < 400 {
+        let (wa, wb) = (
+            a.allowed_words().unwrap().to_vec(),
+            b.allowed_words().unwrap(),
+        );
+        assert_eq!(wa, wb, "step {steps}");
+        let allowed: Vec<u32> = (0..wa.len() * 32)
+            .filter(|&i| wa[i / 32] >> (i % 32) & 1 == 1)
+            .map(|i| i as u32)
+            .collect();
+        in_strings += (allowed.len() > 10_000) as usize;
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let t = allowed[(rng % allowed.len() as u64) as usize];
+        if ours.is_end(t) || a.accept(t).is_err() || a.done() {
+            a.reset().unwrap();
+            b.reset().unwrap();
+        } else {
+            b.accept(t).unwrap();
+        }
+        steps += 1;
+    }
+    // Many steps are inside strings, where the slices apply.
+    assert!(in_strings > 40, "{in_strings} steps in strings");
+}
+
 #[test]
 fn json_schema_answers_are_valid_when_sampled() {
     let _g = serial();
