@@ -26,8 +26,12 @@ fn python_has(module: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Installs the Python packages missing for `modules` ((import name, pip requirement)).
+/// Installs the Python packages missing for `modules` ((import name, pip requirement)), one
+/// test at a time: two pip runs installing into one site-packages at once fail each other
+/// (one removed a file the other was compiling).
 fn python_packages(modules: &[(&str, &str)]) {
+    static PIP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = PIP.lock().unwrap_or_else(|p| p.into_inner());
     for (module, req) in modules {
         if python_has(module) {
             continue;
