@@ -73,22 +73,21 @@ impl OpusStream {
     /// Adds `samples`; returns the Ogg pages finished so far (the header pages first, unless
     /// [`OpusStream::header`] took them).
     pub fn push(&mut self, samples: &[i16]) -> Result<Vec<u8>, String> {
-        self.total += samples.len() as u64;
-        self.pending
-            .extend(samples.iter().map(|&s| s as f32 / 32768.0));
-        self.full_frames()
+        self.add(samples.iter().copied())
     }
 
     /// [`OpusStream::push`] for samples as s16le bytes (what `pcm16` makes).
     pub fn push_s16le(&mut self, pcm: &[u8]) -> Result<Vec<u8>, String> {
-        let samples = pcm.chunks_exact(2);
-        self.total += samples.len() as u64;
-        self.pending
-            .extend(samples.map(|b| i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0));
-        self.full_frames()
+        self.add(
+            pcm.chunks_exact(2)
+                .map(|b| i16::from_le_bytes([b[0], b[1]])),
+        )
     }
 
-    fn full_frames(&mut self) -> Result<Vec<u8>, String> {
+    /// Queues `samples` and encodes every full frame.
+    fn add(&mut self, samples: impl ExactSizeIterator<Item = i16>) -> Result<Vec<u8>, String> {
+        self.total += samples.len() as u64;
+        self.pending.extend(samples.map(|s| s as f32 / 32768.0));
         let full = self.pending.len() / self.frame * self.frame;
         for i in (0..full).step_by(self.frame) {
             let n = self

@@ -308,6 +308,11 @@ fn jfk_with_silence(name: &str, lead: f32, split: Option<(f32, f32)>) -> PathBuf
         }
         None => pcm.extend(jfk),
     }
+    wav16(name, pcm)
+}
+
+/// 16 kHz mono s16le `pcm` as a WAV named `name` in the test's scratch folder.
+fn wav16(name: &str, pcm: Vec<u8>) -> PathBuf {
     let n = pcm.len() as u32;
     let mut b = b"RIFF".to_vec();
     b.extend((36 + n).to_le_bytes());
@@ -553,18 +558,11 @@ fn live_transcription_from_a_pipe() {
 
 /// A 16 kHz mono WAV of `samples` in the test's scratch folder.
 fn write_wav16(name: &str, samples: &[f32]) -> PathBuf {
-    let pcm: Vec<u8> = samples
+    let pcm = samples
         .iter()
         .flat_map(|&s| ((s.clamp(-1.0, 1.0) * 32767.0).round() as i16).to_le_bytes())
         .collect();
-    let p = scratch(name);
-    let mut b = kiln_runtime::tts::wav_header(pcm.len() as u32).to_vec();
-    // The header is kiln's 24 kHz one: the rate and byte rate set to 16 kHz.
-    b[24..28].copy_from_slice(&16000u32.to_le_bytes());
-    b[28..32].copy_from_slice(&32000u32.to_le_bytes());
-    b.extend(pcm);
-    std::fs::write(&p, b).unwrap();
-    p
+    wav16(name, pcm)
 }
 
 /// Word errors (substitutions, insertions, deletions) of `hyp` against `reference`.
