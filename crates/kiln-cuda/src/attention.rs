@@ -8,12 +8,19 @@ pub(crate) const ATT_WCHUNK: usize = 32;
 
 pub(crate) const ATT_WARPS: usize = 4;
 
-/// Keys per decode attention split at a full cache, when that leaves the GPU enough blocks;
-/// a shorter sequence uses fewer of its splits, of at least this many keys each
-/// (kernels/attention.cu ATT_SPLIT_KEYS).
-pub(crate) const ATT_SPLIT_KEYS: usize = 16;
+/// Keys a decode attention split takes at least: a shorter sequence uses fewer of its splits
+/// (kernels/attention.cu DEC_SPLIT_KEYS).
+pub(crate) const DEC_SPLIT_KEYS: usize = 64;
 
-/// kernels/attention.cu's attn_split_<EPL> and attn_dec_<EPL>, by EPL - 1.
+/// Warps of a decode attention block (kernels/attention.cu DEC_WARPS).
+pub(crate) const DEC_WARPS: usize = 4;
+
+/// Decode attention blocks a multiprocessor at a full cache. On the H200 (Qwen3-0.6B shape,
+/// tg128): 3 is the fastest at depth 16384; 2 is faster at depth 4096 (978 against 915
+/// tok/s) but slower at 16384 (638 against 671); 1, 4 and 6 are slower at both.
+pub(crate) const DEC_BLOCKS_PER_SM: usize = 3;
+
+/// kernels/attention.cu's attn_split_<EPL>, by EPL - 1.
 const ATTN_SPLIT: [&str; 8] = [
     "attn_split_1",
     "attn_split_2",
@@ -24,28 +31,71 @@ const ATTN_SPLIT: [&str; 8] = [
     "attn_split_7",
     "attn_split_8",
 ];
-const ATTN_DEC: [&str; 8] = [
-    "attn_dec_1",
-    "attn_dec_2",
-    "attn_dec_3",
-    "attn_dec_4",
-    "attn_dec_5",
-    "attn_dec_6",
-    "attn_dec_7",
-    "attn_dec_8",
+
+/// kernels/attention.cu's attn_dec_<LPR>_<G>, by [`dec_kernel`]'s indices.
+const ATTN_DEC: [[&str; 4]; 4] = [
+    [
+        "attn_dec_4_1",
+        "attn_dec_4_2",
+        "attn_dec_4_4",
+        "attn_dec_4_8",
+    ],
+    [
+        "attn_dec_8_1",
+        "attn_dec_8_2",
+        "attn_dec_8_4",
+        "attn_dec_8_8",
+    ],
+    [
+        "attn_dec_16_1",
+        "attn_dec_16_2",
+        "attn_dec_16_4",
+        "attn_dec_16_8",
+    ],
+    [
+        "attn_dec_32_1",
+        "attn_dec_32_2",
+        "attn_dec_32_4",
+        "attn_dec_32_8",
+    ],
 ];
 
-/// kernels/attention.cu's attn_dec_seqs_<EPL>, by EPL - 1.
-const ATTN_DEC_SEQS: [&str; 8] = [
-    "attn_dec_seqs_1",
-    "attn_dec_seqs_2",
-    "attn_dec_seqs_3",
-    "attn_dec_seqs_4",
-    "attn_dec_seqs_5",
-    "attn_dec_seqs_6",
-    "attn_dec_seqs_7",
-    "attn_dec_seqs_8",
+/// kernels/attention.cu's attn_dec_seqs_<LPR>_<G>, as [`ATTN_DEC`].
+const ATTN_DEC_SEQS: [[&str; 4]; 4] = [
+    [
+        "attn_dec_seqs_4_1",
+        "attn_dec_seqs_4_2",
+        "attn_dec_seqs_4_4",
+        "attn_dec_seqs_4_8",
+    ],
+    [
+        "attn_dec_seqs_8_1",
+        "attn_dec_seqs_8_2",
+        "attn_dec_seqs_8_4",
+        "attn_dec_seqs_8_8",
+    ],
+    [
+        "attn_dec_seqs_16_1",
+        "attn_dec_seqs_16_2",
+        "attn_dec_seqs_16_4",
+        "attn_dec_seqs_16_8",
+    ],
+    [
+        "attn_dec_seqs_32_1",
+        "attn_dec_seqs_32_2",
+        "attn_dec_seqs_32_4",
+        "attn_dec_seqs_32_8",
+    ],
 ];
+
+/// The decode kernel of a shape in `table`: LPR, the lanes a key row takes (16 bytes each),
+/// is the head size / 8 rounded up to a power of two from 4; G, the query heads a KV head,
+/// rounded up to a power of two.
+fn dec_kernel(table: &[[&'static str; 4]; 4], s: AttnShape) -> &'static str {
+    let lpr = (s.head_dim / 8).next_power_of_two().max(4);
+    let g = (s.n_heads / s.n_kv_heads).next_power_of_two();
+    table[lpr.trailing_zeros() as usize - 2][g.trailing_zeros() as usize]
+}
 
 /// kernels/*.cu SeqDesc: one sequence of a batched decode step.
 #[repr(C)]
@@ -225,9 +275,9 @@ impl CudaBackend {
             .a(ml)
             .a(dh);
         self.dev.launch(
-            self.dev.func(ATTN_DEC_SEQS[s.head_dim.div_ceil(32) - 1]),
+            self.dev.func(dec_kernel(&ATTN_DEC_SEQS, s)),
             (s.n_kv_heads as u32, splits as u32, n as u32),
-            (32 * ATT_WARPS as u32, 1, 1),
+            (32 * DEC_WARPS as u32, 1, 1),
             0,
             &mut a.ptrs(),
         );
@@ -258,11 +308,12 @@ impl CudaBackend {
 
     /// Splits of one decode token's attention over a cache of `n_ctx` positions: a grid
     /// fixed by the cache's size (one recording serves every position), each split its share
-    /// of the keys the step sees, about two blocks a multiprocessor.
+    /// of the keys the step sees, [`DEC_BLOCKS_PER_SM`] blocks a multiprocessor.
     pub(crate) fn dec_splits(&self, n_ctx: usize, kv_heads: usize) -> usize {
+        let per_sm = self.tune.dec_blocks_per_sm.unwrap_or(DEC_BLOCKS_PER_SM);
         n_ctx
-            .div_ceil(ATT_SPLIT_KEYS)
-            .min((2 * self.dev.num_sms / kv_heads).max(1))
+            .div_ceil(DEC_SPLIT_KEYS)
+            .min((per_sm * self.dev.num_sms / kv_heads).max(1))
     }
 
     /// kernels/*.cu attn_combine: the splits' partial softmax sums of `ntok * heads` rows into
@@ -396,16 +447,17 @@ impl CudaBackend {
             "CUDA attention: head size {} (a multiple of 8, at most 256)",
             s.head_dim
         );
-        // kernels/*.cu's attn_split_<EPL> / attn_dec_<EPL>, EPL = head_dim / 32 rounded up.
-        let name = match dec {
-            Some(_) => ATTN_DEC[s.head_dim.div_ceil(32) - 1],
-            None => ATTN_SPLIT[s.head_dim.div_ceil(32) - 1],
+        // kernels/*.cu's attn_split_<EPL> (EPL = head_dim / 32 rounded up) or
+        // attn_dec_<LPR>_<G>.
+        let (name, warps) = match dec {
+            Some(_) => (dec_kernel(&ATTN_DEC, s), DEC_WARPS),
+            None => (ATTN_SPLIT[s.head_dim.div_ceil(32) - 1], ATT_WARPS),
         };
         self.set_params(s.pos0, None);
         // A grid fixed by the cache's size, so one recording serves every position. The
         // split kernel: ATT_WARPS warps of ATT_WCHUNK keys a block over the whole cache. The
-        // decode kernel: each split takes its share of the keys the step sees, about two
-        // blocks a multiprocessor (kernels/*.cu attn_dec_impl).
+        // decode kernel: each split takes its share of the keys the step sees
+        // (kernels/*.cu attn_dec_impl).
         let (splits, n_ws) = match dec {
             None => {
                 let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
@@ -445,7 +497,7 @@ impl CudaBackend {
         self.dev.launch(
             self.dev.func(name),
             (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
-            (32 * ATT_WARPS as u32, 1, 1),
+            (32 * warps as u32, 1, 1),
             0,
             &mut a.ptrs(),
         );
@@ -612,12 +664,15 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{attention_supported, ATTN_DEC, ATTN_SPLIT};
+    use super::{attention_supported, ATTN_DEC, ATTN_DEC_SEQS, ATTN_SPLIT};
 
     /// The launch tables name kernels the module loads.
     #[test]
     fn attention_kernel_tables_name_loaded_kernels() {
-        for n in ATTN_SPLIT.iter().chain(&ATTN_DEC) {
+        for n in ATTN_SPLIT
+            .iter()
+            .chain(ATTN_DEC.iter().chain(&ATTN_DEC_SEQS).flatten())
+        {
             assert!(crate::device::KERNELS.contains(n), "{n}");
         }
     }

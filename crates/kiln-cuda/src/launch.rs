@@ -85,13 +85,15 @@ impl Drop for Graph {
 }
 
 /// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
-/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM.
+/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM, KILN_CUDA_DEC_BPS.
 #[derive(Default)]
 pub(crate) struct Tune {
     pub(crate) kw: Option<usize>,
     pub(crate) nr: Option<usize>,
     /// Prompt attention through cuBLAS (KILN_CUDA_NO_PROMPT_GEMM=1: the split kernel instead).
     pub(crate) prompt_gemm: bool,
+    /// Decode attention blocks a multiprocessor (KILN_CUDA_DEC_BPS, 1-16).
+    pub(crate) dec_blocks_per_sm: Option<usize>,
 }
 
 impl Tune {
@@ -101,6 +103,7 @@ impl Tune {
             kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
             nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
             prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
+            dec_blocks_per_sm: env("KILN_CUDA_DEC_BPS").filter(|n| (1..=16).contains(n)),
         }
     }
 }

@@ -367,6 +367,98 @@ fn heads_rope_cache_attention() {
     }
 }
 
+/// One decode token's fused attention (no q/k norms) over `cache`: its output row.
+fn decode_step<B: Backend>(
+    b: &B,
+    cache: &mut B::KvCache,
+    shape: AttnShape,
+    rope: &RopeConfig,
+    [q, k, v]: [&[f32]; 3],
+) -> Vec<f32> {
+    let (qw, kw) = (
+        shape.n_heads * shape.head_dim,
+        shape.n_kv_heads * shape.head_dim,
+    );
+    let mut qt = b.tensor_from(1, qw, q);
+    let mut kt = b.tensor_from(1, kw, k);
+    let vt = b.tensor_from(1, kw, v);
+    let mut o = b.tensor(1, qw);
+    let [t0, t1, t2] = [0, 1, 2].map(|_| b.tensor(1, 1));
+    b.qk_norm_rope_attention(
+        &mut qt,
+        &mut kt,
+        &vt,
+        None,
+        rope,
+        &mut [SeqKv { cache, shape }],
+        0,
+        &mut o,
+        [&mut { t0 }, &mut { t1 }, &mut { t2 }],
+    );
+    read(b, &o, 1, qw)
+}
+
+/// The fused decode attention over caches long enough that every split of the grid has keys
+/// and each warp several passes, for each kernel shape (lanes a key row: 4 to 32; query heads
+/// a KV head: 1 to 8, 3 rounded up), with and without a sliding window, against the CPU.
+#[test]
+#[ignore]
+fn decode_attention_over_long_caches() {
+    let (g, c) = (gpu(), CpuBackend::new(2));
+    let mut r = Rng(11);
+    // (head size, heads, kv heads, sliding window, prompt length)
+    for (hd, heads, kvh, window, n) in [
+        (128, 16, 8, 0, 4500),
+        (128, 24, 8, 0, 3001),
+        (256, 4, 1, 0, 5000),
+        (256, 4, 1, 512, 2000),
+        (64, 32, 4, 0, 4097),
+        (32, 8, 8, 0, 2500),
+        (80, 8, 8, 0, 1500),
+    ] {
+        let n_ctx = n + 8;
+        let rope = rope_cfg(RopeStyle::Neox, hd, hd);
+        let (mut kg, mut kc) = (g.kv_cache(1, n_ctx, kvh, hd), c.kv_cache(1, n_ctx, kvh, hd));
+        // The prompt's keys and values stored by both backends (the same f16 values), then
+        // three decode steps, each reading what the one before stored.
+        let (q, k, v) = (r.v(n * heads * hd), r.v(n * kvh * hd), r.v(n * kvh * hd));
+        let mut qg = g.tensor_from(n, heads * hd, &q);
+        let mut kgt = g.tensor_from(n, kvh * hd, &k);
+        let vg = g.tensor_from(n, kvh * hd, &v);
+        let mut qc = c.tensor_from(n, heads * hd, &q);
+        let mut kct = c.tensor_from(n, kvh * hd, &k);
+        let vc = c.tensor_from(n, kvh * hd, &v);
+        g.qk_norm_rope_store(
+            &mut qg, &mut kgt, &vg, None, &rope, heads, kvh, &mut kg, 0, 0, n,
+        );
+        c.qk_norm_rope_store(
+            &mut qc, &mut kct, &vc, None, &rope, heads, kvh, &mut kc, 0, 0, n,
+        );
+        for pos0 in n..n + 3 {
+            // Queries four times as large: softmax weights far from uniform over the keys.
+            let q: Vec<f32> = r.v(heads * hd).iter().map(|x| 4.0 * x).collect();
+            let (k, v) = (r.v(kvh * hd), r.v(kvh * hd));
+            let shape = AttnShape {
+                n_heads: heads,
+                n_kv_heads: kvh,
+                head_dim: hd,
+                pos0,
+                n_tokens: 1,
+                window,
+            };
+            let out = [
+                decode_step(&g, &mut kg, shape, &rope, [&q, &k, &v]),
+                decode_step(&c, &mut kc, shape, &rope, [&q, &k, &v]),
+            ];
+            let e = rel(&out[0], &out[1]);
+            assert!(
+                e < 5e-3,
+                "decode attention hd={hd} {heads}/{kvh} window {window} pos0={pos0}: {e}"
+            );
+        }
+    }
+}
+
 /// Kokoro's feature-map ops (kernels/signal.cu) against the CPU backend: convolutions plain,
 /// dilated, strided, grouped and transposed, the norms, activations, transpose, upsampling,
 /// the uint8 rounding (exactly) and the BERT's attention.

@@ -81,45 +81,7 @@ extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const f
 
 #define ATT_WARPS 4
 #define ATT_WCHUNK 32
-#define ATT_TILE 64
-#define ATT_KU 4
-// Keys a decode split takes at least (attention.rs ATT_SPLIT_KEYS): a sequence uses
-// ceil(len / ATT_SPLIT_KEYS) of its splits, at most all of them.
-#define ATT_SPLIT_KEYS 16
 #define MAX_GROUP 8
-
-// EPL consecutive f16 values of row r from dimension lane * EPL (zeros past hd), by the
-// widest loads their alignment allows.
-template <typename T, bool NC>
-__device__ __forceinline__ T ld(const T* p) {
-    return NC ? __ldg(p) : *p;
-}
-
-// (NC: through the read-only path, for data no thread of the kernel writes.)
-template <int EPL, bool NC>
-__device__ __forceinline__ void load_row_h(const u16* r, int lane, int hd, float* out) {
-    const int d0 = lane * EPL;
-    if (EPL % 4 == 0 && d0 + EPL <= hd) {
-#pragma unroll
-        for (int e = 0; e < EPL; e += 4) {
-            const uint2 v = ld<uint2, NC>((const uint2*)(r + d0 + e));
-            out[e] = h2f((u16)(v.x & 0xffff));
-            out[e + 1] = h2f((u16)(v.x >> 16));
-            out[e + 2] = h2f((u16)(v.y & 0xffff));
-            out[e + 3] = h2f((u16)(v.y >> 16));
-        }
-    } else if (EPL % 2 == 0 && d0 + EPL <= hd) {
-#pragma unroll
-        for (int e = 0; e < EPL; e += 2) {
-            const u32 v = ld<u32, NC>((const u32*)(r + d0 + e));
-            out[e] = h2f((u16)(v & 0xffff));
-            out[e + 1] = h2f((u16)(v >> 16));
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < EPL; e++) out[e] = d0 + e < hd ? h2f(ld<u16, NC>(r + d0 + e)) : 0.0f;
-    }
-}
 
 // grid (kv_heads, splits, ntok); each warp of a block owns ATT_WCHUNK consecutive keys and
 // every query head of its kv head. A lane scores one key against the query heads (q from
@@ -279,242 +241,316 @@ __device__ void head_norm_rope(const float* x, float* out, int hd, const float* 
     __syncwarp();
 }
 
-// Rows base + j of the f16 cache at p for j = j0, j0 + ATT_WARPS, ... (ATT_KU of them, those
-// below nk), as load_row_h reads them: all their loads in flight at once.
-template <int EPL>
-__device__ __forceinline__ void load_tile_rows(const u16* p, int base, int j0, int nk, int hd,
-                                               int lane, float (*out)[EPL]) {
+// ---- decode attention: one token a sequence, split over keys --------------------------
+
+// Warps of a decode attention block, and row loads a lane has in flight for each of K and V.
+#define DEC_WARPS 4
+#define DEC_U 4
+// Keys a decode split takes at least (attention.rs DEC_SPLIT_KEYS): a sequence uses
+// ceil(len / DEC_SPLIT_KEYS) of its splits, at most all of them.
+#define DEC_SPLIT_KEYS 64
+
+// Eight f16 values (one 16-byte load) to f32.
+__device__ __forceinline__ void h8(uint4 v, float* f) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int u = 0; u < ATT_KU; u++) {
-        const int j = j0 + u * ATT_WARPS;
-        if (j < nk) load_row_h<EPL, false>(p + (size_t)(base + j) * hd, lane, hd, out[u]);
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = h2f((u16)(w[j] & 0xffff));
+        f[2 * j + 1] = h2f((u16)(w[j] >> 16));
     }
 }
 
-// load_tile_rows, except that on a split's first pass (first) the rows below n_pre come from
-// pre, which holds them already (loaded before the kernel's dependency wait).
-template <int EPL>
-__device__ __forceinline__ void tile_rows_or_pre(const u16* p, int base, int j0, int nk, int hd,
-                                                 int lane, float (*out)[EPL], bool first,
-                                                 int n_pre, const float (*pre)[EPL]) {
+// One online-softmax step of a warp over the rows it holds: row u * RPL + lane / LPR of the
+// step (u < DEC_U) is in k[u], v[u], the lane's eight dimensions of it, and counts where
+// ok[u]. Scores are summed over a row's LPR lanes; the running max m is the warp's (every
+// lane holds it); l and acc are the lane's own rows' sums, added over the warp at the end.
+template <int LPR, int G>
+__device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const bool* ok, int g,
+                                         const float (*qf)[8], float* m, float* l,
+                                         float (*acc)[8]) {
+    float s[DEC_U][G];
 #pragma unroll
-    for (int u = 0; u < ATT_KU; u++) {
-        const int j = j0 + u * ATT_WARPS;
-        if (j >= nk) continue;
-        if (first && j < n_pre) {
+    for (int u = 0; u < DEC_U; u++) {
+        float kf[8];
+        h8(k[u], kf);
 #pragma unroll
-            for (int e = 0; e < EPL; e++) out[u][e] = pre[u][e];
-        } else {
-            load_row_h<EPL, false>(p + (size_t)(base + j) * hd, lane, hd, out[u]);
+        for (int i = 0; i < G; i++) {
+            float p = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) p += qf[i][e] * kf[e];
+            s[u][i] = p;
+        }
+    }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) {
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++)
+#pragma unroll
+            for (int i = 0; i < G; i++) s[u][i] += __shfl_xor_sync(0xffffffffu, s[u][i], o);
+    }
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        if (i >= g) break;
+        float mx = -KINF;
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) mx = fmaxf(mx, ok[u] ? s[u][i] : -KINF);
+#pragma unroll
+        for (int o = 16; o >= LPR; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float mn = fmaxf(m[i], mx);
+        const float corr = expf(m[i] - mn);
+        m[i] = mn;
+        float sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            s[u][i] = ok[u] ? expf(s[u][i] - mn) : 0.0f;
+            sum += s[u][i];
+        }
+        l[i] = l[i] * corr + sum;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[i][e] *= corr;
+    }
+#pragma unroll
+    for (int u = 0; u < DEC_U; u++) {
+        float vf[8];
+        h8(v[u], vf);
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            if (i >= g) break;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[i][e] += s[u][i] * vf[e];
         }
     }
 }
 
-// The decode attention of one token: grid (kv_heads, splits), ATT_WARPS warps a block,
-// the heads' work (DecHeads) first. Split s of S takes keys [s * c, (s + 1) * c) of the
-// len = pos0 + 1 visible ones (c = len / S rounded up), so a
-// recorded grid spreads whatever length the step has over all its blocks. Keys go in tiles
-// of ATT_TILE: the warps score them (lanes split the head dimension, ATT_KU keys' rows in
-// flight at once, one warp sum per key and query head), one warp per query head takes the
-// softmax step over the tile, then the warps accumulate p * V rows (lanes split the head
-// dimension again). The warps' sums meet in shared memory; the block writes its softmax
-// partial (max, sum, weighted V) per query head for attn_combine.
-template <int EPL>
+// The decode attention of one token: grid (kv_heads, splits), DEC_WARPS warps a block, the
+// heads' work (DecHeads) first. Split s of S takes keys [s * c, (s + 1) * c) of the
+// len = pos0 + 1 visible ones (c = len / S rounded up), so a recorded grid spreads whatever
+// length the step has over all its blocks. A key row is LPR lanes' 16-byte loads (LPR: the
+// head size / 8 rounded up to a power of two), so a warp-wide load covers 32 / LPR rows;
+// each warp takes DEC_U such loads of K and of V at once, its own rows of the split in turn
+// with the others, and keeps its own online softmax (no block barrier in the key loop). The
+// new key and value the split whose keys end at len stores are taken from registers, not
+// read back. The warps' partials meet in shared memory at the end; the block writes its
+// softmax partial (max, sum, weighted V) per query head for attn_combine. G: query heads a
+// KV head, rounded up to a power of two (g the real count).
+template <int LPR, int G>
 __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int heads,
                               int kv_heads, int hd, float scale, int len, int window, int t,
                               int n_split, float* part_acc, float* part_ml,
                               const DecHeads& dh) {
-    __shared__ float sc[MAX_GROUP][ATT_TILE];
-    __shared__ float mls[MAX_GROUP][3];  // running max, running sum, this tile's correction
-    __shared__ float red[ATT_WARPS - 1][MAX_GROUP * EPL * 32];
+    constexpr int RPL = 32 / LPR, KPI = DEC_U * RPL, HDM = LPR * 8;
+    // The q rows and the new key (normalised and rotated) with each warp's scratch row
+    // first, the warps' partial sums at the end.
+    constexpr int SM_ROWS = (G + 1 + DEC_WARPS) * HDM, SM_ACC = DEC_WARPS * G * HDM;
+    __shared__ float sm[SM_ROWS > SM_ACC ? SM_ROWS : SM_ACC];
+    __shared__ float wml[DEC_WARPS][G][2];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // This sequence's keys go to its first n_split splits (the grid may hold more for
-    // other sequences: those write an empty partial, which attn_combine skips); partials
-    // are laid out by the grid's splits.
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
     const int g = heads / kv_heads;
-    // Splits of ATT_SPLIT_KEYS keys or more while the cache is short (a grid made for a
-    // full cache, replayed at every position): the same count for a length and cache
-    // size whatever else the launch holds.
-    // A sliding window (window > 0): the keys lo..len only.
+    // This sequence's keys go to its first n_split splits (the grid may hold more for
+    // other sequences: those write an empty partial, which attn_combine skips); partials
+    // are laid out by the grid's splits. A sliding window (window > 0): the keys lo..len.
     const int lo = window > 0 ? max(0, len - window) : 0;
-    n_split = min(n_split, max(1, (len - lo + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS));
+    n_split = min(n_split, max(1, (len - lo + DEC_SPLIT_KEYS - 1) / DEC_SPLIT_KEYS));
     if (split >= n_split) {
         pdl_wait();
         if (threadIdx.x < g)
             part_ml[2 * (((size_t)t * heads + kvh * g + threadIdx.x) * ld_split + split)] = -KINF;
         return;
     }
-    // Read before the wait (under PDL a kernel's start may overlap several kernels before
-    // it, not only the last): `len`, which the caller read from what a copy put on the
-    // device before the step's attention (a copy waits for every kernel before it and every
-    // later kernel waits for the copy), and a warp's first keys and values of this split
-    // (ATT_KU rows each) older than the new one, which earlier steps or prompt chunks wrote:
-    // a copy precedes them, and the host reads each step's tokens before launching the next.
     const int c = (len - lo + n_split - 1) / n_split;
     const int k0 = lo + split * c, k1 = min(len, k0 + c);
-    const u16* kp = kc + (size_t)kvh * n_ctx * hd;
-    const u16* vp = vc + (size_t)kvh * n_ctx * hd;
-    float kpre[ATT_KU][EPL], vpre[ATT_KU][EPL];
-    const int n_pre = min(min(ATT_TILE, k1 - k0), len - 1 - k0);
-    load_tile_rows<EPL>(kp, k0, warp, n_pre, hd, lane, kpre);
-    load_tile_rows<EPL>(vp, k0, warp, n_pre, hd, lane, vpre);
+    // The rows older than the new one, which earlier steps or prompt chunks wrote (a copy
+    // precedes them, and the host reads each step's tokens before launching the next), so
+    // a warp's first loads go out before the wait for the kernels before this one (under
+    // PDL its start may overlap several of them). `len` came from what a copy put on the
+    // device before the step.
+    const int kend = min(k1, len - 1);
+    const int sub = lane / LPR, d0 = (lane % LPR) * 8;
+    const bool dok = d0 < hd;
+    const u16* kp = kc + (size_t)kvh * n_ctx * hd + d0;
+    const u16* vp = vc + (size_t)kvh * n_ctx * hd + d0;
+    uint4 kb[DEC_U], vb[DEC_U];
+    bool ok[DEC_U];
+    auto load = [&](int base, uint4* kx, uint4* vx, bool* okx) {
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            const int p = base + u * RPL + sub;
+            okx[u] = p < kend;
+            kx[u] = vx[u] = make_uint4(0, 0, 0, 0);
+            if (okx[u] && dok) {
+                kx[u] = __ldg((const uint4*)(kp + (size_t)p * hd));
+                vx[u] = __ldg((const uint4*)(vp + (size_t)p * hd));
+            }
+        }
+    };
+    int base = k0 + warp * KPI;
+    if (base < kend) load(base, kb, vb, ok);
     pdl_wait();
-    float qr[MAX_GROUP][EPL], acc[MAX_GROUP][EPL];
+    float qf[G][8], acc[G][8], m[G], l[G];
+    const bool owner = k1 > k0 && k1 == len;
     {
-        // q's rows and the new key, normalised and rotated, in the reduction buffer (free
-        // until the end; it holds (MAX_GROUP + 5) rows of 32 * EPL >= hd values), the split
-        // whose keys end at len storing the new key and value. q and k stay as they were:
-        // the other splits read q.
-        float* rows = &red[0][0];
-        float* tmp = rows + (MAX_GROUP + 1 + warp) * 32 * EPL;
+        float* rows = sm;
+        float* tmp = sm + (G + 1 + warp) * HDM;
         const int pos = len - 1;
-        const bool owner = k1 > k0 && k1 == len;
-        for (int i = warp; i < g + (int)owner; i += ATT_WARPS) {
+        for (int i = warp; i < g + (int)owner; i += DEC_WARPS) {
             if (i < g)
-                head_norm_rope(q + ((size_t)kvh * g + i) * hd, rows + i * hd, hd, dh.q_norm,
+                head_norm_rope(q + ((size_t)kvh * g + i) * hd, rows + i * HDM, hd, dh.q_norm,
                                dh.eps, dh, pos, tmp);
             else
-                head_norm_rope(dh.k + (size_t)kvh * hd, rows + g * hd, hd, dh.k_norm, dh.eps,
+                head_norm_rope(dh.k + (size_t)kvh * hd, rows + G * HDM, hd, dh.k_norm, dh.eps,
                                dh, pos, tmp);
         }
         __syncthreads();
 #pragma unroll
-        for (int i = 0; i < MAX_GROUP; i++) {
-            if (i >= g) break;
+        for (int i = 0; i < G; i++) {
+            m[i] = -KINF;
+            l[i] = 0.0f;
 #pragma unroll
-            for (int e = 0; e < EPL; e++) {
-                const int d = lane * EPL + e;
-                qr[i][e] = d < hd ? rows[i * hd + d] * scale : 0.0f;
+            for (int e = 0; e < 8; e++) {
+                qf[i][e] = i < g && dok ? rows[i * HDM + d0 + e] * scale : 0.0f;
                 acc[i][e] = 0.0f;
             }
         }
         if (owner) {
+            // The new row into the cache, and into warp 0's registers as its f16 values.
             const size_t at = ((size_t)kvh * n_ctx + pos) * hd;
             for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                kc[at + d] = f2h(rows[g * hd + d]);
+                kc[at + d] = f2h(rows[G * HDM + d]);
                 vc[at + d] = f2h(dh.v[(size_t)kvh * hd + d]);
             }
         }
-        // The rows are read and the new cache row is visible to the whole block.
-        __syncthreads();
     }
-    if (threadIdx.x < MAX_GROUP) {
-        mls[threadIdx.x][0] = -KINF;
-        mls[threadIdx.x][1] = 0.0f;
+    // The next pass's rows are loaded before this pass's arithmetic: a warp always has
+    // rows in flight.
+    for (; base < kend; base += DEC_WARPS * KPI) {
+        uint4 kn[DEC_U], vn[DEC_U];
+        bool okn[DEC_U];
+        if (base + DEC_WARPS * KPI < kend) load(base + DEC_WARPS * KPI, kn, vn, okn);
+        dec_step<LPR, G>(kb, vb, ok, g, qf, m, l, acc);
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            kb[u] = kn[u];
+            vb[u] = vn[u];
+            ok[u] = okn[u];
+        }
     }
-    for (int base = k0; base < k1; base += ATT_TILE) {
-        const int nk = min(ATT_TILE, k1 - base);
-        for (int j0 = warp; j0 < nk; j0 += ATT_KU * ATT_WARPS) {
-            float kf[ATT_KU][EPL];
-            tile_rows_or_pre<EPL>(kp, base, j0, nk, hd, lane, kf, base == k0 && j0 == warp,
-                                  n_pre, kpre);
+    if (owner && warp == 0) {
+        uint4 k[DEC_U], v[DEC_U];
+        bool nok[DEC_U];
 #pragma unroll
-            for (int u = 0; u < ATT_KU; u++) {
-                const int j = j0 + u * ATT_WARPS;
-                if (j >= nk) break;
+        for (int u = 0; u < DEC_U; u++) {
+            nok[u] = u == 0 && sub == 0;
+            k[u] = v[u] = make_uint4(0, 0, 0, 0);
+        }
+        if (dok) {
+            u32 kw[4], vw[4];
+            const float* nk = sm + G * HDM + d0;
+            const float* nv = dh.v + (size_t)kvh * hd + d0;
 #pragma unroll
-                for (int i = 0; i < MAX_GROUP; i++) {
-                    if (i >= g) break;
-                    float p = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < EPL; e++) p += qr[i][e] * kf[u][e];
-                    p = warp_sum(p);
-                    if (lane == 0) sc[i][j] = p;
-                }
+            for (int j = 0; j < 4; j++) {
+                kw[j] = (u32)f2h(nk[2 * j]) | ((u32)f2h(nk[2 * j + 1]) << 16);
+                vw[j] = (u32)f2h(nv[2 * j]) | ((u32)f2h(nv[2 * j + 1]) << 16);
             }
+            k[0] = make_uint4(kw[0], kw[1], kw[2], kw[3]);
+            v[0] = make_uint4(vw[0], vw[1], vw[2], vw[3]);
         }
-        __syncthreads();
-        for (int i = warp; i < g; i += ATT_WARPS) {
-            const bool va = lane < nk, vb = lane + 32 < nk;
-            const float a = va ? sc[i][lane] : -KINF, b = vb ? sc[i][lane + 32] : -KINF;
-            const float mo = mls[i][0], lo = mls[i][1];
-            const float mn = fmaxf(mo, warp_max(fmaxf(a, b)));
-            const float pa = va ? expf(a - mn) : 0.0f, pb = vb ? expf(b - mn) : 0.0f;
-            if (va) sc[i][lane] = pa;
-            if (vb) sc[i][lane + 32] = pb;
-            const float sum = warp_sum(pa + pb);
-            if (lane == 0) {
-                const float cr = expf(mo - mn);
-                mls[i][0] = mn;
-                mls[i][1] = lo * cr + sum;
-                mls[i][2] = cr;
-            }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < MAX_GROUP; i++) {
-            if (i >= g) break;
-            const float cr = mls[i][2];
-#pragma unroll
-            for (int e = 0; e < EPL; e++) acc[i][e] *= cr;
-        }
-        for (int j0 = warp; j0 < nk; j0 += ATT_KU * ATT_WARPS) {
-            float vf[ATT_KU][EPL];
-            tile_rows_or_pre<EPL>(vp, base, j0, nk, hd, lane, vf, base == k0 && j0 == warp,
-                                  n_pre, vpre);
-#pragma unroll
-            for (int u = 0; u < ATT_KU; u++) {
-                const int j = j0 + u * ATT_WARPS;
-                if (j >= nk) break;
-#pragma unroll
-                for (int i = 0; i < MAX_GROUP; i++) {
-                    if (i >= g) break;
-                    const float p = sc[i][j];
-#pragma unroll
-                    for (int e = 0; e < EPL; e++) acc[i][e] += p * vf[u][e];
-                }
-            }
-        }
-        // The next tile rewrites the scores.
-        __syncthreads();
+        dec_step<LPR, G>(k, v, nok, g, qf, m, l, acc);
     }
-    if (warp > 0) {
+    // The warp's rows summed (lanes of one row group hold the same sums of l).
 #pragma unroll
-        for (int i = 0; i < MAX_GROUP; i++) {
-            if (i >= g) break;
+    for (int i = 0; i < G; i++) {
+        if (i >= g) break;
 #pragma unroll
-            for (int e = 0; e < EPL; e++) red[warp - 1][(i * EPL + e) * 32 + lane] = acc[i][e];
+        for (int o = 16; o >= LPR; o >>= 1) {
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], o);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[i][e] += __shfl_xor_sync(0xffffffffu, acc[i][e], o);
+        }
+    }
+    // sm's rows were read before the key loop (the barrier after the heads' work); the new
+    // key by warp 0 only, before it writes here.
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        if (i >= g) break;
+        if (lane < LPR && dok)
+#pragma unroll
+            for (int e = 0; e < 8; e++) sm[(warp * G + i) * HDM + d0 + e] = acc[i][e];
+        if (lane == 0) {
+            wml[warp][i][0] = m[i];
+            wml[warp][i][1] = l[i];
         }
     }
     __syncthreads();
-    if (warp != 0) return;
+    for (int x = threadIdx.x; x < g * hd; x += blockDim.x) {
+        const int i = x / hd, d = x % hd;
+        float mx = -KINF;
 #pragma unroll
-    for (int i = 0; i < MAX_GROUP; i++) {
-        if (i >= g) break;
-        const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
+        for (int w = 0; w < DEC_WARPS; w++) mx = fmaxf(mx, wml[w][i][0]);
+        float num = 0.0f, den = 0.0f;
 #pragma unroll
-        for (int e = 0; e < EPL; e++) {
-            float v = acc[i][e];
-#pragma unroll
-            for (int w = 0; w < ATT_WARPS - 1; w++) v += red[w][(i * EPL + e) * 32 + lane];
-            const int d = lane * EPL + e;
-            if (d < hd) part_acc[slot * hd + d] = v;
+        for (int w = 0; w < DEC_WARPS; w++) {
+            const float mw = wml[w][i][0];
+            if (mw == -KINF) continue;
+            const float f = expf(mw - mx);
+            den += f * wml[w][i][1];
+            num += f * sm[(w * G + i) * HDM + d];
         }
-        if (lane == 0) {
-            part_ml[2 * slot] = mls[i][0];
-            part_ml[2 * slot + 1] = mls[i][1];
+        const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
+        part_acc[slot * hd + d] = num;
+        if (d == 0) {
+            part_ml[2 * slot] = mx;
+            part_ml[2 * slot + 1] = den;
         }
     }
 }
 
-// One sequence of a batched decode step (attn_dec_seqs_<EPL>): its cache (the f16 planes
-// of layer 0; a layer's start is layer * kv_heads * n_ctx * hd further), the keys its
+// One sequence of a batched decode step (attn_dec_seqs_<LPR>_<G>): its cache (the f16
+// planes of layer 0; a layer's start is layer * kv_heads * n_ctx * hd further), the keys its
 // token sees (its position + 1, the last `window` of them where window > 0) and its splits.
 struct SeqDesc {
     u16* k;
     u16* v;
     int len;
     int n_ctx;
-    int splits;  // as attn_dec_<EPL>'s grid for this sequence alone, so the same sums
+    int splits;  // as attn_dec_<LPR>_<G>'s grid for this sequence alone, so the same sums
     int window;
 };
 
-// One entry point per EPL (head_dim / 32, rounded up): lib.rs picks attn_split_<EPL>, or
-// for one token with its heads' work fused, attn_dec_<EPL> (grid (kv_heads, splits)), or for
-// one token of each of several sequences attn_dec_seqs_<EPL> (grid (kv_heads, splits,
-// sequences); sequence z's rows of q, k, v and out are row z).
+// Decode entry points by LPR (lanes a key row) and G (query heads a KV head, rounded up to
+// a power of two): attn_dec_<LPR>_<G> for one token with its heads' work fused (grid
+// (kv_heads, splits)), attn_dec_seqs_<LPR>_<G> for one token of each of several sequences
+// (grid (kv_heads, splits, sequences); sequence z's rows of q, k, v and out are row z).
+#define ATTN_DEC(L, G)                                                                       \
+    extern "C" __global__ void attn_dec_##L##_##G(                                           \
+        const float* q, u16* kc, u16* vc, int n_ctx, int heads, int kv_heads, int hd,        \
+        float scale, const u32* params, float* pa, float* pml, int window, DecHeads dh) {    \
+        attn_dec_impl<L, G>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale,                   \
+                            (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,        \
+                            gridDim.y, pa, pml, dh);                                         \
+    }                                                                                        \
+    extern "C" __global__ void attn_dec_seqs_##L##_##G(                                      \
+        const float* q, const SeqDesc* seqs, int layer, int heads, int kv_heads, int hd,     \
+        float scale, float* pa, float* pml, DecHeads dh) {                                   \
+        const int z = blockIdx.z;                                                            \
+        const SeqDesc sd = seqs[z];                                                          \
+        const size_t plane = (size_t)layer * kv_heads * sd.n_ctx * hd;                       \
+        DecHeads d = dh;                                                                     \
+        d.k += (size_t)z * kv_heads * hd;                                                    \
+        d.v += (size_t)z * kv_heads * hd;                                                    \
+        attn_dec_impl<L, G>(q + (size_t)z * heads * hd, sd.k + plane, sd.v + plane,         \
+                            sd.n_ctx, heads, kv_heads, hd, scale, sd.len, sd.window, z,      \
+                            sd.splits, pa, pml, d);                                          \
+    }
+#define ATTN_DEC_G(L) ATTN_DEC(L, 1) ATTN_DEC(L, 2) ATTN_DEC(L, 4) ATTN_DEC(L, 8)
+ATTN_DEC_G(4)
+ATTN_DEC_G(8)
+ATTN_DEC_G(16)
+ATTN_DEC_G(32)
+
+// One entry point per EPL (head_dim / 32, rounded up) for prompts: attn_split_<EPL>.
 #define ATTN_SPLIT(E)                                                                        \
     extern "C" __global__ void attn_split_##E(const float* q, const u16* kc, const u16* vc,  \
                                               int n_ctx, int heads, int kv_heads, int hd,    \
@@ -522,28 +558,6 @@ struct SeqDesc {
                                               float* pml, int window) {                      \
         attn_split_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml,    \
                            window);                                                          \
-    }                                                                                        \
-    extern "C" __global__ void attn_dec_##E(const float* q, u16* kc, u16* vc, int n_ctx,     \
-                                            int heads, int kv_heads, int hd, float scale,    \
-                                            const u32* params, float* pa, float* pml,        \
-                                            int window, DecHeads dh) {                       \
-        attn_dec_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale,                      \
-                         (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,           \
-                         gridDim.y, pa, pml, dh);                                            \
-    }                                                                                        \
-    extern "C" __global__ void attn_dec_seqs_##E(const float* q, const SeqDesc* seqs,        \
-                                                 int layer, int heads, int kv_heads, int hd, \
-                                                 float scale, float* pa, float* pml,         \
-                                                 DecHeads dh) {                              \
-        const int z = blockIdx.z;                                                            \
-        const SeqDesc sd = seqs[z];                                                          \
-        const size_t plane = (size_t)layer * kv_heads * sd.n_ctx * hd;                       \
-        DecHeads d = dh;                                                                     \
-        d.k += (size_t)z * kv_heads * hd;                                                    \
-        d.v += (size_t)z * kv_heads * hd;                                                    \
-        attn_dec_impl<E>(q + (size_t)z * heads * hd, sd.k + plane, sd.v + plane, sd.n_ctx,   \
-                         heads, kv_heads, hd, scale, sd.len, sd.window, z, sd.splits, pa,    \
-                         pml, d);                                                            \
     }
 ATTN_SPLIT(1)
 ATTN_SPLIT(2)
