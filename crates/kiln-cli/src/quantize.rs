@@ -10,7 +10,9 @@ use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_formats::{GgufFile, GgufWriter, SafetensorsSet, StDtype, Value};
-use kiln_models::llm::{is_hf_dir, HfCheckpoint, LayerParam, LlmConfig, Param};
+use kiln_models::llm::{
+    gemma3_windows, is_hf_dir, HfCheckpoint, LayerParam, LlmConfig, Naming, Param,
+};
 use kiln_quant::{dequantize_row, fallback_type, quantize_row, GgmlType};
 use serde_json::Value as Json;
 
@@ -218,12 +220,25 @@ fn from_hf(dir: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usiz
     let ck = HfCheckpoint::open(dir)?;
     let c = &ck.cfg;
     let arch = c.arch.as_str();
-    if c.post_norms || !c.layer_window.is_empty() || !c.conv_layers.is_empty() {
-        bail!(
-            "{}: writing {arch} from a Hugging Face directory to GGUF is not supported (run \
-             the directory as it is, or quantize a GGUF of it)",
+    let (gemma, lfm2) = (arch == "gemma3", arch == "lfm2");
+    let window = c.layer_window.iter().copied().max().unwrap_or(0);
+    // What llama.cpp's GGUF can say: Gemma 3's windows on five layers of every six (its
+    // local layers' RoPE base 10000, unscaled), no other family's windows.
+    let unsupported = |what: &str| {
+        anyhow!(
+            "{}: {what} has no GGUF form (run the directory as it is)",
             dir.display()
-        );
+        )
+    };
+    if window > 0 && !(gemma && c.layer_window == gemma3_windows(c.n_layers, window)) {
+        return Err(unsupported(&format!("{arch}'s sliding-window layers")));
+    }
+    if let Some(local) = &c.rope_local {
+        if local.theta != 10000.0 || local.scaling != kiln_backend::RopeScaling::None {
+            return Err(unsupported(
+                "a local-layer RoPE other than base 10000 unscaled",
+            ));
+        }
     }
     let name = dir
         .file_name()
@@ -241,7 +256,6 @@ fn from_hf(dir: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usiz
     w.meta(&k("block_count"), u(c.n_layers));
     w.meta(&k("feed_forward_length"), u(c.ffn_dim));
     w.meta(&k("attention.head_count"), u(c.n_heads));
-    w.meta(&k("attention.head_count_kv"), u(c.n_kv_heads));
     w.meta(&k("attention.key_length"), u(c.head_dim));
     w.meta(&k("attention.value_length"), u(c.head_dim));
     w.meta(&k("rope.dimension_count"), u(c.rope.dims));
@@ -250,20 +264,45 @@ fn from_hf(dir: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usiz
         &k("attention.layer_norm_rms_epsilon"),
         Value::F32(c.norm_eps),
     );
+    if window > 0 {
+        w.meta(&k("attention.sliding_window"), u(window));
+    }
+    if lfm2 {
+        // KV heads per layer, 0 for the convolution layers (as llama.cpp's converter writes
+        // them: signed).
+        let per = (0..c.n_layers)
+            .map(|i| Value::I32(if c.is_conv(i) { 0 } else { c.n_kv_heads as i32 }))
+            .collect();
+        w.meta(&k("attention.head_count_kv"), Value::Array(per));
+        w.meta(&k("shortconv.l_cache"), u(c.conv_k));
+    } else {
+        w.meta(&k("attention.head_count_kv"), u(c.n_kv_heads));
+    }
     tokenizer_meta(dir, c, w)?;
 
     // Tensors in llama.cpp's order: embeddings, layers, output norm, output.
     let mut params = vec![Param::TokenEmbd];
     for i in 0..c.n_layers {
         use LayerParam::*;
-        let mut l = vec![AttnNorm, AttnQ, AttnK, AttnV, AttnOutput];
-        if c.qkv_bias {
-            l.extend([AttnQBias, AttnKBias, AttnVBias]);
+        let mut l = vec![AttnNorm];
+        if c.is_conv(i) {
+            l.extend([ConvInProj, ConvTaps, ConvOutProj]);
+        } else {
+            l.extend([AttnQ, AttnK, AttnV, AttnOutput]);
+            if c.qkv_bias {
+                l.extend([AttnQBias, AttnKBias, AttnVBias]);
+            }
+            if c.qk_norm {
+                l.extend([AttnQNorm, AttnKNorm]);
+            }
         }
-        if c.qk_norm {
-            l.extend([AttnQNorm, AttnKNorm]);
+        if c.post_norms {
+            l.push(PostAttnNorm);
         }
         l.extend([FfnNorm, FfnGate, FfnUp, FfnDown]);
+        if c.post_norms {
+            l.push(PostFfnNorm);
+        }
         params.extend(l.into_iter().map(|p| Param::Layer(i, p)));
     }
     params.push(Param::OutputNorm);
@@ -289,14 +328,37 @@ fn from_hf(dir: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usiz
             );
         }
     }
+    let (hf_naming, gguf_naming) = match arch {
+        "gemma3" => (Naming::HuggingFaceGemma, Naming::Gguf),
+        "lfm2" => (Naming::HuggingFaceLfm2, Naming::GgufLfm2),
+        _ => (Naming::HuggingFace, Naming::Gguf),
+    };
+    // Gemma's scores are scaled by 1/sqrt(query_pre_attn_scalar); llama.cpp's gemma3 by its
+    // own rule (the config's LlmConfig::from_gguf reads): the ratio goes into the q norm's
+    // weights, which scale the queries before RoPE (a linear map) and the scores.
+    let q_norm_gain = if gemma {
+        let gguf_scale = LlmConfig::gemma3_q_scale(c.n_layers, c.dim, c.n_heads, c.head_dim);
+        c.q_scale / gguf_scale
+    } else {
+        1.0
+    };
     for p in params {
         let hf = p
-            .hf()
+            .name(hf_naming)
             .ok_or_else(|| anyhow!("{p:?} has no Hugging Face name"))?;
-        let gguf = p.gguf();
+        let gguf = p
+            .name(gguf_naming)
+            .ok_or_else(|| anyhow!("{p:?} has no GGUF name"))?;
         pb.set_message(gguf.clone());
         let (rows, cols) = shape_of(c, p);
         let mut f = read_f32(&ck, &hf, rows, cols)?;
+        if gemma && p.is_norm() {
+            // Gemma's RMSNorm scales by 1 + w; GGUF stores 1 + w.
+            f.iter_mut().for_each(|x| *x += 1.0);
+        }
+        if matches!(p, Param::Layer(_, LayerParam::AttnQNorm)) && q_norm_gain != 1.0 {
+            f.iter_mut().for_each(|x| *x *= q_norm_gain);
+        }
         if arch == "llama" {
             // GGUF Llama rotates interleaved pairs: permute q/k rows from rotate-half order.
             match p {
@@ -310,6 +372,9 @@ fn from_hf(dir: &Path, recipe: &Plan, w: &mut GgufWriter) -> anyhow::Result<usiz
                 vec![cols as u64, rows as u64],
                 recipe.type_for(&gguf, cols)?,
             )
+        } else if rows > 1 {
+            // LFM2's convolution taps: (channels, width), kept f32.
+            (vec![cols as u64, rows as u64], GgmlType::F32)
         } else {
             (vec![(rows * cols) as u64], GgmlType::F32)
         };
@@ -455,10 +520,17 @@ fn tokenizer_meta(dir: &Path, c: &LlmConfig, w: &mut GgufWriter) -> anyhow::Resu
             .ok_or_else(|| anyhow!("{}: id of '{s}'", path.display()))?;
         put(id, s, 1)?;
     }
+    let mut past = Vec::new();
     for t in tj["added_tokens"].as_array().into_iter().flatten() {
         let (Some(id), Some(s)) = (t["id"].as_u64(), t["content"].as_str()) else {
             continue;
         };
+        if id as usize >= n {
+            // A family's shared tokenizer may name tokens a smaller model has no embedding
+            // row for (Gemma 3's image token on the text-only 270M): they cannot be used.
+            past.push(format!("{s} ({id})"));
+            continue;
+        }
         // Special tokens are control tokens; other added tokens user-defined.
         let ty = if t["special"].as_bool() == Some(true) {
             3
@@ -466,6 +538,13 @@ fn tokenizer_meta(dir: &Path, c: &LlmConfig, w: &mut GgufWriter) -> anyhow::Resu
             4
         };
         put(id, s, ty)?;
+    }
+    if !past.is_empty() {
+        eprintln!(
+            "{}: added tokens past the model's {n} embeddings left out: {}",
+            path.display(),
+            past.join(", ")
+        );
     }
     let mut names = Vec::with_capacity(n);
     for (i, t) in tokens.into_iter().enumerate() {
@@ -478,29 +557,32 @@ fn tokenizer_meta(dir: &Path, c: &LlmConfig, w: &mut GgufWriter) -> anyhow::Resu
             }
         }
     }
-    let merges: Vec<Value> = model["merges"]
+    let merges: Vec<(String, String)> = model["merges"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|m| match m {
-            Json::String(s) => Some(s.clone()),
-            Json::Array(p) => Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?)),
+            Json::String(s) => s.split_once(' ').map(|(a, b)| (a.into(), b.into())),
+            Json::Array(p) => Some((p.first()?.as_str()?.into(), p.get(1)?.as_str()?.into())),
             _ => None,
         })
-        .map(Value::String)
         .collect();
-    let pre = match c.arch.as_str() {
-        "qwen2" | "qwen3" => "qwen2",
-        _ => "llama-bpe",
-    };
-    w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
-    w.meta("tokenizer.ggml.pre", Value::String(pre.into()));
+    if sentencepiece_style(&tj) {
+        spm_vocab(&tj, &mut names, &mut types, &merges, w);
+    } else {
+        let pre = byte_level_pre(&tj, &c.arch, &path);
+        w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
+        w.meta("tokenizer.ggml.pre", Value::String(pre.into()));
+        let merges = merges
+            .iter()
+            .map(|(a, b)| Value::String(format!("{a} {b}")));
+        w.meta("tokenizer.ggml.merges", Value::Array(merges.collect()));
+    }
     w.meta("tokenizer.ggml.tokens", Value::Array(names.clone()));
     w.meta(
         "tokenizer.ggml.token_type",
         Value::Array(types.into_iter().map(Value::I32).collect()),
     );
-    w.meta("tokenizer.ggml.merges", Value::Array(merges));
     let id_of = |s: &str| {
         names
             .iter()
@@ -554,6 +636,117 @@ fn tokenizer_meta(dir: &Path, c: &LlmConfig, w: &mut GgufWriter) -> anyhow::Resu
         w.meta("tokenizer.chat_template", Value::String(t));
     }
     Ok(())
+}
+
+/// The `tokenizer.ggml.pre` of a byte-level BPE tokenizer.json: by its pre-tokenizer's
+/// split regex where that is one GGUF names (Llama 3's, Qwen2's; GPT-2's built into the
+/// byte-level step), else by the architecture (Qwen's, else Llama 3's), said on stderr.
+fn byte_level_pre(tj: &Json, arch: &str, path: &Path) -> &'static str {
+    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let pt = &tj["pre_tokenizer"];
+    let steps: Vec<&Json> = match pt["pretokenizers"].as_array() {
+        Some(list) => list.iter().collect(),
+        None => vec![pt],
+    };
+    let regex = steps
+        .iter()
+        .find(|s| s["type"] == "Split")
+        .and_then(|s| s["pattern"]["Regex"].as_str());
+    let gpt2 = steps
+        .iter()
+        .any(|s| s["type"] == "ByteLevel" && s["use_regex"].as_bool() != Some(false));
+    match (regex, gpt2) {
+        (Some(LLAMA3), _) => "llama-bpe",
+        (Some(QWEN2), _) => "qwen2",
+        (None, true) if steps.len() == 1 => "gpt2",
+        _ => {
+            let pre = match arch {
+                "qwen2" | "qwen3" => "qwen2",
+                _ => "llama-bpe",
+            };
+            eprintln!(
+                "{}: pre-tokenizer not one GGUF names; written as '{pre}' (the {arch} default)",
+                path.display()
+            );
+            pre
+        }
+    }
+}
+
+/// Whether a BPE tokenizer.json is SentencePiece's (Gemma, Llama 2, Mistral: spaces as `▁`,
+/// unknown bytes as `<0xXX>` pieces) rather than byte-level (GPT-2's byte alphabet).
+fn sentencepiece_style(tj: &Json) -> bool {
+    let text = |v: &Json| v.to_string();
+    tj["model"]["byte_fallback"].as_bool() == Some(true)
+        || text(&tj["normalizer"]).contains('\u{2581}')
+        || text(&tj["pre_tokenizer"]).contains("Metaspace")
+}
+
+/// GGUF's SentencePiece vocabulary (`llama`) for a SentencePiece-style BPE tokenizer.json:
+/// a pair merges when the joined piece is in the vocabulary, highest score first, so each
+/// piece's score is minus the rank of the first merge that makes it (pieces no merge makes,
+/// single characters, score below all of them); byte pieces are BYTE, the unknown token
+/// UNKNOWN. `types` holds the control and user-defined marks of the added tokens already.
+fn spm_vocab(
+    tj: &Json,
+    names: &mut [Value],
+    types: &mut [i32],
+    merges: &[(String, String)],
+    w: &mut GgufWriter,
+) {
+    let mut rank: HashMap<String, usize> = HashMap::with_capacity(merges.len());
+    for (i, (a, b)) in merges.iter().enumerate() {
+        rank.entry(format!("{a}{b}")).or_insert(i);
+    }
+    let unk = tj["model"]["unk_token"].as_str();
+    let is_byte = |s: &str| {
+        s.len() == 6
+            && s.starts_with("<0x")
+            && s.ends_with('>')
+            && s[3..5].chars().all(|c| c.is_ascii_hexdigit())
+    };
+    let mut unk_id = None;
+    let scores: Vec<Value> = names
+        .iter_mut()
+        .zip(types.iter_mut())
+        .enumerate()
+        .map(|(i, (name, ty))| {
+            let Value::String(s) = name else {
+                return Value::F32(0.0);
+            };
+            if *ty == 4 {
+                // User-defined pieces are matched in the text as it is (runs of spaces
+                // among them), as llama.cpp's converter writes them.
+                *s = s.replace('\u{2581}', " ");
+            }
+            if Some(s.as_str()) == unk {
+                *ty = 2;
+                unk_id = Some(i);
+            } else if *ty == 1 && is_byte(s) {
+                *ty = 6;
+            }
+            Value::F32(match (*ty, rank.get(s)) {
+                (1, Some(&r)) => -(r as f32),
+                (1, None) => -(merges.len() as f32) - 1.0,
+                (6, _) => 0.0,
+                _ => -1000.0,
+            })
+        })
+        .collect();
+    // A space before the text: a normalizer that prepends `▁`, or a Metaspace pre-tokenizer
+    // that adds it.
+    let text = |v: &Json| v.to_string();
+    let prefix = text(&tj["normalizer"]).contains("\"Prepend\"")
+        || (text(&tj["pre_tokenizer"]).contains("Metaspace")
+            && !text(&tj["pre_tokenizer"]).contains("\"never\""));
+    w.meta("tokenizer.ggml.model", Value::String("llama".into()));
+    w.meta("tokenizer.ggml.pre", Value::String("default".into()));
+    w.meta("tokenizer.ggml.scores", Value::Array(scores));
+    w.meta("tokenizer.ggml.add_space_prefix", Value::Bool(prefix));
+    if let Some(u) = unk_id {
+        w.meta("tokenizer.ggml.unknown_token_id", Value::U32(u as u32));
+    }
 }
 
 #[cfg(test)]

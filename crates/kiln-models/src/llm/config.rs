@@ -217,11 +217,7 @@ impl LlmConfig {
                 scaling: RopeScaling::None,
                 ..rope.clone()
             });
-            // Scores scaled by 1/sqrt(query_pre_attn_scalar): head_dim for every size but
-            // the 27B (62 layers), whose scalar is dim / heads (llama.cpp's rule).
-            if n_layers == 62 {
-                q_scale = (head_dim as f32 / (dim / n_heads) as f32).sqrt();
-            }
+            q_scale = Self::gemma3_q_scale(n_layers, dim, n_heads, head_dim);
         }
         Ok(LlmConfig {
             rope,
@@ -251,6 +247,16 @@ impl LlmConfig {
             qk_norm,
             tied_embeddings,
         })
+    }
+
+    /// The queries' scale a gemma3 GGUF implies (it stores no query_pre_attn_scalar): scores
+    /// scaled by 1/sqrt(head_dim) for every size but the 27B (62 layers), whose scalar is
+    /// dim / heads (llama.cpp's rule).
+    pub fn gemma3_q_scale(n_layers: usize, dim: usize, n_heads: usize, head_dim: usize) -> f32 {
+        match n_layers {
+            62 => (head_dim as f32 / (dim / n_heads) as f32).sqrt(),
+            _ => 1.0,
+        }
     }
 
     pub fn q_dim(&self) -> usize {
