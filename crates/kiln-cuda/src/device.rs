@@ -452,6 +452,14 @@ fn load_or_compile(arch: &'static str) -> Result<Ptx, CudaInitError> {
             return Ok(Ptx::from_src(src));
         }
     }
+    // Tens of seconds, once per kiln version and GPU architecture: said, so a first run does
+    // not look hung.
+    let kept = match &cached {
+        Some(p) => format!("kept in {}", p.parent().unwrap_or(p).display()),
+        None => "not kept: no KILN_HOME or HOME".into(),
+    };
+    eprintln!("compiling kiln's CUDA kernels for {arch} (once; {kept}) ...");
+    let t0 = std::time::Instant::now();
     let opts = CompileOptions {
         arch: Some(arch),
         options: vec!["--std=c++17".into()],
@@ -459,6 +467,7 @@ fn load_or_compile(arch: &'static str) -> Result<Ptx, CudaInitError> {
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
         .map_err(|e| init_err("compiling the kernels with NVRTC", e))?;
+    eprintln!("compiled in {:.1} s", t0.elapsed().as_secs_f64());
     if let Some(p) = &cached {
         // A cache that cannot be written only costs the next start a compile.
         let _ = std::fs::create_dir_all(p.parent().unwrap_or(p));
