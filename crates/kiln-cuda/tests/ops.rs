@@ -367,6 +367,25 @@ fn heads_rope_cache_attention() {
     }
 }
 
+/// A prompt's keys and values (no q/k norms) stored into layer 0 of `cache` from position 0.
+fn store_prompt<B: Backend>(
+    b: &B,
+    cache: &mut B::KvCache,
+    rope: &RopeConfig,
+    [q, k, v]: [&[f32]; 3],
+    heads: usize,
+    kvh: usize,
+) {
+    let hd = rope.head_dim;
+    let n = k.len() / (kvh * hd);
+    let mut qt = b.tensor_from(n, heads * hd, q);
+    let mut kt = b.tensor_from(n, kvh * hd, k);
+    let vt = b.tensor_from(n, kvh * hd, v);
+    b.qk_norm_rope_store(
+        &mut qt, &mut kt, &vt, None, rope, heads, kvh, cache, 0, 0, n,
+    );
+}
+
 /// One decode token's fused attention (no q/k norms) over `cache`: its output row.
 fn decode_step<B: Backend>(
     b: &B,
@@ -422,18 +441,8 @@ fn decode_attention_over_long_caches() {
         // The prompt's keys and values stored by both backends (the same f16 values), then
         // three decode steps, each reading what the one before stored.
         let (q, k, v) = (r.v(n * heads * hd), r.v(n * kvh * hd), r.v(n * kvh * hd));
-        let mut qg = g.tensor_from(n, heads * hd, &q);
-        let mut kgt = g.tensor_from(n, kvh * hd, &k);
-        let vg = g.tensor_from(n, kvh * hd, &v);
-        let mut qc = c.tensor_from(n, heads * hd, &q);
-        let mut kct = c.tensor_from(n, kvh * hd, &k);
-        let vc = c.tensor_from(n, kvh * hd, &v);
-        g.qk_norm_rope_store(
-            &mut qg, &mut kgt, &vg, None, &rope, heads, kvh, &mut kg, 0, 0, n,
-        );
-        c.qk_norm_rope_store(
-            &mut qc, &mut kct, &vc, None, &rope, heads, kvh, &mut kc, 0, 0, n,
-        );
+        store_prompt(&g, &mut kg, &rope, [&q, &k, &v], heads, kvh);
+        store_prompt(&c, &mut kc, &rope, [&q, &k, &v], heads, kvh);
         for pos0 in n..n + 3 {
             // Queries four times as large: softmax weights far from uniform over the keys.
             let q: Vec<f32> = r.v(heads * hd).iter().map(|x| 4.0 * x).collect();
