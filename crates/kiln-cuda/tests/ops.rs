@@ -438,7 +438,7 @@ fn decode_attention_over_long_caches() {
         let n_ctx = n + 8;
         let rope = rope_cfg(RopeStyle::Neox, hd, hd);
         let (mut kg, mut kc) = (g.kv_cache(1, n_ctx, kvh, hd), c.kv_cache(1, n_ctx, kvh, hd));
-        // The prompt's keys and values stored by both backends (the same f16 values), then
+        // The prompt's keys and values stored by both backends (f16 on the GPU), then
         // three decode steps, each reading what the one before stored.
         let (q, k, v) = (r.v(n * heads * hd), r.v(n * kvh * hd), r.v(n * kvh * hd));
         store_prompt(&g, &mut kg, &rope, [&q, &k, &v], heads, kvh);
