@@ -156,7 +156,7 @@ struct BenchModel<B: Backend> {
     /// Weight bytes one decode step reads: every matrix but the embedding table (of which it
     /// reads one row) unless the table is also the output projection; norms and biases.
     decode_bytes: usize,
-    /// K and V bytes, f32, per cached position of one layer.
+    /// K and V bytes per cached position of one layer, as the backend stores them.
     kv_bytes_per_pos: usize,
     /// Each attention layer's sliding window (0: every position).
     windows: Vec<usize>,
@@ -164,8 +164,8 @@ struct BenchModel<B: Backend> {
 
 impl<B: Backend> BenchModel<B> {
     /// Loads `file` with `b` (CPU weights do not depend on the thread pool: one load serves
-    /// every thread count).
-    fn load(file: &Path, b: &B) -> anyhow::Result<Self> {
+    /// every thread count); `kv`: the cache type asked for.
+    fn load(file: &Path, b: &B, kv: kiln_backend::KvType) -> anyhow::Result<Self> {
         let load = || -> anyhow::Result<Self> {
             let (model, dominant) = if kiln_models::llm::is_hf_dir(file) {
                 let ck = kiln_models::llm::HfCheckpoint::open(file)?;
@@ -188,7 +188,9 @@ impl<B: Backend> BenchModel<B> {
             };
             let c = &model.cfg;
             let desc = format!("{} {} {}", c.arch, params_label(n_params), dominant);
-            let kv_bytes_per_pos = 2 * c.kv_dim() * 4;
+            // What the backend stores for the type asked (CUDA: f16 for f32).
+            let row = b.kv_type_stored(kv).ggml().row_bytes(c.head_dim)?;
+            let kv_bytes_per_pos = 2 * c.n_kv_heads * row;
             // Attention layers only read a KV cache (LFM2's convolution layers read k - 1 rows).
             let windows = (0..c.n_layers)
                 .filter(|&il| !c.is_conv(il))
@@ -581,7 +583,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             let backends: Vec<(usize, CpuBackend)> =
                 threads.iter().map(|&t| (t, CpuBackend::new(t))).collect();
             for file in &files {
-                let m = BenchModel::load(file, &load_b)?;
+                let m = BenchModel::load(file, &load_b, a.kv_type)?;
                 for (t, b) in &backends {
                     run.model(&m, b, *t, "CPU", b.kernels(), &mut header_due)?;
                 }
@@ -590,7 +592,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         crate::Device::Cuda => {
             let b = crate::cuda_backend()?;
             for file in &files {
-                let m = BenchModel::load(file, &b)?;
+                let m = BenchModel::load(file, &b, a.kv_type)?;
                 run.model(&m, &b, 1, "CUDA", "cuda", &mut header_due)?;
             }
         }
@@ -598,7 +600,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             let b = crate::gpu_backend(a.adapter.as_deref())?;
             eprintln!("backend: {}", b.name());
             for file in &files {
-                let m = BenchModel::load(file, &b)?;
+                let m = BenchModel::load(file, &b, a.kv_type)?;
                 run.model(&m, &b, 1, "wgpu", "wgsl", &mut header_due)?;
             }
         }

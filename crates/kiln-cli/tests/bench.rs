@@ -192,6 +192,22 @@ fn tests_start_at_each_depth() {
     // Decode at depth reads the cache too: 600 positions count in its bandwidth.
     let g = lines[1]["effective_gbps"].as_f64().unwrap();
     assert!(g > 0.0, "{}", lines[1]);
+    // ... as the cache stores them: an f16 cache's positions weigh half an f32 one's.
+    let cache_bytes = |kv: &str| {
+        let so = bench_ok(&[&args[..], &["-d", "0,600", "--kv-type", kv, "--json"]].concat());
+        // The decode rows (the prompt rows carry no bytes per token).
+        let b: Vec<f64> = json_lines(&so)
+            .iter()
+            .filter_map(|o| o["bytes_per_token"].as_f64())
+            .collect();
+        assert_eq!(b.len(), 2, "{so}");
+        b[1] - b[0]
+    };
+    let (f32_bytes, f16_bytes) = (cache_bytes("f32"), cache_bytes("f16"));
+    assert!(
+        f32_bytes > 0.0 && (f32_bytes / f16_bytes - 2.0).abs() < 1e-9,
+        "{f32_bytes} {f16_bytes}"
+    );
 }
 
 #[test]
