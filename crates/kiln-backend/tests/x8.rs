@@ -1,10 +1,13 @@
 //! The eight-row interleaved layouts and their kernels: packing round-trips, every set with
 //! interleaved kernels against the scalar reference on odd shapes, and a token's result
-//! independent (bit for bit) of how many tokens share the call.
+//! independent (bit for bit) of how many tokens share the call, in the kernels (one group
+//! or a pair a call) and in the backend's products (decode and prefill take both).
 
 use kiln_backend::cpu::kernels::pack::pack_row;
 use kiln_backend::cpu::kernels::x8::{self, ROWS};
 use kiln_backend::cpu::kernels::{available, ActRow, QuantAct, SCALAR};
+use kiln_backend::cpu::CpuBackend;
+use kiln_backend::{Backend, WeightData};
 use kiln_quant::{dequantize, quantize, GgmlType};
 
 mod common {
@@ -157,6 +160,128 @@ fn interleaved_kernels_equal_scalar_reference_and_ignore_the_batch() {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn pair_kernels_equal_the_one_group_kernels_bit_for_bit() {
+    let mut rng = Rng(0x9a1e_5eed_0000_0016);
+    let mut tested = false;
+    for k in available() {
+        let Some(pairs) = k.x8.and_then(|s| s.pairs) else {
+            continue;
+        };
+        tested = true;
+        for ty in FORMATS {
+            for &cols in shapes(ty) {
+                // Four groups, the last one partly padding; pairs from each but the last.
+                let nrows = 29;
+                let rows = random_rows(ty, nrows, cols, &mut rng);
+                let m = pack_matrix(ty, &rows, cols);
+                let gb = x8::group_bytes(ty, cols);
+                // More tokens than one call takes, so that calls of every size run.
+                let n = 2 * pairs.max_tokens + 3;
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
+                let mut qa = QuantAct::default();
+                qa.quantize(&x, n, cols);
+                let acts: Vec<ActRow> = (0..n).map(|t| qa.row(t)).collect();
+                let (one, two) = (k.x8_for(ty).unwrap(), pairs.for_type(ty).unwrap());
+                for g in 0..3 {
+                    let mut want = vec![[0f32; ROWS]; 2 * n];
+                    for h in 0..2 {
+                        let group = &m[(g + h) * gb..(g + h + 1) * gb];
+                        let mut o = vec![[0f32; ROWS]; n];
+                        unsafe { one(group, cols, &acts, &mut o) };
+                        for t in 0..n {
+                            want[2 * t + h] = o[t];
+                        }
+                    }
+                    // The whole matrix from the pair on (as the first call over it gets).
+                    let mut all = vec![[0f32; ROWS]; 2 * n];
+                    unsafe { two(&m[g * gb..], cols, &acts, &mut all) };
+                    for t in 0..n {
+                        let mut alone = [[0f32; ROWS]; 2];
+                        unsafe { two(&m[g * gb..(g + 2) * gb], cols, &acts[t..t + 1], &mut alone) };
+                        for h in 0..2 {
+                            let w = want[2 * t + h].map(f32::to_bits);
+                            let what = format!(
+                                "{} {} cols {cols} group {} token {t}",
+                                k.name,
+                                ty.name(),
+                                g + h
+                            );
+                            assert_eq!(all[2 * t + h].map(f32::to_bits), w, "{what}: pair kernel");
+                            assert_eq!(
+                                alone[h].map(f32::to_bits),
+                                w,
+                                "{what}: pair kernel, one token"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512bw") {
+        assert!(tested, "AVX-512 VNNI machine without pair kernels");
+    }
+    let _ = tested;
+}
+
+#[test]
+fn backend_products_of_a_token_ignore_its_batch() {
+    // AMX machines run prefill-sized products as tile block products instead.
+    #[cfg(target_arch = "x86_64")]
+    if kiln_backend::cpu::kernels::amx::available() {
+        return;
+    }
+    let mut rng = Rng(0xba7c_4000_0000_0019);
+    let b = CpuBackend::new(2);
+    for ty in FORMATS {
+        // Five groups: two pairs and one group alone in the pair kernels' sets.
+        let (rows, cols, n) = (40, shapes(ty)[1], 19);
+        let load = |rng: &mut Rng| {
+            let bytes: Vec<u8> = random_rows(ty, rows, cols, rng).concat();
+            let data = WeightData {
+                name: "w",
+                ty,
+                rows,
+                cols,
+                bytes: &bytes,
+            };
+            b.load_weight(data).unwrap()
+        };
+        let (w, up) = (load(&mut rng), load(&mut rng));
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
+        let base: Vec<f32> = (0..n * rows).map(|_| rng.normal()).collect();
+        // Each product of tokens t0..t1 -> its n x rows values.
+        let run = |t0: usize, t1: usize, op: usize| {
+            let k = t1 - t0;
+            let xt = b.tensor_from(k, cols, &x[t0 * cols..t1 * cols]);
+            let mut out = b.tensor_from(k, rows, &base[t0 * rows..t1 * rows]);
+            match op {
+                0 => b.matmul(&w, &xt, None, k, &mut out),
+                1 => b.matmul_add(&w, &xt, k, &mut out),
+                _ => b.gate_up_silu(&w, &up, &xt, k, &mut out),
+            }
+            let mut v = vec![0f32; k * rows];
+            b.read(&out, k, &mut v);
+            v
+        };
+        for op in 0..3 {
+            let all = run(0, n, op);
+            for t in 0..n {
+                let one = run(t, t + 1, op);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&one),
+                    bits(&all[t * rows..(t + 1) * rows]),
+                    "{} op {op}: token {t} alone differs from its batch",
+                    ty.name()
+                );
             }
         }
     }

@@ -252,6 +252,15 @@ impl SharedMut {
     pub unsafe fn write(self, i: usize, v: f32) {
         unsafe { *self.0.add(i) = v };
     }
+
+    /// The `len` values from `at`.
+    ///
+    /// # Safety
+    /// `at..at + len` is in bounds, written by this worker only, and not otherwise
+    /// borrowed while the slice lives.
+    pub unsafe fn slice<'a>(self, at: usize, len: usize) -> &'a mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,8 @@ pub mod x8;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+mod x86_x16;
+#[cfg(target_arch = "x86_64")]
 mod x86_x8;
 
 /// An 8 x 32 strip of a block product in 16 AVX-512 accumulators: per step, one 64-byte row
@@ -252,7 +254,7 @@ pub struct QuantAct {
 }
 
 /// One row of [`QuantAct`].
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct ActRow<'a> {
     pub blocks: &'a [BlockQ8],
     pub d: &'a [f32],

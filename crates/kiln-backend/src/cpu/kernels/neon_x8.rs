@@ -337,6 +337,7 @@ gemm_entry!("neon,dotprod", MAX_T, q6_k, 256, 1680, gemm_q6_k);
 
 pub static DOTPROD: X8Kernels = X8Kernels {
     max_tokens: MAX_T,
+    pairs: None,
     q4_0,
     q4_1,
     q5_0,

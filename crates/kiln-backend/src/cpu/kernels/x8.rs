@@ -321,24 +321,30 @@ fn unpack_q6_k(g: &[u8], r: usize, b: &mut [u8]) {
     }
 }
 
-/// Rows of one group against up to 4 activation rows: `out[t][r] = row r . acts[t]`.
-/// `cols` is the row length; `acts.len() == out.len()`. `group` starts with the group and
-/// may run on (to the matrix's end): kernels that prefetch read ahead only inside it.
+/// The most activation rows a set's call takes.
+pub const MAX_TOKENS: usize = 8;
+
+/// Rows of one group against activation rows: `out[t][r] = row r . acts[t]`. `cols` is the
+/// row length; `acts.len() == out.len()`. `group` starts with the group and may run on (to
+/// the matrix's end): kernels that prefetch read ahead only inside it. A set's `pairs`
+/// kernels take two adjacent groups instead: `out[2t + h][r]` = row r of group h . `acts[t]`.
 pub type GemmFn =
     unsafe fn(group: &[u8], cols: usize, acts: &[super::ActRow], out: &mut [[f32; ROWS]]);
 
-/// Panics unless `group` holds `cols / per` blocks of `bytes` and every activation row
-/// covers `cols` (what the SIMD entry points check before raw-pointer loops).
+/// Panics unless `group` holds `groups` groups of `cols / per` blocks of `bytes`, `out` a
+/// row of each per token, and every activation row covers `cols` (what the SIMD entry
+/// points check before raw-pointer loops).
 #[inline(always)]
 pub fn check_args(
     group: &[u8],
     cols: usize,
     a: &[super::ActRow],
     out: &[[f32; ROWS]],
+    groups: usize,
     per: usize,
     bytes: usize,
 ) {
-    assert!(group.len() >= cols / per * bytes && a.len() == out.len());
+    assert!(group.len() >= groups * (cols / per * bytes) && groups * a.len() == out.len());
     for x in a {
         assert!(x.blocks.len() >= cols / 32 && x.d.len() >= cols / 32);
         assert!(x.ds.len() >= cols / 32 && x.h32.len() >= cols / 16);
@@ -357,7 +363,7 @@ macro_rules! gemm_entry {
             a: &[$crate::cpu::kernels::ActRow],
             out: &mut [[f32; $crate::cpu::kernels::x8::ROWS]],
         ) {
-            $crate::cpu::kernels::x8::check_args(group, cols, a, out, $per, $bytes);
+            $crate::cpu::kernels::x8::check_args(group, cols, a, out, 1, $per, $bytes);
             let (g, n) = (group.as_ptr(), cols / $per);
             // The first pass over the group may prefetch what follows it in `group`.
             let mut lim = group.as_ptr_range().end;
@@ -385,8 +391,11 @@ pub(crate) use gemm_entry;
 
 /// The interleaved kernels of a kernel set.
 pub struct X8Kernels {
-    /// Activation rows one call takes at most.
+    /// Activation rows one call takes at most (at most [`MAX_TOKENS`]).
     pub max_tokens: usize,
+    /// The same products over two adjacent groups a call, where wider vectors make that
+    /// faster (see [`GemmFn`]).
+    pub pairs: Option<&'static X8Kernels>,
     pub q4_0: GemmFn,
     pub q4_1: GemmFn,
     pub q5_0: GemmFn,

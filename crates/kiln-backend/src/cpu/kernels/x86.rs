@@ -1,5 +1,6 @@
-//! x86-64 integer kernels: AVX2 (maddubs), AVX-512 VNNI (vpdpbusd on 256-bit lanes) and
-//! AVX-VNNI (the same instruction VEX-encoded, on client CPUs without AVX-512).
+//! x86-64 integer kernels: AVX2 (maddubs), AVX-512 VNNI (vpdpbusd on 256-bit lanes, 512-bit
+//! in the interleaved kernels over pairs of groups) and AVX-VNNI (the same instruction
+//! VEX-encoded, on client CPUs without AVX-512).
 //! One body per format, generic over how u8 x i8 products are summed into i32 lanes.
 
 use std::arch::x86_64::*;
@@ -12,7 +13,12 @@ pub fn available() -> Vec<&'static Kernels> {
     let avx2 = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c");
-    if avx2 && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+    // BW for the pair kernels' 512-bit byte and word operations (every VNNI CPU has it).
+    if avx2
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+    {
         v.push(&VNNI);
     }
     if avx2 && is_x86_feature_detected!("avxvnni") {

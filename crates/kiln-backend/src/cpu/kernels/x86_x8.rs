@@ -140,35 +140,67 @@ unsafe fn i8x8(p: *const u8) -> __m256i {
 /// L2 while the block computes: spread over the blocks, the fetches overlap the arithmetic
 /// (a burst between calls stalls the core once the line-fill buffers are full, and an L2
 /// hint leaves more misses in flight than L1's buffers allow).
-struct Prefetch {
+pub(super) struct Prefetch {
     pd: usize,
     line: *const u8,
+    /// Where the stream's own bytes end, and how far it then jumps: a kernel reading two
+    /// adjacent groups at once runs one stream in each, and past its group a stream skips
+    /// the other one (being read already) to the same group of the next pair.
+    own_end: usize,
+    skip: usize,
 }
 
 impl Prefetch {
     #[inline(always)]
-    fn new(g: *const u8) -> Self {
-        let pd = super::x8::prefetch_distance();
-        Prefetch {
+    pub(super) fn new(g: *const u8) -> Self {
+        Self::with(g, super::x8::prefetch_distance(), usize::MAX, 0)
+    }
+
+    /// The stream of one group of a pair (`gb` bytes each) starting at `g`, `pd` ahead.
+    #[inline(always)]
+    pub(super) fn in_pair(g: *const u8, gb: usize, pd: usize) -> Self {
+        Self::with(g, pd, g as usize + gb, gb)
+    }
+
+    #[inline(always)]
+    fn with(g: *const u8, pd: usize, own_end: usize, skip: usize) -> Self {
+        let mut p = Prefetch {
             pd,
             line: g.wrapping_add(pd),
+            own_end,
+            skip,
+        };
+        p.line = p.skipped(p.line);
+        p
+    }
+
+    /// An address in this stream's view -> the address it stands for.
+    #[inline(always)]
+    fn skipped(&self, p: *const u8) -> *const u8 {
+        match p as usize >= self.own_end {
+            true => p.wrapping_add(self.skip),
+            false => p,
         }
     }
 
     /// Before the block of `len` bytes at `b`.
     #[inline(always)]
-    unsafe fn ahead_of(&mut self, b: *const u8, len: usize, lim: *const u8) {
-        let end = b.wrapping_add(self.pd + len);
+    pub(super) unsafe fn ahead_of(&mut self, b: *const u8, len: usize, lim: *const u8) {
+        let end = self.skipped(b.wrapping_add(self.pd + len));
         while self.pd != 0 && self.line < end && self.line < lim {
             // SAFETY: a prefetch has no effect on program state.
             unsafe { _mm_prefetch::<_MM_HINT_T1>(self.line as *const i8) };
-            self.line = self.line.wrapping_add(64);
+            let next = self.line.wrapping_add(64);
+            self.line = match (self.line as usize) < self.own_end {
+                true => self.skipped(next),
+                false => next,
+            };
         }
     }
 }
 
 #[inline(always)]
-unsafe fn xq(a: &ActRow, i: usize) -> *const i8 {
+pub(super) unsafe fn xq(a: &ActRow, i: usize) -> *const i8 {
     unsafe { a.blocks.get_unchecked(i).qs.as_ptr() }
 }
 
@@ -417,7 +449,7 @@ unsafe fn gemm_q6_k<M: LaneDot, const T: usize>(
 }
 
 macro_rules! instantiate {
-    ($module:ident, $set:ident, $features:literal, $m:ty) => {
+    ($module:ident, $set:ident, $features:literal, $m:ty, $pairs:expr) => {
         mod $module {
             use super::*;
             use crate::cpu::kernels::x8::gemm_entry;
@@ -432,6 +464,7 @@ macro_rules! instantiate {
 
         pub static $set: X8Kernels = X8Kernels {
             max_tokens: <$m>::MAX_T,
+            pairs: $pairs,
             q4_0: $module::q4_0,
             q4_1: $module::q4_1,
             q5_0: $module::q5_0,
@@ -443,11 +476,12 @@ macro_rules! instantiate {
     };
 }
 
-instantiate!(avx2, AVX2, "avx2,fma,f16c", Avx2);
+instantiate!(avx2, AVX2, "avx2,fma,f16c", Avx2, None);
 instantiate!(
     vnni,
     VNNI,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    Vnni
+    Vnni,
+    Some(&super::x86_x16::VNNI_PAIRS)
 );
-instantiate!(avxvnni, AVX_VNNI, "avx2,fma,f16c,avxvnni", AvxVnni);
+instantiate!(avxvnni, AVX_VNNI, "avx2,fma,f16c,avxvnni", AvxVnni, None);

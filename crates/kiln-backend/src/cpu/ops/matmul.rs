@@ -19,6 +19,12 @@ const ROW_TILE: usize = 16;
 /// Tokens from which prefill decodes weight tiles once instead of unpacking per token.
 const TILE_MIN_TOKENS: usize = 8;
 
+/// Tokens from which interleaved weights run a pair of groups a call where the set has
+/// pair kernels: below it (decode) the weights stream from memory, which wider vectors do
+/// not speed up and which the one-group kernels' prefetch is tuned for (measured on Zen 5:
+/// pairs at one token lost 20% of decode).
+const PAIR_MIN_TOKENS: usize = 8;
+
 /// Products one op may carry (q, k, v).
 const MAX_JOBS: usize = 3;
 
@@ -38,10 +44,14 @@ pub struct Job<'a> {
     pub epilogue: Epilogue<'a>,
 }
 
-/// Computes W[r] . x[t] for rows of W and all t, handing each value to `emit(t, r, v)`.
+/// Computes W[r] . x[t] for rows of W and all t, handing them to `emit(t, r, v)` a run at
+/// a time: `v[i]` = W[r + i] . x[t] (runs of a group or a pair of groups let the
+/// epilogues run as vector loops).
 struct RowDots<'a> {
     /// The interleaved kernel (weights packed in groups of 8 rows) and its tokens per call.
     x8: Option<(GemmFn, usize)>,
+    /// The same over two adjacent groups a call, where the set has it.
+    x8_pairs: Option<(GemmFn, usize)>,
     kernel: Option<DotFn>,
     kernel4: Option<Dot4Fn>,
     tile4: Option<TileDotFn>,
@@ -63,11 +73,10 @@ impl RowDots<'_> {
         r1: usize,
         buf: &mut Vec<f32>,
         tile: &mut DecodedTile,
-        mut emit: impl FnMut(usize, usize, f32),
+        mut emit: impl FnMut(usize, usize, &[f32]),
     ) {
         if w.x8 {
-            let (k, max_t) = self.x8.expect("x8 weights come with an x8 kernel set");
-            return self.rows_x8(k, max_t, w, r0, r1, emit);
+            return self.rows_x8(w, r0, r1, emit);
         }
         if self.kernel.is_none()
             && self.n >= TILE_MIN_TOKENS
@@ -89,9 +98,7 @@ impl RowDots<'_> {
             let x = &self.x.data[..n * self.x.cols];
             super::gemm::gemm_nn(x, self.x.cols, n, wt, rows, rows, c, out, rows, self.avx2);
             for t in 0..n {
-                for j in 0..rows {
-                    emit(t, r0 + j, out[t * rows + j]);
-                }
+                emit(t, r0, &out[t * rows..(t + 1) * rows]);
             }
             return;
         }
@@ -111,9 +118,7 @@ impl RowDots<'_> {
                     // SAFETY: the kernel set was detected on this CPU; the tile holds rows
                     // k..k+4 over the same cols as the activations.
                     unsafe { tk(tile, k, a, &mut out) };
-                    for (j, &v) in out.iter().enumerate() {
-                        emit(t, r0 + k + j, v);
-                    }
+                    emit(t, r0 + k, &out);
                 }
             }
             r += rows;
@@ -130,33 +135,29 @@ impl RowDots<'_> {
                     // SAFETY: the kernel set was detected on this CPU; rows and activations
                     // cover the same cols.
                     unsafe { k4(bytes, rb, self.act.row(t), &mut out) };
-                    for (k, &v) in out.iter().enumerate() {
-                        emit(t, r + k, v);
-                    }
+                    emit(t, r, &out);
                 }
                 r += 4;
             }
         }
         for r in r..r1 {
-            self.row(w, r, buf, |t, v| emit(t, r, v));
+            self.row(w, r, buf, |t, v| emit(t, r, &[v]));
         }
     }
 
-    /// Rows r0..r1 (r0 a multiple of 8) of an interleaved weight, a group at a time; every
-    /// token runs over a group while its unpacked quants are at hand.
+    /// Rows r0..r1 (r0 a multiple of 8) of an interleaved weight, a group (or a pair of
+    /// groups) at a time; every token runs over it while its unpacked quants are at hand.
     fn rows_x8(
         &self,
-        k: GemmFn,
-        max_t: usize,
         w: &CpuWeight,
         r0: usize,
         r1: usize,
-        mut emit: impl FnMut(usize, usize, f32),
+        mut emit: impl FnMut(usize, usize, &[f32]),
     ) {
         debug_assert_eq!(r0 % x8::ROWS, 0);
+        let one = self.x8.expect("x8 weights come with an x8 kernel set");
         let gb = x8::group_bytes(w.ty, w.cols);
-        let mut out = [[0f32; x8::ROWS]; 4];
-        let max_t = max_t.min(out.len());
+        let mut out = [[0f32; x8::ROWS]; 2 * x8::MAX_TOKENS];
         // Software prefetch `ahead` bytes in front of the group being computed: the
         // hardware prefetcher alone leaves a single stream per core below the read
         // bandwidth. The legacy formats' kernels do it block by block themselves; for the
@@ -167,37 +168,51 @@ impl RowDots<'_> {
         };
         let start = r0 / x8::ROWS * gb;
         prefetch(&w.bytes, start, ahead);
-        for g0 in (r0..r1).step_by(x8::ROWS) {
+        let mut acts = [ActRow::default(); x8::MAX_TOKENS];
+        let mut held = 0..0;
+        let mut g0 = r0;
+        while g0 < r1 {
             let g = g0 / x8::ROWS;
-            let (at, len) = match ahead > gb {
-                true => (g * gb + ahead - gb, gb),
-                false => ((g + 1) * gb, ahead),
+            // A pair where a second group holds rows of this range.
+            let ((k, max_t), groups) = match self.x8_pairs {
+                Some(p) if r1 - g0 > x8::ROWS => (p, 2),
+                _ => (one, 1),
             };
             if ahead != 0 {
-                prefetch(&w.bytes, at, len);
+                for g in g..g + groups {
+                    let (at, len) = match ahead > gb {
+                        true => (g * gb + ahead - gb, gb),
+                        false => ((g + 1) * gb, ahead),
+                    };
+                    prefetch(&w.bytes, at, len);
+                }
             }
-            let group = w.group(g);
-            let rows = (r1 - g0).min(x8::ROWS);
+            let rows = (r1 - g0).min(groups * x8::ROWS);
             let mut t0 = 0;
             while t0 < self.n {
                 let tn = (self.n - t0).min(max_t);
-                let acts: [ActRow; 4] =
-                    std::array::from_fn(|i| self.act.row((t0 + i).min(self.n - 1)));
+                // Rows made again only when the tokens change (decode keeps them throughout).
+                if held != (t0..t0 + tn) {
+                    for (i, a) in acts[..tn].iter_mut().enumerate() {
+                        *a = self.act.row(t0 + i);
+                    }
+                    held = t0..t0 + tn;
+                }
                 // The first call over a group gets the rest of the matrix to prefetch from.
                 let bytes = match t0 {
                     0 => &w.bytes[g * gb..],
-                    _ => group,
+                    _ => &w.bytes[g * gb..(g + groups) * gb],
                 };
+                let out = &mut out[..groups * tn];
                 // SAFETY: the kernel set was detected on this CPU; the group and the
                 // activation rows cover the same cols (the kernel checks lengths).
-                unsafe { k(bytes, w.cols, &acts[..tn], &mut out[..tn]) };
-                for (t, o) in out[..tn].iter().enumerate() {
-                    for (j, &v) in o[..rows].iter().enumerate() {
-                        emit(t0 + t, g0 + j, v);
-                    }
+                unsafe { k(bytes, w.cols, &acts[..tn], out) };
+                for (t, o) in out.chunks_exact(groups).enumerate() {
+                    emit(t0 + t, g0, &o.as_flattened()[..rows]);
                 }
                 t0 += tn;
             }
+            g0 += groups * x8::ROWS;
         }
     }
 
@@ -298,6 +313,11 @@ pub fn matmul_jobs(
                 x8: kernels
                     .x8_for(job.w.ty)
                     .map(|k| (k, kernels.x8.map_or(1, |s| s.max_tokens))),
+                x8_pairs: kernels
+                    .x8
+                    .and_then(|s| s.pairs)
+                    .filter(|_| n >= PAIR_MIN_TOKENS)
+                    .and_then(|p| Some((p.for_type(job.w.ty)?, p.max_tokens))),
                 kernel: kernels.dot_for(job.w.ty),
                 kernel4: kernels.dot4_for(job.w.ty),
                 tile4: kernels.tile4_for(job.w.ty),
@@ -310,24 +330,35 @@ pub fn matmul_jobs(
             for tile0 in (lo..hi).step_by(ROW_TILE) {
                 let (t0, t1) = (tile0 - starts[ji], (tile0 + ROW_TILE).min(hi) - starts[ji]);
                 // SAFETY (all writes below): rows t0..t1 of this job's output belong to this
-                // worker alone, and t*rows + r < n*rows.
+                // worker alone, and a run of rows r..r + v.len() of token t < n lies in them.
                 match job.epilogue {
                     Epilogue::Store(bias) => {
-                        dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, v| unsafe {
-                            dst.write(t * rows + r, v + bias.map_or(0.0, |b| b.data[r]))
+                        dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, v| {
+                            let d = unsafe { dst.slice(t * rows + r, v.len()) };
+                            let b = bias.map(|b| &b.data[r..r + v.len()]);
+                            for (i, (d, &v)) in d.iter_mut().zip(v).enumerate() {
+                                *d = v + b.map_or(0.0, |b| b[i]);
+                            }
                         })
                     }
-                    Epilogue::Add => {
-                        dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, v| unsafe {
-                            *dst.0.add(t * rows + r) += v;
-                        })
-                    }
+                    Epilogue::Add => dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, v| {
+                        let d = unsafe { dst.slice(t * rows + r, v.len()) };
+                        for (d, &v) in d.iter_mut().zip(v) {
+                            *d += v;
+                        }
+                    }),
                     Epilogue::SiluMul(up) => {
-                        dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, g| unsafe {
-                            dst.write(t * rows + r, g / (1.0 + super::exp(-g)))
+                        dots.rows(job.w, t0, t1, &mut buf, &mut tile, |t, r, g| {
+                            let d = unsafe { dst.slice(t * rows + r, g.len()) };
+                            for (d, &g) in d.iter_mut().zip(g) {
+                                *d = g / (1.0 + super::exp(-g));
+                            }
                         });
-                        dots.rows(up, t0, t1, &mut buf, &mut tile, |t, r, u| unsafe {
-                            *dst.0.add(t * rows + r) *= u;
+                        dots.rows(up, t0, t1, &mut buf, &mut tile, |t, r, u| {
+                            let d = unsafe { dst.slice(t * rows + r, u.len()) };
+                            for (d, &u) in d.iter_mut().zip(u) {
+                                *d *= u;
+                            }
                         });
                     }
                 }
