@@ -188,8 +188,11 @@ impl<B: Backend> BenchModel<B> {
             };
             let c = &model.cfg;
             let desc = format!("{} {} {}", c.arch, params_label(n_params), dominant);
-            // What the backend stores for the type asked (CUDA: f16 for f32).
-            let row = b.kv_type_stored(kv).ggml().row_bytes(c.head_dim)?;
+            // What the backend stores for the type asked (CUDA: f16 for f32); a type the
+            // head size does not fit is refused as the cache would refuse it.
+            let stored = b.kv_type_stored(kv);
+            stored.check(c.head_dim)?;
+            let row = stored.ggml().row_bytes(c.head_dim)?;
             let kv_bytes_per_pos = 2 * c.n_kv_heads * row;
             // Attention layers only read a KV cache (LFM2's convolution layers read k - 1 rows).
             let windows = (0..c.n_layers)
