@@ -171,7 +171,7 @@ pub fn attention_supported(heads: usize, kv_heads: usize, head_dim: usize) -> Re
 
 impl CudaBackend {
     /// [`Backend::qk_norm_rope_attention`] of one sequence: one decode token has its heads'
-    /// work fused into the attention kernel (kernels/*.cu attn_dec_<EPL>).
+    /// work fused into the attention kernel (kernels/*.cu attn_dec_<LPR>_<G>).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn qk_norm_rope_attention_one(
         &self,
@@ -207,14 +207,14 @@ impl CudaBackend {
             return self.attention(q, cache, layer, s, out);
         }
         // One token: the attention kernel normalises and rotates q and the new key itself
-        // and stores the new key and value (kernels/*.cu attn_dec_<EPL>).
+        // and stores the new key and value (kernels/*.cu attn_dec_<LPR>_<G>).
         let dh = self.dec_heads(k, v, qk_norm, rope);
         let quant = s.head_dim % 32 == 0 && out.cols == s.n_heads * s.head_dim;
         self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant, Some(dh));
     }
 
     /// The attention side of one token of each of `seqs` (rows stacked in order), each over
-    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<EPL>) and one combine.
+    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<LPR>_<G>) and one combine.
     pub(crate) fn attention_seqs(
         &self,
         q_ptr: u64,

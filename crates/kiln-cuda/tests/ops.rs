@@ -245,7 +245,7 @@ fn heads_rope_cache_attention() {
         let (qng, qnc) = (g.tensor_from(1, hd, &qn), c.tensor_from(1, hd, &qn));
         let (kng, knc) = (g.tensor_from(1, hd, &kn), c.tensor_from(1, hd, &kn));
         // A prompt of 600 at 0, then 37 at 600 (both through cuBLAS), 9 at 637 (the split
-        // kernel) and 1 at 646 (decode: over 16 keys a split, so past the keys each warp
+        // kernel) and 1 at 646 (decode: 64 keys or more a split, so past the keys each warp
         // loads before its wait), each checked.
         let mut pos0 = 0;
         for n in [600, 37, 9, 1] {

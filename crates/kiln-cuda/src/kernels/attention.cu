@@ -193,7 +193,7 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
     }
 }
 
-// What the decode attention (attn_dec_<EPL>) does first, for its one token: the per-head
+// What the decode attention (attn_dec_<LPR>_<G>) does first, for its one token: the per-head
 // RMSNorm (norm weights or null) and RoPE of q and of the new key, and the new key and
 // value stored into the cache (q and k themselves are left as they are).
 struct DecHeads {
