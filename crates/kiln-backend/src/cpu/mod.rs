@@ -43,7 +43,7 @@ pub fn gemm_f32(
     c: &mut [f32],
     ldc: usize,
 ) {
-    ops::gemm::gemm_nn(a, lda, m, b, ldb, n, k, c, ldc, ops::gemm::avx2_ok());
+    ops::gemm::gemm_nn(a, lda, m, b, ldb, n, k, c, ldc, ops::gemm::simd_ok());
 }
 pub use par::Pool;
 

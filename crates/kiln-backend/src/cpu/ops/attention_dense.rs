@@ -26,9 +26,9 @@ pub fn attention_dense(
     if super::attention_amx::applies(&s) {
         return super::attention_amx::attention(pool, q, k, v, s, dst);
     }
-    let avx2 = simd_ok();
+    let simd = super::gemm::simd_ok();
     if s.n_q >= BLOCKED_MIN_QUERIES {
-        return blocked(pool, q, k, v, s, dst, avx2);
+        return blocked(pool, q, k, v, s, dst, simd);
     }
     #[cfg(target_arch = "x86_64")]
     if super::attention_few::handles(&s) {
@@ -49,11 +49,11 @@ pub fn attention_dense(
             let want = scores.len().max(s.n_kv);
             scores.resize(want, 0.0);
             #[cfg(target_arch = "x86_64")]
-            if avx2 {
+            if simd {
                 // SAFETY: AVX2 and FMA were detected on this CPU.
                 return unsafe { items_avx2(q, k, v, s, dst, i0, i1, scores) };
             }
-            let _ = avx2;
+            let _ = simd;
             items(q, k, v, s, dst, i0, i1, scores)
         })
     });
@@ -80,10 +80,8 @@ fn blocked(
     v: &CpuTensor,
     s: DenseShape,
     dst: SharedMut,
-    avx2: bool,
+    simd: bool,
 ) {
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = avx2;
     let n_kv = s.n_kv;
     pool.run(s.heads, |h0, h1| {
         BLOCK_SCRATCH.with(|cell| {
@@ -93,12 +91,13 @@ fn blocked(
             sc.resize(QUERY_CHUNK * (n_kv + s.head_dim), 0.0);
             let job = Heads { q, k, v, s, dst };
             #[cfg(target_arch = "x86_64")]
-            if avx2 {
+            if simd {
                 // SAFETY: AVX2 and FMA were detected on this CPU. (The feature boundary is
                 // this call: closures do not inherit target features.)
                 return unsafe { heads_avx2(&job, h0, h1, kt, sc) };
             }
-            heads(&job, h0, h1, kt, sc, false)
+            // Elsewhere `gemm_nn` takes the flag to its own vector kernels (NEON).
+            heads(&job, h0, h1, kt, sc, simd)
         })
     });
 }
@@ -199,15 +198,6 @@ pub(super) fn softmax8(x: &mut [f32], scale: f32) {
     for v in x.iter_mut() {
         *v *= inv;
     }
-}
-
-fn simd_ok() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return !crate::cpu::kernels::simd_disabled()
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma");
-    #[allow(unreachable_code)]
-    false
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -1,8 +1,8 @@
 //! f32 block products for prefill-sized matrix products and attention over many positions:
 //! C[i][..n] = Σ_p A[i][p] · B[p][..n] ("NN": B by rows of the k dimension). Each step
-//! broadcasts one value of A over vectors of C's row held in registers (6 rows x 32 columns,
-//! or 12 rows x 16 for narrow C), so results need no horizontal sums. Also the fp16 row dot
-//! of decode-time products.
+//! broadcasts one value of A over vectors of C's row held in registers (AVX-512: 6 rows x 32
+//! columns, or 12 rows x 16 for narrow C; AVX2 and NEON: 6 rows x 16), so results need no
+//! horizontal sums. Also the fp16 row dot of decode-time products.
 
 /// Whether the 16-lane AVX-512 kernel may run here.
 #[cfg(target_arch = "x86_64")]
@@ -18,6 +18,15 @@ pub fn avx2_ok() -> bool {
         && is_x86_feature_detected!("fma");
     #[allow(unreachable_code)]
     false
+}
+
+/// Whether [`gemm_nn`]'s vector kernels may run here (its `simd` argument): AVX2 and FMA on
+/// x86-64 ([`avx2_ok`]), NEON (the baseline) on aarch64, unless SIMD is switched off.
+pub fn simd_ok() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return !crate::cpu::kernels::simd_disabled();
+    #[allow(unreachable_code)]
+    avx2_ok()
 }
 
 /// Whether the F16C half-precision dot may run here.
@@ -82,7 +91,7 @@ mod x86_f16 {
 /// C[i][..n] = Σ_p A[i][p] · B[p][..n] for i < m ("NN": B by rows of its k dimension, so
 /// each step broadcasts one A value over a vector of C; no horizontal sums, which suits
 /// short k such as a head's 64 values). A's rows start `lda` apart, B's `ldb`, C's `ldc`;
-/// C is overwritten.
+/// C is overwritten. `simd`: [`simd_ok`] (else the plain loops run).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub fn gemm_nn(
@@ -110,6 +119,11 @@ pub fn gemm_nn(
         }
         // SAFETY: the caller detected AVX2 and FMA; bounds were checked above.
         return unsafe { nn256::gemm(a, lda, m, b, ldb, n, k, c, ldc) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if simd {
+        // SAFETY: NEON is the aarch64 baseline; bounds were checked above.
+        return unsafe { nn_neon::gemm(a, lda, m, b, ldb, n, k, c, ldc) };
     }
     let _ = simd;
     nn_scalar(a, lda, 0, m, b, ldb, 0, n, k, c, ldc);
@@ -352,6 +366,206 @@ mod nn256 {
                 let dst = c.add((i0 + r) * ldc + j0);
                 _mm256_storeu_ps(dst, row[0]);
                 _mm256_storeu_ps(dst.add(8), row[1]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod nn_neon {
+    use std::arch::aarch64::*;
+
+    /// 6 rows x 16 columns of C per block: 24 accumulators, per step four vectors of B's row
+    /// and each row's value of A taken by `fmla` by element. The columns past the last 16
+    /// go in whole 4-lane vectors, then the last 1-3 through a zero-padded vector. Each C
+    /// element is Σ_p A[i][p] · B[p][j] for p = 0, 1, .. in turn, one fused multiply-add a
+    /// step from zero (as the AVX-512 kernel; the scalar loops and AVX2's column tail round
+    /// each product).
+    #[target_feature(enable = "neon")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm(
+        a: &[f32],
+        lda: usize,
+        m: usize,
+        b: &[f32],
+        ldb: usize,
+        n: usize,
+        k: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        let n16 = n / 16 * 16;
+        let nv = (n - n16) / 4;
+        let n4 = n16 + 4 * nv;
+        let mut i = 0;
+        while i < m {
+            let mi = (m - i).min(6);
+            let at = Rows {
+                a: ap,
+                lda,
+                i0: i,
+                b: bp,
+                ldb,
+                k,
+                c: cp,
+                ldc,
+            };
+            // SAFETY: rows i..i+mi and every column block lie inside the operands (the
+            // caller checked their bounds).
+            unsafe {
+                for j in (0..n16).step_by(16) {
+                    rows::<4, false>(mi, &at, j, 4);
+                }
+                match nv {
+                    3 => rows::<3, false>(mi, &at, n16, 4),
+                    2 => rows::<2, false>(mi, &at, n16, 4),
+                    1 => rows::<1, false>(mi, &at, n16, 4),
+                    _ => {}
+                }
+                if n4 < n {
+                    rows::<1, true>(mi, &at, n4, n - n4);
+                }
+            }
+            i += mi;
+        }
+    }
+
+    /// The operands of one block of rows (`i0..`): pointers and strides as [`gemm`] has them.
+    struct Rows {
+        a: *const f32,
+        lda: usize,
+        i0: usize,
+        b: *const f32,
+        ldb: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    }
+
+    /// `block` for `mi` (1..=6) rows.
+    #[inline(always)]
+    unsafe fn rows<const NV: usize, const PART: bool>(mi: usize, at: &Rows, j0: usize, w: usize) {
+        // SAFETY: as the caller promises.
+        unsafe {
+            match mi {
+                6 => block::<6, NV, PART>(at, j0, w),
+                5 => block::<5, NV, PART>(at, j0, w),
+                4 => block::<4, NV, PART>(at, j0, w),
+                3 => block::<3, NV, PART>(at, j0, w),
+                2 => block::<2, NV, PART>(at, j0, w),
+                _ => block::<1, NV, PART>(at, j0, w),
+            }
+        }
+    }
+
+    /// C rows i0..i0+MR, columns j0..j0+4 NV (PART: NV = 1 and only `w` < 4 columns, read
+    /// and written through a zero-padded vector).
+    #[target_feature(enable = "neon")]
+    #[inline]
+    unsafe fn block<const MR: usize, const NV: usize, const PART: bool>(
+        at: &Rows,
+        j0: usize,
+        w: usize,
+    ) {
+        debug_assert!(!PART || (NV == 1 && w < 4));
+        // SAFETY: rows i0..i0+MR of A (k values) and C, columns j0.. (4 NV, or w) of B's k
+        // rows and of C lie inside the operands (caller).
+        unsafe {
+            let mut acc = [[vdupq_n_f32(0.0); NV]; MR];
+            for p in 0..at.k {
+                let row = at.b.add(p * at.ldb + j0);
+                let mut bv = [vdupq_n_f32(0.0); NV];
+                for (v, x) in bv.iter_mut().enumerate() {
+                    *x = if PART {
+                        let mut t = [0f32; 4];
+                        std::ptr::copy_nonoverlapping(row, t.as_mut_ptr(), w);
+                        vld1q_f32(t.as_ptr())
+                    } else {
+                        vld1q_f32(row.add(4 * v))
+                    };
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let av = *at.a.add((at.i0 + r) * at.lda + p);
+                    for (x, &y) in acc.iter_mut().zip(&bv) {
+                        *x = vfmaq_n_f32(*x, y, av);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                let dst = at.c.add((at.i0 + r) * at.ldc + j0);
+                if PART {
+                    let mut t = [0f32; 4];
+                    vst1q_f32(t.as_mut_ptr(), acc[0]);
+                    std::ptr::copy_nonoverlapping(t.as_ptr(), dst, w);
+                } else {
+                    for (v, x) in acc.iter().enumerate() {
+                        vst1q_f32(dst.add(4 * v), *x);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values in [-1, 1) from a fixed seed.
+    fn values(seed: u32) -> impl FnMut() -> f32 {
+        crate::cpu::kernels::amx::check_values(seed)
+    }
+
+    /// `gemm_nn` with this CPU's vector kernel against f64 sums of the same products, over
+    /// shapes that leave every kind of tail (rows past a block of 6 or 12, columns past 32,
+    /// 16 and 4 lanes, k = 1, k = 0) with strides wider than the rows; C's columns past n
+    /// must stay untouched. On aarch64 each element also equals, bit for bit, the fused sum
+    /// in increasing p from zero (the order the kernel documents).
+    #[test]
+    fn gemm_nn_matches_f64_sums() {
+        let mut rnd = values(0x1357_9bdf);
+        let shapes = [
+            (1, 1, 1),
+            (1, 3, 5),
+            (2, 4, 1),
+            (5, 7, 3),
+            (6, 16, 8),
+            (7, 17, 9),
+            (13, 30, 64),
+            (12, 33, 0),
+            (19, 47, 65),
+            (25, 64, 31),
+            (8, 100, 250),
+        ];
+        for (m, n, k) in shapes {
+            let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
+            let a: Vec<f32> = (0..m * lda).map(|_| rnd()).collect();
+            let b: Vec<f32> = (0..k.max(1) * ldb).map(|_| rnd()).collect();
+            let mut c = vec![f32::NAN; m * ldc];
+            gemm_nn(&a, lda, m, &b, ldb, n, k, &mut c, ldc, simd_ok());
+            for i in 0..m {
+                for j in 0..ldc {
+                    let got = c[i * ldc + j];
+                    if j >= n {
+                        assert!(got.is_nan(), "{m}x{n}x{k}: C[{i}][{j}] written");
+                        continue;
+                    }
+                    let want: f64 = (0..k)
+                        .map(|p| a[i * lda + p] as f64 * b[p * ldb + j] as f64)
+                        .sum();
+                    assert!(
+                        (got as f64 - want).abs()
+                            <= 1e-5 * (k.max(1) as f64).sqrt() * (1.0 + want.abs()),
+                        "{m}x{n}x{k} ({i},{j}): {got} vs {want}"
+                    );
+                    #[cfg(target_arch = "aarch64")]
+                    if simd_ok() {
+                        let fused =
+                            (0..k).fold(0f32, |s, p| a[i * lda + p].mul_add(b[p * ldb + j], s));
+                        assert_eq!(got.to_bits(), fused.to_bits(), "{m}x{n}x{k} ({i},{j})");
+                    }
+                }
             }
         }
     }

@@ -58,8 +58,8 @@ struct RowDots<'a> {
     act: &'a QuantAct,
     x: &'a CpuTensor,
     n: usize,
-    /// The AVX2/FMA f32 block product may run.
-    avx2: bool,
+    /// The f32 block product's vector kernels may run (`gemm::simd_ok`).
+    simd: bool,
     /// The F16C half-precision dot may run.
     f16c: bool,
 }
@@ -96,7 +96,7 @@ impl RowDots<'_> {
                 }
             }
             let x = &self.x.data[..n * self.x.cols];
-            super::gemm::gemm_nn(x, self.x.cols, n, wt, rows, rows, c, out, rows, self.avx2);
+            super::gemm::gemm_nn(x, self.x.cols, n, wt, rows, rows, c, out, rows, self.simd);
             for t in 0..n {
                 emit(t, r0, &out[t * rows..(t + 1) * rows]);
             }
@@ -287,7 +287,7 @@ pub fn matmul_jobs(
         }
     }
     let act = &*act;
-    let avx2 = super::gemm::avx2_ok();
+    let simd = super::gemm::simd_ok();
     let f16c = super::gemm::f16c_ok();
     assert!(jobs.len() <= MAX_JOBS);
     // Jobs laid end to end in one row space, split over threads in whole tiles.
@@ -324,7 +324,7 @@ pub fn matmul_jobs(
                 act,
                 x,
                 n,
-                avx2,
+                simd,
                 f16c,
             };
             for tile0 in (lo..hi).step_by(ROW_TILE) {
