@@ -2,7 +2,7 @@
 //! paths they lean on, against plain f64 computations on random odd shapes, 1 and 2 threads,
 //! with and without SIMD kernels where the op has them.
 
-use kiln_backend::cpu::kernels::amx;
+use kiln_backend::cpu::kernels::{amx, f32_gemm};
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{AttnShape, Backend, DenseAttnShape, WeightData};
 use kiln_quant::GgmlType;
@@ -145,8 +145,9 @@ fn fp16_matmul_prefill_and_decode_match_naive() {
     }
 }
 
-/// Weights marked `prefer_batches` (AMX bf16 tiles from AMX_MIN_ROWS rows of x where the CPU has them,
-/// the usual kernels below that or without AMX): store with bias, residual add, three jobs.
+/// Weights marked `prefer_batches` (from AMX_MIN_ROWS rows of x: bf16 tiles or vectors where the
+/// CPU has them, else f32 panels on AVX-512 and NEON; the usual kernels below that or without
+/// any): store with bias, residual add, three jobs.
 #[test]
 fn batched_weights_match_naive() {
     let mut seed = 23u64;
@@ -183,8 +184,8 @@ fn batched_weights_match_naive() {
             }
             assert_eq!(
                 b.weight_bytes(&ws[0]) > plain,
-                amx::bf16_products(),
-                "tile copy made"
+                amx::bf16_products() || f32_gemm::available(),
+                "block-product copy made"
             );
             let xt = b.tensor_from(n, cols, &x);
             let bt = b.tensor_from(1, rows, &bias);

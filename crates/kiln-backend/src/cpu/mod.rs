@@ -89,8 +89,9 @@ pub struct CpuWeight {
     /// The same, where the model allows int8 and the CPU has no AMX: int8 rows with one
     /// scale a row for the integer block products (`kernels::vnni_gemm`).
     pub i8: Option<Box<kernels::vnni_gemm::PackedI8>>,
-    /// The same on an AVX-512 CPU with neither AMX nor AVX-512 BF16: f32 in vector order
-    /// for the f32 block products (`kernels::f32_gemm`).
+    /// The same on an AVX-512 CPU with neither AMX nor AVX-512 BF16, or on aarch64 (NEON)
+    /// where the int8 copy is not made: f32 in vector order for the f32 block products
+    /// (`kernels::f32_gemm`).
     pub f32p: Option<Box<kernels::f32_gemm::PackedF32>>,
     /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
     pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
