@@ -1,19 +1,22 @@
-//! Integer block products on AVX-512 VNNI (and NEON dotprod) for prefill-sized products over
-//! 8-bit weights marked `prefer_batches` (Whisper's encoder with `--quant q8_0`) on CPUs
-//! without AMX tiles:
+//! Integer block products on AVX-512 VNNI (and NEON dotprod or i8mm) for prefill-sized
+//! products over 8-bit weights marked `prefer_batches` (Whisper's encoder with `--quant q8_0`)
+//! on CPUs without AMX tiles:
 //! C (m, n) = A (m, k) · Wᵀ with W's rows quantized to int8 with one scale a row and A's rows
 //! quantized on the fly to int8 with one scale a row (what CTranslate2 and ONNX Runtime's
 //! dynamic quantization do). `vpdpbusd` multiplies unsigned by signed bytes, so A is stored
 //! as q + 128 and 128 · Σ W[j] is taken off each sum: the integer sums are exact, and
 //! C[i][j] = ((Σ (qa + 128) qw) - 128 Σ qw) · sa[i] · sw[j] in f32. NEON's `sdot` multiplies
 //! signed by signed: there A holds qa itself ([`OFFSET`] 0) and the lane-indexed form takes
-//! each row's four bytes of a step from one 16-byte load (four steps).
+//! each row's four bytes of a step from one 16-byte load (four steps). NEON i8mm's `smmla`
+//! multiplies a 2 x 8 block of A by an 8 x 2 block of W into a 2 x 2 block of sums (twice
+//! `sdot`'s products an instruction), signed by signed as `sdot`: the same exact sums.
 //!
 //! Layouts: A row-major u8, rows padded to a multiple of [`MB`] (with q = 0), `k` to
 //! [`KP`] (q = 0 against zero weights); W packed in 16-row blocks, each block's k in steps
 //! of 4: 64 bytes a step, lane j holding row j's four bytes, so one load is the step's
-//! vector. Output comes in 32 x 32 f32 blocks for the caller's epilogue, as the bf16 block
-//! products do ([`super::amx::gemm`]).
+//! vector (for i8mm, steps of 8: 128 bytes a step, rows 2i and 2i + 1's eight bytes each
+//! in turn, so each 16 bytes are one `smmla` operand). Output comes in 32 x 32 f32 blocks
+//! for the caller's epilogue, as the bf16 block products do ([`super::amx::gemm`]).
 
 use super::amx::{round_up, MB, NB};
 
@@ -37,6 +40,20 @@ pub enum Isa {
     AvxVnni,
     /// NEON dotprod (`sdot`).
     Dotprod,
+    /// NEON i8mm (`smmla`), with dotprod.
+    I8mm,
+}
+
+impl Isa {
+    /// The kernel set's name (what `KILN_REQUIRE_KERNELS` asks for).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512-vnni-gemm",
+            Isa::AvxVnni => "avx-vnni-gemm",
+            Isa::Dotprod => "neon-dotprod-gemm",
+            Isa::I8mm => "neon-i8mm-gemm",
+        }
+    }
 }
 
 /// The set these products run on here, if any.
@@ -56,6 +73,9 @@ pub fn isa() -> Option<Isa> {
         }
         #[cfg(target_arch = "aarch64")]
         if !super::simd_disabled() && std::arch::is_aarch64_feature_detected!("dotprod") {
+            if std::arch::is_aarch64_feature_detected!("i8mm") {
+                return Some(Isa::I8mm);
+            }
             return Some(Isa::Dotprod);
         }
         None
@@ -79,6 +99,9 @@ pub struct PackedI8 {
     pub n: usize,
     pub kp: usize,
     pub np: usize,
+    /// W in `smmla`'s steps of 8 (row pairs) rather than steps of 4 (packed so only where
+    /// [`Isa::I8mm`] runs).
+    pub pairs: bool,
 }
 
 /// x (finite) to int8 with `inv` = 1 / scale: round to nearest even, clamped to ±127.
@@ -88,8 +111,18 @@ fn q8(x: f32, inv: f32) -> i8 {
 }
 
 impl PackedI8 {
-    /// Packs W from its rows: `row(j, buf)` writes W[j][..k].
-    pub fn from_rows(n: usize, k: usize, mut row: impl FnMut(usize, &mut [f32])) -> Self {
+    /// Packs W from its rows for this CPU's set: `row(j, buf)` writes W[j][..k].
+    pub fn from_rows(n: usize, k: usize, row: impl FnMut(usize, &mut [f32])) -> Self {
+        Self::from_rows_for(isa() == Some(Isa::I8mm), n, k, row)
+    }
+
+    /// [`from_rows`](Self::from_rows) in row pairs (`pairs`: for `smmla`) or in steps of 4.
+    fn from_rows_for(
+        pairs: bool,
+        n: usize,
+        k: usize,
+        mut row: impl FnMut(usize, &mut [f32]),
+    ) -> Self {
         let (kp, np) = (round_up(k.max(1), KP), round_up(n.max(1), NB));
         let mut p = PackedI8 {
             data: vec![0; np * kp],
@@ -99,6 +132,7 @@ impl PackedI8 {
             n,
             kp,
             np,
+            pairs,
         };
         let (mut buf, mut q) = (vec![0f32; k], vec![0u8; k]);
         for j in 0..n {
@@ -111,7 +145,11 @@ impl PackedI8 {
             for (kk, &b) in q.iter().enumerate() {
                 let v = (b as i32 - OFFSET) as i8;
                 sum += v as i32;
-                p.data[base + (kk / 4) * 4 * TN + lane * 4 + kk % 4] = v;
+                let at = match pairs {
+                    true => (kk / 8) * 8 * TN + (lane / 2) * 16 + (lane % 2) * 8 + kk % 8,
+                    false => (kk / 4) * 4 * TN + lane * 4 + kk % 4,
+                };
+                p.data[base + at] = v;
             }
             p.scale[j] = scale;
             p.corr[j] = OFFSET * sum;
@@ -236,7 +274,8 @@ pub use super::amx::Block;
 /// past m hold zeros). `j0`, `j1` multiples of [`NB`], `j1 <= b.np`.
 ///
 /// # Safety
-/// [`available`] returned true.
+/// [`available`] returned true, and `b` was packed by [`PackedI8::from_rows`] in this
+/// process.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_cols(
@@ -261,15 +300,15 @@ pub unsafe fn gemm_cols(
         // SAFETY: rows r0..r0+8 of `a` and the two packed blocks lie inside the operands
         // (checked above); the set was detected (caller).
         unsafe {
-            let b0 = b.data.as_ptr().add(cols * kp);
-            strip(
-                a.as_ptr().add(r0 * kp),
-                kp,
-                b0,
-                b0.add(TN * kp),
-                kp / 4,
-                &mut sums,
-            );
+            let (a, b0) = (a.as_ptr().add(r0 * kp), b.data.as_ptr().add(cols * kp));
+            #[cfg(target_arch = "aarch64")]
+            if b.pairs {
+                strip_mm(a, kp, b0, b0.add(TN * kp), kp / 16, &mut sums);
+            } else {
+                strip(a, kp, b0, b0.add(TN * kp), kp / 4, &mut sums);
+            }
+            #[cfg(target_arch = "x86_64")]
+            strip(a, kp, b0, b0.add(TN * kp), kp / 4, &mut sums);
             finish(
                 &sums,
                 &sa[r0..r0 + R],
@@ -580,20 +619,190 @@ unsafe fn piece(a: *const u8, lda: usize, b: *const i8, quads: usize, c: *mut i3
     }
 }
 
+/// NEON i8mm: the 8 x 32 sums of [`strip`] from blocks packed in row pairs, as four 8-row x
+/// 8-column pieces.
+#[cfg(target_arch = "aarch64")]
+#[inline]
+unsafe fn strip_mm(
+    a: *const u8,
+    lda: usize,
+    b0: *const i8,
+    b1: *const i8,
+    iters: usize,
+    out: &mut Sums,
+) {
+    debug_assert!(iters > 0);
+    for (half, b) in [b0, b1].into_iter().enumerate() {
+        for cols in [0, 8] {
+            // SAFETY: the caller bounds every read (iters * 16 bytes of 8 rows and of the
+            // block's 16 rows) and `out` holds the 8 x 32 sums; i8mm is present (the blocks
+            // were packed in pairs only then).
+            unsafe {
+                piece_mm(
+                    a,
+                    lda,
+                    b.add(cols * 8),
+                    iters,
+                    out.0.as_mut_ptr().add(half * TN + cols),
+                )
+            };
+        }
+    }
+}
+
+/// 8 rows of A (`lda` apart) · 8 rows of W (columns `cols..cols + 8` of a block packed in
+/// row pairs, at `b`: 64 of each step's 128 bytes) over `iters` x 16 k into c (8 rows of 8
+/// i32, `NB` apart). Accumulators v0-v15: rows 2r, 2r + 1 by columns 2j, 2j + 1 in v(4r + j)
+/// as `smmla` leaves them ((2r, 2j), (2r, 2j + 1), (2r + 1, 2j), (2r + 1, 2j + 1)). Per 16 k
+/// one 16-byte load of each row (v16-v23), zipped into row pairs (v24-v31: k 0-7 of rows
+/// 2r, 2r + 1 in v(24 + 2r), k 8-15 in v(25 + 2r)), then per 8 k the four column pairs
+/// (v16-v19, then v20-v23) and 16 `smmla`. The stores unzip each row pair into two rows.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon,i8mm")]
+unsafe fn piece_mm(a: *const u8, lda: usize, b: *const i8, iters: usize, c: *mut i32) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        std::arch::asm!(
+            "movi v0.4s, #0",
+            "movi v1.4s, #0",
+            "movi v2.4s, #0",
+            "movi v3.4s, #0",
+            "movi v4.4s, #0",
+            "movi v5.4s, #0",
+            "movi v6.4s, #0",
+            "movi v7.4s, #0",
+            "movi v8.4s, #0",
+            "movi v9.4s, #0",
+            "movi v10.4s, #0",
+            "movi v11.4s, #0",
+            "movi v12.4s, #0",
+            "movi v13.4s, #0",
+            "movi v14.4s, #0",
+            "movi v15.4s, #0",
+            "2:",
+            "ld1 {{v16.16b}}, [{a0}], #16",
+            "ld1 {{v17.16b}}, [{a1}], #16",
+            "ld1 {{v18.16b}}, [{a2}], #16",
+            "ld1 {{v19.16b}}, [{a3}], #16",
+            "ld1 {{v20.16b}}, [{a4}], #16",
+            "ld1 {{v21.16b}}, [{a5}], #16",
+            "ld1 {{v22.16b}}, [{a6}], #16",
+            "ld1 {{v23.16b}}, [{a7}], #16",
+            "zip1 v24.2d, v16.2d, v17.2d",
+            "zip2 v25.2d, v16.2d, v17.2d",
+            "zip1 v26.2d, v18.2d, v19.2d",
+            "zip2 v27.2d, v18.2d, v19.2d",
+            "zip1 v28.2d, v20.2d, v21.2d",
+            "zip2 v29.2d, v20.2d, v21.2d",
+            "zip1 v30.2d, v22.2d, v23.2d",
+            "zip2 v31.2d, v22.2d, v23.2d",
+            "ld1 {{v16.16b, v17.16b, v18.16b, v19.16b}}, [{b}], {bs}",
+            "smmla v0.4s, v24.16b, v16.16b",
+            "smmla v1.4s, v24.16b, v17.16b",
+            "smmla v2.4s, v24.16b, v18.16b",
+            "smmla v3.4s, v24.16b, v19.16b",
+            "smmla v4.4s, v26.16b, v16.16b",
+            "smmla v5.4s, v26.16b, v17.16b",
+            "smmla v6.4s, v26.16b, v18.16b",
+            "smmla v7.4s, v26.16b, v19.16b",
+            "smmla v8.4s, v28.16b, v16.16b",
+            "smmla v9.4s, v28.16b, v17.16b",
+            "smmla v10.4s, v28.16b, v18.16b",
+            "smmla v11.4s, v28.16b, v19.16b",
+            "smmla v12.4s, v30.16b, v16.16b",
+            "smmla v13.4s, v30.16b, v17.16b",
+            "smmla v14.4s, v30.16b, v18.16b",
+            "smmla v15.4s, v30.16b, v19.16b",
+            "ld1 {{v20.16b, v21.16b, v22.16b, v23.16b}}, [{b}], {bs}",
+            "smmla v0.4s, v25.16b, v20.16b",
+            "smmla v1.4s, v25.16b, v21.16b",
+            "smmla v2.4s, v25.16b, v22.16b",
+            "smmla v3.4s, v25.16b, v23.16b",
+            "smmla v4.4s, v27.16b, v20.16b",
+            "smmla v5.4s, v27.16b, v21.16b",
+            "smmla v6.4s, v27.16b, v22.16b",
+            "smmla v7.4s, v27.16b, v23.16b",
+            "smmla v8.4s, v29.16b, v20.16b",
+            "smmla v9.4s, v29.16b, v21.16b",
+            "smmla v10.4s, v29.16b, v22.16b",
+            "smmla v11.4s, v29.16b, v23.16b",
+            "smmla v12.4s, v31.16b, v20.16b",
+            "smmla v13.4s, v31.16b, v21.16b",
+            "smmla v14.4s, v31.16b, v22.16b",
+            "smmla v15.4s, v31.16b, v23.16b",
+            "subs {n}, {n}, #1",
+            "b.ne 2b",
+            "zip1 v16.2d, v0.2d, v1.2d",
+            "zip1 v17.2d, v2.2d, v3.2d",
+            "zip2 v18.2d, v0.2d, v1.2d",
+            "zip2 v19.2d, v2.2d, v3.2d",
+            "st1 {{v16.4s, v17.4s}}, [{c}], {cs}",
+            "st1 {{v18.4s, v19.4s}}, [{c}], {cs}",
+            "zip1 v16.2d, v4.2d, v5.2d",
+            "zip1 v17.2d, v6.2d, v7.2d",
+            "zip2 v18.2d, v4.2d, v5.2d",
+            "zip2 v19.2d, v6.2d, v7.2d",
+            "st1 {{v16.4s, v17.4s}}, [{c}], {cs}",
+            "st1 {{v18.4s, v19.4s}}, [{c}], {cs}",
+            "zip1 v16.2d, v8.2d, v9.2d",
+            "zip1 v17.2d, v10.2d, v11.2d",
+            "zip2 v18.2d, v8.2d, v9.2d",
+            "zip2 v19.2d, v10.2d, v11.2d",
+            "st1 {{v16.4s, v17.4s}}, [{c}], {cs}",
+            "st1 {{v18.4s, v19.4s}}, [{c}], {cs}",
+            "zip1 v16.2d, v12.2d, v13.2d",
+            "zip1 v17.2d, v14.2d, v15.2d",
+            "zip2 v18.2d, v12.2d, v13.2d",
+            "zip2 v19.2d, v14.2d, v15.2d",
+            "st1 {{v16.4s, v17.4s}}, [{c}], {cs}",
+            "st1 {{v18.4s, v19.4s}}, [{c}]",
+            a0 = inout(reg) a => _,
+            a1 = inout(reg) a.add(lda) => _,
+            a2 = inout(reg) a.add(2 * lda) => _,
+            a3 = inout(reg) a.add(3 * lda) => _,
+            a4 = inout(reg) a.add(4 * lda) => _,
+            a5 = inout(reg) a.add(5 * lda) => _,
+            a6 = inout(reg) a.add(6 * lda) => _,
+            a7 = inout(reg) a.add(7 * lda) => _,
+            b = inout(reg) b => _,
+            bs = in(reg) 8 * TN,
+            cs = in(reg) 4 * NB,
+            n = inout(reg) iters => _,
+            c = inout(reg) c => _,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+            out("v12") _, out("v13") _, out("v14") _, out("v15") _,
+            out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+            out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+            out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+            out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+            options(nostack),
+        );
+    }
+}
+
 /// Checks the products on this CPU's set against the scalar form of the same quantized
 /// product (bit for bit: the integer sums are exact and the scaling is the same f32
 /// arithmetic) and against the f32 product (int8 rounding of both operands); panics on a
-/// difference. For the tests of each set (which a process picks once).
+/// difference. For the tests of each set (which a process picks once); where i8mm runs,
+/// the dotprod kernel (W in steps of 4) is checked too, so both give the same sums.
 #[doc(hidden)]
 pub fn check_against_scalar() {
     assert!(available(), "no integer block products here");
     let mut rnd = super::amx::check_values(0x1234_5679);
+    let layouts: &[bool] = match isa() {
+        Some(Isa::I8mm) => &[true, false],
+        _ => &[false],
+    };
     for (m, n, k) in [
         (1, 1, 1),
         (33, 17, 40),
         (64, 64, 64),
         (70, 100, 250),
         (5, 48, 1536),
+        (9, 47, 129),
+        (40, 33, 17),
     ] {
         let mut x: Vec<f32> = (0..m * k).map(|_| rnd() * 3.0).collect();
         x[..k.min(3)].fill(0.0);
@@ -602,38 +811,47 @@ pub fn check_against_scalar() {
             x[k..2 * k].fill(0.0);
         }
         let w: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
-        let b = PackedI8::from_rows(n, k, |j, r| r.copy_from_slice(&w[j * k..(j + 1) * k]));
-        let (mut a, mut sa) = (Vec::new(), Vec::new());
-        quantize_rows(&x, k, m, k, b.kp, &mut a, &mut sa);
-        let mut blk = Block::default();
-        let c = super::amx::check_gather(m, n, b.np, |j_lo, emit| {
-            // SAFETY: the set was checked above; the operands are built whole.
-            unsafe { gemm_cols(&a, &sa, m, &b, j_lo, b.np, &mut blk, emit) }
-        });
-        for i in 0..m {
-            let max = x[i * k..(i + 1) * k]
+        for &pairs in layouts {
+            let w_row = |j: usize, r: &mut [f32]| r.copy_from_slice(&w[j * k..(j + 1) * k]);
+            let b = PackedI8::from_rows_for(pairs, n, k, w_row);
+            check_one(&x, &w, m, n, k, &b);
+        }
+    }
+}
+
+/// [`check_against_scalar`] for one packed W.
+fn check_one(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, b: &PackedI8) {
+    let (mut a, mut sa) = (Vec::new(), Vec::new());
+    quantize_rows(x, k, m, k, b.kp, &mut a, &mut sa);
+    let mut blk = Block::default();
+    let c = super::amx::check_gather(m, n, b.np, |j_lo, emit| {
+        // SAFETY: the set was checked by the caller; the operands are built whole.
+        unsafe { gemm_cols(&a, &sa, m, b, j_lo, b.np, &mut blk, emit) }
+    });
+    let layout = if b.pairs { "row pairs" } else { "steps of 4" };
+    for i in 0..m {
+        let max = x[i * k..(i + 1) * k]
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs()));
+        let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
+        for j in 0..n {
+            let wm = w[j * k..(j + 1) * k]
                 .iter()
                 .fold(0f32, |m, v| m.max(v.abs()));
-            let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
-            for j in 0..n {
-                let wm = w[j * k..(j + 1) * k]
-                    .iter()
-                    .fold(0f32, |m, v| m.max(v.abs()));
-                let winv = if wm > 0.0 { 127.0 / wm } else { 0.0 };
-                let d: i32 = (0..k)
-                    .map(|p| q8(x[i * k + p], inv) as i32 * q8(w[j * k + p], winv) as i32)
-                    .sum();
-                let want = d as f32 * (max / 127.0) * (wm / 127.0);
-                assert_eq!(
-                    c[i * n + j].to_bits(),
-                    want.to_bits(),
-                    "{m}x{n}x{k} ({i},{j})"
-                );
-                // And near the f32 product (int8 rounding of both operands).
-                let exact: f32 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
-                let bound = 0.02 * max * (k as f32).sqrt();
-                assert!((want - exact).abs() <= bound, "{want} vs {exact}");
-            }
+            let winv = if wm > 0.0 { 127.0 / wm } else { 0.0 };
+            let d: i32 = (0..k)
+                .map(|p| q8(x[i * k + p], inv) as i32 * q8(w[j * k + p], winv) as i32)
+                .sum();
+            let want = d as f32 * (max / 127.0) * (wm / 127.0);
+            assert_eq!(
+                c[i * n + j].to_bits(),
+                want.to_bits(),
+                "{m}x{n}x{k} ({i},{j}), W in {layout}"
+            );
+            // And near the f32 product (int8 rounding of both operands).
+            let exact: f32 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
+            let bound = 0.02 * max * (k as f32).sqrt();
+            assert!((want - exact).abs() <= bound, "{want} vs {exact}");
         }
     }
 }
