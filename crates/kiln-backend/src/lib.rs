@@ -29,6 +29,8 @@ pub enum BackendError {
     KvType { ty: &'static str, what: String },
     #[error("the {backend} backend cannot run this model: {what}")]
     Unsupported { backend: String, what: String },
+    #[error("KV cache: {what}")]
+    KvMemory { what: String },
 }
 
 /// How a KV cache stores keys and values.
@@ -441,6 +443,26 @@ pub trait Backend {
     }
     /// Bytes the cache holds (keys and values of every layer).
     fn kv_cache_bytes(&self, cache: &Self::KvCache) -> usize;
+    /// Readies positions `pos0..pos0 + n` of `cache` to be written by the next step (and
+    /// every position before them to be read): a backend that hands cache memory out in
+    /// blocks as sequences grow takes them here, before the step, so that a recorded step's
+    /// replay finds them. Errors when no memory is left for them. The default does nothing
+    /// (the cache holds all its positions from the start).
+    fn kv_reserve(
+        &self,
+        cache: &mut Self::KvCache,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        let _ = (cache, pos0, n);
+        Ok(())
+    }
+    /// Gives back the memory `cache` holds, where the backend hands it out as sequences grow
+    /// (its positions are then to be written again before they are read). The default does
+    /// nothing.
+    fn kv_release(&self, cache: &mut Self::KvCache) {
+        let _ = cache;
+    }
     /// What a cache asked for as `ty` (and accepted by `kv_cache_typed`) holds: a backend
     /// may store a wider type narrower. The default stores what is asked.
     fn kv_type_stored(&self, ty: KvType) -> KvType {

@@ -256,7 +256,9 @@ pub fn spawn_scheduler(
             what: e.to_string(),
         })?;
         let llm = Llm::load(backend, path)?;
-        llm.check_kv_memory(n_ctx, slots)?;
+        if slots > 0 {
+            llm.check_kv_memory(n_ctx, slots)?;
+        }
         Ok(llm)
     }
     let (path, fit) = (file.to_path_buf(), (cfg.n_ctx, cfg.slots));
@@ -264,6 +266,11 @@ pub fn spawn_scheduler(
         Device::Cpu => Scheduler::spawn(cfg, move || load(Ok(cpu()), &path, fit)),
         Device::Cuda => {
             drop(crate::cuda_backend()?);
+            // The CUDA cache is device memory taken in blocks as sequences grow (not the
+            // slots' full contexts up front, nor host memory): nothing to check here; a step
+            // that finds no block left first empties the idle slots' prefix caches, then
+            // fails its requests with the cache's error.
+            let fit = (fit.0, 0);
             Scheduler::spawn(cfg, move || load(crate::cuda_backend(), &path, fit))
         }
         Device::Gpu => {

@@ -101,13 +101,13 @@ fn dec_kernel(table: &[[&'static str; 4]; 4], s: AttnShape) -> &'static str {
 #[repr(C)]
 #[derive(Clone, Copy, Default, PartialEq)]
 pub(crate) struct SeqDesc {
-    pub(crate) k: u64,
-    pub(crate) v: u64,
+    /// The cache's block table.
+    pub(crate) tbl: u64,
     pub(crate) len: i32,
-    pub(crate) n_ctx: i32,
     pub(crate) splits: i32,
     /// Sliding window (0: none).
     pub(crate) window: i32,
+    pub(crate) pad: i32,
 }
 
 /// From this many tokens a prompt's attention runs as two cuBLAS products per chunk of
@@ -126,7 +126,9 @@ pub(crate) const MAX_GROUP: usize = 8;
 pub(crate) struct HeadGroup {
     pub(crate) x: u64,
     pub(crate) norm_w: u64,
-    pub(crate) cache: u64,
+    /// The cache's block table (0: no store), and the layer's K or V planes in a block.
+    pub(crate) tbl: u64,
+    pub(crate) off: i64,
     pub(crate) heads: i32,
     pub(crate) rope: i32,
 }
@@ -208,6 +210,7 @@ impl CudaBackend {
         }
         // One token: the attention kernel normalises and rotates q and the new key itself
         // and stores the new key and value (kernels/*.cu attn_dec_<LPR>_<G>).
+        self.kv_ready(cache, s.pos0, 1);
         let dh = self.dec_heads(k, v, qk_norm, rope);
         let quant = s.head_dim % 32 == 0 && out.cols == s.n_heads * s.head_dim;
         self.attention_at(q.buf.ptr, cache, layer, s, out.buf.ptr, quant, Some(dh));
@@ -238,12 +241,11 @@ impl CudaBackend {
             host.resize(n, SeqDesc::default());
             for (d, x) in host.iter_mut().zip(seqs) {
                 let new = SeqDesc {
-                    k: x.cache.k.ptr,
-                    v: x.cache.v.ptr,
+                    tbl: x.cache.table(),
                     len: (x.shape.pos0 + 1) as i32,
-                    n_ctx: x.cache.n_ctx as i32,
                     splits: self.dec_splits(x.cache.n_ctx, s.n_kv_heads) as i32,
                     window: x.shape.window as i32,
+                    pad: 0,
                 };
                 changed |= *d != new;
                 *d = new;
@@ -371,7 +373,6 @@ impl CudaBackend {
         head_dim: usize,
         eps: f32,
         rope: Option<&RopeConfig>,
-        n_ctx: usize,
         pos0: usize,
         n: usize,
     ) {
@@ -403,7 +404,6 @@ impl CudaBackend {
             .a(table)
             .a(dims)
             .a(neox)
-            .a(n_ctx as i32)
             .a(self.params.ptr);
         self.dev.launch(
             self.dev.func("heads"),
@@ -476,13 +476,13 @@ impl CudaBackend {
                 ensure(&mut sc.attn_ml, slots * 2 * 4),
             )
         };
-        let plane = cache.plane(layer) as u64;
+        let (k_off, v_off) = cache.offsets(layer);
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let mut a = Args::default()
             .a(q_ptr)
-            .a(cache.k.ptr + plane)
-            .a(cache.v.ptr + plane)
-            .a(cache.n_ctx as i32)
+            .a(cache.table())
+            .a(k_off)
+            .a(v_off)
             .a(s.n_heads as i32)
             .a(s.n_kv_heads as i32)
             .a(s.head_dim as i32)
@@ -561,9 +561,24 @@ impl CudaBackend {
                 ensure(&mut b.attn_ml, chunk * heads * ld_all * 2),
             )
         };
-        let plane = cache.plane(layer) as u64;
-        let (kp, vp) = (cache.k.ptr + plane, cache.v.ptr + plane);
-        let kv_stride = (cache.n_ctx * hd) as i64;
+        // The cache's blocks of this layer gathered into contiguous (kv head, position,
+        // head_dim) planes for the products.
+        let len_all = s.pos0 + s.n_tokens;
+        let plane = kvh * len_all * hd * 2;
+        let kp = ensure(&mut self.scratch.borrow_mut().kv_gather, 2 * plane);
+        let vp = kp + plane as u64;
+        let (k_off, v_off) = cache.offsets(layer);
+        let mut a = Args::default()
+            .a(cache.table())
+            .a(k_off)
+            .a(v_off)
+            .a(kvh as i32)
+            .a(hd as i32)
+            .a(len_all as i32)
+            .a(kp)
+            .a(vp);
+        self.elementwise_n_args("kv_gather", &mut a, 2 * kvh * len_all * hd / 8);
+        let kv_stride = (len_all * hd) as i64;
         let scale = 1.0 / (hd as f32).sqrt();
         let (one, zero) = (1f32, 0f32);
         let (f16, f32t) = (

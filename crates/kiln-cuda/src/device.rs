@@ -53,6 +53,12 @@ impl DevBuf {
             .unwrap_or_else(|e| panic!("CUDA: allocating {n} bytes of device memory: {e:?}"));
         DevBuf { ptr, bytes }
     }
+
+    /// As [`DevBuf::alloc`], the driver's error returned instead of a panic.
+    pub fn try_alloc(bytes: usize) -> Result<DevBuf, DriverError> {
+        let ptr = unsafe { result::malloc_sync(bytes.max(4)) }?;
+        Ok(DevBuf { ptr, bytes })
+    }
 }
 
 impl Drop for Device {
@@ -188,6 +194,7 @@ pub const KERNELS: &[&str] = &[
     "gelu_tanh_mul",
     "scale",
     "kv_store",
+    "kv_gather",
     "im2col",
     "argmax",
     "topk_chunks",

@@ -52,6 +52,8 @@ pub(crate) struct Scratch {
     /// holds, so an unchanged table is not sent again.
     pub(crate) seq_table: Option<DevBuf>,
     pub(crate) seq_table_host: Vec<SeqDesc>,
+    /// A prompt's keys and values of one layer gathered from the cache's blocks.
+    pub(crate) kv_gather: Option<DevBuf>,
 }
 
 /// Bumped whenever a scratch buffer (or the RoPE table) is reallocated: a recorded step holds

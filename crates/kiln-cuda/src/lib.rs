@@ -18,6 +18,7 @@
 
 mod attention;
 mod device;
+mod kv;
 mod launch;
 pub mod pack;
 mod products;
@@ -40,6 +41,8 @@ use pack::{FMT_F16, FMT_F32};
 
 pub use attention::attention_supported;
 use attention::*;
+pub use kv::CudaKvCache;
+use kv::*;
 use launch::*;
 use products::*;
 
@@ -72,22 +75,6 @@ pub struct CudaWeight {
     s2: DevBuf,
 }
 
-/// Keys and values as f16, laid out (layer, kv head, position, head_dim).
-pub struct CudaKvCache {
-    k: DevBuf,
-    v: DevBuf,
-    n_layers: usize,
-    n_ctx: usize,
-    kv_heads: usize,
-    head_dim: usize,
-}
-
-impl CudaKvCache {
-    fn plane(&self, layer: usize) -> usize {
-        layer * self.kv_heads * self.n_ctx * self.head_dim * 2
-    }
-}
-
 pub struct CudaBackend {
     /// Step parameters on the device: [pos0, n, ids...]; `params_host` mirrors them.
     params: DevBuf,
@@ -113,6 +100,8 @@ pub struct CudaBackend {
     prompt_attn_bytes: Cell<usize>,
     /// cuBLAS, for prompt-sized products (None where libcublas is missing).
     blas: Option<Blas>,
+    /// The KV caches' blocks (kv.rs).
+    kv_pool: std::sync::Arc<std::sync::Mutex<BlockPool>>,
     cpu: CpuBackend,
     /// Last: everything above holds device memory or graphs of this context.
     dev: Device,
@@ -160,6 +149,7 @@ impl CudaBackend {
             rope: RefCell::new(None),
             scratch: RefCell::default(),
             prompt_attn_bytes: Cell::new(PROMPT_ATTN_BYTES),
+            kv_pool: Default::default(),
             cpu: CpuBackend::new(kiln_backend::cpu::default_threads()),
         })
     }
@@ -367,19 +357,16 @@ impl Backend for CudaBackend {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> CudaKvCache {
-        // The CUDA cache holds f16 keys and values whatever the default type is.
-        let bytes = n_layers * n_ctx * n_kv_heads * head_dim * 2;
-        let (k, v) = (DevBuf::alloc(bytes), DevBuf::alloc(bytes));
-        self.dev.memset_u32(k.ptr, 0, bytes.div_ceil(4).max(1));
-        self.dev.memset_u32(v.ptr, 0, bytes.div_ceil(4).max(1));
-        CudaKvCache {
-            k,
-            v,
+        // The CUDA cache holds f16 keys and values whatever the default type is, in blocks
+        // taken as the sequence grows (kv.rs).
+        CudaKvCache::new(
+            &self.dev,
+            self.kv_pool.clone(),
             n_layers,
             n_ctx,
-            kv_heads: n_kv_heads,
+            n_kv_heads,
             head_dim,
-        }
+        )
     }
 
     fn kv_cache_typed(
@@ -467,7 +454,20 @@ impl Backend for CudaBackend {
     }
 
     fn kv_cache_bytes(&self, c: &CudaKvCache) -> usize {
-        c.k.bytes + c.v.bytes
+        c.held_bytes()
+    }
+
+    fn kv_reserve(
+        &self,
+        cache: &mut CudaKvCache,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        cache.reserve(&self.dev, pos0, n)
+    }
+
+    fn kv_release(&self, cache: &mut CudaKvCache) {
+        cache.release(&self.dev);
     }
 
     fn embed(
@@ -575,7 +575,7 @@ impl Backend for CudaBackend {
             .borrow()
             .as_ref()
             .map_or(0, |p| p.0 as usize);
-        self.heads_launch(&[g], head_dim, eps, None, 0, pos, n);
+        self.heads_launch(&[g], head_dim, eps, None, pos, n);
     }
 
     fn matmul(
@@ -746,7 +746,8 @@ impl Backend for CudaBackend {
         n: usize,
     ) {
         let hd = cache.head_dim;
-        let plane = cache.plane(layer) as u64;
+        self.kv_ready(cache, pos0, n);
+        let (k_off, v_off) = cache.offsets(layer);
         let (qn, kn, eps) = match qk_norm {
             Some((a, b, e)) => (a.buf.ptr, b.buf.ptr, e),
             None => (0, 0, 0.0),
@@ -755,26 +756,28 @@ impl Backend for CudaBackend {
             HeadGroup {
                 x: q.buf.ptr,
                 norm_w: qn,
-                cache: 0,
                 heads: heads as i32,
                 rope: 1,
+                ..Default::default()
             },
             HeadGroup {
                 x: k.buf.ptr,
                 norm_w: kn,
-                cache: cache.k.ptr + plane,
+                tbl: cache.table(),
+                off: k_off,
                 heads: kv_heads as i32,
                 rope: 1,
             },
             HeadGroup {
                 x: v.buf.ptr,
                 norm_w: 0,
-                cache: cache.v.ptr + plane,
+                tbl: cache.table(),
+                off: v_off,
                 heads: kv_heads as i32,
                 rope: 0,
             },
         ];
-        self.heads_launch(&groups, hd, eps, Some(rope), cache.n_ctx, pos0, n);
+        self.heads_launch(&groups, hd, eps, Some(rope), pos0, n);
     }
 
     fn rope(&self, x: &mut CudaTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {
@@ -784,7 +787,7 @@ impl Backend for CudaBackend {
             rope: 1,
             ..Default::default()
         };
-        self.heads_launch(&[g], rope.head_dim, 0.0, Some(rope), 0, pos0, n);
+        self.heads_launch(&[g], rope.head_dim, 0.0, Some(rope), pos0, n);
     }
 
     fn kv_store(
@@ -796,15 +799,16 @@ impl Backend for CudaBackend {
         pos0: usize,
         n: usize,
     ) {
+        self.kv_ready(cache, pos0, n);
         self.set_params(pos0, None);
-        let plane = cache.plane(layer) as u64;
-        for (src, dst) in [(k, cache.k.ptr + plane), (v, cache.v.ptr + plane)] {
+        let (k_off, v_off) = cache.offsets(layer);
+        for (src, off) in [(k, k_off), (v, v_off)] {
             let mut a = Args::default()
                 .a(src.buf.ptr)
-                .a(dst)
+                .a(cache.table())
+                .a(off)
                 .a(cache.kv_heads as i32)
                 .a(cache.head_dim as i32)
-                .a(cache.n_ctx as i32)
                 .a(self.params.ptr);
             let bx = (cache.kv_heads * cache.head_dim).div_ceil(256) as u32;
             self.dev.launch(
@@ -851,6 +855,9 @@ impl Backend for CudaBackend {
         }
         // One token a sequence: one launch for them all, each normalising and rotating its
         // q and new key and storing its key and value as the one-sequence kernel does.
+        for x in seqs.iter_mut() {
+            self.kv_ready(x.cache, x.shape.pos0, 1);
+        }
         let dh = self.dec_heads(k, v, qk_norm, rope);
         self.attention_seqs(q.buf.ptr, seqs, layer, out.buf.ptr, dh);
     }
@@ -1342,14 +1349,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_copy(&self, src: &CudaKvCache, dst: &mut CudaKvCache, n: usize) {
-        let row = src.head_dim * 2;
-        for l in 0..src.n_layers {
-            for h in 0..src.kv_heads {
-                let off = (src.plane(l) + h * src.n_ctx * row) as u64;
-                self.dev.dtod(dst.k.ptr + off, src.k.ptr + off, n * row);
-                self.dev.dtod(dst.v.ptr + off, src.v.ptr + off, n * row);
-            }
-        }
+        dst.share_from(&self.dev, src, n);
     }
 
     fn scale(&self, x: &mut CudaTensor, s: f32, n: usize) {
@@ -1359,6 +1359,24 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// Positions `pos0..pos0 + n` of `cache` readied for the store that follows: outside a
+    /// recording the blocks are taken here (a step's owner takes them before the step,
+    /// [`Backend::kv_reserve`]: a recording cannot copy to the device, and a replay runs
+    /// no host code).
+    fn kv_ready(&self, cache: &mut CudaKvCache, pos0: usize, n: usize) {
+        if cache.ready(pos0, n) {
+            return;
+        }
+        assert!(
+            !self.recording.get(),
+            "KV cache positions {pos0}..{} not reserved before a recorded step",
+            pos0 + n
+        );
+        cache
+            .reserve(&self.dev, pos0, n)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// A kernel that takes a row a block (256 threads) over `rows` rows.
     fn launch_rows(&self, name: &str, rows: usize, args: &mut Args) {
         self.dev.launch(

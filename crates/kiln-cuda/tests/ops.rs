@@ -468,6 +468,83 @@ fn decode_attention_over_long_caches() {
     }
 }
 
+/// The paged cache: memory follows the positions filled (not the context's size); a copy
+/// shares its source's blocks, and a write into a shared block copies it first, so neither
+/// cache sees the other's later keys; a dropped cache's blocks serve the next one. Decode
+/// outputs of the shared and copied-on-write caches against the CPU's plain copies.
+#[test]
+#[ignore]
+fn paged_cache_shares_blocks_and_copies_on_write() {
+    let (g, c) = (gpu(), CpuBackend::new(2));
+    let mut r = Rng(23);
+    let (hd, heads, kvh, n_ctx) = (128, 16, 8, 8192);
+    let rope = rope_cfg(RopeStyle::Neox, hd, hd);
+    let block = |b: &CudaBackend, kv: &<CudaBackend as Backend>::KvCache| b.kv_cache_bytes(kv);
+    let mut a = g.kv_cache(1, n_ctx, kvh, hd);
+    let mut ac = c.kv_cache(1, n_ctx, kvh, hd);
+    assert_eq!(block(&g, &a), 0, "an empty cache holds no blocks");
+    // 100 positions: two blocks of 64, whatever the context's size.
+    let n = 100;
+    let (q, k, v) = (r.v(n * heads * hd), r.v(n * kvh * hd), r.v(n * kvh * hd));
+    store_prompt(&g, &mut a, &rope, [&q, &k, &v], heads, kvh);
+    store_prompt(&c, &mut ac, &rope, [&q, &k, &v], heads, kvh);
+    let one = block(&g, &a) / 2;
+    assert_eq!(
+        one,
+        2 * kvh * 64 * hd * 2,
+        "one block: K and V of 64 positions"
+    );
+    // A fork of the first 70 positions shares both blocks ...
+    let mut b = g.kv_cache(1, n_ctx, kvh, hd);
+    let mut bc = c.kv_cache(1, n_ctx, kvh, hd);
+    g.kv_copy(&a, &mut b, 70);
+    c.kv_copy(&ac, &mut bc, 70);
+    let shape = |pos0| AttnShape {
+        n_heads: heads,
+        n_kv_heads: kvh,
+        head_dim: hd,
+        pos0,
+        n_tokens: 1,
+        window: 0,
+    };
+    // ... then writes its own positions 70.. into its copy of the second block; the source
+    // goes on at 100 and still sees its own keys 70..100.
+    for step in 0..3 {
+        let q: Vec<f32> = r.v(heads * hd).iter().map(|x| 4.0 * x).collect();
+        let (k, v) = (r.v(kvh * hd), r.v(kvh * hd));
+        for (gc, cc, pos0) in [(&mut b, &mut bc, 70 + step), (&mut a, &mut ac, n + step)] {
+            let out = [
+                decode_step(&g, gc, shape(pos0), &rope, [&q, &k, &v]),
+                decode_step(&c, cc, shape(pos0), &rope, [&q, &k, &v]),
+            ];
+            let e = rel(&out[0], &out[1]);
+            assert!(e < 5e-3, "shared cache, pos0 {pos0}: {e}");
+        }
+    }
+    assert_eq!(
+        block(&g, &b),
+        2 * one,
+        "the fork holds the shared first block and its own second"
+    );
+    // Dropped caches give their blocks back: a new cache of the same shape takes them.
+    drop((a, b));
+    let mut d = g.kv_cache(1, n_ctx, kvh, hd);
+    let mut dc = c.kv_cache(1, n_ctx, kvh, hd);
+    let (q, k, v) = (r.v(n * heads * hd), r.v(n * kvh * hd), r.v(n * kvh * hd));
+    store_prompt(&g, &mut d, &rope, [&q, &k, &v], heads, kvh);
+    store_prompt(&c, &mut dc, &rope, [&q, &k, &v], heads, kvh);
+    let q: Vec<f32> = r.v(heads * hd).iter().map(|x| 4.0 * x).collect();
+    let (k, v) = (r.v(kvh * hd), r.v(kvh * hd));
+    let out = [
+        decode_step(&g, &mut d, shape(n), &rope, [&q, &k, &v]),
+        decode_step(&c, &mut dc, shape(n), &rope, [&q, &k, &v]),
+    ];
+    let e = rel(&out[0], &out[1]);
+    assert!(e < 5e-3, "a cache on reused blocks: {e}");
+    g.kv_release(&mut d);
+    assert_eq!(block(&g, &d), 0, "a released cache holds nothing");
+}
+
 /// Kokoro's feature-map ops (kernels/signal.cu) against the CPU backend: convolutions plain,
 /// dilated, strided, grouped and transposed, the norms, activations, transpose, upsampling,
 /// the uint8 rounding (exactly) and the BERT's attention.

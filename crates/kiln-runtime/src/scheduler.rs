@@ -426,6 +426,21 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
+    /// Idle slots drop what their caches hold (the prefix cache's tokens go with it): the
+    /// backend's blocks go back to its pool. False when no idle slot held anything.
+    fn evict_idle_caches(&mut self) -> bool {
+        let mut any = false;
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            if slot.seq.is_none() && !slot.tokens.is_empty() {
+                slot.tokens.clear();
+                slot.cache.release(&self.llm.backend);
+                any = true;
+            }
+        }
+        any
+    }
+
     fn busy(&self) -> bool {
         !self.waiting.is_empty() || self.slots.iter().any(|s| s.seq.is_some())
     }
@@ -781,6 +796,19 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
         }
         if let Err(e) = res {
+            // Cache memory ran out (a backend that hands it out in blocks): the idle slots'
+            // cached prefixes give theirs back and the step runs again on the next turn (no
+            // sequence moved). Only when none is left to give do the step's requests fail.
+            let kv_full = matches!(
+                &e,
+                kiln_models::ModelError::Backend {
+                    source: kiln_backend::BackendError::KvMemory { .. },
+                    ..
+                }
+            );
+            if kv_full && self.evict_idle_caches() {
+                return;
+            }
             let msg = e.to_string();
             for &(i, _, _) in plan {
                 self.fail(

@@ -3,7 +3,8 @@
 struct HeadGroup {
     float* x;             // (ntok, heads * head_dim), rewritten in place
     const float* norm_w;  // per-head RMSNorm weights (head_dim) or null
-    u16* cache;           // this layer's (heads, n_ctx, head_dim) f16 plane, or null
+    const u64* tbl;       // the cache's block table (common.cu kv_row), or null
+    long long off;        // this layer's K or V planes in a block
     int heads;
     int rope;             // 1: rotate
 };
@@ -18,7 +19,7 @@ struct HeadGroups {
 // grid.y the tokens. inv_freq has rope_dims / 2 values; neox selects (i, i + dims/2) pairs
 // over (2i, 2i + 1).
 extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const float* inv_freq,
-                                 int rope_dims, int neox, int n_ctx, const u32* params) {
+                                 int rope_dims, int neox, const u32* params) {
     pdl_begin();
     __shared__ float row[WARPS][256];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -69,11 +70,12 @@ extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const f
         out[i] = v;
     }
 #pragma unroll
+    u16* cr = g.tbl ? kv_row(g.tbl, g.off, h, pos, head_dim) : nullptr;
     for (int i = 0; i < 8; i++) {
         const int e = lane + 32 * i;
         if (e >= head_dim) break;
         xr[e] = out[i];
-        if (g.cache) g.cache[((size_t)h * n_ctx + pos) * head_dim + e] = f2h(out[i]);
+        if (cr) cr[e] = f2h(out[i]);
     }
 }
 
@@ -90,8 +92,8 @@ extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const f
 // each warp writes its softmax partial (max, sum, weighted V) for attn_combine. With a
 // sliding window (window > 0) a token sees its last `window` positions only.
 template <int EPL>
-__device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, int n_ctx,
-                                int heads, int kv_heads, int hd, float scale,
+__device__ void attn_split_impl(const float* q, const u64* tbl, long long k_off,
+                                long long v_off, int heads, int kv_heads, int hd, float scale,
                                 const u32* params, float* part_acc, float* part_ml,
                                 int window) {
     __shared__ float qs[MAX_GROUP * EPL * 32];
@@ -114,8 +116,6 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
 #pragma unroll
         for (int e = 0; e < EPL; e++) acc[i][e] = 0.0f;
     }
-    const u16* kp = kc + (size_t)kvh * n_ctx * hd;
-    const u16* vp = vc + (size_t)kvh * n_ctx * hd;
     for (int base = k0; base < k1; base += 32) {
         const int p = base + lane;
         const bool valid = p < k1;
@@ -123,7 +123,7 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
 #pragma unroll
         for (int i = 0; i < MAX_GROUP; i++) sc[i] = 0.0f;
         if (valid) {
-            const uint4* kr = (const uint4*)(kp + (size_t)p * hd);
+            const uint4* kr = (const uint4*)kv_row(tbl, k_off, kvh, p, hd);
             // Unrolled (bounded by EPL) so that the row's loads are in flight together.
 #pragma unroll 8
             for (int d8 = 0; d8 < EPL * 4; d8++) {
@@ -161,7 +161,7 @@ __device__ void attn_split_impl(const float* q, const u16* kc, const u16* vc, in
         const int nk = min(32, k1 - base);
 #pragma unroll 8
         for (int j = 0; j < nk; j++) {
-            const u16* vr = vp + (size_t)(base + j) * hd;
+            const u16* vr = kv_row(tbl, v_off, kvh, base + j, hd);
             float vv[EPL];
 #pragma unroll
             for (int e = 0; e < EPL; e++) {
@@ -334,8 +334,9 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 // softmax partial (max, sum, weighted V) per query head for attn_combine. G: query heads a
 // KV head, rounded up to a power of two (g the real count).
 template <int LPR, int G>
-__device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int heads,
-                              int kv_heads, int hd, float scale, int len, int window, int t,
+__device__ void attn_dec_impl(const float* q, const u64* tbl, long long k_off, long long v_off,
+                              int heads, int kv_heads, int hd, float scale, int len, int window,
+                              int t,
                               int n_split, float* part_acc, float* part_ml,
                               const DecHeads& dh) {
     constexpr int RPL = 32 / LPR, KPI = DEC_U * RPL, HDM = LPR * 8;
@@ -369,8 +370,6 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
     const int kend = min(k1, len - 1);
     const int sub = lane / LPR, d0 = (lane % LPR) * 8;
     const bool dok = d0 < hd;
-    const u16* kp = kc + (size_t)kvh * n_ctx * hd + d0;
-    const u16* vp = vc + (size_t)kvh * n_ctx * hd + d0;
     uint4 kb[DEC_U], vb[DEC_U];
     bool ok[DEC_U];
     auto load = [&](int base, uint4* kx, uint4* vx, bool* okx) {
@@ -380,8 +379,8 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
             okx[u] = p < kend;
             kx[u] = vx[u] = make_uint4(0, 0, 0, 0);
             if (okx[u] && dok) {
-                kx[u] = __ldg((const uint4*)(kp + (size_t)p * hd));
-                vx[u] = __ldg((const uint4*)(vp + (size_t)p * hd));
+                kx[u] = __ldg((const uint4*)(kv_row(tbl, k_off, kvh, p, hd) + d0));
+                vx[u] = __ldg((const uint4*)(kv_row(tbl, v_off, kvh, p, hd) + d0));
             }
         }
     };
@@ -415,10 +414,11 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
         }
         if (owner) {
             // The new row into the cache, and into warp 0's registers as its f16 values.
-            const size_t at = ((size_t)kvh * n_ctx + pos) * hd;
+            u16* kr = kv_row(tbl, k_off, kvh, pos, hd);
+            u16* vr = kv_row(tbl, v_off, kvh, pos, hd);
             for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                kc[at + d] = f2h(rows[G * HDM + d]);
-                vc[at + d] = f2h(dh.v[(size_t)kvh * hd + d]);
+                kr[d] = f2h(rows[G * HDM + d]);
+                vr[d] = f2h(dh.v[(size_t)kvh * hd + d]);
             }
         }
     }
@@ -507,16 +507,15 @@ __device__ void attn_dec_impl(const float* q, u16* kc, u16* vc, int n_ctx, int h
     }
 }
 
-// One sequence of a batched decode step (attn_dec_seqs_<LPR>_<G>): its cache (the f16
-// planes of layer 0; a layer's start is layer * kv_heads * n_ctx * hd further), the keys its
-// token sees (its position + 1, the last `window` of them where window > 0) and its splits.
+// One sequence of a batched decode step (attn_dec_seqs_<LPR>_<G>): its cache's block table
+// (common.cu kv_row), the keys its token sees (its position + 1, the last `window` of them
+// where window > 0) and its splits.
 struct SeqDesc {
-    u16* k;
-    u16* v;
+    const u64* tbl;
     int len;
-    int n_ctx;
     int splits;  // as attn_dec_<LPR>_<G>'s grid for this sequence alone, so the same sums
     int window;
+    int pad;
 };
 
 // Decode entry points by LPR (lanes a key row) and G (query heads a KV head, rounded up to
@@ -525,9 +524,10 @@ struct SeqDesc {
 // (grid (kv_heads, splits, sequences); sequence z's rows of q, k, v and out are row z).
 #define ATTN_DEC(L, G)                                                                       \
     extern "C" __global__ void attn_dec_##L##_##G(                                           \
-        const float* q, u16* kc, u16* vc, int n_ctx, int heads, int kv_heads, int hd,        \
-        float scale, const u32* params, float* pa, float* pml, int window, DecHeads dh) {    \
-        attn_dec_impl<L, G>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale,                   \
+        const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
+        int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
+        int window, DecHeads dh) {                                                           \
+        attn_dec_impl<L, G>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale,               \
                             (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,        \
                             gridDim.y, pa, pml, dh);                                         \
     }                                                                                        \
@@ -536,13 +536,13 @@ struct SeqDesc {
         float scale, float* pa, float* pml, DecHeads dh) {                                   \
         const int z = blockIdx.z;                                                            \
         const SeqDesc sd = seqs[z];                                                          \
-        const size_t plane = (size_t)layer * kv_heads * sd.n_ctx * hd;                       \
+        const long long k_off = (long long)layer * 2 * kv_heads * KV_BLOCK * hd;             \
         DecHeads d = dh;                                                                     \
         d.k += (size_t)z * kv_heads * hd;                                                    \
         d.v += (size_t)z * kv_heads * hd;                                                    \
-        attn_dec_impl<L, G>(q + (size_t)z * heads * hd, sd.k + plane, sd.v + plane,         \
-                            sd.n_ctx, heads, kv_heads, hd, scale, sd.len, sd.window, z,      \
-                            sd.splits, pa, pml, d);                                          \
+        attn_dec_impl<L, G>(q + (size_t)z * heads * hd, sd.tbl, k_off,                      \
+                            k_off + (long long)kv_heads * KV_BLOCK * hd, heads, kv_heads,    \
+                            hd, scale, sd.len, sd.window, z, sd.splits, pa, pml, d);         \
     }
 #define ATTN_DEC_G(L) ATTN_DEC(L, 1) ATTN_DEC(L, 2) ATTN_DEC(L, 4) ATTN_DEC(L, 8)
 ATTN_DEC_G(4)
@@ -552,12 +552,12 @@ ATTN_DEC_G(32)
 
 // One entry point per EPL (head_dim / 32, rounded up) for prompts: attn_split_<EPL>.
 #define ATTN_SPLIT(E)                                                                        \
-    extern "C" __global__ void attn_split_##E(const float* q, const u16* kc, const u16* vc,  \
-                                              int n_ctx, int heads, int kv_heads, int hd,    \
-                                              float scale, const u32* params, float* pa,     \
-                                              float* pml, int window) {                      \
-        attn_split_impl<E>(q, kc, vc, n_ctx, heads, kv_heads, hd, scale, params, pa, pml,    \
-                           window);                                                          \
+    extern "C" __global__ void attn_split_##E(                                               \
+        const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
+        int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
+        int window) {                                                                        \
+        attn_split_impl<E>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale, params, pa,     \
+                           pml, window);                                                     \
     }
 ATTN_SPLIT(1)
 ATTN_SPLIT(2)

@@ -39,6 +39,23 @@ typedef unsigned int u32;
 #define Q6K_REC 20
 #define KINF __int_as_float(0x7f800000)
 
+// ---- the paged KV cache ------------------------------------------------------------------
+// A sequence's keys and values live in blocks of KV_BLOCK positions that the host hands out
+// as the sequence grows (lib.rs CudaKvCache); its block table holds each block's address, the
+// block of position p at entry p / KV_BLOCK. A block is laid out (layer, K then V, kv head,
+// KV_BLOCK positions, head_dim) in f16; `off` is the element offset of one layer's K or V
+// planes within a block, so row (h, p) of them is at
+//   tbl[p / KV_BLOCK] + off + (h * KV_BLOCK + p % KV_BLOCK) * head_dim.
+#define KV_BLOCK_LOG2 6
+#define KV_BLOCK (1 << KV_BLOCK_LOG2)
+
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u16* kv_row(const u64* tbl, long long off, int h, int p, int hd) {
+    u16* blk = (u16*)tbl[p >> KV_BLOCK_LOG2];
+    return blk + off + ((size_t)h * KV_BLOCK + (p & (KV_BLOCK - 1))) * hd;
+}
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -31,16 +31,36 @@ extern "C" __global__ void scale(float* x, float s, size_t n) {
         x[i] *= s;
 }
 
-// Rows t of (n, cols) f32 to f16 cache positions pos0 + t of each head plane:
-// x row t is (heads, head_dim); cache (heads, n_ctx, head_dim).
-extern "C" __global__ void kv_store(const float* x, u16* cache, int heads, int head_dim,
-                                    int n_ctx, const u32* params) {
+// Rows t of (n, cols) f32 to f16 cache positions pos0 + t of each head (common.cu kv_row:
+// the block table `tbl`, the layer's K or V planes at `off`): x row t is (heads, head_dim).
+extern "C" __global__ void kv_store(const float* x, const u64* tbl, long long off, int heads,
+                                    int head_dim, const u32* params) {
     pdl_begin();
     const int t = blockIdx.y, pos = (int)params[0] + t;
+    u16* row = kv_row(tbl, off, 0, pos, head_dim);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < heads * head_dim;
          i += gridDim.x * blockDim.x) {
         const int h = i / head_dim, e = i % head_dim;
-        cache[((size_t)h * n_ctx + pos) * head_dim + e] = f2h(x[(size_t)t * heads * head_dim + i]);
+        row[(size_t)h * KV_BLOCK * head_dim + e] = f2h(x[(size_t)t * heads * head_dim + i]);
+    }
+}
+
+// A sequence's first `len` positions of one layer's keys and values (common.cu kv_row) into
+// contiguous (kv_heads, len, head_dim) f16 planes, for the prompt attention's cuBLAS
+// products; 16 bytes a thread.
+extern "C" __global__ void kv_gather(const u64* tbl, long long k_off, long long v_off,
+                                     int kv_heads, int head_dim, int len, u16* out_k,
+                                     u16* out_v) {
+    pdl_begin();
+    const int c8 = head_dim / 8;
+    const size_t n = (size_t)kv_heads * len * c8;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < 2 * n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const bool is_v = i >= n;
+        const size_t j = is_v ? i - n : i;
+        const int c = (int)(j % c8), p = (int)(j / c8 % len), h = (int)(j / c8 / len);
+        const uint4* src = (const uint4*)kv_row(tbl, is_v ? v_off : k_off, h, p, head_dim) + c;
+        ((uint4*)(is_v ? out_v : out_k))[j] = *src;
     }
 }
 

@@ -538,6 +538,15 @@ impl<B: Backend> Llama<B> {
         out: Logits,
         record: Option<(u64, &[u32], usize)>,
     ) -> Result<usize, ModelError> {
+        // Cache memory for the positions the step writes, taken before it (a replay runs
+        // no host code).
+        for s in kv.iter_mut() {
+            b.kv_reserve(s.cache, s.shape.pos0, s.shape.n_tokens)
+                .map_err(|source| ModelError::Backend {
+                    file: Default::default(),
+                    source,
+                })?;
+        }
         // (A replay runs no closure: its row count is the recorded step's, one.)
         let mut res = Ok(1);
         let (key, tokens, pos0) = match record {

@@ -19,6 +19,14 @@ pub struct LlamaCache<B: Backend> {
     pub(super) key: u64,
 }
 
+impl<B: Backend> LlamaCache<B> {
+    /// Gives back the memory the KV cache holds where the backend hands it out as sequences
+    /// grow ([`Backend::kv_release`]); its positions are to be written again before read.
+    pub fn release(&mut self, b: &B) {
+        b.kv_release(&mut self.kv);
+    }
+}
+
 /// Activations of one forward over up to `max_rows` stacked tokens of up to `max_seqs`
 /// sequences, and the logits of up to `logit_rows` rows.
 pub struct LlamaScratch<B: Backend> {
