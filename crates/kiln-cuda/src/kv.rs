@@ -24,6 +24,8 @@ pub(crate) struct BlockPool {
     /// Blocks shared so far: a cache whose last reservation saw another count may have had
     /// its blocks shared since.
     shares: u64,
+    /// At most this many blocks are allocated ([`CudaBackend::set_kv_block_limit`]).
+    pub(crate) limit: Option<usize>,
 }
 
 impl BlockPool {
@@ -32,6 +34,14 @@ impl BlockPool {
         let buf = match self.free.get_mut(&bytes).and_then(Vec::pop) {
             Some(b) => b,
             None => {
+                let allocated = self.held.len() + self.free.values().map(Vec::len).sum::<usize>();
+                if self.limit.is_some_and(|l| allocated >= l) {
+                    return Err(BackendError::KvMemory {
+                        what: format!(
+                            "all {allocated} blocks of {KV_BLOCK} positions the limit allows are in use"
+                        ),
+                    });
+                }
                 let b = DevBuf::try_alloc(bytes).map_err(|e| BackendError::KvMemory {
                     what: format!(
                         "no device memory for another block of {} positions ({} MiB, {} MiB held by caches): {e:?}",

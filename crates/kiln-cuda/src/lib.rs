@@ -154,6 +154,13 @@ impl CudaBackend {
         })
     }
 
+    /// At most `blocks` KV cache blocks (of 64 positions, every layer) are allocated by this
+    /// backend's caches at once (None: as many as device memory holds); a step that needs
+    /// more fails with the cache's error.
+    pub fn set_kv_block_limit(&self, blocks: Option<usize>) {
+        self.kv_pool.lock().unwrap().limit = blocks;
+    }
+
     /// Sampling candidates selected on the GPU (the default; KILN_CUDA_NO_TOPK=1 turns it off).
     pub fn with_gpu_candidates(mut self) -> Self {
         self.topk = true;

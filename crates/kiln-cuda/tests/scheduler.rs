@@ -156,3 +156,95 @@ fn check(
     assert_eq!(same, n, "{dir}: {alone:?}\nvs\n{batched:?}");
     texts
 }
+
+/// The paged cache under a block limit (five blocks of 64 positions): four short requests
+/// leave their prefixes in four slots (a block each); a long one then needs three blocks, so
+/// the idle slots give theirs back and it gets what it gets alone; one needing more than the
+/// limit fails with the cache's error, and the scheduler goes on serving.
+#[test]
+#[ignore]
+fn scheduler_evicts_idle_prefixes_when_blocks_run_out() {
+    let (dir, n_ctx) = ("qwen3", 512);
+    let base = prompts(dir, 1).remove(0);
+    let long = |n: usize| {
+        base.iter()
+            .copied()
+            .cycle()
+            .skip(3)
+            .take(n)
+            .collect::<Vec<u32>>()
+    };
+    let opts = GenerateOptions {
+        max_tokens: 8,
+        sampler: SamplerConfig::greedy(),
+        ..Default::default()
+    };
+    let load = move || {
+        let b = CudaBackend::new().expect("a CUDA GPU");
+        b.set_kv_block_limit(Some(5));
+        Llm::load_quantized(b, &fixture(dir), Some(GgmlType::Q4_0))
+    };
+    let alone = {
+        let llm = load().unwrap();
+        let mut s = llm.session(n_ctx, 64);
+        s.generate(&long(150), &opts, &mut |_| true).unwrap().tokens
+    };
+    let s = Scheduler::spawn(
+        SchedulerConfig {
+            slots: 4,
+            n_ctx,
+            prefill_chunk: 64,
+            max_queue: 64,
+            timeout: None,
+        },
+        load,
+    )
+    .unwrap();
+    let run = |p: Vec<u32>| -> Result<Vec<u32>, String> {
+        let (tx, rx) = channel();
+        s.submit(Request {
+            prompt: Prompt::Tokens(p),
+            opts: opts.clone(),
+            sink: Box::new(tx),
+        })
+        .unwrap();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+                Event::Text(_) | Event::Logprobs(_) => {}
+                Event::Done(c) => return Ok(c.tokens),
+                Event::Error(e) => return Err(e.to_string()),
+            }
+        }
+    };
+    // Four slots busy at once, each then holding its prefix (one block each). They start
+    // with a token the long prompts do not, so those prefill from scratch as alone.
+    let other = if long(1)[0] == 1 { 2 } else { 1 };
+    let short: Vec<_> = (0..4)
+        .map(|i| {
+            let (tx, rx) = channel();
+            let mut p = base.clone();
+            p.rotate_left(i + 1);
+            p.insert(0, other);
+            s.submit(Request {
+                prompt: Prompt::Tokens(p),
+                opts: opts.clone(),
+                sink: Box::new(tx),
+            })
+            .unwrap();
+            rx
+        })
+        .collect();
+    for rx in short {
+        loop {
+            match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+                Event::Done(_) => break,
+                Event::Error(e) => panic!("short request failed: {e}"),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(run(long(150)).expect("the long request"), alone);
+    let e = run(long(400)).expect_err("a request past the limit");
+    assert!(e.contains("KV cache"), "{e}");
+    assert_eq!(run(long(150)).expect("served after the failure"), alone);
+}
