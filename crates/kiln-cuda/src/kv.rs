@@ -32,7 +32,11 @@ impl BlockPool {
     /// A block of `bytes` for one holder: a free one, else new device memory (zeroed).
     fn take(&mut self, dev: &Device, bytes: usize) -> Result<u64, BackendError> {
         let buf = match self.free.get_mut(&bytes).and_then(Vec::pop) {
-            Some(b) => b,
+            // Zeroed as a new block is: a cache starts from the same bytes either way.
+            Some(b) => {
+                dev.memset_u32(b.ptr, 0, bytes / 4);
+                b
+            }
             None => {
                 let allocated = self.held.len() + self.free.values().map(Vec::len).sum::<usize>();
                 if self.limit.is_some_and(|l| allocated >= l) {

@@ -153,6 +153,17 @@ fn check(
         .collect();
     let same = alone.iter().zip(&batched).filter(|(a, b)| a == b).count();
     eprintln!("{dir} {quant:?}: {same} of {n} concurrent requests equal alone");
+    for (i, (a, b)) in alone
+        .iter()
+        .zip(&batched)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+    {
+        eprintln!(
+            "request {i} (prompt of {}): alone {a:?}, batched {b:?}",
+            ps[i].len()
+        );
+    }
     assert_eq!(same, n, "{dir}: {alone:?}\nvs\n{batched:?}");
     texts
 }

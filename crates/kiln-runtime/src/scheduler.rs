@@ -431,11 +431,12 @@ impl<'m, B: Backend> Engine<'m, B> {
     fn evict_idle_caches(&mut self) -> bool {
         let mut any = false;
         for i in 0..self.slots.len() {
-            let slot = &mut self.slots[i];
-            if slot.seq.is_none() && !slot.tokens.is_empty() {
+            let (slot, b) = (&mut self.slots[i], &self.llm.backend);
+            let held = slot.cache.held_bytes(b);
+            if slot.seq.is_none() && held > 0 {
                 slot.tokens.clear();
-                slot.cache.release(&self.llm.backend);
-                any = true;
+                slot.cache.release(b);
+                any |= slot.cache.held_bytes(b) < held;
             }
         }
         any

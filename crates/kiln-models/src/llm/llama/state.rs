@@ -25,6 +25,11 @@ impl<B: Backend> LlamaCache<B> {
     pub fn release(&mut self, b: &B) {
         b.kv_release(&mut self.kv);
     }
+
+    /// Bytes the KV cache holds ([`Backend::kv_cache_bytes`]).
+    pub fn held_bytes(&self, b: &B) -> usize {
+        b.kv_cache_bytes(&self.kv)
+    }
 }
 
 /// Activations of one forward over up to `max_rows` stacked tokens of up to `max_seqs`
