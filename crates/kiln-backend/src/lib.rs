@@ -245,6 +245,15 @@ pub struct LstmShape {
     pub out_col: usize,
 }
 
+/// Host work a device backend has done since it was made ([`Backend::host_counters`]):
+/// kernels dispatched, and the host time spent recording them and submitting them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostCounters {
+    pub dispatches: u64,
+    pub record_ns: u64,
+    pub submit_ns: u64,
+}
+
 /// A key for [`Backend::step`] never handed out before in this process (every model state
 /// that records steps takes its keys here, so no two states share one).
 pub fn next_step_key() -> u64 {
@@ -456,6 +465,11 @@ pub trait Backend {
     ) -> Result<(), BackendError> {
         let _ = (cache, pos0, n);
         Ok(())
+    }
+    /// What the host has done to drive the device so far (`kiln bench` prints it per token),
+    /// where the backend counts it. The default: None.
+    fn host_counters(&self) -> Option<HostCounters> {
+        None
     }
     /// Gives back the memory `cache` holds, where the backend hands it out as sequences grow
     /// (its positions are then to be written again before they are read). The default does

@@ -252,7 +252,7 @@ fn run_test<B: Backend>(
     reps: usize,
     kv: kiln_backend::KvType,
     schema: Option<(&Grammars, &Grammar)>,
-) -> anyhow::Result<Vec<u64>> {
+) -> anyhow::Result<(Vec<u64>, Option<HostPerToken>)> {
     let llama = &m.model;
     let n = test.tokens();
     let tokens = random_tokens(n, llama.cfg.vocab_size, SEED);
@@ -301,7 +301,11 @@ fn run_test<B: Backend>(
         false => None,
     };
     let mut samples = Vec::with_capacity(reps);
+    let mut host0 = None;
     for rep in 0..=reps {
+        if rep == 1 {
+            host0 = b.host_counters();
+        }
         let t0 = Instant::now();
         match test {
             Test::Prompt(_) => {
@@ -378,7 +382,24 @@ fn run_test<B: Backend>(
             samples.push(ns.max(1));
         }
     }
-    Ok(samples)
+    // The timed runs' host work, per token.
+    let per_token = host0.zip(b.host_counters()).map(|(a, z)| {
+        let n = (test.tokens() * reps).max(1) as f64;
+        HostPerToken {
+            dispatches: (z.dispatches - a.dispatches) as f64 / n,
+            record_ns: (z.record_ns - a.record_ns) as f64 / n,
+            submit_ns: (z.submit_ns - a.submit_ns) as f64 / n,
+        }
+    });
+    Ok((samples, per_token))
+}
+
+/// A device backend's host work per token of a test ([`Backend::host_counters`]).
+#[derive(Debug, Clone, Copy)]
+struct HostPerToken {
+    dispatches: f64,
+    record_ns: f64,
+    submit_ns: f64,
 }
 
 /// One test's timed runs and what the report needs to describe them.
@@ -389,6 +410,8 @@ struct Measured<'a, B: Backend> {
     test: Test,
     depth: usize,
     samples_ns: Vec<u64>,
+    /// The backend's host work per token, where it counts it.
+    host: Option<HostPerToken>,
     /// When the test started, RFC 3339.
     test_time: String,
 }
@@ -489,7 +512,28 @@ impl<B: Backend> Measured<'_, B> {
         if let Some(b) = self.bytes_per_token() {
             o["bytes_per_token"] = (b.round() as u64).into();
         }
+        if let Some(h) = self.host {
+            o["dispatches_per_token"] = h.dispatches.into();
+            o["host_record_ns_per_token"] = h.record_ns.round().into();
+            o["host_submit_ns_per_token"] = h.submit_ns.round().into();
+        }
         o
+    }
+
+    /// The host work line printed under a row (stderr), where the backend counts it.
+    fn host_line(&self) -> Option<String> {
+        let h = self.host?;
+        let per = match self.test {
+            Test::Prompt(_) => "prompt token",
+            Test::Gen(..) | Test::GenSchema(_) => "token",
+        };
+        Some(format!(
+            "{}: {:.1} dispatches a {per}, host {:.3} ms recording + {:.3} ms submitting a {per}",
+            self.test.name(self.depth),
+            h.dispatches,
+            h.record_ns / 1e6,
+            h.submit_ns / 1e6,
+        ))
     }
 }
 
@@ -664,7 +708,7 @@ impl Run<'_> {
         let schema = grammars.as_ref().zip(self.schema.as_ref());
         for &(test, depth) in self.tests {
             let test_time = kiln_formats::rfc3339_utc(SystemTime::now(), false);
-            let samples_ns = run_test(m, b, test, depth, self.reps, self.kv, schema)?;
+            let (samples_ns, host) = run_test(m, b, test, depth, self.reps, self.kv, schema)?;
             let r = Measured {
                 model: m,
                 backend,
@@ -672,6 +716,7 @@ impl Run<'_> {
                 test,
                 depth,
                 samples_ns,
+                host,
                 test_time,
             };
             if self.json {
@@ -692,6 +737,9 @@ impl Run<'_> {
                 ]);
             }
             println!("{}", r.table_row());
+            if let Some(l) = r.host_line() {
+                eprintln!("{l}");
+            }
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! encoder holding every dispatch until something is read back, per-dispatch parameters in
 //! a uniform ring (dynamic offsets), bind groups cached by the buffers they name.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +136,9 @@ pub struct Gpu {
     /// KILN_WGPU_PROFILE=1: GPU time per kernel from timestamps around every dispatch, and
     /// host time per phase; printed when the device is dropped.
     prof: Option<RefCell<Profile>>,
+    /// Dispatches recorded and the host time spent recording and submitting them, always
+    /// kept (two clock reads a dispatch).
+    counters: Cell<kiln_backend::HostCounters>,
 }
 
 /// Timestamps per submission in profile mode.
@@ -348,6 +351,7 @@ impl Gpu {
             readback: RefCell::new(None),
             flush_every,
             prof,
+            counters: Cell::default(),
         })
     }
 
@@ -489,7 +493,8 @@ impl Gpu {
         if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
             return;
         }
-        let t0 = self.prof.as_ref().map(|_| std::time::Instant::now());
+        let t_rec = std::time::Instant::now();
+        let t0 = self.prof.as_ref().map(|_| t_rec);
         assert!(p.len() <= PARAM_WORDS && bufs.len() <= MAX_BINDINGS);
         let pipe = self.pipeline(module, entry, bufs.len(), consts);
         let full = self
@@ -574,9 +579,18 @@ impl Gpu {
         if let (Some(pr), Some(t0)) = (&self.prof, t0) {
             pr.borrow_mut().record_ns += t0.elapsed().as_nanos();
         }
+        let mut c = self.counters.get();
+        c.dispatches += 1;
+        c.record_ns += t_rec.elapsed().as_nanos() as u64;
+        self.counters.set(c);
         if flush {
             self.flush();
         }
+    }
+
+    /// Dispatches recorded and host time spent on them since the device was made.
+    pub fn counters(&self) -> kiln_backend::HostCounters {
+        self.counters.get()
     }
 
     /// Ends the open compute pass (in profile mode after a last timestamp, which closes the
@@ -617,6 +631,9 @@ impl Gpu {
         e.ids.clear();
         self.queue.submit([enc.finish()]);
         drop(e);
+        let mut c = self.counters.get();
+        c.submit_ns += t0.elapsed().as_nanos() as u64;
+        self.counters.set(c);
         if let Some(pr) = &self.prof {
             let submit = t0.elapsed().as_nanos();
             let mut pr = pr.borrow_mut();

@@ -595,6 +595,10 @@ impl Backend for WgpuBackend {
         format!("wgpu ({})", self.gpu.info.name)
     }
 
+    fn host_counters(&self) -> Option<kiln_backend::HostCounters> {
+        Some(self.gpu.counters())
+    }
+
     fn load_weight(&self, w: WeightData) -> Result<WgpuWeight, BackendError> {
         let p =
             pack::pack(w.ty, w.rows, w.cols, w.bytes).map_err(|source| BackendError::Quant {

@@ -337,3 +337,36 @@ fn kokoro_speaks_like_the_cpu() {
         "envelope difference {mean:.2} dB over {n} frames"
     );
 }
+
+/// The backend counts the host's work (`kiln bench --device gpu` prints it per token): each
+/// decode step adds the same number of dispatches (a few a layer, none skipped or doubled),
+/// and recording and submitting them took host time.
+#[test]
+fn decode_steps_report_their_host_work() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let ck = HfCheckpoint::open(&fixtures().join("qwen3")).unwrap();
+    let m = Llama::load_hf(&g, &ck, Some(GgmlType::Q8_0)).unwrap();
+    let mut st = m.new_state(&g, 64, 16);
+    let mut next = m.forward_argmax(&g, &mut st, &[1, 5, 9, 2], 0).unwrap();
+    let mut per_step = Vec::new();
+    for pos in 4..10 {
+        let a = g.host_counters().expect("wgpu counts its host work");
+        next = m.forward_argmax(&g, &mut st, &[next], pos).unwrap();
+        let z = g.host_counters().unwrap();
+        assert!(
+            z.record_ns > a.record_ns && z.submit_ns > a.submit_ns,
+            "{a:?} -> {z:?}"
+        );
+        per_step.push(z.dispatches - a.dispatches);
+    }
+    let layers = m.cfg.n_layers as u64;
+    assert!(
+        per_step
+            .iter()
+            .all(|&d| d == per_step[0] && d >= 2 * layers),
+        "dispatches a step: {per_step:?} ({layers} layers)"
+    );
+    assert!(CpuBackend::new(1).host_counters().is_none());
+}
