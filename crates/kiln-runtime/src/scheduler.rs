@@ -608,7 +608,8 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 
     /// Moves waiting requests into free slots, each to the free slot holding the longest
-    /// start of its prompt (least recently used on ties).
+    /// start of its prompt (least recently used on ties); where another slot, running or
+    /// not, holds a longer start, that start's keys and values are copied into the slot.
     fn assign(&mut self) {
         // Requests whose client left while waiting are dropped here.
         let before = self.waiting.len();
@@ -640,6 +641,35 @@ impl<'m, B: Backend> Engine<'m, B> {
                 reuse = 0;
             }
             slot.tokens.truncate(reuse);
+            // A longer start of the prompt in another slot (running or idle: a system prompt
+            // other requests hold): its keys and values copied over, or its blocks shared
+            // where the backend pages its caches, instead of prefilling them again.
+            if !self.llm.model.has_recurrent_state() {
+                let other = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(j, s)| (common_prefix(&s.tokens, &w.prompt), j))
+                    .max();
+                if let Some((c, j)) = other.filter(|&(c, _)| c.min(w.prompt.len() - 1) > reuse) {
+                    reuse = c.min(w.prompt.len() - 1);
+                    let (src, dst) = match j < i {
+                        true => {
+                            let (a, b) = self.slots.split_at_mut(i);
+                            (&a[j], &mut b[0])
+                        }
+                        false => {
+                            let (a, b) = self.slots.split_at_mut(j);
+                            (&b[0], &mut a[i])
+                        }
+                    };
+                    dst.cache.copy_prefix(&self.llm.backend, &src.cache, reuse);
+                    dst.tokens.clear();
+                    dst.tokens.extend_from_slice(&w.prompt[..reuse]);
+                }
+            }
+            let slot = &mut self.slots[i];
             slot.seq = Some(Seq {
                 sampler: Sampler::new(w.req.opts.sampler.clone()),
                 stream: StreamDecoder::new(tok, true),

@@ -216,6 +216,44 @@ fn prefix_cache_and_stop_strings() {
     assert_eq!(c5.completion_tokens, 16);
 }
 
+/// A request whose system prompt a running request holds in another slot gets that start
+/// copied into its own slot (not prefilled again), and both get what they get alone.
+#[test]
+fn prefix_copied_from_a_running_slot() {
+    let _g = serial();
+    let llm = load().unwrap();
+    let system = "You are a concise assistant. Answer in one short sentence, without any \
+        preamble, and never ask a question back.";
+    let conv = |q: &str| vec![Message::new("system", system), Message::new("user", q)];
+    let ids = |m: &[Message]| llm.tokenize(&llm.render_chat(m).unwrap(), false).unwrap();
+    let (pa, pb) = (
+        ids(&conv("Tell me a long story about a lighthouse.")),
+        ids(&conv("What is the capital of Italy?")),
+    );
+    let (oa, ob) = (
+        opts(160, SamplerConfig::greedy()),
+        opts(16, SamplerConfig::greedy()),
+    );
+    let (want_a, want_b) = (alone(&llm, &pa, &oa).0, alone(&llm, &pb, &ob).0);
+    drop(llm);
+    let s = scheduler(2, 64);
+    let ra = submit(&s, Prompt::Tokens(pa), oa);
+    // A is decoding (its prompt in slot 0) when B arrives: B takes the other slot.
+    match ra.recv_timeout(Duration::from_secs(120)).expect("event") {
+        Event::Text(_) => {}
+        e => panic!("expected text first: {e:?}"),
+    }
+    let (_, cb) = collect(&submit(&s, Prompt::Tokens(pb), ob));
+    assert!(
+        cb.cached_tokens >= 20,
+        "the running request's system prompt was not copied: {cb:?}"
+    );
+    assert_eq!(cb.tokens, want_b);
+    let (_, ca) = collect(&ra);
+    // A's first token came before collect(); the rest as alone.
+    assert_eq!(ca.tokens, want_a);
+}
+
 /// A sink whose receiver is gone as soon as `closed` is set.
 struct Dropping(std::sync::Arc<std::sync::atomic::AtomicBool>);
 impl EventSink for Dropping {

@@ -26,6 +26,13 @@ impl<B: Backend> LlamaCache<B> {
         b.kv_release(&mut self.kv);
     }
 
+    /// This cache's first `n` positions become `src`'s ([`Backend::kv_copy`]: a copy, or the
+    /// same blocks shared where the backend pages its caches). Not for a model with a
+    /// recurrent state (LFM2's convolutions), which a prefix of keys does not carry.
+    pub fn copy_prefix(&mut self, b: &B, src: &LlamaCache<B>, n: usize) {
+        b.kv_copy(&src.kv, &mut self.kv, n);
+    }
+
     /// Bytes the KV cache holds ([`Backend::kv_cache_bytes`]).
     pub fn held_bytes(&self, b: &B) -> usize {
         b.kv_cache_bytes(&self.kv)
