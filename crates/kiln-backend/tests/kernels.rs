@@ -269,7 +269,7 @@ fn decoded_tiles_equal_four_row_kernels_exactly() {
 /// `KILN_REQUIRE_KERNELS=a,b` (CI sets it for the aarch64 run) fails unless those sets are
 /// available here, so a detection slip cannot leave a set untested. Besides the product
 /// kernel sets ("avx2", "avx-vnni", "avx512-vnni", "neon", "neon-dotprod"): "amx" (AMX
-/// tiles), "avx512-bf16" (the bf16 block products without tiles), every integer convolution
+/// tiles), "avx512-bf16" and "neon-bf16" (the bf16 block products without tiles), every integer convolution
 /// kernel this CPU has ("amx", "avx512-vnni-conv", "avx-vnni-conv", "avx2-conv",
 /// "neon-i8mm-conv", "neon-dotprod-conv": each is tested against the same sums) and the
 /// int8 block products' set ("avx512-vnni-gemm", "avx-vnni-gemm", "neon-dotprod-gemm" or
@@ -282,6 +282,9 @@ fn required_kernel_sets_are_available() {
     }
     if kiln_backend::cpu::kernels::amx::avx512_bf16_available() {
         names.push("avx512-bf16");
+    }
+    if kiln_backend::cpu::kernels::amx::neon_bf16_available() {
+        names.push("neon-bf16");
     }
     names.extend(kiln_backend::cpu::integer_conv_kernels());
     names.extend(kiln_backend::cpu::kernels::vnni_gemm::isa().map(|i| i.name()));
