@@ -1,8 +1,8 @@
 //! The conformance suite on the CPU backend with `KILN_NO_AMX=1 KILN_NO_BF16=1`: what Intel
 //! CPUs from Skylake-SP to Ice Lake run (f32 block products over packed weights; int8 where
 //! allowed). Its own test binary: the kernel choice is made once per process.
-//! x86-64 only (the choice does not exist elsewhere).
-#![cfg(target_arch = "x86_64")]
+//! x86-64 and aarch64 (there: the NEON f32 block products of CPUs without bf16, Apple M1).
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 use kiln_backend::conformance::Tolerances;
 use kiln_backend::cpu::CpuBackend;

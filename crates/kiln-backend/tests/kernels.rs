@@ -269,9 +269,11 @@ fn decoded_tiles_equal_four_row_kernels_exactly() {
 /// `KILN_REQUIRE_KERNELS=a,b` (CI sets it for the aarch64 run) fails unless those sets are
 /// available here, so a detection slip cannot leave a set untested. Besides the product
 /// kernel sets ("avx2", "avx-vnni", "avx512-vnni", "neon", "neon-dotprod"): "amx" (AMX
-/// tiles), "avx512-bf16" (the bf16 block products without tiles), the integer convolution kernel this CPU runs ("amx", "avx512-vnni-conv",
-/// "avx-vnni-conv", "avx2-conv" or "neon-dotprod-conv") and the int8 block products' set
-/// ("avx512-vnni-gemm", "avx-vnni-gemm", "neon-dotprod-gemm" or "neon-i8mm-gemm").
+/// tiles), "avx512-bf16" and "neon-bf16" (the bf16 block products without tiles), every integer convolution
+/// kernel this CPU has ("amx", "avx512-vnni-conv", "avx-vnni-conv", "avx2-conv",
+/// "neon-i8mm-conv", "neon-dotprod-conv": each is tested against the same sums) and the
+/// int8 block products' set ("avx512-vnni-gemm", "avx-vnni-gemm", "neon-dotprod-gemm" or
+/// "neon-i8mm-gemm").
 #[test]
 fn required_kernel_sets_are_available() {
     let mut names: Vec<&str> = available().iter().map(|k| k.name).collect();
@@ -281,7 +283,10 @@ fn required_kernel_sets_are_available() {
     if kiln_backend::cpu::kernels::amx::avx512_bf16_available() {
         names.push("avx512-bf16");
     }
-    names.extend(kiln_backend::cpu::integer_conv_kernel());
+    if kiln_backend::cpu::kernels::amx::neon_bf16_available() {
+        names.push("neon-bf16");
+    }
+    names.extend(kiln_backend::cpu::integer_conv_kernels());
     names.extend(kiln_backend::cpu::kernels::vnni_gemm::isa().map(|i| i.name()));
     eprintln!("kernel sets: {names:?}");
     #[cfg(target_arch = "aarch64")]

@@ -232,10 +232,17 @@ pub fn lower_thread_priority(nice: i32) -> bool {
     }
 }
 
-/// The integer convolution kernel of this CPU (Kokoro's int8 layers): "amx" or
-/// "avx512-vnni-conv", or None where neither runs.
+/// The integer convolution kernel of this CPU (Kokoro's int8 layers): "amx",
+/// "avx512-vnni-conv", "avx-vnni-conv", "avx2-conv", "neon-i8mm-conv" or
+/// "neon-dotprod-conv", or None where none runs.
 pub fn integer_conv_kernel() -> Option<&'static str> {
     ops::conv1d_q8::kernel_name()
+}
+
+/// Every integer convolution kernel set this CPU has (the one it runs first): the tests
+/// check each against the same integer sums.
+pub fn integer_conv_kernels() -> Vec<&'static str> {
+    ops::conv1d_q8::kernel_names()
 }
 
 pub fn default_threads() -> usize {

@@ -18,7 +18,10 @@
 //! runs the same block products with `vdpbf16ps` ([`gemm`] and [`gemm_cols`] choose; the
 //! layouts are the same: a B tile row is one 16-lane vector of (even k, odd k) pairs), so
 //! every caller of [`bf16_products`] keeps its packed weights and epilogues. Without either
-//! (`KILN_NO_AVX512=1`, AVX2 machines) the callers keep their f32 paths.
+//! (`KILN_NO_AVX512=1`, AVX2 machines) the callers keep their f32 paths. On aarch64 CPUs with
+//! bf16 (Apple M2 and later, Neoverse V1/N2 and later) NEON's `bfdot` runs them on the same
+//! layouts: a B tile row is four vectors of (even k, odd k) pairs, each row's pair taken by
+//! element from a load of four pairs (`KILN_NO_BF16=1` turns it off).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::asm;
@@ -45,18 +48,33 @@ pub fn available() -> bool {
 }
 
 /// Whether the bf16 block products ([`gemm`], [`gemm_cols`]) run in this process: on AMX
-/// tiles, else on AVX-512 BF16 vectors.
+/// tiles, else on AVX-512 BF16 vectors, or NEON bf16 on aarch64.
 pub fn bf16_products() -> bool {
-    available() || dp_available()
+    available() || dp_available() || neon_bf16_available()
 }
 
-/// The kernel set behind [`bf16_products`]: "amx" or "avx512-bf16".
+/// The kernel set behind [`bf16_products`]: "amx", "avx512-bf16" or "neon-bf16".
 pub fn bf16_products_name() -> Option<&'static str> {
-    match (available(), dp_available()) {
-        (true, _) => Some("amx"),
-        (false, true) => Some("avx512-bf16"),
+    match (available(), dp_available(), neon_bf16_available()) {
+        (true, _, _) => Some("amx"),
+        (false, true, _) => Some("avx512-bf16"),
+        (false, false, true) => Some("neon-bf16"),
         _ => None,
     }
+}
+
+/// NEON bf16 `bfdot` on aarch64 (unless `KILN_NO_SIMD` or `KILN_NO_BF16`): the block
+/// products' kernel there.
+pub fn neon_bf16_available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(target_arch = "aarch64")]
+        return !super::simd_disabled()
+            && !crate::options::get().no_bf16
+            && std::arch::is_aarch64_feature_detected!("bf16");
+        #[allow(unreachable_code)]
+        false
+    })
 }
 
 /// AVX-512 BF16 `vdpbf16ps` (with AVX-512F), allowed by the AVX-512 switch: the block
@@ -324,14 +342,52 @@ pub unsafe fn gemm_cols(
     }
 }
 
-/// Without x86_64 there are no tiles ([`available`] is false, so this is never called).
-#[cfg(not(target_arch = "x86_64"))]
-pub unsafe fn gemm(_: &[u16], _: usize, _: &PackedB, _: impl FnMut(usize, usize, &[f32])) {
-    unreachable!("AMX is x86_64 only")
+/// [`gemm`] on NEON bf16.
+///
+/// # Safety
+/// [`bf16_products`] returned true.
+#[cfg(target_arch = "aarch64")]
+pub unsafe fn gemm(a: &[u16], m: usize, b: &PackedB, emit: impl FnMut(usize, usize, &[f32])) {
+    // SAFETY: as the caller promises.
+    unsafe { gemm_cols(a, m, b, 0, b.np, emit) }
 }
 
-/// Without x86_64 there are no tiles ([`available`] is false, so this is never called).
-#[cfg(not(target_arch = "x86_64"))]
+/// [`gemm`] over columns `j0..j1` of C only (multiples of [`NB`], `j1 <= b.np`), on NEON
+/// bf16.
+///
+/// # Safety
+/// [`bf16_products`] returned true.
+#[cfg(target_arch = "aarch64")]
+pub unsafe fn gemm_cols(
+    a: &[u16],
+    m: usize,
+    b: &PackedB,
+    j0: usize,
+    j1: usize,
+    emit: impl FnMut(usize, usize, &[f32]),
+) {
+    assert!(
+        j0.is_multiple_of(NB) && j1.is_multiple_of(NB) && j1 <= b.np,
+        "gemm_cols column range"
+    );
+    let mp = round_up(m.max(1), MB);
+    assert!(a.len() >= mp * b.kp && b.data.len() >= b.np * b.kp);
+    let mut c = Block([0f32; MB * NB]);
+    // SAFETY: bf16_products() on aarch64 means NEON bf16 (caller); the operands were
+    // bounded above.
+    unsafe { neon_bf16::gemm_cols(a, m, b, j0, j1, &mut c, emit) }
+}
+
+/// Without x86_64 or aarch64 there are no bf16 block products ([`bf16_products`] is false,
+/// so this is never called).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub unsafe fn gemm(_: &[u16], _: usize, _: &PackedB, _: impl FnMut(usize, usize, &[f32])) {
+    unreachable!("no bf16 block products on this architecture")
+}
+
+/// Without x86_64 or aarch64 there are no bf16 block products ([`bf16_products`] is false,
+/// so this is never called).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub unsafe fn gemm_cols(
     _: &[u16],
     _: usize,
@@ -340,7 +396,7 @@ pub unsafe fn gemm_cols(
     _: usize,
     _: impl FnMut(usize, usize, &[f32]),
 ) {
-    unreachable!("AMX is x86_64 only")
+    unreachable!("no bf16 block products on this architecture")
 }
 
 /// A 32 x 32 block of C (row-major, 32 wide), 64-byte aligned.
@@ -441,6 +497,111 @@ mod dp {
         unsafe {
             super::super::strip_8x32!("vdpbf16ps", a, lda, b0, b1, pairs, c);
         }
+    }
+}
+
+/// The block products on NEON bf16: each 32 x 32 block of C as four 8-row strips, each strip
+/// as four pieces of 4 rows x 16 columns (one column tile): 16 accumulators (row r, columns
+/// 4v..4v+4 in acc[r][v]); per four k pairs one 16-byte load of each row of A, then per pair
+/// the tile row's four vectors and `bfdot` by element (lane L of the row's load: its pair).
+#[cfg(target_arch = "aarch64")]
+mod neon_bf16 {
+    use super::{Block, PackedB, NB, TILE, TK, TN};
+    use std::arch::aarch64::*;
+
+    /// # Safety
+    /// NEON bf16 is present; `a` holds `round_up(m, MB)` rows of `b.kp`, `b` is packed whole
+    /// and `j0..j1` is a range of whole blocks inside it.
+    pub unsafe fn gemm_cols(
+        a: &[u16],
+        m: usize,
+        b: &PackedB,
+        j0: usize,
+        j1: usize,
+        c: &mut Block,
+        emit: impl FnMut(usize, usize, &[f32]),
+    ) {
+        let (kp, nkb) = (b.kp, b.kp / TK);
+        let strip_of = |row0: usize, nb: usize, rows: &mut [f32]| {
+            // SAFETY: rows row0..row0+8 of `a` and the two column blocks' tiles lie inside
+            // the operands (caller); `rows` holds the strip's 8 x 32 values; bf16 is present
+            // (caller).
+            unsafe {
+                let b0 = b.data.as_ptr().add(nb * nkb * TILE);
+                let ap = a.as_ptr().add(row0 * kp);
+                for (half, bt) in [b0, b0.add(nkb * TILE)].into_iter().enumerate() {
+                    for r in [0, 4] {
+                        let cp = rows.as_mut_ptr().add(r * NB + half * TN);
+                        piece(ap.add(r * kp), kp, bt, cp);
+                    }
+                }
+            }
+        };
+        super::strips(m, j0, j1, c, strip_of, emit)
+    }
+
+    /// C (4 rows of 16 at `c`, `NB` apart) = 4 rows of A (`kp` bf16 each, a multiple of 8,
+    /// rows `kp` apart) · one column block's tiles at `b` (kp / 2 rows of 16 pairs).
+    #[target_feature(enable = "neon,bf16")]
+    unsafe fn piece(a: *const u16, kp: usize, b: *const u16, c: *mut f32) {
+        // SAFETY: the caller bounds every read (kp values of 4 rows, kp / 2 tile rows of
+        // 2 TN values) and the 4 x 16 values written.
+        unsafe {
+            let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
+            for p in (0..kp).step_by(8) {
+                let x = [0, 1, 2, 3].map(|r| vld1q_u16(a.add(r * kp + p)));
+                // Pair p / 2's tile row: 2 TN values from p TN.
+                let bp = b.add(p * TN);
+                step::<0>(&mut acc, &x, bp);
+                step::<1>(&mut acc, &x, bp.add(2 * TN));
+                step::<2>(&mut acc, &x, bp.add(4 * TN));
+                step::<3>(&mut acc, &x, bp.add(6 * TN));
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                for (v, &s) in acc.iter().enumerate() {
+                    vst1q_f32(c.add(r * NB + 4 * v), s);
+                }
+            }
+        }
+    }
+
+    /// One k pair of the column tile (its 16 pairs at `b`) into the accumulators, each
+    /// row's pair being lane L (of 4 pairs) of its load.
+    #[inline(always)]
+    unsafe fn step<const L: i32>(
+        acc: &mut [[float32x4_t; 4]; 4],
+        x: &[uint16x8_t; 4],
+        b: *const u16,
+    ) {
+        // SAFETY: 2 TN values at `b` (caller).
+        unsafe {
+            let w = vld1q_u16_x4(b);
+            let w = [w.0, w.1, w.2, w.3];
+            for (acc, &xr) in acc.iter_mut().zip(x) {
+                for (s, &wv) in acc.iter_mut().zip(&w) {
+                    *s = bfdot::<L>(*s, wv, xr);
+                }
+            }
+        }
+    }
+
+    /// `bfdot acc.4s, w.8h, x.2h[L]`: lane i += w[2i] x[2L] + w[2i + 1] x[2L + 1] (bf16
+    /// products, f32 sums).
+    #[inline(always)]
+    unsafe fn bfdot<const L: i32>(acc: float32x4_t, w: uint16x8_t, x: uint16x8_t) -> float32x4_t {
+        let mut acc = acc;
+        // SAFETY: registers only; callers enable "bf16".
+        unsafe {
+            std::arch::asm!(
+                "bfdot {0:v}.4s, {1:v}.8h, {2:v}.2h[{l}]",
+                inout(vreg) acc,
+                in(vreg) w,
+                in(vreg) x,
+                l = const L,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        acc
     }
 }
 

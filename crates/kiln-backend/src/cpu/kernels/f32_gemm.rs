@@ -1,5 +1,5 @@
 //! f32 block products for weights marked `prefer_batches` on CPUs with neither AMX tiles nor
-//! AVX-512 BF16: the weight packed once at load in 16-row blocks, each k a 64-byte vector of
+//! AVX-512 BF16 nor NEON bf16: the weight packed once at load in 16-row blocks, each k a 64-byte vector of
 //! the block's 16 values, so a strip of 8 rows of x x 32 columns runs from registers.
 //! AVX-512 (Intel Skylake-SP to Ice Lake and Tiger Lake: most x86 cloud machines):
 //! `strip_8x32!` with `vfmadd231ps`, one broadcast of x a row, two vectors of W a k. NEON
@@ -14,12 +14,12 @@ use super::amx::{round_up, MB, NB};
 /// Rows of W per packed block (lanes of a vector).
 const TN: usize = 16;
 
-/// Whether these products run here: on aarch64 unless SIMD is off (NEON is the baseline);
-/// on x86-64 with AVX-512F allowed and neither AMX nor AVX-512 BF16 (whose bf16 block
-/// products are faster).
+/// Whether these products run here: on aarch64 unless SIMD is off (NEON is the baseline)
+/// or the CPU has bf16; on x86-64 with AVX-512F allowed and neither AMX nor AVX-512 BF16
+/// (the bf16 block products are faster).
 pub fn available() -> bool {
     #[cfg(target_arch = "aarch64")]
-    return !super::simd_disabled();
+    return !super::simd_disabled() && !super::amx::bf16_products();
     #[allow(unreachable_code)]
     (super::avx512_allowed() && !super::amx::bf16_products())
 }

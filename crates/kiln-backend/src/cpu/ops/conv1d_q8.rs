@@ -19,7 +19,7 @@
 //!
 //! VNNI multiplies u8 by s8 only: its weight is packed as wq - 128 (bytes XOR 0x80), so its
 //! sum C' = C - 128 Sx, and the epilogue's term zw Sx becomes (zw - 128) Sx: the same exact
-//! integers.
+//! integers. NEON dotprod and i8mm take the same weight bytes (i8mm's in row pairs).
 
 use super::vmath;
 use crate::cpu::kernels::amx::{self, BlockI32, MB, NB};
@@ -45,6 +45,9 @@ enum Isa {
     /// NEON dotprod (`sdot`, signed by signed): the weight as `Vnni`'s, the input bytes
     /// taken as x - 128 and 128 Σ a' added back, so the sums are `Vnni`'s.
     Dotprod,
+    /// NEON i8mm (`usmmla`, unsigned by signed as `vpdpbusd`): the weight as `Vnni`'s in
+    /// row pairs (each 8 values of rows 2i, 2i + 1 in turn), the sums `Vnni`'s.
+    I8mm,
 }
 
 impl Isa {
@@ -57,34 +60,52 @@ impl Isa {
     }
 }
 
-/// The integer kernel this CPU runs: AMX tiles where present, else AVX-512 VNNI, else
-/// AVX-VNNI, else AVX2; NEON dotprod on ARM.
+/// The integer kernel this CPU runs: the first of [`isas`].
 fn isa() -> Option<Isa> {
-    if amx::available() {
-        return Some(Isa::Amx);
+    isas().first().copied()
+}
+
+/// The integer kernels this CPU has, best first: AMX tiles, AVX-512 VNNI, AVX-VNNI, AVX2;
+/// on ARM NEON i8mm, then dotprod.
+fn isas() -> Vec<Isa> {
+    [
+        (Isa::Amx, amx::available()),
+        (Isa::Vnni, vnni::available()),
+        (Isa::AvxVnni, vex::available()),
+        (Isa::I8mm, i8mm::available()),
+        (Isa::Dotprod, dotprod::available()),
+        (Isa::Avx2, wide::available()),
+    ]
+    .into_iter()
+    .filter_map(|(i, ok)| ok.then_some(i))
+    .collect()
+}
+
+impl Isa {
+    /// The kernel set's name (what `KILN_REQUIRE_KERNELS` asks for).
+    fn name(self) -> &'static str {
+        match self {
+            Isa::Amx => "amx",
+            Isa::Vnni => "avx512-vnni-conv",
+            Isa::AvxVnni => "avx-vnni-conv",
+            Isa::Avx2 => "avx2-conv",
+            Isa::Dotprod => "neon-dotprod-conv",
+            Isa::I8mm => "neon-i8mm-conv",
+        }
     }
-    if vnni::available() {
-        return Some(Isa::Vnni);
-    }
-    if vex::available() {
-        return Some(Isa::AvxVnni);
-    }
-    if dotprod::available() {
-        return Some(Isa::Dotprod);
-    }
-    wide::available().then_some(Isa::Avx2)
 }
 
 /// The integer convolution kernel this CPU runs, by name ("amx", "avx512-vnni-conv",
-/// "avx-vnni-conv", "avx2-conv", "neon-dotprod-conv"), or None (Kokoro's int8 convolutions then run in f32 on the rounded input).
+/// "avx-vnni-conv", "avx2-conv", "neon-i8mm-conv", "neon-dotprod-conv"), or None (Kokoro's
+/// int8 convolutions then run in f32 on the rounded input).
 pub fn kernel_name() -> Option<&'static str> {
-    isa().map(|i| match i {
-        Isa::Amx => "amx",
-        Isa::Vnni => "avx512-vnni-conv",
-        Isa::AvxVnni => "avx-vnni-conv",
-        Isa::Avx2 => "avx2-conv",
-        Isa::Dotprod => "neon-dotprod-conv",
-    })
+    isa().map(Isa::name)
+}
+
+/// Every integer convolution kernel set this CPU has, the one it runs first (the tests
+/// check each of them against the same integer sums).
+pub fn kernel_names() -> Vec<&'static str> {
+    isas().into_iter().map(Isa::name).collect()
 }
 
 /// An integer convolution weight in tile order.
@@ -122,12 +143,22 @@ pub fn applies(s: &Conv1dShape) -> bool {
 /// Packs wq (c_out, c_in, k) with per-tensor (1 value) or per-output-channel zero points and
 /// scales; None when the sizes do not fit.
 pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<PackedConvQ8> {
+    pack_for(isa()?, q, zero, scale, s)
+}
+
+/// [`pack`] for the kernel `isa` (one of [`isas`]).
+fn pack_for(
+    isa: Isa,
+    q: &[u8],
+    zero: &[i32],
+    scale: &[f32],
+    s: &Conv1dShape,
+) -> Option<PackedConvQ8> {
     let (c_in, c_out, k) = (s.c_in, s.c_out, s.k);
     let per = |n: usize| n == 1 || n == c_out;
     if q.len() != c_out * c_in * k || !per(zero.len()) || !per(scale.len()) {
         return None;
     }
-    let isa = isa()?;
     let (op, cp) = (amx::round_up(c_out, MB), amx::round_up(c_in, KC));
     let eb = isa.weight_bytes();
     let mut a = vec![0u8; k * op * cp * eb];
@@ -140,6 +171,12 @@ pub fn pack(q: &[u8], zero: &[i32], scale: &[f32], s: &Conv1dShape) -> Option<Pa
                 match isa {
                     Isa::Amx => a[at] = v,
                     Isa::Vnni | Isa::AvxVnni | Isa::Dotprod => a[at] = v ^ 0x80,
+                    // Rows o - o % 2 and o - o % 2 + 1 share 2 cp bytes: per 8 values,
+                    // the first row's 8 bytes, then the second's.
+                    Isa::I8mm => {
+                        let pair = (j * op + o - o % 2) * cp;
+                        a[pair + (i / 8) * 16 + (o % 2) * 8 + i % 8] = v ^ 0x80;
+                    }
                     Isa::Avx2 => {
                         a[at..at + 2].copy_from_slice(&(v as i16 - 128).to_le_bytes());
                     }
@@ -790,6 +827,135 @@ mod dotprod {
     }
 }
 
+/// The block of [`amx::conv_block_u8`] on NEON i8mm: `usmmla` multiplies a 2 x 8 block of
+/// unsigned input bytes (2 time steps x 8 channels) by an 8 x 2 block of signed weight bytes
+/// (8 channels x 2 output rows) into 2 x 2 exact sums, unsigned by signed as `vpdpbusd`: the
+/// VNNI block's sums, the input taken as it is laid out. Pieces of 8 rows x 8 time steps (16
+/// accumulators); per 8 channels, one load of 4 time steps from each of the two channel
+/// groups, zipped into time-step pairs, and one 16-byte load per row pair of the weight
+/// (packed so). The pairs are unzipped into rows at the end.
+mod i8mm {
+    #[cfg(target_arch = "aarch64")]
+    use crate::cpu::kernels::amx::BlockI32;
+
+    pub fn available() -> bool {
+        #[cfg(target_arch = "aarch64")]
+        {
+            super::dotprod::available() && std::arch::is_aarch64_feature_detected!("i8mm")
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        false
+    }
+
+    /// `usmmla acc.4s, x.16b, w.16b`: acc[2i + j] += Σ_{e < 8} x[8i + e] w[8j + e], x
+    /// unsigned, w signed.
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn usmmla(
+        acc: std::arch::aarch64::int32x4_t,
+        x: std::arch::aarch64::uint8x16_t,
+        w: std::arch::aarch64::int8x16_t,
+    ) -> std::arch::aarch64::int32x4_t {
+        let mut acc = acc;
+        // SAFETY: registers only; callers enable "i8mm".
+        unsafe {
+            std::arch::asm!(
+                "usmmla {0:v}.4s, {1:v}.16b, {2:v}.16b",
+                inout(vreg) acc,
+                in(vreg) x,
+                in(vreg) w,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        acc
+    }
+
+    /// As `vnni::conv_block`, the weight in row pairs: rows r, r + 1 (r even) of tap j at
+    /// `a + j * a_tap + r * lda`, values 8s..8s + 8 of row r then of row r + 1 at 16 s bytes
+    /// past it; the first `rows` rounded up to 8. An odd last channel group is paired with
+    /// zeros (its row of b is the last read).
+    ///
+    /// # Safety
+    /// [`available`] returned true; the row pairs of a (up to the next multiple of 8 past
+    /// `rows`, 16 nq.div_ceil(2) bytes each) and the rows of b (nq rows of 128 bytes from
+    /// each tap's offset) lie inside the caller's buffers.
+    #[cfg(target_arch = "aarch64")]
+    #[target_feature(enable = "neon,i8mm")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn conv_block(
+        a: *const u8,
+        lda: usize,
+        a_tap: usize,
+        b: *const u8,
+        ldb: usize,
+        b_off: &[usize],
+        nq: usize,
+        rows: usize,
+        c: &mut BlockI32,
+    ) {
+        use crate::cpu::kernels::amx::{MB, NB};
+        use std::arch::aarch64::*;
+        // Rows and time steps a piece: 4 x 4 pairs.
+        const R: usize = 8;
+        const T: usize = 8;
+        for r0 in (0..MB).step_by(R) {
+            if r0 >= rows {
+                c.0[r0 * NB..(r0 + R) * NB].fill(0);
+                continue;
+            }
+            for t0 in (0..NB).step_by(T) {
+                // SAFETY (all below): reads within the bounds the caller vouched for.
+                unsafe {
+                    // acc[i][q]: (t, r), (t, r + 1), (t + 1, r), (t + 1, r + 1) for
+                    // r = r0 + 2i, t = t0 + 2q.
+                    let mut acc = [[vdupq_n_s32(0); T / 2]; R / 2];
+                    for (j, &bo) in b_off.iter().enumerate() {
+                        let aj = a.add(j * a_tap + r0 * lda);
+                        let bj = b.add(bo + 4 * t0);
+                        for s in 0..nq.div_ceil(2) {
+                            // Groups 2s, 2s + 1 at time steps t0..t0 + 4 and t0 + 4..t0 + 8.
+                            let load = |p: usize| -> [uint32x4_t; 2] {
+                                let at = bj.add(p * ldb);
+                                [0, 16].map(|o| vreinterpretq_u32_u8(vld1q_u8(at.add(o))))
+                            };
+                            let lo = load(2 * s);
+                            let hi = if 2 * s + 1 < nq {
+                                load(2 * s + 1)
+                            } else {
+                                [vdupq_n_u32(0); 2]
+                            };
+                            let x: [uint8x16_t; T / 2] = std::array::from_fn(|q| {
+                                let (l, h) = (lo[q / 2], hi[q / 2]);
+                                vreinterpretq_u8_u32(if q % 2 == 0 {
+                                    vzip1q_u32(l, h)
+                                } else {
+                                    vzip2q_u32(l, h)
+                                })
+                            });
+                            let w: [int8x16_t; R / 2] = std::array::from_fn(|i| {
+                                vld1q_s8(aj.add(2 * i * lda + 16 * s) as *const i8)
+                            });
+                            for (i, acc) in acc.iter_mut().enumerate() {
+                                for (q, v) in acc.iter_mut().enumerate() {
+                                    *v = usmmla(*v, x[q], w[i]);
+                                }
+                            }
+                        }
+                    }
+                    for (i, acc) in acc.iter().enumerate() {
+                        for h in 0..T / 4 {
+                            let (u, v) = (acc[2 * h], acc[2 * h + 1]);
+                            let at = (r0 + 2 * i) * NB + t0 + 4 * h;
+                            vst1q_s32(c.0[at..at + 4].as_mut_ptr(), vuzp1q_s32(u, v));
+                            vst1q_s32(c.0[at + NB..at + NB + 4].as_mut_ptr(), vuzp2q_s32(u, v));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A vector kernel's block: `vnni::conv_block`'s contract.
 type BlockFn =
     unsafe fn(*const u8, usize, usize, *const u8, usize, &[usize], usize, usize, &mut BlockI32);
@@ -801,11 +967,13 @@ fn vector_block(isa: Isa) -> BlockFn {
         Isa::Vnni => return vnni::conv_block,
         Isa::AvxVnni => return vex::conv_block,
         Isa::Avx2 => return wide::conv_block,
-        Isa::Amx | Isa::Dotprod => {}
+        Isa::Amx | Isa::Dotprod | Isa::I8mm => {}
     }
     #[cfg(target_arch = "aarch64")]
-    if isa == Isa::Dotprod {
-        return dotprod::conv_block;
+    match isa {
+        Isa::Dotprod => return dotprod::conv_block,
+        Isa::I8mm => return i8mm::conv_block,
+        Isa::Amx | Isa::Vnni | Isa::AvxVnni | Isa::Avx2 => {}
     }
     unreachable!("no vector block for {isa:?}")
 }
@@ -1204,34 +1372,47 @@ mod tests {
         }
     }
 
-    /// The VNNI block against plain integer sums, wherever VNNI runs (on AMX machines too,
-    /// where `conv1d` takes the tiles): signed weight bytes, unsigned input bytes, two taps
-    /// at different offsets, 13 groups of 4 channels, 19 live rows of 32 (the rest zeroed).
+    /// The vector blocks against plain integer sums, wherever each runs (on AMX machines
+    /// too, where `conv1d` takes the tiles): signed weight bytes, unsigned input bytes, two
+    /// taps at different offsets, 13, 16 or 1 groups of 4 channels, 19, 32 or 3 live rows
+    /// of 32 (the rest zeroed).
     #[test]
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn vector_blocks_equal_integer_sums() {
         type Block = BlockFn;
-        // (name, present here, kernel, bytes a weight value, rows computed in steps of)
+        // (name, present here, kernel, bytes a weight value, rows computed in steps of,
+        // weight in row pairs)
         #[cfg(target_arch = "x86_64")]
-        let kernels: [(&str, bool, Block, usize, usize); 3] = [
-            ("avx512-vnni", vnni::available(), vnni::conv_block, 1, 8),
-            ("avx-vnni", vex::available(), vex::conv_block, 1, 2),
-            ("avx2", wide::available(), wide::conv_block, 2, 2),
+        let kernels: [(&str, bool, Block, usize, usize, bool); 3] = [
+            (
+                "avx512-vnni",
+                vnni::available(),
+                vnni::conv_block,
+                1,
+                8,
+                false,
+            ),
+            ("avx-vnni", vex::available(), vex::conv_block, 1, 2, false),
+            ("avx2", wide::available(), wide::conv_block, 2, 2, false),
         ];
         #[cfg(target_arch = "aarch64")]
-        let kernels: [(&str, bool, Block, usize, usize); 1] = [(
-            "neon-dotprod",
-            dotprod::available(),
-            dotprod::conv_block,
-            1,
-            2,
-        )];
+        let kernels: [(&str, bool, Block, usize, usize, bool); 2] = [
+            (
+                "neon-dotprod",
+                dotprod::available(),
+                dotprod::conv_block,
+                1,
+                2,
+                false,
+            ),
+            ("neon-i8mm", i8mm::available(), i8mm::conv_block, 1, 8, true),
+        ];
         #[cfg(target_arch = "x86_64")]
         assert!(
             !std::is_x86_feature_detected!("avx2") || wide::available(),
             "AVX2 machine without the AVX2 block"
         );
-        for (name, present, kernel, eb, step) in kernels {
+        for (name, present, kernel, eb, step, pairs) in kernels {
             if !present {
                 eprintln!("{name} not available here: not tested");
                 continue;
@@ -1243,52 +1424,177 @@ mod tests {
                 seed ^= seed << 5;
                 seed
             };
-            let (nq, rows, lda) = (13usize, 19usize, 64 * eb);
-            let a_tap = MB * lda;
-            let ldb = 4 * 80; // 80 words a channel group
-            let b_off = [0usize, 4 * 7];
-            // Weights -128..=127 (as VNNI's bytes and AVX2's i16 values hold them).
-            let w: Vec<i8> = (0..b_off.len() * MB * 64).map(|_| rnd() as i8).collect();
-            let a: Vec<u8> = match eb {
-                1 => w.iter().map(|&v| v as u8).collect(),
-                _ => w.iter().flat_map(|&v| (v as i16).to_le_bytes()).collect(),
-            };
-            let b: Vec<u8> = (0..nq * ldb).map(|_| rnd() as u8).collect();
-            let mut blk = BlockI32::default();
-            blk.0.fill(i32::MIN);
-            // SAFETY: the kernel is available; the rows read lie in a (32 rows of 64 values
-            // a tap) and b (13 rows of 80 words, 32 words from offsets 0 and 7).
-            unsafe {
-                kernel(
-                    a.as_ptr(),
-                    lda,
-                    a_tap,
-                    b.as_ptr(),
-                    ldb,
-                    &b_off,
-                    nq,
-                    rows,
-                    &mut blk,
-                )
-            };
-            for r in 0..MB {
-                for t in 0..NB {
-                    let want: i32 = if r >= rows.next_multiple_of(step) {
-                        0
-                    } else {
-                        let mut acc = 0i32;
-                        for (j, &bo) in b_off.iter().enumerate() {
-                            for p in 0..nq {
-                                for e in 0..4 {
-                                    let w = w[(j * MB + r) * 64 + 4 * p + e] as i32;
-                                    let x = b[bo + p * ldb + 4 * t + e] as i32;
-                                    acc += w * x;
+            for (nq, rows) in [(13usize, 19usize), (16, 32), (1, 3)] {
+                let lda = 64 * eb;
+                let a_tap = MB * lda;
+                let ldb = 4 * 80; // 80 words a channel group
+                let b_off = [0usize, 4 * 7];
+                // Weights -128..=127 (as VNNI's bytes and AVX2's i16 values hold them).
+                let w: Vec<i8> = (0..b_off.len() * MB * 64).map(|_| rnd() as i8).collect();
+                let a: Vec<u8> = match (eb, pairs) {
+                    (1, false) => w.iter().map(|&v| v as u8).collect(),
+                    (1, true) => {
+                        // Row pairs: per 8 values, row 2i's 8 bytes, then row 2i + 1's.
+                        let mut a = vec![0u8; w.len()];
+                        for (at, &v) in w.iter().enumerate() {
+                            let (row, e) = (at / 64, at % 64);
+                            let pair = (row - row % 2) * 64;
+                            a[pair + (e / 8) * 16 + (row % 2) * 8 + e % 8] = v as u8;
+                        }
+                        a
+                    }
+                    _ => w.iter().flat_map(|&v| (v as i16).to_le_bytes()).collect(),
+                };
+                let b: Vec<u8> = (0..nq * ldb).map(|_| rnd() as u8).collect();
+                let mut blk = BlockI32::default();
+                blk.0.fill(i32::MIN);
+                // SAFETY: the kernel is available; the rows read lie in a (32 rows of 64 values
+                // a tap) and b (13 rows of 80 words, 32 words from offsets 0 and 7).
+                unsafe {
+                    kernel(
+                        a.as_ptr(),
+                        lda,
+                        a_tap,
+                        b.as_ptr(),
+                        ldb,
+                        &b_off,
+                        nq,
+                        rows,
+                        &mut blk,
+                    )
+                };
+                for r in 0..MB {
+                    for t in 0..NB {
+                        let want: i32 = if r >= rows.next_multiple_of(step) {
+                            0
+                        } else {
+                            let mut acc = 0i32;
+                            for (j, &bo) in b_off.iter().enumerate() {
+                                for p in 0..nq {
+                                    for e in 0..4 {
+                                        let w = w[(j * MB + r) * 64 + 4 * p + e] as i32;
+                                        let x = b[bo + p * ldb + 4 * t + e] as i32;
+                                        acc += w * x;
+                                    }
                                 }
                             }
+                            acc
+                        };
+                        assert_eq!(
+                            blk.0[r * NB + t],
+                            want,
+                            "{name}: {nq} groups, {rows} rows: row {r} column {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every integer kernel this CPU has, through the whole `conv1d`, against the scalar
+    /// integer form of the same arithmetic, bit for bit: sums Σ (xq - zx)(wq - zw) exact in
+    /// i32 (padding holds zx), scaled as the epilogue does (sx sw[o] · sum + bias in f32, no
+    /// FMA). Channels and rows off every kernel's multiples (odd channel groups for i8mm's
+    /// pairs), k = 1, strides with and without taps past the stride, dilation, lengths past
+    /// a block and a thread's chunk, per-tensor and per-channel weight grids.
+    #[test]
+    fn every_kernel_equals_the_integer_sums() {
+        let here = isas();
+        if here.is_empty() {
+            eprintln!("no integer convolution kernel here: skipped");
+            return;
+        }
+        eprintln!("integer convolution kernels: {:?}", kernel_names());
+        let pool = Pool::new(3);
+        let mut seed = 0x0bad_5eedu32;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for (c_in, c_out, len_in, k, stride, pad, dilation, per_channel) in [
+            (3, 5, 37, 3, 1, 1, 1, false),
+            (13, 33, 70, 1, 1, 0, 1, true),
+            (37, 9, 300, 5, 1, 6, 3, false),
+            (70, 40, 101, 3, 2, 1, 1, true),
+            (22, 17, 250, 12, 6, 3, 1, true),
+            (4, 64, 45, 7, 3, 2, 1, false),
+            (65, 31, 700, 2, 1, 0, 1, true),
+            (8, 2, 9, 4, 1, 3, 2, false),
+        ] {
+            let s = Conv1dShape {
+                c_in,
+                c_out,
+                len_in,
+                k,
+                stride,
+                pad,
+                dilation,
+                groups: 1,
+                output_pad: 0,
+            };
+            let q: Vec<u8> = (0..c_out * c_in * k).map(|_| rnd() as u8).collect();
+            let nz = if per_channel { c_out } else { 1 };
+            let zero: Vec<i32> = (0..nz).map(|_| (rnd() % 256) as i32).collect();
+            let scale: Vec<f32> = (0..nz)
+                .map(|_| 1e-3 + (rnd() % 100) as f32 * 1e-4)
+                .collect();
+            let xv: Vec<f32> = (0..c_in * len_in)
+                .map(|_| (rnd() % 2001) as f32 / 1000.0 - 0.7)
+                .collect();
+            let bias: Vec<f32> = (0..c_out).map(|o| o as f32 * 0.01 - 0.1).collect();
+            // The input's grid as `conv1d` takes it (DynamicQuantizeLinear).
+            let (l, h) = xv
+                .iter()
+                .fold((0f32, 0f32), |(l, h), &v| (l.min(v), h.max(v)));
+            let sx = (h - l) / 255.0;
+            let zx = (-l / sx).round_ties_even().clamp(0.0, 255.0);
+            let xq: Vec<i32> = xv.iter().map(|&v| q8(v, sx, zx) as i32).collect();
+            let lo = s.len_out();
+            let mut want = vec![0f32; c_out * lo];
+            for o in 0..c_out {
+                let (zw, sw) = (zero[o % nz], scale[o % nz]);
+                for t in 0..lo {
+                    let mut sum = 0i32;
+                    for i in 0..c_in {
+                        for j in 0..k {
+                            let u = (t * stride + j * dilation) as isize - pad as isize;
+                            let xd = if u >= 0 && (u as usize) < len_in {
+                                xq[i * len_in + u as usize] - zx as i32
+                            } else {
+                                0
+                            };
+                            sum += xd * (q[(o * c_in + i) * k + j] as i32 - zw);
                         }
-                        acc
-                    };
-                    assert_eq!(blk.0[r * NB + t], want, "{name}: row {r} column {t}");
+                    }
+                    want[o * lo + t] = sw * sx * sum as f32 + bias[o];
+                }
+            }
+            let x = CpuTensor {
+                data: xv,
+                cols: len_in,
+            };
+            let b = CpuTensor {
+                data: bias,
+                cols: c_out,
+            };
+            for &isa in &here {
+                let w = pack_for(isa, &q, &zero, &scale, &s).unwrap();
+                let mut got = CpuTensor {
+                    data: vec![f32::NAN; c_out * lo],
+                    cols: lo,
+                };
+                conv1d(&pool, &x, &w, Some(&b), s, None, false, &mut got);
+                for (i, (&u, &v)) in got.data.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        u.to_bits(),
+                        v.to_bits(),
+                        "{} {s:?} at ({}, {}): {u} vs {v}",
+                        isa.name(),
+                        i / lo,
+                        i % lo
+                    );
                 }
             }
         }
