@@ -609,7 +609,8 @@ impl<'m, B: Backend> Engine<'m, B> {
 
     /// Moves waiting requests into free slots, each to the free slot holding the longest
     /// start of its prompt (least recently used on ties); where another slot, running or
-    /// not, holds a longer start, that start's keys and values are copied into the slot.
+    /// not, holds a longer start (in whole prefill chunks), that start's keys and values are
+    /// copied into the slot.
     fn assign(&mut self) {
         // Requests whose client left while waiting are dropped here.
         let before = self.waiting.len();
@@ -643,17 +644,20 @@ impl<'m, B: Backend> Engine<'m, B> {
             slot.tokens.truncate(reuse);
             // A longer start of the prompt in another slot (running or idle: a system prompt
             // other requests hold): its keys and values copied over, or its blocks shared
-            // where the backend pages its caches, instead of prefilling them again.
+            // where the backend pages its caches, instead of prefilling them again. Whole
+            // prefill chunks only: the request then computes the chunks a fresh prefill
+            // would, where batch-invariant products (CUDA's up to 64 rows) give the same bits.
             if !self.llm.model.has_recurrent_state() {
+                let whole = |c: usize| c.min(w.prompt.len() - 1) / self.chunk * self.chunk;
                 let other = self
                     .slots
                     .iter()
                     .enumerate()
                     .filter(|&(j, _)| j != i)
-                    .map(|(j, s)| (common_prefix(&s.tokens, &w.prompt), j))
+                    .map(|(j, s)| (whole(common_prefix(&s.tokens, &w.prompt)), j))
                     .max();
-                if let Some((c, j)) = other.filter(|&(c, _)| c.min(w.prompt.len() - 1) > reuse) {
-                    reuse = c.min(w.prompt.len() - 1);
+                if let Some((c, j)) = other.filter(|&(c, _)| c > reuse) {
+                    reuse = c;
                     let (src, dst) = match j < i {
                         true => {
                             let (a, b) = self.slots.split_at_mut(i);
