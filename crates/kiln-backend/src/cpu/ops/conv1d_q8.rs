@@ -1286,30 +1286,43 @@ pub fn conv1d(
 mod tests {
     use super::*;
 
-    /// Against the direct f32 form on the dequantized weight and the rounded input, with
-    /// padding, dilation, tails of both tile dimensions and per-channel weight grids.
-    #[test]
-    fn matches_direct_on_the_rounded_input() {
-        if isa().is_none() {
-            eprintln!("no integer convolution kernel (AMX, AVX-512 VNNI, AVX2) here: skipped");
-            return;
-        }
-        let pool = Pool::new(2);
-        let mut seed = 0x1234_5678u32;
-        let mut rnd = move || {
+    /// xorshift32 values from `seed`.
+    fn rng(mut seed: u32) -> impl FnMut() -> u32 {
+        move || {
             seed ^= seed << 13;
             seed ^= seed >> 17;
             seed ^= seed << 5;
             seed
-        };
-        for (c_in, c_out, len_in, k, stride, pad, dilation, per_channel) in [
-            (22, 40, 100, 3, 1, 1, 1, false),
-            (70, 33, 75, 7, 1, 9, 3, true),
-            (128, 64, 64, 11, 1, 25, 5, false),
-            (5, 32, 40, 1, 1, 0, 1, true),
-            (22, 64, 250, 12, 6, 3, 1, false),
-            (9, 40, 101, 3, 2, 1, 1, true),
-        ] {
+        }
+    }
+
+    /// A random integer convolution: uint8 weights with their zero points and scales (one, or
+    /// one per output channel) and an f32 input around zero.
+    struct Case {
+        s: Conv1dShape,
+        q: Vec<u8>,
+        zero: Vec<i32>,
+        scale: Vec<f32>,
+        nz: usize,
+        xv: Vec<f32>,
+    }
+
+    impl Case {
+        /// (c_in, c_out, len_in, k, stride, pad, dilation, per-channel grids)
+        #[allow(clippy::type_complexity)]
+        fn random(
+            rnd: &mut impl FnMut() -> u32,
+            (c_in, c_out, len_in, k, stride, pad, dilation, per_channel): (
+                usize,
+                usize,
+                usize,
+                usize,
+                usize,
+                usize,
+                usize,
+                bool,
+            ),
+        ) -> Case {
             let s = Conv1dShape {
                 c_in,
                 c_out,
@@ -1327,6 +1340,53 @@ mod tests {
             let scale: Vec<f32> = (0..nz)
                 .map(|_| 1e-3 + (rnd() % 100) as f32 * 1e-4)
                 .collect();
+            let xv: Vec<f32> = (0..c_in * len_in)
+                .map(|_| (rnd() % 2001) as f32 / 1000.0 - 0.7)
+                .collect();
+            Case {
+                s,
+                q,
+                zero,
+                scale,
+                nz,
+                xv,
+            }
+        }
+    }
+
+    /// Against the direct f32 form on the dequantized weight and the rounded input, with
+    /// padding, dilation, tails of both tile dimensions and per-channel weight grids.
+    #[test]
+    fn matches_direct_on_the_rounded_input() {
+        if isa().is_none() {
+            eprintln!("no integer convolution kernel (AMX, AVX-512 VNNI, AVX2) here: skipped");
+            return;
+        }
+        let pool = Pool::new(2);
+        let mut rnd = rng(0x1234_5678);
+        for case in [
+            (22, 40, 100, 3, 1, 1, 1, false),
+            (70, 33, 75, 7, 1, 9, 3, true),
+            (128, 64, 64, 11, 1, 25, 5, false),
+            (5, 32, 40, 1, 1, 0, 1, true),
+            (22, 64, 250, 12, 6, 3, 1, false),
+            (9, 40, 101, 3, 2, 1, 1, true),
+        ] {
+            let Case {
+                s,
+                q,
+                zero,
+                scale,
+                nz,
+                xv,
+            } = Case::random(&mut rnd, case);
+            let Conv1dShape {
+                c_in,
+                c_out,
+                len_in,
+                k,
+                ..
+            } = s;
             let w = pack(&q, &zero, &scale, &s).unwrap();
             let wf: Vec<f32> = (0..q.len())
                 .map(|i| {
@@ -1334,9 +1394,6 @@ mod tests {
                     let (z, sc) = (zero[o % nz], scale[o % nz]);
                     (q[i] as i32 - z) as f32 * sc
                 })
-                .collect();
-            let xv: Vec<f32> = (0..c_in * len_in)
-                .map(|_| (rnd() % 2001) as f32 / 1000.0 - 0.7)
                 .collect();
             let mut xr = CpuTensor {
                 data: xv.clone(),
@@ -1506,14 +1563,8 @@ mod tests {
         }
         eprintln!("integer convolution kernels: {:?}", kernel_names());
         let pool = Pool::new(3);
-        let mut seed = 0x0bad_5eedu32;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            seed
-        };
-        for (c_in, c_out, len_in, k, stride, pad, dilation, per_channel) in [
+        let mut rnd = rng(0x0bad_5eed);
+        for case in [
             (3, 5, 37, 3, 1, 1, 1, false),
             (13, 33, 70, 1, 1, 0, 1, true),
             (37, 9, 300, 5, 1, 6, 3, false),
@@ -1523,7 +1574,15 @@ mod tests {
             (65, 31, 700, 2, 1, 0, 1, true),
             (8, 2, 9, 4, 1, 3, 2, false),
         ] {
-            let s = Conv1dShape {
+            let Case {
+                s,
+                q,
+                zero,
+                scale,
+                nz,
+                xv,
+            } = Case::random(&mut rnd, case);
+            let Conv1dShape {
                 c_in,
                 c_out,
                 len_in,
@@ -1531,18 +1590,8 @@ mod tests {
                 stride,
                 pad,
                 dilation,
-                groups: 1,
-                output_pad: 0,
-            };
-            let q: Vec<u8> = (0..c_out * c_in * k).map(|_| rnd() as u8).collect();
-            let nz = if per_channel { c_out } else { 1 };
-            let zero: Vec<i32> = (0..nz).map(|_| (rnd() % 256) as i32).collect();
-            let scale: Vec<f32> = (0..nz)
-                .map(|_| 1e-3 + (rnd() % 100) as f32 * 1e-4)
-                .collect();
-            let xv: Vec<f32> = (0..c_in * len_in)
-                .map(|_| (rnd() % 2001) as f32 / 1000.0 - 0.7)
-                .collect();
+                ..
+            } = s;
             let bias: Vec<f32> = (0..c_out).map(|o| o as f32 * 0.01 - 0.1).collect();
             // The input's grid as `conv1d` takes it (DynamicQuantizeLinear).
             let (l, h) = xv
