@@ -1,0 +1,78 @@
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::kernels::amx::BlockI32;
+
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            !crate::cpu::kernels::simd_disabled()
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("avxvnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// As `vnni::conv_block` (signed weight bytes, unsigned input bytes, exact i32 sums),
+/// the first `rows` rounded up to 2.
+///
+/// # Safety
+/// [`available`] returned true; the rows of a (up to the next multiple of 2 past `rows`,
+/// nq * 4 bytes each) and of b (nq rows of 128 bytes from each tap's offset) lie inside
+/// the caller's buffers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn conv_block(
+    a: *const u8,
+    lda: usize,
+    a_tap: usize,
+    b: *const u8,
+    ldb: usize,
+    b_off: &[usize],
+    nq: usize,
+    rows: usize,
+    c: &mut BlockI32,
+) {
+    use crate::cpu::kernels::amx::{MB, NB};
+    use std::arch::x86_64::*;
+    const R: usize = 2;
+    const Q: usize = NB / 8;
+    debug_assert!(MB % R == 0);
+    for r0 in (0..MB).step_by(R) {
+        if r0 >= rows {
+            c.0[r0 * NB..(r0 + R) * NB].fill(0);
+            continue;
+        }
+        // SAFETY (all below): reads within the bounds the caller vouched for.
+        unsafe {
+            let mut acc = [[_mm256_setzero_si256(); Q]; R];
+            for (j, &bo) in b_off.iter().enumerate() {
+                let aj = a.add(j * a_tap + r0 * lda);
+                let bj = b.add(bo);
+                for p in 0..nq {
+                    let xr = bj.add(p * ldb);
+                    let w: [__m256i; R] = std::array::from_fn(|r| {
+                        _mm256_set1_epi32(std::ptr::read_unaligned(
+                            aj.add(r * lda + 4 * p) as *const i32
+                        ))
+                    });
+                    for q in 0..Q {
+                        let x = _mm256_loadu_si256(xr.add(32 * q) as *const _);
+                        for r in 0..R {
+                            acc[r][q] = _mm256_dpbusd_avx_epi32(acc[r][q], x, w[r]);
+                        }
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                for (q, v) in acc.iter().enumerate() {
+                    let at = (r0 + r) * NB + 8 * q;
+                    _mm256_storeu_si256(c.0[at..at + 8].as_mut_ptr() as *mut _, *v);
+                }
+            }
+        }
+    }
+}
