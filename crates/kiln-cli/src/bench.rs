@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use clap::Args;
@@ -328,10 +328,21 @@ fn run_test<B: Backend>(
                 let beside = kiln_runtime::grammar::masks_beside(b);
                 let mut masker = kiln_runtime::grammar::Masker::new(beside);
                 cs[0].lazy = !beside;
+                // Where a token's time goes (the timed repetitions'), for the line under
+                // the row: the forward, waiting for the mask beyond it, the pick, the accept.
+                let mut phase = [Duration::ZERO; 4];
                 for i in 0..n {
+                    let t_step = Instant::now();
+                    let mut t_fwd = Duration::ZERO;
                     masker.around(&mut cs, || {
-                        llama.forward_last(b, &mut st, &[tok], depth + i)
+                        let t = Instant::now();
+                        let r = llama.forward_last(b, &mut st, &[tok], depth + i);
+                        t_fwd = t.elapsed();
+                        r
                     })?;
+                    let t_pick = Instant::now();
+                    phase[0] += t_fwd;
+                    phase[1] += t_pick - t_step - t_fwd;
                     let c = &mut cs[0];
                     // As greedy generation does: the raw pick if the grammar allows it, else
                     // masked and picked on the device where it can.
@@ -351,9 +362,23 @@ fn run_test<B: Backend>(
                     };
                     // A finished document (or an end token) starts the next one (the grammar
                     // reset, not compiled again: compiling is per request, not per token).
+                    let t_accept = Instant::now();
+                    phase[2] += t_accept - t_pick;
                     if grammars.is_end(tok) || c.accept(tok).is_err() || c.done() {
                         c.reset()?;
                     }
+                    phase[3] += t_accept.elapsed();
+                }
+                if rep == reps {
+                    let us = |d: Duration| d.as_secs_f64() * 1e6 / n.max(1) as f64;
+                    eprintln!(
+                        "json: per token {:.1} us forward, {:.1} us waiting for the mask past it, \
+                         {:.1} us picking, {:.1} us accepting",
+                        us(phase[0]),
+                        us(phase[1]),
+                        us(phase[2]),
+                        us(phase[3])
+                    );
                 }
             }
             Test::Gen(n, p) => {

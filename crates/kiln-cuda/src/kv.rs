@@ -17,6 +17,20 @@ use super::*;
 pub(crate) const KV_BLOCK: usize = 64;
 
 /// Blocks by address: their memory and how many caches hold each; free blocks by size.
+/// What a handed-out block holds: zeros; in a `dev-switches` build `KILN_CUDA_KV_POISON=1`
+/// fills it with f16 65504 instead (`nan`: f16 NaN), so that any kernel whose result depends
+/// on cache bytes past a sequence's length shows it in the tests.
+fn fill() -> u32 {
+    static FILL: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *FILL.get_or_init(
+        || match kiln_backend::options::dev_value("KILN_CUDA_KV_POISON").as_deref() {
+            None | Some("") | Some("0") => 0,
+            Some("nan") => 0x7e00_7e00,
+            Some(_) => 0x7bff_7bff,
+        },
+    )
+}
+
 #[derive(Default)]
 pub(crate) struct BlockPool {
     held: HashMap<u64, (DevBuf, u32)>,
@@ -34,7 +48,7 @@ impl BlockPool {
         let buf = match self.free.get_mut(&bytes).and_then(Vec::pop) {
             // Zeroed as a new block is: a cache starts from the same bytes either way.
             Some(b) => {
-                dev.memset_u32(b.ptr, 0, bytes / 4);
+                dev.memset_u32(b.ptr, fill(), bytes / 4);
                 b
             }
             None => {
@@ -54,7 +68,7 @@ impl BlockPool {
                         self.held_bytes() >> 20
                     ),
                 })?;
-                dev.memset_u32(b.ptr, 0, bytes / 4);
+                dev.memset_u32(b.ptr, fill(), bytes / 4);
                 b
             }
         };

@@ -32,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut c = g.compile(&Grammar::JsonSchema(schema))?;
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let (mut ts, mut text, mut slow) = (Vec::new(), Vec::new(), Vec::new());
+    let mut acc_us = Vec::new();
     for _ in 0..steps {
         let t = Instant::now();
         c.prepare();
@@ -50,7 +51,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let p = allowed[(rng % allowed.len() as u64) as usize];
-        if g.is_end(p) || c.accept(p).is_err() || c.done() {
+        let t = Instant::now();
+        let accepted = !g.is_end(p) && c.accept(p).is_ok();
+        acc_us.push(t.elapsed().as_secs_f64() * 1e6);
+        if !accepted || c.done() {
             c.reset()?;
             text.clear();
         } else {
@@ -73,6 +77,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         q(0.9),
         q(0.99),
         q(1.0)
+    );
+    acc_us.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "{} accepts: mean {:.1} us, median {:.1}, p90 {:.1}, max {:.1}",
+        acc_us.len(),
+        acc_us.iter().sum::<f64>() / acc_us.len() as f64,
+        acc_us[acc_us.len() / 2],
+        acc_us[(acc_us.len() - 1) * 9 / 10],
+        acc_us[acc_us.len() - 1]
     );
     Ok(())
 }
