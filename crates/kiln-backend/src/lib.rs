@@ -195,8 +195,8 @@ pub struct DenseAttnShape {
 }
 
 /// Shape of a 1-D convolution over feature maps laid out `(channels, len)` row-major.
-/// Weights are `(c_out, c_in / groups, k)` for [`Backend::conv1d_nc`] and
-/// `(c_in, c_out / groups, k)` for [`Backend::conv_transpose1d`] (PyTorch's layouts).
+/// Weights are `(c_out, c_in / groups, k)` for [`SpeechOps::conv1d_nc`] and
+/// `(c_in, c_out / groups, k)` for [`SpeechOps::conv_transpose1d`] (PyTorch's layouts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conv1dShape {
     pub c_in: usize,
@@ -245,7 +245,7 @@ pub struct LstmShape {
     pub out_col: usize,
 }
 
-/// Host work a device backend has done since it was made ([`Backend::host_counters`]):
+/// Host work a device backend has done since it was made ([`TensorOps::host_counters`]):
 /// kernels dispatched, and the host time spent recording them and submitting them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostCounters {
@@ -254,7 +254,7 @@ pub struct HostCounters {
     pub submit_ns: u64,
 }
 
-/// A key for [`Backend::step`] never handed out before in this process (every model state
+/// A key for [`TensorOps::step`] never handed out before in this process (every model state
 /// that records steps takes its keys here, so no two states share one).
 pub fn next_step_key() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -268,11 +268,11 @@ pub struct SeqKv<'a, C> {
     pub shape: AttnShape,
 }
 
-/// [`Backend::qk_norm_rope_attention`] composed of the plain ops: one sequence directly; for
+/// [`LlmOps::qk_norm_rope_attention`] composed of the plain ops: one sequence directly; for
 /// several, the per-head norm over every row at once, RoPE and the KV store per sequence on
-/// its rows gathered into `tmp` (its own positions), then one [`Backend::attention_batch`].
+/// its rows gathered into `tmp` (its own positions), then one [`LlmOps::attention_batch`].
 #[allow(clippy::too_many_arguments)]
-pub fn qk_norm_rope_attention_seqs<B: Backend>(
+pub fn qk_norm_rope_attention_seqs<B: LlmOps + ?Sized>(
     b: &B,
     q: &mut B::Tensor,
     k: &mut B::Tensor,
@@ -329,7 +329,7 @@ pub fn qk_norm_rope_attention_seqs<B: Backend>(
     b.attention_batch(q, shapes, layer, out);
 }
 
-/// LFM2's gated short convolution on the host ([`Backend::short_conv`]): `rows` (n x 3·dim:
+/// LFM2's gated short convolution on the host ([`LlmOps::short_conv`]): `rows` (n x 3·dim:
 /// B, C, x), taps (dim x k), `state` ((k - 1) x dim, oldest first). Returns the n output
 /// rows (dim each) and the state after them. Each output is the sum over taps j = 0..k of
 /// taps[c][j] * (B * x) at position t - (k - 1) + j, in that order.
@@ -379,13 +379,13 @@ pub fn argmax_first(r: &[f32]) -> u32 {
     best as u32
 }
 
-pub trait Backend {
+/// Tensors and weights, and the products, norms and elementwise ops every model runs:
+/// the core each capability set below builds on.
+pub trait TensorOps {
     /// f32 activations, row-major `rows x cols`.
     type Tensor;
     /// A weight matrix in its storage format (possibly repacked).
     type Weight;
-    /// Keys and values of every layer for `n_ctx` positions.
-    type KvCache;
 
     fn name(&self) -> String;
 
@@ -424,6 +424,88 @@ pub trait Backend {
     fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> Self::Tensor;
     /// Copies the first `rows` rows to `out`.
     fn read(&self, t: &Self::Tensor, rows: usize, out: &mut [f32]);
+    /// What the host has done to drive the device so far (`kiln bench` prints it per token),
+    /// where the backend counts it. The default: None.
+    fn host_counters(&self) -> Option<HostCounters> {
+        None
+    }
+    /// out[t] = x[t] / rms(x[t]) * w
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+        n: usize,
+        out: &mut Self::Tensor,
+    );
+    /// out[t] = W @ x[t] (+ bias): W (rows, cols), x (n, cols) -> out (n, rows)
+    fn matmul(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        n: usize,
+        out: &mut Self::Tensor,
+    );
+    /// out[t] += W @ x[t]: the residual add done by the producing matmul.
+    fn matmul_add(&self, w: &Self::Weight, x: &Self::Tensor, n: usize, out: &mut Self::Tensor);
+    /// Three products of one input as one op (q, k, v projections).
+    fn matmul3(
+        &self,
+        ws: [&Self::Weight; 3],
+        biases: [Option<&Self::Tensor>; 3],
+        x: &Self::Tensor,
+        n: usize,
+        outs: [&mut Self::Tensor; 3],
+    );
+    /// gate[t] = silu(gate[t]) * up[t], in place.
+    fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, n: usize);
+    /// gate[t] = gelu_tanh(gate[t]) * up[t], in place (GeGLU: Gemma's MLP).
+    fn gelu_tanh_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, n: usize);
+    /// x[t] += y[t]
+    fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize);
+    /// Copies row `src_row` of `src` into row 0 of `dst`.
+    fn copy_row(&self, src: &Self::Tensor, src_row: usize, dst: &mut Self::Tensor);
+    /// Copies rows `src_row0..src_row0 + n` of `src` to rows `dst_row0..dst_row0 + n` of
+    /// `dst` (same cols): gathers one sequence's rows out of a batch and scatters them back.
+    fn copy_rows(
+        &self,
+        src: &Self::Tensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut Self::Tensor,
+        dst_row0: usize,
+    );
+
+    /// Runs one step: every op `f` enqueues, for `tokens` at positions `pos0..`. A backend
+    /// that replays recorded work (a CUDA graph) records `f`'s ops the first time it sees
+    /// `key` and replays the recording afterwards, with the step's token ids and positions as
+    /// its only inputs; so for one key, `f` must enqueue the same ops on the same buffers,
+    /// for the same number of tokens, every time. Keys are never reused for other buffers
+    /// (the caller makes them unique per model state). Without a key the step runs `f`
+    /// as it is, never recorded (its ops still see one step: the same fused ops as a
+    /// recorded one, so a sequence's sums do not depend on which of the two ran it). The
+    /// default runs `f`.
+    fn step(
+        &self,
+        key: Option<u64>,
+        tokens: &[u32],
+        pos0: usize,
+        f: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        let _ = (key, tokens, pos0);
+        f()
+    }
+    /// x = x * s over the first `n` values, in place.
+    fn scale(&self, x: &mut Self::Tensor, s: f32, n: usize);
+}
+
+/// What decoders of text run beyond the core: KV caches (their memory, sharing and
+/// types), embeddings, RoPE and attention, the fused decode ops, the short convolutions of
+/// hybrid models, and picks where the logits are (argmax, candidates, grammar masks).
+pub trait LlmOps: TensorOps {
+    /// Keys and values of every layer for `n_ctx` positions.
+    type KvCache;
 
     /// Keys and values of `n_layers` layers, `n_kv_heads` heads of `head_dim`, `n_ctx` positions.
     fn kv_cache(
@@ -466,11 +548,6 @@ pub trait Backend {
         let _ = (cache, pos0, n);
         Ok(())
     }
-    /// What the host has done to drive the device so far (`kiln bench` prints it per token),
-    /// where the backend counts it. The default: None.
-    fn host_counters(&self) -> Option<HostCounters> {
-        None
-    }
     /// Gives back the memory `cache` holds, where the backend hands it out as sequences grow
     /// (its positions are then to be written again before they are read). The default does
     /// nothing.
@@ -505,7 +582,7 @@ pub trait Backend {
         })
     }
 
-    /// Whether this backend runs [`Backend::short_conv`] (LFM2's convolution layers): models
+    /// Whether this backend runs [`LlmOps::short_conv`] (LFM2's convolution layers): models
     /// with them ask at load. The default says no: its `short_conv` works through host
     /// copies, which a backend that records its steps (CUDA graphs) must not take.
     fn check_short_conv(&self) -> Result<(), BackendError> {
@@ -537,37 +614,8 @@ pub trait Backend {
         let ids: Vec<u32> = (pos0..pos0 + n).map(|p| p as u32).collect();
         self.embed(table, &ids, out)
     }
-    /// out[t] = x[t] / rms(x[t]) * w
-    fn rms_norm(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Tensor,
-        eps: f32,
-        n: usize,
-        out: &mut Self::Tensor,
-    );
     /// Per-head RMSNorm of `x` viewed as `n x heads x head_dim`, in place (Qwen3 q/k norm).
     fn rms_norm_heads(&self, x: &mut Self::Tensor, w: &Self::Tensor, eps: f32, n: usize);
-    /// out[t] = W @ x[t] (+ bias): W (rows, cols), x (n, cols) -> out (n, rows)
-    fn matmul(
-        &self,
-        w: &Self::Weight,
-        x: &Self::Tensor,
-        bias: Option<&Self::Tensor>,
-        n: usize,
-        out: &mut Self::Tensor,
-    );
-    /// out[t] += W @ x[t]: the residual add done by the producing matmul.
-    fn matmul_add(&self, w: &Self::Weight, x: &Self::Tensor, n: usize, out: &mut Self::Tensor);
-    /// Three products of one input as one op (q, k, v projections).
-    fn matmul3(
-        &self,
-        ws: [&Self::Weight; 3],
-        biases: [Option<&Self::Tensor>; 3],
-        x: &Self::Tensor,
-        n: usize,
-        outs: [&mut Self::Tensor; 3],
-    );
     /// out[t] = silu(Wg @ x[t]) * (Wu @ x[t]): the gated MLP's first half in one op.
     fn gate_up_silu(
         &self,
@@ -611,24 +659,6 @@ pub trait Backend {
     ) where
         I: Iterator<Item = (&'c Self::KvCache, AttnShape)>,
         Self::KvCache: 'c;
-    /// gate[t] = silu(gate[t]) * up[t], in place.
-    fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, n: usize);
-    /// gate[t] = gelu_tanh(gate[t]) * up[t], in place (GeGLU: Gemma's MLP).
-    fn gelu_tanh_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, n: usize);
-    /// x[t] += y[t]
-    fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize);
-    /// Copies row `src_row` of `src` into row 0 of `dst`.
-    fn copy_row(&self, src: &Self::Tensor, src_row: usize, dst: &mut Self::Tensor);
-    /// Copies rows `src_row0..src_row0 + n` of `src` to rows `dst_row0..dst_row0 + n` of
-    /// `dst` (same cols): gathers one sequence's rows out of a batch and scatters them back.
-    fn copy_rows(
-        &self,
-        src: &Self::Tensor,
-        src_row0: usize,
-        n: usize,
-        dst: &mut Self::Tensor,
-        dst_row0: usize,
-    );
 
     // ---- fused forms of the ops above: the defaults compose them; a backend whose per-op
     // cost matters (GPUs) overrides them with one kernel each. `h` is scratch the default
@@ -773,7 +803,7 @@ pub trait Backend {
         self.rope(k, rope, kv_heads, pos0, n);
         self.kv_store(cache, layer, k, v, pos0, n);
     }
-    /// out += W x, as [`Backend::matmul_add`], where the caller's next op RMS-normalises
+    /// out += W x, as [`TensorOps::matmul_add`], where the caller's next op RMS-normalises
     /// `out` with `next_norm` (weights, eps) for a product: a backend may prepare that op's
     /// input here.
     fn matmul_add_before_norm(
@@ -789,7 +819,7 @@ pub trait Backend {
     }
     /// The attention side of a step over one or more sequences whose rows are stacked in
     /// q, k, v and out in the order of `seqs` (each its own cache, positions and token count):
-    /// [`Backend::qk_norm_rope_store`] of each sequence's rows, then its attention over its
+    /// [`LlmOps::qk_norm_rope_store`] of each sequence's rows, then its attention over its
     /// cache -> its rows of out. One call, so that a backend may fuse the parts and run every
     /// sequence in one launch. q and k may be left as they came or rotated; only `out` and the
     /// caches are the result. `tmp` (rows of q's, k's and v's widths, as many as the largest
@@ -842,27 +872,15 @@ pub trait Backend {
         self.read(x, n, &mut v);
         v.chunks_exact(cols.max(1)).map(argmax_first).collect()
     }
+    /// Copies positions `0..n` of every layer from `src` to `dst` (beam search forks a
+    /// sequence). Both caches have the same shape.
+    fn kv_copy(&self, src: &Self::KvCache, dst: &mut Self::KvCache, n: usize);
+}
 
-    /// Runs one step: every op `f` enqueues, for `tokens` at positions `pos0..`. A backend
-    /// that replays recorded work (a CUDA graph) records `f`'s ops the first time it sees
-    /// `key` and replays the recording afterwards, with the step's token ids and positions as
-    /// its only inputs; so for one key, `f` must enqueue the same ops on the same buffers,
-    /// for the same number of tokens, every time. Keys are never reused for other buffers
-    /// (the caller makes them unique per model state). Without a key the step runs `f`
-    /// as it is, never recorded (its ops still see one step: the same fused ops as a
-    /// recorded one, so a sequence's sums do not depend on which of the two ran it). The
-    /// default runs `f`.
-    fn step(
-        &self,
-        key: Option<u64>,
-        tokens: &[u32],
-        pos0: usize,
-        f: &mut dyn FnMut() -> Result<(), BackendError>,
-    ) -> Result<(), BackendError> {
-        let _ = (key, tokens, pos0);
-        f()
-    }
-
+/// What the speech models run beyond the core: Whisper's convolutions and dense
+/// attention, Kokoro's integer and transposed convolutions, LSTMs, style norms, snake
+/// activations and STFT.
+pub trait SpeechOps: TensorOps {
     // ---- speech ops (Whisper): layer norm, GELU, conv1d, attention without a cache ----
 
     /// out[t] = (x[t] - mean(x[t])) / sqrt(var(x[t]) + eps) * gamma + beta
@@ -903,9 +921,6 @@ pub trait Backend {
         shape: DenseAttnShape,
         out: &mut Self::Tensor,
     );
-    /// Copies positions `0..n` of every layer from `src` to `dst` (beam search forks a
-    /// sequence). Both caches have the same shape.
-    fn kv_copy(&self, src: &Self::KvCache, dst: &mut Self::KvCache, n: usize);
 
     // ---- Signal and sequence ops (Kokoro / StyleTTS2 / iSTFTNet) ----
     // Feature maps are `(channels, len)` row-major tensors; every op takes its shape explicitly.
@@ -920,7 +935,7 @@ pub trait Backend {
         out: &mut Self::Tensor,
     );
     /// A convolution run on integers (ONNX `ConvInteger` after `DynamicQuantizeLinear`): its
-    /// uint8 weight in the backend's layout for [`Backend::conv1d_q8`], or None where the
+    /// uint8 weight in the backend's layout for [`SpeechOps::conv1d_q8`], or None where the
     /// backend has no integer kernel for shape `s` (the caller then rounds the input with
     /// `fake_quant_u8` and runs `conv1d_nc` on the dequantized weight: the same sums).
     fn conv_weight_q8(&self, w: ConvWeightQ8, s: Conv1dShape) -> Option<Self::Weight> {
@@ -928,7 +943,7 @@ pub trait Backend {
         None
     }
     /// out (c_out, len_out) = conv1d(x rounded to its uint8 grid as by `fake_quant_u8`, the
-    /// integer weight `w` from [`Backend::conv_weight_q8`]) + bias, with integer sums.
+    /// integer weight `w` from [`SpeechOps::conv_weight_q8`]) + bias, with integer sums.
     fn conv1d_q8(
         &self,
         x: &Self::Tensor,
@@ -981,13 +996,13 @@ pub trait Backend {
         out: &mut Self::Tensor,
     );
     /// A transposed convolution's weight (`conv_transpose1d`'s layout (c_in, c_out, k)) in the
-    /// backend's layout for [`Backend::conv_transpose1d_packed`], or None where the backend
+    /// backend's layout for [`SpeechOps::conv_transpose1d_packed`], or None where the backend
     /// has none for shape `s` (the caller keeps `conv_transpose1d` on the f32 weight).
     fn conv_transpose_weight(&self, w: &[f32], s: Conv1dShape) -> Option<Self::Weight> {
         let _ = (w, s);
         None
     }
-    /// `conv_transpose1d` with the weight from [`Backend::conv_transpose_weight`].
+    /// `conv_transpose1d` with the weight from [`SpeechOps::conv_transpose_weight`].
     fn conv_transpose1d_packed(
         &self,
         x: &Self::Tensor,
@@ -1054,8 +1069,6 @@ pub trait Backend {
     fn snake(&self, x: &mut Self::Tensor, alpha: &Self::Tensor, c: usize, len: usize);
     /// x = max(x, slope * x) over the first `n` values (leaky ReLU), in place.
     fn leaky_relu(&self, x: &mut Self::Tensor, slope: f32, n: usize);
-    /// x = x * s over the first `n` values, in place.
-    fn scale(&self, x: &mut Self::Tensor, s: f32, n: usize);
     /// out (cols, rows) = x (rows, cols) transposed.
     fn transpose(&self, x: &Self::Tensor, rows: usize, cols: usize, out: &mut Self::Tensor);
     /// Rounds the first `n` values of x to the uint8 grid that per-tensor dynamic quantization
@@ -1107,6 +1120,12 @@ pub trait Backend {
     /// GELU, tanh approximation, over the first `n` values, in place.
     fn gelu_tanh(&self, x: &mut Self::Tensor, n: usize);
 }
+
+/// Every op a model may ask of a device: the three capability sets. A model's code names
+/// `Backend`; each backend implements the three sets (`TensorOps`, `LlmOps`, `SpeechOps`).
+pub trait Backend: TensorOps + LlmOps + SpeechOps {}
+
+impl<T: TensorOps + LlmOps + SpeechOps> Backend for T {}
 
 #[cfg(test)]
 mod argmax_tests {

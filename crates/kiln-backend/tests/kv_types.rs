@@ -2,7 +2,8 @@
 //! and the memory they hold.
 
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::{AttnShape, Backend, KvType};
+use kiln_backend::{AttnShape, KvType};
+use kiln_backend::{LlmOps, TensorOps};
 
 fn rnd(seed: &mut u64) -> f32 {
     *seed ^= *seed << 13;

@@ -2,7 +2,8 @@
 //! mixes): the same values as same-format products, on the fast and the reference paths.
 
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::{Backend, WeightData};
+use kiln_backend::WeightData;
+use kiln_backend::{LlmOps, TensorOps};
 use kiln_quant::{dequantize, quantize, GgmlType};
 
 mod common {

@@ -4,7 +4,8 @@
 
 use kiln_backend::cpu::kernels::{amx, f32_gemm};
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::{AttnShape, Backend, DenseAttnShape, WeightData};
+use kiln_backend::{AttnShape, DenseAttnShape, WeightData};
+use kiln_backend::{LlmOps, SpeechOps, TensorOps};
 use kiln_quant::GgmlType;
 
 fn rnd(seed: &mut u64) -> f32 {
@@ -18,7 +19,12 @@ fn vec_of(n: usize, seed: &mut u64, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rnd(seed) * scale).collect()
 }
 
-fn read(b: &CpuBackend, t: &<CpuBackend as Backend>::Tensor, rows: usize, cols: usize) -> Vec<f32> {
+fn read(
+    b: &CpuBackend,
+    t: &<CpuBackend as TensorOps>::Tensor,
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
     let mut out = vec![0f32; rows * cols];
     b.read(t, rows, &mut out);
     out
@@ -85,7 +91,7 @@ fn f16_weight(
     w: &[f32],
     rows: usize,
     cols: usize,
-) -> <CpuBackend as Backend>::Weight {
+) -> <CpuBackend as TensorOps>::Weight {
     let bytes: Vec<u8> = w
         .iter()
         .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())

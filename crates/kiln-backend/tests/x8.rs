@@ -7,7 +7,8 @@ use kiln_backend::cpu::kernels::pack::pack_row;
 use kiln_backend::cpu::kernels::x8::{self, ROWS};
 use kiln_backend::cpu::kernels::{available, ActRow, QuantAct, SCALAR};
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::{Backend, WeightData};
+use kiln_backend::WeightData;
+use kiln_backend::{LlmOps, TensorOps};
 use kiln_quant::{dequantize, quantize, GgmlType};
 
 mod common {

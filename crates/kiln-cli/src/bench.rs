@@ -2,6 +2,7 @@
 //! llama-bench (markdown table or JSON lines with its field names), with the effective memory
 //! bandwidth of decode and, on request, the machine's read bandwidth to compare it with.
 
+use kiln_backend::TensorOps;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -419,7 +420,7 @@ fn run_test<B: Backend>(
     Ok((samples, per_token))
 }
 
-/// A device backend's host work per token of a test ([`Backend::host_counters`]).
+/// A device backend's host work per token of a test ([`TensorOps::host_counters`]).
 #[derive(Debug, Clone, Copy)]
 struct HostPerToken {
     dispatches: f64,

@@ -172,7 +172,7 @@ pub fn attention_supported(heads: usize, kv_heads: usize, head_dim: usize) -> Re
 }
 
 impl CudaBackend {
-    /// [`Backend::qk_norm_rope_attention`] of one sequence: one decode token has its heads'
+    /// [`LlmOps::qk_norm_rope_attention`] of one sequence: one decode token has its heads'
     /// work fused into the attention kernel (kernels/*.cu attn_dec_<LPR>_<G>).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn qk_norm_rope_attention_one(

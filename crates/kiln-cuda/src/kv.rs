@@ -5,9 +5,9 @@
 //! the kernels read: kernels/common.cu `kv_row`), so `--parallel 64 -c 8192` holds the
 //! positions its sequences have filled, not 64 full contexts.
 //!
-//! [`Backend::kv_copy`] shares the source's blocks instead of copying them (a beam fork, a
+//! [`LlmOps::kv_copy`] shares the source's blocks instead of copying them (a beam fork, a
 //! prefix another sequence already holds); a block is copied only when a cache that shares it
-//! is about to write into it ([`Backend::kv_reserve`], copy on write).
+//! is about to write into it ([`LlmOps::kv_reserve`], copy on write).
 
 use std::sync::{Arc, Mutex};
 

@@ -57,7 +57,7 @@ pub(crate) struct Scratch {
 }
 
 /// Bumped whenever a scratch buffer (or the RoPE table) is reallocated: a recorded step holds
-/// the old addresses, so `Backend::step` drops every recording made before.
+/// the old addresses, so `TensorOps::step` drops every recording made before.
 pub(crate) static SCRATCH_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 pub(crate) fn scratch_moved() {

@@ -9,7 +9,7 @@
 //! Q4_K and Q6_K (other formats widened to f32 at load), per-head q/k norm + RoPE + KV-cache
 //! store in one kernel, split-K attention over an f16 KV cache, SwiGLU, residual adds fused
 //! into the producing product, greedy argmax — and one decode step is recorded as a CUDA
-//! graph the second time it runs and replayed afterwards ([`Backend::step`]); positions and
+//! graph the second time it runs and replayed afterwards ([`TensorOps::step`]); positions and
 //! token ids are read from device memory, so the graph stays valid from token to token.
 //!
 //! The speech ops (Whisper's layer norm, GELU, dense attention; Kokoro's signal ops) run on
@@ -31,8 +31,8 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
-    AttnShape, Backend, BackendError, Conv1dShape, DenseAttnShape, KvType, MlxWeightData,
-    RopeConfig, RopeStyle, SeqKv, WeightData,
+    AttnShape, BackendError, Conv1dShape, DenseAttnShape, KvType, LlmOps, MlxWeightData,
+    RopeConfig, RopeStyle, SeqKv, SpeechOps, TensorOps, WeightData,
 };
 
 pub use device::CudaInitError;
@@ -81,7 +81,7 @@ pub struct CudaBackend {
     params_host: RefCell<Option<(u32, Vec<u32>)>>,
     recording: Cell<bool>,
     xq_src: Cell<Option<XqSrc>>,
-    /// Inside [`Backend::step`]: the sums-of-squares slots from `ss_next` on are free.
+    /// Inside [`TensorOps::step`]: the sums-of-squares slots from `ss_next` on are free.
     in_step: Cell<bool>,
     /// Sampling candidates selected on the GPU (kernels/*.cu topk_chunks; KILN_CUDA_NO_TOPK=1
     /// turns it off: the logits go to the host).
@@ -258,10 +258,9 @@ fn dev_vec(dev: &Device, bytes: &[u8]) -> DevBuf {
     b
 }
 
-impl Backend for CudaBackend {
+impl TensorOps for CudaBackend {
     type Tensor = CudaTensor;
     type Weight = CudaWeight;
-    type KvCache = CudaKvCache;
 
     fn name(&self) -> String {
         format!("CUDA ({})", self.dev.name)
@@ -356,6 +355,173 @@ impl Backend for CudaBackend {
         let n = (rows * t.cols).min(out.len()).min(t.rows * t.cols);
         self.dev.dtoh(&mut out[..n], t.buf.ptr);
     }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32, n: usize, out: &mut CudaTensor) {
+        self.rms_norm_rows(x.buf.ptr, w.buf.ptr, eps, x.cols, n, out.buf.ptr);
+    }
+
+    fn matmul(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        n: usize,
+        out: &mut CudaTensor,
+    ) {
+        let m = self.mats(&[(w, bias, out)]);
+        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_STORE, None);
+    }
+
+    fn matmul_add(&self, w: &CudaWeight, x: &CudaTensor, n: usize, out: &mut CudaTensor) {
+        let m = self.mats(&[(w, None, out)]);
+        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_ADD, None);
+    }
+
+    fn matmul3(
+        &self,
+        ws: [&CudaWeight; 3],
+        biases: [Option<&CudaTensor>; 3],
+        x: &CudaTensor,
+        n: usize,
+        outs: [&mut CudaTensor; 3],
+    ) {
+        let m = self.mats(&[
+            (ws[0], biases[0], &*outs[0]),
+            (ws[1], biases[1], &*outs[1]),
+            (ws[2], biases[2], &*outs[2]),
+        ]);
+        self.matvec(
+            m,
+            (x.buf.ptr, x.cols),
+            ws[0].cols,
+            n,
+            None,
+            MODE_STORE,
+            None,
+        );
+    }
+
+    fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor, n: usize) {
+        let a = Args::default().a(gate.buf.ptr).a(up.buf.ptr);
+        self.elementwise("silu_mul", a, n * gate.cols);
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut CudaTensor, up: &CudaTensor, n: usize) {
+        let a = Args::default().a(gate.buf.ptr).a(up.buf.ptr);
+        self.elementwise("gelu_tanh_mul", a, n * gate.cols);
+    }
+
+    fn add(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) {
+        let a = Args::default().a(x.buf.ptr).a(y.buf.ptr);
+        self.elementwise("add", a, n * x.cols);
+    }
+
+    fn copy_row(&self, src: &CudaTensor, src_row: usize, dst: &mut CudaTensor) {
+        self.dev.dtod(
+            dst.buf.ptr,
+            src.buf.ptr + (src_row * src.cols * 4) as u64,
+            src.cols * 4,
+        );
+    }
+
+    fn copy_rows(
+        &self,
+        src: &CudaTensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut CudaTensor,
+        dst_row0: usize,
+    ) {
+        self.xq_src.set(None);
+        self.dev.dtod(
+            dst.buf.ptr + (dst_row0 * dst.cols * 4) as u64,
+            src.buf.ptr + (src_row0 * src.cols * 4) as u64,
+            n * src.cols * 4,
+        );
+    }
+
+    fn step(
+        &self,
+        key: Option<u64>,
+        tokens: &[u32],
+        pos0: usize,
+        f: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        // Every run of f hands out the step's sums-of-squares slots from the start.
+        let mut f = || {
+            self.ss_next.set(0);
+            self.in_step.set(true);
+            let r = f();
+            self.in_step.set(false);
+            self.xq_src.set(None);
+            r
+        };
+        let key = match key {
+            Some(k) if self.use_graphs && !self.recording.get() && tokens.len() <= MAX_IDS => k,
+            _ => return f(),
+        };
+        self.set_params(pos0, Some(tokens));
+        // A buffer moved since the recordings (a batch of several sequences grew one, say):
+        // they would write to freed memory, so each step is recorded again.
+        let gen = SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed);
+        if gen != self.graphs_gen.get() {
+            self.graphs.borrow_mut().clear();
+            self.seen.borrow_mut().clear();
+            self.graphs_gen.set(gen);
+        }
+        if let Some(g) = self.graphs.borrow().get(&key) {
+            let t0 = self.dev.t0();
+            unsafe { sys::cuGraphLaunch(g.exec, self.dev.cu_stream()).result() }
+                .unwrap_or_else(|e| panic!("CUDA: graph launch failed: {e:?}"));
+            if let Some(t) = &self.dev.times {
+                t.add(&t.graph, t0);
+            }
+            return Ok(());
+        }
+        if self.seen.borrow_mut().insert(key) {
+            // First time: run eagerly, so that every buffer the step needs gets allocated
+            // before anything is recorded.
+            return f();
+        }
+        let s = self.dev.cu_stream();
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                s,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .result()
+        }
+        .unwrap_or_else(|e| panic!("CUDA: starting a graph capture failed: {e:?}"));
+        self.recording.set(true);
+        let r = f();
+        self.recording.set(false);
+        let mut graph = std::ptr::null_mut();
+        unsafe { sys::cuStreamEndCapture(s, &mut graph).result() }
+            .unwrap_or_else(|e| panic!("CUDA: ending a graph capture failed: {e:?}"));
+        r?;
+        let mut exec = std::ptr::null_mut();
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result() }
+            .unwrap_or_else(|e| panic!("CUDA: instantiating the step graph failed: {e:?}"));
+        let g = Graph { exec, graph };
+        unsafe { sys::cuGraphLaunch(g.exec, s).result() }
+            .unwrap_or_else(|e| panic!("CUDA: graph launch failed: {e:?}"));
+        let mut graphs = self.graphs.borrow_mut();
+        if graphs.len() >= 64 {
+            // Keys are never reused; an old state's recording is only memory.
+            graphs.clear();
+        }
+        graphs.insert(key, g);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut CudaTensor, s: f32, n: usize) {
+        let a = Args::default().a(x.buf.ptr).a(s);
+        self.elementwise("scale", a, n);
+    }
+}
+
+impl LlmOps for CudaBackend {
+    type KvCache = CudaKvCache;
 
     fn kv_cache(
         &self,
@@ -565,10 +731,6 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32, n: usize, out: &mut CudaTensor) {
-        self.rms_norm_rows(x.buf.ptr, w.buf.ptr, eps, x.cols, n, out.buf.ptr);
-    }
-
     fn rms_norm_heads(&self, x: &mut CudaTensor, w: &CudaTensor, eps: f32, n: usize) {
         let head_dim = w.cols;
         let g = HeadGroup {
@@ -585,23 +747,6 @@ impl Backend for CudaBackend {
         self.heads_launch(&[g], head_dim, eps, None, pos, n);
     }
 
-    fn matmul(
-        &self,
-        w: &CudaWeight,
-        x: &CudaTensor,
-        bias: Option<&CudaTensor>,
-        n: usize,
-        out: &mut CudaTensor,
-    ) {
-        let m = self.mats(&[(w, bias, out)]);
-        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_STORE, None);
-    }
-
-    fn matmul_add(&self, w: &CudaWeight, x: &CudaTensor, n: usize, out: &mut CudaTensor) {
-        let m = self.mats(&[(w, None, out)]);
-        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_ADD, None);
-    }
-
     fn matmul_add_before_norm(
         &self,
         w: &CudaWeight,
@@ -613,30 +758,6 @@ impl Backend for CudaBackend {
         let m = self.mats(&[(w, None, &*out)]);
         let qout = Some(next_norm.0.buf.ptr);
         self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, None, MODE_ADD, qout);
-    }
-
-    fn matmul3(
-        &self,
-        ws: [&CudaWeight; 3],
-        biases: [Option<&CudaTensor>; 3],
-        x: &CudaTensor,
-        n: usize,
-        outs: [&mut CudaTensor; 3],
-    ) {
-        let m = self.mats(&[
-            (ws[0], biases[0], &*outs[0]),
-            (ws[1], biases[1], &*outs[1]),
-            (ws[2], biases[2], &*outs[2]),
-        ]);
-        self.matvec(
-            m,
-            (x.buf.ptr, x.cols),
-            ws[0].cols,
-            n,
-            None,
-            MODE_STORE,
-            None,
-        );
     }
 
     fn gate_up_silu(
@@ -903,45 +1024,6 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor, n: usize) {
-        let a = Args::default().a(gate.buf.ptr).a(up.buf.ptr);
-        self.elementwise("silu_mul", a, n * gate.cols);
-    }
-
-    fn gelu_tanh_mul(&self, gate: &mut CudaTensor, up: &CudaTensor, n: usize) {
-        let a = Args::default().a(gate.buf.ptr).a(up.buf.ptr);
-        self.elementwise("gelu_tanh_mul", a, n * gate.cols);
-    }
-
-    fn add(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) {
-        let a = Args::default().a(x.buf.ptr).a(y.buf.ptr);
-        self.elementwise("add", a, n * x.cols);
-    }
-
-    fn copy_row(&self, src: &CudaTensor, src_row: usize, dst: &mut CudaTensor) {
-        self.dev.dtod(
-            dst.buf.ptr,
-            src.buf.ptr + (src_row * src.cols * 4) as u64,
-            src.cols * 4,
-        );
-    }
-
-    fn copy_rows(
-        &self,
-        src: &CudaTensor,
-        src_row0: usize,
-        n: usize,
-        dst: &mut CudaTensor,
-        dst_row0: usize,
-    ) {
-        self.xq_src.set(None);
-        self.dev.dtod(
-            dst.buf.ptr + (dst_row0 * dst.cols * 4) as u64,
-            src.buf.ptr + (src_row0 * src.cols * 4) as u64,
-            n * src.cols * 4,
-        );
-    }
-
     fn top_candidates(
         &self,
         x: &CudaTensor,
@@ -1031,80 +1113,12 @@ impl Backend for CudaBackend {
             .collect()
     }
 
-    fn step(
-        &self,
-        key: Option<u64>,
-        tokens: &[u32],
-        pos0: usize,
-        f: &mut dyn FnMut() -> Result<(), BackendError>,
-    ) -> Result<(), BackendError> {
-        // Every run of f hands out the step's sums-of-squares slots from the start.
-        let mut f = || {
-            self.ss_next.set(0);
-            self.in_step.set(true);
-            let r = f();
-            self.in_step.set(false);
-            self.xq_src.set(None);
-            r
-        };
-        let key = match key {
-            Some(k) if self.use_graphs && !self.recording.get() && tokens.len() <= MAX_IDS => k,
-            _ => return f(),
-        };
-        self.set_params(pos0, Some(tokens));
-        // A buffer moved since the recordings (a batch of several sequences grew one, say):
-        // they would write to freed memory, so each step is recorded again.
-        let gen = SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed);
-        if gen != self.graphs_gen.get() {
-            self.graphs.borrow_mut().clear();
-            self.seen.borrow_mut().clear();
-            self.graphs_gen.set(gen);
-        }
-        if let Some(g) = self.graphs.borrow().get(&key) {
-            let t0 = self.dev.t0();
-            unsafe { sys::cuGraphLaunch(g.exec, self.dev.cu_stream()).result() }
-                .unwrap_or_else(|e| panic!("CUDA: graph launch failed: {e:?}"));
-            if let Some(t) = &self.dev.times {
-                t.add(&t.graph, t0);
-            }
-            return Ok(());
-        }
-        if self.seen.borrow_mut().insert(key) {
-            // First time: run eagerly, so that every buffer the step needs gets allocated
-            // before anything is recorded.
-            return f();
-        }
-        let s = self.dev.cu_stream();
-        unsafe {
-            sys::cuStreamBeginCapture_v2(
-                s,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-            .result()
-        }
-        .unwrap_or_else(|e| panic!("CUDA: starting a graph capture failed: {e:?}"));
-        self.recording.set(true);
-        let r = f();
-        self.recording.set(false);
-        let mut graph = std::ptr::null_mut();
-        unsafe { sys::cuStreamEndCapture(s, &mut graph).result() }
-            .unwrap_or_else(|e| panic!("CUDA: ending a graph capture failed: {e:?}"));
-        r?;
-        let mut exec = std::ptr::null_mut();
-        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result() }
-            .unwrap_or_else(|e| panic!("CUDA: instantiating the step graph failed: {e:?}"));
-        let g = Graph { exec, graph };
-        unsafe { sys::cuGraphLaunch(g.exec, s).result() }
-            .unwrap_or_else(|e| panic!("CUDA: graph launch failed: {e:?}"));
-        let mut graphs = self.graphs.borrow_mut();
-        if graphs.len() >= 64 {
-            // Keys are never reused; an old state's recording is only memory.
-            graphs.clear();
-        }
-        graphs.insert(key, g);
-        Ok(())
+    fn kv_copy(&self, src: &CudaKvCache, dst: &mut CudaKvCache, n: usize) {
+        dst.share_from(&self.dev, src, n);
     }
+}
 
+impl SpeechOps for CudaBackend {
     // ---- speech ops ----
 
     // The LSTM recurrences and the STFT on the CPU backend, through host copies
@@ -1354,21 +1368,12 @@ impl Backend for CudaBackend {
         );
         t_out
     }
-
-    fn kv_copy(&self, src: &CudaKvCache, dst: &mut CudaKvCache, n: usize) {
-        dst.share_from(&self.dev, src, n);
-    }
-
-    fn scale(&self, x: &mut CudaTensor, s: f32, n: usize) {
-        let a = Args::default().a(x.buf.ptr).a(s);
-        self.elementwise("scale", a, n);
-    }
 }
 
 impl CudaBackend {
     /// Positions `pos0..pos0 + n` of `cache` readied for the store that follows: outside a
     /// recording the blocks are taken here (a step's owner takes them before the step,
-    /// [`Backend::kv_reserve`]: a recording cannot copy to the device, and a replay runs
+    /// [`LlmOps::kv_reserve`]: a recording cannot copy to the device, and a replay runs
     /// no host code).
     fn kv_ready(&self, cache: &mut CudaKvCache, pos0: usize, n: usize) {
         if cache.ready(pos0, n) {

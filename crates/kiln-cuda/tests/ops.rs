@@ -14,6 +14,7 @@ use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
     AttnShape, Backend, Conv1dShape, RopeConfig, RopeScaling, RopeStyle, SeqKv, WeightData,
 };
+use kiln_backend::{LlmOps, SpeechOps, TensorOps};
 use kiln_cuda::CudaBackend;
 use kiln_quant::GgmlType;
 
@@ -479,7 +480,7 @@ fn paged_cache_shares_blocks_and_copies_on_write() {
     let mut r = Rng(23);
     let (hd, heads, kvh, n_ctx) = (128, 16, 8, 8192);
     let rope = rope_cfg(RopeStyle::Neox, hd, hd);
-    let block = |b: &CudaBackend, kv: &<CudaBackend as Backend>::KvCache| b.kv_cache_bytes(kv);
+    let block = |b: &CudaBackend, kv: &<CudaBackend as LlmOps>::KvCache| b.kv_cache_bytes(kv);
     let mut a = g.kv_cache(1, n_ctx, kvh, hd);
     let mut ac = c.kv_cache(1, n_ctx, kvh, hd);
     assert_eq!(block(&g, &a), 0, "an empty cache holds no blocks");

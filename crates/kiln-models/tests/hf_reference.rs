@@ -6,6 +6,7 @@
 //!
 //! Error measure: max |kiln - ref| / max |ref| over all logits of both prompts.
 
+use kiln_backend::TensorOps;
 use std::path::{Path, PathBuf};
 
 use kiln_backend::cpu::CpuBackend;

@@ -2,7 +2,7 @@
 //!
 //! The reference is the model as loaded (its stored weights). For each weight matrix and
 //! each candidate type, that matrix alone is re-encoded in the type (dequantized from the
-//! source, quantized, loaded through `Backend::load_weight`) and swapped into the one loaded
+//! source, quantized, loaded through `TensorOps::load_weight`) and swapped into the one loaded
 //! model; the calibration tokens are run again and the change of the output is the mean,
 //! over every evaluated position, of KL(p_ref || p_quant) between the next-token
 //! distributions (nats per token). The original matrix is put back before the next one.

@@ -3,10 +3,10 @@
 //! that keeps its tokens between turns until reset, a reader that stops the generation, and
 //! a load error returned from `spawn`.
 
+use kiln_backend::TensorOps;
 use std::path::PathBuf;
 
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::Backend;
 use kiln_runtime::engine::{EngineSetup, LlmEngine};
 use kiln_runtime::{GenerateOptions, Llm, RuntimeError, SamplerConfig};
 use kiln_text::Message;

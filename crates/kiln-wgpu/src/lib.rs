@@ -30,7 +30,10 @@ pub mod shaders;
 use std::cell::RefCell;
 
 use kiln_backend::cpu::{CpuBackend, CpuTensor};
-use kiln_backend::{AttnShape, Backend, BackendError, KvType, RopeConfig, RopeStyle, WeightData};
+use kiln_backend::{
+    AttnShape, BackendError, KvType, LlmOps, RopeConfig, RopeStyle, SpeechOps, TensorOps,
+    WeightData,
+};
 
 pub use device::{adapters, GpuOptions, WgpuInitError};
 use device::{Buf, Gpu};
@@ -586,10 +589,9 @@ impl WgpuBackend {
     }
 }
 
-impl Backend for WgpuBackend {
+impl TensorOps for WgpuBackend {
     type Tensor = WgpuTensor;
     type Weight = WgpuWeight;
-    type KvCache = WgpuKvCache;
 
     fn name(&self) -> String {
         format!("wgpu ({})", self.gpu.info.name)
@@ -662,6 +664,106 @@ impl Backend for WgpuBackend {
         let n = (rows * t.cols).min(out.len()).min(t.rows * t.cols);
         self.read_f32(&t.buf, &mut out[..n]);
     }
+
+    fn rms_norm(&self, x: &WgpuTensor, w: &WgpuTensor, eps: f32, n: usize, out: &mut WgpuTensor) {
+        let cols = x.cols;
+        self.gpu.dispatch(
+            "prep",
+            "prep",
+            &[
+                cols as u32,
+                f(eps),
+                1,
+                0,
+                0,
+                x.cols as u32,
+                0,
+                out.cols as u32,
+                0,
+                0,
+                1,
+            ],
+            &[&x.buf, &w.buf, &out.buf, &self.gpu.dummy],
+            (n as u32, 1, 1),
+        );
+    }
+
+    fn matmul(
+        &self,
+        w: &WgpuWeight,
+        x: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        n: usize,
+        out: &mut WgpuTensor,
+    ) {
+        self.products(&[(w, None, bias, out, MODE_STORE)], x, n, None);
+    }
+
+    fn matmul_add(&self, w: &WgpuWeight, x: &WgpuTensor, n: usize, out: &mut WgpuTensor) {
+        self.products(&[(w, None, None, out, MODE_ADD)], x, n, None);
+    }
+
+    fn matmul3(
+        &self,
+        ws: [&WgpuWeight; 3],
+        biases: [Option<&WgpuTensor>; 3],
+        x: &WgpuTensor,
+        n: usize,
+        outs: [&mut WgpuTensor; 3],
+    ) {
+        let [o0, o1, o2] = outs;
+        self.products(
+            &[
+                (ws[0], None, biases[0], o0, MODE_STORE),
+                (ws[1], None, biases[1], o1, MODE_STORE),
+                (ws[2], None, biases[2], o2, MODE_STORE),
+            ],
+            x,
+            n,
+            None,
+        );
+    }
+
+    fn silu_mul(&self, gate: &mut WgpuTensor, up: &WgpuTensor, n: usize) {
+        self.elementwise(&gate.buf, &up.buf, OP_SILU_MUL, 0.0, n * gate.cols);
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut WgpuTensor, up: &WgpuTensor, n: usize) {
+        self.elementwise(&gate.buf, &up.buf, OP_GELU_TANH_MUL, 0.0, n * gate.cols);
+    }
+
+    fn add(&self, x: &mut WgpuTensor, y: &WgpuTensor, n: usize) {
+        self.elementwise(&x.buf, &y.buf, OP_ADD, 0.0, n * x.cols);
+    }
+
+    fn copy_row(&self, src: &WgpuTensor, src_row: usize, dst: &mut WgpuTensor) {
+        self.copy_words(&src.buf, src_row * src.cols, &dst.buf, 0, src.cols);
+    }
+
+    fn copy_rows(
+        &self,
+        src: &WgpuTensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut WgpuTensor,
+        dst_row0: usize,
+    ) {
+        self.copy_words(
+            &src.buf,
+            src_row0 * src.cols,
+            &dst.buf,
+            dst_row0 * dst.cols,
+            n * src.cols,
+        );
+    }
+
+    fn scale(&self, x: &mut WgpuTensor, s: f32, n: usize) {
+        self.elementwise(&x.buf, &self.gpu.dummy, OP_SCALE, s, n);
+    }
+}
+
+impl LlmOps for WgpuBackend {
+    type KvCache = WgpuKvCache;
 
     fn kv_cache(
         &self,
@@ -750,29 +852,6 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &WgpuTensor, w: &WgpuTensor, eps: f32, n: usize, out: &mut WgpuTensor) {
-        let cols = x.cols;
-        self.gpu.dispatch(
-            "prep",
-            "prep",
-            &[
-                cols as u32,
-                f(eps),
-                1,
-                0,
-                0,
-                x.cols as u32,
-                0,
-                out.cols as u32,
-                0,
-                0,
-                1,
-            ],
-            &[&x.buf, &w.buf, &out.buf, &self.gpu.dummy],
-            (n as u32, 1, 1),
-        );
-    }
-
     fn rms_norm_heads(&self, x: &mut WgpuTensor, w: &WgpuTensor, eps: f32, n: usize) {
         let hd = w.cols;
         self.heads(
@@ -783,42 +862,6 @@ impl Backend for WgpuBackend {
             None,
             0,
             n,
-        );
-    }
-
-    fn matmul(
-        &self,
-        w: &WgpuWeight,
-        x: &WgpuTensor,
-        bias: Option<&WgpuTensor>,
-        n: usize,
-        out: &mut WgpuTensor,
-    ) {
-        self.products(&[(w, None, bias, out, MODE_STORE)], x, n, None);
-    }
-
-    fn matmul_add(&self, w: &WgpuWeight, x: &WgpuTensor, n: usize, out: &mut WgpuTensor) {
-        self.products(&[(w, None, None, out, MODE_ADD)], x, n, None);
-    }
-
-    fn matmul3(
-        &self,
-        ws: [&WgpuWeight; 3],
-        biases: [Option<&WgpuTensor>; 3],
-        x: &WgpuTensor,
-        n: usize,
-        outs: [&mut WgpuTensor; 3],
-    ) {
-        let [o0, o1, o2] = outs;
-        self.products(
-            &[
-                (ws[0], None, biases[0], o0, MODE_STORE),
-                (ws[1], None, biases[1], o1, MODE_STORE),
-                (ws[2], None, biases[2], o2, MODE_STORE),
-            ],
-            x,
-            n,
-            None,
         );
     }
 
@@ -958,39 +1001,6 @@ impl Backend for WgpuBackend {
         }
     }
 
-    fn silu_mul(&self, gate: &mut WgpuTensor, up: &WgpuTensor, n: usize) {
-        self.elementwise(&gate.buf, &up.buf, OP_SILU_MUL, 0.0, n * gate.cols);
-    }
-
-    fn gelu_tanh_mul(&self, gate: &mut WgpuTensor, up: &WgpuTensor, n: usize) {
-        self.elementwise(&gate.buf, &up.buf, OP_GELU_TANH_MUL, 0.0, n * gate.cols);
-    }
-
-    fn add(&self, x: &mut WgpuTensor, y: &WgpuTensor, n: usize) {
-        self.elementwise(&x.buf, &y.buf, OP_ADD, 0.0, n * x.cols);
-    }
-
-    fn copy_row(&self, src: &WgpuTensor, src_row: usize, dst: &mut WgpuTensor) {
-        self.copy_words(&src.buf, src_row * src.cols, &dst.buf, 0, src.cols);
-    }
-
-    fn copy_rows(
-        &self,
-        src: &WgpuTensor,
-        src_row0: usize,
-        n: usize,
-        dst: &mut WgpuTensor,
-        dst_row0: usize,
-    ) {
-        self.copy_words(
-            &src.buf,
-            src_row0 * src.cols,
-            &dst.buf,
-            dst_row0 * dst.cols,
-            n * src.cols,
-        );
-    }
-
     fn argmax_rows(&self, x: &WgpuTensor, n: usize, cols: usize) -> Vec<u32> {
         if n == 0 {
             return Vec::new();
@@ -1032,6 +1042,20 @@ impl Backend for WgpuBackend {
             .collect()
     }
 
+    fn kv_copy(&self, src: &WgpuKvCache, dst: &mut WgpuKvCache, n: usize) {
+        let per_word = if src.f16 { 2 } else { 1 };
+        for l in 0..src.n_layers {
+            for h in 0..src.kv_heads {
+                let off = (src.plane(l) + h * src.n_ctx * src.head_dim) / per_word;
+                let len = n * src.head_dim / per_word;
+                self.copy_words(&src.k, off, &dst.k, off, len);
+                self.copy_words(&src.v, off, &dst.v, off, len);
+            }
+        }
+    }
+}
+
+impl SpeechOps for WgpuBackend {
     // ---- speech ops ----
 
     // On the CPU backend, through host copies (kiln_backend::cpu_fallback_ops).
@@ -1142,22 +1166,6 @@ impl Backend for WgpuBackend {
         };
         self.products(&[(w, None, bias, out, MODE_STORE)], &xt, t_out, None);
         t_out
-    }
-
-    fn kv_copy(&self, src: &WgpuKvCache, dst: &mut WgpuKvCache, n: usize) {
-        let per_word = if src.f16 { 2 } else { 1 };
-        for l in 0..src.n_layers {
-            for h in 0..src.kv_heads {
-                let off = (src.plane(l) + h * src.n_ctx * src.head_dim) / per_word;
-                let len = n * src.head_dim / per_word;
-                self.copy_words(&src.k, off, &dst.k, off, len);
-                self.copy_words(&src.v, off, &dst.v, off, len);
-            }
-        }
-    }
-
-    fn scale(&self, x: &mut WgpuTensor, s: f32, n: usize) {
-        self.elementwise(&x.buf, &self.gpu.dummy, OP_SCALE, s, n);
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod common;
 
+use kiln_backend::TensorOps;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 

@@ -1,6 +1,7 @@
 //! RoPE and attention: one sequence, several in one call, fused norm + RoPE + store, KV copies, dense and self attention.
 
 use super::*;
+use crate::{LlmOps, SpeechOps, TensorOps};
 
 fn rope_cfg(style: RopeStyle, dims: usize, head_dim: usize, scaling: RopeScaling) -> RopeConfig {
     RopeConfig {

@@ -22,7 +22,7 @@
 //! sets: ~1e-6) rather than the rounding (~3e-3).
 //!
 //! Attention runs against the reference with a cache of the type the backend stores
-//! ([`Backend::kv_type_stored`]), so both see keys and values rounded alike.
+//! ([`LlmOps::kv_type_stored`]), so both see keys and values rounded alike.
 //!
 //! Unsupported formats, KV types and attention shapes: a backend says so through its own API
 //! (an `Unsupported`, `KvType` or quantization-`Unsupported` error from `load_weight`,
@@ -38,6 +38,7 @@
 //! kernel variants, bit-for-bit batch invariance of chained decode products, recorded-step
 //! (graph) edge cases, chunked prompt attention.
 
+use crate::TensorOps;
 use std::fmt::Display;
 use std::io::Write;
 
@@ -87,7 +88,7 @@ pub struct Tolerances {
     /// `matmul3`, `gate_up_silu`, their RMSNorm-fused forms and `matmul_add_before_norm`'s
     /// chain, likewise.
     pub fused_product: f32,
-    /// Products over a weight marked [`Backend::prefer_batches`] (block products that may
+    /// Products over a weight marked [`TensorOps::prefer_batches`] (block products that may
     /// round through bf16).
     pub batched: f32,
     /// Attention over an f32 KV cache, against the reference.

@@ -1,6 +1,7 @@
 //! Products: every format and token count, the fused forms, batches, MLX weights, recorded steps.
 
 use super::*;
+use crate::{LlmOps, TensorOps};
 
 /// `matmul` (with a bias) and `matmul_add` on top of it, every format, rows 75 and 33 (and
 /// 333 columns for the float formats), 1 to 130 tokens (decode kernels and tiled GEMMs).

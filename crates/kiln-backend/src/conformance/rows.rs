@@ -1,6 +1,7 @@
 //! Row ops: embeddings, norms, elementwise ops, copies, argmax and sampling candidates.
 
 use super::*;
+use crate::{LlmOps, SpeechOps, TensorOps};
 
 /// `embed` (repeated ids, the first and last rows) and `embed_positions`, every format,
 /// 301 rows; an id or position past the table is an error.

@@ -1,6 +1,7 @@
 //! Speech and signal ops: convolutions (integer ones too), LSTMs, STFT, uint8 fake quantization.
 
 use super::*;
+use crate::{SpeechOps, TensorOps};
 
 /// Whisper's time-major `conv1d` (kernel 3, pad 1, strides 1 and 2, with and without a
 /// bias), f32 and f16 weights.

@@ -8,7 +8,7 @@ pub mod kernels;
 pub mod membw;
 mod ops;
 
-/// From this many rows of x, products over weights marked [`Backend::prefer_batches`] run on
+/// From this many rows of x, products over weights marked [`TensorOps::prefer_batches`] run on
 /// AMX bf16 tiles where the CPU has them.
 pub const AMX_MIN_ROWS: usize = ops::matmul_amx::MIN_ROWS;
 mod par;
@@ -22,8 +22,8 @@ use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
 use crate::{
-    AttnShape, Backend, BackendError, Conv1dShape, ConvWeightQ8, DenseAttnShape, KvType, LstmShape,
-    MlxWeightData, RopeConfig, WeightData,
+    AttnShape, BackendError, Conv1dShape, ConvWeightQ8, DenseAttnShape, KvType, LlmOps, LstmShape,
+    MlxWeightData, RopeConfig, SpeechOps, TensorOps, WeightData,
 };
 pub use ops::vmath;
 
@@ -84,7 +84,7 @@ pub struct CpuWeight {
     pub bytes: Vec<u8>,
     pub mlx: Option<Box<ops::mlx::MlxParts>>,
     /// A second copy in AMX tile order (bf16) for products over many rows, made when the
-    /// model marks the weight as such ([`Backend::prefer_batches`]) and the CPU has AMX.
+    /// model marks the weight as such ([`TensorOps::prefer_batches`]) and the CPU has AMX.
     pub amx: Option<Box<kernels::amx::PackedB>>,
     /// The same, where the model allows int8 and the CPU has no AMX: int8 rows with one
     /// scale a row for the integer block products (`kernels::vnni_gemm`).
@@ -93,9 +93,9 @@ pub struct CpuWeight {
     /// where the int8 copy is not made: f32 in vector order for the f32 block products
     /// (`kernels::f32_gemm`).
     pub f32p: Option<Box<kernels::f32_gemm::PackedF32>>,
-    /// An integer convolution's weight in tile order ([`Backend::conv_weight_q8`]).
+    /// An integer convolution's weight in tile order ([`SpeechOps::conv_weight_q8`]).
     pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
-    /// A transposed convolution's weight as stacked phases ([`Backend::conv_transpose_weight`]).
+    /// A transposed convolution's weight as stacked phases ([`SpeechOps::conv_transpose_weight`]).
     pub conv_t: Option<Box<ops::conv1d_amx::PackedConvT>>,
 }
 
@@ -258,41 +258,9 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
+impl TensorOps for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
-    type KvCache = CpuKvCache;
-
-    fn check_window(&self) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    fn check_short_conv(&self) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    fn short_conv(
-        &self,
-        bcx: &CpuTensor,
-        taps: &CpuTensor,
-        state: &mut CpuTensor,
-        srow: usize,
-        (dim, k): (usize, usize),
-        (row0, n): (usize, usize),
-        fresh: bool,
-        out: &mut CpuTensor,
-    ) {
-        assert!(bcx.cols == 3 * dim && out.cols == dim && state.cols == dim && k >= 1);
-        let s = k - 1;
-        let st = &mut state.data[srow * dim..(srow + s) * dim];
-        if fresh {
-            st.fill(0.0);
-        }
-        let rows = &bcx.data[row0 * 3 * dim..(row0 + n) * 3 * dim];
-        let (y, next) = crate::short_conv_host(rows, &taps.data[..dim * k], st, dim, k, n);
-        out.data[row0 * dim..(row0 + n) * dim].copy_from_slice(&y);
-        st.copy_from_slice(&next);
-    }
 
     fn name(&self) -> String {
         if self.reference {
@@ -473,6 +441,177 @@ impl Backend for CpuBackend {
         t
     }
 
+    fn read(&self, t: &CpuTensor, rows: usize, out: &mut [f32]) {
+        out.copy_from_slice(&t.data[..rows * t.cols]);
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32, n: usize, out: &mut CpuTensor) {
+        ops::norm::rms_norm(x, w, eps, n, out)
+    }
+
+    fn matmul(
+        &self,
+        w: &CpuWeight,
+        x: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        n: usize,
+        out: &mut CpuTensor,
+    ) {
+        // (An MLX weight's `ty` is F32 too, its bytes packed q: it goes to the jobs below.)
+        let f32_weight = w.ty == GgmlType::F32 && w.mlx.is_none();
+        if !self.reference && f32_weight && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
+            if w.amx.is_some() {
+                // A tile-order copy made at load: no per-call packing of the f32 weight.
+                let mut jobs = [Job {
+                    w,
+                    out,
+                    epilogue: Epilogue::Store(bias),
+                }];
+                return ops::matmul_amx::matmul_jobs(&self.pool, x, n, &mut jobs);
+            }
+            return ops::conv1d_nc::matmul_f32(&self.pool, w, x, bias, n, out);
+        }
+        self.jobs(
+            x,
+            n,
+            &mut [Job {
+                w,
+                out,
+                epilogue: Epilogue::Store(bias),
+            }],
+        );
+    }
+
+    fn matmul_add(&self, w: &CpuWeight, x: &CpuTensor, n: usize, out: &mut CpuTensor) {
+        self.jobs(
+            x,
+            n,
+            &mut [Job {
+                w,
+                out,
+                epilogue: Epilogue::Add,
+            }],
+        );
+    }
+
+    fn matmul3(
+        &self,
+        ws: [&CpuWeight; 3],
+        biases: [Option<&CpuTensor>; 3],
+        x: &CpuTensor,
+        n: usize,
+        outs: [&mut CpuTensor; 3],
+    ) {
+        let [o0, o1, o2] = outs;
+        self.jobs(
+            x,
+            n,
+            &mut [
+                Job {
+                    w: ws[0],
+                    out: o0,
+                    epilogue: Epilogue::Store(biases[0]),
+                },
+                Job {
+                    w: ws[1],
+                    out: o1,
+                    epilogue: Epilogue::Store(biases[1]),
+                },
+                Job {
+                    w: ws[2],
+                    out: o2,
+                    epilogue: Epilogue::Store(biases[2]),
+                },
+            ],
+        );
+    }
+
+    fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
+        ops::elementwise::silu_mul(gate, up, n)
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
+        let len = n * gate.cols;
+        self.gelu_tanh(gate, len);
+        let up = &up.data[..len];
+        ops::signal::par_chunks(&self.pool, &mut gate.data[..len], |c, at| {
+            for (g, &u) in c.iter_mut().zip(&up[at..]) {
+                *g *= u;
+            }
+        });
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor, n: usize) {
+        let len = n * x.cols;
+        if len < 1 << 16 {
+            return ops::elementwise::add(x, y, n);
+        }
+        let y = &y.data[..len];
+        ops::signal::par_chunks(&self.pool, &mut x.data[..len], |c, at| {
+            for (a, &b) in c.iter_mut().zip(&y[at..]) {
+                *a += b;
+            }
+        })
+    }
+
+    fn copy_row(&self, src: &CpuTensor, src_row: usize, dst: &mut CpuTensor) {
+        let c = src.cols;
+        dst.data[..c].copy_from_slice(&src.data[src_row * c..(src_row + 1) * c]);
+    }
+
+    fn copy_rows(
+        &self,
+        src: &CpuTensor,
+        src_row0: usize,
+        n: usize,
+        dst: &mut CpuTensor,
+        dst_row0: usize,
+    ) {
+        let c = src.cols;
+        assert_eq!(c, dst.cols, "copy_rows between tensors of different widths");
+        dst.data[dst_row0 * c..(dst_row0 + n) * c]
+            .copy_from_slice(&src.data[src_row0 * c..(src_row0 + n) * c]);
+    }
+
+    fn scale(&self, x: &mut CpuTensor, s: f32, n: usize) {
+        ops::signal::scale(&self.pool, x, s, n)
+    }
+}
+
+impl LlmOps for CpuBackend {
+    type KvCache = CpuKvCache;
+
+    fn check_window(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn check_short_conv(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn short_conv(
+        &self,
+        bcx: &CpuTensor,
+        taps: &CpuTensor,
+        state: &mut CpuTensor,
+        srow: usize,
+        (dim, k): (usize, usize),
+        (row0, n): (usize, usize),
+        fresh: bool,
+        out: &mut CpuTensor,
+    ) {
+        assert!(bcx.cols == 3 * dim && out.cols == dim && state.cols == dim && k >= 1);
+        let s = k - 1;
+        let st = &mut state.data[srow * dim..(srow + s) * dim];
+        if fresh {
+            st.fill(0.0);
+        }
+        let rows = &bcx.data[row0 * 3 * dim..(row0 + n) * 3 * dim];
+        let (y, next) = crate::short_conv_host(rows, &taps.data[..dim * k], st, dim, k, n);
+        out.data[row0 * dim..(row0 + n) * dim].copy_from_slice(&y);
+        st.copy_from_slice(&next);
+    }
+
     fn top_candidates(
         &self,
         x: &CpuTensor,
@@ -497,10 +636,6 @@ impl Backend for CpuBackend {
         (0..n)
             .map(|r| crate::argmax_first(&x.data[r * x.cols..r * x.cols + cols]))
             .collect()
-    }
-
-    fn read(&self, t: &CpuTensor, rows: usize, out: &mut [f32]) {
-        out.copy_from_slice(&t.data[..rows * t.cols]);
     }
 
     fn kv_cache(
@@ -594,89 +729,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32, n: usize, out: &mut CpuTensor) {
-        ops::norm::rms_norm(x, w, eps, n, out)
-    }
-
     fn rms_norm_heads(&self, x: &mut CpuTensor, w: &CpuTensor, eps: f32, n: usize) {
         ops::norm::rms_norm_heads(x, w, eps, n)
-    }
-
-    fn matmul(
-        &self,
-        w: &CpuWeight,
-        x: &CpuTensor,
-        bias: Option<&CpuTensor>,
-        n: usize,
-        out: &mut CpuTensor,
-    ) {
-        // (An MLX weight's `ty` is F32 too, its bytes packed q: it goes to the jobs below.)
-        let f32_weight = w.ty == GgmlType::F32 && w.mlx.is_none();
-        if !self.reference && f32_weight && n >= ops::conv1d_nc::GEMM_MIN_ROWS {
-            if w.amx.is_some() {
-                // A tile-order copy made at load: no per-call packing of the f32 weight.
-                let mut jobs = [Job {
-                    w,
-                    out,
-                    epilogue: Epilogue::Store(bias),
-                }];
-                return ops::matmul_amx::matmul_jobs(&self.pool, x, n, &mut jobs);
-            }
-            return ops::conv1d_nc::matmul_f32(&self.pool, w, x, bias, n, out);
-        }
-        self.jobs(
-            x,
-            n,
-            &mut [Job {
-                w,
-                out,
-                epilogue: Epilogue::Store(bias),
-            }],
-        );
-    }
-
-    fn matmul_add(&self, w: &CpuWeight, x: &CpuTensor, n: usize, out: &mut CpuTensor) {
-        self.jobs(
-            x,
-            n,
-            &mut [Job {
-                w,
-                out,
-                epilogue: Epilogue::Add,
-            }],
-        );
-    }
-
-    fn matmul3(
-        &self,
-        ws: [&CpuWeight; 3],
-        biases: [Option<&CpuTensor>; 3],
-        x: &CpuTensor,
-        n: usize,
-        outs: [&mut CpuTensor; 3],
-    ) {
-        let [o0, o1, o2] = outs;
-        self.jobs(
-            x,
-            n,
-            &mut [
-                Job {
-                    w: ws[0],
-                    out: o0,
-                    epilogue: Epilogue::Store(biases[0]),
-                },
-                Job {
-                    w: ws[1],
-                    out: o1,
-                    epilogue: Epilogue::Store(biases[1]),
-                },
-                Job {
-                    w: ws[2],
-                    out: o2,
-                    epilogue: Epilogue::Store(biases[2]),
-                },
-            ],
-        );
     }
 
     fn gate_up_silu(
@@ -882,53 +936,29 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
-        ops::elementwise::silu_mul(gate, up, n)
-    }
-
-    fn gelu_tanh_mul(&self, gate: &mut CpuTensor, up: &CpuTensor, n: usize) {
-        let len = n * gate.cols;
-        self.gelu_tanh(gate, len);
-        let up = &up.data[..len];
-        ops::signal::par_chunks(&self.pool, &mut gate.data[..len], |c, at| {
-            for (g, &u) in c.iter_mut().zip(&up[at..]) {
-                *g *= u;
-            }
-        });
-    }
-
-    fn add(&self, x: &mut CpuTensor, y: &CpuTensor, n: usize) {
-        let len = n * x.cols;
-        if len < 1 << 16 {
-            return ops::elementwise::add(x, y, n);
+    fn kv_copy(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize) {
+        assert!(
+            src.n_ctx == dst.n_ctx && src.kv_dim == dst.kv_dim && src.k.len() == dst.k.len(),
+            "kv_copy between caches of different shapes"
+        );
+        let (hd, n_ctx) = (src.head_dim, src.n_ctx);
+        let n = n.min(n_ctx);
+        match (&src.packed, &mut dst.packed) {
+            (Some(s), Some(d)) => return d.copy_from(s, n),
+            (None, None) => {}
+            _ => panic!("kv_copy between caches of different types"),
         }
-        let y = &y.data[..len];
-        ops::signal::par_chunks(&self.pool, &mut x.data[..len], |c, at| {
-            for (a, &b) in c.iter_mut().zip(&y[at..]) {
-                *a += b;
+        for (layer, (sk, sv)) in src.k.iter().zip(&src.v).enumerate() {
+            for h in 0..src.kv_dim / hd {
+                let r = h * n_ctx * hd..(h * n_ctx + n) * hd;
+                dst.k[layer][r.clone()].copy_from_slice(&sk[r.clone()]);
+                dst.v[layer][r.clone()].copy_from_slice(&sv[r]);
             }
-        })
+        }
     }
+}
 
-    fn copy_row(&self, src: &CpuTensor, src_row: usize, dst: &mut CpuTensor) {
-        let c = src.cols;
-        dst.data[..c].copy_from_slice(&src.data[src_row * c..(src_row + 1) * c]);
-    }
-
-    fn copy_rows(
-        &self,
-        src: &CpuTensor,
-        src_row0: usize,
-        n: usize,
-        dst: &mut CpuTensor,
-        dst_row0: usize,
-    ) {
-        let c = src.cols;
-        assert_eq!(c, dst.cols, "copy_rows between tensors of different widths");
-        dst.data[dst_row0 * c..(dst_row0 + n) * c]
-            .copy_from_slice(&src.data[src_row0 * c..(src_row0 + n) * c]);
-    }
-
+impl SpeechOps for CpuBackend {
     // ---- speech ops ----
 
     fn layer_norm(
@@ -979,27 +1009,6 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         ops::attention_dense::attention_dense(&self.pool, q, k, v, shape, out)
-    }
-
-    fn kv_copy(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize) {
-        assert!(
-            src.n_ctx == dst.n_ctx && src.kv_dim == dst.kv_dim && src.k.len() == dst.k.len(),
-            "kv_copy between caches of different shapes"
-        );
-        let (hd, n_ctx) = (src.head_dim, src.n_ctx);
-        let n = n.min(n_ctx);
-        match (&src.packed, &mut dst.packed) {
-            (Some(s), Some(d)) => return d.copy_from(s, n),
-            (None, None) => {}
-            _ => panic!("kv_copy between caches of different types"),
-        }
-        for (layer, (sk, sv)) in src.k.iter().zip(&src.v).enumerate() {
-            for h in 0..src.kv_dim / hd {
-                let r = h * n_ctx * hd..(h * n_ctx + n) * hd;
-                dst.k[layer][r.clone()].copy_from_slice(&sk[r.clone()]);
-                dst.v[layer][r.clone()].copy_from_slice(&sv[r]);
-            }
-        }
     }
 
     // ---- Signal and sequence ops (Kokoro) ----
@@ -1215,10 +1224,6 @@ impl Backend for CpuBackend {
 
     fn leaky_relu(&self, x: &mut CpuTensor, slope: f32, n: usize) {
         ops::signal::leaky_relu(&self.pool, x, slope, n)
-    }
-
-    fn scale(&self, x: &mut CpuTensor, s: f32, n: usize) {
-        ops::signal::scale(&self.pool, x, s, n)
     }
 
     fn transpose(&self, x: &CpuTensor, rows: usize, cols: usize, out: &mut CpuTensor) {

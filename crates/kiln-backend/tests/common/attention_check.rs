@@ -3,7 +3,8 @@
 //! binaries that run it under different kernel choices).
 
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::{AttnShape, Backend};
+use kiln_backend::AttnShape;
+use kiln_backend::{LlmOps, TensorOps};
 
 fn rnd(seed: &mut u64) -> f32 {
     *seed ^= *seed << 13;

@@ -341,13 +341,13 @@ impl<B: Backend> Llama<B> {
             .map(|_| ())
     }
 
-    /// Masks the last forward's first logits row where it lies ([`Backend::mask_row`]);
+    /// Masks the last forward's first logits row where it lies ([`LlmOps::mask_row`]);
     /// false when the backend leaves that to the host.
     pub fn mask_last(&self, b: &B, st: &mut LlamaState<B>, cols: usize, allow: &[u32]) -> bool {
         self.mask_logits(b, &mut st.scratch, 0, cols, allow)
     }
 
-    /// Masks row `row` of the last forward's logits where they lie ([`Backend::mask_row`]).
+    /// Masks row `row` of the last forward's logits where they lie ([`LlmOps::mask_row`]).
     pub fn mask_logits(
         &self,
         b: &B,
@@ -851,7 +851,7 @@ impl<B: Backend> Llama<B> {
     }
 
     /// Candidates for a pick that needs only the `k` largest of the first `cols` logits of
-    /// row `row`: the backend's ([`Backend::top_candidates`]) in `out` and None, or, where it
+    /// row `row`: the backend's ([`LlmOps::top_candidates`]) in `out` and None, or, where it
     /// gives none, the row's logits.
     pub fn candidates<'s>(
         &self,

@@ -1,5 +1,5 @@
 //! Matrix products over many rows for weights that carry a block-product copy
-//! (`Backend::prefer_batches`): AMX bf16 tiles (or `vdpbf16ps` over the same layout), int8
+//! (`TensorOps::prefer_batches`): AMX bf16 tiles (or `vdpbf16ps` over the same layout), int8
 //! panels (VNNI / dotprod, where the model allowed int8) or f32 panels (AVX-512 without
 //! BF16, NEON). Each thread takes whole 32-row blocks of x, prepares them once (rounded to bf16,
 //! quantized to int8, or padded), then runs every job's weight over them by 32 x 32 blocks of

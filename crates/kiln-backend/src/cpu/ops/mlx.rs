@@ -596,7 +596,7 @@ mod tests {
 mod bench {
     use super::*;
     use crate::cpu::CpuBackend;
-    use crate::{Backend, WeightData};
+    use crate::{TensorOps, WeightData};
     use kiln_quant::{mlx_quantize_row, quantize};
 
     /// Decode-shape products, MLX against GGML formats (run with --ignored --nocapture).

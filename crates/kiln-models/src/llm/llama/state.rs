@@ -21,19 +21,19 @@ pub struct LlamaCache<B: Backend> {
 
 impl<B: Backend> LlamaCache<B> {
     /// Gives back the memory the KV cache holds where the backend hands it out as sequences
-    /// grow ([`Backend::kv_release`]); its positions are to be written again before read.
+    /// grow ([`LlmOps::kv_release`]); its positions are to be written again before read.
     pub fn release(&mut self, b: &B) {
         b.kv_release(&mut self.kv);
     }
 
-    /// This cache's first `n` positions become `src`'s ([`Backend::kv_copy`]: a copy, or the
+    /// This cache's first `n` positions become `src`'s ([`LlmOps::kv_copy`]: a copy, or the
     /// same blocks shared where the backend pages its caches). Not for a model with a
     /// recurrent state (LFM2's convolutions), which a prefix of keys does not carry.
     pub fn copy_prefix(&mut self, b: &B, src: &LlamaCache<B>, n: usize) {
         b.kv_copy(&src.kv, &mut self.kv, n);
     }
 
-    /// Bytes the KV cache holds ([`Backend::kv_cache_bytes`]).
+    /// Bytes the KV cache holds ([`LlmOps::kv_cache_bytes`]).
     pub fn held_bytes(&self, b: &B) -> usize {
         b.kv_cache_bytes(&self.kv)
     }
