@@ -308,10 +308,12 @@ impl Device {
                 .map_err(|e| init_err("reading the multiprocessor count", e))? as usize;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let arch = arch_for(major, minor);
-        let ptx = load_or_compile(arch)?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| init_err("loading the kernels", e))?;
+        let module = match aot_module(&ctx, major, minor) {
+            Some(m) => m,
+            None => ctx
+                .load_module(load_or_compile(arch)?)
+                .map_err(|e| init_err("loading the kernels", e))?,
+        };
         let mut funcs = Vec::new();
         for k in KERNELS {
             let f = module
@@ -448,6 +450,25 @@ impl Device {
 
     pub fn sync(&self) -> Result<(), DriverError> {
         unsafe { result::stream::synchronize(self.cu_stream()) }
+    }
+}
+
+/// The kernels compiled when kiln was built (build.rs, `KILN_CUDA_ARCHS`).
+mod aot {
+    include!(concat!(env!("OUT_DIR"), "/aot.rs"));
+}
+
+/// The kernels built ahead of time for this GPU's architecture, where the build has them and
+/// the driver takes them (else None: the run-time compile follows).
+fn aot_module(ctx: &Arc<CudaContext>, major: i32, minor: i32) -> Option<Arc<CudaModule>> {
+    let sm = format!("sm_{major}{minor}");
+    let (_, image) = aot::AOT.iter().find(|(a, _)| *a == sm)?;
+    match ctx.load_module(Ptx::from_binary(image.to_vec())) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            eprintln!("kiln's built-in CUDA kernels for {sm} did not load ({e:?}): compiling them");
+            None
+        }
     }
 }
 
