@@ -78,8 +78,9 @@ macro_rules! cpu_fallback_sequence_ops {
     };
 }
 
-/// [`cpu_fallback_ops`]' feature-map ops (convolutions, norms, activations, the uint8
-/// rounding, the BERT's attention).
+/// [`cpu_fallback_ops`]' feature-map ops (convolutions, norms, the uint8 rounding, the
+/// BERT's attention); the elementwise and copying ones (snake, leaky ReLU, GELU's tanh form,
+/// transpose, upsampling) a device backend has kernels for.
 #[macro_export]
 macro_rules! cpu_fallback_signal_ops {
     () => {
@@ -132,40 +133,6 @@ macro_rules! cpu_fallback_signal_ops {
             let mut cx = self.to_cpu(x);
             self.cpu.fake_quant_u8(&mut cx, n);
             self.from_cpu(&cx, x);
-        }
-        fn gelu_tanh(&self, x: &mut Self::Tensor, n: usize) {
-            let mut cx = self.to_cpu(x);
-            self.cpu.gelu_tanh(&mut cx, n);
-            self.from_cpu(&cx, x);
-        }
-        fn leaky_relu(&self, x: &mut Self::Tensor, slope: f32, n: usize) {
-            let mut cx = self.to_cpu(x);
-            self.cpu.leaky_relu(&mut cx, slope, n);
-            self.from_cpu(&cx, x);
-        }
-        fn snake(&self, x: &mut Self::Tensor, alpha: &Self::Tensor, c: usize, len: usize) {
-            let (mut cx, ca) = (self.to_cpu(x), self.to_cpu(alpha));
-            self.cpu.snake(&mut cx, &ca, c, len);
-            self.from_cpu(&cx, x);
-        }
-        fn transpose(&self, x: &Self::Tensor, rows: usize, cols: usize, out: &mut Self::Tensor) {
-            let cx = self.to_cpu(x);
-            let mut co = self.to_cpu(out);
-            self.cpu.transpose(&cx, rows, cols, &mut co);
-            self.from_cpu(&co, out);
-        }
-        fn upsample_nearest(
-            &self,
-            x: &Self::Tensor,
-            c: usize,
-            len: usize,
-            factor: usize,
-            out: &mut Self::Tensor,
-        ) {
-            let cx = self.to_cpu(x);
-            let mut co = self.to_cpu(out);
-            self.cpu.upsample_nearest(&cx, c, len, factor, &mut co);
-            self.from_cpu(&co, out);
         }
         fn layer_norm_rows(
             &self,

@@ -1083,6 +1083,50 @@ impl SpeechOps for WgpuBackend {
         );
     }
 
+    fn snake(&self, x: &mut WgpuTensor, alpha: &WgpuTensor, c: usize, len: usize) {
+        let d = &self.gpu.dummy;
+        let n = c * len;
+        let (bufs, p) = ([&x.buf, &alpha.buf, d, d], [n as u32, len as u32]);
+        self.gpu.dispatch("speech", "snake", &p, &bufs, grid_1d(n));
+    }
+
+    fn leaky_relu(&self, x: &mut WgpuTensor, slope: f32, n: usize) {
+        let d = &self.gpu.dummy;
+        let (bufs, p) = ([&x.buf, d, d, d], [n as u32, f(slope)]);
+        self.gpu
+            .dispatch("speech", "leaky_relu", &p, &bufs, grid_1d(n));
+    }
+
+    fn gelu_tanh(&self, x: &mut WgpuTensor, n: usize) {
+        let d = &self.gpu.dummy;
+        let bufs = [&x.buf, d, d, d];
+        self.gpu
+            .dispatch("speech", "gelu_tanh", &[n as u32], &bufs, grid_1d(n));
+    }
+
+    fn transpose(&self, x: &WgpuTensor, rows: usize, cols: usize, out: &mut WgpuTensor) {
+        let d = &self.gpu.dummy;
+        let (n, bufs) = (rows * cols, [&x.buf, d, d, &out.buf]);
+        let p = [n as u32, rows as u32, cols as u32];
+        self.gpu
+            .dispatch("speech", "transpose", &p, &bufs, grid_1d(n));
+    }
+
+    fn upsample_nearest(
+        &self,
+        x: &WgpuTensor,
+        c: usize,
+        len: usize,
+        factor: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let d = &self.gpu.dummy;
+        let (n, bufs) = (c * len * factor, [&x.buf, d, d, &out.buf]);
+        let p = [n as u32, len as u32, factor as u32];
+        self.gpu
+            .dispatch("speech", "upsample_nearest", &p, &bufs, grid_1d(n));
+    }
+
     fn gelu(&self, x: &mut WgpuTensor, n: usize) {
         let len = n * x.cols;
         let d = &self.gpu.dummy;

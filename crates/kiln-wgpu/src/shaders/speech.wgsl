@@ -106,3 +106,64 @@ fn attn_dense(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
         O[t * ld + h * hd + li] = s / l;
     }
 }
+
+// ---- Kokoro's feature maps: (channels, len) row-major, an invocation a value ----
+
+// X[i] += sin(a X[i])^2 / a, a = G[i / len] (snake): as the CPU, (1 / a) s s.
+// params: 0 n (channels * len), 1 len
+@compute @workgroup_size(256)
+fn snake(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = (wg.y * nwg.x + wg.x) * WG + li;
+    if (i >= P(0u)) { return; }
+    let a = G[i / P(1u)];
+    let v = X[i];
+    let s = sin(a * v);
+    X[i] = v + (1.0 / a) * s * s;
+}
+
+// X[i] *= slope where X[i] < 0 (leaky ReLU: one IEEE product, the CPU's bits).
+// params: 0 n, 1 slope (f32 bits)
+@compute @workgroup_size(256)
+fn leaky_relu(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = (wg.y * nwg.x + wg.x) * WG + li;
+    if (i >= P(0u)) { return; }
+    let v = X[i];
+    X[i] = select(v, v * PF(1u), v < 0.0);
+}
+
+// X[i] = 0.5 X[i] (1 + tanh(sqrt(2 / pi) (X[i] + 0.044715 X[i]^3))) (GELU, tanh form).
+// params: 0 n
+@compute @workgroup_size(256)
+fn gelu_tanh(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = (wg.y * nwg.x + wg.x) * WG + li;
+    if (i >= P(0u)) { return; }
+    let x = X[i];
+    let z = clamp(0.7978846 * (x + 0.044715 * x * x * x), -15.0, 15.0);
+    X[i] = 0.5 * x * (1.0 + tanh(z));
+}
+
+// O (cols, rows) = X (rows, cols) transposed. params: 0 n (rows * cols), 1 rows, 2 cols
+@compute @workgroup_size(256)
+fn transpose(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = (wg.y * nwg.x + wg.x) * WG + li;
+    if (i >= P(0u)) { return; }
+    let r = i / P(2u);
+    let c = i % P(2u);
+    O[c * P(1u) + r] = X[i];
+}
+
+// O (c, len * factor): every value of X (c, len) repeated `factor` times along its row.
+// params: 0 n (c * len * factor), 1 len, 2 factor
+@compute @workgroup_size(256)
+fn upsample_nearest(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = (wg.y * nwg.x + wg.x) * WG + li;
+    if (i >= P(0u)) { return; }
+    let wide = P(1u) * P(2u);
+    let ch = i / wide;
+    O[i] = X[ch * P(1u) + (i % wide) / P(2u)];
+}
