@@ -78,29 +78,13 @@ macro_rules! cpu_fallback_sequence_ops {
     };
 }
 
-/// [`cpu_fallback_ops`]' feature-map ops (convolutions, norms, the uint8 rounding, the
-/// BERT's attention); the elementwise and copying ones (snake, leaky ReLU, GELU's tanh form,
-/// transpose, upsampling) a device backend has kernels for.
+/// [`cpu_fallback_ops`]' feature-map ops (convolutions, the uint8 rounding, the BERT's
+/// attention); the norms, the elementwise and the copying ones (AdaIN, AdaLN, layer norm by
+/// rows, snake, leaky ReLU, GELU's tanh form, transpose, upsampling) a device backend has
+/// kernels for.
 #[macro_export]
 macro_rules! cpu_fallback_signal_ops {
     () => {
-        fn ada_in(&self, x: &mut Self::Tensor, gb: &Self::Tensor, c: usize, len: usize, eps: f32) {
-            let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
-            self.cpu.ada_in(&mut cx, &cg, c, len, eps);
-            self.from_cpu(&cx, x);
-        }
-        fn ada_layer_norm(
-            &self,
-            x: &mut Self::Tensor,
-            gb: &Self::Tensor,
-            len: usize,
-            c: usize,
-            eps: f32,
-        ) {
-            let (mut cx, cg) = (self.to_cpu(x), self.to_cpu(gb));
-            self.cpu.ada_layer_norm(&mut cx, &cg, len, c, eps);
-            self.from_cpu(&cx, x);
-        }
         fn conv1d_nc(
             &self,
             x: &Self::Tensor,
@@ -132,21 +116,6 @@ macro_rules! cpu_fallback_signal_ops {
         fn fake_quant_u8(&self, x: &mut Self::Tensor, n: usize) {
             let mut cx = self.to_cpu(x);
             self.cpu.fake_quant_u8(&mut cx, n);
-            self.from_cpu(&cx, x);
-        }
-        fn layer_norm_rows(
-            &self,
-            x: &mut Self::Tensor,
-            w: Option<&Self::Tensor>,
-            b: Option<&Self::Tensor>,
-            eps: f32,
-            rows: usize,
-            cols: usize,
-        ) {
-            let mut cx = self.to_cpu(x);
-            let (cw, cb) = (w.map(|t| self.to_cpu(t)), b.map(|t| self.to_cpu(t)));
-            self.cpu
-                .layer_norm_rows(&mut cx, cw.as_ref(), cb.as_ref(), eps, rows, cols);
             self.from_cpu(&cx, x);
         }
         fn self_attention(

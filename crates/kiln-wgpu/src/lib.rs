@@ -470,6 +470,30 @@ impl WgpuBackend {
         );
     }
 
+    /// speech.wgsl `norm_rows` over `rows` rows of `cols` of `x` in place: `mode` 0 layer norm
+    /// (times `g` and plus `b` as `flags` say), 1 AdaIN by channel rows, 2 AdaLN by time rows
+    /// (`g` the style's gammas then betas).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rows(
+        &self,
+        x: &mut WgpuTensor,
+        g: &Buf,
+        b: &Buf,
+        (rows, cols): (usize, usize),
+        eps: f32,
+        mode: u32,
+        flags: [u32; 2],
+    ) {
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let groups = (rows.min(65535) as u32, rows.div_ceil(65535) as u32, 1);
+        let p = [rows as u32, cols as u32, f(eps), mode, flags[0], flags[1]];
+        let d = &self.gpu.dummy;
+        self.gpu
+            .dispatch("speech", "norm_rows", &p, &[&x.buf, g, b, d], groups);
+    }
+
     /// Copies `n` words from word `so` of `src` to word `doff` of `dst`.
     fn copy_words(&self, src: &Buf, so: usize, dst: &Buf, doff: usize, n: usize) {
         if n == 0 {
@@ -1081,6 +1105,38 @@ impl SpeechOps for WgpuBackend {
             &[&x.buf, &gamma.buf, &beta.buf, &out.buf],
             x_dim,
         );
+    }
+
+    fn layer_norm_rows(
+        &self,
+        x: &mut WgpuTensor,
+        w: Option<&WgpuTensor>,
+        b: Option<&WgpuTensor>,
+        eps: f32,
+        rows: usize,
+        cols: usize,
+    ) {
+        let d = &self.gpu.dummy;
+        let (wb, bb) = (w.map_or(d, |t| &t.buf), b.map_or(d, |t| &t.buf));
+        let flags = [w.is_some() as u32, b.is_some() as u32];
+        self.norm_rows(x, wb, bb, (rows, cols), eps, 0, flags);
+    }
+
+    fn ada_in(&self, x: &mut WgpuTensor, gamma_beta: &WgpuTensor, c: usize, len: usize, eps: f32) {
+        let d = &self.gpu.dummy;
+        self.norm_rows(x, &gamma_beta.buf, d, (c, len), eps, 1, [0, 0]);
+    }
+
+    fn ada_layer_norm(
+        &self,
+        x: &mut WgpuTensor,
+        gamma_beta: &WgpuTensor,
+        len: usize,
+        c: usize,
+        eps: f32,
+    ) {
+        let d = &self.gpu.dummy;
+        self.norm_rows(x, &gamma_beta.buf, d, (len, c), eps, 2, [0, 0]);
     }
 
     fn snake(&self, x: &mut WgpuTensor, alpha: &WgpuTensor, c: usize, len: usize) {

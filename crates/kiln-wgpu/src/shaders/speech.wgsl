@@ -167,3 +167,42 @@ fn upsample_nearest(@builtin(local_invocation_index) li: u32, @builtin(workgroup
     let ch = i / wide;
     O[i] = X[ch * P(1u) + (i % wide) / P(2u)];
 }
+
+// Each of `rows` rows of X (rows, cols) normalised to zero mean and unit variance (the mean,
+// then the centred sum of squares), in place, then by mode: 0 (layer_norm_rows) times G[c]
+// where P(4) and plus BT[c] where P(5); 1 (ada_in, a row a channel) (1 + G[row]) y +
+// G[rows + row]; 2 (ada_layer_norm, a row a time step) (1 + G[c]) y + G[cols + c]. One
+// workgroup a row (x + y * 65535).
+// params: 0 rows, 1 cols, 2 eps (f32 bits), 3 mode, 4 has w, 5 has b
+@compute @workgroup_size(256)
+fn norm_rows(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let rows = P(0u);
+    let cols = P(1u);
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= rows) { return; }
+    let base = row * cols;
+    var s = 0.0;
+    for (var c = li; c < cols; c += WG) { s += X[base + c]; }
+    let mean = wsum(s, li) / f32(cols);
+    var ss = 0.0;
+    for (var c = li; c < cols; c += WG) {
+        let d = X[base + c] - mean;
+        ss += d * d;
+    }
+    let inv = 1.0 / sqrt(wsum(ss, li) / f32(cols) + PF(2u));
+    let mode = P(3u);
+    for (var c = li; c < cols; c += WG) {
+        let y = (X[base + c] - mean) * inv;
+        var v = y;
+        if (mode == 1u) {
+            v = (1.0 + G[row]) * y + G[rows + row];
+        } else if (mode == 2u) {
+            v = (1.0 + G[c]) * y + G[cols + c];
+        } else {
+            if (P(4u) == 1u) { v = v * G[c]; }
+            if (P(5u) == 1u) { v = v + BT[c]; }
+        }
+        X[base + c] = v;
+    }
+}
