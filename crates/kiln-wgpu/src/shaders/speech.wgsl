@@ -16,6 +16,13 @@ fn layer_norm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
     let row = wg.y * nwg.x + wg.x;
     if (row >= P(2u)) { return; }
     let base = row * cols;
+    let mr = row_moments(base, cols, PF(1u), li);
+    for (var c = li; c < cols; c += WG) { O[base + c] = (X[base + c] - mr.x) * mr.y * G[c] + BT[c]; }
+}
+
+// (mean, 1 / sqrt(variance + eps)) of X[base..base + cols], the workgroup's invocations
+// together: the mean, then the centred sum of squares, as the CPU backend.
+fn row_moments(base: u32, cols: u32, eps: f32, li: u32) -> vec2<f32> {
     var s = 0.0;
     for (var c = li; c < cols; c += WG) { s += X[base + c]; }
     let mean = wsum(s, li) / f32(cols);
@@ -24,8 +31,7 @@ fn layer_norm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
         let d = X[base + c] - mean;
         ss += d * d;
     }
-    let r = 1.0 / sqrt(wsum(ss, li) / f32(cols) + PF(1u));
-    for (var c = li; c < cols; c += WG) { O[base + c] = (X[base + c] - mean) * r * G[c] + BT[c]; }
+    return vec2<f32>(mean, 1.0 / sqrt(wsum(ss, li) / f32(cols) + eps));
 }
 
 // erf(x), |error| < 1.2e-7 (a Chebyshev-fitted form of erfc: Numerical Recipes' erfcc).
@@ -182,18 +188,10 @@ fn norm_rows(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
     let row = wg.y * nwg.x + wg.x;
     if (row >= rows) { return; }
     let base = row * cols;
-    var s = 0.0;
-    for (var c = li; c < cols; c += WG) { s += X[base + c]; }
-    let mean = wsum(s, li) / f32(cols);
-    var ss = 0.0;
-    for (var c = li; c < cols; c += WG) {
-        let d = X[base + c] - mean;
-        ss += d * d;
-    }
-    let inv = 1.0 / sqrt(wsum(ss, li) / f32(cols) + PF(2u));
+    let mr = row_moments(base, cols, PF(2u), li);
     let mode = P(3u);
     for (var c = li; c < cols; c += WG) {
-        let y = (X[base + c] - mean) * inv;
+        let y = (X[base + c] - mr.x) * mr.y;
         var v = y;
         if (mode == 1u) {
             v = (1.0 + G[row]) * y + G[rows + row];
