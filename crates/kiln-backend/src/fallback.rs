@@ -118,22 +118,6 @@ macro_rules! cpu_fallback_signal_ops {
             self.cpu.fake_quant_u8(&mut cx, n);
             self.from_cpu(&cx, x);
         }
-        fn self_attention(
-            &self,
-            q: &Self::Tensor,
-            k: &Self::Tensor,
-            v: &Self::Tensor,
-            heads: usize,
-            head_dim: usize,
-            len: usize,
-            out: &mut Self::Tensor,
-        ) {
-            let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
-            let mut co = self.to_cpu(out);
-            self.cpu
-                .self_attention(&cq, &ck, &cv, heads, head_dim, len, &mut co);
-            self.from_cpu(&co, out);
-        }
     };
 }
 
