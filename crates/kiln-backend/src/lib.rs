@@ -1106,7 +1106,9 @@ pub trait SpeechOps: TensorOps {
         out: &mut Self::Tensor,
     );
     /// Bidirectional (unmasked) multi-head attention: q, k, v (len, heads * head_dim) ->
-    /// out (len, heads * head_dim), softmax(q k^T / sqrt(head_dim)) v per head.
+    /// out (len, heads * head_dim), softmax(q k^T / sqrt(head_dim)) v per head. The default
+    /// is [`SpeechOps::attention_dense`] of that shape.
+    #[allow(clippy::too_many_arguments)]
     fn self_attention(
         &self,
         q: &Self::Tensor,
@@ -1116,7 +1118,16 @@ pub trait SpeechOps: TensorOps {
         head_dim: usize,
         len: usize,
         out: &mut Self::Tensor,
-    );
+    ) {
+        let s = DenseAttnShape {
+            heads,
+            head_dim,
+            n_q: len,
+            n_kv: len,
+            causal: false,
+        };
+        self.attention_dense(q, k, v, s, out)
+    }
     /// GELU, tanh approximation, over the first `n` values, in place.
     fn gelu_tanh(&self, x: &mut Self::Tensor, n: usize);
 }

@@ -1230,26 +1230,6 @@ impl SpeechOps for CudaBackend {
         self.elementwise_n_args("upsample_nearest", &mut a, n);
     }
 
-    fn self_attention(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        heads: usize,
-        head_dim: usize,
-        len: usize,
-        out: &mut CudaTensor,
-    ) {
-        let s = DenseAttnShape {
-            heads,
-            head_dim,
-            n_q: len,
-            n_kv: len,
-            causal: false,
-        };
-        self.attention_dense(q, k, v, s, out)
-    }
-
     fn layer_norm(
         &self,
         x: &CudaTensor,

@@ -1139,26 +1139,6 @@ impl SpeechOps for WgpuBackend {
         self.norm_rows(x, &gamma_beta.buf, d, (len, c), eps, 2, [0, 0]);
     }
 
-    fn self_attention(
-        &self,
-        q: &WgpuTensor,
-        k: &WgpuTensor,
-        v: &WgpuTensor,
-        heads: usize,
-        head_dim: usize,
-        len: usize,
-        out: &mut WgpuTensor,
-    ) {
-        let s = kiln_backend::DenseAttnShape {
-            heads,
-            head_dim,
-            n_q: len,
-            n_kv: len,
-            causal: false,
-        };
-        self.attention_dense(q, k, v, s, out)
-    }
-
     fn snake(&self, x: &mut WgpuTensor, alpha: &WgpuTensor, c: usize, len: usize) {
         let d = &self.gpu.dummy;
         let n = c * len;
