@@ -3,11 +3,14 @@
 //! architecture and embedded in the binary, so a first `--device cuda` run on such a GPU loads
 //! them at once instead of compiling for tens of seconds. Unset: nothing is embedded and
 //! every architecture takes the run-time path (compiled once with NVRTC, kept in the cache).
-//! The source and options are the run-time compile's (`src/device.rs`).
+//! The kernels' one source is assembled here for both (`aot::SOURCE` in `src/device.rs`,
+//! whose run-time compile takes the same options).
 
 use std::ffi::CString;
 use std::path::PathBuf;
 
+/// The files of src/kernels, one after the other in the source (each uses only what the files
+/// before it define).
 const FILES: [&str; 7] = [
     "common.cu",
     "products.cu",
@@ -31,13 +34,21 @@ fn main() {
         .map(str::trim)
         .filter(|a| !a.is_empty())
         .collect();
-    let mut table = String::from("/// Cubins built ahead of time: (architecture, image).\n");
+    // The kernels' one source, for the run-time compile too (device.rs `SOURCE`).
+    let source: String = FILES
+        .iter()
+        .map(|f| std::fs::read_to_string(format!("src/kernels/{f}")).expect("kernel source"))
+        .collect();
+    let source_path = out.join("kernels.cu");
+    std::fs::write(&source_path, &source).expect("write kernels.cu");
+    let mut table = format!(
+        "/// The kernels' source: src/kernels/*.cu in order.\n\
+         pub(crate) const SOURCE: &str = include_str!({:?});\n",
+        source_path.display().to_string()
+    );
+    table.push_str("/// Cubins built ahead of time: (architecture, image).\n");
     table.push_str("pub(crate) static AOT: &[(&str, &[u8])] = &[\n");
     if !archs.is_empty() {
-        let source: String = FILES
-            .iter()
-            .map(|f| std::fs::read_to_string(format!("src/kernels/{f}")).expect("kernel source"))
-            .collect();
         // SAFETY: a check of whether the library loads; nothing else.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             panic!(

@@ -10,17 +10,7 @@ use std::time::Instant;
 use cudarc::driver::{result, sys, CudaContext, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-/// The kernels' source: the files of src/kernels, one after the other (each uses only what
-/// the files before it define).
-const SOURCE: &str = concat!(
-    include_str!("kernels/common.cu"),
-    include_str!("kernels/products.cu"),
-    include_str!("kernels/rows.cu"),
-    include_str!("kernels/attention.cu"),
-    include_str!("kernels/elementwise.cu"),
-    include_str!("kernels/speech.cu"),
-    include_str!("kernels/signal.cu"),
-);
+use aot::SOURCE;
 
 /// Why the CUDA backend could not start.
 #[derive(Debug)]
@@ -453,7 +443,7 @@ impl Device {
     }
 }
 
-/// The kernels compiled when kiln was built (build.rs, `KILN_CUDA_ARCHS`).
+/// The kernels' source and those compiled when kiln was built (build.rs, `KILN_CUDA_ARCHS`).
 mod aot {
     include!(concat!(env!("OUT_DIR"), "/aot.rs"));
 }
