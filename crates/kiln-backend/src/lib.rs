@@ -764,7 +764,10 @@ pub trait LlmOps: TensorOps {
         }
     }
     /// x[t] += rms_norm(y[t]) * w: a block's output normed before its residual add (Gemma's
-    /// post-norms). `h` is scratch the default writes.
+    /// post-norms). `h` is scratch the default writes. `next_norm` (weights, eps): the
+    /// caller's next op RMS-normalises x with it for a product, and a backend may prepare
+    /// that op's input here (as [`LlmOps::matmul_add_before_norm`]).
+    #[allow(clippy::too_many_arguments)]
     fn add_rms_norm(
         &self,
         x: &mut Self::Tensor,
@@ -773,7 +776,9 @@ pub trait LlmOps: TensorOps {
         eps: f32,
         n: usize,
         h: &mut Self::Tensor,
+        next_norm: Option<(&Self::Tensor, f32)>,
     ) {
+        let _ = next_norm;
         self.rms_norm(y, w, eps, n, h);
         self.add(x, h, n);
     }

@@ -20,6 +20,9 @@ pub(crate) const DEC_WARPS: usize = 4;
 /// tok/s) but slower at 16384 (638 against 671); 1, 4 and 6 are slower at both.
 pub(crate) const DEC_BLOCKS_PER_SM: usize = 3;
 
+/// RoPE tables kept at once ([`CudaBackend::rope_table`]).
+const MAX_ROPE_TABLES: usize = 16;
+
 /// kernels/attention.cu's attn_split_<EPL>, by EPL - 1.
 const ATTN_SPLIT: [&str; 8] = [
     "attn_split_1",
@@ -243,7 +246,7 @@ impl CudaBackend {
                 let new = SeqDesc {
                     tbl: x.cache.table(),
                     len: (x.shape.pos0 + 1) as i32,
-                    splits: self.dec_splits(x.cache.n_ctx, s.n_kv_heads) as i32,
+                    splits: self.dec_splits(x.cache.n_ctx, x.shape.window, s.n_kv_heads) as i32,
                     window: x.shape.window as i32,
                     pad: 0,
                 };
@@ -308,13 +311,17 @@ impl CudaBackend {
         }
     }
 
-    /// Splits of one decode token's attention over a cache of `n_ctx` positions: a grid
-    /// fixed by the cache's size (one recording serves every position), each split its share
-    /// of the keys the step sees, [`DEC_BLOCKS_PER_SM`] blocks a multiprocessor.
-    pub(crate) fn dec_splits(&self, n_ctx: usize, kv_heads: usize) -> usize {
+    /// Splits of one decode token's attention over a cache of `n_ctx` positions (the last
+    /// `window` of them where the layer has a sliding window, 0: none): a grid fixed by the
+    /// cache's size and the layer (one recording serves every position), each split its
+    /// share of the keys the step sees, [`DEC_BLOCKS_PER_SM`] blocks a multiprocessor.
+    pub(crate) fn dec_splits(&self, n_ctx: usize, window: usize, kv_heads: usize) -> usize {
         let per_sm = self.tune.dec_blocks_per_sm.unwrap_or(DEC_BLOCKS_PER_SM);
-        n_ctx
-            .div_ceil(DEC_SPLIT_KEYS)
+        let keys = match window {
+            0 => n_ctx,
+            w => n_ctx.min(w),
+        };
+        keys.div_ceil(DEC_SPLIT_KEYS)
             .min((per_sm * self.dev.num_sms / kv_heads).max(1))
     }
 
@@ -344,26 +351,35 @@ impl CudaBackend {
         self.dev.launch(
             self.dev.func("attn_combine"),
             ((ntok * heads) as u32, 1, 1),
-            (head_dim as u32, 1, 1),
+            (head_dim.next_multiple_of(32) as u32, 1, 1),
             0,
             &mut a.ptrs(),
         );
     }
 
+    /// The device table of `rope`'s inverse frequencies. Tables stay once made: a model whose
+    /// layers use two (Gemma 3's local and global RoPE) would otherwise replace one with the
+    /// other at every layer, moving a buffer each step, so no step could be replayed.
     pub(crate) fn rope_table(&self, rope: &RopeConfig) -> u64 {
-        let mut slot = self.rope.borrow_mut();
-        if slot.as_ref().is_none_or(|(c, _)| c != rope) {
-            assert!(
-                !self.recording.get(),
-                "RoPE table changed inside a recorded step"
-            );
-            let f = rope.inv_freqs();
-            let buf = DevBuf::alloc(4 * f.len());
-            scratch_moved();
-            self.dev.htod(buf.ptr, &f);
-            *slot = Some((rope.clone(), buf));
+        let mut tables = self.rope.borrow_mut();
+        if let Some((_, buf)) = tables.iter().find(|(c, _)| c == rope) {
+            return buf.ptr;
         }
-        slot.as_ref().unwrap().1.ptr
+        assert!(
+            !self.recording.get(),
+            "RoPE table made inside a recorded step"
+        );
+        if tables.len() >= MAX_ROPE_TABLES {
+            // Only a process that loads many models gets here: the old tables go, and with
+            // them every recording that holds their addresses.
+            tables.clear();
+            scratch_moved();
+        }
+        let f = rope.inv_freqs();
+        let buf = DevBuf::alloc(4 * f.len());
+        self.dev.htod(buf.ptr, &f);
+        tables.push((rope.clone(), buf));
+        tables.last().unwrap().1.ptr
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -464,7 +480,7 @@ impl CudaBackend {
                 (splits, splits * ATT_WARPS)
             }
             Some(_) => {
-                let splits = self.dec_splits(cache.n_ctx, s.n_kv_heads);
+                let splits = self.dec_splits(cache.n_ctx, s.window, s.n_kv_heads);
                 (splits, splits)
             }
         };

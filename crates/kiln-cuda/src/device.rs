@@ -134,6 +134,7 @@ pub const KERNELS: &[&str] = &[
     "embed",
     "rms_norm",
     "add_rms_norm",
+    "add_rms_norm_quant",
     "short_conv",
     "heads",
     "attn_split_1",

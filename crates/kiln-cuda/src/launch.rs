@@ -87,7 +87,8 @@ impl Drop for Graph {
 }
 
 /// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
-/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM, KILN_CUDA_DEC_BPS.
+/// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM, KILN_CUDA_DEC_BPS,
+/// KILN_CUDA_DEC_ROWS.
 #[derive(Default)]
 pub(crate) struct Tune {
     pub(crate) kw: Option<usize>,
@@ -96,6 +97,9 @@ pub(crate) struct Tune {
     pub(crate) prompt_gemm: bool,
     /// Decode attention blocks a multiprocessor (KILN_CUDA_DEC_BPS, 1-16).
     pub(crate) dec_blocks_per_sm: Option<usize>,
+    /// Rows a warp of one-token decode products without a quantized output
+    /// (KILN_CUDA_DEC_ROWS: 1 or 4).
+    pub(crate) dec_rows: Option<usize>,
 }
 
 impl Tune {
@@ -106,6 +110,7 @@ impl Tune {
             nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
             prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
             dec_blocks_per_sm: env("KILN_CUDA_DEC_BPS").filter(|n| (1..=16).contains(n)),
+            dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
         }
     }
 }

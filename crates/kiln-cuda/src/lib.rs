@@ -94,7 +94,11 @@ pub struct CudaBackend {
     /// SCRATCH_GEN when `graphs` were recorded.
     graphs_gen: Cell<u64>,
     use_graphs: bool,
-    rope: RefCell<Option<(RopeConfig, DevBuf)>>,
+    /// Steps run by replaying a recording (tests check that decoding replays).
+    replays: Cell<u64>,
+    /// Every RoPE table a model has used (Gemma 3 alternates two), kept so that a recorded
+    /// step's layers each find theirs at the address it was recorded with.
+    rope: RefCell<Vec<(RopeConfig, DevBuf)>>,
     scratch: RefCell<Scratch>,
     /// Bytes of scores and probabilities one query chunk of the prompt attention may take.
     prompt_attn_bytes: Cell<usize>,
@@ -146,7 +150,8 @@ impl CudaBackend {
             seen: RefCell::default(),
             graphs_gen: Cell::new(SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed)),
             use_graphs: !kiln_backend::options::get().no_cuda_graphs,
-            rope: RefCell::new(None),
+            replays: Cell::new(0),
+            rope: RefCell::new(Vec::new()),
             scratch: RefCell::default(),
             prompt_attn_bytes: Cell::new(PROMPT_ATTN_BYTES),
             kv_pool: Default::default(),
@@ -177,6 +182,11 @@ impl CudaBackend {
     pub fn without_graphs(mut self) -> Self {
         self.use_graphs = false;
         self
+    }
+
+    /// How many steps ran by replaying a recorded graph so far.
+    pub fn replayed_steps(&self) -> u64 {
+        self.replays.get()
     }
 
     /// Waits for all queued work; errors of earlier kernels surface here.
@@ -473,6 +483,7 @@ impl TensorOps for CudaBackend {
             let t0 = self.dev.t0();
             unsafe { sys::cuGraphLaunch(g.exec, self.dev.cu_stream()).result() }
                 .unwrap_or_else(|e| panic!("CUDA: graph launch failed: {e:?}"));
+            self.replays.set(self.replays.get() + 1);
             if let Some(t) = &self.dev.times {
                 t.add(&t.graph, t0);
             }
@@ -807,15 +818,46 @@ impl LlmOps for CudaBackend {
         eps: f32,
         n: usize,
         _h: &mut CudaTensor,
+        next_norm: Option<(&CudaTensor, f32)>,
     ) {
         self.xq_src.set(None);
+        let cols = x.cols;
         let mut a = Args::default()
             .a(x.buf.ptr)
             .a(y.buf.ptr)
             .a(w.buf.ptr)
             .a(eps)
-            .a(x.cols as i32);
-        self.launch_rows("add_rms_norm", n, &mut a);
+            .a(cols as i32);
+        // A decode step's next product reads x RMS-normed and quantized: written here, as
+        // quant_act would write them, that product's quant_act launch goes.
+        let Some((nw, next_eps)) = next_norm.filter(|_| n <= DEC_MAX_TOK && cols % 32 == 0) else {
+            return self.launch_rows("add_rms_norm", n, &mut a);
+        };
+        let xq = {
+            let mut sc = self.scratch.borrow_mut();
+            let bytes = pack::xq_bytes(cols, DEC_MAX_TOK.max(MAX_TOK));
+            assert!(
+                !self.recording.get() || sc.xq.as_ref().is_some_and(|b| b.bytes >= bytes),
+                "activation buffer grown inside a recorded step"
+            );
+            ensure(&mut sc.xq, bytes)
+        };
+        let mut a = a.a(nw.buf.ptr).a(next_eps).a(n as i32).a(xq);
+        self.dev.launch(
+            self.dev.func("add_rms_norm_quant"),
+            (n as u32, 1, 1),
+            (1024, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        self.xq_src.set(Some(XqSrc {
+            x: x.buf.ptr,
+            n,
+            norm: nw.buf.ptr,
+            ss: 0,
+            xq,
+            inv: true,
+        }));
     }
 
     fn rms_norm_matmul3(

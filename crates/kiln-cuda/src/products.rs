@@ -158,6 +158,10 @@ const DEC_TILE: usize = 8;
 /// what else it runs); from here on through cuBLAS (the tensor cores: prompts).
 pub(crate) const DEC_MAX_TOK: usize = 64;
 
+/// Rows from which a one-token decode product of short rows (at most 32 blocks) runs four rows
+/// a warp.
+pub(crate) const DEC_ROWS4_MIN: usize = 8192;
+
 impl CudaBackend {
     pub(crate) fn mat(&self, w: &CudaWeight, bias: Option<&CudaTensor>, out: &CudaTensor) -> Mat {
         Mat {
@@ -318,7 +322,18 @@ impl CudaBackend {
                 None if n == 1 => self.tune.kw.unwrap_or(1),
                 _ => 1,
             };
-            let rows = if qo.is_some() { 4 } else { 1 };
+            // Four rows a warp also for a long matrix of short rows (a vocabulary's output
+            // head: a lane holds one block of each row, so one row a warp keeps too few loads
+            // in flight); the sums are the same bits either way. KILN_CUDA_DEC_ROWS tunes.
+            let four_ok =
+                (0..=mats.n_mats as usize).all(|i| mats.row0[i] % 4 == 0) && total % 4 == 0;
+            let rows = match self.tune.dec_rows {
+                _ if qo.is_some() => 4,
+                Some(4) if four_ok => 4,
+                Some(_) => 1,
+                None if four_ok && n == 1 && cols <= 32 * 32 && total >= DEC_ROWS4_MIN => 4,
+                None => 1,
+            };
             let nt = if n == 1 { 1 } else { DEC_TILE };
             let blocks = (total.div_ceil(WARPS / kw * rows) * n.div_ceil(nt)) as u32;
             let name = MATVEC_DEC[fmt_index(&mats, mode)][(rows == 4) as usize][(nt > 1) as usize];

@@ -166,9 +166,20 @@ fn recorded_decode_step_equals_eager_launches() {
             load(&g, dir, Some(GgmlType::Q4_K)),
             load(&e, dir, Some(GgmlType::Q4_K)),
         );
+        let replays = g.replayed_steps();
         let (tg, lg) = greedy(&g, &mg, &prompts[0], 24);
         let (te, le) = greedy(&e, &me, &prompts[0], 24);
         assert_eq!(tg, te, "{dir}");
+        // The graph backend replayed its steps (all but the first few, which run eagerly
+        // and then record): a model whose steps kept being recorded again (Gemma 3's two
+        // RoPE tables did) would pass the comparison above without testing it.
+        let replayed = g.replayed_steps() - replays;
+        eprintln!("{dir}: {replayed} of 23 decode steps replayed");
+        assert!(
+            replayed >= 16,
+            "{dir}: {replayed} of 23 decode steps replayed"
+        );
+        assert_eq!(e.replayed_steps(), 0);
         for (i, (a, b)) in lg.iter().zip(&le).enumerate() {
             assert_eq!(
                 a, b,

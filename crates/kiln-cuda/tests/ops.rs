@@ -85,7 +85,8 @@ fn matmul_every_format_and_token_count() {
     let (g, c) = (gpu(), CpuBackend::new(2));
     let mut r = Rng(1);
     for ty in TYPES {
-        for (rows, cols) in [(75, 256), (264, 512), (33, 1024)] {
+        // (8192 x 512: a long matrix of short rows, as an output head, four rows a warp.)
+        for (rows, cols) in [(75, 256), (264, 512), (33, 1024), (8192, 512)] {
             let w = r.v(rows * cols);
             let bias = r.v(rows);
             let (wg, wc) = (

@@ -81,7 +81,15 @@ pub fn rms_norm<B: Backend>(b: &B, tol: &Tolerances) {
             // x += rms_norm(y) w (the post-norm and its residual add).
             let base = rng.v(n * cols);
             let mut acc = b.tensor_from(n, cols, &base);
-            b.add_rms_norm(&mut acc, &xt, &b.tensor_from(1, cols, &w), 1e-6, n, &mut o);
+            b.add_rms_norm(
+                &mut acc,
+                &xt,
+                &b.tensor_from(1, cols, &w),
+                1e-6,
+                n,
+                &mut o,
+                None,
+            );
             let want: Vec<f32> = base.iter().zip(&want).map(|(a, v)| a + v).collect();
             check_rel(
                 &name,

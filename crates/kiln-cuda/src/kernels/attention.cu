@@ -568,23 +568,71 @@ ATTN_SPLIT(6)
 ATTN_SPLIT(7)
 ATTN_SPLIT(8)
 
-// grid (ntok * heads), block head_dim threads: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+// Splits whose weights attn_combine keeps in shared memory (more: computed as it goes).
+#define COMBINE_W 1024
+// Splits whose values attn_combine loads ahead.
+#define COMBINE_PRE 4
+
+// grid (ntok * heads), block head_dim threads (rounded up to a warp): out = sum_s e^(m_s - M)
+// acc_s / sum_s e^(m_s - M) l_s. The first warp takes the splits' maxima and weights, its
+// lanes a split each in turn (a decode step at depth has hundreds of splits, which one
+// thread walking them all was slow at); each thread then sums its dimension over the splits
+// in order. Empty splits (m_s = -inf) weigh nothing exactly, so a sequence's sums do not
+// depend on how many splits the grid has.
 // With xq (head_dim a multiple of 32, ntok <= MAX_TOK), the rows are also written quantized
 // as quant_act would write them (no norm), for the output projection that follows.
 extern "C" __global__ void attn_combine(const float* part_acc, const float* part_ml, int n_ws,
                                         int head_dim, float* out, u8* xq, int ntok, int heads) {
+    __shared__ float wsh[COMBINE_W];
+    __shared__ float md[2];
     pdl_begin();
     const size_t th = blockIdx.x;
     const float* ml = part_ml + th * n_ws * 2;
-    float m = -KINF;
-    for (int s = 0; s < n_ws; s++) m = fmaxf(m, ml[2 * s]);
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < n_ws; s++) {
+    const float* acc = part_acc + th * n_ws * head_dim + threadIdx.x;
+    const bool dim = (int)threadIdx.x < head_dim;
+    const int nw = min(n_ws, COMBINE_W);
+    // The first splits' values are loaded before the weights are known (most steps have
+    // few splits): their latency overlaps the first warp's.
+    float pre[COMBINE_PRE];
+#pragma unroll
+    for (int i = 0; i < COMBINE_PRE; i++) pre[i] = dim && i < nw ? acc[(size_t)i * head_dim] : 0.0f;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const float2* ml2 = (const float2*)ml;
+        const float2 first = lane < n_ws ? ml2[lane] : make_float2(-KINF, 0.0f);
+        float m = first.x;
+        for (int s = lane + 32; s < n_ws; s += 32) m = fmaxf(m, ml2[s].x);
+        m = warp_max(m);
+        float den = 0.0f;
+        for (int s = lane; s < n_ws; s += 32) {
+            const float2 e = s == lane ? first : ml2[s];
+            const float w = e.x == -KINF ? 0.0f : expf(e.x - m);
+            if (s < COMBINE_W) wsh[s] = w;
+            den += w * e.y;
+        }
+        den = warp_sum(den);
+        if (lane == 0) {
+            md[0] = m;
+            md[1] = den;
+        }
+    }
+    __syncthreads();
+    // (The block is head_dim threads rounded up to a warp.)
+    if (!dim) return;
+    const float m = md[0], den = md[1];
+    float num = 0.0f;
+#pragma unroll
+    for (int s = 0; s < COMBINE_PRE; s++)
+        if (s < nw && wsh[s] != 0.0f) num += wsh[s] * pre[s];
+#pragma unroll 4
+    for (int s = COMBINE_PRE; s < nw; s++) {
+        const float w = wsh[s];
+        if (w != 0.0f) num += w * acc[(size_t)s * head_dim];
+    }
+    for (int s = COMBINE_W; s < n_ws; s++) {
         const float ms = ml[2 * s];
         if (ms == -KINF) continue;
-        const float w = expf(ms - m);
-        den += w * ml[2 * s + 1];
-        num += w * part_acc[(th * n_ws + s) * head_dim + threadIdx.x];
+        num += expf(ms - m) * acc[(size_t)s * head_dim];
     }
     const float v = num / den;
     out[th * head_dim + threadIdx.x] = v;

@@ -204,11 +204,9 @@ __device__ __forceinline__ void quant_block(float val, int b, int lane, i8* q, f
 // of QA_WARPS warps; warp w owns 32-value blocks w, w + QA_WARPS, ...: with at most QV of
 // them every load of the row is in registers at once.
 #define QA_WARPS 32
-extern "C" __global__ void quant_act(const float* x, int cols, int ntok, const float* norm_w,
-                                     float eps, u8* xq) {
-    pdl_begin();
+__device__ void quant_row(const float* x, int t, int cols, int ntok, const float* norm_w,
+                          float eps, u8* xq) {
     __shared__ float red[QA_WARPS];
-    const int t = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nb = cols / 32;
     const bool quant = cols % 32 == 0;
@@ -254,6 +252,12 @@ extern "C" __global__ void quant_act(const float* x, int cols, int ntok, const f
     for (int b = warp + QV * QA_WARPS; b < nb; b += QA_WARPS)
         quant_block(xt[b * 32 + lane] * r * (norm_w ? norm_w[b * 32 + lane] : 1.0f), b, lane, q,
                     d, sum);
+}
+
+extern "C" __global__ void quant_act(const float* x, int cols, int ntok, const float* norm_w,
+                                     float eps, u8* xq) {
+    pdl_begin();
+    quant_row(x, blockIdx.x, cols, ntok, norm_w, eps, xq);
 }
 
 // Bytes of a packed matrix's row in m.q (pack.rs's layout).

@@ -84,13 +84,46 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, i
 
 // x[r] += y[r] / rms(y[r]) * w, one block per row (Gemma's post-norms, the residual add in
 // the same pass).
+// x[r] += y[r] / rms(y[r]) * w, by the block's first ADD_NORM_THREADS threads (any more
+// wait): add_rms_norm and add_rms_norm_quant give the same bits.
+#define ADD_NORM_THREADS 256
+__device__ void add_rms_norm_row(float* x, const float* y, const float* w, float eps, int cols) {
+    const float* yr = y + (size_t)blockIdx.x * cols;
+    __shared__ float red[32];
+    float ss = 0.0f;
+    if (threadIdx.x < ADD_NORM_THREADS)
+        for (int c = threadIdx.x; c < cols; c += ADD_NORM_THREADS) ss += yr[c] * yr[c];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0 && threadIdx.x < ADD_NORM_THREADS) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < ADD_NORM_THREADS / 32 ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = rsqrtf(v / (float)cols + eps);
+    }
+    __syncthreads();
+    const float r = red[0];
+    if (threadIdx.x < ADD_NORM_THREADS)
+        for (int c = threadIdx.x; c < cols; c += ADD_NORM_THREADS)
+            x[(size_t)blockIdx.x * cols + c] += yr[c] * r * w[c];
+}
+
+// One block (ADD_NORM_THREADS threads) a row.
 extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float eps,
                                         int cols) {
     pdl_begin();
-    const float* yr = y + (size_t)blockIdx.x * cols;
-    const float r = block_inv_rms(yr, cols, eps);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x)
-        x[(size_t)blockIdx.x * cols + c] += yr[c] * r * w[c];
+    add_rms_norm_row(x, y, w, eps, cols);
+}
+
+// add_rms_norm, then the new row RMS-normed with next_w and quantized for the product that
+// follows, as quant_act writes it (one block of QA_WARPS warps a token, ntok tokens).
+extern "C" __global__ void add_rms_norm_quant(float* x, const float* y, const float* w,
+                                              float eps, int cols, const float* next_w,
+                                              float next_eps, int ntok, u8* xq) {
+    pdl_begin();
+    add_rms_norm_row(x, y, w, eps, cols);
+    __syncthreads();
+    quant_row(x, blockIdx.x, cols, ntok, next_w, next_eps, xq);
 }
 
 // LFM2's gated short convolution of one sequence (Backend::short_conv): rows row0..row0 + n of

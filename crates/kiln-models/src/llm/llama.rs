@@ -712,7 +712,10 @@ impl<B: Backend> Llama<B> {
         self.attend(b, sc, kv, il, layer, a);
         // x += norm(Wo attn)
         b.matmul(&a.o, &sc.attn, None, n, &mut sc.y);
-        b.add_rms_norm(&mut sc.x, &sc.y, post_attn, c.norm_eps, n, &mut sc.h);
+        let ffn_norm = Some((&layer.ffn_norm, c.norm_eps));
+        b.add_rms_norm(
+            &mut sc.x, &sc.y, post_attn, c.norm_eps, n, &mut sc.h, ffn_norm,
+        );
         // x += norm(Wdown (act(Wgate norm(x)) * Wup norm(x)))
         let (m, eps) = (&layer.mlp, c.norm_eps);
         match c.act {
@@ -739,7 +742,10 @@ impl<B: Backend> Llama<B> {
             ),
         }
         b.matmul(&m.down, &sc.gate, None, n, &mut sc.y);
-        b.add_rms_norm(&mut sc.x, &sc.y, post_ffn, c.norm_eps, n, &mut sc.h);
+        // (The next layer's attention norm; after the last layer, the final norm's product
+        // is not a fused one.)
+        let next = self.layers.get(il + 1).map(|l| (&l.attn_norm, c.norm_eps));
+        b.add_rms_norm(&mut sc.x, &sc.y, post_ffn, c.norm_eps, n, &mut sc.h, next);
         self.trace(b, sc.trace, "residual", il, &sc.x, n, c.dim);
     }
 
