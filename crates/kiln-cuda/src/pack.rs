@@ -13,8 +13,9 @@
 //! | Q6_K   | 16 B low nibbles         | 8 B: 2 high bits x 32     | 20 B: 16 int8 scales, f16 d, pad |
 //!
 //! Q6_K's high bits: word 0 holds values 0..15, word 1 values 16..31, value e at bits 2e.
-//! F32 and F16 stay as they are; BF16 and every other format (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K,
-//! ...) are dequantized to F32 (exact: no value changes). MLX affine 4-bit matrices arrive as
+//! Q5_0 is repacked as Q8_0 (its values minus 16 are int8s under the same scale). F32 and
+//! F16 stay as they are; BF16 and every other format (Q5_1, Q2_K, Q3_K, Q5_K, ...) are
+//! dequantized to F32 (exact: no value changes). MLX affine 4-bit matrices arrive as
 //! Q4_1 blocks ([`mlx_as_q4_1`]).
 
 use kiln_quant::{high2_16, nibbles32, q4k_values, q6k_values, GgmlType, QuantError};
@@ -74,6 +75,22 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
             for b in bytes.chunks_exact(hdr + qlen) {
                 p.s.extend_from_slice(&b[..hdr]);
                 p.q.extend_from_slice(&b[hdr..]);
+            }
+        }
+        GgmlType::Q5_0 => {
+            // Exactly as Q8_0: a value is d * (q - 16) with q of five bits, so q - 16 is an
+            // int8 under the same f16 scale (34 bytes a block instead of 22, against 128 as
+            // f32; llama.cpp's Q4_K_M files hold Q5_0 where rows are no multiple of 256).
+            p.fmt = FMT_Q8_0;
+            for b in bytes.chunks_exact(22) {
+                p.s.extend_from_slice(&b[..2]);
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let qs = &b[6..22];
+                for j in 0..32 {
+                    let nib = if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
+                    let q = nib | (((qh >> j) & 1) as u8) << 4;
+                    p.q.push((q as i8 - 16) as u8);
+                }
             }
         }
         GgmlType::Q4_K => {
@@ -235,7 +252,7 @@ mod tests {
     }
 
     /// Every packed value equals the format's own dequantization, for each format the
-    /// kernels read and for one that is widened to f32.
+    /// kernels read, Q5_0 (repacked as Q8_0) and one that is widened to f32.
     #[test]
     fn packed_values_equal_dequantization() {
         let (rows, cols) = (3, 512);
@@ -246,6 +263,7 @@ mod tests {
             GgmlType::Q4_K,
             GgmlType::Q6_K,
             GgmlType::Q5_0,
+            GgmlType::Q5_1,
             GgmlType::F16,
         ] {
             let x = random(rows * cols, 7 + ty.id() as u64);

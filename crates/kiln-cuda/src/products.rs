@@ -448,7 +448,7 @@ impl CudaBackend {
             .max()
             .unwrap_or(0);
         // f32 weights (Kokoro's) keep f32 arithmetic, as the CPU's: an f16 product would
-        // round both operands. (Formats widened to f32 at load, BF16 or Q5_0 say, stay on the
+        // round both operands. (Formats widened to f32 at load, BF16 or Q5_1 say, stay on the
         // tensor cores.)
         let f32w = mats.m[..mats.n_mats as usize]
             .iter()
