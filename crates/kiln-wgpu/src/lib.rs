@@ -103,8 +103,9 @@ struct Scratch {
     attn: Option<Buf>,
     argmax: Option<Buf>,
     im2col: Option<Buf>,
-    /// cos/sin per (position, pair) of one RoPE config, for `positions` positions.
-    rope: Option<(RopeConfig, usize, Buf)>,
+    /// cos/sin per (position, pair) by RoPE config, for `positions` positions (Gemma 3's
+    /// layers alternate two configs: one table would be rebuilt at every layer).
+    rope: Vec<(RopeConfig, usize, Buf)>,
 }
 
 fn ensure(gpu: &Gpu, slot: &mut Option<Buf>, bytes: usize) -> Buf {
@@ -360,10 +361,12 @@ impl WgpuBackend {
     /// The cos/sin table of `rope` for at least `positions` positions.
     fn rope_table(&self, rope: &RopeConfig, positions: usize) -> Buf {
         let mut sc = self.scratch.borrow_mut();
-        if let Some((c, p, b)) = &sc.rope {
-            if c == rope && *p >= positions {
-                return b.clone();
-            }
+        if let Some((_, _, b)) = sc
+            .rope
+            .iter()
+            .find(|(c, p, _)| c == rope && *p >= positions)
+        {
+            return b.clone();
         }
         let positions = positions.max(4096).next_power_of_two();
         let inv = rope.inv_freqs();
@@ -378,7 +381,11 @@ impl WgpuBackend {
         }
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         let b = self.gpu.buffer_init(&bytes);
-        sc.rope = Some((rope.clone(), positions, b.clone()));
+        sc.rope.retain(|(c, _, _)| c != rope);
+        if sc.rope.len() >= 4 {
+            sc.rope.remove(0);
+        }
+        sc.rope.push((rope.clone(), positions, b.clone()));
         b
     }
 
