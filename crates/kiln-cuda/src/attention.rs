@@ -518,15 +518,7 @@ impl CudaBackend {
             &mut a.ptrs(),
         );
         let xq = match quant {
-            true => {
-                let mut sc = self.scratch.borrow_mut();
-                let bytes = pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK);
-                assert!(
-                    !self.recording.get() || sc.xq.as_ref().is_some_and(|b| b.bytes >= bytes),
-                    "activation buffer grown inside a recorded step"
-                );
-                ensure(&mut sc.xq, bytes)
-            }
+            true => self.xq_scratch(pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK)),
             false => 0u64,
         };
         self.attn_combine(

@@ -833,15 +833,7 @@ impl LlmOps for CudaBackend {
         let Some((nw, next_eps)) = next_norm.filter(|_| n <= DEC_MAX_TOK && cols % 32 == 0) else {
             return self.launch_rows("add_rms_norm", n, &mut a);
         };
-        let xq = {
-            let mut sc = self.scratch.borrow_mut();
-            let bytes = pack::xq_bytes(cols, DEC_MAX_TOK.max(MAX_TOK));
-            assert!(
-                !self.recording.get() || sc.xq.as_ref().is_some_and(|b| b.bytes >= bytes),
-                "activation buffer grown inside a recorded step"
-            );
-            ensure(&mut sc.xq, bytes)
-        };
+        let xq = self.xq_scratch(pack::xq_bytes(cols, DEC_MAX_TOK.max(MAX_TOK)));
         let mut a = a.a(nw.buf.ptr).a(next_eps).a(n as i32).a(xq);
         self.dev.launch(
             self.dev.func("add_rms_norm_quant"),

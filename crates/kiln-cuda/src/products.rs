@@ -578,6 +578,17 @@ impl CudaBackend {
 
     /// Quantizes n rows of x (cols values; RMS-normalised with norm_w first, when not 0)
     /// into the activation buffer xq (kernels/*.cu quant_act).
+    /// The activation buffer (`sc.xq`) with room for `bytes`, for an op that writes rows
+    /// quantized for the next product; a recorded step must find it grown already.
+    pub(crate) fn xq_scratch(&self, bytes: usize) -> u64 {
+        let mut sc = self.scratch.borrow_mut();
+        assert!(
+            !self.recording.get() || sc.xq.as_ref().is_some_and(|b| b.bytes >= bytes),
+            "activation buffer grown inside a recorded step"
+        );
+        ensure(&mut sc.xq, bytes)
+    }
+
     pub(crate) fn quant_act(&self, x: u64, cols: usize, n: usize, norm_w: u64, eps: f32, xq: u64) {
         let mut a = Args::default()
             .a(x)

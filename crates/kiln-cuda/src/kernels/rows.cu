@@ -82,10 +82,9 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, i
 }
 
 
-// x[r] += y[r] / rms(y[r]) * w, one block per row (Gemma's post-norms, the residual add in
-// the same pass).
-// x[r] += y[r] / rms(y[r]) * w, by the block's first ADD_NORM_THREADS threads (any more
-// wait): add_rms_norm and add_rms_norm_quant give the same bits.
+// x[r] += y[r] / rms(y[r]) * w (Gemma's post-norms, the residual add in the same pass), by
+// the block's first ADD_NORM_THREADS threads (any more wait): add_rms_norm and
+// add_rms_norm_quant give the same bits.
 #define ADD_NORM_THREADS 256
 __device__ void add_rms_norm_row(float* x, const float* y, const float* w, float eps, int cols) {
     const float* yr = y + (size_t)blockIdx.x * cols;
