@@ -157,6 +157,23 @@ impl MlxWeightData<'_> {
     }
 }
 
+/// What a sliding-window KV cache serves ([`LlmOps::kv_cache_window`]): layers whose tokens
+/// see the last `window` positions, fed at most `chunk` positions a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvWindow {
+    pub window: usize,
+    pub chunk: usize,
+}
+
+impl KvWindow {
+    /// Whether a sequence of a cache that still holds positions from `kept` on may go on
+    /// from position `p` (its positions from `p` on written again): from 0, or where every
+    /// position `p`'s window reaches is held.
+    pub fn resumes(window: usize, kept: usize, p: usize) -> bool {
+        p == 0 || kept == 0 || p + 1 >= window + kept
+    }
+}
+
 /// Shape of one attention step: `n_tokens` new tokens at positions `pos0..pos0 + n_tokens`.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
@@ -531,6 +548,34 @@ pub trait LlmOps: TensorOps {
                 what: format!("not supported by the {} backend", self.name()),
             }),
         }
+    }
+    /// A KV cache of `n_layers` sliding-window layers (each token sees the last
+    /// `win.window` positions), fed at most `win.chunk` new positions a step: a backend may
+    /// hold only the positions the window still needs (about `window + chunk` of them,
+    /// whatever `n_ctx`), dropping older ones as the sequence advances. A sequence then goes
+    /// on from position `p` only where [`Self::kv_kept_from`] allows it. Keys and values as
+    /// `ty`, or as `kv_cache` stores them where None. The default holds every position.
+    fn kv_cache_window(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: Option<KvType>,
+        win: KvWindow,
+    ) -> Result<Self::KvCache, BackendError> {
+        let _ = win;
+        match ty {
+            Some(ty) => self.kv_cache_typed(n_layers, n_ctx, n_kv_heads, head_dim, ty),
+            None => Ok(self.kv_cache(n_layers, n_ctx, n_kv_heads, head_dim)),
+        }
+    }
+    /// The first position every layer of `cache` still holds (0 where it keeps them all):
+    /// a window cache's sequence goes on from position `p` (its positions from `p` on
+    /// written again) only where `p == 0` or `p + 1 >= window + kv_kept_from`.
+    fn kv_kept_from(&self, cache: &Self::KvCache) -> usize {
+        let _ = cache;
+        0
     }
     /// Bytes the cache holds (keys and values of every layer).
     fn kv_cache_bytes(&self, cache: &Self::KvCache) -> usize;

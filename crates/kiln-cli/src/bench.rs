@@ -269,9 +269,12 @@ fn run_test<B: Backend>(
     };
     let fill = (depth > 0).then(|| random_tokens(depth, llama.cfg.vocab_size, SEED ^ 0xd));
     let fill_batch = depth.clamp(1, UBATCH);
+    // Each run goes back `n` positions to the depth: a sliding-window layer's cache keeps
+    // that many before its window (its steps' size).
+    let step = max_batch.max(fill_batch);
     let mut st = match par > 1 {
         true => llama.new_state_kv(b, 1, 1, kv)?,
-        false => llama.new_state_kv(b, ctx, max_batch.max(fill_batch), kv)?,
+        false => llama.state_with(b, step, llama.new_cache_kv(b, ctx, step.max(n), kv)?),
     };
     if let (Some(f), 1) = (&fill, par) {
         for (i, c) in f.chunks(fill_batch).enumerate() {
@@ -282,7 +285,7 @@ fn run_test<B: Backend>(
     let mut par = match par > 1 {
         true => {
             let mut caches = (0..par)
-                .map(|_| llama.new_cache_kv(b, ctx, kv))
+                .map(|_| llama.new_cache_kv(b, ctx, fill_batch.max(n), kv))
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(f) = &fill {
                 let mut sc = llama.new_scratch(b, fill_batch, 1, 1);

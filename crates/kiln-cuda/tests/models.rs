@@ -238,7 +238,7 @@ fn batched_greedy_equals_alone() {
                     out
                 })
                 .collect();
-            let mut caches: Vec<_> = (0..n_seqs).map(|_| m.new_cache(&g, 64)).collect();
+            let mut caches: Vec<_> = (0..n_seqs).map(|_| m.new_cache(&g, 64, 64)).collect();
             let mut sc = m.new_scratch(&g, 64, n_seqs, n_seqs);
             // Each prompt in a forward of its own, then every sequence's token in one.
             let mut last: Vec<u32> = Vec::new();
@@ -301,7 +301,7 @@ fn recorded_step_after_a_batch_grew_scratch() {
             if batch_after == Some(i) {
                 // 20 other sequences, one step: the attention's partials outgrow the
                 // buffers the recorded step of `st` points at.
-                let mut caches: Vec<_> = (0..20).map(|_| m.new_cache(&g, 64)).collect();
+                let mut caches: Vec<_> = (0..20).map(|_| m.new_cache(&g, 64, 64)).collect();
                 let mut sc = m.new_scratch(&g, 64, 20, 20);
                 let feed = [1u32];
                 let mut seqs: Vec<SeqChunk<'_, _>> = caches

@@ -214,8 +214,8 @@ fn lfm2_batched_sequences_keep_their_own_state() {
     };
     let steps = [7u32, 19, 201, 3];
     let (want0, want1) = (alone(p0, &steps), alone(p1, &steps));
-    let mut c0 = m.new_cache(&b, 64);
-    let mut c1 = m.new_cache(&b, 64);
+    let mut c0 = m.new_cache(&b, 64, 64);
+    let mut c1 = m.new_cache(&b, 64, 64);
     let mut sc = m.new_scratch(&b, 32, 2, 2);
     let vocab = m.cfg.vocab_size;
     let mut got = Vec::new();

@@ -472,8 +472,9 @@ impl<B: Backend> LlmSession<'_, B> {
         let llm = self.llm;
         let mut reuse = common.min(prompt.len() - 1);
         // A recurrent state (LFM2's convolutions) holds every token fed so far: it goes on
-        // only from the end of what the cache holds, never from an earlier position.
-        if llm.model.has_recurrent_state() && reuse != self.tokens.len() {
+        // only from the end of what the cache holds, never from an earlier position; a
+        // sliding-window layer's cache only where it still holds that position's window.
+        if !self.state.resumes(&llm.backend, self.tokens.len(), reuse) {
             reuse = 0;
         }
         self.tokens.truncate(reuse);

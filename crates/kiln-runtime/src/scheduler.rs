@@ -402,7 +402,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         let chunk = cfg.prefill_chunk.max(1);
         let slots = (0..n_slots)
             .map(|_| Slot {
-                cache: llm.model.new_cache(&llm.backend, n_ctx),
+                cache: llm.model.new_cache(&llm.backend, n_ctx, chunk),
                 tokens: Vec::new(),
                 last_used: 0,
                 seq: None,
@@ -637,8 +637,12 @@ impl<'m, B: Backend> Engine<'m, B> {
             let tok = &self.llm.tokenizer;
             let slot = &mut self.slots[i];
             // A recurrent state (LFM2's convolutions) goes on only from the end of what the
-            // slot holds.
-            if self.llm.model.has_recurrent_state() && reuse != slot.tokens.len() {
+            // slot holds; a sliding-window layer's cache, only where it still holds the
+            // window of the position it goes on from.
+            if !slot
+                .cache
+                .resumes(&self.llm.backend, slot.tokens.len(), reuse)
+            {
                 reuse = 0;
             }
             slot.tokens.truncate(reuse);
@@ -649,12 +653,15 @@ impl<'m, B: Backend> Engine<'m, B> {
             // would, where batch-invariant products (CUDA's up to 64 rows) give the same bits.
             if !self.llm.model.has_recurrent_state() {
                 let whole = |c: usize| c.min(w.prompt.len() - 1) / self.chunk * self.chunk;
+                let backend = &self.llm.backend;
                 let other = self
                     .slots
                     .iter()
                     .enumerate()
                     .filter(|&(j, _)| j != i)
-                    .map(|(j, s)| (whole(common_prefix(&s.tokens, &w.prompt)), j))
+                    .map(|(j, s)| (whole(common_prefix(&s.tokens, &w.prompt)), j, s))
+                    .filter(|(c, _, s)| s.cache.resumes(backend, s.tokens.len(), *c))
+                    .map(|(c, j, _)| (c, j))
                     .max();
                 if let Some((c, j)) = other.filter(|&(c, _)| c > reuse) {
                     reuse = c;

@@ -191,8 +191,8 @@ fn smollm2_batched_forward_matches_cpu() {
     let mc = Llama::load(&c, &file).unwrap();
     let vocab = mc.cfg.vocab_size;
     let (mut bg, mut bc) = (mg.new_scratch(&g, 64, 2, 2), mc.new_scratch(&c, 64, 2, 2));
-    let mut sg: Vec<_> = (0..2).map(|_| mg.new_cache(&g, 256)).collect();
-    let mut sc: Vec<_> = (0..2).map(|_| mc.new_cache(&c, 256)).collect();
+    let mut sg: Vec<_> = (0..2).map(|_| mg.new_cache(&g, 256, 256)).collect();
+    let mut sc: Vec<_> = (0..2).map(|_| mc.new_cache(&c, 256, 256)).collect();
     let mut toks: Vec<Vec<u32>> = prompts.to_vec();
     let mut pos = [0usize; 2];
     let mut worst = 0f32;

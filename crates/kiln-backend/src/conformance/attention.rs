@@ -498,6 +498,134 @@ pub fn kv_copy<B: Backend>(b: &B, tol: &Tolerances) {
     }
 }
 
+/// Window and most positions a step of [`kv_window`]'s caches.
+const WIN: usize = 40;
+const WIN_CHUNK: usize = 70;
+
+/// A sliding-window cache (`kv_cache_window`, window 40, steps of up to 70) against the
+/// reference's cache of every position: `kv_store` then `attention` of window 40 in steps of
+/// 70, 1, 7, 3, 1, 1, 12 positions to past 900, every fifth step first going back 1 to 70
+/// positions (which `kv_kept_from` must allow), layer 0 holding other values; then a
+/// `kv_copy` of it, and both in one `attention_batch`, each exactly as alone.
+pub fn kv_window<B: Backend>(b: &B, tol: &Tolerances) {
+    let (name, rf, mut rng) = (b.name(), Ref::new(), Rng(0x3008));
+    if let Err(e) = b.check_window() {
+        return declined(&name, "kv_window", "sliding windows", e);
+    }
+    const STEPS: [usize; 7] = [WIN_CHUNK, 1, 7, 3, 1, 1, 12];
+    let n_ctx = 1000;
+    let win = crate::KvWindow {
+        window: WIN,
+        chunk: WIN_CHUNK,
+    };
+    for (heads, kvh, hd, _, _, _) in [ATTN_SHAPES[0], ATTN_SHAPES[1], ATTN_SHAPES[3]] {
+        for ty in KV_TYPES {
+            let case = format!("heads={heads}/{kvh} hd={hd} kv={}", ty.name());
+            if let Err(e) = b.check_attention(heads, kvh, hd) {
+                declined(&name, "kv_window", &case, e);
+                continue;
+            }
+            let window_cache = || b.kv_cache_window(2, n_ctx, kvh, hd, Some(ty), win);
+            let (mut cw, mut cc) = match (window_cache(), window_cache()) {
+                (Ok(a), Ok(c)) => (a, c),
+                (Err(e), _) | (_, Err(e)) if is_unsupported(&e) => {
+                    declined(&name, "kv_window", &case, e);
+                    continue;
+                }
+                (Err(e), _) | (_, Err(e)) => panic!("{name}: kv_cache_window [{case}]: {e}"),
+            };
+            let stored = b.kv_type_stored(ty);
+            let mut cr = rf.r.kv_cache_typed(2, n_ctx, kvh, hd, stored).unwrap();
+            let (qd, kd) = (heads * hd, kvh * hd);
+            let shape = |pos0, n_tokens| AttnShape {
+                n_heads: heads,
+                n_kv_heads: kvh,
+                head_dim: hd,
+                pos0,
+                n_tokens,
+                window: WIN,
+            };
+            let (mut pos, mut i) = (0, 0);
+            let (mut got, mut want) = (Vec::new(), Vec::new());
+            while pos < 900 {
+                if i % 5 == 4 {
+                    let back = (1 + i * 13 % WIN_CHUNK).min(pos);
+                    let kept = b.kv_kept_from(&cw);
+                    assert!(
+                        crate::KvWindow::resumes(WIN, kept, pos - back),
+                        "{name}: kv_window [{case}]: going back {back} from {pos} (kept from \
+                         {kept})"
+                    );
+                    pos -= back;
+                }
+                let n = STEPS[i % STEPS.len()];
+                for layer in [0, 1] {
+                    let (k, v) = (rng.v(n * kd), rng.v(n * kd));
+                    let (kt, kr) = both(b, &rf, n, kd, &k);
+                    let (vt, vr) = both(b, &rf, n, kd, &v);
+                    b.kv_store(&mut cw, layer, &kt, &vt, pos, n);
+                    rf.r.kv_store(&mut cr, layer, &kr, &vr, pos, n);
+                }
+                let q = rng.v(n * qd);
+                let (qt, qr) = both(b, &rf, n, qd, &q);
+                let (mut o, mut orf) = (b.tensor(n, qd), rf.r.tensor(n, qd));
+                b.attention(&qt, &cw, 1, shape(pos, n), &mut o);
+                rf.r.attention(&qr, &cr, 1, shape(pos, n), &mut orf);
+                got.extend(read(b, &o, n, qd));
+                want.extend(read(&rf.r, &orf, n, qd));
+                pos += n;
+                i += 1;
+            }
+            check_rel(
+                &name,
+                "kv_window",
+                format!("{case}, {i} steps to {pos}"),
+                &got,
+                &want,
+                kv_bound(tol, ty),
+            );
+            b.kv_copy(&cw, &mut cc, pos);
+            let n = 2;
+            let (k, v) = (rng.v(n * kd), rng.v(n * kd));
+            let (kt, vt) = (b.tensor_from(n, kd, &k), b.tensor_from(n, kd, &v));
+            for c in [&mut cw, &mut cc] {
+                for layer in [0, 1] {
+                    b.kv_store(c, layer, &kt, &vt, pos, n);
+                }
+            }
+            // The same queries for both.
+            let q = rng.v(n * qd).repeat(2);
+            let qt = b.tensor_from(2 * n, qd, &q);
+            let mut o = b.tensor(2 * n, qd);
+            let seqs = [(&cw, shape(pos, n)), (&cc, shape(pos, n))];
+            b.attention_batch(&qt, seqs.into_iter(), 1, &mut o);
+            let got = read(b, &o, 2 * n, qd);
+            check_exact(
+                &name,
+                "kv_window",
+                format!("{case} copy vs source"),
+                &got[..n * qd],
+                &got[n * qd..],
+            );
+            let mut oa = b.tensor(n, qd);
+            b.attention(
+                &b.tensor_from(n, qd, &q[..n * qd]),
+                &cw,
+                1,
+                shape(pos, n),
+                &mut oa,
+            );
+            check_exact(
+                &name,
+                "kv_window",
+                format!("{case} attention_batch vs alone"),
+                &got[..n * qd],
+                &read(b, &oa, n, qd),
+            );
+        }
+    }
+}
+
 /// `attention_dense`: an encoder's (many queries), cross-attention's (a few over 1500 keys),
 /// causal and not, heads of 64 and 80.
 pub fn attention_dense<B: Backend>(b: &B, tol: &Tolerances) {

@@ -56,7 +56,7 @@ mod rows;
 mod signal;
 
 pub use attention::{
-    attention, attention_batch, attention_dense, kv_copy, qk_norm_rope_attention, rope,
+    attention, attention_batch, attention_dense, kv_copy, kv_window, qk_norm_rope_attention, rope,
     self_attention,
 };
 pub use products::{
@@ -151,7 +151,7 @@ macro_rules! conformance_tests {
             matmul matmul3 gate_up_silu matmul_add_before_norm prefer_batches mlx_weights
             embed rms_norm layer_norm signal_norms elementwise copies argmax_rows
             top_candidates rope attention attention_batch qk_norm_rope_attention kv_copy
-            attention_dense self_attention conv1d conv1d_nc conv1d_q8 lstm stft
+            kv_window attention_dense self_attention conv1d conv1d_nc conv1d_q8 lstm stft
             fake_quant_u8 step short_conv);
     };
     (@tests $attrs:tt $run:path; $op:ident $($rest:ident)*) => {

@@ -5,8 +5,11 @@
 //! stored format and dequantizes rows on the fly, split over threads.
 
 pub mod kernels;
+mod kv;
 pub mod membw;
 mod ops;
+
+pub use kv::CpuKvCache;
 
 /// From this many rows of x, products over weights marked [`TensorOps::prefer_batches`] run on
 /// AMX bf16 tiles where the CPU has them.
@@ -22,8 +25,8 @@ use kernels::{x8, Kernels, QuantAct};
 use ops::matmul::{Epilogue, Job};
 
 use crate::{
-    AttnShape, BackendError, Conv1dShape, ConvWeightQ8, DenseAttnShape, KvType, LlmOps, LstmShape,
-    MlxWeightData, RopeConfig, SpeechOps, TensorOps, WeightData,
+    AttnShape, BackendError, Conv1dShape, ConvWeightQ8, DenseAttnShape, KvType, KvWindow, LlmOps,
+    LstmShape, MlxWeightData, RopeConfig, SpeechOps, TensorOps, WeightData,
 };
 pub use ops::vmath;
 
@@ -130,16 +133,6 @@ impl CpuWeight {
         // Lengths were checked at load; a failure here is a bug, not bad input.
         dequant_packed_row(self.ty, self.row_bytes_of(r), out).expect("row length checked at load");
     }
-}
-
-pub struct CpuKvCache {
-    n_ctx: usize,
-    kv_dim: usize,
-    head_dim: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    /// Keys and values stored as f16 or Q8_0 instead (then `k`, `v` are empty).
-    packed: Option<ops::kv_packed::PackedKv>,
 }
 
 impl CpuBackend {
@@ -653,6 +646,7 @@ impl LlmOps for CpuBackend {
             k: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
             v: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
             packed: None,
+            window: None,
         }
     }
 
@@ -677,7 +671,35 @@ impl LlmOps for CpuBackend {
             packed: Some(ops::kv_packed::PackedKv::new(
                 ty, n_layers, n_ctx, n_kv_heads, head_dim,
             )),
+            window: None,
         })
+    }
+
+    fn kv_cache_window(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: Option<KvType>,
+        win: KvWindow,
+    ) -> Result<CpuKvCache, BackendError> {
+        let ty = ty.unwrap_or(KvType::F32);
+        let Some(slots) = kv::window_slots(win, n_ctx) else {
+            return self.kv_cache_typed(n_layers, n_ctx, n_kv_heads, head_dim, ty);
+        };
+        let mut c = self.kv_cache_typed(n_layers, slots, n_kv_heads, head_dim, ty)?;
+        c.window = Some(kv::Window {
+            window: win.window,
+            chunk: win.chunk,
+            positions: n_ctx,
+            base: vec![0; n_layers],
+        });
+        Ok(c)
+    }
+
+    fn kv_kept_from(&self, cache: &CpuKvCache) -> usize {
+        cache.kept_from()
     }
 
     fn kv_cache_bytes(&self, c: &CpuKvCache) -> usize {
@@ -804,10 +826,7 @@ impl LlmOps for CpuBackend {
         n: usize,
     ) {
         let (d, hd) = (cache.kv_dim, cache.head_dim);
-        assert!(
-            pos0 + n <= cache.n_ctx,
-            "kv_store past the cache (caller checks the context)"
-        );
+        let pos0 = cache.place(layer, pos0, n);
         if let Some(p) = &mut cache.packed {
             return p.store(layer, k, v, pos0, n);
         }
@@ -831,6 +850,7 @@ impl LlmOps for CpuBackend {
         out: &mut CpuTensor,
     ) {
         assert_eq!(shape.head_dim, cache.head_dim);
+        let shape = cache.local(layer, shape);
         if let Some(p) = &cache.packed {
             if let Some((k, v)) = p.f16_layer(layer) {
                 // f16 read as it is by the tiled kernel, where it runs.
@@ -886,6 +906,7 @@ impl LlmOps for CpuBackend {
         let (mut n, mut n16, mut row0) = (0, 0, 0);
         for (cache, shape) in seqs {
             assert_eq!(shape.head_dim, cache.head_dim);
+            let shape = cache.local(layer, shape);
             let f16 = cache.packed.as_ref().and_then(|p| p.f16_layer(layer));
             match (&cache.packed, f16) {
                 (Some(_), Some((k, v))) if ops::attention::f16_direct(shape.head_dim) => {
@@ -938,11 +959,17 @@ impl LlmOps for CpuBackend {
 
     fn kv_copy(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize) {
         assert!(
-            src.n_ctx == dst.n_ctx && src.kv_dim == dst.kv_dim && src.k.len() == dst.k.len(),
+            src.n_ctx == dst.n_ctx
+                && src.kv_dim == dst.kv_dim
+                && src.k.len() == dst.k.len()
+                && src.window.as_ref().map(|w| (w.window, w.positions))
+                    == dst.window.as_ref().map(|w| (w.window, w.positions)),
             "kv_copy between caches of different shapes"
         );
         let (hd, n_ctx) = (src.head_dim, src.n_ctx);
-        let n = n.min(n_ctx);
+        // Slots, which are positions but in a window cache (its bases go with them).
+        let n = src.copy_slots(n);
+        dst.window.clone_from(&src.window);
         match (&src.packed, &mut dst.packed) {
             (Some(s), Some(d)) => return d.copy_from(s, n),
             (None, None) => {}

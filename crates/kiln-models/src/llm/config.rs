@@ -282,6 +282,28 @@ impl LlmConfig {
         self.layer_window.get(il).copied().unwrap_or(0)
     }
 
+    /// The layers' KV caches: one per distinct window (0: every position), in the order the
+    /// layers first use them, and each layer's (cache, index within it).
+    pub fn kv_groups(&self) -> (Vec<usize>, Vec<(usize, usize)>) {
+        let (mut windows, mut counts) = (Vec::<usize>::new(), Vec::<usize>::new());
+        let map = (0..self.n_layers)
+            .map(|il| {
+                let w = self.window(il);
+                let g = match windows.iter().position(|&x| x == w) {
+                    Some(g) => g,
+                    None => {
+                        windows.push(w);
+                        counts.push(0);
+                        windows.len() - 1
+                    }
+                };
+                counts[g] += 1;
+                (g, counts[g] - 1)
+            })
+            .collect();
+        (windows, map)
+    }
+
     /// Layer `il`'s RoPE.
     pub fn rope_of(&self, il: usize) -> &RopeConfig {
         match &self.rope_local {

@@ -74,6 +74,10 @@ pub struct Llama<B: Backend> {
     pub layers: Vec<Layer<B>>,
     pub norm: B::Tensor,           // output_norm (dim)
     pub output: Option<B::Weight>, // output (vocab, dim); None when tied to `embed`
+    /// A sequence's KV caches, one per distinct window (`LlmConfig::kv_groups`), and each
+    /// layer's (cache, index within it).
+    kv_windows: Vec<usize>,
+    kv_map: Vec<(usize, usize)>,
 }
 
 impl<B: Backend> Llama<B> {
@@ -192,12 +196,15 @@ impl<B: Backend> Llama<B> {
             cfg.rope.scaling = kiln_backend::RopeScaling::Factors(f);
         }
         w.finish(&cfg.arch)?;
+        let (kv_windows, kv_map) = cfg.kv_groups();
         Ok(Llama {
             cfg,
             embed,
             layers,
             norm,
             output,
+            kv_windows,
+            kv_map,
         })
     }
 
@@ -495,35 +502,35 @@ impl<B: Backend> Llama<B> {
             // Set per layer (forward_rows).
             window: 0,
         };
-        if let [one] = seqs {
-            let s = shape(one);
-            let cache = &mut *one.cache;
-            let mut kv = [SeqKv {
-                cache: &mut cache.kv,
-                shape: s,
-            }];
-            let mut convs: Vec<&mut B::Tensor> = cache.conv.iter_mut().collect();
-            if n == 1 && out == Logits::Last && !sc.trace {
-                // One decode step: the same ops on the same buffers every time, so a backend
-                // may record it once and replay it (a key per scratch and cache).
-                let key = (sc.key << 32) ^ cache.key;
-                let rec = Some((key, one.tokens, s.pos0));
-                return self.step(b, sc, &mut kv, &mut convs, out, rec);
-            }
-            return self.step(b, sc, &mut kv, &mut convs, out, None);
-        }
-        let mut kv: Vec<SeqKv<'_, B::KvCache>> = Vec::with_capacity(seqs.len());
+        assert!(
+            seqs.iter().all(|s| s.tokens.len() <= s.cache.chunk),
+            "a chunk longer than its cache's steps"
+        );
+        // Each sequence's caches by window; its convolution state.
+        let mut kv: Vec<Vec<SeqKv<'_, B::KvCache>>> = (0..self.kv_windows.len())
+            .map(|_| Vec::with_capacity(seqs.len()))
+            .collect();
         let mut convs: Vec<&mut B::Tensor> = Vec::new();
+        // One decode step: the same ops on the same buffers every time, so a backend may
+        // record it once and replay it (a key per scratch and cache).
+        let record = match &*seqs {
+            [one] if n == 1 && out == Logits::Last && !sc.trace => {
+                Some(((sc.key << 32) ^ one.cache.key, one.tokens, one.pos0))
+            }
+            _ => None,
+        };
         for s in seqs.iter_mut() {
             let sh = shape(s);
             let cache = &mut *s.cache;
-            kv.push(SeqKv {
-                shape: sh,
-                cache: &mut cache.kv,
-            });
+            for (g, c) in kv.iter_mut().zip(cache.kv.iter_mut()) {
+                g.push(SeqKv {
+                    cache: c,
+                    shape: sh,
+                });
+            }
             convs.extend(cache.conv.as_mut());
         }
-        self.step(b, sc, &mut kv, &mut convs, out, None)
+        self.step(b, sc, &mut kv, &mut convs, out, record)
     }
 
     /// `forward_rows` as one backend step: recorded for replay under `record`'s key (with the
@@ -533,14 +540,14 @@ impl<B: Backend> Llama<B> {
         &self,
         b: &B,
         sc: &mut LlamaScratch<B>,
-        kv: &mut [SeqKv<'_, B::KvCache>],
+        kv: &mut [Vec<SeqKv<'_, B::KvCache>>],
         convs: &mut [&mut B::Tensor],
         out: Logits,
         record: Option<(u64, &[u32], usize)>,
     ) -> Result<usize, ModelError> {
         // Cache memory for the positions the step writes, taken before it (a replay runs
         // no host code).
-        for s in kv.iter_mut() {
+        for s in kv.iter_mut().flatten() {
             b.kv_reserve(s.cache, s.shape.pos0, s.shape.n_tokens)
                 .map_err(|source| ModelError::Backend {
                     file: Default::default(),
@@ -570,7 +577,7 @@ impl<B: Backend> Llama<B> {
         &self,
         b: &B,
         sc: &mut LlamaScratch<B>,
-        kv: &mut [SeqKv<'_, B::KvCache>],
+        kv: &mut [Vec<SeqKv<'_, B::KvCache>>],
         convs: &mut [&mut B::Tensor],
         out: Logits,
     ) -> Result<usize, ModelError> {
@@ -592,7 +599,7 @@ impl<B: Backend> Llama<B> {
             let a = match &layer.mixer {
                 Mixer::Attention(a) => a,
                 Mixer::ShortConv(cv) => {
-                    self.conv_layer(b, sc, kv, convs, il, layer, cv);
+                    self.conv_layer(b, sc, &kv[0], convs, il, layer, cv);
                     continue;
                 }
             };
@@ -628,6 +635,7 @@ impl<B: Backend> Llama<B> {
             return Ok(0);
         }
         let output = self.output.as_ref().unwrap_or(&self.embed);
+        let kv = &kv[0];
         if out == Logits::All || kv.len() == n {
             // Every row's logits (every sequence has one token: its row is its last).
             b.rms_norm(&sc.x, &self.norm, c.norm_eps, n, &mut sc.h);
@@ -653,7 +661,7 @@ impl<B: Backend> Llama<B> {
         &self,
         b: &B,
         sc: &mut LlamaScratch<B>,
-        kv: &mut [SeqKv<'_, B::KvCache>],
+        kv: &mut [Vec<SeqKv<'_, B::KvCache>>],
         il: usize,
         layer: &Layer<B>,
         a: &Attention<B>,
@@ -674,6 +682,9 @@ impl<B: Backend> Llama<B> {
             (Some(qn), Some(kn)) => Some((qn, kn, c.norm_eps)),
             _ => None,
         };
+        // This layer's caches (those of its window) and its index in them.
+        let (g, li) = self.kv_map[il];
+        let kv = &mut kv[g];
         if !c.layer_window.is_empty() {
             let window = c.window(il);
             kv.iter_mut().for_each(|s| s.shape.window = window);
@@ -686,7 +697,7 @@ impl<B: Backend> Llama<B> {
             qk_norm,
             c.rope_of(il),
             kv,
-            il,
+            li,
             &mut sc.attn,
             [sq, sk, sv],
         );
@@ -699,7 +710,7 @@ impl<B: Backend> Llama<B> {
         &self,
         b: &B,
         sc: &mut LlamaScratch<B>,
-        kv: &mut [SeqKv<'_, B::KvCache>],
+        kv: &mut [Vec<SeqKv<'_, B::KvCache>>],
         il: usize,
         layer: &Layer<B>,
         (post_attn, post_ffn): &(B::Tensor, B::Tensor),

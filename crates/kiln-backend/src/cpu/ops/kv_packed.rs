@@ -83,6 +83,18 @@ impl PackedKv {
         }
     }
 
+    /// `layer`'s rows `from..from + len` of every head moved to `0..len` (a window cache
+    /// dropping the positions its window has passed).
+    pub fn move_front(&mut self, layer: usize, from: usize, len: usize) {
+        let r = self.row;
+        for plane in [&mut self.k[layer], &mut self.v[layer]] {
+            for h in 0..self.kv_heads {
+                let at = h * self.n_ctx * r;
+                plane.copy_within(at + from * r..at + (from + len) * r, at);
+            }
+        }
+    }
+
     /// Copies positions `0..n` of every layer from `src`, a cache of the same shape and type.
     pub fn copy_from(&mut self, src: &PackedKv, n: usize) {
         assert!(

@@ -2,15 +2,21 @@
 //! one forward over the stacked tokens of its sequences ([`LlamaScratch`]), both allocated
 //! once; [`LlamaState`] is one of each, for a single sequence (`run`, `bench`, `chat`).
 
-use kiln_backend::{Backend, KvType};
+use kiln_backend::{Backend, BackendError, KvType, KvWindow};
 
 use super::Llama;
 use crate::ModelError;
 
-/// One sequence's keys and values for `n_ctx` positions (a KV cache slot).
+/// One sequence's keys and values for `n_ctx` positions (a KV cache slot): a backend cache
+/// per distinct layer window, sliding-window layers' holding only what their window reads
+/// ([`LlmOps::kv_cache_window`]).
 pub struct LlamaCache<B: Backend> {
     pub n_ctx: usize,
-    pub(super) kv: B::KvCache,
+    /// The most positions one step of this sequence writes.
+    pub chunk: usize,
+    /// By window (the model's `kv_windows`).
+    pub(super) kv: Vec<B::KvCache>,
+    pub(super) windows: Vec<usize>,
     /// LFM2: the last k - 1 inputs of each convolution layer (k - 1 rows a layer, dim wide),
     /// the state a sequence's next tokens continue from; None without convolution layers.
     pub(super) conv: Option<B::Tensor>,
@@ -23,19 +29,38 @@ impl<B: Backend> LlamaCache<B> {
     /// Gives back the memory the KV cache holds where the backend hands it out as sequences
     /// grow ([`LlmOps::kv_release`]); its positions are to be written again before read.
     pub fn release(&mut self, b: &B) {
-        b.kv_release(&mut self.kv);
+        self.kv.iter_mut().for_each(|c| b.kv_release(c));
     }
 
     /// This cache's first `n` positions become `src`'s ([`LlmOps::kv_copy`]: a copy, or the
-    /// same blocks shared where the backend pages its caches). Not for a model with a
-    /// recurrent state (LFM2's convolutions), which a prefix of keys does not carry.
+    /// same blocks shared where the backend pages its caches). Only where `src` may go on
+    /// from `n` ([`Self::resumes`]).
     pub fn copy_prefix(&mut self, b: &B, src: &LlamaCache<B>, n: usize) {
-        b.kv_copy(&src.kv, &mut self.kv, n);
+        for (d, s) in self.kv.iter_mut().zip(&src.kv) {
+            b.kv_copy(s, d, n);
+        }
+    }
+
+    /// Whether a sequence whose cache holds its first `held` positions may go on from
+    /// position `at <= held` (positions `at..` written again): always from 0 and from
+    /// `held`; not from elsewhere where a recurrent state (LFM2's convolutions) holds every
+    /// token fed, nor where a sliding-window layer's cache no longer holds what position
+    /// `at`'s window reads ([`LlmOps::kv_kept_from`]).
+    pub fn resumes(&self, b: &B, held: usize, at: usize) -> bool {
+        if at == 0 || at == held {
+            return true;
+        }
+        self.conv.is_none()
+            && self
+                .kv
+                .iter()
+                .zip(&self.windows)
+                .all(|(c, &w)| w == 0 || KvWindow::resumes(w, b.kv_kept_from(c), at))
     }
 
     /// Bytes the KV cache holds ([`LlmOps::kv_cache_bytes`]).
     pub fn held_bytes(&self, b: &B) -> usize {
-        b.kv_cache_bytes(&self.kv)
+        self.kv.iter().map(|c| b.kv_cache_bytes(c)).sum()
     }
 }
 
@@ -82,6 +107,13 @@ pub struct LlamaState<B: Backend> {
     pub(super) scratch: LlamaScratch<B>,
 }
 
+impl<B: Backend> LlamaState<B> {
+    /// [`LlamaCache::resumes`] for the state's cache.
+    pub fn resumes(&self, b: &B, held: usize, at: usize) -> bool {
+        self.cache.resumes(b, held, at)
+    }
+}
+
 /// One sequence's part of a forward: `tokens` at positions `pos0..` of its own cache.
 pub struct SeqChunk<'a, B: Backend> {
     pub cache: &'a mut LlamaCache<B>,
@@ -102,15 +134,48 @@ pub enum Logits {
 }
 
 impl<B: Backend> Llama<B> {
-    /// A KV cache of `n_ctx` positions in the backend's default type.
-    pub fn new_cache(&self, b: &B, n_ctx: usize) -> LlamaCache<B> {
+    /// A KV cache of `n_ctx` positions in the backend's default type, for steps of at most
+    /// `chunk` positions.
+    pub fn new_cache(&self, b: &B, n_ctx: usize, chunk: usize) -> LlamaCache<B> {
+        self.cache_with(b, n_ctx, chunk, None)
+            .expect("the default KV type is the backend's own")
+    }
+
+    /// Caches of `ty` (None: the backend's default), one per window.
+    fn cache_with(
+        &self,
+        b: &B,
+        n_ctx: usize,
+        chunk: usize,
+        ty: Option<KvType>,
+    ) -> Result<LlamaCache<B>, BackendError> {
         let c = &self.cfg;
-        LlamaCache {
+        let chunk = chunk.clamp(1, n_ctx.max(1));
+        let kv = self
+            .kv_windows
+            .iter()
+            .enumerate()
+            .map(|(g, &window)| {
+                let layers = self.kv_map.iter().filter(|m| m.0 == g).count();
+                let (heads, hd) = (c.n_kv_heads, c.head_dim);
+                match (window, ty) {
+                    (0, None) => Ok(b.kv_cache(layers, n_ctx, heads, hd)),
+                    (0, Some(ty)) => b.kv_cache_typed(layers, n_ctx, heads, hd, ty),
+                    (window, ty) => {
+                        let win = KvWindow { window, chunk };
+                        b.kv_cache_window(layers, n_ctx, heads, hd, ty, win)
+                    }
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LlamaCache {
             n_ctx,
-            kv: b.kv_cache(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim),
+            chunk,
+            kv,
+            windows: self.kv_windows.clone(),
             conv: self.conv_state(b),
             key: kiln_backend::next_step_key(),
-        }
+        })
     }
 
     /// A sequence's convolution state (zeros), where the model has convolution layers.
@@ -127,26 +192,20 @@ impl<B: Backend> Llama<B> {
         self.cfg.n_conv_layers() > 0
     }
 
-    /// A KV cache of `n_ctx` positions storing keys and values as `kv`.
+    /// A KV cache of `n_ctx` positions storing keys and values as `kv`, for steps of at
+    /// most `chunk` positions.
     pub fn new_cache_kv(
         &self,
         b: &B,
         n_ctx: usize,
+        chunk: usize,
         kv: KvType,
     ) -> Result<LlamaCache<B>, ModelError> {
-        let c = &self.cfg;
-        let kv = b
-            .kv_cache_typed(c.n_layers, n_ctx, c.n_kv_heads, c.head_dim, kv)
+        self.cache_with(b, n_ctx, chunk, Some(kv))
             .map_err(|source| ModelError::Backend {
                 file: Default::default(),
                 source,
-            })?;
-        Ok(LlamaCache {
-            n_ctx,
-            kv,
-            conv: self.conv_state(b),
-            key: kiln_backend::next_step_key(),
-        })
+            })
     }
 
     /// Scratch for forwards of up to `max_rows` tokens from up to `max_seqs` sequences, with
@@ -195,7 +254,7 @@ impl<B: Backend> Llama<B> {
     }
 
     pub fn new_state(&self, b: &B, n_ctx: usize, max_batch: usize) -> LlamaState<B> {
-        let cache = self.new_cache(b, n_ctx);
+        let cache = self.new_cache(b, n_ctx, max_batch);
         self.state_with(b, max_batch, cache)
     }
 
@@ -207,11 +266,13 @@ impl<B: Backend> Llama<B> {
         max_batch: usize,
         kv: KvType,
     ) -> Result<LlamaState<B>, ModelError> {
-        let cache = self.new_cache_kv(b, n_ctx, kv)?;
+        let cache = self.new_cache_kv(b, n_ctx, max_batch, kv)?;
         Ok(self.state_with(b, max_batch, cache))
     }
 
-    fn state_with(&self, b: &B, max_batch: usize, cache: LlamaCache<B>) -> LlamaState<B> {
+    /// A state of `cache` (which takes steps of at least `max_batch` positions) and a scratch
+    /// for chunks of up to `max_batch` tokens.
+    pub fn state_with(&self, b: &B, max_batch: usize, cache: LlamaCache<B>) -> LlamaState<B> {
         let max_batch = max_batch.max(1);
         LlamaState {
             n_ctx: cache.n_ctx,
@@ -223,6 +284,6 @@ impl<B: Backend> Llama<B> {
 
     /// Bytes of the state's KV cache.
     pub fn kv_bytes(&self, b: &B, st: &LlamaState<B>) -> usize {
-        b.kv_cache_bytes(&st.cache.kv)
+        st.cache.held_bytes(b)
     }
 }
