@@ -11,6 +11,7 @@ pub mod cpu;
 mod fallback;
 pub mod options;
 mod rope;
+pub mod window;
 
 use kiln_quant::{GgmlType, MlxLayout, QuantError};
 use thiserror::Error;

@@ -552,6 +552,16 @@ impl CudaBackend {
     ) {
         use cudarc::cublas::sys as cb;
         let h = self.blas.as_ref().unwrap().0;
+        // A sliding window: positions from the first token's first on (a window cache holds
+        // no others), which the products and the softmax see as positions from 0.
+        let g0 = match s.window {
+            0 => 0,
+            w => (s.pos0 + 1).saturating_sub(w),
+        };
+        let s = AttnShape {
+            pos0: s.pos0 - g0,
+            ..s
+        };
         let (heads, kvh, hd) = (s.n_heads, s.n_kv_heads, s.head_dim);
         let g = heads / kvh;
         assert!(
@@ -582,6 +592,7 @@ impl CudaBackend {
             .a(v_off)
             .a(kvh as i32)
             .a(hd as i32)
+            .a(g0 as i32)
             .a(len_all as i32)
             .a(kp)
             .a(vp);

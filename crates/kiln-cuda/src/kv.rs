@@ -8,6 +8,11 @@
 //! [`LlmOps::kv_copy`] shares the source's blocks instead of copying them (a beam fork, a
 //! prefix another sequence already holds); a block is copied only when a cache that shares it
 //! is about to write into it ([`LlmOps::kv_reserve`], copy on write).
+//!
+//! A sliding-window cache ([`LlmOps::kv_cache_window`]) holds the blocks of the positions a
+//! step's window reads and a step's worth before them (so a sequence may go back one step):
+//! each reservation gives back the blocks outside them, whose table entries go to 0. The
+//! kernels read no position before a token's window.
 
 use std::sync::{Arc, Mutex};
 
@@ -119,6 +124,8 @@ pub struct CudaKvCache {
     pub(crate) n_ctx: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
+    /// A sliding-window cache's window and most positions a step (else None).
+    pub(crate) window: Option<KvWindow>,
 }
 
 impl CudaKvCache {
@@ -144,6 +151,7 @@ impl CudaKvCache {
             n_ctx,
             kv_heads,
             head_dim,
+            window: None,
         }
     }
 
@@ -177,8 +185,17 @@ impl CudaKvCache {
             && self.pool.lock().unwrap().shares == self.shares_seen
     }
 
-    /// Takes the blocks positions `..pos0 + n` lack, and copies each block holding positions
-    /// `pos0..pos0 + n` that another cache shares; the table follows.
+    /// The first position held (0 but in a window cache): the start of the first block.
+    pub(crate) fn kept_from(&self) -> usize {
+        match self.window {
+            None => 0,
+            Some(_) => self.blocks.iter().position(|&b| b != 0).unwrap_or(0) * KV_BLOCK,
+        }
+    }
+
+    /// Takes the blocks positions `..pos0 + n` lack (a window cache: from a step's worth
+    /// before the step's window on, giving back the blocks outside that), and copies each
+    /// block holding positions `pos0..pos0 + n` that another cache shares; the table follows.
     pub(crate) fn reserve(
         &mut self,
         dev: &Device,
@@ -194,7 +211,22 @@ impl CudaKvCache {
         let mut changed = false;
         let mut pool = self.pool.lock().unwrap();
         let mut res = Ok(());
-        for i in 0..end.div_ceil(KV_BLOCK) {
+        let first = match self.window {
+            None => 0,
+            Some(w) => {
+                let keep = (pos0 + 1).saturating_sub(w.window + w.chunk) / KV_BLOCK;
+                let ahead = end.div_ceil(KV_BLOCK);
+                for (i, b) in self.blocks.iter_mut().enumerate() {
+                    if *b != 0 && (i < keep || i >= ahead) {
+                        pool.release(*b);
+                        *b = 0;
+                        changed = true;
+                    }
+                }
+                keep
+            }
+        };
+        for i in first..end.div_ceil(KV_BLOCK) {
             let b = self.blocks[i];
             let shared = b != 0 && (i + 1) * KV_BLOCK > pos0 && pool.holders(b) > 1;
             if b != 0 && !shared {
@@ -235,6 +267,7 @@ impl CudaKvCache {
             src.n_layers == self.n_layers
                 && src.kv_heads == self.kv_heads
                 && src.head_dim == self.head_dim
+                && src.window == self.window
                 && n <= src.n_ctx
                 && n <= self.n_ctx,
             "kv_copy between caches of different shapes"

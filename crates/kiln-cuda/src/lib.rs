@@ -31,7 +31,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
-    AttnShape, BackendError, Conv1dShape, DenseAttnShape, KvType, LlmOps, MlxWeightData,
+    AttnShape, BackendError, Conv1dShape, DenseAttnShape, KvType, KvWindow, LlmOps, MlxWeightData,
     RopeConfig, RopeStyle, SeqKv, SpeechOps, TensorOps, WeightData,
 };
 
@@ -568,6 +568,25 @@ impl LlmOps for CudaBackend {
                 what: "the CUDA backend stores keys and values as f16".into(),
             }),
         }
+    }
+
+    fn kv_cache_window(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: Option<KvType>,
+        win: KvWindow,
+    ) -> Result<CudaKvCache, BackendError> {
+        let ty = ty.unwrap_or(KvType::F16);
+        let mut c = self.kv_cache_typed(n_layers, n_ctx, n_kv_heads, head_dim, ty)?;
+        c.window = (win.window > 0).then_some(win);
+        Ok(c)
+    }
+
+    fn kv_kept_from(&self, cache: &CudaKvCache) -> usize {
+        cache.kept_from()
     }
 
     fn check_window(&self) -> Result<(), BackendError> {

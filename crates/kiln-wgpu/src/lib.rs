@@ -30,8 +30,9 @@ pub mod shaders;
 use std::cell::RefCell;
 
 use kiln_backend::cpu::{CpuBackend, CpuTensor};
+use kiln_backend::window::WindowSlots;
 use kiln_backend::{
-    AttnShape, BackendError, KvType, LlmOps, RopeConfig, RopeStyle, SpeechOps, TensorOps,
+    AttnShape, BackendError, KvType, KvWindow, LlmOps, RopeConfig, RopeStyle, SpeechOps, TensorOps,
     WeightData,
 };
 
@@ -78,21 +79,32 @@ pub struct WgpuWeight {
     stored_bytes: usize,
 }
 
-/// Keys and values, laid out (layer, kv head, position, head_dim), f16 or f32.
+/// Keys and values, laid out (layer, kv head, slot, head_dim), f16 or f32; a slot is a
+/// position but in a sliding-window cache, whose slots hold what [`WindowSlots`] says.
 pub struct WgpuKvCache {
     k: Buf,
     v: Buf,
     n_layers: usize,
+    /// Slots per layer and head.
     n_ctx: usize,
     kv_heads: usize,
     head_dim: usize,
     f16: bool,
+    window: Option<WindowSlots>,
 }
 
 impl WgpuKvCache {
     /// First element of `layer`.
     fn plane(&self, layer: usize) -> usize {
         layer * self.kv_heads * self.n_ctx * self.head_dim
+    }
+
+    /// `s` as `layer`'s slots see it.
+    fn local(&self, layer: usize, s: AttnShape) -> AttnShape {
+        match &self.window {
+            Some(w) => w.local(layer, s),
+            None => s,
+        }
     }
 }
 
@@ -402,7 +414,7 @@ impl WgpuBackend {
             usize,
             Option<&WgpuTensor>,
             &WgpuKvCache,
-            usize,
+            (usize, usize),
         )>,
         cache0: Option<(&Buf, usize, usize, bool)>,
         head_dim: usize,
@@ -424,8 +436,9 @@ impl WgpuBackend {
         let mut cache_flags = cache0.is_some() as u32;
         let (mut plane, mut n_ctx, mut f16) = cache0.map_or((0, 0, false), |c| (c.1, c.2, c.3));
         let (mut kb, mut vb, mut knb, mut kcb, mut vcb) = (d, d, d, cache0.map_or(d, |c| c.0), d);
-        let (mut nkv, mut kv_ld) = (0, 0);
-        if let Some((k, v, kvh, kn, cache, pl)) = kv {
+        let (mut nkv, mut kv_ld, mut shift) = (0, 0, 0);
+        if let Some((k, v, kvh, kn, cache, (pl, sh))) = kv {
+            shift = sh;
             (kb, vb, nkv, kv_ld) = (&k.buf, &v.buf, kvh, k.cols);
             if let Some(kn) = kn {
                 knb = &kn.buf;
@@ -452,6 +465,7 @@ impl WgpuBackend {
             f16 as u32,
             x.cols as u32,
             kv_ld as u32,
+            shift as u32,
         ];
         let qn = qnorm.map_or(d, |(w, _)| &w.buf);
         let tb = table.as_ref().unwrap_or(d);
@@ -825,6 +839,28 @@ impl LlmOps for WgpuBackend {
         }
     }
 
+    fn kv_cache_window(
+        &self,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ty: Option<KvType>,
+        win: KvWindow,
+    ) -> Result<WgpuKvCache, BackendError> {
+        let ty = ty.unwrap_or(KvType::F16);
+        let Some(w) = WindowSlots::new(win, n_ctx, n_layers) else {
+            return self.kv_cache_typed(n_layers, n_ctx, n_kv_heads, head_dim, ty);
+        };
+        let mut c = self.kv_cache_typed(n_layers, w.slots, n_kv_heads, head_dim, ty)?;
+        c.window = Some(w);
+        Ok(c)
+    }
+
+    fn kv_kept_from(&self, cache: &WgpuKvCache) -> usize {
+        cache.window.as_ref().map_or(0, WindowSlots::kept_from)
+    }
+
     fn check_window(&self) -> Result<(), BackendError> {
         Ok(())
     }
@@ -965,6 +1001,8 @@ impl LlmOps for WgpuBackend {
         n: usize,
     ) {
         let hd = cache.head_dim;
+        // Rotated at positions pos0.., stored at their slots.
+        let shift = pos0 - self.kv_place(cache, layer, pos0, n);
         let plane = cache.plane(layer);
         let (qn, kn) = match qk_norm {
             Some((a, b, e)) => (Some((a, e)), Some(b)),
@@ -972,7 +1010,7 @@ impl LlmOps for WgpuBackend {
         };
         self.heads(
             (q, heads, qn, true),
-            Some((k, v, kv_heads, kn, cache, plane)),
+            Some((k, v, kv_heads, kn, cache, (plane, shift))),
             None,
             hd,
             Some(rope),
@@ -1002,6 +1040,7 @@ impl LlmOps for WgpuBackend {
         pos0: usize,
         n: usize,
     ) {
+        let pos0 = self.kv_place(cache, layer, pos0, n);
         let plane = cache.plane(layer);
         let (hd, kvh) = (cache.head_dim, cache.kv_heads);
         let kc = Some((&cache.k, plane, cache.n_ctx, cache.f16));
@@ -1018,7 +1057,7 @@ impl LlmOps for WgpuBackend {
         s: AttnShape,
         out: &mut WgpuTensor,
     ) {
-        self.attention_at(q, 0, cache, layer, s, out);
+        self.attention_at(q, 0, cache, layer, cache.local(layer, s), out);
     }
 
     fn attention_batch<'c, I>(&self, q: &WgpuTensor, seqs: I, layer: usize, out: &mut WgpuTensor)
@@ -1027,7 +1066,7 @@ impl LlmOps for WgpuBackend {
     {
         let mut row = 0;
         for (cache, s) in seqs {
-            self.attention_at(q, row, cache, layer, s, out);
+            self.attention_at(q, row, cache, layer, cache.local(layer, s), out);
             row += s.n_tokens;
         }
     }
@@ -1074,6 +1113,19 @@ impl LlmOps for WgpuBackend {
     }
 
     fn kv_copy(&self, src: &WgpuKvCache, dst: &mut WgpuKvCache, n: usize) {
+        assert!(
+            (src.n_layers, src.n_ctx, src.kv_heads, src.head_dim, src.f16)
+                == (dst.n_layers, dst.n_ctx, dst.kv_heads, dst.head_dim, dst.f16)
+                && src.window.as_ref().map(|w| (w.win, w.positions))
+                    == dst.window.as_ref().map(|w| (w.win, w.positions)),
+            "kv_copy between caches of different shapes"
+        );
+        // Slots, which are positions but in a window cache (its bases go with them).
+        let n = match &src.window {
+            Some(w) => w.copy_slots(n),
+            None => n.min(src.n_ctx),
+        };
+        dst.window.clone_from(&src.window);
         let per_word = if src.f16 { 2 } else { 1 };
         for l in 0..src.n_layers {
             for h in 0..src.kv_heads {
@@ -1295,7 +1347,32 @@ impl WgpuBackend {
             kv_heads,
             head_dim,
             f16,
+            window: None,
         }
+    }
+
+    /// The slot `layer` position `pos0` goes to, for a step of `n` positions (a window
+    /// cache moves the positions its window keeps to the front first, through a scratch
+    /// copy: a dispatch may not read and write one buffer).
+    fn kv_place(&self, cache: &mut WgpuKvCache, layer: usize, pos0: usize, n: usize) -> usize {
+        let Some(w) = &mut cache.window else {
+            return pos0;
+        };
+        let (slot, moved) = w.place(layer, pos0, n);
+        if let Some((from, len)) = moved {
+            let per_word = if cache.f16 { 2 } else { 1 };
+            let (row, slots) = (cache.head_dim / per_word, cache.n_ctx);
+            let words = len * row;
+            let tmp = self.gpu.buffer(4 * words.max(1));
+            for buf in [&cache.k, &cache.v] {
+                for h in 0..cache.kv_heads {
+                    let at = cache.plane(layer) / per_word + h * slots * row;
+                    self.copy_words(buf, at + from * row, &tmp, 0, words);
+                    self.copy_words(&tmp, 0, buf, at, words);
+                }
+            }
+        }
+        slot
     }
 }
 

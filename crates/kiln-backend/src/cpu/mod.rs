@@ -685,16 +685,11 @@ impl LlmOps for CpuBackend {
         win: KvWindow,
     ) -> Result<CpuKvCache, BackendError> {
         let ty = ty.unwrap_or(KvType::F32);
-        let Some(slots) = kv::window_slots(win, n_ctx) else {
+        let Some(w) = crate::window::WindowSlots::new(win, n_ctx, n_layers) else {
             return self.kv_cache_typed(n_layers, n_ctx, n_kv_heads, head_dim, ty);
         };
-        let mut c = self.kv_cache_typed(n_layers, slots, n_kv_heads, head_dim, ty)?;
-        c.window = Some(kv::Window {
-            window: win.window,
-            chunk: win.chunk,
-            positions: n_ctx,
-            base: vec![0; n_layers],
-        });
+        let mut c = self.kv_cache_typed(n_layers, w.slots, n_kv_heads, head_dim, ty)?;
+        c.window = Some(w);
         Ok(c)
     }
 
@@ -962,8 +957,8 @@ impl LlmOps for CpuBackend {
             src.n_ctx == dst.n_ctx
                 && src.kv_dim == dst.kv_dim
                 && src.k.len() == dst.k.len()
-                && src.window.as_ref().map(|w| (w.window, w.positions))
-                    == dst.window.as_ref().map(|w| (w.window, w.positions)),
+                && src.window.as_ref().map(|w| (w.win, w.positions))
+                    == dst.window.as_ref().map(|w| (w.win, w.positions)),
             "kv_copy between caches of different shapes"
         );
         let (hd, n_ctx) = (src.head_dim, src.n_ctx);

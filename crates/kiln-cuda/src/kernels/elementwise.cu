@@ -45,11 +45,11 @@ extern "C" __global__ void kv_store(const float* x, const u64* tbl, long long of
     }
 }
 
-// A sequence's first `len` positions of one layer's keys and values (common.cu kv_row) into
+// A sequence's positions p0..p0 + len of one layer's keys and values (common.cu kv_row) into
 // contiguous (kv_heads, len, head_dim) f16 planes, for the prompt attention's cuBLAS
 // products; 16 bytes a thread.
 extern "C" __global__ void kv_gather(const u64* tbl, long long k_off, long long v_off,
-                                     int kv_heads, int head_dim, int len, u16* out_k,
+                                     int kv_heads, int head_dim, int p0, int len, u16* out_k,
                                      u16* out_v) {
     pdl_begin();
     const int c8 = head_dim / 8;
@@ -59,7 +59,8 @@ extern "C" __global__ void kv_gather(const u64* tbl, long long k_off, long long 
         const bool is_v = i >= n;
         const size_t j = is_v ? i - n : i;
         const int c = (int)(j % c8), p = (int)(j / c8 % len), h = (int)(j / c8 / len);
-        const uint4* src = (const uint4*)kv_row(tbl, is_v ? v_off : k_off, h, p, head_dim) + c;
+        const uint4* src =
+            (const uint4*)kv_row(tbl, is_v ? v_off : k_off, h, p0 + p, head_dim) + c;
         ((uint4*)(is_v ? out_v : out_k))[j] = *src;
     }
 }

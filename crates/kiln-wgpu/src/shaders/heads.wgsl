@@ -8,7 +8,7 @@
 // at KC (bindings 1-4).
 // params: 0 n_q, 1 n_kv, 2 head_dim, 3 eps, 4 norm flags, 5 rope flags, 6 cache flags,
 //         7 rope_dims, 8 neox, 9 pos0, 10 n_ctx, 11 plane (elements), 12 kv_f16,
-//         13 q_ld, 14 kv_ld
+//         13 q_ld, 14 kv_ld, 15 shift (position pos0 + t goes to cache slot pos0 + t - shift)
 
 @group(0) @binding(1) var<storage, read_write> X: array<f32>;
 @group(0) @binding(2) var<storage, read_write> QN: array<f32>;
@@ -91,7 +91,7 @@ fn heads(@builtin(local_invocation_index) e: u32, @builtin(workgroup_id) wg: vec
     if (on) { xstore(g, base + e, v); }
     workgroupBarrier();
     if (on && (P(6u) & bit) != 0u) {
-        let idx = P(11u) + (h * P(10u) + pos) * hd + e;
+        let idx = P(11u) + (h * P(10u) + pos - P(15u)) * hd + e;
         if (P(12u) == 1u) {
             if ((e & 1u) == 0u) { cstore(g, idx >> 1u, pack2x16float(vec2<f32>(v, row[e + 1u]))); }
         } else {
