@@ -209,10 +209,8 @@ impl<B: Backend> Llm<B> {
         Ok(self.tokenizer.encode(text, add_special)?)
     }
 
-    /// A session with a KV cache of `n_ctx` positions (0: the model's trained context, capped
-    /// at 4096) and prefill batches of up to `max_batch` tokens.
     /// Bytes of the KV cache of a session of `n_ctx` positions (0: the default context), in
-    /// the sessions' type.
+    /// the sessions' type (sliding-window layers: what their caches hold for steps of 512).
     pub fn kv_bytes_for(&self, n_ctx: usize) -> u64 {
         let c = &self.model.cfg;
         let n_ctx = if n_ctx == 0 {
@@ -225,7 +223,16 @@ impl<B: Backend> Llm<B> {
             .ggml()
             .row_bytes(c.head_dim)
             .unwrap_or(4 * c.head_dim) as u64;
-        2 * (c.n_layers * n_ctx * c.n_kv_heads) as u64 * row
+        let positions: usize = (0..c.n_layers)
+            .map(|il| {
+                let win = kiln_backend::KvWindow {
+                    window: c.window(il),
+                    chunk: 512,
+                };
+                kiln_backend::window::WindowSlots::new(win, n_ctx, 1).map_or(n_ctx, |w| w.slots)
+            })
+            .sum();
+        2 * (positions * c.n_kv_heads) as u64 * row
     }
 
     /// Errors when `sessions` sessions of `n_ctx` positions would not fit in memory.
@@ -243,6 +250,8 @@ impl<B: Backend> Llm<B> {
         )
     }
 
+    /// A session with a KV cache of `n_ctx` positions (0: the model's trained context, capped
+    /// at 4096) and prefill batches of up to `max_batch` tokens.
     pub fn session(&self, n_ctx: usize, max_batch: usize) -> LlmSession<'_, B> {
         let ctx_train = self.model.cfg.ctx_train;
         let n_ctx = if n_ctx == 0 {
