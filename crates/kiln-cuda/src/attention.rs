@@ -15,10 +15,14 @@ pub(crate) const DEC_SPLIT_KEYS: usize = 64;
 /// Warps of a decode attention block (kernels/attention.cu DEC_WARPS).
 pub(crate) const DEC_WARPS: usize = 4;
 
-/// Decode attention blocks a multiprocessor at a full cache. On the H200 (Qwen3-0.6B shape,
-/// tg128): 3 is the fastest at depth 16384; 2 is faster at depth 4096 (978 against 915
-/// tok/s) but slower at 16384 (638 against 671); 1, 4 and 6 are slower at both.
+/// Decode attention blocks a multiprocessor, for caches of fewer than [`DEC_LONG_KEYS`]
+/// positions (one more from there). On the H200 (Qwen3-0.6B shape, tg128, BENCHMARKS.md's
+/// sixteenth session): at depth 4096 3 is the fastest (2: -2%, 4: -5%); at 16384 and 32768
+/// 4 is (3: -5% and -9%; 5 and 6, more than one wave holds: -19% and -22%).
 pub(crate) const DEC_BLOCKS_PER_SM: usize = 3;
+/// From this many keys a decode attention takes a block a multiprocessor more (at 8192 the
+/// two counts are within 1% of each other).
+pub(crate) const DEC_LONG_KEYS: usize = 12288;
 
 /// RoPE tables kept at once ([`CudaBackend::rope_table`]).
 const MAX_ROPE_TABLES: usize = 16;
@@ -314,13 +318,20 @@ impl CudaBackend {
     /// Splits of one decode token's attention over a cache of `n_ctx` positions (the last
     /// `window` of them where the layer has a sliding window, 0: none): a grid fixed by the
     /// cache's size and the layer (one recording serves every position), each split its
-    /// share of the keys the step sees, [`DEC_BLOCKS_PER_SM`] blocks a multiprocessor.
+    /// share of the keys the step sees, [`DEC_BLOCKS_PER_SM`] blocks a multiprocessor (one
+    /// more from [`DEC_LONG_KEYS`] keys).
     pub(crate) fn dec_splits(&self, n_ctx: usize, window: usize, kv_heads: usize) -> usize {
-        let per_sm = self.tune.dec_blocks_per_sm.unwrap_or(DEC_BLOCKS_PER_SM);
         let keys = match window {
             0 => n_ctx,
             w => n_ctx.min(w),
         };
+        // A long cache takes one more block a multiprocessor (the most one wave holds): 5%
+        // faster at 16384 keys, 10% at 32768; at 4096 it would be 5% slower.
+        let long = keys >= DEC_LONG_KEYS;
+        let per_sm = self
+            .tune
+            .dec_blocks_per_sm
+            .unwrap_or(DEC_BLOCKS_PER_SM + long as usize);
         keys.div_ceil(DEC_SPLIT_KEYS)
             .min((per_sm * self.dev.num_sms / kv_heads).max(1))
     }
