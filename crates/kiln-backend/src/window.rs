@@ -1,12 +1,13 @@
 //! Where a sliding-window KV cache keeps its positions, for backends that hold them in
 //! fixed slots (the CPU's and wgpu's caches; CUDA's pages them instead).
 //!
-//! A window cache ([`crate::LlmOps::kv_cache_window`]) has `2 * span` slots per layer, `span`
-//! covering what one step reads (the window, the step's new positions, alignment) and a
-//! step's worth more: layer `l`'s slot `s` holds position `base[l] + s`. When a step's
-//! positions would run past the last slot, the positions its window reads and a step's worth
-//! before them move to the front first (one copy of about a window every `span` positions,
-//! and a sequence may still go back one step) and `base` follows. Attention then runs on
+//! A window cache ([`crate::LlmOps::kv_cache_window`]) has `span + max(window, step)` slots
+//! per layer, `span` covering what one step reads (the window, the step's new positions,
+//! alignment) and a step's worth more: layer `l`'s slot `s` holds position `base[l] + s`.
+//! When a step's positions would run past the last slot, the positions its window reads and
+//! a step's worth before them move to the front first (one copy of about a window every
+//! window or step's worth of positions, whichever is more, and a sequence may still go back
+//! one step) and `base` follows. Attention then runs on
 //! positions relative to `base`, a multiple of 64, so its sums are the ones the cache of
 //! every position gives.
 
@@ -31,10 +32,11 @@ impl WindowSlots {
     /// not be fewer than `n_ctx` (then the cache holds every position).
     pub fn new(win: KvWindow, n_ctx: usize, n_layers: usize) -> Option<Self> {
         let span = (win.window + 2 * win.chunk + ALIGN).next_multiple_of(ALIGN);
-        (win.window > 0 && 2 * span < n_ctx).then(|| WindowSlots {
+        let slots = span + win.window.max(win.chunk).next_multiple_of(ALIGN);
+        (win.window > 0 && slots < n_ctx).then(|| WindowSlots {
             win,
             positions: n_ctx,
-            slots: 2 * span,
+            slots,
             base: vec![0; n_layers],
         })
     }
