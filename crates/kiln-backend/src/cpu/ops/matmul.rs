@@ -76,7 +76,7 @@ impl RowDots<'_> {
         mut emit: impl FnMut(usize, usize, &[f32]),
     ) {
         if w.x8 {
-            return self.rows_x8(w, r0, r1, emit);
+            return self.rows_x8(w, r0, r1, buf, emit);
         }
         if self.kernel.is_none()
             && self.n >= TILE_MIN_TOKENS
@@ -152,12 +152,19 @@ impl RowDots<'_> {
         w: &CpuWeight,
         r0: usize,
         r1: usize,
+        buf: &mut Vec<f32>,
         mut emit: impl FnMut(usize, usize, &[f32]),
     ) {
         debug_assert_eq!(r0 % x8::ROWS, 0);
         let one = self.x8.expect("x8 weights come with an x8 kernel set");
         let gb = x8::group_bytes(w.ty, w.cols);
-        let mut out = [[0f32; x8::ROWS]; 2 * x8::MAX_TOKENS];
+        // The kernels' sums, in the worker's buffer (zeroed once, not at every call: decode
+        // hands a worker many small row ranges).
+        let len = 2 * x8::MAX_TOKENS * x8::ROWS;
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        let (out, _) = buf.as_chunks_mut::<{ x8::ROWS }>();
         // Software prefetch `ahead` bytes in front of the group being computed: the
         // hardware prefetcher alone leaves a single stream per core below the read
         // bandwidth. The legacy formats' kernels do it block by block themselves; for the
