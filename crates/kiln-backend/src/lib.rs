@@ -397,6 +397,10 @@ pub fn argmax_first(r: &[f32]) -> u32 {
     best as u32
 }
 
+/// A step's token that is the last [`LlmOps::argmax_feed`]'s pick, which only the device
+/// holds yet: one sequence's one token, where the backend [`LlmOps::feeds_picks`].
+pub const FED_TOKEN: u32 = u32::MAX;
+
 /// Tensors and weights, and the products, norms and elementwise ops every model runs:
 /// the core each capability set below builds on.
 pub trait TensorOps {
@@ -922,6 +926,25 @@ pub trait LlmOps: TensorOps {
         let mut v = vec![0f32; n * cols];
         self.read(x, n, &mut v);
         v.chunks_exact(cols.max(1)).map(argmax_first).collect()
+    }
+    /// Whether this backend feeds greedy picks to the next step itself
+    /// ([`LlmOps::argmax_feed`]).
+    fn feeds_picks(&self) -> bool {
+        false
+    }
+    /// Queues the greedy pick of row 0's first `cols` values of `x` (as [`LlmOps::
+    /// argmax_rows`]) as the token of the next step given [`FED_TOKEN`], and its copy to the
+    /// host ([`LlmOps::fed_token`]): the next forward can be queued before the host has the
+    /// token, so a device never waits for the host between decode steps. False (nothing
+    /// queued) where the backend does not feed picks (the default).
+    fn argmax_feed(&self, x: &Self::Tensor, cols: usize) -> bool {
+        let _ = (x, cols);
+        false
+    }
+    /// The token the last [`LlmOps::argmax_feed`] picked, once it is on the host (waits for
+    /// it, not for the work queued after it); None where none was fed.
+    fn fed_token(&self) -> Option<u32> {
+        None
     }
     /// Copies positions `0..n` of every layer from `src` to `dst` (beam search forks a
     /// sequence). Both caches have the same shape.

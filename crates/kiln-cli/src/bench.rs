@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use clap::Args;
 use kiln_backend::cpu::{default_threads, membw, CpuBackend, Pool};
-use kiln_backend::Backend;
+use kiln_backend::{Backend, FED_TOKEN};
 use kiln_formats::GgufFile;
 use kiln_models::llm::{Llama, Logits, SeqChunk};
 use kiln_runtime::grammar::Grammars;
@@ -243,6 +243,67 @@ fn attended_positions(windows: &[usize], n: usize, d: usize) -> f64 {
     windows.iter().map(|&w| per_layer(w)).sum()
 }
 
+/// `n` tokens decoded greedily under `g` from `first` at `depth`, each pick fed to the next
+/// forward on the device (as `generate` runs where the backend feeds picks): a step's mask
+/// is computed while its forward runs, then the pick and the next forward are queued, then
+/// the pick is read back and the grammar takes it. A finished document starts the next (the
+/// grammar reset, not compiled again). `print`: where a token's time goes, on stderr.
+#[allow(clippy::too_many_arguments)]
+fn json_fed<B: Backend>(
+    llama: &Llama<B>,
+    b: &B,
+    st: &mut kiln_models::llm::LlamaState<B>,
+    grammars: &Grammars,
+    g: &Grammar,
+    first: u32,
+    depth: usize,
+    n: usize,
+    print: bool,
+) -> anyhow::Result<()> {
+    let cols = grammars.vocab().min(llama.cfg.vocab_size);
+    let mut c = grammars.compile(g)?;
+    let mut phase = [Duration::ZERO; 4];
+    llama.forward_last(b, st, &[first], depth)?;
+    for i in 0..n {
+        let t0 = Instant::now();
+        let w = c.allowed_words().context("the grammar failed")?;
+        anyhow::ensure!(
+            llama.mask_last(b, st, cols, w),
+            "the backend masks no logits"
+        );
+        let t1 = Instant::now();
+        llama.argmax_feed_last(b, st, cols);
+        if i + 1 < n {
+            llama.forward_last(b, st, &[FED_TOKEN], depth + i + 1)?;
+        }
+        let t2 = Instant::now();
+        let tok = b.fed_token().context("the backend fed no pick")?;
+        let t3 = Instant::now();
+        if grammars.is_end(tok) || c.accept(tok).is_err() || c.done() {
+            c.reset()?;
+        }
+        for (p, d) in phase
+            .iter_mut()
+            .zip([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()])
+        {
+            *p += d;
+        }
+    }
+    if print {
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / n.max(1) as f64;
+        eprintln!(
+            "json (picks fed on the device): per token {:.1} us computing the mask (the \
+             forward running), {:.1} us queueing the pick and the next forward, {:.1} us \
+             waiting for the pick, {:.1} us accepting",
+            us(phase[0]),
+            us(phase[1]),
+            us(phase[2]),
+            us(phase[3])
+        );
+    }
+    Ok(())
+}
+
 /// Runs `test` from cache depth `depth` once untimed, then `reps` times; returns each timed
 /// run's nanoseconds.
 fn run_test<B: Backend>(
@@ -314,6 +375,25 @@ fn run_test<B: Backend>(
         match test {
             Test::Prompt(_) => {
                 llama.forward(b, &mut st, &tokens, depth, false)?;
+            }
+            Test::Gen(_, 1) if llama.feeds_picks(b) => {
+                // As greedy decoding runs where the device feeds its picks: each step's pick
+                // is the next step's token, that step queued before the pick is read back;
+                // timed to the last token on the host.
+                let cols = llama.cfg.vocab_size;
+                llama.forward_last(b, &mut st, &tokens[..1], depth)?;
+                for i in 0..tokens.len() {
+                    llama.argmax_feed_last(b, &st, cols);
+                    if i + 1 < tokens.len() {
+                        llama.forward_last(b, &mut st, &[FED_TOKEN], depth + i + 1)?;
+                    }
+                    b.fed_token().context("the backend fed no pick")?;
+                }
+            }
+            Test::GenSchema(n) if llama.feeds_picks(b) => {
+                let (grammars, g) = schema.context("a json test needs --json-schema")?;
+                let print = rep == reps;
+                json_fed(llama, b, &mut st, grammars, g, tokens[0], depth, n, print)?;
             }
             Test::Gen(_, 1) => {
                 // Each step ends with a greedy pick (as decoding does), so a device backend

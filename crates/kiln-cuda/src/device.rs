@@ -28,6 +28,44 @@ fn init_err(what: &str, e: impl std::fmt::Debug) -> CudaInitError {
     CudaInitError(format!("CUDA: {what}: {e:?}"))
 }
 
+/// Eight bytes of page-locked host memory that the stream copies to ([`Device::read_back`])
+/// and an event after the copy: a value read back while later work stays queued.
+pub struct Readback {
+    ptr: *mut u64,
+    event: sys::CUevent,
+}
+
+impl Readback {
+    pub fn new() -> Result<Readback, DriverError> {
+        // Not write-combined: the host reads it. The event spins (no blocking-sync flag): a
+        // decode step's token is waited for every ~0.5 ms.
+        let ptr = unsafe { result::malloc_host(8, 0)? } as *mut u64;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .inspect_err(|_| unsafe {
+                let _ = result::free_host(ptr as *mut c_void);
+            })?;
+        unsafe { ptr.write(0) };
+        Ok(Readback { ptr, event })
+    }
+
+    /// The value of the last [`Device::read_back`], once its copy is done.
+    pub fn wait(&self) -> u64 {
+        unsafe { result::event::synchronize(self.event) }
+            .unwrap_or_else(|e| panic!("CUDA: waiting for a copy from the device failed: {e:?}"));
+        unsafe { self.ptr.read_volatile() }
+    }
+}
+
+impl Drop for Readback {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = result::event::synchronize(self.event);
+            let _ = result::event::destroy(self.event);
+            let _ = result::free_host(self.ptr as *mut c_void);
+        }
+    }
+}
+
 /// Bytes of device memory, freed on drop.
 pub struct DevBuf {
     pub ptr: sys::CUdeviceptr,
@@ -188,6 +226,7 @@ pub const KERNELS: &[&str] = &[
     "kv_gather",
     "im2col",
     "argmax",
+    "feed_pick",
     "topk_chunks",
     "mask_row",
     "dequant_f16",
@@ -432,6 +471,16 @@ impl Device {
         }
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.cu_stream()) }
             .unwrap_or_else(|e| panic!("CUDA: device copy failed: {e:?}"));
+    }
+
+    /// Queues a copy of the 8 bytes at `src` to `rb` and marks it, without waiting for
+    /// it (or for the work queued before it): [`Readback::wait`] does.
+    pub fn read_back(&self, rb: &Readback, src: sys::CUdeviceptr) {
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(rb.ptr as *mut c_void, src, 8, self.cu_stream()).result()
+        }
+        .and_then(|_| unsafe { result::event::record(rb.event, self.cu_stream()) })
+        .unwrap_or_else(|e| panic!("CUDA: queueing a copy from the device failed: {e:?}"));
     }
 
     pub fn memset_u32(&self, dst: sys::CUdeviceptr, v: u32, n: usize) {

@@ -32,11 +32,11 @@ use cudarc::driver::sys;
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{
     AttnShape, BackendError, Conv1dShape, DenseAttnShape, KvType, KvWindow, LlmOps, MlxWeightData,
-    RopeConfig, RopeStyle, SeqKv, SpeechOps, TensorOps, WeightData,
+    RopeConfig, RopeStyle, SeqKv, SpeechOps, TensorOps, WeightData, FED_TOKEN,
 };
 
 pub use device::CudaInitError;
-use device::{DevBuf, Device};
+use device::{DevBuf, Device, Readback};
 use pack::{FMT_F16, FMT_F32};
 
 pub use attention::attention_supported;
@@ -79,6 +79,12 @@ pub struct CudaBackend {
     /// Step parameters on the device: [pos0, n, ids...]; `params_host` mirrors them.
     params: DevBuf,
     params_host: RefCell<Option<(u32, Vec<u32>)>>,
+    /// The key of the last pick fed to the next step (`argmax_feed`), its copy to the host,
+    /// (made by the first); `feeds` false with KILN_CUDA_NO_FEED=1 (the host reads each pick
+    /// before the next step is queued).
+    feeds: bool,
+    fed_key: DevBuf,
+    fed: RefCell<Option<Readback>>,
     recording: Cell<bool>,
     xq_src: Cell<Option<XqSrc>>,
     /// Inside [`TensorOps::step`]: the sums-of-squares slots from `ss_next` on are free.
@@ -139,6 +145,9 @@ impl CudaBackend {
             dev,
             params,
             params_host: RefCell::new(None),
+            feeds: !kiln_backend::options::dev_flag("KILN_CUDA_NO_FEED"),
+            fed_key: DevBuf::alloc(8),
+            fed: RefCell::new(None),
             recording: Cell::new(false),
             xq_src: Cell::new(None),
             in_step: Cell::new(false),
@@ -210,7 +219,9 @@ impl CudaBackend {
             !self.recording.get(),
             "a recorded step changed its positions or tokens"
         );
-        // The mirror holds exactly what the device holds: [pos0, n, ids...].
+        // The mirror holds exactly what the device holds: [pos0, n, ids...], where
+        // FED_TOKEN stands for the pick argmax_feed left there (only the position is
+        // written then).
         let v = cur.get_or_insert_with(|| (0, vec![0, 0]));
         v.0 = pos0 as u32;
         v.1[0] = pos0 as u32;
@@ -219,7 +230,11 @@ impl CudaBackend {
             v.1[1] = ids.len() as u32;
             v.1.extend_from_slice(ids);
         }
-        self.dev.htod(self.params.ptr, &v.1);
+        let n = match ids {
+            Some([FED_TOKEN]) => 2,
+            _ => v.1.len(),
+        };
+        self.dev.htod(self.params.ptr, &v.1[..n]);
     }
 
     fn elementwise_n_args(&self, name: &str, args: &mut Args, n: usize) {
@@ -679,7 +694,9 @@ impl LlmOps for CudaBackend {
         ids: &[u32],
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.rows) {
+        // FED_TOKEN: the pick the last argmax_feed left in the step's parameters.
+        let fed = ids == [FED_TOKEN] && self.fed.borrow().is_some();
+        if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.rows && !fed) {
             return Err(BackendError::TokenOutOfRange {
                 id,
                 vocab: table.rows,
@@ -1144,6 +1161,65 @@ impl LlmOps for CudaBackend {
 
     fn argmax_rows(&self, x: &CudaTensor, n: usize, cols: usize) -> Vec<u32> {
         let out = ensure(&mut self.scratch.borrow_mut().argmax, 8 * n.max(1));
+        self.queue_argmax(x, n, cols, out);
+        let mut v = vec![0u64; n];
+        self.dev.dtoh(&mut v, out);
+        // Low word: !index; a row of NaNs only leaves 0 (index 0).
+        v.iter()
+            .map(|&k| if k == 0 { 0 } else { !(k as u32) })
+            .collect()
+    }
+
+    fn feeds_picks(&self) -> bool {
+        self.feeds
+    }
+
+    fn argmax_feed(&self, x: &CudaTensor, cols: usize) -> bool {
+        if !self.feeds {
+            return false;
+        }
+        let mut fed = self.fed.borrow_mut();
+        let rb = match &mut *fed {
+            Some(rb) => rb,
+            None => match Readback::new() {
+                Ok(rb) => fed.insert(rb),
+                Err(_) => return false,
+            },
+        };
+        self.queue_argmax(x, 1, cols, self.fed_key.ptr);
+        let mut a = Args::default().a(self.fed_key.ptr).a(self.params.ptr);
+        self.dev.launch(
+            self.dev.func("feed_pick"),
+            (1, 1, 1),
+            (32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+        self.dev.read_back(rb, self.fed_key.ptr);
+        // The device's parameters now hold one token, the pick: the mirror says so.
+        if let Some((_, v)) = &mut *self.params_host.borrow_mut() {
+            v.truncate(2);
+            v[1] = 1;
+            v.push(FED_TOKEN);
+        }
+        true
+    }
+
+    fn fed_token(&self) -> Option<u32> {
+        let k = self.fed.borrow().as_ref()?.wait();
+        // Low word: !index; a row of NaNs only leaves 0 (index 0), as feed_pick decodes it.
+        Some(if k == 0 { 0 } else { !(k as u32) })
+    }
+
+    fn kv_copy(&self, src: &CudaKvCache, dst: &mut CudaKvCache, n: usize) {
+        dst.share_from(&self.dev, src, n);
+    }
+}
+
+impl CudaBackend {
+    /// Queues argmax keys of the first `n` rows of `x` (their first `cols` values) into `out`
+    /// (kernels/*.cu argmax_key: the value's order-preserving bits above !column).
+    fn queue_argmax(&self, x: &CudaTensor, n: usize, cols: usize, out: sys::CUdeviceptr) {
         self.dev.memset_u32(out, 0, 2 * n.max(1));
         let mut a = Args::default()
             .a(x.buf.ptr)
@@ -1158,16 +1234,6 @@ impl LlmOps for CudaBackend {
             0,
             &mut a.ptrs(),
         );
-        let mut v = vec![0u64; n];
-        self.dev.dtoh(&mut v, out);
-        // Low word: !index; a row of NaNs only leaves 0 (index 0).
-        v.iter()
-            .map(|&k| if k == 0 { 0 } else { !(k as u32) })
-            .collect()
-    }
-
-    fn kv_copy(&self, src: &CudaKvCache, dst: &mut CudaKvCache, n: usize) {
-        dst.share_from(&self.dev, src, n);
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_backend::{Backend, KvType};
+use kiln_backend::{Backend, KvType, FED_TOKEN};
 use kiln_formats::GgufFile;
 use kiln_models::llm::{is_hf_dir, HfCheckpoint, Llama, LlamaState};
 use kiln_models::ModelError;
@@ -529,6 +529,10 @@ impl<B: Backend> LlmSession<'_, B> {
         let lazy = masked_greedy && !crate::grammar::masks_beside(&llm.backend);
         cons.iter_mut().for_each(|c| c.lazy = lazy);
         let top_k = opts.sampler.top_k_only().filter(|_| !full_row);
+        // Greedy where the device feeds each pick to the next step: `ahead` when the forward
+        // of the pick not yet read back is queued already.
+        let feeds = masked_greedy && llm.model.feeds_picks(&llm.backend);
+        let mut ahead = false;
         let mut cand = Vec::new();
         let mut picked: Option<u32> = None;
         let finish = loop {
@@ -559,6 +563,37 @@ impl<B: Backend> LlmSession<'_, B> {
                 break FinishReason::ContextFull;
             }
             let pos = self.tokens.len();
+            if feeds {
+                // This token's forward is queued (before it was read back, if it was a fed
+                // pick); a grammar's next mask is computed while it runs; the pick is fed to
+                // the next forward, queued before the pick is read back, so the device does
+                // not wait for the host between steps.
+                let (b, cols) = (&llm.backend, llm.sample_vocab());
+                if !ahead {
+                    llm.model.forward_last(b, &mut self.state, &[next], pos)?;
+                }
+                self.tokens.push(next);
+                decode_forwards += 1;
+                let masked = match cons.first_mut() {
+                    None => true,
+                    Some(c) => c
+                        .allowed_words()
+                        .is_some_and(|w| llm.model.mask_last(b, &mut self.state, cols, w)),
+                };
+                ahead = false;
+                if !masked || !llm.model.argmax_feed_last(b, &self.state, cols) {
+                    // The host picks (and reports a grammar that cannot go on).
+                    logits.copy_from_slice(llm.model.logits_last(b, &mut self.state));
+                    continue;
+                }
+                if out.generated.len() < opts.max_tokens && pos + 1 < self.state.n_ctx {
+                    llm.model
+                        .forward_last(b, &mut self.state, &[FED_TOKEN], pos + 1)?;
+                    ahead = true;
+                }
+                picked = b.fed_token();
+                continue;
+            }
             if !cons.is_empty() {
                 // The next mask is computed while this forward runs (before it on the CPU).
                 let state = &mut self.state;

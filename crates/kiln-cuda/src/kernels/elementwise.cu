@@ -108,6 +108,17 @@ extern "C" __global__ void argmax(const float* x, int cols, int ld, unsigned lon
     if ((threadIdx.x & 31) == 0 && k != 0) atomicMax(best + blockIdx.y, k);
 }
 
+// A greedy pick fed to the next step: the step parameters' token (params = [pos0, n, ids...])
+// becomes argmax's winner, decoded as the host decodes it (a row of NaNs leaves 0: id 0).
+extern "C" __global__ void feed_pick(const unsigned long long* best, u32* params) {
+    pdl_begin();
+    if (threadIdx.x == 0) {
+        const unsigned long long k = best[0];
+        params[1] = 1u;
+        params[2] = k == 0 ? 0u : ~(u32)k;
+    }
+}
+
 // A grammar's mask: x[c] = -inf for every c < cols whose bit c of `allow` (32 per word, lowest
 // bit first) is clear.
 extern "C" __global__ void mask_row(float* x, int cols, const u32* allow) {

@@ -371,6 +371,20 @@ impl<B: Backend> Llama<B> {
         self.argmax(b, &st.scratch, 1, cols)[0]
     }
 
+    /// Queues the greedy pick of the last forward's first `cols` logits as the token of the
+    /// next forward given [`kiln_backend::FED_TOKEN`] ([`LlmOps::argmax_feed`]; read it with
+    /// [`LlmOps::fed_token`]); false where the backend does not feed picks.
+    pub fn argmax_feed_last(&self, b: &B, st: &LlamaState<B>, cols: usize) -> bool {
+        b.argmax_feed(&st.scratch.logits, cols.min(self.cfg.vocab_size))
+    }
+
+    /// Whether greedy decoding may queue a step before its token is on the host: the backend
+    /// feeds picks and no layer keeps a recurrent state (a step queued and then not wanted
+    /// would leave it one token too far).
+    pub fn feeds_picks(&self, b: &B) -> bool {
+        b.feeds_picks() && self.cfg.n_conv_layers() == 0
+    }
+
     /// The last forward's logits row, on the host.
     pub fn logits_last<'s>(&self, b: &B, st: &'s mut LlamaState<B>) -> &'s [f32] {
         self.logits(b, &mut st.scratch, 1)
@@ -487,7 +501,9 @@ impl<B: Backend> Llama<B> {
         sc.ids.clear();
         sc.ids
             .extend(seqs.iter().flat_map(|s| s.tokens.iter().copied()));
-        if let Some(&id) = sc.ids.iter().find(|&&t| t as usize >= vocab) {
+        // FED_TOKEN: a step's one token that the backend fed from its last pick.
+        let fed = n == 1 && sc.ids[0] == kiln_backend::FED_TOKEN && b.feeds_picks();
+        if let Some(&id) = sc.ids.iter().find(|&&t| t as usize >= vocab && !fed) {
             return Err(ModelError::Backend {
                 file: Default::default(),
                 source: kiln_backend::BackendError::TokenOutOfRange { id, vocab },
