@@ -927,6 +927,11 @@ pub trait LlmOps: TensorOps {
         self.read(x, n, &mut v);
         v.chunks_exact(cols.max(1)).map(argmax_first).collect()
     }
+    /// Whether the work queued so far has finished: a device runs it while the host goes
+    /// on (true where every op is done when its call returns, the default).
+    fn work_done(&self) -> bool {
+        true
+    }
     /// Whether this backend feeds greedy picks to the next step itself
     /// ([`LlmOps::argmax_feed`]).
     fn feeds_picks(&self) -> bool {

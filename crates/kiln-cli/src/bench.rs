@@ -13,7 +13,7 @@ use kiln_backend::cpu::{default_threads, membw, CpuBackend, Pool};
 use kiln_backend::{Backend, FED_TOKEN};
 use kiln_formats::GgufFile;
 use kiln_models::llm::{Llama, Logits, SeqChunk};
-use kiln_runtime::grammar::Grammars;
+use kiln_runtime::grammar::{Grammars, MaskWorker};
 use kiln_runtime::Grammar;
 use serde_json::json;
 
@@ -243,11 +243,13 @@ fn attended_positions(windows: &[usize], n: usize, d: usize) -> f64 {
     windows.iter().map(|&w| per_layer(w)).sum()
 }
 
-/// `n` tokens decoded greedily under `g` from `first` at `depth`, each pick fed to the next
-/// forward on the device (as `generate` runs where the backend feeds picks): a step's mask
-/// is computed while its forward runs, then the pick and the next forward are queued, then
-/// the pick is read back and the grammar takes it. A finished document starts the next (the
-/// grammar reset, not compiled again). `print`: where a token's time goes, on stderr.
+/// `n` tokens decoded greedily under `g` from `first` at `depth`, as `generate` runs where
+/// the backend feeds picks: each step's mask is computed on a worker thread while its forward
+/// runs; if the mask comes first, it is applied on the device, the pick fed to the next
+/// forward (queued before the pick is read back); if the forward ends first, its raw pick is
+/// taken when the grammar allows it (the masked pick is the same token). A finished document
+/// starts the next (the grammar reset, not compiled again). `print`: where a token's time
+/// goes, on stderr.
 #[allow(clippy::too_many_arguments)]
 fn json_fed<B: Backend>(
     llama: &Llama<B>,
@@ -262,25 +264,41 @@ fn json_fed<B: Backend>(
 ) -> anyhow::Result<()> {
     let cols = grammars.vocab().min(llama.cfg.vocab_size);
     let mut c = grammars.compile(g)?;
-    let mut phase = [Duration::ZERO; 4];
+    let mut worker = MaskWorker::new(c.fork());
+    let (mut phase, mut raw_picks) = ([Duration::ZERO; 4], 0);
     llama.forward_last(b, st, &[first], depth)?;
     for i in 0..n {
         let t0 = Instant::now();
-        let w = c.allowed_words().context("the grammar failed")?;
-        anyhow::ensure!(
-            llama.mask_last(b, st, cols, w),
-            "the backend masks no logits"
-        );
+        let raw = worker.mask_or_raw(&mut c, || b.work_done(), || llama.argmax_last(b, st, cols));
         let t1 = Instant::now();
-        llama.argmax_feed_last(b, st, cols);
-        if i + 1 < n {
-            llama.forward_last(b, st, &[FED_TOKEN], depth + i + 1)?;
-        }
-        let t2 = Instant::now();
-        let tok = b.fed_token().context("the backend fed no pick")?;
+        let (tok, t2) = match raw {
+            Some(t) => {
+                raw_picks += 1;
+                if i + 1 < n {
+                    llama.forward_last(b, st, &[t], depth + i + 1)?;
+                }
+                (t, Instant::now())
+            }
+            None => {
+                let w = c.allowed_words().context("the grammar failed")?;
+                anyhow::ensure!(
+                    llama.mask_last(b, st, cols, w),
+                    "the backend masks no logits"
+                );
+                llama.argmax_feed_last(b, st, cols);
+                if i + 1 < n {
+                    llama.forward_last(b, st, &[FED_TOKEN], depth + i + 1)?;
+                }
+                let t2 = Instant::now();
+                (b.fed_token().context("the backend fed no pick")?, t2)
+            }
+        };
         let t3 = Instant::now();
         if grammars.is_end(tok) || c.accept(tok).is_err() || c.done() {
             c.reset()?;
+            worker.reset();
+        } else {
+            worker.accept(tok);
         }
         for (p, d) in phase
             .iter_mut()
@@ -292,9 +310,9 @@ fn json_fed<B: Backend>(
     if print {
         let us = |d: Duration| d.as_secs_f64() * 1e6 / n.max(1) as f64;
         eprintln!(
-            "json (picks fed on the device): per token {:.1} us computing the mask (the \
-             forward running), {:.1} us queueing the pick and the next forward, {:.1} us \
-             waiting for the pick, {:.1} us accepting",
+            "json (picks fed on the device): per token {:.1} us waiting for the mask or the \
+             forward, {:.1} us queueing, {:.1} us waiting for the pick, {:.1} us accepting; \
+             {raw_picks} of {n} raw picks (the forward first)",
             us(phase[0]),
             us(phase[1]),
             us(phase[2]),

@@ -488,6 +488,13 @@ impl Device {
             .unwrap_or_else(|e| panic!("CUDA: memset failed: {e:?}"));
     }
 
+    /// Whether everything queued on the stream has run (an error counts as done: the next
+    /// synchronizing call reports it).
+    pub fn idle(&self) -> bool {
+        let r = unsafe { sys::cuStreamQuery(self.cu_stream()) };
+        r != sys::cudaError_enum::CUDA_ERROR_NOT_READY
+    }
+
     pub fn sync(&self) -> Result<(), DriverError> {
         unsafe { result::stream::synchronize(self.cu_stream()) }
     }

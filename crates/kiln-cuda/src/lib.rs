@@ -1170,6 +1170,10 @@ impl LlmOps for CudaBackend {
             .collect()
     }
 
+    fn work_done(&self) -> bool {
+        self.dev.idle()
+    }
+
     fn feeds_picks(&self) -> bool {
         self.feeds
     }

@@ -290,6 +290,18 @@ impl Constraint {
         self.m.validate_tokens(&[t]).is_ok_and(|n| n == 1)
     }
 
+    /// An independent copy of this state (its own lexer caches, so the two never wait for
+    /// each other), for a [`MaskWorker`].
+    pub fn fork(&self) -> Constraint {
+        Constraint {
+            m: self.m.deep_clone(),
+            mask: self.mask.clone(),
+            vocab: self.vocab,
+            eog: self.eog.clone(),
+            lazy: false,
+        }
+    }
+
     /// Whether `t` is allowed next.
     pub fn allows(&mut self, t: u32) -> bool {
         self.prepare();
@@ -381,6 +393,133 @@ impl Masker {
             w.rx.recv()
                 .expect("the mask thread hands the constraints back");
         r
+    }
+}
+
+/// A constraint's masks computed on a thread of its own, on a copy that takes the same
+/// tokens ([`Constraint::fork`]), while the caller's device runs the step's forward. A
+/// caller whose forward ends before the mask need not wait for it: the step's raw greedy
+/// pick, checked on the caller's own copy ([`Constraint::allows_fast`], microseconds), is
+/// the masked pick whenever it fits. The copy then catches up by itself: the mask it was
+/// computing is dropped, and the next it computes is the latest step's. So a slow mask (a
+/// bounded JSON string's can take milliseconds) costs a step only when the pick breaks the
+/// grammar.
+pub struct MaskWorker {
+    tx: std::sync::mpsc::Sender<WorkerJob>,
+    rx: std::sync::mpsc::Receiver<(usize, Option<SimpleVob>)>,
+    /// Tokens and resets sent: the step whose mask the caller wants.
+    step: usize,
+}
+
+enum WorkerJob {
+    Accept(u32),
+    Reset,
+}
+
+impl MaskWorker {
+    /// Starts computing masks of `c` (a [`Constraint::fork`]), the first for its state now.
+    pub fn new(mut c: Constraint) -> Self {
+        use std::sync::mpsc::{channel, TryRecvError};
+        let (tx, jobs) = channel::<WorkerJob>();
+        let (done, rx) = channel();
+        std::thread::Builder::new()
+            .name("kiln-masks".into())
+            .spawn(move || {
+                let (mut step, mut computed) = (0usize, None);
+                loop {
+                    // Every job sent so far, waiting for one when this step's mask is out.
+                    let mut job = match computed == Some(step) {
+                        true => match jobs.recv() {
+                            Ok(j) => Some(j),
+                            Err(_) => return,
+                        },
+                        false => None,
+                    };
+                    loop {
+                        match job.take() {
+                            Some(WorkerJob::Accept(t)) => {
+                                // A failed accept leaves no mask (the caller's copy reports).
+                                let _ = c.accept(t);
+                            }
+                            Some(WorkerJob::Reset) => {
+                                let _ = c.reset();
+                            }
+                            None => break,
+                        }
+                        step += 1;
+                        job = match jobs.try_recv() {
+                            Ok(j) => Some(j),
+                            Err(TryRecvError::Empty) => None,
+                            Err(TryRecvError::Disconnected) => return,
+                        };
+                    }
+                    c.prepare();
+                    computed = Some(step);
+                    if done.send((step, c.mask.take())).is_err() {
+                        return;
+                    }
+                }
+            })
+            .expect("start the mask thread");
+        MaskWorker { tx, rx, step: 0 }
+    }
+
+    /// The caller's copy took `t`.
+    pub fn accept(&mut self, t: u32) {
+        self.send(WorkerJob::Accept(t));
+    }
+
+    /// The caller's copy went back to the grammar's start.
+    pub fn reset(&mut self) {
+        self.send(WorkerJob::Reset);
+    }
+
+    fn send(&mut self, job: WorkerJob) {
+        self.step += 1;
+        // A worker gone (it never panics on its own) only means no masks arrive: the caller
+        // computes them on its copy.
+        let _ = self.tx.send(job);
+    }
+
+    /// Waits for this step's mask (then set on `c`, the caller's copy, and None returned)
+    /// or for the step's forward (`forward_done`), whichever is first. Then `raw` (the
+    /// forward's greedy pick) if `c` allows it: the masked pick is the same token. Else None,
+    /// with the worker's mask set on `c` if it is out by then (if not, `c` computes it).
+    pub fn mask_or_raw(
+        &mut self,
+        c: &mut Constraint,
+        forward_done: impl Fn() -> bool,
+        raw: impl FnOnce() -> u32,
+    ) -> Option<u32> {
+        loop {
+            if let Some(m) = self.try_mask() {
+                c.mask = m;
+                return None;
+            }
+            if forward_done() {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let t = raw();
+        if c.allows_fast(t) {
+            return Some(t);
+        }
+        if let Some(m) = self.try_mask() {
+            c.mask = m;
+        }
+        None
+    }
+
+    /// This step's mask, if it is out (Some(None): the grammar failed there); earlier
+    /// steps' masks are dropped.
+    pub fn try_mask(&mut self) -> Option<Option<SimpleVob>> {
+        while let Ok((step, mask)) = self.rx.try_recv() {
+            if step == self.step {
+                return Some(mask);
+            }
+        }
+        None
     }
 }
 

@@ -12,7 +12,7 @@ use kiln_text::{ChatTemplate, Message, StreamDecoder, TextError, Tokenizer};
 use thiserror::Error;
 
 use crate::generation::GenerationDefaults;
-use crate::grammar::{Constraint, Grammar};
+use crate::grammar::{Constraint, Grammar, MaskWorker};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::stop::StopMatcher;
 
@@ -533,6 +533,9 @@ impl<B: Backend> LlmSession<'_, B> {
         // of the pick not yet read back is queued already.
         let feeds = masked_greedy && llm.model.feeds_picks(&llm.backend);
         let mut ahead = false;
+        // There, a grammar's masks come from a worker beside the forwards (started after the
+        // first token, from the state then).
+        let mut worker: Option<MaskWorker> = None;
         let mut cand = Vec::new();
         let mut picked: Option<u32> = None;
         let finish = loop {
@@ -552,6 +555,9 @@ impl<B: Backend> LlmSession<'_, B> {
             };
             if let Some(c) = cons.first_mut().filter(|_| !llm.tokenizer.is_eog(next)) {
                 c.accept(next)?;
+                if let Some(w) = &mut worker {
+                    w.accept(next);
+                }
             }
             if let Some(finish) = out.push(next)? {
                 break finish;
@@ -565,22 +571,37 @@ impl<B: Backend> LlmSession<'_, B> {
             let pos = self.tokens.len();
             if feeds {
                 // This token's forward is queued (before it was read back, if it was a fed
-                // pick); a grammar's next mask is computed while it runs; the pick is fed to
-                // the next forward, queued before the pick is read back, so the device does
-                // not wait for the host between steps.
+                // pick); a grammar's mask is computed beside it ([`MaskWorker`]); the pick is
+                // fed to the next forward, queued before the pick is read back, so the device
+                // does not wait for the host between steps. Where the forward ends before the
+                // mask, its raw pick is taken if the grammar allows it (the same token).
                 let (b, cols) = (&llm.backend, llm.sample_vocab());
                 if !ahead {
                     llm.model.forward_last(b, &mut self.state, &[next], pos)?;
                 }
                 self.tokens.push(next);
                 decode_forwards += 1;
+                ahead = false;
+                if let Some(c) = cons.first_mut() {
+                    // The mask, or the raw pick when the forward ends first and it fits.
+                    let w = worker.get_or_insert_with(|| MaskWorker::new(c.fork()));
+                    let state = &self.state;
+                    let raw = w.mask_or_raw(
+                        c,
+                        || b.work_done(),
+                        || llm.model.argmax_last(b, state, cols),
+                    );
+                    if raw.is_some() {
+                        picked = raw;
+                        continue;
+                    }
+                }
                 let masked = match cons.first_mut() {
                     None => true,
                     Some(c) => c
                         .allowed_words()
                         .is_some_and(|w| llm.model.mask_last(b, &mut self.state, cols, w)),
                 };
-                ahead = false;
                 if !masked || !llm.model.argmax_feed_last(b, &self.state, cols) {
                     // The host picks (and reports a grammar that cannot go on).
                     logits.copy_from_slice(llm.model.logits_last(b, &mut self.state));

@@ -170,6 +170,92 @@ fn bounded_string_slices_give_the_same_masks() {
     assert!(in_strings > 40, "{in_strings} steps in strings");
 }
 
+/// A mask worker (masks computed on a copy of the constraint, on a thread of its own) gives
+/// each step the mask of that step, also after steps whose forward ended first and took the
+/// raw pick (the worker's mask then in flight is dropped): along a random walk through a
+/// schema of bounded strings, every mask taken equals one computed on a copy that took the
+/// same tokens; a raw pick the grammar allows is taken as it is, one it does not is refused.
+#[test]
+fn mask_worker_gives_each_step_its_own_mask() {
+    use kiln_runtime::grammar::{Grammars, MaskWorker};
+    let qwen = kiln_assets::resolve("qwen3-tokenizer", &mut |_| {}).unwrap();
+    let tok = Tokenizer::from_file(&qwen).unwrap();
+    let grammars = Grammars::new(&tok).unwrap();
+    let g = Grammar::JsonSchema(json!({"type": "array", "minItems": 3, "items": {
+        "type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"], "additionalProperties": false}}));
+    let (mut c, mut reference) = (grammars.compile(&g).unwrap(), grammars.compile(&g).unwrap());
+    let mut worker = MaskWorker::new(c.fork());
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut raw_taken, mut raw_refused, mut waited) = (0, 0, 0);
+    // Which of the two comes first depends on timing (a mask inside a string takes the
+    // worker milliseconds; most others microseconds): steps go on until each case was seen
+    // often enough.
+    let mut step = 0;
+    while (waited < 30 || raw_taken < 30 || raw_refused < 30) && step < 20_000 {
+        step += 1;
+        // The step's forward ends first (a random raw pick), or its mask does.
+        let first = next() % 3 != 0;
+        // Half the raw picks drawn among the tokens the grammar allows, half from the whole
+        // vocabulary.
+        let (vocab, among_allowed) = (grammars.vocab() as u64, next() % 2 == 0);
+        let (mut raw, mut raw_called) = ((next() % vocab) as u32, false);
+        let got = worker.mask_or_raw(
+            &mut c,
+            || first,
+            || {
+                raw_called = true;
+                if among_allowed {
+                    let w = reference.allowed_words().unwrap();
+                    let ids: Vec<u32> = (0..w.len() as u32 * 32)
+                        .filter(|&i| w[i as usize / 32] >> (i % 32) & 1 == 1)
+                        .collect();
+                    raw = ids[(next() % ids.len() as u64) as usize];
+                }
+                raw
+            },
+        );
+        let want = reference.allowed_words().unwrap().to_vec();
+        let allows = |t: u32| want[t as usize / 32] >> (t % 32) & 1 == 1;
+        let t = match got {
+            Some(t) => {
+                assert!(first && t == raw && allows(t), "step {step}: took {t}");
+                raw_taken += 1;
+                t
+            }
+            None => {
+                assert_eq!(c.allowed_words().unwrap(), &want[..], "step {step}");
+                match raw_called && !allows(raw) {
+                    true => raw_refused += 1,
+                    false => waited += 1,
+                }
+                let allowed: Vec<u32> =
+                    (0..want.len() as u32 * 32).filter(|&i| allows(i)).collect();
+                allowed[(next() % allowed.len() as u64) as usize]
+            }
+        };
+        if grammars.is_end(t) || c.accept(t).is_err() || c.done() {
+            c.reset().unwrap();
+            reference.reset().unwrap();
+            worker.reset();
+        } else {
+            reference.accept(t).unwrap();
+            worker.accept(t);
+        }
+    }
+    eprintln!(
+        "{step} steps: {waited} masks taken, {raw_taken} raw picks taken, {raw_refused} refused"
+    );
+    assert!(waited >= 30 && raw_taken >= 30 && raw_refused >= 30);
+}
+
 #[test]
 fn json_schema_answers_are_valid_when_sampled() {
     let _g = serial();
