@@ -269,7 +269,11 @@ fn json_fed<B: Backend>(
     llama.forward_last(b, st, &[first], depth)?;
     for i in 0..n {
         let t0 = Instant::now();
-        let raw = worker.mask_or_raw(&mut c, || b.work_done(), || llama.argmax_last(b, st, cols));
+        let raw = worker.mask_or_raw(
+            &mut c,
+            || b.work_done(),
+            |allowed| llama.best_allowed_last(b, st, cols, allowed),
+        );
         let t1 = Instant::now();
         let (tok, t2) = match raw {
             Some(t) => {
@@ -312,7 +316,7 @@ fn json_fed<B: Backend>(
         eprintln!(
             "json (picks fed on the device): per token {:.1} us waiting for the mask or the \
              forward, {:.1} us queueing, {:.1} us waiting for the pick, {:.1} us accepting; \
-             {raw_picks} of {n} raw picks (the forward first)",
+             {raw_picks} of {n} picks found without the mask (the forward first)",
             us(phase[0]),
             us(phase[1]),
             us(phase[2]),

@@ -371,3 +371,57 @@ fn gemma3_window_caches_match_cpu() {
     assert!(worst < 2e-3, "gemma3 window caches: {worst}");
     assert!(!sg.resumes(&g, 590, 300) && sg.resumes(&g, 590, 590 - 16));
 }
+
+/// The pick of a row masked to a grammar's tokens, found without the mask (the raw pick,
+/// then the device's top candidates in order): for allowed sets that keep the top token,
+/// drop it, keep only tokens ranked 2nd-20th, or keep one token ranked 5th, it is the
+/// host's masked argmax of the same logits whenever it answers; it answers where the
+/// masked pick is among the 16 best.
+#[test]
+#[ignore]
+fn best_allowed_pick_is_the_masked_argmax() {
+    let g = CudaBackend::new().expect("a CUDA GPU");
+    let m = load(&g, "qwen3", Some(GgmlType::Q4_0));
+    let (prompts, _, _) = model_ref("qwen3");
+    let cols = m.cfg.vocab_size;
+    let mut st = m.new_state(&g, 64, 16);
+    let (mut answered, mut checked) = (0, 0);
+    for p in &prompts {
+        m.forward_last(&g, &mut st, p, 0).unwrap();
+        let logits = m.logits_last(&g, &mut st).to_vec();
+        let mut order: Vec<u32> = (0..cols as u32).collect();
+        order.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
+        let rank = |t: u32| order.iter().position(|&x| x == t).unwrap();
+        let sets: Vec<Box<dyn Fn(u32) -> bool>> = vec![
+            Box::new(|t| t % 3 != 1),
+            Box::new(|t| rank(t) != 0),
+            Box::new(|t| (1..20).contains(&rank(t)) && t % 2 == 0),
+            Box::new(|t| rank(t) == 4),
+            Box::new(|t| rank(t) == 40),
+        ];
+        for (i, allow) in sets.iter().enumerate() {
+            let want = (0..cols as u32).filter(|&t| allow(t)).max_by(|&a, &b| {
+                logits[a as usize]
+                    .total_cmp(&logits[b as usize])
+                    .then(b.cmp(&a))
+            });
+            let got = m.best_allowed_last(&g, &mut st, cols, &mut |t| allow(t));
+            checked += 1;
+            if let Some(t) = got {
+                answered += 1;
+                assert_eq!(Some(t), want, "set {i}");
+            } else {
+                assert!(
+                    want.is_none_or(|w| rank(w) >= 16),
+                    "set {i}: {want:?} is among the 16 best"
+                );
+            }
+        }
+    }
+    eprintln!("best allowed pick: {answered} of {checked} found without the mask");
+    assert!(answered >= 4 * prompts.len());
+}

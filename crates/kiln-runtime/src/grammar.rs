@@ -409,6 +409,8 @@ pub struct MaskWorker {
     rx: std::sync::mpsc::Receiver<(usize, Option<SimpleVob>)>,
     /// Tokens and resets sent: the step whose mask the caller wants.
     step: usize,
+    /// The step of the last mask the worker gave (taken or dropped; MAX before the first).
+    given: usize,
 }
 
 enum WorkerJob {
@@ -461,7 +463,12 @@ impl MaskWorker {
                 }
             })
             .expect("start the mask thread");
-        MaskWorker { tx, rx, step: 0 }
+        MaskWorker {
+            tx,
+            rx,
+            step: 0,
+            given: usize::MAX,
+        }
     }
 
     /// The caller's copy took `t`.
@@ -482,14 +489,16 @@ impl MaskWorker {
     }
 
     /// Waits for this step's mask (then set on `c`, the caller's copy, and None returned)
-    /// or for the step's forward (`forward_done`), whichever is first. Then `raw` (the
-    /// forward's greedy pick) if `c` allows it: the masked pick is the same token. Else None,
-    /// with the worker's mask set on `c` if it is out by then (if not, `c` computes it).
+    /// or for the step's forward (`forward_done`), whichever is first. Then what `pick`
+    /// finds among the forward's best tokens with `c` allowing them (the raw greedy pick,
+    /// then a few candidates in order: the masked pick, found without the mask). Else None,
+    /// with this step's mask set on `c` when the worker has it or is nearer it (if not, `c`
+    /// computes it).
     pub fn mask_or_raw(
         &mut self,
         c: &mut Constraint,
         forward_done: impl Fn() -> bool,
-        raw: impl FnOnce() -> u32,
+        pick: impl FnOnce(&mut dyn FnMut(u32) -> bool) -> Option<u32>,
     ) -> Option<u32> {
         loop {
             if let Some(m) = self.try_mask() {
@@ -501,11 +510,21 @@ impl MaskWorker {
             }
             std::hint::spin_loop();
         }
-        let t = raw();
-        if c.allows_fast(t) {
+        if let Some(t) = pick(&mut |t| c.allows_fast(t)) {
             return Some(t);
         }
-        if let Some(m) = self.try_mask() {
+        // The mask is needed. A worker that gave the last step's mask has been on this one
+        // since the step began, so it is nearer its end than `c` would be from the start;
+        // one still on an earlier step leaves this mask to `c`.
+        if self.given.wrapping_add(1) == self.step {
+            while let Ok((step, mask)) = self.rx.recv() {
+                self.given = step;
+                if step == self.step {
+                    c.mask = mask;
+                    break;
+                }
+            }
+        } else if let Some(m) = self.try_mask() {
             c.mask = m;
         }
         None
@@ -515,6 +534,7 @@ impl MaskWorker {
     /// steps' masks are dropped.
     pub fn try_mask(&mut self) -> Option<Option<SimpleVob>> {
         while let Ok((step, mask)) = self.rx.try_recv() {
+            self.given = step;
             if step == self.step {
                 return Some(mask);
             }

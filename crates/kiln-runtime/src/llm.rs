@@ -585,11 +585,11 @@ impl<B: Backend> LlmSession<'_, B> {
                 if let Some(c) = cons.first_mut() {
                     // The mask, or the raw pick when the forward ends first and it fits.
                     let w = worker.get_or_insert_with(|| MaskWorker::new(c.fork()));
-                    let state = &self.state;
+                    let state = &mut self.state;
                     let raw = w.mask_or_raw(
                         c,
                         || b.work_done(),
-                        || llm.model.argmax_last(b, state, cols),
+                        |allowed| llm.model.best_allowed_last(b, state, cols, allowed),
                     );
                     if raw.is_some() {
                         picked = raw;

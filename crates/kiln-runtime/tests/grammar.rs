@@ -210,7 +210,7 @@ fn mask_worker_gives_each_step_its_own_mask() {
         let got = worker.mask_or_raw(
             &mut c,
             || first,
-            || {
+            |allowed| {
                 raw_called = true;
                 if among_allowed {
                     let w = reference.allowed_words().unwrap();
@@ -219,7 +219,7 @@ fn mask_worker_gives_each_step_its_own_mask() {
                         .collect();
                     raw = ids[(next() % ids.len() as u64) as usize];
                 }
-                raw
+                allowed(raw).then_some(raw)
             },
         );
         let want = reference.allowed_words().unwrap().to_vec();

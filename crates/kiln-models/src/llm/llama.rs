@@ -371,6 +371,38 @@ impl<B: Backend> Llama<B> {
         self.argmax(b, &st.scratch, 1, cols)[0]
     }
 
+    /// The greedy pick of the last forward's first `cols` logits among the tokens `allowed`
+    /// takes, if one of the few largest is (the raw pick, then the backend's top 16 in
+    /// order): the pick of the row masked to the allowed tokens, found without the mask. None
+    /// when none of those is allowed (or the backend selects no candidates).
+    pub fn best_allowed_last(
+        &self,
+        b: &B,
+        st: &mut LlamaState<B>,
+        cols: usize,
+        allowed: &mut dyn FnMut(u32) -> bool,
+    ) -> Option<u32> {
+        const K: usize = 16;
+        let raw = self.argmax_last(b, st, cols);
+        if allowed(raw) {
+            return Some(raw);
+        }
+        let mut cand = std::mem::take(&mut st.scratch.cand);
+        let mut best = None;
+        if self
+            .candidates(b, &mut st.scratch, 0, cols, K, &mut cand)
+            .is_none()
+        {
+            // Largest first, the lower id first among equals (the argmax's order; a NaN
+            // never wins it).
+            cand.retain(|c| !c.0.is_nan());
+            cand.sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+            best = cand.iter().take(K).map(|c| c.1).find(|&t| allowed(t));
+        }
+        st.scratch.cand = cand;
+        best
+    }
+
     /// Queues the greedy pick of the last forward's first `cols` logits as the token of the
     /// next forward given [`kiln_backend::FED_TOKEN`] ([`LlmOps::argmax_feed`]; read it with
     /// [`LlmOps::fed_token`]); false where the backend does not feed picks.

@@ -93,6 +93,8 @@ pub struct LlamaScratch<B: Backend> {
     /// One row of logits picked out of `logits` (several sequences' steps).
     pub(super) pick: B::Tensor,
     pub(super) logits_host: Vec<f32>,
+    /// Sampling candidates (`Llama::best_allowed_last`), kept between steps.
+    pub(super) cand: Vec<(f32, u32)>,
     pub(super) ids: Vec<u32>,
     pub(super) trace: bool,
     pub(super) key: u64,
@@ -247,6 +249,7 @@ impl<B: Backend> Llama<B> {
             logits: b.tensor(l, c.vocab_size),
             pick: b.tensor(1, if s > 1 { c.vocab_size } else { 1 }),
             logits_host: vec![0.0; l * c.vocab_size],
+            cand: Vec::new(),
             ids: Vec::with_capacity(r),
             trace: kiln_backend::options::get().trace,
             key: kiln_backend::next_step_key(),
