@@ -79,9 +79,9 @@ pub struct CudaBackend {
     /// Step parameters on the device: [pos0, n, ids...]; `params_host` mirrors them.
     params: DevBuf,
     params_host: RefCell<Option<(u32, Vec<u32>)>>,
-    /// The key of the last pick fed to the next step (`argmax_feed`), its copy to the host,
-    /// (made by the first); `feeds` false with KILN_CUDA_NO_FEED=1 (the host reads each pick
-    /// before the next step is queued).
+    /// The key of the last pick fed to the next step (`argmax_feed`) and its copy to the
+    /// host (made by the first feed); `feeds` false with KILN_CUDA_NO_FEED=1 (the host reads
+    /// each pick before the next step is queued).
     feeds: bool,
     fed_key: DevBuf,
     fed: RefCell<Option<Readback>>,

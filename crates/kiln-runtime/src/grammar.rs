@@ -398,12 +398,12 @@ impl Masker {
 
 /// A constraint's masks computed on a thread of its own, on a copy that takes the same
 /// tokens ([`Constraint::fork`]), while the caller's device runs the step's forward. A
-/// caller whose forward ends before the mask need not wait for it: the step's raw greedy
-/// pick, checked on the caller's own copy ([`Constraint::allows_fast`], microseconds), is
-/// the masked pick whenever it fits. The copy then catches up by itself: the mask it was
+/// caller whose forward ends before the mask need not wait for it: the step's best tokens
+/// (the raw greedy pick, then a few candidates in order), checked on the caller's own copy
+/// ([`Constraint::allows_fast`], microseconds), give the masked pick whenever one of them
+/// fits. The copy then catches up by itself: the mask it was
 /// computing is dropped, and the next it computes is the latest step's. So a slow mask (a
-/// bounded JSON string's can take milliseconds) costs a step only when the pick breaks the
-/// grammar.
+/// bounded JSON string's can take milliseconds) costs a step only when none of those fits.
 pub struct MaskWorker {
     tx: std::sync::mpsc::Sender<WorkerJob>,
     rx: std::sync::mpsc::Receiver<(usize, Option<SimpleVob>)>,
