@@ -246,8 +246,8 @@ fn attended_positions(windows: &[usize], n: usize, d: usize) -> f64 {
 /// `n` tokens decoded greedily under `g` from `first` at `depth`, as `generate` runs where
 /// the backend feeds picks: each step's mask is computed on a worker thread while its forward
 /// runs; if the mask comes first, it is applied on the device, the pick fed to the next
-/// forward (queued before the pick is read back); if the forward ends first, its raw pick is
-/// taken when the grammar allows it (the masked pick is the same token). A finished document
+/// forward (queued before the pick is read back); if the forward ends first, the best
+/// allowed of its raw pick and top candidates is taken (the masked pick). A finished document
 /// starts the next (the grammar reset, not compiled again). `print`: where a token's time
 /// goes, on stderr.
 #[allow(clippy::too_many_arguments)]
