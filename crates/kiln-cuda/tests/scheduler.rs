@@ -145,6 +145,107 @@ fn fed_greedy_resumes_after_a_queued_step() {
     assert_eq!(again.tokens, fresh.tokens);
 }
 
+/// A lone greedy request's next forward is queued before its pick is read back (the pick
+/// fed on the device). Each way that ends gives what the prompt gets alone: the request
+/// reaches its token limit (its answer then a prefix of the next prompt), a second request
+/// arrives (the queued step is picked, then both decode together), the client leaves (the
+/// queued step, written past the slot's tokens, dropped; the slot's prefix reused).
+#[test]
+#[ignore]
+fn lone_requests_feed_their_picks() {
+    use std::sync::atomic::Ordering;
+    let (dir, quant) = ("qwen3", Some(GgmlType::Q4_0));
+    let load = move || {
+        Llm::load_quantized(
+            CudaBackend::new().expect("a CUDA GPU"),
+            &fixture(dir),
+            quant,
+        )
+    };
+    let greedy = |max_tokens| GenerateOptions {
+        max_tokens,
+        sampler: SamplerConfig::greedy(),
+        ..Default::default()
+    };
+    let ps = prompts(dir, 3);
+    // What each prompt gets alone (the second turn's prompt: the first's answer and more).
+    let (p, alone) = {
+        let llm = load().unwrap();
+        let run = |p: &[u32], n: usize| {
+            let mut s = llm.session(256, 64);
+            s.generate(p, &greedy(n), &mut |_| true).unwrap().tokens
+        };
+        let a = run(&ps[0], 24);
+        let mut p = ps[0].clone();
+        p.extend_from_slice(&a);
+        p.extend_from_slice(&ps[1][..7]);
+        let alone = [
+            a,
+            run(&p, 20),
+            run(&ps[1], 60),
+            run(&ps[2], 16),
+            run(&ps[2], 30),
+        ];
+        (p, alone)
+    };
+    let s = Scheduler::spawn(
+        SchedulerConfig {
+            slots: 4,
+            n_ctx: 256,
+            prefill_chunk: 64,
+            max_queue: 64,
+            timeout: None,
+        },
+        load,
+    )
+    .unwrap();
+    let submit = |p: &[u32], n: usize| {
+        let (tx, rx) = channel();
+        s.submit(Request {
+            prompt: Prompt::Tokens(p.to_vec()),
+            opts: greedy(n),
+            sink: Box::new(tx),
+        })
+        .unwrap();
+        rx
+    };
+    // Waits for `texts` text events (0: the end); the tokens at the end.
+    let wait = |rx: &std::sync::mpsc::Receiver<Event>, mut texts: usize| loop {
+        match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+            Event::Text(_) if texts == 1 => return Vec::new(),
+            Event::Text(_) => texts = texts.saturating_sub(1),
+            Event::Logprobs(_) => {}
+            Event::Done(c) => return c.tokens,
+            Event::Error(e) => panic!("request failed: {e}"),
+        }
+    };
+    let fed = || s.stats().fed_steps.load(Ordering::Relaxed);
+    // Alone, then again with its answer and more as the prompt (the slot's prefix).
+    assert_eq!(wait(&submit(&ps[0], 24), 0), alone[0]);
+    let fed_alone = fed();
+    assert!(fed_alone >= 16, "{fed_alone} of 23 decode forwards fed");
+    assert_eq!(wait(&submit(&p, 20), 0), alone[1]);
+    // A second request while the first decodes alone.
+    let rx1 = submit(&ps[1], 60);
+    assert!(
+        wait(&rx1, 4).is_empty(),
+        "the first request is still decoding"
+    );
+    let rx2 = submit(&ps[2], 16);
+    let (t1, t2) = (wait(&rx1, 0), wait(&rx2, 0));
+    assert_eq!(t1, alone[2]);
+    assert_eq!(t2, alone[3]);
+    // A client that leaves mid-answer; its prompt again.
+    let rx = submit(&ps[2], 60);
+    assert!(wait(&rx, 3).is_empty());
+    drop(rx);
+    assert_eq!(wait(&submit(&ps[2], 30), 0), alone[4]);
+    eprintln!(
+        "lone requests: {fed_alone} of 23 decode forwards fed alone, {} in all",
+        fed()
+    );
+}
+
 /// Submits `n` requests at once; asserts each gets the tokens it gets alone; returns the
 /// texts of the alone runs.
 fn check(

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kiln_backend::Backend;
+use kiln_backend::{Backend, FED_TOKEN};
 use kiln_models::llm::{LlamaCache, LlamaScratch, Logits, SeqChunk};
 use kiln_text::{Message, StreamDecoder};
 
@@ -191,6 +191,9 @@ pub struct SchedulerStats {
     /// Nanoseconds of those in the model: forwards and their greedy picks, to the picked
     /// tokens on the host (the rest of `step_ns` is the host's own work between forwards).
     pub forward_ns: AtomicU64,
+    /// Decode forwards queued before their token was on the host (a lone greedy request on
+    /// a device that feeds its picks).
+    pub fed_steps: AtomicUsize,
 }
 
 /// The handle to the engine thread; cheap to share (`submit` takes `&self`).
@@ -384,6 +387,9 @@ struct Engine<'m, B: Backend> {
     row: Vec<f32>,
     /// Grammar masks computed around forwards (made by the first constrained request).
     masker: Option<Masker>,
+    /// The slot whose next decode forward is queued already, fed its pick on the device
+    /// ([`Engine::feed_ahead`]); its logits are in the scratch.
+    ahead: Option<usize>,
     waiting: VecDeque<Waiting>,
     n_ctx: usize,
     chunk: usize,
@@ -417,6 +423,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             cand: Vec::new(),
             row: Vec::new(),
             masker: None,
+            ahead: None,
             waiting: VecDeque::new(),
             n_ctx,
             chunk,
@@ -725,6 +732,14 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
         }
         self.assign();
+        // A lone decode's forward queued by the last step: this step's for its sequence,
+        // picked now (and the next one queued while the sequence is still alone).
+        let ahead = self.ahead.take();
+        if let Some(i) = ahead {
+            let seq = self.slots[i].seq.as_ref().expect("an ahead slot decodes");
+            let feed = [vec![seq.next.expect("an ahead slot decodes")]];
+            self.after(&[(i, 0, 1)], &feed, Instant::now());
+        }
         let held: Vec<bool> = self
             .slots
             .iter()
@@ -736,6 +751,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             .iter()
             .enumerate()
             .filter(|(i, s)| s.seq.as_ref().is_some_and(|q| q.next.is_some()) && !held[*i])
+            .filter(|&(i, _)| ahead != Some(i))
             .map(|(i, _)| (i, 0, 1))
             .collect();
         // Prefill: oldest request first, whole chunks within the step's budget (the first
@@ -763,7 +779,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             budget = budget.saturating_sub(n);
             prefill.push([(i, at, n)]);
         }
-        if decode.is_empty() && prefill.is_empty() {
+        if decode.is_empty() && prefill.is_empty() && ahead.is_none() {
             return false;
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -864,6 +880,13 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
             return;
         }
+        self.after(plan, &feeds, t0);
+    }
+
+    /// Each finished row's sampling after the forward over `plan` (its logits in the
+    /// scratch), begun at `t0`, that fed the slots `feeds`.
+    fn after(&mut self, plan: &[(usize, usize, usize)], feeds: &[Vec<u32>], t0: Instant) {
+        let llm = self.llm;
         // Greedy requests take their tokens where the logits are (one pick for every row);
         // the others read their row, or the backend's top-k candidates of it.
         let cols = llm.sample_vocab();
@@ -896,16 +919,17 @@ impl<'m, B: Backend> Engine<'m, B> {
             let lazy = seq.constraint.as_ref().is_some_and(|c| c.lazy);
             seq.opts.sampler.is_plain_argmax() && (lazy || !(full_row(seq) && !masked[j]))
         });
-        let argmax = match greedy {
-            true => llm
+        let argmax = match self.feed_ahead(plan) {
+            Some(t) => vec![t],
+            None if greedy => llm
                 .model
                 .argmax(&llm.backend, &self.scratch, plan.len(), cols),
-            false => Vec::new(),
+            None => Vec::new(),
         };
         let ns = t0.elapsed().as_nanos() as u64;
         self.stats.forward_ns.fetch_add(ns, Ordering::Relaxed);
         self.clock += 1;
-        for (j, (&(i, _, _), feed)) in plan.iter().zip(&feeds).enumerate() {
+        for (j, (&(i, _, _), feed)) in plan.iter().zip(feeds).enumerate() {
             let slot = &mut self.slots[i];
             slot.tokens.extend_from_slice(feed);
             slot.last_used = self.clock;
@@ -987,6 +1011,51 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
+    /// A lone greedy row on a backend that feeds picks ([`kiln_backend::LlmOps::argmax_feed`]): its pick
+    /// becomes the next forward's token on the device, and that forward is queued before the
+    /// pick is read back (`ahead`), so the device does not wait for the host between steps;
+    /// the pick. None (nothing queued) where other requests run or wait, where the row needs
+    /// more than the argmax, or where the pick may end the request.
+    fn feed_ahead(&mut self, plan: &[(usize, usize, usize)]) -> Option<u32> {
+        let llm = self.llm;
+        let (b, cols) = (&llm.backend, llm.sample_vocab());
+        let &[(i, at, n)] = plan else {
+            return None;
+        };
+        let alone = self.waiting.is_empty()
+            && (self.slots.iter().enumerate()).all(|(j, s)| j == i || s.seq.is_none());
+        let slot = &self.slots[i];
+        let seq = slot.seq.as_ref()?;
+        let o = &seq.opts;
+        let samples = seq.next.is_some() || at + n == seq.prompt.len();
+        let plain = lazy_greedy(o) && seq.constraint.is_none() && !seq.sink.held();
+        // The forward after the pick is wanted unless the pick is the last token allowed
+        // or fills the context (an end of generation or a stop string wastes it).
+        let pos = slot.tokens.len() + n;
+        let wanted = seq.generated.len() + 1 < o.max_tokens && pos < slot.cache.n_ctx;
+        if !(alone && samples && plain && wanted && llm.model.feeds_picks(b))
+            || !llm.model.argmax_feed(b, &self.scratch, cols)
+        {
+            return None;
+        }
+        let slot = &mut self.slots[i];
+        let mut chunk = [SeqChunk {
+            pos0: pos,
+            tokens: &[FED_TOKEN],
+            cache: &mut slot.cache,
+        }];
+        // (Out of cache memory: the next step runs the forward itself, and handles that.)
+        let queued = llm
+            .model
+            .forward_seqs(b, &mut self.scratch, &mut chunk, Logits::Last)
+            .is_ok();
+        self.ahead = queued.then_some(i);
+        if queued {
+            self.stats.fed_steps.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(b.fed_token().expect("a pick was fed"))
+    }
+
     /// Ends slot `i`'s request: the held-back text, then `Done`.
     fn finish(&mut self, i: usize, finish: FinishReason) {
         let slot = &mut self.slots[i];
@@ -1022,6 +1091,10 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// Frees slot `i` (its cached tokens stay for the prefix cache), then sends its request
     /// the last event, if any: a client that has its answer sees the slot free (`/health`).
     fn release(&mut self, i: usize, last: Option<Event>) {
+        if self.ahead == Some(i) {
+            // (Its queued forward wrote past the slot's tokens: overwritten by what comes.)
+            self.ahead = None;
+        }
         if let Some(mut seq) = self.slots[i].seq.take() {
             self.stats.running.fetch_sub(1, Ordering::SeqCst);
             if let Some(e) = last {

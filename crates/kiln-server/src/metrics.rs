@@ -134,6 +134,12 @@ impl Metrics {
             "Engine steps (the decode rows' forward and any prompt chunks' forwards each).",
             s.steps.load(Ordering::Relaxed) as u64,
         );
+        counter(
+            &mut out,
+            "kiln_fed_steps_total",
+            "Decode forwards queued before their token was on the host (picks fed on the device).",
+            s.fed_steps.load(Ordering::Relaxed) as u64,
+        );
         let secs = |a: &AtomicU64| {
             let ns = a.load(Ordering::Relaxed);
             format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000)

@@ -407,7 +407,12 @@ impl<B: Backend> Llama<B> {
     /// next forward given [`kiln_backend::FED_TOKEN`] ([`LlmOps::argmax_feed`]; read it with
     /// [`LlmOps::fed_token`]); false where the backend does not feed picks.
     pub fn argmax_feed_last(&self, b: &B, st: &LlamaState<B>, cols: usize) -> bool {
-        b.argmax_feed(&st.scratch.logits, cols.min(self.cfg.vocab_size))
+        self.argmax_feed(b, &st.scratch, cols)
+    }
+
+    /// [`Self::argmax_feed_last`] for a batched forward of one sequence in `sc`.
+    pub fn argmax_feed(&self, b: &B, sc: &LlamaScratch<B>, cols: usize) -> bool {
+        b.argmax_feed(&sc.logits, cols.min(self.cfg.vocab_size))
     }
 
     /// Whether greedy decoding may queue a step before its token is on the host: the backend
