@@ -4,6 +4,7 @@
 //! plain f32 arithmetic (what the golden tests pin), `new(threads)` keeps weights in their
 //! stored format and dequantizes rows on the fly, split over threads.
 
+pub mod huge;
 pub mod kernels;
 mod kv;
 pub mod membw;
@@ -84,7 +85,7 @@ pub struct CpuWeight {
     pub cols: usize,
     pub row_bytes: usize,
     pub x8: bool,
-    pub bytes: Vec<u8>,
+    pub bytes: huge::Bytes,
     pub mlx: Option<Box<ops::mlx::MlxParts>>,
     /// A second copy in AMX tile order (bf16) for products over many rows, made when the
     /// model marks the weight as such ([`TensorOps::prefer_batches`]) and the CPU has AMX.
@@ -295,7 +296,7 @@ impl TensorOps for CpuBackend {
         if !self.reference && self.kernels.x8_for(w.ty).is_some() && w.rows > 0 {
             // Groups of 8 interleaved rows for kernels whose lanes are rows.
             let gb = x8::group_bytes(w.ty, w.cols);
-            let mut bytes = vec![0u8; x8::matrix_bytes(w.ty, w.rows, w.cols)];
+            let mut bytes = huge::Bytes::zeroed(x8::matrix_bytes(w.ty, w.rows, w.cols));
             for (g, dst) in bytes.chunks_exact_mut(gb).enumerate() {
                 let r1 = (8 * g + 8).min(w.rows);
                 let rows: Vec<&[u8]> = (8 * g..r1)
@@ -324,7 +325,7 @@ impl TensorOps for CpuBackend {
             cols: w.cols,
             row_bytes,
             x8: false,
-            bytes: vec![0u8; w.bytes.len()],
+            bytes: huge::Bytes::zeroed(w.bytes.len()),
             mlx: None,
             amx: None,
             i8: None,
@@ -352,7 +353,7 @@ impl TensorOps for CpuBackend {
                 cols: w.cols,
                 row_bytes: w.cols * 4,
                 x8: false,
-                bytes: out,
+                bytes: out.into(),
                 mlx: None,
                 amx: None,
                 i8: None,
@@ -1061,7 +1062,7 @@ impl SpeechOps for CpuBackend {
             cols: 0,
             row_bytes: 0,
             x8: false,
-            bytes: Vec::new(),
+            bytes: Vec::new().into(),
             mlx: None,
             amx: None,
             i8: None,
@@ -1153,7 +1154,7 @@ impl SpeechOps for CpuBackend {
             cols: 0,
             row_bytes: 0,
             x8: false,
-            bytes: Vec::new(),
+            bytes: Vec::new().into(),
             mlx: None,
             amx: None,
             i8: None,

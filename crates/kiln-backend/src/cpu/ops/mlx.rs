@@ -91,7 +91,7 @@ pub fn load(w: MlxWeightData) -> CpuWeight {
         cols: w.cols,
         row_bytes: rb,
         x8: false,
-        bytes,
+        bytes: bytes.into(),
         mlx: Some(Box::new(MlxParts {
             layout: w.layout,
             groups,
