@@ -32,6 +32,9 @@ trait LaneDot {
     /// latency needs them); from it one accumulator per token, where registers are short
     /// (16 of them without AVX-512).
     const ONE_CHAIN_FROM: usize;
+    /// Whether the partial sums are i32 lanes (`widen` is the identity): a block's integer
+    /// offset can then start a partial sum instead of being subtracted from the dot after.
+    const I32_SUMS: bool = true;
     /// Partial sums + sum of u x s per lane, for u <= 63 (see the limits above).
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
     /// Partial sums -> i32 lanes (the dot-product instructions' sums already are).
@@ -83,6 +86,7 @@ impl LaneDot for Avx2 {
     const MAX_T_Q8: usize = 2;
     const Q8_UNSIGNED: bool = false;
     const ONE_CHAIN_FROM: usize = 0;
+    const I32_SUMS: bool = false;
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         // Pairs of u8 x i8 -> i16 (|u| <= 63, |s| <= 128: no saturation).
@@ -243,6 +247,15 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
             let dw = f16x8(b);
             let mut acc = [[_mm256_setzero_si256(); 2]; T];
             let mut dot = [_mm256_setzero_si256(); T];
+            // i32 sums start from minus the offset (the same integer dot, an instruction
+            // chain a token shorter).
+            let folded = M::I32_SUMS && shift.is_some();
+            if let (true, Some(sh)) = (folded, shift) {
+                for t in 0..T {
+                    let off = *a[t].s8.get_unchecked(i) << sh;
+                    acc[t][0] = _mm256_set1_epi32(off.wrapping_neg());
+                }
+            }
             if F == 2 {
                 for ch in 0..8 {
                     let w = load(b.add(16 + 32 * ch));
@@ -298,7 +311,7 @@ unsafe fn gemm_legacy<M: LaneDot, const F: u8, const T: usize>(
             let ow = if has_min { f16x8(b.add(16)) } else { dw };
             for t in 0..T {
                 let mut d = dot[t];
-                if let Some(sh) = shift {
+                if let Some(sh) = shift.filter(|_| !folded) {
                     let off = *a[t].s8.get_unchecked(i) << sh;
                     d = _mm256_sub_epi32(d, _mm256_set1_epi32(off));
                 }
