@@ -609,6 +609,13 @@ pub trait LlmOps: TensorOps {
     fn kv_type_stored(&self, ty: KvType) -> KvType {
         ty
     }
+    /// The cache type for heads of `head_dim` where none is asked: the narrowest this
+    /// backend's attention reads directly (half the bytes of f32 a step at depth). The
+    /// default: f32.
+    fn kv_type_default(&self, head_dim: usize) -> KvType {
+        let _ = head_dim;
+        KvType::F32
+    }
     /// Whether this backend's attention runs `heads` query heads over `kv_heads` KV heads of
     /// `head_dim` values: models ask at load, so that a shape it cannot run is an error then
     /// rather than a failure in the first step. The default takes any shape.

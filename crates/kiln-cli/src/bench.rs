@@ -63,8 +63,9 @@ pub struct BenchArgs {
     )]
     n_depth: Vec<usize>,
     /// How the KV cache stores keys and values: f32, f16, q8_0 (llama-bench's -ctk/-ctv).
-    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f32", value_parser = crate::parse_kv)]
-    kv_type: kiln_backend::KvType,
+    /// Default: f16 where the device's attention reads it directly, else f32 (as `run`).
+    #[arg(long = "kv-type", value_name = "TYPE", value_parser = crate::parse_kv)]
+    kv_type: Option<kiln_backend::KvType>,
     /// Timed repetitions of each test, after one untimed warm-up run.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
@@ -161,12 +162,14 @@ struct BenchModel<B: Backend> {
     kv_bytes_per_pos: usize,
     /// Each attention layer's sliding window (0: every position).
     windows: Vec<usize>,
+    /// The cache type asked for (`--kv-type`, else the backend's default for the model).
+    kv: kiln_backend::KvType,
 }
 
 impl<B: Backend> BenchModel<B> {
     /// Loads `file` with `b` (CPU weights do not depend on the thread pool: one load serves
     /// every thread count); `kv`: the cache type asked for.
-    fn load(file: &Path, b: &B, kv: kiln_backend::KvType) -> anyhow::Result<Self> {
+    fn load(file: &Path, b: &B, kv: Option<kiln_backend::KvType>) -> anyhow::Result<Self> {
         let load = || -> anyhow::Result<Self> {
             let (model, dominant) = if kiln_models::llm::is_hf_dir(file) {
                 let ck = kiln_models::llm::HfCheckpoint::open(file)?;
@@ -191,6 +194,7 @@ impl<B: Backend> BenchModel<B> {
             let desc = format!("{} {} {}", c.arch, params_label(n_params), dominant);
             // What the backend stores for the type asked (CUDA: f16 for f32); a type the
             // head size does not fit is refused as the cache would refuse it.
+            let kv = kv.unwrap_or_else(|| b.kv_type_default(c.head_dim));
             let stored = b.kv_type_stored(kv);
             stored.check(c.head_dim)?;
             let row = stored.ggml().row_bytes(c.head_dim)?;
@@ -209,6 +213,7 @@ impl<B: Backend> BenchModel<B> {
                 decode_bytes: size - embed_unread,
                 kv_bytes_per_pos,
                 windows,
+                kv,
             })
         };
         load().with_context(|| format!("loading {}", file.display()))
@@ -750,7 +755,6 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let run = Run {
         tests: &tests,
         reps: a.reps,
-        kv: a.kv_type,
         json: a.json,
         cpu: &cpu,
         schema,
@@ -814,7 +818,6 @@ struct Run<'a> {
     /// Each test with the cache depth it starts at.
     tests: &'a [(Test, usize)],
     reps: usize,
-    kv: kiln_backend::KvType,
     json: bool,
     cpu: &'a str,
     schema: Option<Grammar>,
@@ -839,7 +842,7 @@ impl Run<'_> {
         let schema = grammars.as_ref().zip(self.schema.as_ref());
         for &(test, depth) in self.tests {
             let test_time = kiln_formats::rfc3339_utc(SystemTime::now(), false);
-            let (samples_ns, host) = run_test(m, b, test, depth, self.reps, self.kv, schema)?;
+            let (samples_ns, host) = run_test(m, b, test, depth, self.reps, m.kv, schema)?;
             let r = Measured {
                 model: m,
                 backend,

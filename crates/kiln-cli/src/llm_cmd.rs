@@ -170,7 +170,8 @@ pub fn load_on<B: Backend>(backend: B, model: &str, m: &ModelArgs) -> anyhow::Re
     let path = resolve_model(model)?;
     let mut llm = Llm::load_quantized(backend, &path, m.quant)
         .with_context(|| format!("loading {}", path.display()))?;
-    llm.set_kv_type(m.kv_type)?;
+    let kv = m.kv_type.unwrap_or_else(|| llm.kv_type_default());
+    llm.set_kv_type(kv)?;
     Ok(llm)
 }
 

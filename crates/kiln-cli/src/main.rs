@@ -198,9 +198,10 @@ pub struct ModelArgs {
     #[arg(long, value_name = "TYPE", value_parser = parse_quant)]
     pub quant: Option<kiln_quant::GgmlType>,
     /// How the KV cache stores keys and values: f32, f16, q8_0 (head sizes a multiple of
-    /// 32).
-    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f32", value_parser = parse_kv)]
-    pub kv_type: kiln_backend::KvType,
+    /// 32). Default: f16 where the device's attention reads it directly (CUDA, x86 CPUs with
+    /// F16C), else f32.
+    #[arg(long = "kv-type", value_name = "TYPE", value_parser = parse_kv)]
+    pub kv_type: Option<kiln_backend::KvType>,
     /// Where the model runs: cpu; cuda (a build with `--features cuda` and an NVIDIA GPU);
     /// gpu (a build with `--features gpu`: wgpu on Vulkan or Metal).
     #[arg(long, value_enum, default_value = "cpu")]

@@ -217,9 +217,11 @@ fn model_that_does_not_fit_is_refused_before_loading() {
     // The weights: ~92 MiB against 48 MiB.
     let out = run("50000000", &[]);
     assert_clean_error(&out, "needs 92 MiB of memory but 48 MiB is available");
-    // The weights fit, a 32768-position f32 KV cache (1.4 GiB) does not.
-    let out = run("400000000", &["-c", "32768"]);
+    // The weights fit, a 32768-position f32 KV cache (1.4 GiB) does not, nor an f16 one.
+    let out = run("400000000", &["-c", "32768", "--kv-type", "f32"]);
     assert_clean_error(&out, "the KV cache (1 x 32768 positions) needs 1.4 GiB");
+    let out = run("400000000", &["-c", "32768", "--kv-type", "f16"]);
+    assert_clean_error(&out, "the KV cache (1 x 32768 positions) needs 720 MiB");
     // Enough memory: it answers.
     let out = run("100000000000", &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));

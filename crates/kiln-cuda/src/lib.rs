@@ -669,6 +669,10 @@ impl LlmOps for CudaBackend {
         }
     }
 
+    fn kv_type_default(&self, _head_dim: usize) -> KvType {
+        KvType::F16
+    }
+
     fn kv_cache_bytes(&self, c: &CudaKvCache) -> usize {
         c.held_bytes()
     }

@@ -141,6 +141,12 @@ impl<B: Backend> Llm<B> {
         Ok(())
     }
 
+    /// The backend's cache type for this model where none is asked
+    /// ([`kiln_backend::LlmOps::kv_type_default`]).
+    pub fn kv_type_default(&self) -> KvType {
+        self.backend.kv_type_default(self.model.cfg.head_dim)
+    }
+
     pub fn kv_type(&self) -> KvType {
         self.backend.kv_type_stored(self.kv_type)
     }

@@ -651,6 +651,15 @@ impl LlmOps for CpuBackend {
         }
     }
 
+    fn kv_type_default(&self, head_dim: usize) -> KvType {
+        // f16 where the tiled attention reads it directly (elsewhere each step would widen
+        // the layer's positions to f32 first); the reference keeps f32.
+        match !self.reference && ops::attention::f16_direct(head_dim) {
+            true => KvType::F16,
+            false => KvType::F32,
+        }
+    }
+
     fn kv_cache_typed(
         &self,
         n_layers: usize,
