@@ -52,6 +52,21 @@ fn prompts(dir: &str, n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The scheduler over `slots` slots of `n_ctx` positions (prompt chunks of 64).
+fn spawn<F>(slots: usize, n_ctx: usize, load: F) -> Scheduler
+where
+    F: FnOnce() -> Result<Llm<CudaBackend>, kiln_runtime::RuntimeError> + Send + 'static,
+{
+    let cfg = SchedulerConfig {
+        slots,
+        n_ctx,
+        prefill_chunk: 64,
+        max_queue: 64,
+        timeout: None,
+    };
+    Scheduler::spawn(cfg, load).unwrap()
+}
+
 #[test]
 #[ignore]
 fn scheduler_greedy_equals_alone() {
@@ -188,17 +203,7 @@ fn lone_requests_feed_their_picks() {
         ];
         (p, alone)
     };
-    let s = Scheduler::spawn(
-        SchedulerConfig {
-            slots: 4,
-            n_ctx: 256,
-            prefill_chunk: 64,
-            max_queue: 64,
-            timeout: None,
-        },
-        load,
-    )
-    .unwrap();
+    let s = spawn(4, 256, load);
     let submit = |p: &[u32], n: usize| {
         let (tx, rx) = channel();
         s.submit(Request {
@@ -280,17 +285,7 @@ fn check(
             })
             .unzip()
     };
-    let s = Scheduler::spawn(
-        SchedulerConfig {
-            slots: n,
-            n_ctx: 256,
-            prefill_chunk: 64,
-            max_queue: 64,
-            timeout: None,
-        },
-        load,
-    )
-    .unwrap();
+    let s = spawn(n, 256, load);
     let rxs: Vec<_> = ps
         .iter()
         .enumerate()
@@ -364,17 +359,7 @@ fn scheduler_evicts_idle_prefixes_when_blocks_run_out() {
         let mut s = llm.session(n_ctx, 64);
         s.generate(&long(150), &opts, &mut |_| true).unwrap().tokens
     };
-    let s = Scheduler::spawn(
-        SchedulerConfig {
-            slots: 4,
-            n_ctx,
-            prefill_chunk: 64,
-            max_queue: 64,
-            timeout: None,
-        },
-        load,
-    )
-    .unwrap();
+    let s = spawn(4, n_ctx, load);
     let run = |p: Vec<u32>| -> Result<Vec<u32>, String> {
         let (tx, rx) = channel();
         s.submit(Request {
