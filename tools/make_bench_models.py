@@ -49,6 +49,10 @@ What it writes:
   embeddings). Its tokenizer is not reachable here: the vocabulary is a stand-in of the
   same size (two control tokens, the 256 byte symbols, padding), which neither engine's
   speed depends on.
+- with --direct-q4_0: only {shape}-shape-q4_0.gguf for each of --shapes, its matrices
+  random Q4_0 blocks written as they are (scales about what quantizing the f16 draw gives),
+  with no f16 file and no quantizer: seconds for the 4B shape instead of minutes. For speed
+  runs only, like the rest.
 - smollm2-135m-{q4_0,q8_0,q4_k_m}.gguf: the real SmolLM2-135M-Instruct
   ($KILN_HOME/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf)
   requantized with llama-quantize --allow-requantize (so these carry Q4_1 rounding
@@ -313,7 +317,10 @@ def llama3_rope_factors(hp: dict) -> np.ndarray:
     return f.astype(np.float32)
 
 
-def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -> None:
+def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path,
+                    direct_q4_0: bool = False) -> None:
+    """The shape's file with f16 matrices, or with --direct-q4_0 random Q4_0 blocks written as
+    they are (no f16 file, no quantizer: seconds instead of minutes for the large shapes)."""
     hp, arch, tok_src, label = SHAPES[shape]
     if tok_src == "stand-in":
         tokens, types = stand_in_vocab(hp["n_vocab"])
@@ -333,7 +340,7 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
     w = gguf.GGUFWriter(str(tmp), arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"{label} shape (random weights, kiln bench)")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if direct_q4_0 else gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     w.add_context_length(hp["n_ctx_train"])
@@ -394,14 +401,31 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
 
     def mat(rows: int, cols: int) -> np.ndarray:
         # numpy shape (rows, cols) == GGUF ne = [cols, rows]: rows of length `cols`.
+        if direct_q4_0:
+            # Q4_0 blocks of 32 values: an f16 scale about what quantizing N(0, std^2) gives
+            # (max |x| / 8), then 16 bytes of random 4-bit values.
+            nb = cols // 32
+            blk = np.empty((rows, nb, 18), dtype=np.uint8)
+            scale = rng.uniform(0.25, 0.35, (rows, nb)).astype(np.float32) * WEIGHT_STD
+            blk[:, :, :2] = scale.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+            blk[:, :, 2:] = np.frombuffer(rng.bytes(rows * nb * 16), dtype=np.uint8).reshape(
+                rows, nb, 16)
+            return blk.reshape(rows, nb * 18)
         x = rng.standard_normal((rows, cols), dtype=np.float32)
         x *= WEIGHT_STD
         return x.astype(np.float16)
 
+    def add_mat(name: str, rows: int, cols: int) -> None:
+        m = mat(rows, cols)
+        if direct_q4_0:
+            w.add_tensor(name, m, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        else:
+            w.add_tensor(name, m)
+
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
-    w.add_tensor("token_embd.weight", mat(hp["n_vocab"], d))
+    add_mat("token_embd.weight", hp["n_vocab"], d)
     for i in range(hp["n_layer"]):
         b = f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", ones(d))
@@ -409,17 +433,17 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
             k = hp["conv_k"]
             w.add_tensor(b + "shortconv.conv.weight",
                          (rng.standard_normal((d, k), dtype=np.float32) * 0.5))
-            w.add_tensor(b + "shortconv.in_proj.weight", mat(3 * d, d))
-            w.add_tensor(b + "shortconv.out_proj.weight", mat(d, d))
+            add_mat(b + "shortconv.in_proj.weight", 3 * d, d)
+            add_mat(b + "shortconv.out_proj.weight", d, d)
             w.add_tensor(b + "ffn_norm.weight", ones(d))
-            w.add_tensor(b + "ffn_gate.weight", mat(f, d))
-            w.add_tensor(b + "ffn_up.weight", mat(f, d))
-            w.add_tensor(b + "ffn_down.weight", mat(d, f))
+            add_mat(b + "ffn_gate.weight", f, d)
+            add_mat(b + "ffn_up.weight", f, d)
+            add_mat(b + "ffn_down.weight", d, f)
             continue
-        w.add_tensor(b + "attn_q.weight", mat(q_dim, d))
-        w.add_tensor(b + "attn_k.weight", mat(kv_dim, d))
-        w.add_tensor(b + "attn_v.weight", mat(kv_dim, d))
-        w.add_tensor(b + "attn_output.weight", mat(d, q_dim))
+        add_mat(b + "attn_q.weight", q_dim, d)
+        add_mat(b + "attn_k.weight", kv_dim, d)
+        add_mat(b + "attn_v.weight", kv_dim, d)
+        add_mat(b + "attn_output.weight", d, q_dim)
         if arch in ("qwen3", "gemma3", "lfm2"):
             w.add_tensor(b + "attn_q_norm.weight", ones(hd))
             w.add_tensor(b + "attn_k_norm.weight", ones(hd))
@@ -427,9 +451,9 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path) -
             w.add_tensor(b + "post_attention_norm.weight", ones(d))
             w.add_tensor(b + "post_ffw_norm.weight", ones(d))
         w.add_tensor(b + "ffn_norm.weight", ones(d))
-        w.add_tensor(b + "ffn_gate.weight", mat(f, d))
-        w.add_tensor(b + "ffn_up.weight", mat(f, d))
-        w.add_tensor(b + "ffn_down.weight", mat(d, f))
+        add_mat(b + "ffn_gate.weight", f, d)
+        add_mat(b + "ffn_up.weight", f, d)
+        add_mat(b + "ffn_down.weight", d, f)
     w.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(d))
     if "llama3_rope" in hp:
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(hp))
@@ -512,10 +536,26 @@ def main() -> int:
     ap.add_argument("--no-verify", action="store_true", help="skip the llama-bench smoke runs")
     ap.add_argument("--no-smollm2", action="store_true",
                     help="only the random-weight shapes (no SmolLM2 requantizations)")
+    ap.add_argument("--direct-q4_0", action="store_true",
+                    help="write each shape's q4_0 file directly from random Q4_0 blocks (no "
+                         "f16 file, no quantizer; every matrix Q4_0, as kiln quantize makes it)")
     a = ap.parse_args()
     if a.write_gemma_vocab:
         write_gemma_vocab(a.gemma_vocab, a.write_gemma_vocab)
         print(f"wrote {a.write_gemma_vocab} ({a.write_gemma_vocab.stat().st_size} bytes)")
+        return 0
+
+    if a.direct_q4_0:
+        a.out_dir.mkdir(parents=True, exist_ok=True)
+        for shape in a.shapes.split(","):
+            if shape not in SHAPES:
+                raise SystemExit(f"unknown shape {shape!r}: one of {', '.join(SHAPES)}")
+            dst = a.out_dir / f"{shape}-shape-q4_0.gguf"
+            if a.force or not dst.exists():
+                t0 = time.time()
+                write_shape_f16(dst, shape, a.seed, a.gemma_vocab, direct_q4_0=True)
+                print(f"wrote {dst} ({dst.stat().st_size / 2**20:.1f} MiB, "
+                      f"{time.time() - t0:.0f} s)", flush=True)
         return 0
 
     for tool in [a.llama_quantize] + ([] if a.no_verify else [a.llama_bench]):

@@ -88,7 +88,7 @@ impl Drop for Graph {
 
 /// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
 /// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM, KILN_CUDA_DEC_BPS,
-/// KILN_CUDA_DEC_ROWS.
+/// KILN_CUDA_DEC_ROWS, KILN_CUDA_DEC_KW.
 #[derive(Default)]
 pub(crate) struct Tune {
     pub(crate) kw: Option<usize>,
@@ -100,6 +100,8 @@ pub(crate) struct Tune {
     /// Rows a warp of one-token decode products without a quantized output
     /// (KILN_CUDA_DEC_ROWS: 1 or 4).
     pub(crate) dec_rows: Option<usize>,
+    /// Warps a row of decode products (KILN_CUDA_DEC_KW: 1 or 2).
+    pub(crate) dec_kw: Option<usize>,
 }
 
 impl Tune {
@@ -111,6 +113,7 @@ impl Tune {
             prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
             dec_blocks_per_sm: env("KILN_CUDA_DEC_BPS").filter(|n| (1..=16).contains(n)),
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
+            dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
         }
     }
 }

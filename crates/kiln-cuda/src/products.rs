@@ -158,9 +158,8 @@ const DEC_TILE: usize = 8;
 /// what else it runs); from here on through cuBLAS (the tensor cores: prompts).
 pub(crate) const DEC_MAX_TOK: usize = 64;
 
-/// Rows from which a one-token decode product of short rows (at most 32 blocks) runs four rows
-/// a warp.
-pub(crate) const DEC_ROWS4_MIN: usize = 8192;
+/// Warps a row of a decode product at most (kernels/*.cu DEC_KW_MAX).
+const DEC_KW_MAX: usize = 2;
 
 impl CudaBackend {
     pub(crate) fn mat(&self, w: &CudaWeight, bias: Option<&CudaTensor>, out: &CudaTensor) -> Mat {
@@ -221,9 +220,8 @@ impl CudaBackend {
         };
         let dec = n <= DEC_MAX_TOK && cols % 32 == 0 && mats.m[..n_used].iter().all(quantized);
         // Rows written quantized for the next product (decode kernels with 4 rows a warp:
-        // 32 rows a block, a lane's block of a row at most four of them).
-        let fuse_out =
-            qout.is_some() && self.in_step.get() && total % 32 == 0 && cols / 32 <= 4 * 32;
+        // 32 rows a block, one 32-value block of the output).
+        let fuse_out = qout.is_some() && self.in_step.get() && total % 32 == 0;
         let (xq_a, xq_b, moved) = {
             let mut sc = self.scratch.borrow_mut();
             // Room for any decode launch's tokens, so that a batch never grows them (nor
@@ -315,27 +313,26 @@ impl CudaBackend {
                 }
                 _ => None,
             };
-            // A row a warp, whatever its length: measured on an H200, splitting rows over
-            // 2/4/8 warps was slower on every shape (Qwen3-4B tg128: 518/497/432/348 t/s).
-            // (KILN_CUDA_KW tunes one token's launches without an epilogue only.)
-            let kw = match qo {
-                None if n == 1 => self.tune.kw.unwrap_or(1),
-                _ => 1,
-            };
-            // Four rows a warp also for a long matrix of short rows (a vocabulary's output
-            // head: a lane holds one block of each row, so one row a warp keeps too few loads
-            // in flight); the sums are the same bits either way. KILN_CUDA_DEC_ROWS tunes.
+            // A row over two warps where a block's 32 rows a warp group would leave
+            // multiprocessors without a block (one token: blocks of twice the warps; several:
+            // the same sums, part after part). KILN_CUDA_DEC_KW tunes.
+            let kw = self.dec_kw(cols, total);
+            // Four rows a warp for one token whenever the matrices allow (a lane then has
+            // four rows' loads in flight: on an H200, Qwen3-4B tg128 515 -> 566 t/s with the
+            // QKV and output-head products on four rows); the sums are the same bits either
+            // way. KILN_CUDA_DEC_ROWS tunes.
             let four_ok =
                 (0..=mats.n_mats as usize).all(|i| mats.row0[i] % 4 == 0) && total % 4 == 0;
             let rows = match self.tune.dec_rows {
                 _ if qo.is_some() => 4,
                 Some(4) if four_ok => 4,
                 Some(_) => 1,
-                None if four_ok && n == 1 && cols <= 32 * 32 && total >= DEC_ROWS4_MIN => 4,
+                None if four_ok && n == 1 => 4,
                 None => 1,
             };
             let nt = if n == 1 { 1 } else { DEC_TILE };
-            let blocks = (total.div_ceil(WARPS / kw * rows) * n.div_ceil(nt)) as u32;
+            let blocks = (total.div_ceil(WARPS * rows) * n.div_ceil(nt)) as u32;
+            let warps = if n == 1 { WARPS * kw } else { WARPS };
             let name = MATVEC_DEC[fmt_index(&mats, mode)][(rows == 4) as usize][(nt > 1) as usize];
             let mut a = Args::default()
                 .a(mats)
@@ -350,7 +347,7 @@ impl CudaBackend {
             self.dev.launch(
                 self.dev.func(name),
                 (blocks, 1, 1),
-                (32 * WARPS as u32, 1, 1),
+                (32 * warps as u32, 1, 1),
                 0,
                 &mut a.ptrs(),
             );
@@ -399,6 +396,18 @@ impl CudaBackend {
             );
             t0 += nt;
         }
+    }
+
+    /// Warps a row of a decode product (1..=DEC_KW_MAX), from the matrices' shape alone (never
+    /// the tokens: a token's sums must not depend on what else the step runs): two where
+    /// blocks of 32 rows would not give every multiprocessor one and a row has at least two
+    /// warps' worth of blocks.
+    fn dec_kw(&self, cols: usize, total: usize) -> usize {
+        let narrow = total.div_ceil(32) < self.dev.num_sms && cols / 32 >= 2 * 32;
+        self.tune
+            .dec_kw
+            .unwrap_or(if narrow { DEC_KW_MAX } else { 1 })
+            .min(DEC_KW_MAX)
     }
 
     /// Rows per warp group (nr) and warps per row group (kw) of a matvec launch: rows split

@@ -34,6 +34,8 @@ typedef unsigned int u32;
 
 #define MAX_TOK 4
 #define DEC_TILE 8
+// Warps a row of a one-token decode product at most (products.rs DEC_KW_MAX).
+#define DEC_KW_MAX 2
 #define WARPS 8
 #define QV 12
 #define Q6K_REC 20

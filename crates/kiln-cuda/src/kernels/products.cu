@@ -631,22 +631,24 @@ __device__ __forceinline__ void dec_quant_out(const QOut& qo, float v, int b, in
 // The decode product for one token: out = W x (+ bias), out += W x, or
 // out = silu(W0 x) * (W1 x) for quantized activations xqb (cols values), times 1 / rms(x)
 // when ss_in holds x's sums of squares (an RMSNorm whose weights are already in xqb's
-// values). Each warp takes ROWS consecutive rows, WARPS / kw warp groups a block, a row's
-// blocks split over kw warps; a lane's first MVD_PRE blocks of each of its rows are loaded
-// before anything else. A row's sums: the lane's blocks in order, the warp's shuffle tree,
-// then the k parts in order; matvec_dec_tokens takes the same steps for each of its tokens
-// (with kw = 1), so a token's result is the same alone or among 63 others.
+// values). A block has WARPS groups of kw warps (kw <= DEC_KW_MAX, from the matrix's shape
+// only): a group takes ROWS consecutive rows, each row's blocks split over its kw warps (part
+// p: blocks p * 32 + lane, stepping 32 * kw), so that a matrix of few rows still keeps
+// enough loads in flight; a lane's first MVD_PRE blocks of each of its rows are loaded
+// before anything else. A row's sums: each part's blocks in order, the warp's shuffle tree,
+// then the parts in order; matvec_dec_tokens takes the same steps for each of its tokens,
+// so a token's result is the same alone or among 63 others.
 template <int F, int ROWS>
 __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const float* ss_in,
                                 float eps, int mode, int kw, const QOut& qo) {
-    __shared__ float red[WARPS][2 * ROWS];
+    __shared__ float red[WARPS * DEC_KW_MAX][2 * ROWS];
     __shared__ float outv[WARPS * ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = warp / kw, part = warp % kw;
     const int nb = cols / 32;
     const bool gu = is_gate_up(mode);
     const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
-    const int row = (blockIdx.x * (WARPS / kw) + slot) * ROWS;
+    const int row = (blockIdx.x * WARPS + slot) * ROWS;
     const bool live = row < total;
     // The rows' matrix, by value (see matvec_impl); a warp's rows never straddle two.
     int mi = 0, rr = row;
@@ -742,7 +744,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
         for (int j = 0; j < ROWS; j++) {
             const float v = dec_out(a0[j], a1[j], r, bias[j], res[j], mode);
             (gu ? ms.m[0].out[row + j] : m.out[rr + j]) = v;
-            outv[warp * ROWS + j] = v;
+            outv[slot * ROWS + j] = v;
         }
     }
     if (ROWS != 4 || !qo.xq) return;
@@ -751,14 +753,15 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     dec_quant_out(qo, outv[lane], blockIdx.x, 0, 1, total, lane);
 }
 
-// The decode product for 2..DEC_MAX_TOK tokens (kw = 1): block i takes row group
-// i / tiles and tokens (i % tiles) * NT.. (a row group's tiles run side by side, so its
-// weights come from DRAM once and from L2 after). A warp's rows one after the other, each
-// block of a row loaded once and dotted with the NT tokens: each token's sums taken in
-// matvec_dec_impl's order, its output by the same expressions.
+// The decode product for 2..DEC_MAX_TOK tokens: block i takes row group i / tiles and
+// tokens (i % tiles) * NT.. (a row group's tiles run side by side, so its weights come from
+// DRAM once and from L2 after). A warp's rows one after the other, each block of a row
+// loaded once and dotted with the NT tokens; the kw parts of a row one after the other:
+// each token's sums taken in matvec_dec_impl's order, its output by the same expressions.
 template <int F, int ROWS, int NT>
 __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int ntok,
-                                  const float* ss_in, float eps, int mode, const QOut& qo) {
+                                  const float* ss_in, float eps, int mode, int kw,
+                                  const QOut& qo) {
     __shared__ float outv[NT][WARPS * ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nb = cols / 32;
@@ -790,29 +793,39 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
         float a0[NT], a1[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) a0[t] = a1[t] = 0.0f;
-        if (live) {
-            for (int b = lane; b < nb; b += 32) {
-                const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
-                const WVals va = wblk_unpack<F>(wa, m.fmt, b);
-                WBlk wb;
-                WVals vb;
-                if (gu) {
-                    wb = wblk_load<F>(m1, rr + j, b, nb);
-                    vb = wblk_unpack<F>(wb, m1.fmt, b);
-                }
+#pragma unroll 1
+        for (int p = 0; p < kw; p++) {
+            float p0[NT], p1[NT];
 #pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    if (t >= nt) break;
-                    const XTok x = xtok(g, t0 + t, cols);
-                    a0[t] = wblk_acc<F>(a0[t], wa, va, m.fmt, b, x);
-                    if (gu) a1[t] = wblk_acc<F>(a1[t], wb, vb, m1.fmt, b, x);
+            for (int t = 0; t < NT; t++) p0[t] = p1[t] = 0.0f;
+            if (live) {
+                for (int b = p * 32 + lane; b < nb; b += 32 * kw) {
+                    const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
+                    const WVals va = wblk_unpack<F>(wa, m.fmt, b);
+                    WBlk wb;
+                    WVals vb;
+                    if (gu) {
+                        wb = wblk_load<F>(m1, rr + j, b, nb);
+                        vb = wblk_unpack<F>(wb, m1.fmt, b);
+                    }
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        if (t >= nt) break;
+                        const XTok x = xtok(g, t0 + t, cols);
+                        p0[t] = wblk_acc<F>(p0[t], wa, va, m.fmt, b, x);
+                        if (gu) p1[t] = wblk_acc<F>(p1[t], wb, vb, m1.fmt, b, x);
+                    }
                 }
             }
-        }
+            // One part: the sums as they are; several: added in part order from 0, as
+            // matvec_dec_impl adds its parts' sums.
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            a0[t] = warp_sum(a0[t]);
-            if (gu) a1[t] = warp_sum(a1[t]);
+            for (int t = 0; t < NT; t++) {
+                p0[t] = warp_sum(p0[t]);
+                if (gu) p1[t] = warp_sum(p1[t]);
+                a0[t] = kw == 1 ? p0[t] : __fadd_rn(a0[t], p0[t]);
+                a1[t] = kw == 1 ? p1[t] : __fadd_rn(a1[t], p1[t]);
+            }
         }
         if (live && lane == 0) {
             const float bias = !gu && m.bias ? m.bias[rr + j] : 0.0f;
@@ -836,7 +849,7 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
 // matvec_dec_<format>_<ROWS>_<NT>: NT = 1 for one token (matvec_dec_impl), DEC_TILE for
 // 2..DEC_MAX_TOK (matvec_dec_tokens).
 #define MATVEC_DEC1(NAME, F, ROWS)                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS)                                 \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
         matvec_dec_##NAME##_##ROWS##_1(Mats ms, const u8* xqb, int cols, int ntok,            \
                                        const float* ss_in, float eps, int mode, int kw,       \
                                        QOut qo) {                                             \
@@ -846,7 +859,7 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
         matvec_dec_##NAME##_##ROWS##_8(Mats ms, const u8* xqb, int cols, int ntok,            \
                                        const float* ss_in, float eps, int mode, int kw,       \
                                        QOut qo) {                                             \
-        matvec_dec_tokens<F, ROWS, DEC_TILE>(ms, xqb, cols, ntok, ss_in, eps, mode, qo);      \
+        matvec_dec_tokens<F, ROWS, DEC_TILE>(ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);  \
     }
 #define MATVEC_DEC(NAME, F) MATVEC_DEC1(NAME, F, 1) MATVEC_DEC1(NAME, F, 4)
 static_assert(DEC_TILE == 8 && WARPS >= DEC_TILE, "the decode kernels' names say 8 tokens");
