@@ -102,6 +102,9 @@ pub(crate) struct Tune {
     pub(crate) dec_rows: Option<usize>,
     /// Warps a row of decode products (KILN_CUDA_DEC_KW: 1 or 2).
     pub(crate) dec_kw: Option<usize>,
+    /// One token's gate/up pairs in three blocks a multiprocessor (KILN_CUDA_DEC_GU: 0 never,
+    /// 1 always).
+    pub(crate) dec_gu: Option<usize>,
 }
 
 impl Tune {
@@ -114,6 +117,7 @@ impl Tune {
             dec_blocks_per_sm: env("KILN_CUDA_DEC_BPS").filter(|n| (1..=16).contains(n)),
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
+            dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),
         }
     }
 }

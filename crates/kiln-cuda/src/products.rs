@@ -150,6 +150,17 @@ const MATVEC_DEC: [[[&str; 2]; 2]; 6] = [
     ],
 ];
 
+/// kernels/products.cu's matvec_dec_<format>_4_1g, by [`fmt_index`]: one token of a gate/up
+/// pair in three blocks a multiprocessor.
+const MATVEC_DEC_GU: [&str; 6] = [
+    "matvec_dec_any_4_1g",
+    "matvec_dec_q4_0_4_1g",
+    "matvec_dec_q4_1_4_1g",
+    "matvec_dec_q8_0_4_1g",
+    "matvec_dec_q4_k_4_1g",
+    "matvec_dec_q6_k_4_1g",
+];
+
 /// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
 const DEC_TILE: usize = 8;
 
@@ -333,7 +344,20 @@ impl CudaBackend {
             let nt = if n == 1 { 1 } else { DEC_TILE };
             let blocks = (total.div_ceil(WARPS * rows) * n.div_ceil(nt)) as u32;
             let warps = if n == 1 { WARPS * kw } else { WARPS };
-            let name = MATVEC_DEC[fmt_index(&mats, mode)][(rows == 4) as usize][(nt > 1) as usize];
+            // A gate/up pair whose blocks would not all fit at two a multiprocessor runs
+            // in three (one preloaded block a row instead of two): on an H200, Qwen3-4B's
+            // 304 blocks, tg128 595 -> 610 t/s; Llama-3.2-3B's 256 fit and stay (908
+            // against 834 in three). KILN_CUDA_DEC_GU=0 never, 1 always.
+            let fi = fmt_index(&mats, mode);
+            let three = match self.tune.dec_gu {
+                Some(g) => g == 1,
+                None => blocks as usize > 2 * self.dev.num_sms,
+            };
+            let name = if rows == 4 && n == 1 && kw == 1 && gate_up(mode) && three {
+                MATVEC_DEC_GU[fi]
+            } else {
+                MATVEC_DEC[fi][(rows == 4) as usize][(nt > 1) as usize]
+            };
             let mut a = Args::default()
                 .a(mats)
                 .a(xq_in)

@@ -638,7 +638,9 @@ __device__ __forceinline__ void dec_quant_out(const QOut& qo, float v, int b, in
 // before anything else. A row's sums: each part's blocks in order, the warp's shuffle tree,
 // then the parts in order; matvec_dec_tokens takes the same steps for each of its tokens,
 // so a token's result is the same alone or among 63 others.
-template <int F, int ROWS>
+// GU: 1 for a gate/up pair, 0 for the other modes, -1 read from mode (a kernel fixed to
+// one holds only its own registers); PRE: MVD_PRE, or fewer where registers are short.
+template <int F, int ROWS, int GU = -1, int PRE = MVD_PRE>
 __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const float* ss_in,
                                 float eps, int mode, int kw, const QOut& qo) {
     __shared__ float red[WARPS * DEC_KW_MAX][2 * ROWS];
@@ -646,7 +648,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = warp / kw, part = warp % kw;
     const int nb = cols / 32;
-    const bool gu = is_gate_up(mode);
+    const bool gu = GU < 0 ? is_gate_up(mode) : GU == 1;
     const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
     const int row = (blockIdx.x * WARPS + slot) * ROWS;
     const bool live = row < total;
@@ -658,11 +660,11 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     }
     const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
     const Mat m1 = ms.m[1];
-    WBlk w0[ROWS][MVD_PRE], w1[ROWS][MVD_PRE];
+    WBlk w0[ROWS][PRE], w1[ROWS][PRE];
     pdl_trigger();
     if (live) {
 #pragma unroll
-        for (int i = 0; i < MVD_PRE; i++) {
+        for (int i = 0; i < PRE; i++) {
             const int b = part * 32 + lane + i * 32 * kw;
             if (b < nb) {
 #pragma unroll
@@ -690,7 +692,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     for (int j = 0; j < ROWS; j++) a0[j] = a1[j] = 0.0f;
     if (live) {
 #pragma unroll
-        for (int i = 0; i < MVD_PRE; i++) {
+        for (int i = 0; i < PRE; i++) {
             const int b = part * 32 + lane + i * 32 * kw;
             if (b < nb) {
 #pragma unroll
@@ -703,7 +705,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
                 }
             }
         }
-        for (int b = part * 32 + lane + MVD_PRE * 32 * kw; b < nb; b += 32 * kw) {
+        for (int b = part * 32 + lane + PRE * 32 * kw; b < nb; b += 32 * kw) {
 #pragma unroll
             for (int j = 0; j < ROWS; j++) {
                 const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
@@ -861,7 +863,16 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
                                        QOut qo) {                                             \
         matvec_dec_tokens<F, ROWS, DEC_TILE>(ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);  \
     }
-#define MATVEC_DEC(NAME, F) MATVEC_DEC1(NAME, F, 1) MATVEC_DEC1(NAME, F, 4)
+// matvec_dec_<format>_4_1g: one token of a gate/up pair, four rows a warp, kw = 1, one block
+// of each row preloaded: registers for three blocks a multiprocessor (a pair whose blocks
+// are more than two a multiprocessor then runs in one wave).
+#define MATVEC_DEC_GU(NAME, F)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, 3)                              \
+        matvec_dec_##NAME##_4_1g(Mats ms, const u8* xqb, int cols, int ntok,                 \
+                                 const float* ss_in, float eps, int mode, int kw, QOut qo) { \
+        matvec_dec_impl<F, 4, 1, 1>(ms, xqb, cols, ss_in, eps, mode, kw, qo);                \
+    }
+#define MATVEC_DEC(NAME, F) MATVEC_DEC1(NAME, F, 1) MATVEC_DEC1(NAME, F, 4) MATVEC_DEC_GU(NAME, F)
 static_assert(DEC_TILE == 8 && WARPS >= DEC_TILE, "the decode kernels' names say 8 tokens");
 MATVEC_DEC(any, -1)
 MATVEC_DEC(q4_0, FMT_Q4_0)
