@@ -143,3 +143,40 @@ fn weight_bytes_and_params_count_every_tensor_of_the_file() {
     assert_eq!(m.weight_bytes(&b) as u64, bytes);
     assert_eq!(m.n_params() as u64, params);
 }
+
+/// Every token's logits of a chunk longer than the scratch holds logits for (64 MiB: 341
+/// rows of SmolLM2's 49152-token vocabulary) come in pieces: they must be what the same
+/// tokens give when the caller feeds them in chunks of 200 itself.
+#[test]
+fn every_rows_logits_past_the_scratch_come_in_pieces() {
+    let b = CpuBackend::new(2);
+    let g = model_file();
+    let m = Llama::load(&b, &g).unwrap();
+    let vocab = m.cfg.vocab_size;
+    let n = 400;
+    let tokens: Vec<u32> = (0..n as u32)
+        .map(|i| (i * 7919 + 13) % vocab as u32)
+        .collect();
+    let mut st = m.new_state(&b, 1024, 512);
+    let whole = m.forward(&b, &mut st, &tokens, 0, true).unwrap().to_vec();
+    assert_eq!(whole.len(), n * vocab);
+    let mut st = m.new_state(&b, 1024, 512);
+    let mut parts = Vec::new();
+    for (i, c) in tokens.chunks(200).enumerate() {
+        parts.extend_from_slice(m.forward(&b, &mut st, c, i * 200, true).unwrap());
+    }
+    let (mut worst, mut spread) = (0f32, 0f32);
+    for (row_w, row_p) in whole.chunks(vocab).zip(parts.chunks(vocab)) {
+        let (lo, hi) = row_p
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        spread = spread.max(hi - lo);
+        for (a, b) in row_w.iter().zip(row_p) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    assert!(
+        worst <= 1e-3 * spread,
+        "pieces against chunks: max |diff| {worst} over a spread of {spread}"
+    );
+}

@@ -69,6 +69,9 @@ pub struct GpuOptions {
     /// dispatch per product) instead of reading activations a prep dispatch wrote. Default:
     /// on GPUs, not on CPU adapters (lavapipe), where the repeated prologue is real work.
     pub fused_prologue: Option<bool>,
+    /// Bytes a weight's buffer holds at most (below the adapter's binding limit; tests use
+    /// it to split small weights). Larger weights are held as several row ranges.
+    pub max_binding: Option<u64>,
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u8 {
@@ -327,7 +330,10 @@ impl Gpu {
         );
         Ok(Gpu {
             fused_prologue,
-            max_binding: lim.max_storage_buffer_binding_size.min(lim.max_buffer_size),
+            max_binding: lim
+                .max_storage_buffer_binding_size
+                .min(lim.max_buffer_size)
+                .min(opt.max_binding.unwrap_or(u64::MAX)),
             device,
             queue,
             info,

@@ -77,6 +77,10 @@ pub struct WgpuWeight {
     rows: usize,
     cols: usize,
     stored_bytes: usize,
+    /// Where the matrix is more than the adapter binds at once (a large vocabulary's
+    /// embedding on a 128 MiB limit): its row ranges in order, each a weight of its own in
+    /// its own buffer (`buf` then holds the first part's rows). Empty otherwise.
+    parts: Vec<WgpuWeight>,
 }
 
 /// Keys and values, laid out (layer, kv head, slot, head_dim), f16 or f32; a slot is a
@@ -112,6 +116,11 @@ impl WgpuKvCache {
 #[derive(Default)]
 struct Scratch {
     act: Option<Buf>,
+    /// A split weight's part products (`products_split`), and its bias rows.
+    part: Option<Buf>,
+    part_bias: Option<Buf>,
+    /// The up half of a split SwiGLU pair.
+    part_up: Option<Buf>,
     attn: Option<Buf>,
     argmax: Option<Buf>,
     im2col: Option<Buf>,
@@ -219,6 +228,17 @@ impl WgpuBackend {
         norm: Option<(&WgpuTensor, f32)>,
     ) {
         if n == 0 || list.is_empty() {
+            return;
+        }
+        let split = |w: &WgpuWeight| !w.parts.is_empty();
+        if list.iter().any(|l| split(l.0) || l.1.is_some_and(split)) {
+            for &l in list {
+                if split(l.0) || l.1.is_some_and(split) {
+                    self.products_split(l, x, n, norm);
+                } else {
+                    self.products(&[l], x, n, norm);
+                }
+            }
             return;
         }
         let cols = list[0].0.cols;
@@ -368,6 +388,111 @@ impl WgpuBackend {
         if n < GEMM_MIN_TOKENS {
             matvec("matvec_g", &act, &self.gpu.dummy, [d_off, s_off, f_off]);
         }
+    }
+
+    /// One product of `products` whose weight is held in parts: each part's rows into a
+    /// scratch tensor (with its bias rows, and for MODE_ADD the output rows it adds to), then
+    /// copied into its rows of `out`; a SwiGLU pair as its gate into `out`, its up half into
+    /// scratch, then silu(gate) * up.
+    #[allow(clippy::type_complexity)]
+    fn products_split(
+        &self,
+        (w, w2, bias, out, mode): (
+            &WgpuWeight,
+            Option<&WgpuWeight>,
+            Option<&WgpuTensor>,
+            &WgpuTensor,
+            u32,
+        ),
+        x: &WgpuTensor,
+        n: usize,
+        norm: Option<(&WgpuTensor, f32)>,
+    ) {
+        if mode == MODE_GATE_UP {
+            let up = w2.expect("a gate/up product has its up matrix");
+            let rows = out.cols;
+            let buf = ensure(
+                &self.gpu,
+                &mut self.scratch.borrow_mut().part_up,
+                n * rows * 4,
+            );
+            let u = WgpuTensor {
+                buf,
+                rows: n,
+                cols: rows,
+            };
+            self.products_split((w, None, None, out, MODE_STORE), x, n, norm);
+            self.products_split((up, None, None, &u, MODE_STORE), x, n, norm);
+            self.elementwise(&out.buf, &u.buf, OP_SILU_MUL, 0.0, n * rows);
+            return;
+        }
+        let whole = [w];
+        let parts: Vec<&WgpuWeight> = if w.parts.is_empty() {
+            whole.to_vec()
+        } else {
+            w.parts.iter().collect()
+        };
+        let mut r0 = 0;
+        for part in parts {
+            let ri = part.rows;
+            let (buf, bias_buf) = {
+                let mut sc = self.scratch.borrow_mut();
+                let sc = &mut *sc;
+                (
+                    ensure(&self.gpu, &mut sc.part, n * ri * 4),
+                    bias.map(|_| ensure(&self.gpu, &mut sc.part_bias, ri * 4)),
+                )
+            };
+            let tmp = WgpuTensor {
+                buf,
+                rows: n,
+                cols: ri,
+            };
+            let tb = bias.zip(bias_buf).map(|(b, buf)| {
+                self.copy_words(&b.buf, r0, &buf, 0, ri);
+                WgpuTensor {
+                    buf,
+                    rows: 1,
+                    cols: ri,
+                }
+            });
+            if mode == MODE_ADD {
+                self.copy_2d(&out.buf, (r0, out.cols), &tmp.buf, (0, ri), (n, ri));
+            }
+            self.products(&[(part, None, tb.as_ref(), &tmp, mode)], x, n, norm);
+            self.copy_2d(&tmp.buf, (0, ri), &out.buf, (r0, out.cols), (n, ri));
+            r0 += ri;
+        }
+    }
+
+    /// Copies `rows` rows of `width` words: from word `so` of `src` (rows `ss` words apart)
+    /// to word `doff` of `dst` (rows `ds` apart).
+    fn copy_2d(
+        &self,
+        src: &Buf,
+        (so, ss): (usize, usize),
+        dst: &Buf,
+        (doff, ds): (usize, usize),
+        (rows, width): (usize, usize),
+    ) {
+        let n = rows * width;
+        if n == 0 {
+            return;
+        }
+        self.gpu.dispatch(
+            "misc",
+            "copy2d",
+            &[
+                n as u32,
+                width as u32,
+                ss as u32,
+                so as u32,
+                doff as u32,
+                ds as u32,
+            ],
+            &[src, dst],
+            grid_1d(n),
+        );
     }
 
     /// The cos/sin table of `rope` for at least `positions` positions.
@@ -634,6 +759,14 @@ impl WgpuBackend {
     }
 }
 
+impl WgpuWeight {
+    /// GPU buffers holding the matrix: 1, or its parts where it is more than the adapter
+    /// binds at once.
+    pub fn buffers(&self) -> usize {
+        self.parts.len().max(1)
+    }
+}
+
 impl TensorOps for WgpuBackend {
     type Tensor = WgpuTensor;
     type Weight = WgpuWeight;
@@ -658,24 +791,47 @@ impl TensorOps for WgpuBackend {
                 what: format!("{} columns: not a multiple of 32", w.cols),
             });
         }
-        if p.bytes.len() as u64 > self.gpu.max_binding {
+        let row_bytes = p.rw * 4;
+        let max = self.gpu.max_binding as usize;
+        let weight = |bytes: &[u8], rows: usize, parts: Vec<WgpuWeight>| WgpuWeight {
+            buf: parts
+                .first()
+                .map_or_else(|| self.gpu.buffer_init(bytes), |p| p.buf.clone()),
+            fmt: p.fmt,
+            rw: p.rw,
+            rows,
+            cols: w.cols,
+            stored_bytes: w.bytes.len(),
+            parts,
+        };
+        if p.bytes.len() <= max {
+            return Ok(weight(&p.bytes, w.rows, Vec::new()));
+        }
+        // More than one binding holds: row ranges of their own (f16 rows of an odd width
+        // share words, so those cannot be cut).
+        let per = max / row_bytes.max(1);
+        if per == 0 || (p.fmt == FMT_F16 && w.cols % 2 == 1) {
             return Err(BackendError::Weight {
                 name: w.name.into(),
                 what: format!(
-                    "{} bytes on the GPU: more than the adapter binds at once ({})",
-                    p.bytes.len(),
-                    self.gpu.max_binding
+                    "{} bytes on the GPU: more than the adapter binds at once ({max}), and \
+                     its rows cannot be split",
+                    p.bytes.len()
                 ),
             });
         }
-        Ok(WgpuWeight {
-            buf: self.gpu.buffer_init(&p.bytes),
-            fmt: p.fmt,
-            rw: p.rw,
-            rows: w.rows,
-            cols: w.cols,
-            stored_bytes: w.bytes.len(),
-        })
+        let parts = (0..w.rows)
+            .step_by(per)
+            .map(|r0| {
+                let r1 = (r0 + per).min(w.rows);
+                weight(
+                    &p.bytes[r0 * row_bytes..r1 * row_bytes],
+                    r1 - r0,
+                    Vec::new(),
+                )
+            })
+            .collect();
+        Ok(weight(&[], w.rows, parts))
     }
 
     fn weight_shape(&self, w: &WgpuWeight) -> (usize, usize) {
@@ -898,23 +1054,35 @@ impl LlmOps for WgpuBackend {
                 vocab: table.rows,
             });
         }
+        // A table held in parts: each part writes the rows of the ids in its range.
+        let whole = [table];
+        let parts: Vec<&WgpuWeight> = if table.parts.is_empty() {
+            whole.to_vec()
+        } else {
+            table.parts.iter().collect()
+        };
         for (c, chunk) in ids.chunks(60000).enumerate() {
             let off = self.gpu.push_ids(chunk);
-            let p = [
-                table.rows as u32,
-                table.cols as u32,
-                table.fmt,
-                table.rw as u32,
-                off,
-                (c * 60000 * out.cols) as u32,
-            ];
-            self.gpu.dispatch(
-                "embed",
-                "embed",
-                &p,
-                &[&table.buf, &self.gpu.ids, &out.buf],
-                (table.cols.div_ceil(256) as u32, chunk.len() as u32, 1),
-            );
+            let mut row0 = 0;
+            for part in &parts {
+                let p = [
+                    part.rows as u32,
+                    table.cols as u32,
+                    table.fmt,
+                    table.rw as u32,
+                    off,
+                    (c * 60000 * out.cols) as u32,
+                    row0 as u32,
+                ];
+                self.gpu.dispatch(
+                    "embed",
+                    "embed",
+                    &p,
+                    &[&part.buf, &self.gpu.ids, &out.buf],
+                    (table.cols.div_ceil(256) as u32, chunk.len() as u32, 1),
+                );
+                row0 += part.rows;
+            }
         }
         Ok(())
     }

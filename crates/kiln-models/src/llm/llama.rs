@@ -317,7 +317,8 @@ impl<B: Backend> Llama<B> {
 
     /// Runs `tokens` at positions `pos0..`, filling the KV cache. Returns the logits of the
     /// last token (`vocab`), or of every token of the last chunk when `all_logits` (then at
-    /// most `max_batch` tokens may be passed).
+    /// most `max_batch` tokens may be passed; more than the scratch holds logits for run as
+    /// pieces of that many, each piece's logits read before the next).
     pub fn forward<'s>(
         &self,
         b: &B,
@@ -326,13 +327,29 @@ impl<B: Backend> Llama<B> {
         pos0: usize,
         all_logits: bool,
     ) -> Result<&'s [f32], ModelError> {
-        let out = if all_logits {
-            Logits::All
-        } else {
-            Logits::Last
-        };
-        let n_out = self.forward_one(b, st, tokens, pos0, out)?;
-        Ok(self.logits(b, &mut st.scratch, n_out))
+        if !all_logits {
+            let n_out = self.forward_one(b, st, tokens, pos0, Logits::Last)?;
+            return Ok(self.logits(b, &mut st.scratch, n_out));
+        }
+        let rows = st.scratch.logit_rows;
+        if tokens.len() <= rows {
+            let n_out = self.forward_one(b, st, tokens, pos0, Logits::All)?;
+            return Ok(self.logits(b, &mut st.scratch, n_out));
+        }
+        assert!(
+            tokens.len() <= st.max_batch,
+            "caller keeps chunks to max_batch"
+        );
+        let vocab = self.cfg.vocab_size;
+        let mut all = std::mem::take(&mut st.logits_all);
+        all.clear();
+        for (i, piece) in tokens.chunks(rows).enumerate() {
+            let n_out = self.forward_one(b, st, piece, pos0 + i * rows, Logits::All)?;
+            all.extend_from_slice(self.logits(b, &mut st.scratch, n_out));
+        }
+        debug_assert_eq!(all.len(), tokens.len() * vocab);
+        st.logits_all = all;
+        Ok(&st.logits_all)
     }
 
     /// Feeds `tokens` from `pos0`, leaving the last token's logits where the backend keeps

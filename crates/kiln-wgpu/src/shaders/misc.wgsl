@@ -41,6 +41,17 @@ fn copy(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     B[P(4u) + i] = A[P(3u) + i];
 }
 
+// Rows of width P(1): B[P(4) + r * P(5) + c] = A[P(3) + r * P(2) + c] for r * P(1) + c < P(0).
+@compute @workgroup_size(256)
+fn copy2d(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gidx(wg, nwg, li);
+    if (i >= P(0u)) { return; }
+    let r = i / P(1u);
+    let c = i % P(1u);
+    B[P(4u) + r * P(5u) + c] = A[P(3u) + r * P(2u) + c];
+}
+
 // B (t_out, c_in * k) = im2col of A (t_in, c_in): column c * k + j of row t is
 // A[t * stride + j - pad][c], zero outside. params 0 n, 1 t_in, 2 c_in, 3 k, 4 stride, 5 pad.
 @compute @workgroup_size(256)

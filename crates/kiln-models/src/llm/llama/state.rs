@@ -107,6 +107,9 @@ pub struct LlamaState<B: Backend> {
     pub max_batch: usize,
     pub(super) cache: LlamaCache<B>,
     pub(super) scratch: LlamaScratch<B>,
+    /// Every token's logits of a forward whose chunk has more rows than the scratch holds
+    /// logits for (read to the host a scratch's worth at a time).
+    pub(super) logits_all: Vec<f32>,
 }
 
 impl<B: Backend> LlamaState<B> {
@@ -115,6 +118,11 @@ impl<B: Backend> LlamaState<B> {
         self.cache.resumes(b, held, at)
     }
 }
+
+/// Bytes of logits a single sequence's scratch holds at most: 64 rows of a 262144-token
+/// vocabulary (max_batch rows of it would be 512 MiB on the device, more than some adapters
+/// bind at once, for the few callers that want every row's logits).
+const LOGITS_BYTES: usize = 64 << 20;
 
 /// One sequence's part of a forward: `tokens` at positions `pos0..` of its own cache.
 pub struct SeqChunk<'a, B: Backend> {
@@ -274,14 +282,19 @@ impl<B: Backend> Llama<B> {
     }
 
     /// A state of `cache` (which takes steps of at least `max_batch` positions) and a scratch
-    /// for chunks of up to `max_batch` tokens.
+    /// for chunks of up to `max_batch` tokens, with logits for as many of a chunk's rows as
+    /// LOGITS_BYTES hold (a forward that wants every row's runs in pieces of that many).
     pub fn state_with(&self, b: &B, max_batch: usize, cache: LlamaCache<B>) -> LlamaState<B> {
         let max_batch = max_batch.max(1);
+        let logit_rows = max_batch
+            .min(LOGITS_BYTES / (4 * self.cfg.vocab_size.max(1)))
+            .max(1);
         LlamaState {
             n_ctx: cache.n_ctx,
             max_batch,
             cache,
-            scratch: self.new_scratch(b, max_batch, 1, max_batch),
+            scratch: self.new_scratch(b, max_batch, 1, logit_rows),
+            logits_all: Vec::new(),
         }
     }
 
