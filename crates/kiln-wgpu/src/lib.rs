@@ -64,6 +64,15 @@ const OP_SILU_MUL: u32 = 1;
 const OP_SCALE: u32 = 2;
 const OP_GELU_TANH_MUL: u32 = 3;
 
+/// One product of [`WgpuBackend::products`]: (weight, SwiGLU's up matrix, bias, out, mode).
+type Product<'a> = (
+    &'a WgpuWeight,
+    Option<&'a WgpuWeight>,
+    Option<&'a WgpuTensor>,
+    &'a WgpuTensor,
+    u32,
+);
+
 pub struct WgpuTensor {
     buf: Buf,
     rows: usize,
@@ -213,16 +222,9 @@ impl WgpuBackend {
     /// is the second matrix of SwiGLU. Up to GEMM_MIN_TOKENS tokens and MATVEC_MAXC
     /// columns, each matrix-vector workgroup normalises and quantizes x itself; otherwise
     /// the activations are prepared once (prep.wgsl) for every product.
-    #[allow(clippy::type_complexity)]
     fn products(
         &self,
-        list: &[(
-            &WgpuWeight,
-            Option<&WgpuWeight>,
-            Option<&WgpuTensor>,
-            &WgpuTensor,
-            u32,
-        )],
+        list: &[Product<'_>],
         x: &WgpuTensor,
         n: usize,
         norm: Option<(&WgpuTensor, f32)>,
@@ -394,16 +396,9 @@ impl WgpuBackend {
     /// scratch tensor (with its bias rows, and for MODE_ADD the output rows it adds to), then
     /// copied into its rows of `out`; a SwiGLU pair as its gate into `out`, its up half into
     /// scratch, then silu(gate) * up.
-    #[allow(clippy::type_complexity)]
     fn products_split(
         &self,
-        (w, w2, bias, out, mode): (
-            &WgpuWeight,
-            Option<&WgpuWeight>,
-            Option<&WgpuTensor>,
-            &WgpuTensor,
-            u32,
-        ),
+        (w, w2, bias, out, mode): Product<'_>,
         x: &WgpuTensor,
         n: usize,
         norm: Option<(&WgpuTensor, f32)>,
