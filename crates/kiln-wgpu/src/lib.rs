@@ -663,6 +663,15 @@ impl WgpuWeight {
     pub fn buffers(&self) -> usize {
         self.parts.len().max(1)
     }
+
+    /// The matrix's row ranges in order: itself, or its parts.
+    fn pieces(&self) -> &[WgpuWeight] {
+        if self.parts.is_empty() {
+            std::slice::from_ref(self)
+        } else {
+            &self.parts
+        }
+    }
 }
 
 impl TensorOps for WgpuBackend {
@@ -913,16 +922,11 @@ impl LlmOps for WgpuBackend {
             });
         }
         // A table held in parts: each part writes the rows of the ids in its range.
-        let whole = [table];
-        let parts: Vec<&WgpuWeight> = if table.parts.is_empty() {
-            whole.to_vec()
-        } else {
-            table.parts.iter().collect()
-        };
+        let parts = table.pieces();
         for (c, chunk) in ids.chunks(60000).enumerate() {
             let off = self.gpu.push_ids(chunk);
             let mut row0 = 0;
-            for part in &parts {
+            for part in parts {
                 let p = [
                     part.rows as u32,
                     table.cols as u32,

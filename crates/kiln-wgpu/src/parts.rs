@@ -93,14 +93,8 @@ impl WgpuBackend {
             self.elementwise(&out.buf, &u.buf, OP_SILU_MUL, 0.0, n * rows);
             return;
         }
-        let whole = [w];
-        let parts: Vec<&WgpuWeight> = if w.parts.is_empty() {
-            whole.to_vec()
-        } else {
-            w.parts.iter().collect()
-        };
         let mut r0 = 0;
-        for part in parts {
+        for part in w.pieces() {
             let ri = part.rows;
             let (buf, bias_buf) = {
                 let mut sc = self.scratch.borrow_mut();
