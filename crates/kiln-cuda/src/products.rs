@@ -329,9 +329,8 @@ impl CudaBackend {
             // the same sums, part after part). KILN_CUDA_DEC_KW tunes.
             let kw = self.dec_kw(cols, total);
             // Four rows a warp for one token whenever the matrices allow (a lane then has
-            // four rows' loads in flight: on an H200, Qwen3-4B tg128 515 -> 566 t/s with the
-            // QKV and output-head products on four rows); the sums are the same bits either
-            // way. KILN_CUDA_DEC_ROWS tunes.
+            // four rows' loads in flight; the H200 sweep in BENCHMARKS, nineteenth session);
+            // the sums are the same bits either way. KILN_CUDA_DEC_ROWS tunes.
             let four_ok =
                 (0..=mats.n_mats as usize).all(|i| mats.row0[i] % 4 == 0) && total % 4 == 0;
             let rows = match self.tune.dec_rows {
