@@ -19,18 +19,22 @@
 #                   kiln-cuda, run while the files are written (the GPU is idle then)
 #   DEPTHS (env)    cache depths every test runs at, comma-separated (both engines' -d;
 #                   default 0; e.g. 0,4096,16384)
+#   REPS (env)      repetitions of each test, both engines (default 5: compare medians or
+#                   best samples; llama-bench's first repetition is its slowest)
 #   PREPARE_ONLY=1  (env) build llama.cpp and write the files only; files already written
 #                   (in $KILN_HOME/bench) are kept, and an existing build is reused
 #
 # llama.cpp is built with CUDA for sm_90 (GGML_CUDA=ON, CMAKE_CUDA_ARCHITECTURES=90) and run
 # with flash attention on and every layer on the GPU (-fa 1 -ngl 99); both engines run
-# pp512 and tg128, 3 repetitions after a warm-up, on the same GGUF files (random weights of
-# the exact shapes, written by tools/make_bench_models.py and quantized by llama-quantize).
+# pp512 and tg128, REPS repetitions after a warm-up, on the same GGUF files (random weights
+# of the exact shapes, written by tools/make_bench_models.py: Q4_0 from random blocks
+# directly, the other types quantized by llama-quantize or kiln from an f16 file).
 # Results: markdown tables on stdout and, with $OUT set, JSON lines in $OUT.
 set -euo pipefail
 KILN="$1"; SRC="$2"; TOK="$3"; WHEEL="$4"
 SHAPES="${5:-qwen3-0.6b:Q4_0,Q8_0,Q4_K_M}"
 DEPTHS="${DEPTHS:-0}"
+REPS="${REPS:-5}"
 JOBS="$(nproc)"
 export KILN_HOME="${KILN_HOME:-/tmp/kiln-home}"
 WORK="${WORK:-/tmp/kiln-cuda-bench}"
@@ -81,10 +85,19 @@ write_shape() {
     done
     [ "$missing" = 0 ] && { echo "$s: models already written"; return; }
     t0=$(date +%s)
-    PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py "$KILN_HOME/bench" \
-        --llama-quantize "$QBIN" --no-verify --no-smollm2 \
-        --shapes "$s" --quants "$quants" > "$WORK/models-$s.log" 2>&1 \
-        || { echo "$s: writing the models failed:"; tail -5 "$WORK/models-$s.log"; }
+    # Q4_0 straight from random blocks (seconds, no f16 file); the other types through the
+    # f16 file and the quantizer (the Q4_0 file, already there, is kept).
+    case ",$quants," in
+        *,Q4_0,*) PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py \
+            "$KILN_HOME/bench" --direct-q4_0 --shapes "$s" > "$WORK/models-$s.log" 2>&1 \
+            || { echo "$s: writing Q4_0 failed:"; tail -5 "$WORK/models-$s.log"; } ;;
+    esac
+    if [ "$quants" != Q4_0 ]; then
+        PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py "$KILN_HOME/bench" \
+            --llama-quantize "$QBIN" --no-verify --no-smollm2 \
+            --shapes "$s" --quants "$quants" >> "$WORK/models-$s.log" 2>&1 \
+            || { echo "$s: writing the models failed:"; tail -5 "$WORK/models-$s.log"; }
+    fi
     echo "$s: models written in $(( $(date +%s) - t0 )) s"
     rm -f "$KILN_HOME/bench/$s-shape-f16.gguf"
 }
@@ -113,9 +126,9 @@ for spec in $SHAPES; do
     s="${spec%%:*}"; QUANTS="${spec#*:}"
     for q in ${QUANTS//,/ }; do
         f="$KILN_HOME/bench/$s-shape-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
-        "$LB" -m "$f" -p 512 -n 128 -d "$DEPTHS" -r 3 -fa 1 -ngl 99 -o jsonl 2>/dev/null \
-            >> "$OUT/llama-cpp.jsonl" || echo "llama-bench failed on $f"
-        "$KILN" bench --device cuda -m "$f" -p 512 -n 128 -d "$DEPTHS" -r 3 --json \
+        "$LB" -m "$f" -p 512 -n 128 -d "$DEPTHS" -r "$REPS" -fa 1 -ngl 99 -o jsonl \
+            2>/dev/null >> "$OUT/llama-cpp.jsonl" || echo "llama-bench failed on $f"
+        "$KILN" bench --device cuda -m "$f" -p 512 -n 128 -d "$DEPTHS" -r "$REPS" --json \
             >> "$OUT/kiln.jsonl" || echo "kiln failed on $f"
     done
 done

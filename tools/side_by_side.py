@@ -3,11 +3,14 @@
 
 usage: side_by_side.py A.jsonl B.jsonl "A's column" "B's column" "ratio column"
 
-Lines that are not JSON objects with n_prompt/n_gen (headers, logs) are skipped; the ratio is
-B's mean over A's.
+Lines that are not JSON objects with n_prompt/n_gen (headers, logs) are skipped. Each cell is
+the median of the repetitions' samples (`samples_ts`; llama-bench's first repetition is its
+slowest, so a mean of few understates it) with the best sample beside it; the ratio is B's
+median over A's. Lines without samples fall back to their mean.
 """
 import json
 import os
+import statistics
 import sys
 
 
@@ -23,7 +26,9 @@ def rows(path):
         test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
         if r.get("n_depth"):
             test += f" @ d{r['n_depth']}"
-        out[(os.path.basename(r["model_filename"]), test)] = (r["avg_ts"], r["stddev_ts"])
+        samples = r.get("samples_ts") or [r["avg_ts"]]
+        out[(os.path.basename(r["model_filename"]), test)] = (statistics.median(samples),
+                                                              max(samples))
     return out
 
 
@@ -41,6 +46,6 @@ def order(key):
 for key in sorted(set(a_rows) | set(b_rows), key=order):
     a, b = a_rows.get(key), b_rows.get(key)
     ratio = f"{b[0] / a[0]:.2f}x" if a and b else ""
-    fa = f"{a[0]:.1f} ± {a[1]:.1f}" if a else "-"
-    fb = f"{b[0]:.1f} ± {b[1]:.1f}" if b else "-"
+    fa = f"{a[0]:.1f} (best {a[1]:.1f})" if a else "-"
+    fb = f"{b[0]:.1f} (best {b[1]:.1f})" if b else "-"
     print(f"| {key[0]} | {key[1]} | {fa} | {fb} | {ratio} |")
