@@ -66,8 +66,8 @@ impl WgpuBackend {
 
     /// One product of `products` whose weight is held in parts: each part's rows into a
     /// scratch tensor (with its bias rows, and for MODE_ADD the output rows it adds to), then
-    /// copied into its rows of `out`; a SwiGLU pair as its gate into `out`, its up half into
-    /// scratch, then silu(gate) * up.
+    /// copied into its rows of `out`; a SwiGLU pair (either matrix in parts) as its gate into
+    /// `out` and its up half into scratch, each through `products`, then silu(gate) * up.
     pub(crate) fn products_split(
         &self,
         (w, w2, bias, out, mode): Product<'_>,
@@ -88,8 +88,8 @@ impl WgpuBackend {
                 rows: n,
                 cols: rows,
             };
-            self.products_split((w, None, None, out, MODE_STORE), x, n, norm);
-            self.products_split((up, None, None, &u, MODE_STORE), x, n, norm);
+            self.products(&[(w, None, None, out, MODE_STORE)], x, n, norm);
+            self.products(&[(up, None, None, &u, MODE_STORE)], x, n, norm);
             self.elementwise(&out.buf, &u.buf, OP_SILU_MUL, 0.0, n * rows);
             return;
         }

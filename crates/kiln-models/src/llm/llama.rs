@@ -340,15 +340,12 @@ impl<B: Backend> Llama<B> {
             tokens.len() <= st.max_batch,
             "caller keeps chunks to max_batch"
         );
-        let vocab = self.cfg.vocab_size;
-        let mut all = std::mem::take(&mut st.logits_all);
-        all.clear();
+        st.logits_all.clear();
         for (i, piece) in tokens.chunks(rows).enumerate() {
             let n_out = self.forward_one(b, st, piece, pos0 + i * rows, Logits::All)?;
-            all.extend_from_slice(self.logits(b, &mut st.scratch, n_out));
+            let l = self.logits(b, &mut st.scratch, n_out);
+            st.logits_all.extend_from_slice(l);
         }
-        debug_assert_eq!(all.len(), tokens.len() * vocab);
-        st.logits_all = all;
         Ok(&st.logits_all)
     }
 
