@@ -21,10 +21,10 @@ pub const MAX_BINDINGS: usize = 11;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-type PipelineKey = (&'static str, &'static str, [u32; 3]);
+type PipelineKey = (&'static str, &'static str, [u32; 4]);
 
 /// Override constants a module may declare: the weight formats its pipelines specialise on.
-const CONSTS: [&str; 3] = ["FMT1", "FMT2", "FMT3"];
+const CONSTS: [&str; 4] = ["FMT1", "FMT2", "FMT3", "ROWS"];
 
 /// A device buffer with an id that is never reused (the bind group cache's key).
 #[derive(Clone, Debug)]
@@ -72,6 +72,9 @@ pub struct GpuOptions {
     /// Bytes a weight's buffer holds at most (below the adapter's binding limit; tests use
     /// it to split small weights). Larger weights are held as several row ranges.
     pub max_binding: Option<u64>,
+    /// Rows each row group of a matrix-vector product computes together (1, 2 or 4);
+    /// default: chosen per product by its size (tests fix it to reach every variant).
+    pub matvec_rows: Option<usize>,
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u8 {
@@ -120,6 +123,13 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub subgroups: bool,
     pub fused_prologue: bool,
+    /// Rows each row group of a matrix-vector product computes together (1, 2 or 4;
+    /// KILN_WGPU_MV_ROWS; 0: by the product's workgroups, `matvec_rows` in lib.rs).
+    pub matvec_rows: usize,
+    /// Workgroups a product keeps when rows are computed together (KILN_WGPU_MV_WGS).
+    pub matvec_wgs: usize,
+    /// Fewest keys of a decode attention split (KILN_WGPU_DEC_MIN_KEYS).
+    pub dec_min_keys: usize,
     pub max_binding: u64,
     slot: usize,
     ring: wgpu::Buffer,
@@ -151,10 +161,11 @@ struct Profile {
     queries: wgpu::QuerySet,
     resolve: wgpu::Buffer,
     read: wgpu::Buffer,
-    /// The kernel of each timestamp of the open submission (timestamp i opens dispatch i).
-    names: Vec<&'static str>,
-    /// Per kernel: dispatches, nanoseconds from its start to the next one's.
-    gpu: HashMap<&'static str, (u64, f64)>,
+    /// The kernel and grid of each timestamp of the open submission (timestamp i opens
+    /// dispatch i).
+    names: Vec<String>,
+    /// Per kernel and grid: dispatches, nanoseconds from its start to the next one's.
+    gpu: HashMap<String, (u64, f64)>,
     record_ns: u128,
     submit_ns: u128,
     wait_ns: u128,
@@ -202,9 +213,12 @@ impl Gpu {
                 info.name, lim.max_storage_buffers_per_shader_stage
             )));
         }
+        // (The kernels' subgroup variants take 8 consecutive lanes as a quantization
+        // block's words.)
         let subgroups = !opt.no_subgroups
             && !kiln_backend::options::dev_flag("KILN_WGPU_NO_SUBGROUPS")
-            && adapter.features().contains(wgpu::Features::SUBGROUP);
+            && adapter.features().contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size >= 8;
         let mut features = wgpu::Features::empty();
         if subgroups {
             features |= wgpu::Features::SUBGROUP;
@@ -289,6 +303,7 @@ impl Gpu {
             .collect();
         let fused_prologue = opt
             .fused_prologue
+            .or(kiln_backend::options::dev_parsed::<u8>("KILN_WGPU_FUSED").map(|v| v == 1))
             .unwrap_or(info.device_type != wgpu::DeviceType::Cpu);
         let prof = profile.then(|| {
             let bytes = 8 * PROF_QUERIES as u64;
@@ -328,8 +343,21 @@ impl Gpu {
                 32
             },
         );
+        let matvec_rows = match opt
+            .matvec_rows
+            .or_else(|| kiln_backend::options::dev_parsed("KILN_WGPU_MV_ROWS"))
+        {
+            Some(k @ (1 | 2 | 4)) => k,
+            _ => 0,
+        };
+        let matvec_wgs = kiln_backend::options::dev_parsed("KILN_WGPU_MV_WGS").unwrap_or(320);
         Ok(Gpu {
             fused_prologue,
+            matvec_rows,
+            matvec_wgs,
+            dec_min_keys: kiln_backend::options::dev_parsed("KILN_WGPU_DEC_MIN_KEYS")
+                .unwrap_or(crate::DEC_MIN_KEYS)
+                .max(1),
             max_binding: lim
                 .max_storage_buffer_binding_size
                 .min(lim.max_buffer_size)
@@ -418,7 +446,7 @@ impl Gpu {
         n: usize,
         consts: &[u32],
     ) -> wgpu::ComputePipeline {
-        let mut cv = [0u32; 3];
+        let mut cv = [0u32; 4];
         cv[..consts.len()].copy_from_slice(consts);
         let key = (module, entry, cv);
         if let Some(p) = self.pipelines.borrow().get(&key) {
@@ -426,7 +454,17 @@ impl Gpu {
         }
         let mut mods = self.modules.borrow_mut();
         let m = mods.entry(module).or_insert_with(|| {
-            let src = crate::shaders::source(module, self.subgroups);
+            let mut src = crate::shaders::source(module, self.subgroups);
+            if kiln_backend::options::dev_flag("KILN_WGPU_NO_DP4A") {
+                src = src.replace(
+                    "dot4I8Packed(a, b); }\nfn sdot",
+                    "dot(vec4<i32>(unpack4xU8(a)), unpack4xI8(b)); }\nfn sdot",
+                );
+                src = src.replace(
+                    "-> i32 { return dot4I8Packed(a, b); }",
+                    "-> i32 { return dot(unpack4xI8(a), unpack4xI8(b)); }",
+                );
+            }
             self.device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(module),
@@ -564,7 +602,7 @@ impl Gpu {
             e.pass = Some(pass);
             e.pipeline = None;
         }
-        let mut cv = [0u32; 3];
+        let mut cv = [0u32; 4];
         cv[..consts.len()].copy_from_slice(consts);
         let same = e.pipeline == Some((module, entry, cv));
         e.pipeline = Some((module, entry, cv));
@@ -576,7 +614,8 @@ impl Gpu {
         if let Some(pr) = &self.prof {
             let mut pr = pr.borrow_mut();
             pass.write_timestamp(&pr.queries, pr.names.len() as u32);
-            pr.names.push(entry);
+            let name = format!("{entry} {}x{}x{}", groups.0, groups.1, groups.2);
+            pr.names.push(name);
         }
         pass.dispatch_workgroups(groups.0, groups.1, groups.2);
         e.recorded += 1;
@@ -661,7 +700,7 @@ impl Gpu {
                 pr.read.unmap();
                 let period = self.queue.get_timestamp_period() as f64;
                 let names = std::mem::take(&mut pr.names);
-                for (i, name) in names.iter().enumerate() {
+                for (i, name) in names.into_iter().enumerate() {
                     if let (Some(a), Some(b)) = (ticks.get(i), ticks.get(i + 1)) {
                         let g = pr.gpu.entry(name).or_default();
                         g.0 += 1;
@@ -758,7 +797,7 @@ impl Drop for Gpu {
         );
         for (name, (n, ns)) in rows {
             eprintln!(
-                "  {name:<28} {n:>8} dispatches {:>10.2} ms {:>8.2} us each {:>5.1}%",
+                "  {name:<36} {n:>8} dispatches {:>10.2} ms {:>8.2} us each {:>5.1}%",
                 ns / 1e6,
                 ns / 1e3 / *n as f64,
                 100.0 * ns / total.max(1.0)

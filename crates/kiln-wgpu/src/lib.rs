@@ -50,7 +50,7 @@ const ATT_CHUNK: usize = 256;
 /// a GPU's multiprocessors heads x splits workgroups).
 const DEC_MAX_TOKENS: usize = 4;
 const DEC_SPLITS: usize = 16;
-const DEC_MIN_KEYS: usize = 16;
+pub(crate) const DEC_MIN_KEYS: usize = 16;
 /// Columns per workgroup of greedy sampling's first pass (misc.wgsl argmax).
 const ARGMAX_CHUNK: usize = 4096;
 /// Product modes (matvec.wgsl).
@@ -175,6 +175,26 @@ pub struct WgpuBackend {
     cpu: CpuBackend,
 }
 
+/// Rows each row group of a matrix-vector product computes together (1, 2 or 4) for a
+/// product of `rows` rows at `g` row groups a workgroup: `fixed` where set, else the most
+/// that still leaves `wgs` workgroups (four rows: 4 x `wgs`). Rows computed together share
+/// each activation block and keep more loads in flight, but fewer workgroups fill fewer
+/// multiprocessors (H200, Vulkan: Qwen3-4B's 9728-row pair gains at 2, Qwen3-0.6B's
+/// 1024-row products lose; the output heads gain at 4).
+fn matvec_rows(rows: usize, g: usize, fixed: usize, wgs: usize) -> usize {
+    if fixed > 0 {
+        return fixed;
+    }
+    let groups = |k: usize| rows.div_ceil(g * k);
+    if groups(4) >= 4 * wgs {
+        4
+    } else if groups(2) >= wgs {
+        2
+    } else {
+        1
+    }
+}
+
 impl WgpuBackend {
     /// The best adapter (discrete > integrated > CPU). Errors (one line) when there is none.
     pub fn new() -> Result<Self, WgpuInitError> {
@@ -267,7 +287,12 @@ impl WgpuBackend {
                 let (w, w2, _, out, mode) = batch[0];
                 let mode = if batch.len() == 3 { MODE_THREE } else { mode };
                 let rows: usize = batch.iter().map(|e| e.0.rows).sum();
-                let wgs = rows.div_ceil(g);
+                let mut k = matvec_rows(rows, g, self.gpu.matvec_rows, self.gpu.matvec_wgs);
+                // MODE_THREE's matrices start on a multiple of it.
+                while k > 1 && batch.len() == 3 && batch.iter().any(|e| e.0.rows % k != 0) {
+                    k /= 2;
+                }
+                let wgs = rows.div_ceil(g * k);
                 let per = wgs.div_ceil(65535).max(1);
                 let e = |i: usize| batch.get(i).copied().unwrap_or(batch[0]);
                 let second = w2.unwrap_or(e(1).0);
@@ -318,7 +343,7 @@ impl WgpuBackend {
                     bias(2),
                 ];
                 let grid = (wgs.div_ceil(per) as u32, n as u32, 1);
-                let consts = [w.fmt, second.fmt, e(2).0.fmt];
+                let consts = [w.fmt, second.fmt, e(2).0.fmt, k as u32];
                 self.gpu
                     .dispatch_with(module, "matvec", &consts, &p[..23], &bufs, grid);
             }
@@ -577,7 +602,8 @@ impl WgpuBackend {
         let len = s.pos0 + s.n_tokens;
         let dec = s.n_tokens <= DEC_MAX_TOKENS;
         let (splits, per) = if dec {
-            let splits = len.div_ceil(DEC_MIN_KEYS).clamp(1, DEC_SPLITS);
+            let min_keys = self.gpu.dec_min_keys;
+            let splits = len.div_ceil(min_keys).clamp(1, DEC_SPLITS);
             (splits, len.div_ceil(splits))
         } else {
             (len.div_ceil(ATT_CHUNK), ATT_CHUNK)

@@ -17,7 +17,7 @@ fn matvec(variant: &str) -> String {
         .iter()
         .map(|(w, s)| {
             MATVEC_ROW
-                .replace("row_dot_S(", &format!("row_dot{s}("))
+                .replace("rows_dot_S(", &format!("rows_dot{s}("))
                 .replace("wval_W(", &format!("wval{w}("))
                 .replace("block_dot_W(", &format!("block_dot{w}("))
         })

@@ -30,8 +30,9 @@ fn every_shader_validates_and_translates_to_msl() {
                 lang_version: (2, 4),
                 ..Default::default()
             };
-            // Pipelines are specialised on weight formats (override constants FMT1..):
-            // each format's specialisation is translated.
+            // Pipelines are specialised on weight formats (override constants FMT1..) and
+            // matvec on its rows a row group (ROWS): each format's specialisation is
+            // translated.
             let names: Vec<String> = module
                 .overrides
                 .iter()
@@ -41,7 +42,9 @@ fn every_shader_validates_and_translates_to_msl() {
             for fmt in formats {
                 let mut consts = naga::back::PipelineConstants::default();
                 for k in &names {
-                    consts.insert(k.clone(), fmt as f64);
+                    // ROWS: the most rows a matrix-vector row group computes together.
+                    let v = if k == "ROWS" { 4 } else { fmt };
+                    consts.insert(k.clone(), v as f64);
                 }
                 let (m, i) = naga::back::pipeline_constants::process_overrides(
                     &module, &info, None, &consts,

@@ -63,9 +63,11 @@ fn i16lo(w: u32) -> f32 { return f32(bitcast<i32>(w << 16u) >> 16u); }
 fn i16hi(w: u32) -> f32 { return f32(bitcast<i32>(w) >> 16u); }
 // Byte k of a little-endian word, as signed.
 fn i8at(w: u32, k: u32) -> f32 { return f32(bitcast<i32>(w << (24u - 8u * k)) >> 24u); }
-// Unsigned bytes of a dotted with signed bytes of b.
-fn udot(a: u32, b: u32) -> i32 { return dot(vec4<i32>(unpack4xU8(a)), unpack4xI8(b)); }
-fn sdot(a: u32, b: u32) -> i32 { return dot(unpack4xI8(a), unpack4xI8(b)); }
+// Bytes of a (each below 128: 4- and 6-bit values) dotted with signed bytes of b; signed
+// bytes of a dotted with those of b. One dp4a-class instruction where the adapter has
+// integer dot products (naga emits OpSDot), a polyfill elsewhere.
+fn udot(a: u32, b: u32) -> i32 { return dot4I8Packed(a, b); }
+fn sdot(a: u32, b: u32) -> i32 { return dot4I8Packed(a, b); }
 
 // Spreads 4 two-bit fields (bits 0..7 of t) into bits 4..5 of 4 bytes.
 fn spread2(t: u32) -> u32 {

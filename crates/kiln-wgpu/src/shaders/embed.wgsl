@@ -6,9 +6,6 @@
 @group(0) @binding(2) var<storage, read_write> IDS: array<u32>;
 @group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
 
-// Not called: weights.wgsl's block_dot reads activations through it.
-fn xq(i: u32) -> u32 { return 0u; }
-
 @compute @workgroup_size(256)
 fn embed(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let t = wg.y;

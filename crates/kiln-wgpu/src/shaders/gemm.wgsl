@@ -11,8 +11,6 @@
 @group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
 @group(0) @binding(4) var<storage, read_write> BIAS: array<f32>;
 
-fn xq(i: u32) -> u32 { return X[i]; }
-
 // The pipeline is specialised on W's format (param 2 holds it too).
 override FMT1: u32 = 0u;
 

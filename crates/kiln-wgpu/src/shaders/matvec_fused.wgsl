@@ -4,7 +4,7 @@
 
 const MAXC: u32 = 8192u;
 
-var<workgroup> XQ: array<u32, 2048>;   // MAXC / 4
+var<workgroup> XQ: array<vec4<u32>, 512>;   // MAXC / 16
 var<workgroup> XD: array<f32, 256>;    // MAXC / 32
 var<workgroup> XS: array<u32, 256>;
 var<workgroup> tmp_a: array<f32, 256>;
@@ -17,8 +17,11 @@ fn xnorm(t: u32, c: u32, inv: f32) -> f32 {
     return xraw(t, c);
 }
 fn xf(t: u32, c: u32) -> f32 { return xnorm(t, c, inv_rms); }
-fn xq(i: u32) -> u32 { return XQ[i]; }
-fn xqo(t: u32, b: u32) -> u32 { return b * 8u; }
+fn xblock(t: u32, b: u32) -> array<u32, 8> {
+    let lo = XQ[2u * b];
+    let hi = XQ[2u * b + 1u];
+    return array<u32, 8>(lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+}
 fn xd(t: u32, b: u32) -> f32 { return XD[b]; }
 fn xs(t: u32, b: u32) -> u32 { return XS[b]; }
 
@@ -61,7 +64,7 @@ fn prologue(li: u32, t: u32) {
                     word = word | ((bitcast<u32>(q) & 0xffu) << (8u * k));
                     s += q;
                 }
-                XQ[w] = word;
+                XQ[w >> 2u][w & 3u] = word;
             }
             tmp_s[li] = s;
             workgroupBarrier();

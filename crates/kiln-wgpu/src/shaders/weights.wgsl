@@ -1,6 +1,6 @@
 // Weights as pack.rs lays them out (u32 words in the buffer `WB`); `rw` is a row's words.
 // shaders.rs instantiates this file once per weight buffer of a module (`WB` -> W, W2;
-// `_S` -> "", "2"); the including module defines `xq(i)`, the activation words.
+// `_S` -> "", "2").
 //
 //   F32   one word per value            F16   two values per word (matrix-wide index)
 //   Q4_0  per block of 32: [d f16], 4 words of nibbles
@@ -78,14 +78,14 @@ fn wval_S(fmt: u32, r: u32, c: u32, cols: u32, rw: u32) -> f32 {
     return s * f32(q) + m;
 }
 
-// Block b of row r (rw words) dotted with an int8 activation block: 8 words from xo,
-// activation words xq(xo..), scale dx, half sums hs (low/high 16 bits). For every quantized format.
-fn block_dot_S(fmt: u32, r: u32, b: u32, rw: u32, xo: u32, dx: f32, hs: u32) -> f32 {
+// Block b of row r (rw words) dotted with an int8 activation block: its 8 words xa, scale
+// dx, half sums hs (low/high 16 bits). For every quantized format.
+fn block_dot_S(fmt: u32, r: u32, b: u32, rw: u32, xa: array<u32, 8>, dx: f32, hs: u32) -> f32 {
     let row = r * rw;
     if (fmt == FMT_Q8_0) {
         let o = row + b * 9u;
         var a = 0;
-        for (var i = 0u; i < 8u; i++) { a += sdot(WB[o + 1u + i], xq(xo + i)); }
+        for (var i = 0u; i < 8u; i++) { a += sdot(WB[o + 1u + i], xa[i]); }
         return f16lo(WB[o]) * dx * f32(a);
     }
     var qo: u32;
@@ -131,8 +131,8 @@ fn block_dot_S(fmt: u32, r: u32, b: u32, rw: u32, xo: u32, dx: f32, hs: u32) -> 
             lo = lo | spread2(WB[hw] >> (8u * i));
             hi = hi | spread2(WB[hw + 1u] >> (8u * i));
         }
-        a += udot(lo, xq(xo + i));
-        c += udot(hi, xq(xo + 4u + i));
+        a += udot(lo, xa[i]);
+        c += udot(hi, xa[4u + i]);
     }
     return dx * (s_lo * f32(a) + m_lo * i16lo(hs) + s_hi * f32(c) + m_hi * i16hi(hs));
 }

@@ -49,7 +49,8 @@ pub fn gpu() -> Option<WgpuBackend> {
 
 /// Every kernel variant the adapter runs: the default (subgroups where it has them), the
 /// workgroup-memory reductions when the default used subgroups, and the other choice of
-/// the matvec prologue (fused or prep + matvec).
+/// the matvec prologue (fused or prep + matvec); the last two compute 2 and 4 rows a
+/// matrix-vector row group (the default picks by size, 1 on test shapes).
 pub fn backends() -> Vec<WgpuBackend> {
     let Some(b) = gpu() else {
         return Vec::new();
@@ -58,11 +59,13 @@ pub fn backends() -> Vec<WgpuBackend> {
     if b.subgroups() {
         opts.push(GpuOptions {
             no_subgroups: true,
+            matvec_rows: Some(2),
             ..Default::default()
         });
     }
     opts.push(GpuOptions {
         fused_prologue: Some(!b.fused_prologue()),
+        matvec_rows: Some(4),
         ..Default::default()
     });
     let mut v = vec![b];
