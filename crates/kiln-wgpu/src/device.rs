@@ -130,6 +130,9 @@ pub struct Gpu {
     pub matvec_wgs: usize,
     /// Fewest keys of a decode attention split (KILN_WGPU_DEC_MIN_KEYS).
     pub dec_min_keys: usize,
+    /// One decode token's heads' work inside the attention dispatch (KILN_WGPU_NO_FUSED_HEADS
+    /// turns it off).
+    pub fused_heads: bool,
     pub max_binding: u64,
     slot: usize,
     ring: wgpu::Buffer,
@@ -350,11 +353,12 @@ impl Gpu {
             Some(k @ (1 | 2 | 4)) => k,
             _ => 0,
         };
-        let matvec_wgs = kiln_backend::options::dev_parsed("KILN_WGPU_MV_WGS").unwrap_or(320);
+        let matvec_wgs = kiln_backend::options::dev_parsed("KILN_WGPU_MV_WGS").unwrap_or(256);
         Ok(Gpu {
             fused_prologue,
             matvec_rows,
             matvec_wgs,
+            fused_heads: !kiln_backend::options::dev_flag("KILN_WGPU_NO_FUSED_HEADS"),
             dec_min_keys: kiln_backend::options::dev_parsed("KILN_WGPU_DEC_MIN_KEYS")
                 .unwrap_or(crate::DEC_MIN_KEYS)
                 .max(1),

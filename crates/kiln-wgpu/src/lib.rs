@@ -33,8 +33,8 @@ use std::cell::RefCell;
 use kiln_backend::cpu::{CpuBackend, CpuTensor};
 use kiln_backend::window::WindowSlots;
 use kiln_backend::{
-    AttnShape, BackendError, KvType, KvWindow, LlmOps, RopeConfig, RopeStyle, SpeechOps, TensorOps,
-    WeightData,
+    AttnShape, BackendError, KvType, KvWindow, LlmOps, RopeConfig, RopeStyle, SeqKv, SpeechOps,
+    TensorOps, WeightData,
 };
 
 pub use device::{adapters, GpuOptions, WgpuInitError};
@@ -122,6 +122,16 @@ impl WgpuKvCache {
     }
 }
 
+/// What attn_dec needs to do one token's heads' work itself: the token's k and v rows (as
+/// the products wrote them), the q and k norm weights and epsilon, the rotation.
+#[derive(Clone, Copy)]
+struct DecHeads<'a> {
+    k: &'a WgpuTensor,
+    v: &'a WgpuTensor,
+    qk_norm: Option<(&'a WgpuTensor, &'a WgpuTensor, f32)>,
+    rope: &'a RopeConfig,
+}
+
 /// Buffers sized on first use and kept (grown only when a larger call comes).
 #[derive(Default)]
 struct Scratch {
@@ -173,6 +183,11 @@ pub struct WgpuBackend {
     gpu: Gpu,
     scratch: RefCell<Scratch>,
     cpu: CpuBackend,
+}
+
+/// prep.wgsl's workgroups a row of `cols` values.
+fn prep_tiles(cols: usize) -> u32 {
+    cols.div_ceil(1024) as u32
 }
 
 /// Rows each row group of a matrix-vector product computes together (1, 2 or 4) for a
@@ -376,7 +391,7 @@ impl WgpuBackend {
                 write_f as u32,
             ],
             &[&x.buf, nw, &act, &act],
-            (n as u32, 1, 1),
+            (prep_tiles(cols), n as u32, 1),
         );
         for &(w, w2, bias, out, mode) in list {
             let b = bias.map_or(&self.gpu.dummy, |b| &b.buf);
@@ -577,7 +592,10 @@ impl WgpuBackend {
         );
     }
 
-    /// Attention of the rows of q from row `row0` over `cache`, into the same rows of out.
+    /// Attention of the rows of q from row `row0` over `cache`, into the same rows of out;
+    /// with `heads`, one token whose heads' work attn_dec does itself (q and the new key
+    /// normalised and rotated, the new key and value stored).
+    #[allow(clippy::too_many_arguments)]
     fn attention_at(
         &self,
         q: &WgpuTensor,
@@ -586,6 +604,7 @@ impl WgpuBackend {
         layer: usize,
         s: AttnShape,
         out: &WgpuTensor,
+        heads: Option<DecHeads<'_>>,
     ) {
         assert!(
             s.n_heads % s.n_kv_heads == 0 && s.head_dim <= 256 && s.head_dim % 2 == 0,
@@ -623,7 +642,7 @@ impl WgpuBackend {
             (most * s.head_dim + 2 * most) * 4,
         );
         let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let p = [
+        let mut p = [
             s.n_heads as u32,
             s.n_kv_heads as u32,
             s.head_dim as u32,
@@ -640,14 +659,45 @@ impl WgpuBackend {
             out.cols as u32,
             per as u32,
             s.window as u32,
+            0,
+            0,
+            0,
         ];
-        self.gpu.dispatch(
-            "attention",
-            if dec { "attn_dec" } else { "attn_split" },
-            &p,
-            &[&q.buf, &cache.k, &cache.v, &part, &out.buf],
-            (s.n_heads as u32, splits as u32, s.n_tokens as u32),
-        );
+        let d = &self.gpu.dummy;
+        let mut bufs = [&q.buf, &cache.k, &cache.v, &part, &out.buf, d, d, d, d, d];
+        let table;
+        if let Some(h) = heads {
+            assert!(dec && s.n_tokens == 1, "fused heads: one decode token");
+            table = self.rope_table(h.rope, cache.n_ctx.max(s.pos0 + 1));
+            let neox = h.rope.style == RopeStyle::Neox;
+            p[16] = 1 | (h.qk_norm.is_some() as u32) << 1 | 4 | (neox as u32) << 3;
+            p[17] = f(h.qk_norm.map_or(0.0, |n| n.2));
+            p[18] = h.rope.dims as u32;
+            bufs[5..].copy_from_slice(&[
+                &h.k.buf,
+                &h.v.buf,
+                h.qk_norm.map_or(d, |n| &n.0.buf),
+                h.qk_norm.map_or(d, |n| &n.1.buf),
+                &table,
+            ]);
+        }
+        if dec {
+            self.gpu.dispatch(
+                "attention",
+                "attn_dec",
+                &p,
+                &bufs,
+                (s.n_heads as u32, splits as u32, s.n_tokens as u32),
+            );
+        } else {
+            self.gpu.dispatch(
+                "attention",
+                "attn_split",
+                &p,
+                &bufs[..5],
+                (s.n_heads as u32, splits as u32, s.n_tokens as u32),
+            );
+        }
         if splits == 1 {
             return;
         }
@@ -778,7 +828,7 @@ impl TensorOps for WgpuBackend {
                 1,
             ],
             &[&x.buf, &w.buf, &out.buf, &self.gpu.dummy],
-            (n as u32, 1, 1),
+            (prep_tiles(cols), n as u32, 1),
         );
     }
 
@@ -1113,7 +1163,48 @@ impl LlmOps for WgpuBackend {
         s: AttnShape,
         out: &mut WgpuTensor,
     ) {
-        self.attention_at(q, 0, cache, layer, cache.local(layer, s), out);
+        self.attention_at(q, 0, cache, layer, cache.local(layer, s), out, None);
+    }
+
+    fn qk_norm_rope_attention(
+        &self,
+        q: &mut WgpuTensor,
+        k: &mut WgpuTensor,
+        v: &WgpuTensor,
+        qk_norm: Option<(&WgpuTensor, &WgpuTensor, f32)>,
+        rope: &RopeConfig,
+        seqs: &mut [SeqKv<'_, WgpuKvCache>],
+        layer: usize,
+        out: &mut WgpuTensor,
+        tmp: [&mut WgpuTensor; 3],
+    ) {
+        // One decode token over a cache without windows: one dispatch (attn_dec's fused
+        // heads) instead of the heads' dispatch and then attention.
+        if let [one] = seqs {
+            let s = one.shape;
+            let hd = one.cache.head_dim;
+            if self.gpu.fused_heads
+                && s.n_tokens == 1
+                && one.cache.window.is_none()
+                && s.head_dim == hd
+                && s.n_heads % s.n_kv_heads == 0
+                && hd <= 256
+                && hd % 2 == 0
+                && rope.dims <= hd
+                && rope.dims % 2 == 0
+            {
+                let heads = DecHeads {
+                    k,
+                    v,
+                    qk_norm,
+                    rope,
+                };
+                return self.attention_at(q, 0, one.cache, layer, s, out, Some(heads));
+            }
+        }
+        kiln_backend::qk_norm_rope_attention_seqs(
+            self, q, k, v, qk_norm, rope, seqs, layer, out, tmp,
+        )
     }
 
     fn attention_batch<'c, I>(&self, q: &WgpuTensor, seqs: I, layer: usize, out: &mut WgpuTensor)
@@ -1122,7 +1213,7 @@ impl LlmOps for WgpuBackend {
     {
         let mut row = 0;
         for (cache, s) in seqs {
-            self.attention_at(q, row, cache, layer, cache.local(layer, s), out);
+            self.attention_at(q, row, cache, layer, cache.local(layer, s), out, None);
             row += s.n_tokens;
         }
     }

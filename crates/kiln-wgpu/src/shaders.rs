@@ -10,6 +10,7 @@ const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const MATVEC_FUSED: &str = include_str!("shaders/matvec_fused.wgsl");
 const MATVEC_GLOBAL: &str = include_str!("shaders/matvec_global.wgsl");
 const MATVEC_ROW: &str = include_str!("shaders/matvec_row.wgsl");
+const HEAD_ROW: &str = include_str!("shaders/head_row.wgsl");
 
 /// matvec.wgsl with its variant and one row dot per weight buffer.
 fn matvec(variant: &str) -> String {
@@ -53,8 +54,14 @@ fn body(module: &str) -> (String, &'static [(&'static str, &'static str)]) {
         "gemm" => (include_str!("shaders/gemm.wgsl").into(), ONE),
         "embed" => (include_str!("shaders/embed.wgsl").into(), ONE),
         "prep" => (include_str!("shaders/prep.wgsl").into(), &[]),
-        "heads" => (include_str!("shaders/heads.wgsl").into(), &[]),
-        "attention" => (include_str!("shaders/attention.wgsl").into(), &[]),
+        "heads" => (
+            HEAD_ROW.to_string() + include_str!("shaders/heads.wgsl"),
+            &[],
+        ),
+        "attention" => (
+            HEAD_ROW.to_string() + include_str!("shaders/attention.wgsl"),
+            &[],
+        ),
         "misc" => (include_str!("shaders/misc.wgsl").into(), &[]),
         "speech" => (include_str!("shaders/speech.wgsl").into(), &[]),
         other => panic!("no WGSL module '{other}'"),

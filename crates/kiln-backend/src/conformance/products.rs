@@ -8,7 +8,8 @@ use crate::{LlmOps, TensorOps};
 pub fn matmul<B: Backend>(b: &B, tol: &Tolerances) {
     let (name, rf, mut rng) = (b.name(), Ref::new(), Rng(0x1001));
     for ty in FORMATS {
-        let mut shapes = vec![(75, 256), (33, 512)];
+        // (1280 columns: activations prepared in more than one piece of 1024 on wgpu.)
+        let mut shapes = vec![(75, 256), (33, 512), (20, 1280)];
         if is_float(ty) {
             shapes.push((75, 333));
         }

@@ -5,7 +5,9 @@
 // Cache planes are (kv_heads, n_ctx, head_dim), f16 two per word or f32.
 // split params: 0 heads, 1 kv_heads, 2 hd, 3 n_ctx, 4 pos0, 5 plane, 6 kv_f16, 7 scale,
 //               8 splits, 9 q_off, 10 ml_off, 11 q_ld, 12 out_off, 13 out_ld,
-//               14 keys per split (attn_dec), 15 window (0: none)
+//               14 keys per split (attn_dec), 15 window (0: none),
+//               attn_dec of one token with the heads' work fused in: 16 flags (1 fused,
+//               2 q/k norm, 4 rope, 8 neox), 17 eps, 18 rope dims
 // With one split, attn_split writes the output itself (acc / l) and no combine runs.
 
 @group(0) @binding(1) var<storage, read_write> Q: array<f32>;
@@ -13,6 +15,13 @@
 @group(0) @binding(3) var<storage, read_write> VC: array<u32>;
 @group(0) @binding(4) var<storage, read_write> PART: array<f32>;
 @group(0) @binding(5) var<storage, read_write> OUT: array<f32>;
+// attn_dec's fused heads: the new token's k and v rows (not yet normalised or rotated), the
+// q and k norm weights, the cos/sin table.
+@group(0) @binding(6) var<storage, read_write> KROW: array<f32>;
+@group(0) @binding(7) var<storage, read_write> VROW: array<f32>;
+@group(0) @binding(8) var<storage, read_write> QNW: array<f32>;
+@group(0) @binding(9) var<storage, read_write> KNW: array<f32>;
+@group(0) @binding(10) var<storage, read_write> CS: array<f32>;
 
 const CH: u32 = 256u;
 
@@ -97,6 +106,26 @@ fn kv2(buf: u32, b: u32, p: u32) -> vec2<f32> {
 }
 
 var<workgroup> q2: array<vec2<f32>, 128>;
+var<workgroup> row: array<f32, 256>;
+var<workgroup> knew: array<f32, 256>;
+var<workgroup> vnew: array<f32, 256>;
+
+// x as the cache keeps it (f16 caches: rounded to f16).
+fn kvround(x: f32) -> f32 {
+    if (P(6u) == 1u) { return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x; }
+    return x;
+}
+
+// Pair p of key `key`'s K (V) row at element b of the cache, or of the new key's row where
+// `key` is the new one (attn_dec's fused heads; `newkey` is past every key otherwise).
+fn key2(key: u32, newkey: u32, b: u32, p: u32) -> vec2<f32> {
+    if (key == newkey) { return vec2<f32>(knew[2u * p], knew[2u * p + 1u]); }
+    return kv2(0u, b, p);
+}
+fn val2(key: u32, newkey: u32, b: u32, p: u32) -> vec2<f32> {
+    if (key == newkey) { return vec2<f32>(vnew[2u * p], vnew[2u * p + 1u]); }
+    return kv2(1u, b, p);
+}
 var<workgroup> sp: array<f32, 256>;
 var<workgroup> pk: array<f32, 32>;
 var<workgroup> accs: array<vec2<f32>, 512>;
@@ -105,6 +134,11 @@ var<workgroup> accs: array<vec2<f32>, 512>;
 // keys P(14) * s .. + P(14), 32 keys per step so that every load has many in flight: q.k by
 // 8 invocations per key (each a strided eighth of the head), p.V by 4 key groups x 64 pair
 // lanes, the softmax online across steps. Partials and params as attn_split.
+//
+// Fused heads (one token, flag 1): the workgroup normalises and rotates its q head from the
+// raw q row, and the new key (position pos0) from KROW; the split that holds it reads the
+// new key and value from workgroup memory, and its workgroup of the kv head's first q head
+// stores them in the cache (no other workgroup of the dispatch reads that slot).
 @compute @workgroup_size(256)
 fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let h = wg.x;
@@ -120,9 +154,50 @@ fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
     let k0 = max(s * P(14u), lo);
     let k1 = min(len, s * P(14u) + P(14u));
     let qb = P(9u) + t * P(11u) + h * hd;
-    if (li < np) { q2[li] = vec2<f32>(Q[qb + 2u * li], Q[qb + 2u * li + 1u]) * PF(7u); }
-    workgroupBarrier();
     let plane = P(5u) + kvh * P(3u) * hd;
+    let fl = P(16u);
+    var newkey = 0xffffffffu;
+    if ((fl & 1u) != 0u) {
+        newkey = P(4u);
+        let norm = (fl & 2u) != 0u;
+        let rope = (fl & 4u) != 0u;
+        var qv = 0.0;
+        var qw = 0.0;
+        var kv = 0.0;
+        var kw = 0.0;
+        if (li < hd) {
+            qv = Q[qb + li];
+            kv = KROW[kvh * hd + li];
+            vnew[li] = VROW[kvh * hd + li];
+            if (norm) {
+                qw = QNW[li];
+                kw = KNW[li];
+            }
+        }
+        norm_rope(li, qv, qw, hd, norm, PF(17u), rope, P(18u), (fl & 8u) != 0u, newkey);
+        if (li < np) { q2[li] = vec2<f32>(row[2u * li], row[2u * li + 1u]) * PF(7u); }
+        let kr = norm_rope(li, kv, kw, hd, norm, PF(17u), rope, P(18u), (fl & 8u) != 0u, newkey);
+        // As the cache holds them (the other keys come from there rounded to f16).
+        knew[li] = kvround(kr);
+        vnew[li] = kvround(vnew[li]);
+        workgroupBarrier();
+        // The split holding the new key, for the kv head's first q head, stores it.
+        if (h % g == 0u && newkey >= k0 && newkey < k1 && li < hd) {
+            let idx = plane + newkey * hd + li;
+            if (P(6u) == 1u) {
+                if ((li & 1u) == 0u) {
+                    KC[idx >> 1u] = pack2x16float(vec2<f32>(knew[li], knew[li + 1u]));
+                    VC[idx >> 1u] = pack2x16float(vec2<f32>(vnew[li], vnew[li + 1u]));
+                }
+            } else {
+                KC[idx] = bitcast<u32>(knew[li]);
+                VC[idx] = bitcast<u32>(vnew[li]);
+            }
+        }
+    } else {
+        if (li < np) { q2[li] = vec2<f32>(Q[qb + 2u * li], Q[qb + 2u * li + 1u]) * PF(7u); }
+        workgroupBarrier();
+    }
     let r = li & 7u;
     let kk = li >> 3u;
     let kg = li >> 6u;
@@ -138,14 +213,14 @@ fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
             let kb = plane + key * hd;
             var p = r;
             for (; p + 24u < np; p += 32u) {
-                let x0 = kv2(0u, kb, p);
-                let x1 = kv2(0u, kb, p + 8u);
-                let x2 = kv2(0u, kb, p + 16u);
-                let x3 = kv2(0u, kb, p + 24u);
+                let x0 = key2(key, newkey, kb, p);
+                let x1 = key2(key, newkey, kb, p + 8u);
+                let x2 = key2(key, newkey, kb, p + 16u);
+                let x3 = key2(key, newkey, kb, p + 24u);
                 a += dot(q2[p], x0) + dot(q2[p + 8u], x1) + dot(q2[p + 16u], x2)
                     + dot(q2[p + 24u], x3);
             }
-            for (; p < np; p += 8u) { a += dot(q2[p], kv2(0u, kb, p)); }
+            for (; p < np; p += 8u) { a += dot(q2[p], key2(key, newkey, kb, p)); }
         }
         sp[li] = a;
         workgroupBarrier();
@@ -177,17 +252,20 @@ fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
         for (; j + 4u < nk; j += 8u) {
             let va = plane + (j0 + j) * hd;
             let vb = va + 4u * hd;
+            let ka = j0 + j;
+            let kb2 = ka + 4u;
             if (pt < np) {
-                acc0 += pk[j] * kv2(1u, va, pt) + pk[j + 4u] * kv2(1u, vb, pt);
+                acc0 += pk[j] * val2(ka, newkey, va, pt) + pk[j + 4u] * val2(kb2, newkey, vb, pt);
             }
             if (pt + 64u < np) {
-                acc1 += pk[j] * kv2(1u, va, pt + 64u) + pk[j + 4u] * kv2(1u, vb, pt + 64u);
+                acc1 += pk[j] * val2(ka, newkey, va, pt + 64u)
+                    + pk[j + 4u] * val2(kb2, newkey, vb, pt + 64u);
             }
         }
         for (; j < nk; j += 4u) {
             let va = plane + (j0 + j) * hd;
-            if (pt < np) { acc0 += pk[j] * kv2(1u, va, pt); }
-            if (pt + 64u < np) { acc1 += pk[j] * kv2(1u, va, pt + 64u); }
+            if (pt < np) { acc0 += pk[j] * val2(j0 + j, newkey, va, pt); }
+            if (pt + 64u < np) { acc1 += pk[j] * val2(j0 + j, newkey, va, pt + 64u); }
         }
         workgroupBarrier();
     }

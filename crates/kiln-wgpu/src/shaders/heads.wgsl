@@ -1,6 +1,5 @@
 // Per-head work on rows of (n, heads * head_dim), one workgroup per (head row, token):
-// RMSNorm over the head (Qwen3 q/k norm), RoPE from a cos/sin table (positions x pairs,
-// computed on the host as the CPU backend computes them), the row rewritten in place, then
+// RMSNorm over the head (Qwen3 q/k norm), RoPE (head_row.wgsl), the row rewritten in place, then
 // stored at position pos0 + t of a KV-cache plane (heads, n_ctx, head_dim) as f16 (two per
 // word) or f32. Up to three groups in one dispatch: q (n_q heads: X, norm QN), k (n_kv: K,
 // KN, cache KC) and v (n_kv: V, cache VC); group g is normalised / rotated / stored when
@@ -55,41 +54,16 @@ fn heads(@builtin(local_invocation_index) e: u32, @builtin(workgroup_id) wg: vec
     let base = t * select(P(14u), P(13u), g == 0u) + h * hd;
     let on = e < hd;
     let bit = 1u << g;
+    let norm = (P(4u) & bit) != 0u;
     var v = 0.0;
-    if (on) { v = xload(g, base + e); }
-    if ((P(4u) & bit) != 0u) {
-        let ss = wsum(v * v, e);
-        let inv = 1.0 / sqrt(ss / f32(hd) + PF(3u));
-        if (on) { v = v * inv * normw(g, e); }
+    var w = 0.0;
+    if (on) {
+        v = xload(g, base + e);
+        if (norm) { w = normw(g, e); }
     }
-    row[e] = v;
-    workgroupBarrier();
     let pos = P(9u) + t;
-    let dims = P(7u);
-    if (on && (P(5u) & bit) != 0u && e < dims) {
-        let half = dims / 2u;
-        var i: u32;
-        var partner: u32;
-        var first: bool;
-        if (P(8u) == 1u) {
-            first = e < half;
-            i = select(e - half, e, first);
-            partner = select(e - half, e + half, first);
-        } else {
-            first = (e & 1u) == 0u;
-            i = e / 2u;
-            partner = e ^ 1u;
-        }
-        let c = CS[(pos * half + i) * 2u];
-        let s = CS[(pos * half + i) * 2u + 1u];
-        let x0 = select(row[partner], v, first);
-        let x1 = select(v, row[partner], first);
-        v = select(x0 * s + x1 * c, x0 * c - x1 * s, first);
-    }
-    workgroupBarrier();
-    row[e] = v;
+    v = norm_rope(e, v, w, hd, norm, PF(3u), (P(5u) & bit) != 0u, P(7u), P(8u) == 1u, pos);
     if (on) { xstore(g, base + e, v); }
-    workgroupBarrier();
     if (on && (P(6u) & bit) != 0u) {
         let idx = P(11u) + (h * P(10u) + pos - P(15u)) * hd + e;
         if (P(12u) == 1u) {

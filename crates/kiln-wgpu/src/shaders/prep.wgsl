@@ -1,4 +1,4 @@
-// Activations for the products, one workgroup per token: x (optionally RMS-normalised with
+// Activations for the products: x (optionally RMS-normalised with
 // weights NW: x / sqrt(mean(x^2) + eps) * w) written as f32 to OUTF and/or quantized into
 // int8 blocks of 32 in ACT: d = max|v| / 127, q = round(v / d) (ties to even, as the CPU
 // backend's activations), 4 per word; each block's two half sums as i16 in one word.
@@ -16,45 +16,83 @@ fn normed(base: u32, c: u32, inv: f32) -> f32 {
     return x;
 }
 
+var<workgroup> tmp_a: array<f32, 256>;
+var<workgroup> tmp_s: array<i32, 256>;
+
+// grid (column tiles of 1024, tokens): workgroup x takes values 1024x.. of token t's row, 4
+// a invocation (8 invocations a block of 32); each workgroup sums the row's squares itself
+// (the norm), four loads at a time.
 @compute @workgroup_size(256)
 fn prep(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let cols = P(0u);
-    let t = wg.x;
+    let t = wg.y;
     let base = P(4u) + t * P(5u);
     var inv = 1.0;
     if (P(2u) == 1u) {
-        var ss = 0.0;
-        for (var c = li; c < cols; c += WG) { let x = IN[base + c]; ss += x * x; }
-        ss = wsum(ss, li);
+        var s0 = 0.0;
+        var s1 = 0.0;
+        var s2 = 0.0;
+        var s3 = 0.0;
+        var c = li;
+        for (; c + 3u * WG < cols; c += 4u * WG) {
+            let a = IN[base + c];
+            let b = IN[base + c + WG];
+            let d = IN[base + c + 2u * WG];
+            let e = IN[base + c + 3u * WG];
+            s0 += a * a;
+            s1 += b * b;
+            s2 += d * d;
+            s3 += e * e;
+        }
+        for (; c < cols; c += WG) { let a = IN[base + c]; s0 += a * a; }
+        let ss = wsum((s0 + s1) + (s2 + s3), li);
         inv = 1.0 / sqrt(ss / f32(cols) + PF(1u));
     }
+    let c0 = wg.x * 4u * WG;
     if (P(10u) == 1u) {
-        for (var c = li; c < cols; c += WG) {
-            OUTF[P(6u) + t * P(7u) + c] = bitcast<u32>(normed(base, c, inv));
+        for (var k = 0u; k < 4u; k++) {
+            let c = c0 + k * WG + li;
+            if (c < cols) { OUTF[P(6u) + t * P(7u) + c] = bitcast<u32>(normed(base, c, inv)); }
         }
     }
     if (P(3u) == 1u) {
-        let nb = cols >> 5u;
-        for (var b = li; b < nb; b += WG) {
-            var amax = 0.0;
-            for (var j = 0u; j < 32u; j++) { amax = max(amax, abs(normed(base, b * 32u + j, inv))); }
-            let d = amax / 127.0;
-            var id = 0.0;
-            if (d > 0.0) { id = 1.0 / d; }
-            var s0 = 0;
-            var s1 = 0;
-            for (var w = 0u; w < 8u; w++) {
-                var word = 0u;
-                for (var k = 0u; k < 4u; k++) {
-                    let j = w * 4u + k;
-                    let q = i32(clamp(round(normed(base, b * 32u + j, inv) * id), -127.0, 127.0));
-                    word = word | ((bitcast<u32>(q) & 0xffu) << (8u * k));
-                    if (j < 16u) { s0 += q; } else { s1 += q; }
-                }
-                ACT[t * (cols >> 2u) + b * 8u + w] = word;
+        let words = cols >> 2u;
+        let w = (c0 >> 2u) + li;
+        var v: vec4<f32>;
+        var am = 0.0;
+        if (w < words) {
+            for (var k = 0u; k < 4u; k++) {
+                v[k] = normed(base, w * 4u + k, inv);
+                am = max(am, abs(v[k]));
             }
-            ACT[P(8u) + t * nb + b] = bitcast<u32>(d);
-            ACT[P(9u) + t * nb + b] = (bitcast<u32>(s0) & 0xffffu) | (bitcast<u32>(s1) << 16u);
+        }
+        tmp_a[li] = am;
+        workgroupBarrier();
+        // The block's 8 words are 8 consecutive invocations.
+        let g0 = li & ~7u;
+        var amax = 0.0;
+        for (var k = 0u; k < 8u; k++) { amax = max(amax, tmp_a[g0 + k]); }
+        let d = amax / 127.0;
+        var id = 0.0;
+        if (d > 0.0) { id = 1.0 / d; }
+        var word = 0u;
+        var s = 0;
+        if (w < words) {
+            for (var k = 0u; k < 4u; k++) {
+                let q = i32(clamp(round(v[k] * id), -127.0, 127.0));
+                word = word | ((bitcast<u32>(q) & 0xffu) << (8u * k));
+                s += q;
+            }
+            ACT[t * words + w] = word;
+        }
+        tmp_s[li] = s;
+        workgroupBarrier();
+        if (w < words && (li & 7u) == 0u) {
+            let s0 = tmp_s[li] + tmp_s[li + 1u] + tmp_s[li + 2u] + tmp_s[li + 3u];
+            let s1 = tmp_s[li + 4u] + tmp_s[li + 5u] + tmp_s[li + 6u] + tmp_s[li + 7u];
+            let nb = cols >> 5u;
+            ACT[P(8u) + t * nb + (w >> 3u)] = bitcast<u32>(d);
+            ACT[P(9u) + t * nb + (w >> 3u)] = (bitcast<u32>(s0) & 0xffffu) | (bitcast<u32>(s1) << 16u);
         }
     }
 }
