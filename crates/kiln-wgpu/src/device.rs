@@ -128,6 +128,10 @@ pub struct Gpu {
     pub matvec_rows: usize,
     /// Workgroups a product keeps when rows are computed together (KILN_WGPU_MV_WGS).
     pub matvec_wgs: usize,
+    /// Longest input rows (at most shaders::MATVEC_MAXC) whose products run the fused
+    /// prologue where `fused_prologue` is on (KILN_WGPU_FUSED_COLS); longer rows are
+    /// prepared once (prep.wgsl) for every workgroup.
+    pub fused_cols: usize,
     /// Fewest keys of a decode attention split (KILN_WGPU_DEC_MIN_KEYS).
     pub dec_min_keys: usize,
     /// One decode token's heads' work inside the attention dispatch (KILN_WGPU_NO_FUSED_HEADS
@@ -359,6 +363,9 @@ impl Gpu {
             matvec_rows,
             matvec_wgs,
             fused_heads: !kiln_backend::options::dev_flag("KILN_WGPU_NO_FUSED_HEADS"),
+            fused_cols: kiln_backend::options::dev_parsed("KILN_WGPU_FUSED_COLS")
+                .unwrap_or(2048)
+                .min(crate::shaders::MATVEC_MAXC),
             dec_min_keys: kiln_backend::options::dev_parsed("KILN_WGPU_DEC_MIN_KEYS")
                 .unwrap_or(crate::DEC_MIN_KEYS)
                 .max(1),
@@ -458,17 +465,7 @@ impl Gpu {
         }
         let mut mods = self.modules.borrow_mut();
         let m = mods.entry(module).or_insert_with(|| {
-            let mut src = crate::shaders::source(module, self.subgroups);
-            if kiln_backend::options::dev_flag("KILN_WGPU_NO_DP4A") {
-                src = src.replace(
-                    "dot4I8Packed(a, b); }\nfn sdot",
-                    "dot(vec4<i32>(unpack4xU8(a)), unpack4xI8(b)); }\nfn sdot",
-                );
-                src = src.replace(
-                    "-> i32 { return dot4I8Packed(a, b); }",
-                    "-> i32 { return dot(unpack4xI8(a), unpack4xI8(b)); }",
-                );
-            }
+            let src = crate::shaders::source(module, self.subgroups);
             self.device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(module),

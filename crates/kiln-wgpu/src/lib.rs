@@ -363,7 +363,7 @@ impl WgpuBackend {
                     .dispatch_with(module, "matvec", &consts, &p[..23], &bufs, grid);
             }
         };
-        if self.gpu.fused_prologue && n < GEMM_MIN_TOKENS && cols <= shaders::MATVEC_MAXC {
+        if self.gpu.fused_prologue && n < GEMM_MIN_TOKENS && cols <= self.gpu.fused_cols {
             matvec("matvec", &x.buf, nw, [0; 3]);
             return;
         }
