@@ -165,10 +165,11 @@ fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
         var qw = 0.0;
         var kv = 0.0;
         var kw = 0.0;
+        var vv = 0.0;
         if (li < hd) {
             qv = Q[qb + li];
             kv = KROW[kvh * hd + li];
-            vnew[li] = VROW[kvh * hd + li];
+            vv = VROW[kvh * hd + li];
             if (norm) {
                 qw = QNW[li];
                 kw = KNW[li];
@@ -179,7 +180,7 @@ fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
         let kr = norm_rope(li, kv, kw, hd, norm, PF(17u), rope, P(18u), (fl & 8u) != 0u, newkey);
         // As the cache holds them (the other keys come from there rounded to f16).
         knew[li] = kvround(kr);
-        vnew[li] = kvround(vnew[li]);
+        vnew[li] = kvround(vv);
         workgroupBarrier();
         // The split holding the new key, for the kv head's first q head, stores it.
         if (h % g == 0u && newkey >= k0 && newkey < k1 && li < hd) {
