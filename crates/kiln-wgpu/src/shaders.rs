@@ -1,6 +1,7 @@
 //! The WGSL modules, assembled from the files under `shaders/`: every module gets
 //! common.wgsl and one of the two row-group reductions (subgroups or workgroup memory);
-//! those that read weights get weights.wgsl once per weight buffer they bind (W, W2, W3).
+//! those that read weights get weights.wgsl once per weight buffer they bind (W, W2, W3);
+//! prep and matvec's fused prologue share quant.wgsl, heads and attention head_row.wgsl.
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
@@ -11,6 +12,7 @@ const MATVEC_FUSED: &str = include_str!("shaders/matvec_fused.wgsl");
 const MATVEC_GLOBAL: &str = include_str!("shaders/matvec_global.wgsl");
 const MATVEC_ROW: &str = include_str!("shaders/matvec_row.wgsl");
 const HEAD_ROW: &str = include_str!("shaders/head_row.wgsl");
+const QUANT: &str = include_str!("shaders/quant.wgsl");
 
 /// matvec.wgsl with its variant and one row dot per weight buffer.
 fn matvec(variant: &str) -> String {
@@ -49,11 +51,11 @@ fn body(module: &str) -> (String, &'static [(&'static str, &'static str)]) {
     const ONE: &[(&str, &str)] = &[("W", "")];
     const THREE: &[(&str, &str)] = &[("W", ""), ("W2", "2"), ("W3", "3")];
     match module {
-        "matvec" => (matvec(MATVEC_FUSED), THREE),
+        "matvec" => (matvec(&(QUANT.to_string() + MATVEC_FUSED)), THREE),
         "matvec_g" => (matvec(MATVEC_GLOBAL), THREE),
         "gemm" => (include_str!("shaders/gemm.wgsl").into(), ONE),
         "embed" => (include_str!("shaders/embed.wgsl").into(), ONE),
-        "prep" => (include_str!("shaders/prep.wgsl").into(), &[]),
+        "prep" => (QUANT.to_string() + include_str!("shaders/prep.wgsl"), &[]),
         "heads" => (
             HEAD_ROW.to_string() + include_str!("shaders/heads.wgsl"),
             &[],

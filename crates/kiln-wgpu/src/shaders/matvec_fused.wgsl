@@ -7,8 +7,6 @@ const MAXC: u32 = 8192u;
 var<workgroup> XQ: array<vec4<u32>, 512>;   // MAXC / 16
 var<workgroup> XD: array<f32, 256>;    // MAXC / 32
 var<workgroup> XS: array<u32, 256>;
-var<workgroup> tmp_a: array<f32, 256>;
-var<workgroup> tmp_s: array<i32, 256>;
 var<workgroup> inv_rms: f32;
 
 fn xraw(t: u32, c: u32) -> f32 { return bitcast<f32>(X[t * P(14u) + c]); }
@@ -40,41 +38,17 @@ fn prologue(li: u32, t: u32) {
         for (var w0 = 0u; w0 < words; w0 += WG) {
             let w = w0 + li;
             var v: vec4<f32>;
-            var am = 0.0;
             if (w < words) {
-                for (var k = 0u; k < 4u; k++) {
-                    v[k] = xnorm(t, w * 4u + k, inv);
-                    am = max(am, abs(v[k]));
+                for (var k = 0u; k < 4u; k++) { v[k] = xnorm(t, w * 4u + k, inv); }
+            }
+            let q = quant_word(li, v, w < words);
+            if (w < words) {
+                XQ[w >> 2u][w & 3u] = q.word;
+                if ((li & 7u) == 0u) {
+                    XD[w >> 3u] = q.d;
+                    XS[w >> 3u] = q.sums;
                 }
             }
-            tmp_a[li] = am;
-            workgroupBarrier();
-            // The block's 8 words are 8 consecutive invocations (WG is a multiple of 8).
-            let g0 = li & ~7u;
-            var amax = 0.0;
-            for (var k = 0u; k < 8u; k++) { amax = max(amax, tmp_a[g0 + k]); }
-            let d = amax / 127.0;
-            var id = 0.0;
-            if (d > 0.0) { id = 1.0 / d; }
-            var word = 0u;
-            var s = 0;
-            if (w < words) {
-                for (var k = 0u; k < 4u; k++) {
-                    let q = i32(clamp(round(v[k] * id), -127.0, 127.0));
-                    word = word | ((bitcast<u32>(q) & 0xffu) << (8u * k));
-                    s += q;
-                }
-                XQ[w >> 2u][w & 3u] = word;
-            }
-            tmp_s[li] = s;
-            workgroupBarrier();
-            if (w < words && (li & 7u) == 0u) {
-                let s0 = tmp_s[li] + tmp_s[li + 1u] + tmp_s[li + 2u] + tmp_s[li + 3u];
-                let s1 = tmp_s[li + 4u] + tmp_s[li + 5u] + tmp_s[li + 6u] + tmp_s[li + 7u];
-                XD[w >> 3u] = d;
-                XS[w >> 3u] = (bitcast<u32>(s0) & 0xffffu) | (bitcast<u32>(s1) << 16u);
-            }
-            workgroupBarrier();
         }
     }
     workgroupBarrier();

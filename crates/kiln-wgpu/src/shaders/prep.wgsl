@@ -16,9 +16,6 @@ fn normed(base: u32, c: u32, inv: f32) -> f32 {
     return x;
 }
 
-var<workgroup> tmp_a: array<f32, 256>;
-var<workgroup> tmp_s: array<i32, 256>;
-
 // grid (column tiles of 1024, tokens): workgroup x takes values 1024x.. of token t's row, 4
 // a invocation (8 invocations a block of 32); each workgroup sums the row's squares itself
 // (the norm), four loads at a time.
@@ -59,40 +56,17 @@ fn prep(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         let words = cols >> 2u;
         let w = (c0 >> 2u) + li;
         var v: vec4<f32>;
-        var am = 0.0;
         if (w < words) {
-            for (var k = 0u; k < 4u; k++) {
-                v[k] = normed(base, w * 4u + k, inv);
-                am = max(am, abs(v[k]));
-            }
+            for (var k = 0u; k < 4u; k++) { v[k] = normed(base, w * 4u + k, inv); }
         }
-        tmp_a[li] = am;
-        workgroupBarrier();
-        // The block's 8 words are 8 consecutive invocations.
-        let g0 = li & ~7u;
-        var amax = 0.0;
-        for (var k = 0u; k < 8u; k++) { amax = max(amax, tmp_a[g0 + k]); }
-        let d = amax / 127.0;
-        var id = 0.0;
-        if (d > 0.0) { id = 1.0 / d; }
-        var word = 0u;
-        var s = 0;
+        let q = quant_word(li, v, w < words);
         if (w < words) {
-            for (var k = 0u; k < 4u; k++) {
-                let q = i32(clamp(round(v[k] * id), -127.0, 127.0));
-                word = word | ((bitcast<u32>(q) & 0xffu) << (8u * k));
-                s += q;
+            ACT[t * words + w] = q.word;
+            if ((li & 7u) == 0u) {
+                let nb = cols >> 5u;
+                ACT[P(8u) + t * nb + (w >> 3u)] = bitcast<u32>(q.d);
+                ACT[P(9u) + t * nb + (w >> 3u)] = q.sums;
             }
-            ACT[t * words + w] = word;
-        }
-        tmp_s[li] = s;
-        workgroupBarrier();
-        if (w < words && (li & 7u) == 0u) {
-            let s0 = tmp_s[li] + tmp_s[li + 1u] + tmp_s[li + 2u] + tmp_s[li + 3u];
-            let s1 = tmp_s[li + 4u] + tmp_s[li + 5u] + tmp_s[li + 6u] + tmp_s[li + 7u];
-            let nb = cols >> 5u;
-            ACT[P(8u) + t * nb + (w >> 3u)] = bitcast<u32>(d);
-            ACT[P(9u) + t * nb + (w >> 3u)] = (bitcast<u32>(s0) & 0xffffu) | (bitcast<u32>(s1) << 16u);
         }
     }
 }
