@@ -23,9 +23,22 @@
 # Build flags: Release, GGML_NATIVE=ON (-march=native for this host's CPU) minus AMX,
 # static libraries, OpenMP on (llama.cpp's default), no network features.
 # Environment knobs: JOBS (default 2), NICE (default 10), CMAKE (default cmake).
+#
+# VULKAN=1 builds the Vulkan peer instead (llama-bench only, GGML_VULKAN=ON, GGML_NATIVE=OFF
+# so the binary runs on another machine's CPU; DEST default /work/peers/llama.cpp-vulkan):
+# the peer of `kiln bench --device gpu`. It needs glslc and the Vulkan headers (apt-get
+# installs glslc and libvulkan-dev when glslc is missing). ggml-vulkan uses
+# VK_EXT_layer_settings, which Debian bookworm's headers (1.3.239) lack: newer headers come
+# from Debian trixie's libvulkan-dev, unpacked under DEST/vk-headers (nothing installed).
+# The binary links libvulkan.so.1 (the loader), which the GPU machine may need carried.
 set -euo pipefail
 
-DEST="${1:-/work/peers/llama.cpp}"
+VULKAN="${VULKAN:-0}"
+if [ "$VULKAN" = 1 ]; then
+    DEST="${1:-/work/peers/llama.cpp-vulkan}"
+else
+    DEST="${1:-/work/peers/llama.cpp}"
+fi
 VER="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 # Commit of the llama.cpp that each pinned llama-cpp-python version vendors.
 case "$VER" in
@@ -36,6 +49,11 @@ JOBS="${JOBS:-2}"
 NICE="${NICE:-10}"
 CMAKE="${CMAKE:-cmake}"
 TARGETS=(llama-bench llama-quantize llama-completion llama-perplexity)
+EXTRA=(-DGGML_NATIVE=ON)
+if [ "$VULKAN" = 1 ]; then
+    TARGETS=(llama-bench)
+    EXTRA=(-DGGML_NATIVE=OFF -DGGML_VULKAN=ON)
+fi
 
 if ! command -v "$CMAKE" >/dev/null 2>&1; then
     echo "cmake missing: installing it with apt-get" >&2
@@ -62,6 +80,27 @@ if [ "$(cat "$DEST/src/.kiln-sdist" 2>/dev/null)" != "$VER" ]; then
     echo "$VER" > "$DEST/src/.kiln-sdist"
 fi
 
+if [ "$VULKAN" = 1 ]; then
+    if ! command -v glslc >/dev/null 2>&1; then
+        echo "glslc missing: installing glslc and libvulkan-dev with apt-get" >&2
+        apt-get update && apt-get install -y glslc libvulkan-dev
+    fi
+    if ! grep -q VK_EXT_LAYER_SETTINGS_SPEC_VERSION /usr/include/vulkan/vulkan_core.h 2>/dev/null; then
+        if [ ! -f "$DEST/vk-headers/usr/include/vulkan/vulkan_core.h" ]; then
+            # (The source list outside the lists directory: apt-get update empties that.)
+            lists="$DEST/vk-headers.lists"
+            mkdir -p "$lists/partial" "$DEST/vk-headers.dl"
+            echo "deb http://deb.debian.org/debian trixie main" > "$DEST/vk-headers.list"
+            apt_o=(-o Dir::Etc::sourcelist="$DEST/vk-headers.list" -o Dir::Etc::sourceparts=-
+                -o Dir::State::Lists="$lists")
+            apt-get "${apt_o[@]}" update
+            (cd "$DEST/vk-headers.dl" && apt-get "${apt_o[@]}" download libvulkan-dev)
+            dpkg -x "$DEST"/vk-headers.dl/libvulkan-dev_*.deb "$DEST/vk-headers"
+        fi
+        EXTRA+=(-DVulkan_INCLUDE_DIR="$DEST/vk-headers/usr/include")
+    fi
+fi
+
 # AMX off: on machines whose CPU reports AMX tiles that the kernel does not grant (seen
 # here on a Xeon VM), ggml's AMX matmul dies with SIGSEGV on every quantized model; with
 # explicit -mno-amx-* the rest of -march=native (AVX-512, VNNI, BF16) stays on. kiln does
@@ -69,7 +108,7 @@ fi
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 nice -n "$NICE" "$CMAKE" -S "$DEST/src" -B "$DEST/build" \
     -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON \
+    "${EXTRA[@]}" \
     -DCMAKE_C_FLAGS="$NO_AMX" \
     -DCMAKE_CXX_FLAGS="$NO_AMX" \
     -DLLAMA_CURL=OFF \
