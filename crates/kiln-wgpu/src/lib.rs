@@ -12,10 +12,10 @@
 //! products; attention with the heads' work (+ a combine of its splits); output product +
 //! residual; gate/up + SwiGLU; down product + residual; a `prep` before each product over
 //! long rows). Pipelines of the products are specialised on the weight formats and on the
-//! rows a row group computes (override constants). Work is submitted every 32 dispatches on GPUs (device.rs
-//! `flush_every`), else when a result is read; a step is read back as one argmax (or its
-//! logits). Weights are uploaded once; scratch buffers are sized
-//! on first use and kept.
+//! rows a row group computes (override constants). Work is submitted every 32 dispatches on
+//! GPUs (device.rs `flush_every`), else when a result is read; a step is read back as one
+//! argmax (or its logits). Weights are uploaded once; scratch buffers are sized on first use
+//! and kept.
 //!
 //! Subgroup operations are used where the adapter has them (`Features::SUBGROUP`; a row
 //! group of a product is then one subgroup), else sums go through workgroup memory. The KV cache

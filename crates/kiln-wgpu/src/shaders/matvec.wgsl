@@ -8,8 +8,8 @@
 // into a prologue every workgroup runs into workgroup memory (rows up to MAXC values);
 // `matvec_g` reads activations prep.wgsl wrote (longer rows).
 // params: 0 rows, 1 cols, 2 fmt, 3 rw, 4 mode, 5 flags (1 bias, 2 norm, 4 quantized x),
-//         6 row-group steps a workgroup, 7 groups G (the host's count; groups past it, where subgroups
-//         are smaller, stay idle), 8 d_off, 9 s_off, 10 f_off (matvec_g), 11 out_ld,
+//         6 row-group steps a workgroup, 7 groups G (the host's count; groups past it,
+//         where subgroups are smaller, stay idle), 8 d_off, 9 s_off, 10 f_off (matvec_g), 11 out_ld,
 //         12 fmt2, 13 rw2, 14 x_ld (matvec), 15 eps, 16 fmt3, 17 rw3, 18 out_ld2,
 //         19 out_ld3, 20 first row of W2, 21 first row of W3 (MODE_THREE), 22 bias bits
 
@@ -121,7 +121,9 @@ fn matvec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: v
                 acc2 = array<f32, 4>(a[4], a[5], a[6], a[7]);
             } else {
                 acc = rows_dot(m, rr, mrows - 1u, t, L.lane, L.width);
-                if (mode == MODE_GATE_UP) { acc2 = rows_dot(1u, rr, mrows - 1u, t, L.lane, L.width); }
+                if (mode == MODE_GATE_UP) {
+                    acc2 = rows_dot(1u, rr, mrows - 1u, t, L.lane, L.width);
+                }
             }
         }
         for (var k = 0u; k < ROWS; k++) {

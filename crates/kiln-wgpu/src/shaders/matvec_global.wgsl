@@ -3,7 +3,8 @@
 
 fn xblock(t: u32, b: u32) -> array<u32, 8> {
     let o = t * (P(1u) >> 2u) + b * 8u;
-    return array<u32, 8>(X[o], X[o + 1u], X[o + 2u], X[o + 3u], X[o + 4u], X[o + 5u], X[o + 6u], X[o + 7u]);
+    return array<u32, 8>(X[o], X[o + 1u], X[o + 2u], X[o + 3u],
+                         X[o + 4u], X[o + 5u], X[o + 6u], X[o + 7u]);
 }
 fn xd(t: u32, b: u32) -> f32 { return bitcast<f32>(X[P(8u) + t * (P(1u) >> 5u) + b]); }
 fn xs(t: u32, b: u32) -> u32 { return X[P(9u) + t * (P(1u) >> 5u) + b]; }

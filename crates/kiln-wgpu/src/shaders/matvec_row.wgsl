@@ -4,7 +4,8 @@
 // part. The rows are written out, not looped over, so that their loads are in flight
 // together (a loop over them compiles to one row after another); each activation block is
 // read once for all of them.
-fn rows_dot_S(fmt: u32, rw: u32, r0: u32, last: u32, t: u32, lane: u32, width: u32) -> array<f32, 4> {
+fn rows_dot_S(fmt: u32, rw: u32, r0: u32, last: u32, t: u32, lane: u32,
+              width: u32) -> array<f32, 4> {
     let cols = P(1u);
     let r1 = min(r0 + 1u, last);
     let r2 = min(r0 + 2u, last);
