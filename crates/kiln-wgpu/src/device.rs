@@ -75,6 +75,11 @@ pub struct GpuOptions {
     /// Rows each row group of a matrix-vector product computes together (1, 2 or 4);
     /// default: chosen per product by its size (tests fix it to reach every variant).
     pub matvec_rows: Option<usize>,
+    /// Whether prompt attention runs by tiles of tokens and keys through workgroup memory
+    /// (attention.wgsl attn_tile) where the adapter has the memory and the head size fits,
+    /// instead of a workgroup a token and chunk of keys (attn_split). Default: on GPUs, not
+    /// on CPU adapters (lavapipe), where the tiles' barriers cost more than they save.
+    pub tiled_attention: Option<bool>,
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u8 {
@@ -117,6 +122,9 @@ struct Enc {
     ids: Vec<u8>,
 }
 
+/// Workgroup memory of attention.wgsl attn_tile (qt, kvt, pt).
+const ATTN_TILE_BYTES: u32 = (2048 + 32 * 129 + 512) * 4;
+
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -137,6 +145,10 @@ pub struct Gpu {
     /// One decode token's heads' work inside the attention dispatch (KILN_WGPU_NO_FUSED_HEADS
     /// turns it off).
     pub fused_heads: bool,
+    /// Prompt attention by tiles (attention.wgsl attn_tile) where the adapter gives a
+    /// workgroup its memory (GpuOptions::tiled_attention; KILN_WGPU_NO_TILED_ATTN turns the
+    /// GPU default off).
+    pub tiled_attn: bool,
     pub max_binding: u64,
     slot: usize,
     ring: wgpu::Buffer,
@@ -180,6 +192,11 @@ struct Profile {
 }
 
 impl Gpu {
+    /// Whether prompt attention over heads of `head_dim` runs by tiles (attn_tile).
+    pub fn tiled_attention(&self, head_dim: usize) -> bool {
+        self.tiled_attn && head_dim <= 128 && head_dim % 8 == 0
+    }
+
     pub fn new(opt: &GpuOptions) -> Result<Self, WgpuInitError> {
         let inst = instance();
         let mut list = block_on(inst.enumerate_adapters(wgpu::Backends::all()));
@@ -363,6 +380,11 @@ impl Gpu {
             matvec_rows,
             matvec_wgs,
             fused_heads: !kiln_backend::options::dev_flag("KILN_WGPU_NO_FUSED_HEADS"),
+            tiled_attn: lim.max_compute_workgroup_storage_size >= ATTN_TILE_BYTES
+                && opt.tiled_attention.unwrap_or(
+                    info.device_type != wgpu::DeviceType::Cpu
+                        && !kiln_backend::options::dev_flag("KILN_WGPU_NO_TILED_ATTN"),
+                ),
             fused_cols: kiln_backend::options::dev_parsed("KILN_WGPU_FUSED_COLS")
                 .unwrap_or(2048)
                 .min(crate::shaders::MATVEC_MAXC),

@@ -48,6 +48,8 @@ use pack::{FMT_F16, FMT_F32};
 const GEMM_MIN_TOKENS: usize = 16;
 /// Keys per attention workgroup (attention.wgsl CH).
 const ATT_CHUNK: usize = 256;
+/// Tokens per workgroup of the tiled prompt attention (attention.wgsl TQ).
+const ATT_TILE_TOKENS: usize = 16;
 /// Tokens up to which attention runs as decode attention (attention.wgsl attn_dec); its
 /// most splits of a head's keys, and its fewest keys per split (short contexts still give
 /// a GPU's multiprocessors heads x splits workgroups).
@@ -235,6 +237,11 @@ impl WgpuBackend {
     /// Whether products run the fused matvec prologue (GpuOptions::fused_prologue).
     pub fn fused_prologue(&self) -> bool {
         self.gpu.fused_prologue
+    }
+
+    /// Whether prompt attention runs by tiles where heads fit (GpuOptions::tiled_attention).
+    pub fn tiled_attention(&self) -> bool {
+        self.gpu.tiled_attn
     }
 
     /// The adapter's name and driver.
@@ -623,6 +630,41 @@ impl WgpuBackend {
         // else attn_split over chunks of ATT_CHUNK keys.
         let len = s.pos0 + s.n_tokens;
         let dec = s.n_tokens <= DEC_MAX_TOKENS;
+        if !dec && heads.is_none() && self.gpu.tiled_attention(s.head_dim) {
+            let scale = 1.0 / (s.head_dim as f32).sqrt();
+            let p = [
+                s.n_heads as u32,
+                s.n_kv_heads as u32,
+                s.head_dim as u32,
+                cache.n_ctx as u32,
+                s.pos0 as u32,
+                cache.plane(layer) as u32,
+                cache.f16 as u32,
+                f(scale),
+                1,
+                (row0 * q.cols) as u32,
+                0,
+                q.cols as u32,
+                (row0 * out.cols) as u32,
+                out.cols as u32,
+                0,
+                s.window as u32,
+                s.n_tokens as u32,
+            ];
+            let d = &self.gpu.dummy;
+            self.gpu.dispatch(
+                "attention",
+                "attn_tile",
+                &p,
+                &[&q.buf, &cache.k, &cache.v, d, &out.buf],
+                (
+                    s.n_heads as u32,
+                    s.n_tokens.div_ceil(ATT_TILE_TOKENS) as u32,
+                    1,
+                ),
+            );
+            return;
+        }
         let (splits, per) = if dec {
             let min_keys = self.gpu.dec_min_keys;
             let splits = len.div_ceil(min_keys).clamp(1, DEC_SPLITS);

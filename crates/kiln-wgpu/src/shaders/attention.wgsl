@@ -314,3 +314,113 @@ fn attn_combine(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
     }
     OUT[P(12u) + t * P(13u) + h * hd + li] = num / den;
 }
+
+// Prompt attention by tiles (flash attention): workgroup (query head, block of TQ tokens);
+// the keys the block sees pass through workgroup memory TK2 at a time (keys, then values,
+// in one f32 tile whose rows are padded by one so that the 8 lanes of a token read 8
+// different banks), each read once for the TQ tokens. Invocation li: token qi = li / 8 of
+// the block, lane kl = li % 8: the scores of keys kl + 8c (c < 4) of a tile, then head
+// elements kl + 8d (d < hd / 8) of the output, held in registers; the softmax online
+// across tiles. Heads of at most 128 elements, a multiple of 8. Params as attn_split
+// but 16: the call's tokens (splits unused; out written directly).
+const TQ: u32 = 16u;
+const TK2: u32 = 32u;
+const TROW: u32 = 129u;
+
+var<workgroup> qt: array<f32, 2048>; // [TQ][hd], scaled
+var<workgroup> kvt: array<f32, 4128>; // [TK2][TROW]
+var<workgroup> pt: array<f32, 512>; // [TQ][TK2]
+
+@compute @workgroup_size(128)
+fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let h = wg.x;
+    let t0 = wg.y * TQ;
+    let heads = P(0u);
+    let hd = P(2u);
+    let n_ctx = P(3u);
+    let pos0 = P(4u);
+    let win = P(15u);
+    let n = P(16u); // tokens of the call
+    let g = heads / P(1u);
+    let plane = P(5u) + (h / g) * n_ctx * hd;
+    let qi = li >> 3u;
+    let kl = li & 7u;
+    let t = t0 + qi;
+    let live = t < n;
+    // Token t sees keys lo_t ..= pos0 + t.
+    let last = pos0 + t;
+    var lo_t = 0u;
+    if (win > 0u) { lo_t = last + 1u - min(last + 1u, win); }
+    for (var i = li; i < TQ * hd; i += 128u) {
+        let r = i / hd;
+        var v = 0.0;
+        if (t0 + r < n) { v = Q[P(9u) + (t0 + r) * P(11u) + h * hd + i % hd] * PF(7u); }
+        qt[i] = v;
+    }
+    // The block's keys: from the first token's window start to its last token.
+    let t_end = min(n, t0 + TQ);
+    let k_end = pos0 + t_end;
+    var k_lo = 0u;
+    if (win > 0u) { k_lo = pos0 + t0 + 1u - min(pos0 + t0 + 1u, win); }
+    k_lo = k_lo - k_lo % TK2;
+    var m = NEG_INF;
+    var l = 0.0;
+    var acc: array<f32, 16>;
+    let nd = hd / 8u;
+    for (var k0 = k_lo; k0 < k_end; k0 += TK2) {
+        workgroupBarrier();
+        for (var i = li; i < TK2 * hd; i += 128u) {
+            let r = i / hd;
+            var v = 0.0;
+            if (k0 + r < k_end) { v = kv(0u, plane + (k0 + r) * hd + i % hd); }
+            kvt[r * TROW + i % hd] = v;
+        }
+        workgroupBarrier();
+        var s: array<f32, 4>;
+        var mt = NEG_INF;
+        for (var c = 0u; c < 4u; c++) {
+            let key = k0 + kl + 8u * c;
+            var a = 0.0;
+            for (var e = 0u; e < hd; e++) { a += qt[qi * hd + e] * kvt[(kl + 8u * c) * TROW + e]; }
+            let ok = live && key <= last && key >= lo_t;
+            s[c] = select(NEG_INF, a, ok);
+            if (ok) { mt = max(mt, a); }
+        }
+        // The token's tile maximum across its 8 lanes, through pt.
+        for (var c = 0u; c < 4u; c++) { pt[qi * TK2 + kl + 8u * c] = s[c]; }
+        workgroupBarrier();
+        for (var j = 0u; j < TK2; j++) { mt = max(mt, pt[qi * TK2 + j]); }
+        let m_new = max(m, mt);
+        // Keys past the token's view score NEG_INF: weight 0.
+        var corr = 1.0;
+        if (m > NEG_INF) { corr = exp(m - m_new); }
+        workgroupBarrier();
+        for (var c = 0u; c < 4u; c++) {
+            var p = 0.0;
+            if (s[c] > NEG_INF) { p = exp(s[c] - m_new); }
+            pt[qi * TK2 + kl + 8u * c] = p;
+        }
+        // Values into the tile (the keys are no longer read).
+        for (var i = li; i < TK2 * hd; i += 128u) {
+            let r = i / hd;
+            var v = 0.0;
+            if (k0 + r < k_end) { v = kv(1u, plane + (k0 + r) * hd + i % hd); }
+            kvt[r * TROW + i % hd] = v;
+        }
+        workgroupBarrier();
+        var ls = 0.0;
+        for (var j = 0u; j < TK2; j++) { ls += pt[qi * TK2 + j]; }
+        l = l * corr + ls;
+        m = m_new;
+        for (var d = 0u; d < nd; d++) {
+            var a = acc[d] * corr;
+            for (var j = 0u; j < TK2; j++) { a += pt[qi * TK2 + j] * kvt[j * TROW + kl + 8u * d]; }
+            acc[d] = a;
+        }
+    }
+    if (live) {
+        for (var d = 0u; d < nd; d++) {
+            OUT[P(12u) + t * P(13u) + h * hd + kl + 8u * d] = acc[d] / l;
+        }
+    }
+}

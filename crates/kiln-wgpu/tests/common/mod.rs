@@ -49,8 +49,9 @@ pub fn gpu() -> Option<WgpuBackend> {
 
 /// Every kernel variant the adapter runs: the default (subgroups where it has them), the
 /// workgroup-memory reductions when the default used subgroups, and the other choice of
-/// the matvec prologue (fused or prep + matvec); the last two compute 2 and 4 rows a
-/// matrix-vector row group (the default picks by size, 1 on test shapes).
+/// the matvec prologue (fused or prep + matvec) and of prompt attention (tiled or not); the
+/// last two compute 2 and 4 rows a matrix-vector row group (the default picks by size, 1 on
+/// test shapes).
 pub fn backends() -> Vec<WgpuBackend> {
     let Some(b) = gpu() else {
         return Vec::new();
@@ -65,6 +66,7 @@ pub fn backends() -> Vec<WgpuBackend> {
     }
     opts.push(GpuOptions {
         fused_prologue: Some(!b.fused_prologue()),
+        tiled_attention: Some(!b.tiled_attention()),
         matvec_rows: Some(4),
         ..Default::default()
     });
