@@ -146,8 +146,8 @@ pub struct Gpu {
     /// turns it off).
     pub fused_heads: bool,
     /// Prompt attention by tiles (attention.wgsl attn_tile) where the adapter gives a
-    /// workgroup its memory (GpuOptions::tiled_attention; KILN_WGPU_NO_TILED_ATTN turns the
-    /// GPU default off).
+    /// workgroup its memory (GpuOptions::tiled_attention; KILN_WGPU_TILED_ATTN=0/1 in a
+    /// dev-switches build).
     pub tiled_attn: bool,
     pub max_binding: u64,
     slot: usize,
@@ -381,10 +381,13 @@ impl Gpu {
             matvec_wgs,
             fused_heads: !kiln_backend::options::dev_flag("KILN_WGPU_NO_FUSED_HEADS"),
             tiled_attn: lim.max_compute_workgroup_storage_size >= ATTN_TILE_BYTES
-                && opt.tiled_attention.unwrap_or(
-                    info.device_type != wgpu::DeviceType::Cpu
-                        && !kiln_backend::options::dev_flag("KILN_WGPU_NO_TILED_ATTN"),
-                ),
+                && opt
+                    .tiled_attention
+                    .or(
+                        kiln_backend::options::dev_parsed::<u8>("KILN_WGPU_TILED_ATTN")
+                            .map(|v| v == 1),
+                    )
+                    .unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
             fused_cols: kiln_backend::options::dev_parsed("KILN_WGPU_FUSED_COLS")
                 .unwrap_or(2048)
                 .min(crate::shaders::MATVEC_MAXC),

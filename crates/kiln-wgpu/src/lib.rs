@@ -49,7 +49,7 @@ const GEMM_MIN_TOKENS: usize = 16;
 /// Keys per attention workgroup (attention.wgsl CH).
 const ATT_CHUNK: usize = 256;
 /// Tokens per workgroup of the tiled prompt attention (attention.wgsl TQ).
-const ATT_TILE_TOKENS: usize = 16;
+pub(crate) const ATT_TILE_TOKENS: usize = 16;
 /// Tokens up to which attention runs as decode attention (attention.wgsl attn_dec); its
 /// most splits of a head's keys, and its fewest keys per split (short contexts still give
 /// a GPU's multiprocessors heads x splits workgroups).
@@ -650,6 +650,9 @@ impl WgpuBackend {
                 0,
                 s.window as u32,
                 s.n_tokens as u32,
+                s.head_dim as u32,
+                0,
+                (cache.n_ctx * s.head_dim) as u32,
             ];
             let d = &self.gpu.dummy;
             self.gpu.dispatch(

@@ -4,7 +4,7 @@
 
 use kiln_backend::SpeechOps;
 
-use crate::{ensure, f, grid_1d, WgpuBackend, WgpuTensor, WgpuWeight, MODE_STORE};
+use crate::{ensure, f, grid_1d, WgpuBackend, WgpuTensor, WgpuWeight, ATT_TILE_TOKENS, MODE_STORE};
 
 impl SpeechOps for WgpuBackend {
     // ---- speech ops ----
@@ -133,6 +133,45 @@ impl SpeechOps for WgpuBackend {
         if s.n_q == 0 {
             return;
         }
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        // attention.wgsl attn_tile over the dense rows for a tile of queries or more (or
+        // keys past attn_dense's): the queries are the last n_q positions (pos0 = n_kv -
+        // n_q), every one sees every key unless causal.
+        let tile_worth = s.n_q >= ATT_TILE_TOKENS || s.n_kv > 3072;
+        if tile_worth && s.n_kv >= s.n_q && self.gpu.tiled_attention(s.head_dim) {
+            let ld = (s.heads * s.head_dim) as u32;
+            let p = [
+                s.heads as u32,
+                s.heads as u32,
+                s.head_dim as u32,
+                0,
+                (s.n_kv - s.n_q) as u32,
+                0,
+                0,
+                f(scale),
+                1,
+                0,
+                0,
+                ld,
+                0,
+                ld,
+                0,
+                0,
+                s.n_q as u32,
+                ld,
+                !s.causal as u32,
+                s.head_dim as u32,
+            ];
+            let d = &self.gpu.dummy;
+            self.gpu.dispatch(
+                "attention",
+                "attn_tile",
+                &p,
+                &[&q.buf, &k.buf, &v.buf, d, &out.buf],
+                (s.heads as u32, s.n_q.div_ceil(ATT_TILE_TOKENS) as u32, 1),
+            );
+            return;
+        }
         // speech.wgsl attn_dense: scores in workgroup memory (3072 keys), heads up to 256.
         if s.n_kv > 3072 || s.head_dim > 256 || (s.causal && s.n_kv < s.n_q) {
             let (cq, ck, cv) = (self.to_cpu(q), self.to_cpu(k), self.to_cpu(v));
@@ -140,7 +179,6 @@ impl SpeechOps for WgpuBackend {
             self.cpu.attention_dense(&cq, &ck, &cv, s, &mut co);
             return self.from_cpu(&co, out);
         }
-        let scale = 1.0 / (s.head_dim as f32).sqrt();
         self.gpu.dispatch(
             "speech",
             "attn_dense",

@@ -640,6 +640,8 @@ pub fn attention_dense<B: Backend>(b: &B, tol: &Tolerances) {
         (6, 64, 3, 1500, false),
         (6, 64, 5, 1500, false),
         (4, 128, 3, 333, false),
+        (4, 128, 40, 333, false),
+        (6, 64, 3, 4000, false),
         (4, 64, 5, 40, true),
         (2, 80, 5, 40, true),
     ] {

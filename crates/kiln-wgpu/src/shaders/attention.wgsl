@@ -322,7 +322,11 @@ fn attn_combine(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
 // the block, lane kl = li % 8: the scores of keys kl + 8c (c < 4) of a tile, then head
 // elements kl + 8d (d < hd / 8) of the output, held in registers; the softmax online
 // across tiles. Heads of at most 128 elements, a multiple of 8. Params as attn_split
-// but 16: the call's tokens (splits unused; out written directly).
+// (splits unused; out written directly) but 16: the call's tokens, 17: elements between
+// key rows, 18: 1 where every token sees every key up to the last token's (dense
+// non-causal), 19: elements between KV heads' first rows. The cache (kv_heads, n_ctx, hd):
+// 17 = hd, 19 = n_ctx hd; dense K and V (n_kv, heads hd): 17 = heads hd, 19 = hd, pos0 =
+// n_kv - tokens.
 const TQ: u32 = 16u;
 const TK2: u32 = 32u;
 const TROW: u32 = 129u;
@@ -337,18 +341,19 @@ fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
     let t0 = wg.y * TQ;
     let heads = P(0u);
     let hd = P(2u);
-    let n_ctx = P(3u);
     let pos0 = P(4u);
     let win = P(15u);
     let n = P(16u); // tokens of the call
     let g = heads / P(1u);
-    let plane = P(5u) + (h / g) * n_ctx * hd;
+    let plane = P(5u) + (h / g) * P(19u);
+    let ks = P(17u);
+    let dense = P(18u) == 1u;
     let qi = li >> 3u;
     let kl = li & 7u;
     let t = t0 + qi;
     let live = t < n;
-    // Token t sees keys lo_t ..= pos0 + t.
-    let last = pos0 + t;
+    // Token t sees keys lo_t ..= pos0 + t (every token up to the last one's, dense).
+    let last = select(pos0 + t, pos0 + n - 1u, dense);
     var lo_t = 0u;
     if (win > 0u) { lo_t = last + 1u - min(last + 1u, win); }
     for (var i = li; i < TQ * hd; i += 128u) {
@@ -358,7 +363,7 @@ fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
         qt[i] = v;
     }
     // The block's keys: from the first token's window start to its last token.
-    let t_end = min(n, t0 + TQ);
+    let t_end = select(min(n, t0 + TQ), n, dense);
     let k_end = pos0 + t_end;
     var k_lo = 0u;
     if (win > 0u) { k_lo = pos0 + t0 + 1u - min(pos0 + t0 + 1u, win); }
@@ -372,7 +377,7 @@ fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
         for (var i = li; i < TK2 * hd; i += 128u) {
             let r = i / hd;
             var v = 0.0;
-            if (k0 + r < k_end) { v = kv(0u, plane + (k0 + r) * hd + i % hd); }
+            if (k0 + r < k_end) { v = kv(0u, plane + (k0 + r) * ks + i % hd); }
             kvt[r * TROW + i % hd] = v;
         }
         workgroupBarrier();
@@ -404,7 +409,7 @@ fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
         for (var i = li; i < TK2 * hd; i += 128u) {
             let r = i / hd;
             var v = 0.0;
-            if (k0 + r < k_end) { v = kv(1u, plane + (k0 + r) * hd + i % hd); }
+            if (k0 + r < k_end) { v = kv(1u, plane + (k0 + r) * ks + i % hd); }
             kvt[r * TROW + i % hd] = v;
         }
         workgroupBarrier();
