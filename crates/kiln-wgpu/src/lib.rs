@@ -627,44 +627,41 @@ impl WgpuBackend {
             return;
         }
         // A few tokens (decode): attn_dec over up to DEC_SPLITS splits of DEC_MIN_KEYS or more;
-        // else attn_split over chunks of ATT_CHUNK keys.
+        // else attn_tile by tiles of ATT_TILE_TOKENS tokens where tiles are on and the head
+        // fits, or attn_split over chunks of ATT_CHUNK keys.
         let len = s.pos0 + s.n_tokens;
         let dec = s.n_tokens <= DEC_MAX_TOKENS;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        // Params both paths share (attention.wgsl's list).
+        let mut p = [0u32; 20];
+        p[..8].copy_from_slice(&[
+            s.n_heads as u32,
+            s.n_kv_heads as u32,
+            s.head_dim as u32,
+            cache.n_ctx as u32,
+            s.pos0 as u32,
+            cache.plane(layer) as u32,
+            cache.f16 as u32,
+            f(scale),
+        ]);
+        p[9] = (row0 * q.cols) as u32;
+        p[11] = q.cols as u32;
+        p[12] = (row0 * out.cols) as u32;
+        p[13] = out.cols as u32;
+        p[15] = s.window as u32;
         if !dec && heads.is_none() && self.gpu.tiled_attention(s.head_dim) {
-            let scale = 1.0 / (s.head_dim as f32).sqrt();
-            let p = [
-                s.n_heads as u32,
-                s.n_kv_heads as u32,
-                s.head_dim as u32,
-                cache.n_ctx as u32,
-                s.pos0 as u32,
-                cache.plane(layer) as u32,
-                cache.f16 as u32,
-                f(scale),
-                1,
-                (row0 * q.cols) as u32,
-                0,
-                q.cols as u32,
-                (row0 * out.cols) as u32,
-                out.cols as u32,
-                0,
-                s.window as u32,
-                s.n_tokens as u32,
-                s.head_dim as u32,
-                0,
-                (cache.n_ctx * s.head_dim) as u32,
-            ];
+            p[8] = 1;
+            p[16] = s.n_tokens as u32;
+            p[17] = s.head_dim as u32;
+            p[19] = (cache.n_ctx * s.head_dim) as u32;
             let d = &self.gpu.dummy;
+            let tiles = s.n_tokens.div_ceil(ATT_TILE_TOKENS) as u32;
             self.gpu.dispatch(
                 "attention",
                 "attn_tile",
                 &p,
                 &[&q.buf, &cache.k, &cache.v, d, &out.buf],
-                (
-                    s.n_heads as u32,
-                    s.n_tokens.div_ceil(ATT_TILE_TOKENS) as u32,
-                    1,
-                ),
+                (s.n_heads as u32, tiles, 1),
             );
             return;
         }
@@ -689,28 +686,9 @@ impl WgpuBackend {
             &mut self.scratch.borrow_mut().attn,
             (most * s.head_dim + 2 * most) * 4,
         );
-        let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let mut p = [
-            s.n_heads as u32,
-            s.n_kv_heads as u32,
-            s.head_dim as u32,
-            cache.n_ctx as u32,
-            s.pos0 as u32,
-            cache.plane(layer) as u32,
-            cache.f16 as u32,
-            f(scale),
-            splits as u32,
-            (row0 * q.cols) as u32,
-            ml_off as u32,
-            q.cols as u32,
-            (row0 * out.cols) as u32,
-            out.cols as u32,
-            per as u32,
-            s.window as u32,
-            0,
-            0,
-            0,
-        ];
+        p[8] = splits as u32;
+        p[10] = ml_off as u32;
+        p[14] = per as u32;
         let d = &self.gpu.dummy;
         let mut bufs = [&q.buf, &cache.k, &cache.v, &part, &out.buf, d, d, d, d, d];
         let table;

@@ -335,6 +335,16 @@ var<workgroup> qt: array<f32, 2048>; // [TQ][hd], scaled
 var<workgroup> kvt: array<f32, 4128>; // [TK2][TROW]
 var<workgroup> pt: array<f32, 512>; // [TQ][TK2]
 
+// Rows k0.. of the K (buf 0) or V cache into kvt (zeros from k_end on), by the 128 lanes.
+fn tile_rows(buf: u32, li: u32, plane: u32, ks: u32, hd: u32, k0: u32, k_end: u32) {
+    for (var i = li; i < TK2 * hd; i += 128u) {
+        let r = i / hd;
+        var v = 0.0;
+        if (k0 + r < k_end) { v = kv(buf, plane + (k0 + r) * ks + i % hd); }
+        kvt[r * TROW + i % hd] = v;
+    }
+}
+
 @compute @workgroup_size(128)
 fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let h = wg.x;
@@ -374,12 +384,7 @@ fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
     let nd = hd / 8u;
     for (var k0 = k_lo; k0 < k_end; k0 += TK2) {
         workgroupBarrier();
-        for (var i = li; i < TK2 * hd; i += 128u) {
-            let r = i / hd;
-            var v = 0.0;
-            if (k0 + r < k_end) { v = kv(0u, plane + (k0 + r) * ks + i % hd); }
-            kvt[r * TROW + i % hd] = v;
-        }
+        tile_rows(0u, li, plane, ks, hd, k0, k_end);
         workgroupBarrier();
         var s: array<f32, 4>;
         var mt = NEG_INF;
@@ -406,12 +411,7 @@ fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
             pt[qi * TK2 + kl + 8u * c] = p;
         }
         // Values into the tile (the keys are no longer read).
-        for (var i = li; i < TK2 * hd; i += 128u) {
-            let r = i / hd;
-            var v = 0.0;
-            if (k0 + r < k_end) { v = kv(1u, plane + (k0 + r) * ks + i % hd); }
-            kvt[r * TROW + i % hd] = v;
-        }
+        tile_rows(1u, li, plane, ks, hd, k0, k_end);
         workgroupBarrier();
         var ls = 0.0;
         for (var j = 0u; j < TK2; j++) { ls += pt[qi * TK2 + j]; }
