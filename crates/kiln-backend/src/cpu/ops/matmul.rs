@@ -22,9 +22,10 @@ const TILE_MIN_TOKENS: usize = 8;
 /// Tokens from which interleaved weights run a pair of groups a call where the set has
 /// pair kernels: below it the weights stream from memory, which wider vectors do not speed
 /// up and which the one-group kernels' prefetch is tuned for (measured on Zen 5: pairs at
-/// one token lost 20% of decode; at two tokens even). From four (four streams' decode
-/// steps) the 256-bit kernels' arithmetic shows where memory keeps up: Qwen3-0.6B shape
-/// Q4_0 x4 +9-18% in paired rounds, even where memory does not (BENCHMARKS.md).
+/// one token lost 20% of decode; at two tokens even). From four tokens (four streams'
+/// decode steps) the 256-bit kernels' arithmetic is the limit where memory keeps up:
+/// Qwen3-0.6B shape Q4_0 x4 +1..+18% (median +11%) in paired rounds, and even on a host
+/// where four tokens were memory-bound (BENCHMARKS.md).
 const PAIR_MIN_TOKENS: usize = 4;
 
 /// Products one op may carry (q, k, v).
