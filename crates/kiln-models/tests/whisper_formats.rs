@@ -7,55 +7,13 @@
 use std::path::{Path, PathBuf};
 
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::Backend;
 use kiln_models::whisper::{LoadOptions, Whisper, WhisperFile};
 
-const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/assets");
+mod jfk;
+use jfk::{golden, greedy};
 
 fn out_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("whisper-formats")
-}
-
-fn golden() -> (Vec<u32>, Vec<u32>) {
-    let p = format!("{SHARED}/golden/whisper_tiny_en_jfk.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    let ids = |k: &str| {
-        v[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    (ids("prompt_ids"), ids("greedy_ids"))
-}
-
-fn jfk_mel(n_mels: usize) -> Vec<f32> {
-    let a = kiln_audio::load_16k(Path::new(&format!("{SHARED}/audio/jfk.wav"))).unwrap();
-    let mut x = a.samples;
-    x.resize(480_000, 0.0);
-    kiln_audio::log_mel_spectrogram(&x, n_mels, 0).unwrap().data
-}
-
-/// Greedy ids after `prompt` until end-of-text (50256) or 64 tokens.
-fn greedy<B: Backend>(b: &B, m: &Whisper<B>, prompt: &[u32]) -> Vec<u32> {
-    let mel = jfk_mel(m.cfg.n_mels);
-    let mut enc = m.encoder_state(b);
-    let mut cross = m.cross_kv(b);
-    m.encode(b, &mel, &mut enc, &mut cross).unwrap();
-    let mut st = m.decoder_state(b);
-    let mut logits = m.decode(b, &mut st, &cross, prompt, 0).unwrap().to_vec();
-    let mut ids = Vec::new();
-    for pos in prompt.len()..prompt.len() + 64 {
-        let next = (0..logits.len())
-            .max_by(|&a, &c| logits[a].total_cmp(&logits[c]).then(c.cmp(&a)))
-            .unwrap() as u32;
-        if next == 50256 {
-            break;
-        }
-        ids.push(next);
-        logits = m.decode(b, &mut st, &cross, &[next], pos).unwrap().to_vec();
-    }
-    ids
 }
 
 fn run(path: &Path) -> (Vec<u32>, &'static str) {
@@ -70,7 +28,7 @@ fn run(path: &Path) -> (Vec<u32>, &'static str) {
         (m.cfg.n_audio_layers, m.cfg.n_text_layers, m.cfg.ffn_dim),
         (4, 4, 1536)
     );
-    (greedy(&b, &m, &prompt), f.format_name())
+    (greedy(&b, &m, &prompt, 64), f.format_name())
 }
 
 #[test]

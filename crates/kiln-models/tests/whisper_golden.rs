@@ -1,45 +1,12 @@
 //! Whisper tiny.en (CTranslate2 fp16) on jfk.wav against the golden from an independent
 //! numpy forward pass: greedy ids, no timestamps, one 30 s padded window, 80 mel bins.
 
-use std::path::{Path, PathBuf};
-
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::Backend;
 use kiln_models::whisper::{LoadOptions, Whisper};
 
-const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/assets");
-
-fn golden() -> (Vec<u32>, Vec<u32>) {
-    let p = format!("{SHARED}/golden/whisper_tiny_en_jfk.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    let ids = |k: &str| {
-        v[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    (ids("prompt_ids"), ids("greedy_ids"))
-}
-
-fn model_dir() -> PathBuf {
-    let p = kiln_assets::resolve("whisper-tiny.en", &mut |_| {}).unwrap();
-    if p.is_dir() {
-        p
-    } else {
-        p.parent().unwrap().into()
-    }
-}
-
-/// The first 30 s window of jfk.wav (padded), as Whisper computes it.
-fn jfk_mel(n_mels: usize) -> Vec<f32> {
-    let a = kiln_audio::load_16k(Path::new(&format!("{SHARED}/audio/jfk.wav"))).unwrap();
-    let mut x = a.samples;
-    x.resize(480_000, 0.0);
-    let mel = kiln_audio::log_mel_spectrogram(&x, n_mels, 0).unwrap();
-    assert_eq!(mel.n_frames, 3000);
-    mel.data
-}
+mod jfk;
+use jfk::{golden, jfk_cross, model_dir};
 
 fn argmax(l: &[f32]) -> u32 {
     let mut best = 0;
@@ -58,10 +25,7 @@ fn greedy<B: Backend>(
     prompt: &[u32],
     max: usize,
 ) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mel = jfk_mel(m.cfg.n_mels);
-    let mut enc = m.encoder_state(b);
-    let mut cross = m.cross_kv(b);
-    m.encode(b, &mel, &mut enc, &mut cross).unwrap();
+    let cross = jfk_cross(b, m);
     let mut st = m.decoder_state(b);
     let mut logits = m.decode(b, &mut st, &cross, prompt, 0).unwrap().to_vec();
     let mut pos = prompt.len();
