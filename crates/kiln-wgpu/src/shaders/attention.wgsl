@@ -387,18 +387,17 @@ fn attn_tile(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
         tile_rows(0u, li, plane, ks, hd, k0, k_end);
         workgroupBarrier();
         var s: array<f32, 4>;
-        var mt = NEG_INF;
         for (var c = 0u; c < 4u; c++) {
             let key = k0 + kl + 8u * c;
             var a = 0.0;
             for (var e = 0u; e < hd; e++) { a += qt[qi * hd + e] * kvt[(kl + 8u * c) * TROW + e]; }
             let ok = live && key <= last && key >= lo_t;
             s[c] = select(NEG_INF, a, ok);
-            if (ok) { mt = max(mt, a); }
+            pt[qi * TK2 + kl + 8u * c] = s[c];
         }
         // The token's tile maximum across its 8 lanes, through pt.
-        for (var c = 0u; c < 4u; c++) { pt[qi * TK2 + kl + 8u * c] = s[c]; }
         workgroupBarrier();
+        var mt = NEG_INF;
         for (var j = 0u; j < TK2; j++) { mt = max(mt, pt[qi * TK2 + j]); }
         let m_new = max(m, mt);
         // Keys past the token's view score NEG_INF: weight 0.
