@@ -276,6 +276,9 @@ pub fn spawn_scheduler(
         }
         Device::Gpu => {
             drop(crate::gpu_backend(adapter.as_deref())?);
+            // wgpu's caches grow as sequences do, within the adapter's memory (the host's
+            // available memory where it shares it: `gpu_backend`), as on CUDA.
+            let fit = (fit.0, 0);
             Scheduler::spawn(cfg, move || {
                 load(crate::gpu_backend(adapter.as_deref()), &path, fit)
             })

@@ -62,7 +62,14 @@ pub fn gpu_backend(adapter: Option<&str>) -> anyhow::Result<kiln_wgpu::WgpuBacke
         adapter: adapter.map(str::to_string),
         ..Default::default()
     };
-    Ok(kiln_wgpu::WgpuBackend::with_options(&opt)?)
+    let b = kiln_wgpu::WgpuBackend::with_options(&opt)?;
+    // KV caches grow as sequences do (kiln-wgpu/src/kv.rs). On an adapter whose memory is
+    // the host's they may take what the host has available now, no more: past it a
+    // reservation fails (the scheduler empties idle caches first) instead of swapping.
+    if b.shares_host_memory() && !kiln_backend::options::get().no_memory_check {
+        b.set_kv_byte_limit(kiln_runtime::memory::available_bytes().map(|v| v as usize));
+    }
+    Ok(b)
 }
 
 /// This build has no wgpu backend.

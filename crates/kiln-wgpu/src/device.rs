@@ -443,6 +443,16 @@ impl Gpu {
         }
     }
 
+    /// Drops buffers and the cached bind groups that hold them, so that their memory goes
+    /// back now rather than when the bind-group cache is next cleared (work already
+    /// recorded keeps what it uses alive until it has run).
+    pub fn drop_buffers<const N: usize>(&self, bufs: [Buf; N]) {
+        let ids = bufs.map(|b| b.id);
+        self.binds
+            .borrow_mut()
+            .retain(|key, _| !key[1..].iter().any(|k| ids.contains(k)));
+    }
+
     /// A storage buffer holding `data` (padded with zeros to a word).
     pub fn buffer_init(&self, data: &[u8]) -> Buf {
         let mut v;

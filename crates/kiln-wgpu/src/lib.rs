@@ -26,6 +26,7 @@
 //! copied to the host, the CPU op runs, outputs are copied back.
 
 mod device;
+mod kv;
 pub mod pack;
 mod parts;
 pub mod shaders;
@@ -42,6 +43,7 @@ use kiln_backend::{
 
 pub use device::{adapters, GpuOptions, WgpuInitError};
 use device::{Buf, Gpu};
+pub use kv::WgpuKvCache;
 use pack::{FMT_F16, FMT_F32};
 
 /// Tokens from which a product runs as the tiled GEMM instead of matrix-vector products.
@@ -96,35 +98,6 @@ pub struct WgpuWeight {
     /// embedding on a 128 MiB limit): its row ranges in order, each a weight of its own in
     /// its own buffer (`buf` then holds the first part's rows). Empty otherwise.
     parts: Vec<WgpuWeight>,
-}
-
-/// Keys and values, laid out (layer, kv head, slot, head_dim), f16 or f32; a slot is a
-/// position but in a sliding-window cache, whose slots hold what [`WindowSlots`] says.
-pub struct WgpuKvCache {
-    k: Buf,
-    v: Buf,
-    n_layers: usize,
-    /// Slots per layer and head.
-    n_ctx: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    f16: bool,
-    window: Option<WindowSlots>,
-}
-
-impl WgpuKvCache {
-    /// First element of `layer`.
-    fn plane(&self, layer: usize) -> usize {
-        layer * self.kv_heads * self.n_ctx * self.head_dim
-    }
-
-    /// `s` as `layer`'s slots see it.
-    fn local(&self, layer: usize, s: AttnShape) -> AttnShape {
-        match &self.window {
-            Some(w) => w.local(layer, s),
-            None => s,
-        }
-    }
 }
 
 /// What attn_dec needs to do one token's heads' work itself: the token's k and v rows (as
@@ -188,6 +161,7 @@ pub struct WgpuBackend {
     gpu: Gpu,
     scratch: RefCell<Scratch>,
     cpu: CpuBackend,
+    kv: kv::KvBudget,
 }
 
 /// prep.wgsl's workgroups a row of `cols` values.
@@ -225,6 +199,7 @@ impl WgpuBackend {
         Ok(WgpuBackend {
             gpu: Gpu::new(opt)?,
             scratch: RefCell::default(),
+            kv: Default::default(),
             cpu: CpuBackend::new(kiln_backend::cpu::default_threads()),
         })
     }
@@ -242,6 +217,15 @@ impl WgpuBackend {
     /// Whether prompt attention runs by tiles where heads fit (GpuOptions::tiled_attention).
     pub fn tiled_attention(&self) -> bool {
         self.gpu.tiled_attn
+    }
+
+    /// Whether the adapter's memory is the host's (integrated GPUs, Apple's unified memory,
+    /// CPU adapters such as lavapipe).
+    pub fn shares_host_memory(&self) -> bool {
+        matches!(
+            self.gpu.info.device_type,
+            wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu
+        )
     }
 
     /// The adapter's name and driver.
@@ -476,7 +460,7 @@ impl WgpuBackend {
 
     /// Per-head work (heads.wgsl) over up to three groups: q (`q`, its heads, norm, rope),
     /// and, when given, k and v (`kv`: k, v, kv heads, k's norm, cache buffers, plane,
-    /// n_ctx, f16). A single group may store into a cache (`cache0`).
+    /// slots, f16). A single group may store into a cache (`cache0`).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn heads(
         &self,
@@ -507,7 +491,7 @@ impl WgpuBackend {
         let rope_bit = rope.is_some() as u32;
         let mut rope_flags = (qrope as u32) & rope_bit;
         let mut cache_flags = cache0.is_some() as u32;
-        let (mut plane, mut n_ctx, mut f16) = cache0.map_or((0, 0, false), |c| (c.1, c.2, c.3));
+        let (mut plane, mut slots, mut f16) = cache0.map_or((0, 0, false), |c| (c.1, c.2, c.3));
         let (mut kb, mut vb, mut knb, mut kcb, mut vcb) = (d, d, d, cache0.map_or(d, |c| c.0), d);
         let (mut nkv, mut kv_ld, mut shift) = (0, 0, 0);
         if let Some((k, v, kvh, kn, cache, (pl, sh))) = kv {
@@ -520,7 +504,7 @@ impl WgpuBackend {
             rope_flags |= 2 * rope_bit;
             cache_flags |= 2 | 4;
             (kcb, vcb) = (&cache.k, &cache.v);
-            (plane, n_ctx, f16) = (pl, cache.n_ctx, cache.f16);
+            (plane, slots, f16) = (pl, cache.slots, cache.f16);
         }
         let p = [
             nq as u32,
@@ -533,7 +517,7 @@ impl WgpuBackend {
             dims as u32,
             neox,
             pos0 as u32,
-            n_ctx as u32,
+            slots as u32,
             plane as u32,
             f16 as u32,
             x.cols as u32,
@@ -638,7 +622,7 @@ impl WgpuBackend {
             s.n_heads as u32,
             s.n_kv_heads as u32,
             s.head_dim as u32,
-            cache.n_ctx as u32,
+            cache.slots as u32,
             s.pos0 as u32,
             cache.plane(layer) as u32,
             cache.f16 as u32,
@@ -653,7 +637,7 @@ impl WgpuBackend {
             p[8] = 1;
             p[16] = s.n_tokens as u32;
             p[17] = s.head_dim as u32;
-            p[19] = (cache.n_ctx * s.head_dim) as u32;
+            p[19] = (cache.slots * s.head_dim) as u32;
             let d = &self.gpu.dummy;
             let tiles = s.n_tokens.div_ceil(ATT_TILE_TOKENS) as u32;
             self.gpu.dispatch(
@@ -943,7 +927,7 @@ impl LlmOps for WgpuBackend {
         head_dim: usize,
     ) -> WgpuKvCache {
         // f16 keys and values whatever the default type is (as the CUDA backend).
-        self.kv_typed(n_layers, n_ctx, n_kv_heads, head_dim, true)
+        self.kv_typed(n_layers, n_ctx, n_kv_heads, head_dim, true, None)
     }
 
     fn kv_cache_typed(
@@ -954,14 +938,8 @@ impl LlmOps for WgpuBackend {
         head_dim: usize,
         ty: KvType,
     ) -> Result<WgpuKvCache, BackendError> {
-        match ty {
-            KvType::F16 => Ok(self.kv_typed(n_layers, n_ctx, n_kv_heads, head_dim, true)),
-            KvType::F32 => Ok(self.kv_typed(n_layers, n_ctx, n_kv_heads, head_dim, false)),
-            other => Err(BackendError::KvType {
-                ty: other.name(),
-                what: "the wgpu backend stores keys and values as f16 or f32".into(),
-            }),
-        }
+        let f16 = kv_f16(ty)?;
+        Ok(self.kv_typed(n_layers, n_ctx, n_kv_heads, head_dim, f16, None))
     }
 
     fn kv_cache_window(
@@ -977,9 +955,8 @@ impl LlmOps for WgpuBackend {
         let Some(w) = WindowSlots::new(win, n_ctx, n_layers) else {
             return self.kv_cache_typed(n_layers, n_ctx, n_kv_heads, head_dim, ty);
         };
-        let mut c = self.kv_cache_typed(n_layers, w.slots, n_kv_heads, head_dim, ty)?;
-        c.window = Some(w);
-        Ok(c)
+        let (slots, f16) = (w.slots, kv_f16(ty)?);
+        Ok(self.kv_typed(n_layers, slots, n_kv_heads, head_dim, f16, Some(w)))
     }
 
     fn kv_kept_from(&self, cache: &WgpuKvCache) -> usize {
@@ -1008,7 +985,20 @@ impl LlmOps for WgpuBackend {
     }
 
     fn kv_cache_bytes(&self, c: &WgpuKvCache) -> usize {
-        (c.k.bytes + c.v.bytes) as usize
+        c.bytes()
+    }
+
+    fn kv_reserve(
+        &self,
+        cache: &mut WgpuKvCache,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        self.kv_grow(cache, pos0, n)
+    }
+
+    fn kv_release(&self, cache: &mut WgpuKvCache) {
+        self.kv_release_memory(cache)
     }
 
     fn embed(
@@ -1175,8 +1165,8 @@ impl LlmOps for WgpuBackend {
         let pos0 = self.kv_place(cache, layer, pos0, n);
         let plane = cache.plane(layer);
         let (hd, kvh) = (cache.head_dim, cache.kv_heads);
-        let kc = Some((&cache.k, plane, cache.n_ctx, cache.f16));
-        let vc = Some((&cache.v, plane, cache.n_ctx, cache.f16));
+        let kc = Some((&cache.k, plane, cache.slots, cache.f16));
+        let vc = Some((&cache.v, plane, cache.slots, cache.f16));
         self.heads((k, kvh, None, false), None, kc, hd, None, pos0, n);
         self.heads((v, kvh, None, false), None, vc, hd, None, pos0, n);
     }
@@ -1219,6 +1209,7 @@ impl LlmOps for WgpuBackend {
                 && rope.dims <= hd
                 && rope.dims % 2 == 0
             {
+                self.kv_ready(one.cache, s.pos0, 1);
                 let heads = DecHeads {
                     k,
                     v,
@@ -1286,76 +1277,19 @@ impl LlmOps for WgpuBackend {
     }
 
     fn kv_copy(&self, src: &WgpuKvCache, dst: &mut WgpuKvCache, n: usize) {
-        assert!(
-            (src.n_layers, src.n_ctx, src.kv_heads, src.head_dim, src.f16)
-                == (dst.n_layers, dst.n_ctx, dst.kv_heads, dst.head_dim, dst.f16)
-                && src.window.as_ref().map(|w| (w.win, w.positions))
-                    == dst.window.as_ref().map(|w| (w.win, w.positions)),
-            "kv_copy between caches of different shapes"
-        );
-        // Slots, which are positions but in a window cache (its bases go with them).
-        let n = match &src.window {
-            Some(w) => w.copy_slots(n),
-            None => n.min(src.n_ctx),
-        };
-        dst.window.clone_from(&src.window);
-        let per_word = if src.f16 { 2 } else { 1 };
-        for l in 0..src.n_layers {
-            for h in 0..src.kv_heads {
-                let off = (src.plane(l) + h * src.n_ctx * src.head_dim) / per_word;
-                let len = n * src.head_dim / per_word;
-                self.copy_words(&src.k, off, &dst.k, off, len);
-                self.copy_words(&src.v, off, &dst.v, off, len);
-            }
-        }
+        self.kv_copy_slots(src, dst, n)
     }
 }
 
-impl WgpuBackend {
-    fn kv_typed(
-        &self,
-        n_layers: usize,
-        n_ctx: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        f16: bool,
-    ) -> WgpuKvCache {
-        let elems = n_layers * n_ctx * kv_heads * head_dim;
-        let bytes = if f16 { elems * 2 } else { elems * 4 };
-        WgpuKvCache {
-            k: self.gpu.buffer(bytes),
-            v: self.gpu.buffer(bytes),
-            n_layers,
-            n_ctx,
-            kv_heads,
-            head_dim,
-            f16,
-            window: None,
-        }
-    }
-
-    /// The slot `layer` position `pos0` goes to, for a step of `n` positions (a window
-    /// cache moves the positions its window keeps to the front first, through a scratch
-    /// copy: a dispatch may not read and write one buffer).
-    fn kv_place(&self, cache: &mut WgpuKvCache, layer: usize, pos0: usize, n: usize) -> usize {
-        let Some(w) = &mut cache.window else {
-            return pos0;
-        };
-        let (slot, moved) = w.place(layer, pos0, n);
-        if let Some((from, len)) = moved {
-            let per_word = if cache.f16 { 2 } else { 1 };
-            let (row, slots) = (cache.head_dim / per_word, cache.n_ctx);
-            let words = len * row;
-            let tmp = self.gpu.buffer(4 * words.max(1));
-            for buf in [&cache.k, &cache.v] {
-                for h in 0..cache.kv_heads {
-                    let at = cache.plane(layer) / per_word + h * slots * row;
-                    self.copy_words(buf, at + from * row, &tmp, 0, words);
-                    self.copy_words(&tmp, 0, buf, at, words);
-                }
-            }
-        }
-        slot
+/// Whether a cache of `ty` stores f16 (else f32): the two types the shaders read.
+fn kv_f16(ty: KvType) -> Result<bool, BackendError> {
+    match ty {
+        KvType::F16 => Ok(true),
+        KvType::F32 => Ok(false),
+        other => Err(BackendError::KvType {
+            ty: other.name(),
+            what: "the wgpu backend stores keys and values as f16 or f32".into(),
+        }),
     }
 }
 

@@ -2,8 +2,8 @@
 // (query head, chunk of 256 keys, token) per workgroup and writes the chunk's softmax
 // partial (max m, sum l, the p-weighted sum of V rows); `attn_combine` merges a head's
 // chunks. Token t sees positions 0..pos0 + t (the last `window` of them where window > 0).
-// Cache planes are (kv_heads, n_ctx, head_dim), f16 two per word or f32.
-// split params: 0 heads, 1 kv_heads, 2 hd, 3 n_ctx, 4 pos0, 5 plane, 6 kv_f16, 7 scale,
+// Cache planes are (kv_heads, slots, head_dim) (slots: what the cache holds now), f16 two per word or f32.
+// split params: 0 heads, 1 kv_heads, 2 hd, 3 slots, 4 pos0, 5 plane, 6 kv_f16, 7 scale,
 //               8 splits, 9 q_off, 10 ml_off, 11 q_ld, 12 out_off, 13 out_ld,
 //               14 keys per split (attn_dec), 15 window (0: none),
 //               attn_dec of one token with the heads' work fused in: 16 flags (1 fused,
@@ -45,7 +45,7 @@ fn attn_split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
     let t = wg.z;
     let heads = P(0u);
     let hd = P(2u);
-    let n_ctx = P(3u);
+    let slots = P(3u);
     let g = heads / P(1u);
     let kvh = h / g;
     let len = P(4u) + t + 1u;
@@ -54,7 +54,7 @@ fn attn_split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
     let k1 = min(len, k0 + CH);
     if (li < hd) { qs[li] = Q[P(9u) + t * P(11u) + h * hd + li] * PF(7u); }
     workgroupBarrier();
-    let plane = P(5u) + kvh * n_ctx * hd;
+    let plane = P(5u) + kvh * slots * hd;
     let key = k0 + li;
     let valid = key < k1 && key >= lo;
     var sc = NEG_INF;
@@ -324,8 +324,8 @@ fn attn_combine(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
 // across tiles. Heads of at most 128 elements, a multiple of 8. Params as attn_split
 // (splits unused; out written directly) but 16: the call's tokens, 17: elements between
 // key rows, 18: 1 where every token sees every key up to the last token's (dense
-// non-causal), 19: elements between KV heads' first rows. The cache (kv_heads, n_ctx, hd):
-// 17 = hd, 19 = n_ctx hd; dense K and V (n_kv, heads hd): 17 = heads hd, 19 = hd, pos0 =
+// non-causal), 19: elements between KV heads' first rows. The cache (kv_heads, slots, hd):
+// 17 = hd, 19 = slots hd; dense K and V (n_kv, heads hd): 17 = heads hd, 19 = hd, pos0 =
 // n_kv - tokens.
 const TQ: u32 = 16u;
 const TK2: u32 = 32u;

@@ -1,12 +1,12 @@
 // Per-head work on rows of (n, heads * head_dim), one workgroup per (head row, token):
 // RMSNorm over the head (Qwen3 q/k norm), RoPE (head_row.wgsl), the row rewritten in place, then
-// stored at position pos0 + t of a KV-cache plane (heads, n_ctx, head_dim) as f16 (two per
+// stored at position pos0 + t of a KV-cache plane (heads, slots, head_dim) as f16 (two per
 // word) or f32. Up to three groups in one dispatch: q (n_q heads: X, norm QN), k (n_kv: K,
 // KN, cache KC) and v (n_kv: V, cache VC); group g is normalised / rotated / stored when
 // bit g of the norm / rope / cache flags is set. A single group is group 0 with its cache
 // at KC (bindings 1-4).
 // params: 0 n_q, 1 n_kv, 2 head_dim, 3 eps, 4 norm flags, 5 rope flags, 6 cache flags,
-//         7 rope_dims, 8 neox, 9 pos0, 10 n_ctx, 11 plane (elements), 12 kv_f16,
+//         7 rope_dims, 8 neox, 9 pos0, 10 slots, 11 plane (elements), 12 kv_f16,
 //         13 q_ld, 14 kv_ld, 15 shift (position pos0 + t goes to cache slot pos0 + t - shift)
 
 @group(0) @binding(1) var<storage, read_write> X: array<f32>;
