@@ -446,8 +446,8 @@ impl Gpu {
     /// Drops buffers and the cached bind groups that hold them, so that their memory goes
     /// back now rather than when the bind-group cache is next cleared (work already
     /// recorded keeps what it uses alive until it has run).
-    pub fn drop_buffers<const N: usize>(&self, bufs: [Buf; N]) {
-        let ids = bufs.map(|b| b.id);
+    pub fn drop_buffers(&self, bufs: impl IntoIterator<Item = Buf>) {
+        let ids: Vec<u64> = bufs.into_iter().map(|b| b.id).collect();
         self.binds
             .borrow_mut()
             .retain(|key, _| !key[1..].iter().any(|k| ids.contains(k)));

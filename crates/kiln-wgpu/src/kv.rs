@@ -11,6 +11,11 @@
 //! where the device has no memory left, a reservation fails with
 //! [`BackendError::KvMemory`] (the scheduler then evicts idle caches and retries).
 //!
+//! A buffer holds as many layers as the adapter binds at once at `n_ctx` positions (all of
+//! them on most GPUs; 128 MiB adapters such as lavapipe split Qwen3-0.6B's 8192 positions
+//! over four), so a long context does not exceed the binding limit; where even one layer's
+//! rows do not fit, the positions past what binds fail with `KvMemory`.
+//!
 //! A sliding-window cache holds its window's slots from the start ([`WindowSlots`]: a few
 //! hundred positions) and does not grow. Caches do not share memory: a prefix another
 //! sequence holds is copied ([`kv_copy`]).
@@ -43,8 +48,12 @@ pub(crate) struct KvBudget {
 }
 
 pub struct WgpuKvCache {
-    pub(crate) k: Buf,
-    pub(crate) v: Buf,
+    /// Keys and values, a buffer per `group` layers.
+    k: Vec<Buf>,
+    v: Vec<Buf>,
+    /// Layers a buffer holds (the last may hold fewer): as many as fit in the adapter's
+    /// binding limit at `n_ctx` positions.
+    group: usize,
     pub(crate) n_layers: usize,
     /// Positions the sequence may reach (a window cache: its slots, which positions map to).
     pub(crate) n_ctx: usize,
@@ -59,9 +68,19 @@ pub struct WgpuKvCache {
 }
 
 impl WgpuKvCache {
-    /// First element of `layer`.
+    /// First element of `layer` in its buffers.
     pub(crate) fn plane(&self, layer: usize) -> usize {
-        layer * self.kv_heads * self.slots * self.head_dim
+        (layer % self.group) * self.kv_heads * self.slots * self.head_dim
+    }
+
+    /// The key and value buffers holding `layer`.
+    pub(crate) fn bufs(&self, layer: usize) -> (&Buf, &Buf) {
+        (&self.k[layer / self.group], &self.v[layer / self.group])
+    }
+
+    /// First word of `layer`'s head `h` in its buffer at `slots` slots a head.
+    fn head_word(&self, layer: usize, h: usize, slots: usize) -> usize {
+        ((layer % self.group) * self.kv_heads + h) * slots * self.head_dim / self.per_word()
     }
 
     /// `s` as `layer`'s slots see it.
@@ -81,13 +100,24 @@ impl WgpuKvCache {
         }
     }
 
-    /// Bytes of `slots` slots of every layer and head, for K or for V.
-    fn bytes_for(&self, slots: usize) -> usize {
-        self.n_layers * self.kv_heads * slots * self.head_dim * 4 / self.per_word()
+    /// Bytes of buffer `g` (K or V) at `slots` slots a head.
+    fn buf_bytes(&self, g: usize, slots: usize) -> usize {
+        let layers = self.group.min(self.n_layers - g * self.group);
+        layers * self.kv_heads * slots * self.head_dim * 4 / self.per_word()
+    }
+
+    /// K's and V's buffers at `slots` slots a head.
+    fn new_bufs(&self, b: &WgpuBackend, slots: usize) -> (Vec<Buf>, Vec<Buf>) {
+        let make = || {
+            (0..self.k.len())
+                .map(|g| b.gpu.buffer(self.buf_bytes(g, slots)))
+                .collect()
+        };
+        (make(), make())
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        (self.k.bytes + self.v.bytes) as usize
+        self.k.iter().chain(&self.v).map(|b| b.bytes as usize).sum()
     }
 }
 
@@ -120,11 +150,13 @@ impl WgpuBackend {
     ) -> WgpuKvCache {
         // A window cache's slots from the start (its n_ctx is its slots); others none yet.
         let slots = window.as_ref().map_or(0, |_| n_ctx);
-        let elems = n_layers * kv_heads * slots * head_dim;
-        let bytes = if f16 { elems * 2 } else { elems * 4 };
-        let c = WgpuKvCache {
-            k: self.gpu.buffer(bytes),
-            v: self.gpu.buffer(bytes),
+        // Layers a buffer: as many as the adapter binds at once at n_ctx positions.
+        let layer_bytes = kv_heads * n_ctx * head_dim * if f16 { 2 } else { 4 };
+        let group = (self.gpu.max_binding as usize / layer_bytes.max(1)).clamp(1, n_layers.max(1));
+        let mut c = WgpuKvCache {
+            k: Vec::new(),
+            v: Vec::new(),
+            group,
             n_layers,
             n_ctx,
             slots,
@@ -134,6 +166,10 @@ impl WgpuBackend {
             window,
             held: self.kv.held.clone(),
         };
+        c.k = (0..n_layers.div_ceil(group).max(1))
+            .map(|_| self.gpu.buffer(4))
+            .collect();
+        (c.k, c.v) = c.new_bufs(self, slots);
         self.kv.held.fetch_add(c.bytes(), Ordering::Relaxed);
         c
     }
@@ -155,18 +191,33 @@ impl WgpuBackend {
             "KV cache positions {pos0}..{need} past its {} (the caller checks the context)",
             cache.n_ctx
         );
+        // Slots a head at most: n_ctx, or what one layer's rows in a buffer can bind.
+        let bound = cache.n_ctx.min(
+            self.gpu.max_binding as usize * cache.per_word()
+                / (4 * cache.kv_heads * cache.head_dim * cache.group),
+        );
+        if need > bound {
+            return Err(BackendError::KvMemory {
+                what: format!(
+                    "{need} positions are past the {bound} this adapter binds in one buffer ({} a buffer)",
+                    mib(self.gpu.max_binding as usize)
+                ),
+            });
+        }
         let slots = need
             .max(2 * cache.slots)
             .next_multiple_of(GROW_STEP)
-            .min(cache.n_ctx);
-        let bytes = cache.bytes_for(slots);
+            .min(bound);
+        let bytes: usize = (0..cache.k.len())
+            .map(|g| 2 * cache.buf_bytes(g, slots))
+            .sum();
         let held = self.kv_bytes_held();
-        let after = held - cache.bytes() + 2 * bytes;
+        let after = held - cache.bytes() + bytes;
         if let Some(limit) = self.kv.limit.get().filter(|&l| after > l) {
             return Err(BackendError::KvMemory {
                 what: format!(
                     "{slots} positions of this cache need {}, past the limit of {} for caches ({} held)",
-                    mib(2 * bytes),
+                    mib(bytes),
                     mib(limit),
                     mib(held)
                 ),
@@ -176,34 +227,35 @@ impl WgpuBackend {
             .gpu
             .device
             .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let (k, v) = (self.gpu.buffer(bytes), self.gpu.buffer(bytes));
+        let (k, v) = cache.new_bufs(self, slots);
         if let Some(e) = block_on(scope.pop()) {
             return Err(BackendError::KvMemory {
                 what: format!(
                     "no device memory for {slots} positions of a cache ({}; {} held by caches): {e}",
-                    mib(2 * bytes),
+                    mib(bytes),
                     mib(held)
                 ),
             });
         }
         // Every slot held moves (a store may have written past `pos0` for some layers of
         // this step already), each layer's and head's rows at the new stride.
-        let row = cache.head_dim / cache.per_word();
-        let keep = cache.slots * row;
+        let keep = cache.slots * cache.head_dim / cache.per_word();
         for (old, new) in [(&cache.k, &k), (&cache.v, &v)] {
             for l in 0..cache.n_layers {
+                let (o, n) = (&old[l / cache.group], &new[l / cache.group]);
                 for h in 0..cache.kv_heads {
-                    let at = |s: usize| (l * cache.kv_heads + h) * s * row;
-                    self.copy_words(old, at(cache.slots), new, at(slots), keep);
+                    let (from, to) = (
+                        cache.head_word(l, h, cache.slots),
+                        cache.head_word(l, h, slots),
+                    );
+                    self.copy_words(o, from, n, to, keep);
                 }
             }
         }
         let was = cache.bytes();
-        let (old_k, old_v) = (
-            std::mem::replace(&mut cache.k, k),
-            std::mem::replace(&mut cache.v, v),
-        );
-        self.gpu.drop_buffers([old_k, old_v]);
+        let old_k = std::mem::replace(&mut cache.k, k);
+        let old_v = std::mem::replace(&mut cache.v, v);
+        self.gpu.drop_buffers(old_k.into_iter().chain(old_v));
         cache.slots = slots;
         self.kv.held.fetch_add(cache.bytes(), Ordering::Relaxed);
         self.kv.held.fetch_sub(was, Ordering::Relaxed);
@@ -226,11 +278,10 @@ impl WgpuBackend {
             return;
         }
         let was = cache.bytes();
-        let old = [
-            std::mem::replace(&mut cache.k, self.gpu.buffer(4)),
-            std::mem::replace(&mut cache.v, self.gpu.buffer(4)),
-        ];
-        self.gpu.drop_buffers(old);
+        let (k, v) = cache.new_bufs(self, 0);
+        let old_k = std::mem::replace(&mut cache.k, k);
+        let old_v = std::mem::replace(&mut cache.v, v);
+        self.gpu.drop_buffers(old_k.into_iter().chain(old_v));
         cache.slots = 0;
         self.kv.held.fetch_add(cache.bytes(), Ordering::Relaxed);
         self.kv.held.fetch_sub(was, Ordering::Relaxed);
@@ -253,12 +304,16 @@ impl WgpuBackend {
         };
         dst.window.clone_from(&src.window);
         self.kv_ready(dst, 0, n);
-        let row = src.head_dim / src.per_word();
+        let words = n * src.head_dim / src.per_word();
         for l in 0..src.n_layers {
+            let ((sk, sv), (dk, dv)) = (src.bufs(l), dst.bufs(l));
             for h in 0..src.kv_heads {
-                let at = |s: usize| (l * src.kv_heads + h) * s * row;
-                self.copy_words(&src.k, at(src.slots), &dst.k, at(dst.slots), n * row);
-                self.copy_words(&src.v, at(src.slots), &dst.v, at(dst.slots), n * row);
+                let (from, to) = (
+                    src.head_word(l, h, src.slots),
+                    dst.head_word(l, h, dst.slots),
+                );
+                self.copy_words(sk, from, dk, to, words);
+                self.copy_words(sv, from, dv, to, words);
             }
         }
     }
@@ -282,9 +337,10 @@ impl WgpuBackend {
             let row = cache.head_dim / cache.per_word();
             let words = len * row;
             let tmp = self.gpu.buffer(4 * words.max(1));
-            for buf in [&cache.k, &cache.v] {
+            let (kb, vb) = cache.bufs(layer);
+            for buf in [kb, vb] {
                 for h in 0..cache.kv_heads {
-                    let at = cache.plane(layer) / cache.per_word() + h * cache.slots * row;
+                    let at = cache.head_word(layer, h, cache.slots);
                     self.copy_words(buf, at + from * row, &tmp, 0, words);
                     self.copy_words(&tmp, 0, buf, at, words);
                 }

@@ -459,8 +459,9 @@ impl WgpuBackend {
     }
 
     /// Per-head work (heads.wgsl) over up to three groups: q (`q`, its heads, norm, rope),
-    /// and, when given, k and v (`kv`: k, v, kv heads, k's norm, cache buffers, plane,
-    /// slots, f16). A single group may store into a cache (`cache0`).
+    /// and, when given, k and v (`kv`: k, v, kv heads, k's norm, the cache, its layer and
+    /// the slot shift). A single group may store into a cache (`cache0`: buffer, plane,
+    /// slots, f16).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn heads(
         &self,
@@ -494,7 +495,7 @@ impl WgpuBackend {
         let (mut plane, mut slots, mut f16) = cache0.map_or((0, 0, false), |c| (c.1, c.2, c.3));
         let (mut kb, mut vb, mut knb, mut kcb, mut vcb) = (d, d, d, cache0.map_or(d, |c| c.0), d);
         let (mut nkv, mut kv_ld, mut shift) = (0, 0, 0);
-        if let Some((k, v, kvh, kn, cache, (pl, sh))) = kv {
+        if let Some((k, v, kvh, kn, cache, (layer, sh))) = kv {
             shift = sh;
             (kb, vb, nkv, kv_ld) = (&k.buf, &v.buf, kvh, k.cols);
             if let Some(kn) = kn {
@@ -503,8 +504,8 @@ impl WgpuBackend {
             }
             rope_flags |= 2 * rope_bit;
             cache_flags |= 2 | 4;
-            (kcb, vcb) = (&cache.k, &cache.v);
-            (plane, slots, f16) = (pl, cache.slots, cache.f16);
+            (kcb, vcb) = cache.bufs(layer);
+            (plane, slots, f16) = (cache.plane(layer), cache.slots, cache.f16);
         }
         let p = [
             nq as u32,
@@ -615,6 +616,7 @@ impl WgpuBackend {
         // fits, or attn_split over chunks of ATT_CHUNK keys.
         let len = s.pos0 + s.n_tokens;
         let dec = s.n_tokens <= DEC_MAX_TOKENS;
+        let (kb, vb) = cache.bufs(layer);
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         // Params both paths share (attention.wgsl's list).
         let mut p = [0u32; 20];
@@ -644,7 +646,7 @@ impl WgpuBackend {
                 "attention",
                 "attn_tile",
                 &p,
-                &[&q.buf, &cache.k, &cache.v, d, &out.buf],
+                &[&q.buf, kb, vb, d, &out.buf],
                 (s.n_heads as u32, tiles, 1),
             );
             return;
@@ -674,7 +676,7 @@ impl WgpuBackend {
         p[10] = ml_off as u32;
         p[14] = per as u32;
         let d = &self.gpu.dummy;
-        let mut bufs = [&q.buf, &cache.k, &cache.v, &part, &out.buf, d, d, d, d, d];
+        let mut bufs = [&q.buf, kb, vb, &part, &out.buf, d, d, d, d, d];
         let table;
         if let Some(h) = heads {
             assert!(dec && s.n_tokens == 1, "fused heads: one decode token");
@@ -715,7 +717,7 @@ impl WgpuBackend {
             "attention",
             "attn_combine",
             &p,
-            &[&q.buf, &cache.k, &cache.v, &part, &out.buf],
+            &[&q.buf, kb, vb, &part, &out.buf],
             (s.n_heads as u32, s.n_tokens as u32, 1),
         );
     }
@@ -1125,14 +1127,13 @@ impl LlmOps for WgpuBackend {
         let hd = cache.head_dim;
         // Rotated at positions pos0.., stored at their slots.
         let shift = pos0 - self.kv_place(cache, layer, pos0, n);
-        let plane = cache.plane(layer);
         let (qn, kn) = match qk_norm {
             Some((a, b, e)) => (Some((a, e)), Some(b)),
             None => (None, None),
         };
         self.heads(
             (q, heads, qn, true),
-            Some((k, v, kv_heads, kn, cache, (plane, shift))),
+            Some((k, v, kv_heads, kn, cache, (layer, shift))),
             None,
             hd,
             Some(rope),
@@ -1165,8 +1166,9 @@ impl LlmOps for WgpuBackend {
         let pos0 = self.kv_place(cache, layer, pos0, n);
         let plane = cache.plane(layer);
         let (hd, kvh) = (cache.head_dim, cache.kv_heads);
-        let kc = Some((&cache.k, plane, cache.slots, cache.f16));
-        let vc = Some((&cache.v, plane, cache.slots, cache.f16));
+        let (kb, vb) = cache.bufs(layer);
+        let kc = Some((kb, plane, cache.slots, cache.f16));
+        let vc = Some((vb, plane, cache.slots, cache.f16));
         self.heads((k, kvh, None, false), None, kc, hd, None, pos0, n);
         self.heads((v, kvh, None, false), None, vc, hd, None, pos0, n);
     }

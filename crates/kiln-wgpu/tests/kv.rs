@@ -1,12 +1,14 @@
 //! The growing KV cache (src/kv.rs): a cache holds what its sequence has filled, keeps its
 //! keys and values through every growth (attention equal to the CPU's over positions
 //! written before and after), gives its memory back when released, and a reservation past
-//! the backend's limit fails with `KvMemory` until another cache gives memory back.
+//! the backend's limit fails with `KvMemory` until another cache gives memory back; so do
+//! positions past what the adapter binds in one buffer (a buffer holds as many layers as fit).
 
 mod common;
 
 use kiln_backend::cpu::CpuBackend;
 use kiln_backend::{AttnShape, BackendError, KvType, LlmOps, TensorOps};
+use kiln_wgpu::{GpuOptions, WgpuBackend};
 
 const LAYERS: usize = 2;
 const KV_HEADS: usize = 2;
@@ -21,6 +23,38 @@ fn f16_bytes(slots: usize) -> usize {
 #[test]
 fn a_cache_grows_with_its_sequence_and_keeps_what_it_holds() {
     let Some(b) = common::gpu() else { return };
+    grows_and_keeps(&b);
+    // A binding limit of 3 MiB: a buffer a layer (2 MiB each at 4096 positions).
+    let opts = GpuOptions {
+        max_binding: Some(3 << 20),
+        ..Default::default()
+    };
+    grows_and_keeps(&WgpuBackend::with_options(&opts).unwrap());
+}
+
+#[test]
+fn positions_past_what_the_adapter_binds_fail_with_the_cache_error() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // 1 MiB a buffer: a layer's f32 rows bind 2048 positions of the 4096.
+    let opts = GpuOptions {
+        max_binding: Some(1 << 20),
+        ..Default::default()
+    };
+    let b = WgpuBackend::with_options(&opts).unwrap();
+    let mut c = b
+        .kv_cache_typed(LAYERS, 4096, KV_HEADS, HD, KvType::F32)
+        .unwrap();
+    b.kv_reserve(&mut c, 0, 2048).unwrap();
+    match b.kv_reserve(&mut c, 2048, 1) {
+        Err(BackendError::KvMemory { what }) => assert!(what.contains("binds"), "{what}"),
+        other => panic!("positions past the binding limit: {other:?}"),
+    }
+    assert_eq!(b.kv_cache_bytes(&c), 2 * f16_bytes(2048));
+}
+
+fn grows_and_keeps(b: &WgpuBackend) {
     let cpu = CpuBackend::new(1);
     let n_ctx = 4096;
     let mut c = b
@@ -29,7 +63,8 @@ fn a_cache_grows_with_its_sequence_and_keeps_what_it_holds() {
     let mut cr = cpu
         .kv_cache_typed(LAYERS, n_ctx, KV_HEADS, HD, KvType::F32)
         .unwrap();
-    assert!(b.kv_cache_bytes(&c) <= 8, "a new cache holds no slots");
+    // A word a buffer.
+    assert!(b.kv_cache_bytes(&c) <= 16, "a new cache holds no slots");
     let mut rng = common::Rng(0x4b56);
     let kd = KV_HEADS * HD;
     let mut pos = 0;
@@ -94,7 +129,7 @@ fn a_cache_grows_with_its_sequence_and_keeps_what_it_holds() {
     // Released: the memory goes back; written again from position 0, it grows again.
     let held = b.kv_bytes_held();
     b.kv_release(&mut c);
-    assert!(b.kv_cache_bytes(&c) <= 8);
+    assert!(b.kv_cache_bytes(&c) <= 16);
     assert_eq!(
         b.kv_bytes_held(),
         held - 2 * f16_bytes(256) + b.kv_cache_bytes(&c)
