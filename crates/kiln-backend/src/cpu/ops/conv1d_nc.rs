@@ -272,7 +272,7 @@ fn tile_fn() -> TileFn {
     #[cfg(target_arch = "x86_64")]
     {
         if !crate::cpu::kernels::simd_disabled() {
-            if is_x86_feature_detected!("avx512f") {
+            if crate::cpu::kernels::avx512_allowed() {
                 // SAFETY: the CPU has AVX-512F (checked above); bounds are checked inside.
                 return |a, b, c, d, e, f, g, h| unsafe { tile_avx512(a, b, c, d, e, f, g, h) };
             }

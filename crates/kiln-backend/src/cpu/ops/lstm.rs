@@ -110,10 +110,29 @@ unsafe fn direction(
     out: *mut f32,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if !crate::cpu::kernels::simd_disabled() && is_x86_feature_detected!("avx512f") {
+    if crate::cpu::kernels::avx512_allowed() {
         // SAFETY: the CPU has AVX-512F (checked); out as the caller promises.
         return unsafe { direction_avx512(gx, w_hh, len, h, dir, out) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::gemm::avx2_ok() {
+        // SAFETY: the CPU has AVX2 and FMA (checked); out as the caller promises.
+        return unsafe { direction_avx2(gx, w_hh, len, h, dir, out) };
+    }
+    // SAFETY: as the caller promises.
+    unsafe { direction_body(gx, w_hh, len, h, dir, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn direction_avx2(
+    gx: &CpuTensor,
+    w_hh: &CpuTensor,
+    len: usize,
+    h: usize,
+    dir: usize,
+    out: *mut f32,
+) {
     // SAFETY: as the caller promises.
     unsafe { direction_body(gx, w_hh, len, h, dir, out) }
 }

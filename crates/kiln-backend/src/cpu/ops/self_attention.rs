@@ -100,10 +100,32 @@ unsafe fn head(
     out: *mut f32,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if !crate::cpu::kernels::simd_disabled() && is_x86_feature_detected!("avx512f") {
+    if crate::cpu::kernels::avx512_allowed() {
         // SAFETY: the CPU has AVX-512F (checked); out as the caller promises.
         return unsafe { head_avx512(q, k, v, h, hd, d, len, out) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::gemm::avx2_ok() {
+        // SAFETY: the CPU has AVX2 and FMA (checked); out as the caller promises.
+        return unsafe { head_avx2(q, k, v, h, hd, d, len, out) };
+    }
+    // SAFETY: as the caller promises.
+    unsafe { head_body(q, k, v, h, hd, d, len, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_avx2(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    h: usize,
+    hd: usize,
+    d: usize,
+    len: usize,
+    out: *mut f32,
+) {
     // SAFETY: as the caller promises.
     unsafe { head_body(q, k, v, h, hd, d, len, out) }
 }

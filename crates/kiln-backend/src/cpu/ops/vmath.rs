@@ -153,132 +153,119 @@ fn exp_slice_body(v: &mut [f32]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn sin_slice(v: &mut [f32]) {
-        super::sin_slice_body(v)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn snake(r: &mut [f32], a: f32) {
-        super::snake_body(r, a)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn layer_norm(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32) {
-        super::layer_norm_body(r, w, b, eps)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn tanh_slice(v: &mut [f32]) {
-        super::tanh_slice_body(v)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn exp_slice(v: &mut [f32]) {
-        super::exp_slice_body(v)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gelu_tanh(v: &mut [f32]) {
-        super::gelu_tanh_body(v)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
-        super::ada_in_map_body(r, g, b, eps)
-    }
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn ada_in(r: &mut [f32], g: f32, b: f32, eps: f32) {
-        super::ada_in_body(r, g, b, eps)
-    }
+/// The bodies built for a target feature set (the compiler vectorizes them for it).
+macro_rules! builds {
+    ($m:ident, $f:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $m {
+            #[target_feature(enable = $f)]
+            pub unsafe fn sin_slice(v: &mut [f32]) {
+                super::sin_slice_body(v)
+            }
+            #[target_feature(enable = $f)]
+            pub unsafe fn snake(r: &mut [f32], a: f32) {
+                super::snake_body(r, a)
+            }
+            #[target_feature(enable = $f)]
+            pub unsafe fn layer_norm(
+                r: &mut [f32],
+                w: Option<&[f32]>,
+                b: Option<&[f32]>,
+                eps: f32,
+            ) {
+                super::layer_norm_body(r, w, b, eps)
+            }
+            #[target_feature(enable = $f)]
+            pub unsafe fn tanh_slice(v: &mut [f32]) {
+                super::tanh_slice_body(v)
+            }
+            #[target_feature(enable = $f)]
+            pub unsafe fn exp_slice(v: &mut [f32]) {
+                super::exp_slice_body(v)
+            }
+            #[target_feature(enable = $f)]
+            pub unsafe fn gelu_tanh(v: &mut [f32]) {
+                super::gelu_tanh_body(v)
+            }
+            #[target_feature(enable = $f)]
+            pub unsafe fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
+                super::ada_in_map_body(r, g, b, eps)
+            }
+            #[target_feature(enable = $f)]
+            pub unsafe fn ada_in(r: &mut [f32], g: f32, b: f32, eps: f32) {
+                super::ada_in_body(r, g, b, eps)
+            }
+        }
+    };
 }
 
-fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            !crate::cpu::kernels::simd_disabled() && is_x86_feature_detected!("avx512f")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+builds!(avx512, "avx512f");
+builds!(avx2, "avx2,fma");
+
+/// Runs `$m::$f(args)` for the widest build this CPU (and `KILN_NO_AVX512`) allows, else
+/// returns to the caller's plain body.
+macro_rules! widest {
+    ($f:ident($($a:expr),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::cpu::kernels::avx512_allowed() {
+                // SAFETY: the CPU has AVX-512F (checked).
+                return unsafe { avx512::$f($($a),*) };
+            }
+            if super::gemm::avx2_ok() {
+                // SAFETY: the CPU has AVX2 and FMA (checked).
+                return unsafe { avx2::$f($($a),*) };
+            }
+        }
+    };
 }
 
 /// v = sin(v) in place.
 pub fn sin_slice(v: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { avx512::sin_slice(v) };
-    }
+    widest!(sin_slice(v));
     sin_slice_body(v)
 }
 
 /// r = r + sin(a r)^2 / a in place (one channel of Snake).
 pub fn snake_row(r: &mut [f32], a: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { avx512::snake(r, a) };
-    }
+    widest!(snake(r, a));
     snake_body(r, a)
 }
 
 /// r = g (r - mean) / sqrt(var + eps) + b in place (one channel of AdaIN, g = 1 + gamma).
 pub fn ada_in_row(r: &mut [f32], g: f32, b: f32, eps: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { avx512::ada_in(r, g, b, eps) };
-    }
+    widest!(ada_in(r, g, b, eps));
     ada_in_body(r, g, b, eps)
 }
 
 /// [scale, shift, min, max]: the map `ada_in_row` applies to r, r scale + shift = g (r -
 /// mean) / sqrt(var + eps) + b, and the range of r.
 pub fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { avx512::ada_in_map(r, g, b, eps) };
-    }
+    widest!(ada_in_map(r, g, b, eps));
     ada_in_map_body(r, g, b, eps)
 }
 
 /// r = (r - mean) / sqrt(var + eps) * w + b in place (one row of layer norm; w, b when given).
 pub fn layer_norm_row(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { avx512::layer_norm(r, w, b, eps) };
-    }
+    widest!(layer_norm(r, w, b, eps));
     layer_norm_body(r, w, b, eps)
 }
 
 /// v = tanh(v) in place (absolute error ~1e-7).
 pub fn tanh_slice(v: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { avx512::tanh_slice(v) };
-    }
+    widest!(tanh_slice(v));
     tanh_slice_body(v)
 }
 
 /// v = e^v in place (relative error ~1e-7, v clamped to [-87, 88]).
 pub fn exp_slice(v: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { avx512::exp_slice(v) };
-    }
+    widest!(exp_slice(v));
     exp_slice_body(v)
 }
 
 /// GELU, tanh form, in place.
 pub fn gelu_tanh(v: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { avx512::gelu_tanh(v) };
-    }
+    widest!(gelu_tanh(v));
     gelu_tanh_body(v)
 }
 
