@@ -97,59 +97,20 @@ pub fn bilstm_steps(
     });
 }
 
-/// One direction of [`bilstm_steps`], AVX-512 where the CPU has it.
-///
-/// # Safety
-/// `out` holds `len` rows of 2h values whose columns dir*h..(dir+1)*h no one else writes.
-unsafe fn direction(
-    gx: &CpuTensor,
-    w_hh: &CpuTensor,
-    len: usize,
-    h: usize,
-    dir: usize,
-    out: *mut f32,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::kernels::avx512_allowed() {
-        // SAFETY: the CPU has AVX-512F (checked); out as the caller promises.
-        return unsafe { direction_avx512(gx, w_hh, len, h, dir, out) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::gemm::avx2_ok() {
-        // SAFETY: the CPU has AVX2 and FMA (checked); out as the caller promises.
-        return unsafe { direction_avx2(gx, w_hh, len, h, dir, out) };
-    }
-    // SAFETY: as the caller promises.
-    unsafe { direction_body(gx, w_hh, len, h, dir, out) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn direction_avx2(
-    gx: &CpuTensor,
-    w_hh: &CpuTensor,
-    len: usize,
-    h: usize,
-    dir: usize,
-    out: *mut f32,
-) {
-    // SAFETY: as the caller promises.
-    unsafe { direction_body(gx, w_hh, len, h, dir, out) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn direction_avx512(
-    gx: &CpuTensor,
-    w_hh: &CpuTensor,
-    len: usize,
-    h: usize,
-    dir: usize,
-    out: *mut f32,
-) {
-    // SAFETY: as the caller promises.
-    unsafe { direction_body(gx, w_hh, len, h, dir, out) }
-}
+widest!(
+    /// One direction of [`bilstm_steps`], on the widest vectors the CPU has.
+    ///
+    /// # Safety
+    /// `out` holds `len` rows of 2h values whose columns dir*h..(dir+1)*h no one else writes.
+    unsafe fn direction(
+        gx: &CpuTensor,
+        w_hh: &CpuTensor,
+        len: usize,
+        h: usize,
+        dir: usize,
+        out: *mut f32,
+    ) = direction_body
+);
 
 #[inline(always)]
 unsafe fn direction_body(

@@ -1,3 +1,54 @@
+/// Defines `fn $name(args) = $body(args)`, `$body` an `#[inline(always)]` function built for
+/// the widest vectors this CPU and the options allow (AVX-512F; else AVX2 and FMA; else as
+/// the crate is compiled): the compiler vectorizes the body for each build. An `unsafe fn`
+/// carries `$body`'s contract to its callers.
+macro_rules! widest {
+    ($(#[$m:meta])* $vis:vis unsafe fn $name:ident($($a:ident: $t:ty),* $(,)?) $(-> $r:ty)?
+        = $body:ident) => {
+        $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
+        $vis unsafe fn $name($($a: $t),*) $(-> $r)? {
+            widest!(@call $body($($a: $t),*) $(-> $r)?)
+        }
+    };
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),* $(,)?) $(-> $r:ty)?
+        = $body:ident) => {
+        $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name($($a: $t),*) $(-> $r)? {
+            widest!(@call $body($($a: $t),*) $(-> $r)?)
+        }
+    };
+    (@call $body:ident($($a:ident: $t:ty),*) $(-> $r:ty)?) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            #[allow(clippy::too_many_arguments, unused_unsafe)]
+            unsafe fn on_avx512($($a: $t),*) $(-> $r)? {
+                // SAFETY: as the caller of the function `widest!` defined promises.
+                unsafe { $body($($a),*) }
+            }
+            #[target_feature(enable = "avx2,fma")]
+            #[allow(clippy::too_many_arguments, unused_unsafe)]
+            unsafe fn on_avx2($($a: $t),*) $(-> $r)? {
+                // SAFETY: as the caller of the function `widest!` defined promises.
+                unsafe { $body($($a),*) }
+            }
+            if crate::cpu::kernels::avx512_allowed() {
+                // SAFETY: the CPU has AVX-512F (checked); the rest as the caller promises.
+                return unsafe { on_avx512($($a),*) };
+            }
+            if crate::cpu::ops::gemm::avx2_ok() {
+                // SAFETY: the CPU has AVX2 and FMA (checked); the rest as the caller promises.
+                return unsafe { on_avx2($($a),*) };
+            }
+        }
+        // SAFETY: as the caller of the function `widest!` defined promises.
+        #[allow(unused_unsafe)]
+        unsafe { $body($($a),*) }
+    }};
+}
+
 pub mod attention;
 pub mod attention_amx;
 pub mod attention_dense;

@@ -84,68 +84,22 @@ pub fn self_attention_par(
     });
 }
 
-/// One head of [`self_attention_par`].
-///
-/// # Safety
-/// `out` holds len rows of d values whose columns h hd..(h + 1) hd no one else writes.
-#[allow(clippy::too_many_arguments)]
-unsafe fn head(
-    q: &CpuTensor,
-    k: &CpuTensor,
-    v: &CpuTensor,
-    h: usize,
-    hd: usize,
-    d: usize,
-    len: usize,
-    out: *mut f32,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::kernels::avx512_allowed() {
-        // SAFETY: the CPU has AVX-512F (checked); out as the caller promises.
-        return unsafe { head_avx512(q, k, v, h, hd, d, len, out) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::gemm::avx2_ok() {
-        // SAFETY: the CPU has AVX2 and FMA (checked); out as the caller promises.
-        return unsafe { head_avx2(q, k, v, h, hd, d, len, out) };
-    }
-    // SAFETY: as the caller promises.
-    unsafe { head_body(q, k, v, h, hd, d, len, out) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn head_avx2(
-    q: &CpuTensor,
-    k: &CpuTensor,
-    v: &CpuTensor,
-    h: usize,
-    hd: usize,
-    d: usize,
-    len: usize,
-    out: *mut f32,
-) {
-    // SAFETY: as the caller promises.
-    unsafe { head_body(q, k, v, h, hd, d, len, out) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn head_avx512(
-    q: &CpuTensor,
-    k: &CpuTensor,
-    v: &CpuTensor,
-    h: usize,
-    hd: usize,
-    d: usize,
-    len: usize,
-    out: *mut f32,
-) {
-    // SAFETY: as the caller promises.
-    unsafe { head_body(q, k, v, h, hd, d, len, out) }
-}
+widest!(
+    /// One head of [`self_attention_par`].
+    ///
+    /// # Safety
+    /// `out` holds len rows of d values whose columns h hd..(h + 1) hd no one else writes.
+    unsafe fn head(
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        h: usize,
+        hd: usize,
+        d: usize,
+        len: usize,
+        out: *mut f32,
+    ) = head_body
+);
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]

@@ -1,5 +1,5 @@
-//! Branch-free f32 math that vectorizes (no libm calls), with AVX-512 builds of the slice
-//! loops picked at run time: sin, and the Snake activation and AdaIN built on it; layer norm
+//! Branch-free f32 math that vectorizes (no libm calls), with AVX-512 and AVX2 builds of the
+//! slice loops picked at run time: sin, and the Snake activation and AdaIN built on it; layer norm
 //! of a row and the tanh form of GELU (tanh from `exp`).
 
 /// sin x, absolute error ~1e-7 for |x| < 8e4 (phases of a few seconds of audio): x = n pi + r
@@ -153,121 +153,51 @@ fn exp_slice_body(v: &mut [f32]) {
     }
 }
 
-/// The bodies built for a target feature set (the compiler vectorizes them for it).
-macro_rules! builds {
-    ($m:ident, $f:literal) => {
-        #[cfg(target_arch = "x86_64")]
-        mod $m {
-            #[target_feature(enable = $f)]
-            pub unsafe fn sin_slice(v: &mut [f32]) {
-                super::sin_slice_body(v)
-            }
-            #[target_feature(enable = $f)]
-            pub unsafe fn snake(r: &mut [f32], a: f32) {
-                super::snake_body(r, a)
-            }
-            #[target_feature(enable = $f)]
-            pub unsafe fn layer_norm(
-                r: &mut [f32],
-                w: Option<&[f32]>,
-                b: Option<&[f32]>,
-                eps: f32,
-            ) {
-                super::layer_norm_body(r, w, b, eps)
-            }
-            #[target_feature(enable = $f)]
-            pub unsafe fn tanh_slice(v: &mut [f32]) {
-                super::tanh_slice_body(v)
-            }
-            #[target_feature(enable = $f)]
-            pub unsafe fn exp_slice(v: &mut [f32]) {
-                super::exp_slice_body(v)
-            }
-            #[target_feature(enable = $f)]
-            pub unsafe fn gelu_tanh(v: &mut [f32]) {
-                super::gelu_tanh_body(v)
-            }
-            #[target_feature(enable = $f)]
-            pub unsafe fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
-                super::ada_in_map_body(r, g, b, eps)
-            }
-            #[target_feature(enable = $f)]
-            pub unsafe fn ada_in(r: &mut [f32], g: f32, b: f32, eps: f32) {
-                super::ada_in_body(r, g, b, eps)
-            }
-        }
-    };
-}
+widest!(
+    /// v = sin(v) in place.
+    pub fn sin_slice(v: &mut [f32]) = sin_slice_body
+);
 
-builds!(avx512, "avx512f");
-builds!(avx2, "avx2,fma");
+widest!(
+    /// r = r + sin(a r)^2 / a in place (one channel of Snake).
+    pub fn snake_row(r: &mut [f32], a: f32) = snake_body
+);
 
-/// Runs `$m::$f(args)` for the widest build this CPU (and `KILN_NO_AVX512`) allows, else
-/// returns to the caller's plain body.
-macro_rules! widest {
-    ($f:ident($($a:expr),*)) => {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::cpu::kernels::avx512_allowed() {
-                // SAFETY: the CPU has AVX-512F (checked).
-                return unsafe { avx512::$f($($a),*) };
-            }
-            if super::gemm::avx2_ok() {
-                // SAFETY: the CPU has AVX2 and FMA (checked).
-                return unsafe { avx2::$f($($a),*) };
-            }
-        }
-    };
-}
+widest!(
+    /// r = g (r - mean) / sqrt(var + eps) + b in place (one channel of AdaIN, g = 1 + gamma).
+    pub fn ada_in_row(r: &mut [f32], g: f32, b: f32, eps: f32) = ada_in_body
+);
 
-/// v = sin(v) in place.
-pub fn sin_slice(v: &mut [f32]) {
-    widest!(sin_slice(v));
-    sin_slice_body(v)
-}
+widest!(
+    /// [scale, shift, min, max]: the map `ada_in_row` applies to r, r scale + shift = g (r -
+    /// mean) / sqrt(var + eps) + b, and the range of r.
+    pub fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] = ada_in_map_body
+);
 
-/// r = r + sin(a r)^2 / a in place (one channel of Snake).
-pub fn snake_row(r: &mut [f32], a: f32) {
-    widest!(snake(r, a));
-    snake_body(r, a)
-}
+widest!(
+    /// r = (r - mean) / sqrt(var + eps) * w + b in place (one row of layer norm; w, b when given).
+    pub fn layer_norm_row(
+        r: &mut [f32],
+        w: Option<&[f32]>,
+        b: Option<&[f32]>,
+        eps: f32,
+    ) = layer_norm_body
+);
 
-/// r = g (r - mean) / sqrt(var + eps) + b in place (one channel of AdaIN, g = 1 + gamma).
-pub fn ada_in_row(r: &mut [f32], g: f32, b: f32, eps: f32) {
-    widest!(ada_in(r, g, b, eps));
-    ada_in_body(r, g, b, eps)
-}
+widest!(
+    /// v = tanh(v) in place (absolute error ~1e-7).
+    pub fn tanh_slice(v: &mut [f32]) = tanh_slice_body
+);
 
-/// [scale, shift, min, max]: the map `ada_in_row` applies to r, r scale + shift = g (r -
-/// mean) / sqrt(var + eps) + b, and the range of r.
-pub fn ada_in_map(r: &[f32], g: f32, b: f32, eps: f32) -> [f32; 4] {
-    widest!(ada_in_map(r, g, b, eps));
-    ada_in_map_body(r, g, b, eps)
-}
+widest!(
+    /// v = e^v in place (relative error ~1e-7, v clamped to [-87, 88]).
+    pub fn exp_slice(v: &mut [f32]) = exp_slice_body
+);
 
-/// r = (r - mean) / sqrt(var + eps) * w + b in place (one row of layer norm; w, b when given).
-pub fn layer_norm_row(r: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f32) {
-    widest!(layer_norm(r, w, b, eps));
-    layer_norm_body(r, w, b, eps)
-}
-
-/// v = tanh(v) in place (absolute error ~1e-7).
-pub fn tanh_slice(v: &mut [f32]) {
-    widest!(tanh_slice(v));
-    tanh_slice_body(v)
-}
-
-/// v = e^v in place (relative error ~1e-7, v clamped to [-87, 88]).
-pub fn exp_slice(v: &mut [f32]) {
-    widest!(exp_slice(v));
-    exp_slice_body(v)
-}
-
-/// GELU, tanh form, in place.
-pub fn gelu_tanh(v: &mut [f32]) {
-    widest!(gelu_tanh(v));
-    gelu_tanh_body(v)
-}
+widest!(
+    /// GELU, tanh form, in place.
+    pub fn gelu_tanh(v: &mut [f32]) = gelu_tanh_body
+);
 
 #[cfg(test)]
 mod tests {
