@@ -109,7 +109,7 @@ impl WgpuKvCache {
     /// K's and V's buffers at `slots` slots a head.
     fn new_bufs(&self, b: &WgpuBackend, slots: usize) -> (Vec<Buf>, Vec<Buf>) {
         let make = || {
-            (0..self.k.len())
+            (0..self.n_layers.div_ceil(self.group).max(1))
                 .map(|g| b.gpu.buffer(self.buf_bytes(g, slots)))
                 .collect()
         };
@@ -166,9 +166,6 @@ impl WgpuBackend {
             window,
             held: self.kv.held.clone(),
         };
-        c.k = (0..n_layers.div_ceil(group).max(1))
-            .map(|_| self.gpu.buffer(4))
-            .collect();
         (c.k, c.v) = c.new_bufs(self, slots);
         self.kv.held.fetch_add(c.bytes(), Ordering::Relaxed);
         c
