@@ -290,8 +290,13 @@ pub fn spawn_scheduler(
 /// Weights and KV cache sizes, printed at load.
 fn memory_line(e: &EngineInfo) -> String {
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    // A cache that grows with its sequence (CUDA, wgpu) holds less than its full size now.
+    let growing = match e.kv_bytes < e.kv_bytes_full {
+        true => format!(" now, {:.1} MiB full", mib(e.kv_bytes_full)),
+        false => String::new(),
+    };
     format!(
-        "memory: weights {:.1} MiB | KV cache {} x {} positions {:.1} MiB",
+        "memory: weights {:.1} MiB | KV cache {} x {} positions {:.1} MiB{growing}",
         mib(e.weight_bytes),
         e.kv_type,
         e.n_ctx,

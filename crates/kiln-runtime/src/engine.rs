@@ -36,10 +36,12 @@ pub struct EngineInfo {
     pub backend: String,
     pub generation: GenerationDefaults,
     pub weight_bytes: usize,
-    /// The KV cache: its type's name, positions and bytes.
+    /// The KV cache: its type's name, positions and bytes (held at load, and when full: a
+    /// backend whose caches grow with their sequence, CUDA's and wgpu's, holds less at first).
     pub kv_type: &'static str,
     pub n_ctx: usize,
     pub kv_bytes: usize,
+    pub kv_bytes_full: usize,
 }
 
 /// An LLM and its session on any backend.
@@ -160,6 +162,7 @@ impl LlmEngine {
                 kv_type: llm.kv_type().name(),
                 n_ctx: session.n_ctx(),
                 kv_bytes: session.kv_bytes(),
+                kv_bytes_full: llm.kv_bytes_for(session.n_ctx()) as usize,
             });
             let mut sess = Session {
                 llm,

@@ -986,6 +986,12 @@ impl LlmOps for WgpuBackend {
         })
     }
 
+    /// f16, which the attention shaders read directly (`unpack2x16float`): half the bytes a
+    /// step at depth. (Sessions used f32 before, the scheduler's caches f16.)
+    fn kv_type_default(&self, _head_dim: usize) -> KvType {
+        KvType::F16
+    }
+
     fn kv_cache_bytes(&self, c: &WgpuKvCache) -> usize {
         c.bytes()
     }
