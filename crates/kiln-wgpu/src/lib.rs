@@ -685,6 +685,7 @@ impl WgpuBackend {
             p[16] = 1 | (h.qk_norm.is_some() as u32) << 1 | 4 | (neox as u32) << 3;
             p[17] = f(h.qk_norm.map_or(0.0, |n| n.2));
             p[18] = h.rope.dims as u32;
+            p[19] = (row0 * h.k.cols) as u32;
             bufs[5..].copy_from_slice(&[
                 &h.k.buf,
                 &h.v.buf,
@@ -1202,13 +1203,14 @@ impl LlmOps for WgpuBackend {
         out: &mut WgpuTensor,
         tmp: [&mut WgpuTensor; 3],
     ) {
-        // One decode token over a cache without windows: one dispatch (attn_dec's fused
-        // heads) instead of the heads' dispatch and then attention.
-        if let [one] = seqs {
+        // One decode token of each sequence, over caches without windows: a dispatch a
+        // sequence (attn_dec's fused heads, on the sequence's rows) instead of the heads'
+        // dispatch and then attention. A sequence among others then runs the dispatch it
+        // runs alone, so its values are the same bits whatever else the step holds.
+        let fused = |one: &SeqKv<'_, WgpuKvCache>| {
             let s = one.shape;
             let hd = one.cache.head_dim;
-            if self.gpu.fused_heads
-                && s.n_tokens == 1
+            s.n_tokens == 1
                 && one.cache.window.is_none()
                 && s.head_dim == hd
                 && s.n_heads % s.n_kv_heads == 0
@@ -1216,16 +1218,19 @@ impl LlmOps for WgpuBackend {
                 && hd % 2 == 0
                 && rope.dims <= hd
                 && rope.dims % 2 == 0
-            {
-                self.kv_ready(one.cache, s.pos0, 1);
+        };
+        if self.gpu.fused_heads && !seqs.is_empty() && seqs.iter().all(fused) {
+            for (row, one) in seqs.iter_mut().enumerate() {
+                self.kv_ready(one.cache, one.shape.pos0, 1);
                 let heads = DecHeads {
                     k,
                     v,
                     qk_norm,
                     rope,
                 };
-                return self.attention_at(q, 0, one.cache, layer, s, out, Some(heads));
+                self.attention_at(q, row, one.cache, layer, one.shape, out, Some(heads));
             }
+            return;
         }
         kiln_backend::qk_norm_rope_attention_seqs(
             self, q, k, v, qk_norm, rope, seqs, layer, out, tmp,

@@ -7,7 +7,8 @@
 //               8 splits, 9 q_off, 10 ml_off, 11 q_ld, 12 out_off, 13 out_ld,
 //               14 keys per split (attn_dec), 15 window (0: none),
 //               attn_dec of one token with the heads' work fused in: 16 flags (1 fused,
-//               2 q/k norm, 4 rope, 8 neox), 17 eps, 18 rope dims
+//               2 q/k norm, 4 rope, 8 neox), 17 eps, 18 rope dims, 19 offset of the
+//               token's k and v rows (row0 x the rows' width)
 // With one split, attn_split writes the output itself (acc / l) and no combine runs.
 
 @group(0) @binding(1) var<storage, read_write> Q: array<f32>;
@@ -168,8 +169,8 @@ fn attn_dec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
         var vv = 0.0;
         if (li < hd) {
             qv = Q[qb + li];
-            kv = KROW[kvh * hd + li];
-            vv = VROW[kvh * hd + li];
+            kv = KROW[P(19u) + kvh * hd + li];
+            vv = VROW[P(19u) + kvh * hd + li];
             if (norm) {
                 qw = QNW[li];
                 kw = KNW[li];
