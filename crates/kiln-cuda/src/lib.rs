@@ -96,6 +96,8 @@ pub struct CudaBackend {
     tune: Tune,
     ss: DevBuf,
     ss_next: Cell<usize>,
+    /// attention.rs ATT_COUNTERS zeroed counters.
+    att_cnt: DevBuf,
     graphs: RefCell<HashMap<u64, Graph>>,
     seen: RefCell<HashSet<u64>>,
     /// SCRATCH_GEN when `graphs` were recorded.
@@ -128,6 +130,8 @@ impl CudaBackend {
         let dev = Device::new(ordinal)?;
         let params = DevBuf::alloc(4 * (2 + MAX_IDS));
         dev.memset_u32(params.ptr, 0, 2 + MAX_IDS);
+        let att_cnt = DevBuf::alloc(4 * attention::ATT_COUNTERS);
+        dev.memset_u32(att_cnt.ptr, 0, attention::ATT_COUNTERS);
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
             cudarc::cublas::result::create_handle().ok().map(|h| {
                 unsafe {
@@ -153,6 +157,7 @@ impl CudaBackend {
             tune: Tune::from_env(),
             ss: DevBuf::alloc(4 * SS_SLOTS),
             ss_next: Cell::new(0),
+            att_cnt,
             graphs: RefCell::default(),
             seen: RefCell::default(),
             graphs_gen: Cell::new(SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed)),

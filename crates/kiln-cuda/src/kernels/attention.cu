@@ -331,10 +331,11 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 // with the others, and keeps its own online softmax (no block barrier in the key loop). The
 // new key and value the split whose keys end at len stores are taken from registers, not
 // read back. The warps' partials meet in shared memory at the end; the block writes its
-// softmax partial (max, sum, weighted V) per query head for attn_combine. G: query heads a
-// KV head, rounded up to a power of two (g the real count).
+// softmax partial (max, sum, weighted V) per query head, which the last split of the KV head
+// to finish combines (attn_dec_impl). G: query heads a KV head, rounded up to a power of two
+// (g the real count).
 template <int LPR, int G>
-__device__ void attn_dec_impl(const float* q, const u64* tbl, long long k_off, long long v_off,
+__device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, long long v_off,
                               int heads, int kv_heads, int hd, float scale, int len, int window,
                               int t,
                               int n_split, float* part_acc, float* part_ml,
@@ -350,7 +351,7 @@ __device__ void attn_dec_impl(const float* q, const u64* tbl, long long k_off, l
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
     const int g = heads / kv_heads;
     // This sequence's keys go to its first n_split splits (the grid may hold more for
-    // other sequences: those write an empty partial, which attn_combine skips); partials
+    // other sequences: those write an empty partial, which the combine skips); partials
     // are laid out by the grid's splits. A sliding window (window > 0): the keys lo..len.
     const int lo = window > 0 ? max(0, len - window) : 0;
     n_split = min(n_split, max(1, (len - lo + DEC_SPLIT_KEYS - 1) / DEC_SPLIT_KEYS));
@@ -507,6 +508,140 @@ __device__ void attn_dec_impl(const float* q, const u64* tbl, long long k_off, l
     }
 }
 
+// Splits whose weights attn_combine keeps in shared memory (more: computed as it goes).
+#define COMBINE_W 1024
+// Splits whose values attn_combine loads ahead.
+#define COMBINE_PRE 4
+// Splits whose weights a decode attention's combine keeps in shared memory, per query head.
+#define DEC_CW 256
+
+// The maximum m and denominator of one head's n_ws split partials (ml: (max, sum) pairs) into
+// md, and the weights e^(m_s - m) of the first cw splits into wsh: one warp, its lanes a
+// split each in turn (a decode step at depth has hundreds of splits, which one thread
+// walking them all was slow at). Read through L2: other blocks of the grid may have written
+// them.
+__device__ void combine_weights(const float* ml, int n_ws, float* wsh, int cw, float* md,
+                                int lane) {
+    const float2* ml2 = (const float2*)ml;
+    const float2 first = lane < n_ws ? __ldcg(ml2 + lane) : make_float2(-KINF, 0.0f);
+    float m = first.x;
+    for (int s = lane + 32; s < n_ws; s += 32) m = fmaxf(m, __ldcg(ml2 + s).x);
+    m = warp_max(m);
+    float den = 0.0f;
+    for (int s = lane; s < n_ws; s += 32) {
+        const float2 e = s == lane ? first : __ldcg(ml2 + s);
+        const float w = e.x == -KINF ? 0.0f : expf(e.x - m);
+        if (s < cw) wsh[s] = w;
+        den += w * e.y;
+    }
+    den = warp_sum(den);
+    if (lane == 0) {
+        md[0] = m;
+        md[1] = den;
+    }
+}
+
+// Value v of dimension d of head h of token t into out and, with xq (head_dim a multiple of
+// 32, ntok <= MAX_TOK), quantized as quant_act would write it (no norm) for the output
+// projection that follows: a warp's lanes hold 32 consecutive dimensions of one head.
+__device__ __forceinline__ void combine_out(float v, int t, int h, int d, int head_dim,
+                                            int heads, int ntok, float* out, u8* xq) {
+    out[((size_t)t * heads + h) * head_dim + d] = v;
+    if (!xq) return;
+    const int cols = heads * head_dim, nb = cols / 32;
+    i8* q = (i8*)xq + (size_t)t * cols;
+    float* dq = (float*)(xq + (size_t)ntok * cols) + (size_t)t * nb;
+    short* sum = (short*)((float*)(xq + (size_t)ntok * cols) + (size_t)ntok * nb) +
+                 (size_t)t * (cols / 16);
+    // quant_block indexes by block within the token: shift the bases so b is that index.
+    quant_block(v, (h * head_dim + d) / 32, d & 31, q, dq, sum);
+    if (h == 0 && d == 0) ((float*)(xq + xq_inv_offset(cols, ntok)))[t] = 1.0f;
+}
+
+// Whether this block is the last of the n blocks counted at *cnt to finish (each block's
+// writes made visible first; the last one sets the count back to 0 for the next launch, and
+// then sees the others' writes).
+__device__ bool last_to_finish(u32* cnt, int n) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == (u32)n - 1;
+        if (last) *cnt = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+// attn_combine's work for the g query heads of KV head kvh of token t, in the block that
+// finished last: a warp takes each head's weights (combine_weights), then every thread its
+// elements (a head's dimensions), summing the splits in order as attn_combine does, so the
+// values are the ones it would write.
+template <int G, int HDM>
+__device__ void attn_dec_combine(const float* part_acc, const float* part_ml, int n_ws, int hd,
+                                 int heads, int g, int t, int kvh, int ntok, float* out,
+                                 u8* xq) {
+    __shared__ float wsh[G][DEC_CW];
+    __shared__ float md[G][2];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t th0 = (size_t)t * heads + (size_t)kvh * g;
+    for (int i = warp; i < g; i += DEC_WARPS)
+        combine_weights(part_ml + (th0 + i) * n_ws * 2, n_ws, wsh[i], DEC_CW, md[i], lane);
+    __syncthreads();
+    constexpr int EPT = (G * HDM + 32 * DEC_WARPS - 1) / (32 * DEC_WARPS);
+    const int n = g * hd, cw = min(n_ws, DEC_CW);
+    float num[EPT];
+    const float* acc[EPT];
+    int hi[EPT];
+#pragma unroll
+    for (int e = 0; e < EPT; e++) {
+        const int x = threadIdx.x + e * 32 * DEC_WARPS, i = min(x, n - 1) / hd;
+        hi[e] = x < n ? i : -1;
+        acc[e] = part_acc + (th0 + i) * n_ws * hd + (x - i * hd);
+        num[e] = 0.0f;
+    }
+    for (int s = 0; s < cw; s++) {
+#pragma unroll
+        for (int e = 0; e < EPT; e++) {
+            if (hi[e] < 0) continue;
+            const float w = wsh[hi[e]][s];
+            if (w != 0.0f) num[e] += w * __ldcg(acc[e] + (size_t)s * hd);
+        }
+    }
+    for (int s = DEC_CW; s < n_ws; s++) {
+#pragma unroll
+        for (int e = 0; e < EPT; e++) {
+            if (hi[e] < 0) continue;
+            const float ms = __ldcg(part_ml + ((th0 + hi[e]) * n_ws + s) * 2);
+            if (ms == -KINF) continue;
+            num[e] += expf(ms - md[hi[e]][0]) * __ldcg(acc[e] + (size_t)s * hd);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < EPT; e++) {
+        if (hi[e] < 0) continue;
+        const int x = threadIdx.x + e * 32 * DEC_WARPS;
+        combine_out(num[e] / md[hi[e]][1], t, kvh * g + hi[e], x - hi[e] * hd, hd, heads, ntok,
+                    out, xq);
+    }
+}
+
+// The decode attention: every split's partial (attn_dec_part), then the last split of each
+// KV head to finish combines them (no attn_combine launch). cnt: a zeroed counter per
+// (token, KV head), left zeroed.
+template <int LPR, int G>
+__device__ void attn_dec_impl(const float* q, const u64* tbl, long long k_off, long long v_off,
+                              int heads, int kv_heads, int hd, float scale, int len, int window,
+                              int t, int n_split, float* part_acc, float* part_ml,
+                              const DecHeads& dh, u32* cnt, float* out, u8* xq) {
+    attn_dec_part<LPR, G>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale, len, window, t,
+                          n_split, part_acc, part_ml, dh);
+    if (!last_to_finish(cnt + (size_t)t * kv_heads + blockIdx.x, gridDim.y)) return;
+    attn_dec_combine<G, LPR * 8>(part_acc, part_ml, gridDim.y, hd, heads, heads / kv_heads, t,
+                                 blockIdx.x, gridDim.z, out, xq);
+}
+
 // One sequence of a batched decode step (attn_dec_seqs_<LPR>_<G>): its cache's block table
 // (common.cu kv_row), the keys its token sees (its position + 1, the last `window` of them
 // where window > 0) and its splits.
@@ -522,18 +657,20 @@ struct SeqDesc {
 // a power of two): attn_dec_<LPR>_<G> for one token with its heads' work fused (grid
 // (kv_heads, splits)), attn_dec_seqs_<LPR>_<G> for one token of each of several sequences
 // (grid (kv_heads, splits, sequences); sequence z's rows of q, k, v and out are row z).
+// Both combine their splits into out (attn_dec_impl; the single-sequence one also into xq,
+// quantized for the next product, unless null).
 #define ATTN_DEC(L, G)                                                                       \
     extern "C" __global__ void attn_dec_##L##_##G(                                           \
         const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
         int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
-        int window, DecHeads dh) {                                                           \
+        int window, DecHeads dh, u32* cnt, float* out, u8* xq) {                             \
         attn_dec_impl<L, G>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale,               \
                             (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,        \
-                            gridDim.y, pa, pml, dh);                                         \
+                            gridDim.y, pa, pml, dh, cnt, out, xq);                           \
     }                                                                                        \
     extern "C" __global__ void attn_dec_seqs_##L##_##G(                                      \
         const float* q, const SeqDesc* seqs, int layer, int heads, int kv_heads, int hd,     \
-        float scale, float* pa, float* pml, DecHeads dh) {                                   \
+        float scale, float* pa, float* pml, DecHeads dh, u32* cnt, float* out) {             \
         const int z = blockIdx.z;                                                            \
         const SeqDesc sd = seqs[z];                                                          \
         const long long k_off = (long long)layer * 2 * kv_heads * KV_BLOCK * hd;             \
@@ -542,7 +679,8 @@ struct SeqDesc {
         d.v += (size_t)z * kv_heads * hd;                                                    \
         attn_dec_impl<L, G>(q + (size_t)z * heads * hd, sd.tbl, k_off,                      \
                             k_off + (long long)kv_heads * KV_BLOCK * hd, heads, kv_heads,    \
-                            hd, scale, sd.len, sd.window, z, sd.splits, pa, pml, d);         \
+                            hd, scale, sd.len, sd.window, z, sd.splits, pa, pml, d, cnt,     \
+                            out, nullptr);                                                   \
     }
 #define ATTN_DEC_G(L) ATTN_DEC(L, 1) ATTN_DEC(L, 2) ATTN_DEC(L, 4) ATTN_DEC(L, 8)
 ATTN_DEC_G(4)
@@ -568,19 +706,12 @@ ATTN_SPLIT(6)
 ATTN_SPLIT(7)
 ATTN_SPLIT(8)
 
-// Splits whose weights attn_combine keeps in shared memory (more: computed as it goes).
-#define COMBINE_W 1024
-// Splits whose values attn_combine loads ahead.
-#define COMBINE_PRE 4
-
 // grid (ntok * heads), block head_dim threads (rounded up to a warp): out = sum_s e^(m_s - M)
-// acc_s / sum_s e^(m_s - M) l_s. The first warp takes the splits' maxima and weights, its
-// lanes a split each in turn (a decode step at depth has hundreds of splits, which one
-// thread walking them all was slow at); each thread then sums its dimension over the splits
-// in order. Empty splits (m_s = -inf) weigh nothing exactly, so a sequence's sums do not
-// depend on how many splits the grid has.
-// With xq (head_dim a multiple of 32, ntok <= MAX_TOK), the rows are also written quantized
-// as quant_act would write them (no norm), for the output projection that follows.
+// acc_s / sum_s e^(m_s - M) l_s, for the prompt attention's splits (a decode attention
+// combines its own). The first warp takes the splits' maxima and weights
+// (combine_weights); each thread then sums its dimension over the splits in order. Empty
+// splits (m_s = -inf) weigh nothing exactly, so a sequence's sums do not depend on how many
+// splits the grid has. With xq, the rows are also written quantized (combine_out).
 extern "C" __global__ void attn_combine(const float* part_acc, const float* part_ml, int n_ws,
                                         int head_dim, float* out, u8* xq, int ntok, int heads) {
     __shared__ float wsh[COMBINE_W];
@@ -596,26 +727,7 @@ extern "C" __global__ void attn_combine(const float* part_acc, const float* part
     float pre[COMBINE_PRE];
 #pragma unroll
     for (int i = 0; i < COMBINE_PRE; i++) pre[i] = dim && i < nw ? acc[(size_t)i * head_dim] : 0.0f;
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const float2* ml2 = (const float2*)ml;
-        const float2 first = lane < n_ws ? ml2[lane] : make_float2(-KINF, 0.0f);
-        float m = first.x;
-        for (int s = lane + 32; s < n_ws; s += 32) m = fmaxf(m, ml2[s].x);
-        m = warp_max(m);
-        float den = 0.0f;
-        for (int s = lane; s < n_ws; s += 32) {
-            const float2 e = s == lane ? first : ml2[s];
-            const float w = e.x == -KINF ? 0.0f : expf(e.x - m);
-            if (s < COMBINE_W) wsh[s] = w;
-            den += w * e.y;
-        }
-        den = warp_sum(den);
-        if (lane == 0) {
-            md[0] = m;
-            md[1] = den;
-        }
-    }
+    if (threadIdx.x < 32) combine_weights(ml, n_ws, wsh, COMBINE_W, md, threadIdx.x);
     __syncthreads();
     // (The block is head_dim threads rounded up to a warp.)
     if (!dim) return;
@@ -634,22 +746,8 @@ extern "C" __global__ void attn_combine(const float* part_acc, const float* part
         if (ms == -KINF) continue;
         num += expf(ms - m) * acc[(size_t)s * head_dim];
     }
-    const float v = num / den;
-    out[th * head_dim + threadIdx.x] = v;
-    if (!xq) return;
-    const int cols = heads * head_dim, nb = cols / 32;
-    const int t = (int)th / heads, h = (int)th % heads;
-    const int b = (h * head_dim + (int)threadIdx.x) / 32;
-    i8* q = (i8*)xq + (size_t)t * cols;
-    float* d = (float*)(xq + (size_t)ntok * cols) + (size_t)t * nb;
-    short* sum = (short*)((float*)(xq + (size_t)ntok * cols) + (size_t)ntok * nb) +
-                 (size_t)t * (cols / 16);
-    // quant_block indexes by block within the token: shift the bases so b is that index.
-    quant_block(v, b, threadIdx.x & 31, q, d, sum);
-    if (h == 0 && threadIdx.x == 0) {
-        float* inv = (float*)(xq + xq_inv_offset(cols, ntok));
-        inv[t] = 1.0f;
-    }
+    combine_out(num / den, (int)th / heads, (int)th % heads, threadIdx.x, head_dim, heads, ntok,
+                out, xq);
 }
 
 
