@@ -227,8 +227,8 @@ impl CudaBackend {
     }
 
     /// The attention side of one token of each of `seqs` (rows stacked in order), each over
-    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<LPR>_<G>, which combines its
-    /// splits itself).
+    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<LPR>_<G>) and one combine
+    /// (in that launch with KILN_CUDA_FUSED_COMBINE=1).
     pub(crate) fn attention_seqs(
         &self,
         q_ptr: u64,
@@ -296,6 +296,9 @@ impl CudaBackend {
             0,
             &mut a.ptrs(),
         );
+        if !self.tune.fused_combine {
+            self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads);
+        }
     }
 
     /// What the decode attention kernels do first for their tokens (rows of k and v, the
@@ -342,8 +345,12 @@ impl CudaBackend {
     }
 
     /// The decode attention's counters of finished splits, one per (token, KV head): zero
-    /// between launches (the last split of each sets its own back).
+    /// between launches (the last split of each sets its own back). Null: the kernel leaves
+    /// the combine to `attn_combine`.
     fn att_counters(&self, ntok: usize, kv_heads: usize) -> u64 {
+        if !self.tune.fused_combine {
+            return 0;
+        }
         assert!(
             ntok * kv_heads <= ATT_COUNTERS,
             "CUDA decode attention: {ntok} tokens x {kv_heads} KV heads (at most {ATT_COUNTERS})"
@@ -537,7 +544,8 @@ impl CudaBackend {
             true => self.xq_scratch(pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK)),
             false => 0u64,
         };
-        // A decode attention combines its splits itself (the last of a KV head's to finish).
+        // A decode attention combines its splits itself (the last of a KV head's to finish)
+        // where the switch asks for it.
         if let Some(dh) = dec {
             a = a
                 .a(dh)
@@ -552,7 +560,7 @@ impl CudaBackend {
             0,
             &mut a.ptrs(),
         );
-        if dec.is_none() {
+        if dec.is_none() || !self.tune.fused_combine {
             self.attn_combine(
                 acc, ml, n_ws, s.head_dim, out_ptr, xq, s.n_tokens, s.n_heads,
             );

@@ -88,7 +88,7 @@ impl Drop for Graph {
 
 /// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
 /// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM, KILN_CUDA_DEC_BPS,
-/// KILN_CUDA_DEC_ROWS, KILN_CUDA_DEC_KW.
+/// KILN_CUDA_DEC_ROWS, KILN_CUDA_DEC_KW, KILN_CUDA_DEC_GU, KILN_CUDA_FUSED_COMBINE.
 #[derive(Default)]
 pub(crate) struct Tune {
     pub(crate) kw: Option<usize>,
@@ -105,6 +105,10 @@ pub(crate) struct Tune {
     /// One token's gate/up pairs in three blocks a multiprocessor (KILN_CUDA_DEC_GU: 0 never,
     /// 1 always).
     pub(crate) dec_gu: Option<usize>,
+    /// The decode attention's last split of each KV head combines the splits itself instead
+    /// of an `attn_combine` launch (KILN_CUDA_FUSED_COMBINE=1). Off until measured on a GPU:
+    /// written in a session whose one GPU call came before it.
+    pub(crate) fused_combine: bool,
 }
 
 impl Tune {
@@ -118,6 +122,7 @@ impl Tune {
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
             dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),
+            fused_combine: kiln_backend::options::dev_flag("KILN_CUDA_FUSED_COMBINE"),
         }
     }
 }

@@ -627,9 +627,9 @@ __device__ void attn_dec_combine(const float* part_acc, const float* part_ml, in
     }
 }
 
-// The decode attention: every split's partial (attn_dec_part), then the last split of each
-// KV head to finish combines them (no attn_combine launch). cnt: a zeroed counter per
-// (token, KV head), left zeroed.
+// The decode attention: every split's partial (attn_dec_part), then, with cnt (a zeroed
+// counter per (token, KV head), left zeroed), the last split of each KV head to finish
+// combines them (no attn_combine launch); without, attn_combine follows.
 template <int LPR, int G>
 __device__ void attn_dec_impl(const float* q, const u64* tbl, long long k_off, long long v_off,
                               int heads, int kv_heads, int hd, float scale, int len, int window,
@@ -637,7 +637,7 @@ __device__ void attn_dec_impl(const float* q, const u64* tbl, long long k_off, l
                               const DecHeads& dh, u32* cnt, float* out, u8* xq) {
     attn_dec_part<LPR, G>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale, len, window, t,
                           n_split, part_acc, part_ml, dh);
-    if (!last_to_finish(cnt + (size_t)t * kv_heads + blockIdx.x, gridDim.y)) return;
+    if (!cnt || !last_to_finish(cnt + (size_t)t * kv_heads + blockIdx.x, gridDim.y)) return;
     attn_dec_combine<G, LPR * 8>(part_acc, part_ml, gridDim.y, hd, heads, heads / kv_heads, t,
                                  blockIdx.x, gridDim.z, out, xq);
 }
@@ -657,8 +657,8 @@ struct SeqDesc {
 // a power of two): attn_dec_<LPR>_<G> for one token with its heads' work fused (grid
 // (kv_heads, splits)), attn_dec_seqs_<LPR>_<G> for one token of each of several sequences
 // (grid (kv_heads, splits, sequences); sequence z's rows of q, k, v and out are row z).
-// Both combine their splits into out (attn_dec_impl; the single-sequence one also into xq,
-// quantized for the next product, unless null).
+// With cnt, both combine their splits into out (attn_dec_impl; the single-sequence one also
+// into xq, quantized for the next product, unless null).
 #define ATTN_DEC(L, G)                                                                       \
     extern "C" __global__ void attn_dec_##L##_##G(                                           \
         const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
