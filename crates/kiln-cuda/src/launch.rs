@@ -106,8 +106,8 @@ pub(crate) struct Tune {
     /// 1 always).
     pub(crate) dec_gu: Option<usize>,
     /// The decode attention's last split of each KV head combines the splits itself instead
-    /// of an `attn_combine` launch (KILN_CUDA_FUSED_COMBINE=1). Off until measured on a GPU:
-    /// written in a session whose one GPU call came before it.
+    /// of an `attn_combine` launch (KILN_CUDA_FUSED_COMBINE=1). Off by default until it is
+    /// tested and measured on a GPU.
     pub(crate) fused_combine: bool,
 }
 
