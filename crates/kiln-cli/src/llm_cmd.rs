@@ -291,9 +291,10 @@ pub fn spawn_scheduler(
 fn memory_line(e: &EngineInfo) -> String {
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     // A cache that grows with its sequence (CUDA, wgpu) holds less than its full size now.
-    let growing = match e.kv_bytes < e.kv_bytes_full {
-        true => format!(" now, {:.1} MiB full", mib(e.kv_bytes_full)),
-        false => String::new(),
+    let growing = if e.kv_bytes < e.kv_bytes_full {
+        format!(" now, {:.1} MiB full", mib(e.kv_bytes_full))
+    } else {
+        String::new()
     };
     format!(
         "memory: weights {:.1} MiB | KV cache {} x {} positions {:.1} MiB{growing}",

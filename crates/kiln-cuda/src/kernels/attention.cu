@@ -331,9 +331,9 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 // with the others, and keeps its own online softmax (no block barrier in the key loop). The
 // new key and value the split whose keys end at len stores are taken from registers, not
 // read back. The warps' partials meet in shared memory at the end; the block writes its
-// softmax partial (max, sum, weighted V) per query head, which the last split of the KV head
-// to finish combines (attn_dec_impl). G: query heads a KV head, rounded up to a power of two
-// (g the real count).
+// softmax partial (max, sum, weighted V) per query head, for attn_combine (or, with
+// KILN_CUDA_FUSED_COMBINE, for the last split of the KV head to finish: attn_dec_impl). G:
+// query heads a KV head, rounded up to a power of two (g the real count).
 template <int LPR, int G>
 __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, long long v_off,
                               int heads, int kv_heads, int hd, float scale, int len, int window,
@@ -707,11 +707,12 @@ ATTN_SPLIT(7)
 ATTN_SPLIT(8)
 
 // grid (ntok * heads), block head_dim threads (rounded up to a warp): out = sum_s e^(m_s - M)
-// acc_s / sum_s e^(m_s - M) l_s, for the prompt attention's splits (a decode attention
-// combines its own). The first warp takes the splits' maxima and weights
-// (combine_weights); each thread then sums its dimension over the splits in order. Empty
-// splits (m_s = -inf) weigh nothing exactly, so a sequence's sums do not depend on how many
-// splits the grid has. With xq, the rows are also written quantized (combine_out).
+// acc_s / sum_s e^(m_s - M) l_s, for the prompt attention's splits and the decode ones (unless
+// the decode attention combines its own: KILN_CUDA_FUSED_COMBINE). The first warp takes the
+// splits' maxima and weights (combine_weights); each thread then sums its dimension over the
+// splits in order. Empty splits (m_s = -inf) weigh nothing exactly, so a sequence's sums do
+// not depend on how many splits the grid has. With xq, the rows are also written quantized
+// (combine_out).
 extern "C" __global__ void attn_combine(const float* part_acc, const float* part_ml, int n_ws,
                                         int head_dim, float* out, u8* xq, int ntok, int heads) {
     __shared__ float wsh[COMBINE_W];
