@@ -22,14 +22,16 @@
 //! holds f16 through `pack2x16float`, core WGSL, so no adapter needs `SHADER_F16`.
 //!
 //! Whisper runs on the GPU (speech.wgsl: layer norm, GELU, dense attention; conv1d as
-//! im2col + the matrix product). Kokoro's signal ops run on the CPU backend: inputs are
-//! copied to the host, the CPU op runs, outputs are copied back.
+//! im2col + the matrix product), and so do Kokoro's signal ops (signal.wgsl: convolutions,
+//! transposed ones, the uint8 rounding, STFT and its inverse; speech.wgsl: the norms and
+//! activations) but its LSTM recurrences, which run on the CPU backend through host copies.
 
 mod device;
 mod kv;
 pub mod pack;
 mod parts;
 pub mod shaders;
+mod signal;
 mod speech;
 
 use std::cell::RefCell;
@@ -121,7 +123,12 @@ struct Scratch {
     part_up: Option<Buf>,
     attn: Option<Buf>,
     argmax: Option<Buf>,
+    /// Whisper's im2col rows; a transposed convolution's product (signal.rs).
     im2col: Option<Buf>,
+    /// fake_quant_u8's scale and zero point.
+    range: Option<Buf>,
+    /// The STFT's cos / sin / window table by n_fft.
+    dft: Vec<(usize, Buf)>,
     /// cos/sin per (position, pair) by RoPE config, for `positions` positions (Gemma 3's
     /// layers alternate two configs: one table would be rebuilt at every layer).
     rope: Vec<(RopeConfig, usize, Buf)>,

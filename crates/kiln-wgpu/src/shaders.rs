@@ -31,7 +31,7 @@ fn matvec(variant: &str) -> String {
 }
 
 /// Every module's name.
-pub const MODULES: [&str; 9] = [
+pub const MODULES: [&str; 10] = [
     "matvec",
     "matvec_g",
     "gemm",
@@ -41,6 +41,7 @@ pub const MODULES: [&str; 9] = [
     "attention",
     "misc",
     "speech",
+    "signal",
 ];
 
 /// Row values the fused matvec prologue holds (matvec_fused.wgsl MAXC).
@@ -66,6 +67,7 @@ fn body(module: &str) -> (String, &'static [(&'static str, &'static str)]) {
         ),
         "misc" => (include_str!("shaders/misc.wgsl").into(), &[]),
         "speech" => (include_str!("shaders/speech.wgsl").into(), &[]),
+        "signal" => (include_str!("shaders/signal.wgsl").into(), &[]),
         other => panic!("no WGSL module '{other}'"),
     }
 }

@@ -1,16 +1,64 @@
 //! Speech and signal ops on wgpu: Whisper's (layer norm, GELU, dense attention, conv1d as
-//! im2col + the product) and Kokoro's norms and activations on the GPU; the rest of
-//! Kokoro's signal ops through the CPU backend (host copies).
+//! im2col + the product) and Kokoro's norms, activations, convolutions, uint8 rounding and
+//! STFTs (signal.rs) on the GPU; the LSTM recurrences through the CPU backend (host copies).
 
-use kiln_backend::SpeechOps;
+use kiln_backend::{Conv1dShape, SpeechOps};
 
 use crate::{ensure, f, grid_1d, WgpuBackend, WgpuTensor, WgpuWeight, ATT_TILE_TOKENS, MODE_STORE};
 
 impl SpeechOps for WgpuBackend {
     // ---- speech ops ----
 
-    // On the CPU backend, through host copies (kiln_backend::cpu_fallback_ops).
-    kiln_backend::cpu_fallback_ops!();
+    // On the CPU backend, through host copies.
+    kiln_backend::cpu_fallback_lstm_ops!();
+
+    fn conv1d_nc(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        s: Conv1dShape,
+        out: &mut WgpuTensor,
+    ) {
+        self.conv1d_nc_gpu(x, w, bias, s, out)
+    }
+
+    fn conv_transpose1d(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        s: Conv1dShape,
+        out: &mut WgpuTensor,
+    ) {
+        self.conv_transpose1d_gpu(x, w, bias, s, out)
+    }
+
+    fn fake_quant_u8(&self, x: &mut WgpuTensor, n: usize) {
+        self.fake_quant_gpu(x, n)
+    }
+
+    fn stft(
+        &self,
+        signal: &WgpuTensor,
+        len: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut WgpuTensor,
+    ) {
+        self.stft_gpu(signal, len, n_fft, hop, out)
+    }
+
+    fn istft(
+        &self,
+        spec: &WgpuTensor,
+        frames: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut WgpuTensor,
+    ) {
+        self.istft_gpu(spec, frames, n_fft, hop, out)
+    }
 
     fn layer_norm(
         &self,

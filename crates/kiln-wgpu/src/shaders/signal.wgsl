@@ -1,0 +1,308 @@
+// Kokoro's signal ops over (channels, len) feature maps, the CPU backend's arithmetic
+// (crates/kiln-backend/src/cpu/ops) in f32: a convolution as a tiled product over its taps
+// (the im2col read in place), grouped ones a thread per output, a transposed one as a
+// product then a gather of its taps; the uint8 rounding of the int8 export; the STFT and its
+// inverse from a host-made table of cos, sin and the window.
+
+@group(0) @binding(1) var<storage, read_write> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> W: array<f32>;
+@group(0) @binding(3) var<storage, read_write> B: array<f32>;
+@group(0) @binding(4) var<storage, read_write> O: array<f32>;
+
+// The 1-D index of a grid_1d dispatch.
+fn flat(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
+    return (wg.y * nwg.x + wg.x) * WG + li;
+}
+
+// a / b rounded as IEEE division (WGSL allows 2.5 ULP, and a compiler may multiply by the
+// reciprocal and fold a correction away): of the quotient and its four nearest floats, the
+// one whose exact remainder (fma) is least. The uint8 grid must match the CPU's value for
+// value. (No ties: a quotient halfway between floats needs 25 bits of a times b.)
+fn div_rn(a: f32, b: f32) -> f32 {
+    let q = a / b;
+    var best = q;
+    var err = abs(fma(q, b, -a));
+    for (var d = -2; d <= 2; d++) {
+        let c = bitcast<f32>(bitcast<i32>(q) + d);
+        let e = abs(fma(c, b, -a));
+        if (e < err) {
+            best = c;
+            err = e;
+        }
+    }
+    return best;
+}
+
+const TM: u32 = 64u;
+const TN: u32 = 64u;
+const TK: u32 = 16u;
+
+// [TK][TM / 4] and [TK][TN / 4]: value k of rows (columns) 4i..4i+3 at [k * 16 + i].
+var<workgroup> as4: array<vec4<f32>, 256>;
+var<workgroup> bs4: array<vec4<f32>, 256>;
+
+// O (M, N) = A (M, K) Bc (K, N) (+ B[m] with a bias), 64 x 64 outputs a workgroup, 4 x 4 an
+// invocation, over K steps of 16 staged in workgroup memory. A is W: row-major (W[m * K +
+// r]) or, with a_km, K-major (W[r * M + m]). Bc is the im2col of X (c_in, len_in) read in
+// place: row r = ci * taps + j, column t holds X[ci][t * stride + j * dil - pad] (zero
+// outside); a plain matrix is one tap of stride 1.
+// grid (column tiles, row tiles).
+// params: 0 M, 1 N, 2 K, 3 a_km, 4 has_bias, 5 len_in, 6 taps, 7 stride, 8 pad, 9 dil
+@compute @workgroup_size(256)
+fn conv_gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let m_all = P(0u);
+    let n_all = P(1u);
+    let k_all = P(2u);
+    let a_km = P(3u) != 0u;
+    let len_in = i32(P(5u));
+    let taps = P(6u);
+    let stride = i32(P(7u));
+    let pad = i32(P(8u));
+    let dil = i32(P(9u));
+    let n0 = wg.x * TN;
+    let m0 = wg.y * TM;
+    let tx = li & 15u; // columns 4tx..4tx+3
+    let ty = li >> 4u; // rows 4ty..4ty+3
+    var acc: array<vec4<f32>, 4>;
+    for (var i = 0u; i < 4u; i++) { acc[i] = vec4<f32>(0.0); }
+    for (var k0 = 0u; k0 < k_all; k0 += TK) {
+        for (var e = li; e < TK * TM; e += WG) {
+            // Consecutive invocations read consecutive addresses in either layout.
+            var m: u32;
+            var kk: u32;
+            if (a_km) {
+                m = e % TM;
+                kk = e / TM;
+            } else {
+                m = e / TK;
+                kk = e % TK;
+            }
+            let gm = m0 + m;
+            let r = k0 + kk;
+            var v = 0.0;
+            if (gm < m_all && r < k_all) {
+                if (a_km) { v = W[r * m_all + gm]; } else { v = W[gm * k_all + r]; }
+            }
+            as4[kk * 16u + (m >> 2u)][m & 3u] = v;
+        }
+        for (var e = li; e < TK * TN; e += WG) {
+            let n = e % TN;
+            let kk = e / TN;
+            let t = n0 + n;
+            let r = k0 + kk;
+            var v = 0.0;
+            if (t < n_all && r < k_all) {
+                let ci = r / taps;
+                let src = i32(t) * stride + i32(r % taps) * dil - pad;
+                if (src >= 0 && src < len_in) { v = X[ci * u32(len_in) + u32(src)]; }
+            }
+            bs4[kk * 16u + (n >> 2u)][n & 3u] = v;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < TK; kk++) {
+            let a = as4[kk * 16u + ty];
+            let b = bs4[kk * 16u + tx];
+            acc[0] += a.x * b;
+            acc[1] += a.y * b;
+            acc[2] += a.z * b;
+            acc[3] += a.w * b;
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let m = m0 + 4u * ty + i;
+        if (m >= m_all) { break; }
+        var bias = 0.0;
+        if (P(4u) != 0u) { bias = B[m]; }
+        for (var c = 0u; c < 4u; c++) {
+            let t = n0 + 4u * tx + c;
+            if (t < n_all) { O[m * n_all + t] = acc[i][c] + bias; }
+        }
+    }
+}
+
+// A grouped convolution (or, with `transposed`, a grouped transposed one), an invocation per
+// output. Plain: O[o][t] = bias[o] + sum over the group's input channels i and taps j of
+// W[(o * cig + i) * k + j] X[g * cig + i][t * stride + j * dil - pad]. Transposed (W (c_in,
+// c_out / groups, k)): O[o][p] = bias[o] + sum over i, j with s * stride + j * dil - pad = p
+// of W[((g * cig + i) * cog + o % cog) * k + j] X[g * cig + i][s].
+// params: 0 c_in, 1 c_out, 2 len_in, 3 k, 4 stride, 5 pad, 6 dil, 7 groups, 8 lo,
+//         9 has_bias, 10 transposed
+@compute @workgroup_size(256)
+fn conv_direct(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let c_in = P(0u);
+    let c_out = P(1u);
+    let len_in = i32(P(2u));
+    let k = P(3u);
+    let stride = i32(P(4u));
+    let pad = i32(P(5u));
+    let dil = i32(P(6u));
+    let groups = P(7u);
+    let lo = P(8u);
+    let i = flat(wg, nwg, li);
+    if (i >= c_out * lo) { return; }
+    let t = i32(i % lo);
+    let o = i / lo;
+    let cig = c_in / groups;
+    let cog = c_out / groups;
+    let g = o / cog;
+    var acc = 0.0;
+    if (P(9u) != 0u) { acc = B[o]; }
+    for (var ii = 0u; ii < cig; ii++) {
+        let ci = g * cig + ii;
+        let xr = ci * u32(len_in);
+        if (P(10u) == 0u) {
+            let wr = (o * cig + ii) * k;
+            for (var j = 0u; j < k; j++) {
+                let src = t * stride + i32(j) * dil - pad;
+                if (src >= 0 && src < len_in) { acc += W[wr + j] * X[xr + u32(src)]; }
+            }
+        } else {
+            let wr = (ci * cog + o % cog) * k;
+            for (var j = 0u; j < k; j++) {
+                let num = t + pad - i32(j) * dil;
+                if (num < 0 || num % stride != 0) { continue; }
+                let s = num / stride;
+                if (s < len_in) { acc += W[wr + j] * X[xr + u32(s)]; }
+            }
+        }
+    }
+    O[i] = acc;
+}
+
+// A transposed convolution's output from the product X = cols (c_out * k, len_in) = W^T x:
+// O[o][p] = bias[o] + sum over taps j and inputs s with s * stride + j * dil - pad = p of
+// cols[o * k + j][s].
+// params: 0 c_out, 1 k, 2 len_in, 3 stride, 4 pad, 5 dil, 6 lo, 7 has_bias
+@compute @workgroup_size(256)
+fn col2im_t(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+            @builtin(num_workgroups) nwg: vec3<u32>) {
+    let k = P(1u);
+    let len_in = i32(P(2u));
+    let stride = i32(P(3u));
+    let pad = i32(P(4u));
+    let dil = i32(P(5u));
+    let lo = P(6u);
+    let i = flat(wg, nwg, li);
+    if (i >= P(0u) * lo) { return; }
+    let p = i32(i % lo);
+    let o = i / lo;
+    var acc = 0.0;
+    if (P(7u) != 0u) { acc = B[o]; }
+    for (var j = 0u; j < k; j++) {
+        let num = p + pad - i32(j) * dil;
+        if (num < 0 || num % stride != 0) { continue; }
+        let s = num / stride;
+        if (s < len_in) { acc += X[(o * k + j) * u32(len_in) + u32(s)]; }
+    }
+    O[i] = acc;
+}
+
+// One workgroup: O[0] = scale, O[1] = zero point of ONNX DynamicQuantizeLinear over X[..n]
+// (the range always holds 0: scale (max - min) / 255, zero point rounded half to even).
+// params: 0 n
+@compute @workgroup_size(256)
+fn u8_range(@builtin(local_invocation_index) li: u32) {
+    let n = P(0u);
+    var lo = 0.0;
+    var hi = 0.0;
+    for (var i = li; i < n; i += WG) {
+        lo = min(lo, X[i]);
+        hi = max(hi, X[i]);
+    }
+    lo = -wmax(-lo, li);
+    hi = wmax(hi, li);
+    if (li == 0u) {
+        let scale = div_rn(hi - lo, 255.0);
+        O[0] = scale;
+        O[1] = select(clamp(round(div_rn(-lo, scale)), 0.0, 255.0), 0.0, scale == 0.0);
+    }
+}
+
+// X[i] for i < n rounded to the uint8 grid u8_range left in B: (clamp(round(x / scale) + zp,
+// 0, 255) - zp) * scale, rounded half to even; left as it is where the scale is 0.
+// params: 0 n
+@compute @workgroup_size(256)
+fn fake_quant_u8(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(wg, nwg, li);
+    let scale = B[0];
+    if (i >= P(0u) || scale == 0.0) { return; }
+    let zp = B[1];
+    let q = clamp(round(div_rn(X[i], scale)) + zp, 0.0, 255.0);
+    X[i] = (q - zp) * scale;
+}
+
+// The table W: cos(2 pi m / n_fft) at [m], sin at [n_fft + m], the periodic Hann window at
+// [2 n_fft + m].
+
+// Centred STFT of X (len) with reflect padding, an invocation per (bin, frame): O (2 bins,
+// frames) = [magnitude; phase].
+// params: 0 len, 1 n_fft, 2 hop, 3 frames, 4 bins
+@compute @workgroup_size(256)
+fn stft(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let len = i32(P(0u));
+    let n_fft = P(1u);
+    let frames = P(3u);
+    let bins = P(4u);
+    let i = flat(wg, nwg, li);
+    if (i >= bins * frames) { return; }
+    let k = i / frames;
+    let f = i % frames;
+    let start = i32(f * P(2u)) - i32(n_fft / 2u);
+    var re = 0.0;
+    var im = 0.0;
+    for (var j = 0u; j < n_fft; j++) {
+        // Reflect padding: -s -> s, len - 1 + s -> len - 1 - s.
+        var s = start + i32(j);
+        if (s < 0) { s = -s; } else if (s >= len) { s = 2 * (len - 1) - s; }
+        let v = X[u32(clamp(s, 0, len - 1))] * W[2u * n_fft + j];
+        let m = (k * j) % n_fft;
+        re += v * W[m];
+        im -= v * W[n_fft + m];
+    }
+    O[k * frames + f] = sqrt(re * re + im * im);
+    O[(bins + k) * frames + f] = atan2(im, re);
+}
+
+// Inverse of stft from X = [magnitude; phase] (2 bins, frames), an invocation per output
+// sample: the windowed frames that cover it overlap-added, over their squared windows' sum
+// (where above 1e-11), the centre trimmed: O holds (frames - 1) hop samples.
+// params: 0 frames, 1 n_fft, 2 hop, 3 n_out, 4 bins
+@compute @workgroup_size(256)
+fn istft(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let frames = P(0u);
+    let n_fft = P(1u);
+    let hop = P(2u);
+    let bins = P(4u);
+    let i = flat(wg, nwg, li);
+    if (i >= P(3u)) { return; }
+    let p = i + n_fft / 2u;
+    // Frames f with f hop <= p < f hop + n_fft.
+    var f0 = 0u;
+    if (p + 1u > n_fft) { f0 = (p + 1u - n_fft + hop - 1u) / hop; }
+    let f1 = min(frames - 1u, p / hop);
+    let half = n_fft / 2u;
+    var acc = 0.0;
+    var env = 0.0;
+    for (var f = f0; f <= f1; f++) {
+        let j = p - f * hop;
+        var v = 0.0;
+        for (var k = 0u; k < bins; k++) {
+            // Each bin's weight in the one-sided sum: 1 for DC and an even size's Nyquist.
+            var wk = 2.0;
+            if (k == 0u || (n_fft % 2u == 0u && k == half)) { wk = 1.0; }
+            let mag = wk * X[k * frames + f];
+            let ph = X[(bins + k) * frames + f];
+            let m = (k * j) % n_fft;
+            v += mag * (cos(ph) * W[m] - sin(ph) * W[n_fft + m]);
+        }
+        let w = W[2u * n_fft + j];
+        acc += v / f32(n_fft) * w;
+        env += w * w;
+    }
+    O[i] = select(acc, acc / env, env > 1e-11);
+}

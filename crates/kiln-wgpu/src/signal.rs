@@ -1,0 +1,270 @@
+//! Kokoro's signal ops on the GPU (shaders/signal.wgsl): convolutions over (channels, len)
+//! maps as a tiled product over their taps (grouped ones a thread per output), transposed
+//! ones as the product then a gather of the taps, the uint8 rounding of the int8 export, the
+//! STFT and its inverse. The LSTM recurrences stay on the CPU (sequential, small).
+
+use kiln_backend::Conv1dShape;
+
+use crate::device::Buf;
+use crate::{ensure, grid_1d, WgpuBackend, WgpuTensor};
+
+/// signal.wgsl conv_gemm's output tile (rows and columns).
+const TILE: usize = 64;
+
+impl WgpuBackend {
+    /// Checks the tensors of convolution `s` (transposed or not) and gives its output length.
+    fn conv_checked(
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        out: &WgpuTensor,
+        s: &Conv1dShape,
+        transposed: bool,
+    ) -> usize {
+        let g = s.groups.max(1);
+        let (lo, w_len) = match transposed {
+            false => (s.len_out(), s.c_out * (s.c_in / g)),
+            true => (s.len_out_transposed(), s.c_in * (s.c_out / g)),
+        };
+        assert!(
+            s.c_in.is_multiple_of(g)
+                && s.c_out.is_multiple_of(g)
+                && x.rows * x.cols >= s.c_in * s.len_in
+                && w.rows * w.cols >= w_len * s.k
+                && out.rows * out.cols >= s.c_out * lo,
+            "convolution (transposed: {transposed}): tensors smaller than the shape {s:?}"
+        );
+        lo
+    }
+
+    /// signal.wgsl conv_gemm: out (m, n) = A (m, k) im2col(x) (k, n) (+ bias), A the weight
+    /// rows (`a_km`: stored k-major), x (k / taps, len_in) read with (taps, stride, pad, dil).
+    #[allow(clippy::too_many_arguments)]
+    fn conv_gemm(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: &Buf,
+        a_km: bool,
+        x: &Buf,
+        (len_in, taps, stride, pad, dil): (usize, usize, usize, usize, usize),
+        bias: Option<&WgpuTensor>,
+        out: &Buf,
+    ) {
+        let d = &self.gpu.dummy;
+        let p = [
+            m as u32,
+            n as u32,
+            k as u32,
+            a_km as u32,
+            bias.is_some() as u32,
+            len_in as u32,
+            taps as u32,
+            stride as u32,
+            pad as u32,
+            dil as u32,
+        ];
+        let grid = (n.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1);
+        let bufs = [x, a, bias.map_or(d, |b| &b.buf), out];
+        self.gpu.dispatch("signal", "conv_gemm", &p, &bufs, grid);
+    }
+
+    /// signal.wgsl conv_direct: the grouped convolution (or transposed one) a thread per output.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_direct(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        s: &Conv1dShape,
+        lo: usize,
+        transposed: bool,
+        out: &WgpuTensor,
+    ) {
+        let d = &self.gpu.dummy;
+        let p = [
+            s.c_in as u32,
+            s.c_out as u32,
+            s.len_in as u32,
+            s.k as u32,
+            s.stride as u32,
+            s.pad as u32,
+            s.dilation as u32,
+            s.groups as u32,
+            lo as u32,
+            bias.is_some() as u32,
+            transposed as u32,
+        ];
+        let bufs = [&x.buf, &w.buf, bias.map_or(d, |b| &b.buf), &out.buf];
+        let grid = grid_1d(s.c_out * lo);
+        self.gpu.dispatch("signal", "conv_direct", &p, &bufs, grid);
+    }
+
+    /// out (c_out, len_out) = conv1d(x (c_in, len_in), w (c_out, c_in / groups, k)) + bias.
+    pub(crate) fn conv1d_nc_gpu(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        s: Conv1dShape,
+        out: &mut WgpuTensor,
+    ) {
+        let lo = Self::conv_checked(x, w, out, &s, false);
+        if lo == 0 || s.c_out == 0 {
+            return;
+        }
+        if s.groups > 1 {
+            return self.conv_direct(x, w, bias, &s, lo, false, out);
+        }
+        let taps = (s.len_in, s.k, s.stride, s.pad, s.dilation);
+        let mnk = (s.c_out, lo, s.c_in * s.k);
+        self.conv_gemm(mnk, &w.buf, false, &x.buf, taps, bias, &out.buf);
+    }
+
+    /// out (c_out, len_out_transposed) = conv_transpose1d(x (c_in, len_in), w (c_in, c_out /
+    /// groups, k)) + bias.
+    pub(crate) fn conv_transpose1d_gpu(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        s: Conv1dShape,
+        out: &mut WgpuTensor,
+    ) {
+        let lo = Self::conv_checked(x, w, out, &s, true);
+        if lo == 0 || s.c_out == 0 {
+            return;
+        }
+        if s.groups > 1 {
+            return self.conv_direct(x, w, bias, &s, lo, true, out);
+        }
+        // cols (c_out * k, len_in) = W^T x (W (c_in, c_out * k) read k-major), then each
+        // output gathers its taps.
+        let ck = s.c_out * s.k;
+        let cols = ensure(
+            &self.gpu,
+            &mut self.scratch.borrow_mut().im2col,
+            ck * s.len_in * 4,
+        );
+        let plain = (s.len_in, 1, 1, 0, 1);
+        self.conv_gemm(
+            (ck, s.len_in, s.c_in),
+            &w.buf,
+            true,
+            &x.buf,
+            plain,
+            None,
+            &cols,
+        );
+        let d = &self.gpu.dummy;
+        let p = [
+            s.c_out as u32,
+            s.k as u32,
+            s.len_in as u32,
+            s.stride as u32,
+            s.pad as u32,
+            s.dilation as u32,
+            lo as u32,
+            bias.is_some() as u32,
+        ];
+        let bufs = [&cols, d, bias.map_or(d, |b| &b.buf), &out.buf];
+        let grid = grid_1d(s.c_out * lo);
+        self.gpu.dispatch("signal", "col2im_t", &p, &bufs, grid);
+    }
+
+    /// The first n values of x rounded to their uint8 grid (ONNX DynamicQuantizeLinear): the
+    /// range in one workgroup, then the rounding.
+    pub(crate) fn fake_quant_gpu(&self, x: &mut WgpuTensor, n: usize) {
+        assert!(
+            x.rows * x.cols >= n,
+            "fake_quant_u8: {n} values past the tensor"
+        );
+        if n == 0 {
+            return;
+        }
+        let range = ensure(&self.gpu, &mut self.scratch.borrow_mut().range, 8);
+        let d = &self.gpu.dummy;
+        let p = [n as u32];
+        let bufs = [&x.buf, d, d, &range];
+        self.gpu
+            .dispatch("signal", "u8_range", &p, &bufs, (1, 1, 1));
+        let bufs = [&x.buf, d, &range, d];
+        self.gpu
+            .dispatch("signal", "fake_quant_u8", &p, &bufs, grid_1d(n));
+    }
+
+    /// cos and sin of 2 pi m / n_fft and the periodic Hann window (signal.wgsl's table), made
+    /// in f64 on the host as the CPU backend's.
+    fn dft_table(&self, n_fft: usize) -> Buf {
+        let mut sc = self.scratch.borrow_mut();
+        if let Some((_, b)) = sc.dft.iter().find(|(n, _)| *n == n_fft) {
+            return b.clone();
+        }
+        let tau = 2.0 * std::f64::consts::PI;
+        let angle = |m: usize| tau * m as f64 / n_fft as f64;
+        let v: Vec<f32> = (0..n_fft)
+            .map(|m| angle(m).cos() as f32)
+            .chain((0..n_fft).map(|m| angle(m).sin() as f32))
+            .chain((0..n_fft).map(|m| (0.5 - 0.5 * angle(m).cos()) as f32))
+            .collect();
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let b = self.gpu.buffer_init(&bytes);
+        if sc.dft.len() >= 4 {
+            sc.dft.remove(0);
+        }
+        sc.dft.push((n_fft, b.clone()));
+        b
+    }
+
+    pub(crate) fn stft_gpu(
+        &self,
+        signal: &WgpuTensor,
+        len: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let (bins, frames) = (n_fft / 2 + 1, len / hop.max(1) + 1);
+        assert!(
+            n_fft > 0
+                && hop > 0
+                && len > 0
+                && signal.rows * signal.cols >= len
+                && out.cols == frames
+                && out.rows * out.cols >= 2 * bins * frames,
+            "stft: len {len}, n_fft {n_fft}, hop {hop} against tensors of {} and {}x{}",
+            signal.rows * signal.cols,
+            out.rows,
+            out.cols
+        );
+        let table = self.dft_table(n_fft);
+        let p = [len, n_fft, hop, frames, bins].map(|v| v as u32);
+        let bufs = [&signal.buf, &table, &self.gpu.dummy, &out.buf];
+        let grid = grid_1d(bins * frames);
+        self.gpu.dispatch("signal", "stft", &p, &bufs, grid);
+    }
+
+    pub(crate) fn istft_gpu(
+        &self,
+        spec: &WgpuTensor,
+        frames: usize,
+        n_fft: usize,
+        hop: usize,
+        out: &mut WgpuTensor,
+    ) {
+        let bins = n_fft / 2 + 1;
+        let n_out = frames.saturating_sub(1) * hop;
+        assert!(
+            n_fft > 0 && spec.rows * spec.cols >= 2 * bins * frames && out.rows * out.cols >= n_out,
+            "istft: {frames} frames of n_fft {n_fft}, hop {hop} against tensors of {} and {}",
+            spec.rows * spec.cols,
+            out.rows * out.cols
+        );
+        if n_out == 0 {
+            return;
+        }
+        let table = self.dft_table(n_fft);
+        let p = [frames, n_fft, hop, n_out, bins].map(|v| v as u32);
+        let bufs = [&spec.buf, &table, &self.gpu.dummy, &out.buf];
+        self.gpu
+            .dispatch("signal", "istft", &p, &bufs, grid_1d(n_out));
+    }
+}
