@@ -32,6 +32,9 @@ pub struct Buf {
     pub b: wgpu::Buffer,
     pub id: u64,
     pub bytes: u64,
+    /// Whether the host maps it to read (`Gpu::unified`): a read then copies nothing on the
+    /// GPU.
+    pub mappable: bool,
 }
 
 /// Why there is no GPU to run on: one line.
@@ -65,6 +68,8 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// Never use subgroup operations, even where the adapter has them.
     pub no_subgroups: bool,
+    /// Read buffers through a staging copy even where memory is unified (`Gpu::unified`).
+    pub no_unified: bool,
     /// Whether each matrix-vector workgroup normalises and quantizes its input itself (one
     /// dispatch per product) instead of reading activations a prep dispatch wrote. Default:
     /// on GPUs, not on CPU adapters (lavapipe), where the repeated prologue is real work.
@@ -161,6 +166,11 @@ pub struct Gpu {
     binds: RefCell<HashMap<[u64; MAX_BINDINGS + 1], wgpu::BindGroup>>,
     enc: RefCell<Enc>,
     readback: RefCell<Option<wgpu::Buffer>>,
+    /// Memory the host and the GPU share (an integrated GPU, Apple silicon, a CPU driver)
+    /// with storage buffers the host may map (`MAPPABLE_PRIMARY_BUFFERS`): buffers made by
+    /// `buffer` are read where they lie, not through a copy to a staging buffer
+    /// (KILN_WGPU_NO_UNIFIED=1 turns it off).
+    pub unified: bool,
     /// Submit after this many dispatches (KILN_WGPU_FLUSH; 0: only when a result is read;
     /// default 32 on GPUs, 0 on CPU adapters),
     /// so the GPU starts on a step's first layers while the rest are still being recorded.
@@ -247,6 +257,17 @@ impl Gpu {
         if subgroups {
             features |= wgpu::Features::SUBGROUP;
         }
+        let unified = matches!(
+            info.device_type,
+            wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu
+        ) && adapter
+            .features()
+            .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+            && !opt.no_unified
+            && !kiln_backend::options::dev_flag("KILN_WGPU_NO_UNIFIED");
+        if unified {
+            features |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        }
         let timestamps = wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
@@ -285,6 +306,7 @@ impl Gpu {
                 b,
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 bytes,
+                mappable: false,
             }
         };
         let ids = mk((IDS_WORDS * 4) as u64, "ids");
@@ -419,27 +441,34 @@ impl Gpu {
                 ids: Vec::with_capacity(4 * IDS_WORDS),
             }),
             readback: RefCell::new(None),
+            unified,
             flush_every,
             prof,
             counters: Cell::default(),
         })
     }
 
-    /// A zeroed storage buffer of at least `bytes` (4 at least).
+    /// A zeroed storage buffer of at least `bytes` (4 at least); one the host maps to read
+    /// where memory is unified.
     pub fn buffer(&self, bytes: usize) -> Buf {
         let bytes = (bytes.max(4).div_ceil(4) * 4) as u64;
+        let mut usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        if self.unified {
+            usage |= wgpu::BufferUsages::MAP_READ;
+        }
         let b = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size: bytes,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
+            usage,
             mapped_at_creation: false,
         });
         Buf {
             b,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             bytes,
+            mappable: self.unified,
         }
     }
 
@@ -476,6 +505,7 @@ impl Gpu {
             b,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             bytes: data.len() as u64,
+            mappable: false,
         }
     }
 
@@ -747,11 +777,19 @@ impl Gpu {
         }
     }
 
-    /// Copies `bytes` from byte `offset` of `src` to the host, after all recorded work.
+    /// Copies `bytes` from byte `offset` of `src` to the host, after all recorded work:
+    /// through a staging buffer, or where `src` lies when the host maps it.
     pub fn read(&self, src: &Buf, offset: u64, out: &mut [u8]) {
         let bytes = out.len() as u64;
         if bytes == 0 {
             return;
+        }
+        if src.mappable {
+            // A mapping starts at a multiple of 8 (wgpu::MAP_ALIGNMENT) and spans words.
+            let start = offset / 8 * 8;
+            let end = (offset + bytes).div_ceil(4) * 4;
+            self.flush();
+            return self.map_read(&src.b, start..end, (offset - start) as usize, out);
         }
         let size = bytes.div_ceil(4) * 4;
         {
@@ -779,8 +817,19 @@ impl Gpu {
         }
         self.flush();
         let rb = self.readback.borrow();
-        let rb = rb.as_ref().unwrap();
-        let slice = rb.slice(..size);
+        self.map_read(rb.as_ref().unwrap(), 0..size, 0, out);
+    }
+
+    /// Maps `range` of `buf` once the submitted work is done and copies `out.len()` bytes
+    /// from `skip` bytes into it.
+    fn map_read(
+        &self,
+        buf: &wgpu::Buffer,
+        range: std::ops::Range<u64>,
+        skip: usize,
+        out: &mut [u8],
+    ) {
+        let slice = buf.slice(range);
         let done = Arc::new(Mutex::new(None));
         let d2 = done.clone();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -801,15 +850,15 @@ impl Gpu {
         assert_eq!(
             *done.lock().unwrap(),
             Some(true),
-            "wgpu: mapping the readback failed"
+            "wgpu: mapping a buffer to read failed"
         );
         {
             let view = slice
                 .get_mapped_range()
-                .unwrap_or_else(|e| panic!("wgpu: reading the readback failed: {e:?}"));
-            out.copy_from_slice(&view[..out.len()]);
+                .unwrap_or_else(|e| panic!("wgpu: reading a mapped buffer failed: {e:?}"));
+            out.copy_from_slice(&view[skip..skip + out.len()]);
         }
-        rb.unmap();
+        buf.unmap();
     }
 
     /// Waits for all submitted work.

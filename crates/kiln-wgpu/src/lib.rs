@@ -216,6 +216,12 @@ impl WgpuBackend {
         self.gpu.subgroups
     }
 
+    /// Whether the host reads buffers where they lie, memory being unified
+    /// (GpuOptions::no_unified).
+    pub fn unified_memory(&self) -> bool {
+        self.gpu.unified
+    }
+
     /// Whether products run the fused matvec prologue (GpuOptions::fused_prologue).
     pub fn fused_prologue(&self) -> bool {
         self.gpu.fused_prologue

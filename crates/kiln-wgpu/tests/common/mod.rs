@@ -30,9 +30,10 @@ pub fn gpu() -> Option<WgpuBackend> {
     match WgpuBackend::new() {
         Ok(b) => {
             eprintln!(
-                "wgpu adapter: {} (subgroups: {})",
+                "wgpu adapter: {} (subgroups: {}, unified memory: {})",
                 b.adapter(),
-                b.subgroups()
+                b.subgroups(),
+                b.unified_memory()
             );
             Some(b)
         }
@@ -49,9 +50,10 @@ pub fn gpu() -> Option<WgpuBackend> {
 
 /// Every kernel variant the adapter runs: the default (subgroups where it has them), the
 /// workgroup-memory reductions when the default used subgroups, and the other choice of
-/// the matvec prologue (fused or prep + matvec) and of prompt attention (tiled or not); the
-/// last two compute 2 and 4 rows a matrix-vector row group (the default picks by size, 1 on
-/// test shapes).
+/// the matvec prologue (fused or prep + matvec) and of prompt attention (tiled or not), with
+/// reads through a staging copy where the default maps buffers (unified memory); the last
+/// two compute 2 and 4 rows a matrix-vector row group (the default picks by size, 1 on test
+/// shapes).
 pub fn backends() -> Vec<WgpuBackend> {
     let Some(b) = gpu() else {
         return Vec::new();
@@ -65,6 +67,7 @@ pub fn backends() -> Vec<WgpuBackend> {
         });
     }
     opts.push(GpuOptions {
+        no_unified: b.unified_memory(),
         fused_prologue: Some(!b.fused_prologue()),
         tiled_attention: Some(!b.tiled_attention()),
         matvec_rows: Some(4),
