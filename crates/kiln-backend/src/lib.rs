@@ -242,6 +242,26 @@ impl Conv1dShape {
     }
 }
 
+/// An elementwise function of [`SpeechOps::unary`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unary {
+    Exp,
+    Sin,
+    Tanh,
+}
+
+impl Unary {
+    /// The CPU backend's vector math over v, in place.
+    pub fn apply(self, v: &mut [f32]) {
+        use crate::cpu::vmath;
+        match self {
+            Unary::Exp => vmath::exp_slice(v),
+            Unary::Sin => vmath::sin_slice(v),
+            Unary::Tanh => vmath::tanh_slice(v),
+        }
+    }
+}
+
 /// An integer convolution weight: uint8 values in `conv1d_nc`'s layout (c_out, c_in, k),
 /// w = (q - zero) * scale with `zero` and `scale` per tensor (one value) or per output channel.
 #[derive(Debug, Clone, Copy)]
@@ -1191,6 +1211,33 @@ pub trait SpeechOps: TensorOps {
         factor: usize,
         out: &mut Self::Tensor,
     );
+    /// Values start..start + n of x (rows, cols, row-major) through `op`, in place. The
+    /// default reads x to the host, runs the CPU's vector math and makes x anew.
+    fn unary(
+        &self,
+        x: &mut Self::Tensor,
+        op: Unary,
+        (rows, cols): (usize, usize),
+        start: usize,
+        n: usize,
+    ) {
+        let mut v = vec![0f32; rows * cols];
+        self.read(x, rows, &mut v);
+        op.apply(&mut v[start..start + n]);
+        *x = self.tensor_from(rows, cols, &v);
+    }
+    /// out (c, len + 1) = x (c, len) with sample 1 of each row put before it (PyTorch's
+    /// ReflectionPad1d((1, 0)); len >= 2). The default goes through the host.
+    fn reflect_pad_left(&self, x: &Self::Tensor, c: usize, len: usize) -> Self::Tensor {
+        assert!(len >= 2, "reflect_pad_left: rows of {len} samples");
+        let mut v = vec![0f32; c * len];
+        self.read(x, c, &mut v);
+        let p: Vec<f32> = v
+            .chunks_exact(len)
+            .flat_map(|r| std::iter::once(r[1]).chain(r.iter().copied()))
+            .collect();
+        self.tensor_from(c, len + 1, &p)
+    }
     /// Bidirectional (unmasked) multi-head attention: q, k, v (len, heads * head_dim) ->
     /// out (len, heads * head_dim), softmax(q k^T / sqrt(head_dim)) v per head. The default
     /// is [`SpeechOps::attention_dense`] of that shape.

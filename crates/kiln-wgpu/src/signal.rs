@@ -3,7 +3,7 @@
 //! ones as the product then a gather of the taps, the uint8 rounding of the int8 export, the
 //! STFT and its inverse. The LSTM recurrences stay on the CPU (sequential, small).
 
-use kiln_backend::Conv1dShape;
+use kiln_backend::{Conv1dShape, TensorOps, Unary};
 
 use crate::device::Buf;
 use crate::{ensure, grid_1d, WgpuBackend, WgpuTensor};
@@ -266,5 +266,39 @@ impl WgpuBackend {
         let bufs = [&spec.buf, &table, &self.gpu.dummy, &out.buf];
         self.gpu
             .dispatch("signal", "istft", &p, &bufs, grid_1d(n_out));
+    }
+
+    /// Values start..start + n of x through `op`, in place.
+    pub(crate) fn unary_gpu(&self, x: &mut WgpuTensor, op: Unary, start: usize, n: usize) {
+        assert!(
+            start + n <= x.rows * x.cols,
+            "unary: values {start}..{} past the tensor",
+            start + n
+        );
+        let code = match op {
+            Unary::Exp => 0,
+            Unary::Sin => 1,
+            Unary::Tanh => 2,
+        };
+        let d = &self.gpu.dummy;
+        let p = [n as u32, start as u32, code];
+        let bufs = [&x.buf, d, d, d];
+        self.gpu.dispatch("signal", "unary", &p, &bufs, grid_1d(n));
+    }
+
+    /// out (c, len + 1) = x (c, len) with sample 1 of each row put before it.
+    pub(crate) fn reflect_pad_left_gpu(&self, x: &WgpuTensor, c: usize, len: usize) -> WgpuTensor {
+        assert!(
+            len >= 2 && x.rows * x.cols >= c * len,
+            "reflect_pad_left: {c} rows of {len} samples"
+        );
+        let out = self.tensor(c, len + 1);
+        let d = &self.gpu.dummy;
+        let p = [c as u32, len as u32];
+        let bufs = [&x.buf, d, d, &out.buf];
+        let grid = grid_1d(c * (len + 1));
+        self.gpu
+            .dispatch("signal", "reflect_pad_left", &p, &bufs, grid);
+        out
     }
 }

@@ -2,7 +2,7 @@
 //! im2col + the product) and Kokoro's norms, activations, convolutions, uint8 rounding and
 //! STFTs (signal.rs) on the GPU; the LSTM recurrences through the CPU backend (host copies).
 
-use kiln_backend::{Conv1dShape, SpeechOps};
+use kiln_backend::{Conv1dShape, SpeechOps, Unary};
 
 use crate::{ensure, f, grid_1d, WgpuBackend, WgpuTensor, WgpuWeight, ATT_TILE_TOKENS, MODE_STORE};
 
@@ -36,6 +36,14 @@ impl SpeechOps for WgpuBackend {
 
     fn fake_quant_u8(&self, x: &mut WgpuTensor, n: usize) {
         self.fake_quant_gpu(x, n)
+    }
+
+    fn unary(&self, x: &mut WgpuTensor, op: Unary, _shape: (usize, usize), start: usize, n: usize) {
+        self.unary_gpu(x, op, start, n)
+    }
+
+    fn reflect_pad_left(&self, x: &WgpuTensor, c: usize, len: usize) -> WgpuTensor {
+        self.reflect_pad_left_gpu(x, c, len)
     }
 
     fn stft(

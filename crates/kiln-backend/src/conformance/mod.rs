@@ -47,7 +47,7 @@ use kiln_quant::{GgmlType, MlxLayout, QuantError};
 use crate::cpu::{CpuBackend, CpuTensor, CpuWeight};
 use crate::{
     AttnShape, Backend, BackendError, Conv1dShape, ConvWeightQ8, DenseAttnShape, KvType, LstmShape,
-    MlxWeightData, RopeConfig, RopeScaling, RopeStyle, SeqKv, WeightData,
+    MlxWeightData, RopeConfig, RopeScaling, RopeStyle, SeqKv, Unary, WeightData,
 };
 
 mod attention;
@@ -66,7 +66,9 @@ pub use rows::{
     argmax_rows, copies, elementwise, embed, layer_norm, rms_norm, short_conv, signal_norms,
     top_candidates,
 };
-pub use signal::{conv1d, conv1d_nc, conv1d_q8, fake_quant_u8, lstm, stft, CONV_NC_CASES};
+pub use signal::{
+    conv1d, conv1d_nc, conv1d_q8, fake_quant_u8, lstm, stft, unary_pad, CONV_NC_CASES,
+};
 
 /// Bounds on the error measure (see the module doc) per op family.
 #[derive(Debug, Clone)]
@@ -152,7 +154,7 @@ macro_rules! conformance_tests {
             embed rms_norm layer_norm signal_norms elementwise copies argmax_rows
             top_candidates rope attention attention_batch qk_norm_rope_attention kv_copy
             kv_window attention_dense self_attention conv1d conv1d_nc conv1d_q8 lstm stft
-            fake_quant_u8 step short_conv);
+            fake_quant_u8 unary_pad step short_conv);
     };
     (@tests $attrs:tt $run:path; $op:ident $($rest:ident)*) => {
         $crate::conformance_tests!(@one $attrs $run; $op);

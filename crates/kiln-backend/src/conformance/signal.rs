@@ -389,3 +389,45 @@ pub fn fake_quant_u8<B: Backend>(b: &B, _tol: &Tolerances) {
         );
     }
 }
+
+/// `unary` (exp, sin, tanh over a range of a tensor that starts and ends inside rows, the
+/// rest left as it was; tanh past where it is 1 in f32) and `reflect_pad_left`.
+pub fn unary_pad<B: Backend>(b: &B, tol: &Tolerances) {
+    let (name, rf, mut rng) = (b.name(), Ref::new(), Rng(0x4007));
+    let (rows, cols) = (22, 301);
+    let x: Vec<f32> = rng.v(rows * cols).iter().map(|v| v * 9.0).collect();
+    for op in [Unary::Exp, Unary::Sin, Unary::Tanh] {
+        for (start, n) in [
+            (0, rows * cols),
+            (cols + 7, 5 * cols - 3),
+            (11 * cols, 11 * cols),
+        ] {
+            let (mut xt, mut xr) = both(b, &rf, rows, cols, &x);
+            b.unary(&mut xt, op, (rows, cols), start, n);
+            rf.r.unary(&mut xr, op, (rows, cols), start, n);
+            check_rel(
+                &name,
+                "unary",
+                format!("{op:?} values {start}..{} of {rows}x{cols}", start + n),
+                &read(b, &xt, rows, cols),
+                &read(&rf.r, &xr, rows, cols),
+                tol.elementwise,
+            );
+        }
+    }
+    for (c, len) in [(128, 1213), (3, 2)] {
+        let x = rng.v(c * len);
+        let (xt, xr) = both(b, &rf, c, len, &x);
+        let (o, orf) = (
+            b.reflect_pad_left(&xt, c, len),
+            rf.r.reflect_pad_left(&xr, c, len),
+        );
+        check_exact(
+            &name,
+            "reflect_pad_left",
+            format!("{c}x{len}"),
+            &read(b, &o, c, len + 1),
+            &read(&rf.r, &orf, c, len + 1),
+        );
+    }
+}

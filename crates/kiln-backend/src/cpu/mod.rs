@@ -1292,6 +1292,35 @@ impl SpeechOps for CpuBackend {
         ops::signal::upsample_nearest(x, c, len, factor, out)
     }
 
+    fn unary(
+        &self,
+        x: &mut CpuTensor,
+        op: crate::Unary,
+        (rows, cols): (usize, usize),
+        start: usize,
+        n: usize,
+    ) {
+        assert!(
+            start + n <= rows * cols,
+            "unary: values past {rows} x {cols}"
+        );
+        op.apply(&mut x.data[start..start + n]);
+    }
+
+    fn reflect_pad_left(&self, x: &CpuTensor, c: usize, len: usize) -> CpuTensor {
+        assert!(len >= 2, "reflect_pad_left: rows of {len} samples");
+        let mut out = self.tensor(c, len + 1);
+        for (o, r) in out
+            .data
+            .chunks_exact_mut(len + 1)
+            .zip(x.data.chunks_exact(len))
+        {
+            o[0] = r[1];
+            o[1..].copy_from_slice(r);
+        }
+        out
+    }
+
     fn self_attention(
         &self,
         q: &CpuTensor,

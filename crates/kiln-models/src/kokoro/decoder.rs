@@ -4,7 +4,7 @@
 //! multi-kernel AdaINResBlock1s with Snake activations, conv_post to a magnitude / phase
 //! spectrogram and an inverse STFT (n_fft 20, hop 5) to 24 kHz audio.
 
-use kiln_backend::Backend;
+use kiln_backend::{Backend, Unary};
 
 use super::blocks::{AdaInResBlock1, AdainResBlk1d, Conv, ConvSpec, Ctx, Linear};
 use super::params::Params;
@@ -223,7 +223,7 @@ impl<B: Backend> Generator<B> {
     }
 
     /// SineGen + SourceModuleHnNSF without their noise terms (the export drops them):
-    /// f0 (frames) -> source (frames * upsample), tanh(l_linear(harmonic sines * uv)).
+    /// f0 (frames) -> source (frames * upsample, 1), tanh(l_linear(harmonic sines * uv)).
     fn source(&self, cx: &Ctx<B>, f0: &[f32]) -> B::Tensor {
         let (up, nh) = (self.upsample, self.harmonics);
         let frames = f0.len();
@@ -256,10 +256,7 @@ impl<B: Backend> Generator<B> {
         }
         let x = cx.b.tensor_from(len, nh, &sines);
         let mut y = self.l_linear.forward(cx, &x, len);
-        let mut v = vec![0f32; len];
-        cx.b.read(&y, len, &mut v);
-        kiln_backend::cpu::vmath::tanh_slice(&mut v);
-        y = cx.b.tensor_from(1, len, &v);
+        cx.b.unary(&mut y, Unary::Tanh, (len, 1), 0, len);
         y
     }
 
@@ -276,7 +273,7 @@ impl<B: Backend> Generator<B> {
         let mut f0v = vec![0f32; frames];
         b.read(f0, 1, &mut f0v);
         let src = self.source(cx, &f0v);
-        cx.put("gen.source", &src, 1, frames * self.upsample);
+        cx.put("gen.source", &src, frames * self.upsample, 1);
         let n_src = frames * self.upsample;
         let har_frames = n_src / self.hop + 1;
         let mut har = b.tensor(self.n_fft + 2, har_frames);
@@ -309,15 +306,8 @@ impl<B: Backend> Generator<B> {
             let co = self.ups[i].c_out;
             if i + 1 == self.ups.len() {
                 // ReflectionPad1d((1, 0)): prepend sample 1.
-                let mut v = vec![0f32; co * ylen];
-                b.read(&y, co, &mut v);
-                let mut p = Vec::with_capacity(co * (ylen + 1));
-                for r in v.chunks_exact(ylen) {
-                    p.push(r[1]);
-                    p.extend_from_slice(r);
-                }
+                y = b.reflect_pad_left(&y, co, ylen);
                 ylen += 1;
-                y = b.tensor_from(co, ylen, &p);
             }
             debug_assert_eq!(ylen, xs_len);
             cx.lap(&format!("gen ups {i}"));
@@ -336,16 +326,13 @@ impl<B: Backend> Generator<B> {
         }
         let c = self.conv_post.c_in;
         b.leaky_relu(&mut x, 0.01, c * len);
-        let post = self.conv_post.forward(cx, &x, len);
-        cx.put("gen.post", &post, self.n_fft + 2, len);
+        let mut spec = self.conv_post.forward(cx, &x, len);
+        cx.put("gen.post", &spec, self.n_fft + 2, len);
         // Magnitude exp(post[..bins]), phase sin(post[bins..]).
         let bins = self.n_fft / 2 + 1;
-        let mut v = vec![0f32; 2 * bins * len];
-        b.read(&post, 2 * bins, &mut v);
-        let (mag, phase) = v.split_at_mut(bins * len);
-        kiln_backend::cpu::vmath::exp_slice(mag);
-        kiln_backend::cpu::vmath::sin_slice(phase);
-        let spec = b.tensor_from(2 * bins, len, &v);
+        let shape = (2 * bins, len);
+        b.unary(&mut spec, Unary::Exp, shape, 0, bins * len);
+        b.unary(&mut spec, Unary::Sin, shape, bins * len, bins * len);
         let n_out = (len - 1) * self.hop;
         let mut audio = b.tensor(1, n_out);
         b.istft(&spec, len, self.n_fft, self.hop, &mut audio);

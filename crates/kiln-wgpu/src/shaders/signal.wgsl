@@ -306,3 +306,34 @@ fn istft(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: ve
     }
     O[i] = select(acc, acc / env, env > 1e-11);
 }
+
+// X[start + i] for i < n through op (0 exp, 1 sin, 2 tanh), in place. (tanh's argument is
+// clamped where tanh is 1 in f32: a driver's exp-based form would give inf / inf there.)
+// params: 0 n, 1 start, 2 op
+@compute @workgroup_size(256)
+fn unary(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(wg, nwg, li);
+    if (i >= P(0u)) { return; }
+    let at = P(1u) + i;
+    let v = X[at];
+    switch P(2u) {
+        case 0u: { X[at] = exp(v); }
+        case 1u: { X[at] = sin(v); }
+        default: { X[at] = tanh(clamp(v, -15.0, 15.0)); }
+    }
+}
+
+// O (c, len + 1) = X (c, len) with sample 1 of each row put before it (ReflectionPad1d((1,
+// 0))).
+// params: 0 c, 1 len
+@compute @workgroup_size(256)
+fn reflect_pad_left(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let len = P(1u);
+    let i = flat(wg, nwg, li);
+    if (i >= P(0u) * (len + 1u)) { return; }
+    let r = i / (len + 1u);
+    let p = i % (len + 1u);
+    O[i] = X[r * len + select(p - 1u, 1u, p == 0u)];
+}
