@@ -518,6 +518,19 @@ pub trait TensorOps {
         dst: &mut Self::Tensor,
         dst_row0: usize,
     );
+    /// Row i of `dst` = row `rows[i]` of `src` (same cols). The default copies each run of
+    /// consecutive source rows with one `copy_rows`.
+    fn gather_rows(&self, src: &Self::Tensor, rows: &[usize], dst: &mut Self::Tensor) {
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            self.copy_rows(src, rows[i], j - i, dst, i);
+            i = j;
+        }
+    }
 
     /// Runs one step: every op `f` enqueues, for `tokens` at positions `pos0..`. A backend
     /// that replays recorded work (a CUDA graph) records `f`'s ops the first time it sees

@@ -927,6 +927,36 @@ impl TensorOps for WgpuBackend {
         );
     }
 
+    fn gather_rows(&self, src: &WgpuTensor, rows: &[usize], dst: &mut WgpuTensor) {
+        assert!(
+            src.cols == dst.cols && dst.rows >= rows.len() && rows.iter().all(|&r| r < src.rows),
+            "gather_rows: {} rows of a {}x{} tensor into {}x{}",
+            rows.len(),
+            src.rows,
+            src.cols,
+            dst.rows,
+            dst.cols
+        );
+        if rows.is_empty() || src.cols == 0 {
+            return;
+        }
+        let idx: Vec<u8> = rows
+            .iter()
+            .flat_map(|&r| (r as u32).to_le_bytes())
+            .collect();
+        let idx = self.gpu.buffer_init(&idx);
+        let p = [rows.len() as u32, src.cols as u32];
+        let d = &self.gpu.dummy;
+        let grid = grid_1d(rows.len() * src.cols);
+        self.gpu.dispatch(
+            "signal",
+            "gather_rows",
+            &p,
+            &[&src.buf, &idx, d, &dst.buf],
+            grid,
+        );
+    }
+
     fn scale(&self, x: &mut WgpuTensor, s: f32, n: usize) {
         self.elementwise(&x.buf, &self.gpu.dummy, OP_SCALE, s, n);
     }

@@ -322,6 +322,22 @@ pub fn copies<B: Backend>(b: &B, _tol: &Tolerances) {
             &read(b, &dt, 4, cols),
             &read(&rf.r, &dr, 4, cols),
         );
+        // Repeats, a run of consecutive rows, a step back (Kokoro's alignment and more).
+        let rows = [0, 0, 0, 2, 3, 4, 1, 4, 4];
+        let mut gt = b.tensor(rows.len() + 1, cols);
+        b.gather_rows(&st, &rows, &mut gt);
+        let want: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| src[r * cols..(r + 1) * cols].iter().copied())
+            .chain(std::iter::repeat_n(0.0, cols))
+            .collect();
+        check_exact(
+            &name,
+            "gather_rows",
+            format!("{rows:?} of 5x{cols}"),
+            &read(b, &gt, rows.len() + 1, cols),
+            &want,
+        );
     }
     for (rows, cols) in [(33, 75), (1, 7), (64, 48)] {
         let x = rng.v(rows * cols);

@@ -530,14 +530,13 @@ impl<B: Backend> Kokoro<B> {
         let mut t_en_t = b.tensor(n, d);
         b.transpose(&t_en, d, n, &mut t_en_t);
         let mut asr_t = b.tensor(frames, d);
-        let mut f = 0;
-        for (tok, &k) in dur.iter().enumerate() {
-            for _ in 0..k {
-                b.copy_rows(&enc, tok, 1, &mut en, f);
-                b.copy_rows(&t_en_t, tok, 1, &mut asr_t, f);
-                f += 1;
-            }
-        }
+        let token_of: Vec<usize> = dur
+            .iter()
+            .enumerate()
+            .flat_map(|(tok, &k)| std::iter::repeat_n(tok, k))
+            .collect();
+        b.gather_rows(&enc, &token_of, &mut en);
+        b.gather_rows(&t_en_t, &token_of, &mut asr_t);
         cx.lap("align");
         let (f0, nn) = self.prosody.f0_n(&cx, &en, &s_pred, frames);
         put("f0", &f0, 1, 2 * frames);

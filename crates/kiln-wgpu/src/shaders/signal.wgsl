@@ -337,3 +337,14 @@ fn reflect_pad_left(@builtin(local_invocation_index) li: u32, @builtin(workgroup
     let p = i % (len + 1u);
     O[i] = X[r * len + select(p - 1u, 1u, p == 0u)];
 }
+
+// O row r = X row W[r] (a u32 index), rows of `cols` values.
+// params: 0 rows, 1 cols
+@compute @workgroup_size(256)
+fn gather_rows(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let cols = P(1u);
+    let i = flat(wg, nwg, li);
+    if (i >= P(0u) * cols) { return; }
+    O[i] = X[bitcast<u32>(W[i / cols]) * cols + i % cols];
+}
