@@ -50,21 +50,26 @@ impl WgpuBackend {
         out: &Buf,
     ) {
         let d = &self.gpu.dummy;
-        let p = [
-            m as u32,
-            n as u32,
-            k as u32,
-            a_km as u32,
-            bias.is_some() as u32,
-            len_in as u32,
-            taps as u32,
-            stride as u32,
-            pad as u32,
-            dil as u32,
-        ];
-        let grid = (n.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1);
         let bufs = [x, a, bias.map_or(d, |b| &b.buf), out];
-        self.gpu.dispatch("signal", "conv_gemm", &p, &bufs, grid);
+        // A grid dimension holds 65535 workgroups: the column tiles in runs of that many.
+        let tiles = n.div_ceil(TILE);
+        for t0 in (0..tiles).step_by(65535) {
+            let p = [
+                m as u32,
+                n as u32,
+                k as u32,
+                a_km as u32,
+                bias.is_some() as u32,
+                len_in as u32,
+                taps as u32,
+                stride as u32,
+                pad as u32,
+                dil as u32,
+                t0 as u32,
+            ];
+            let grid = ((tiles - t0).min(65535) as u32, m.div_ceil(TILE) as u32, 1);
+            self.gpu.dispatch("signal", "conv_gemm", &p, &bufs, grid);
+        }
     }
 
     /// signal.wgsl conv_direct: the grouped convolution (or transposed one) a thread per output.

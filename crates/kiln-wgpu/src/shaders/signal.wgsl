@@ -46,8 +46,9 @@ var<workgroup> bs4: array<vec4<f32>, 256>;
 // r]) or, with a_km, K-major (W[r * M + m]). Bc is the im2col of X (c_in, len_in) read in
 // place: row r = ci * taps + j, column t holds X[ci][t * stride + j * dil - pad] (zero
 // outside); a plain matrix is one tap of stride 1.
-// grid (column tiles, row tiles).
-// params: 0 M, 1 N, 2 K, 3 a_km, 4 has_bias, 5 len_in, 6 taps, 7 stride, 8 pad, 9 dil
+// grid (column tiles from tile P(10), row tiles).
+// params: 0 M, 1 N, 2 K, 3 a_km, 4 has_bias, 5 len_in, 6 taps, 7 stride, 8 pad, 9 dil,
+//         10 first column tile
 @compute @workgroup_size(256)
 fn conv_gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let m_all = P(0u);
@@ -59,7 +60,7 @@ fn conv_gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
     let stride = i32(P(7u));
     let pad = i32(P(8u));
     let dil = i32(P(9u));
-    let n0 = wg.x * TN;
+    let n0 = (P(10u) + wg.x) * TN;
     let m0 = wg.y * TM;
     let tx = li & 15u; // columns 4tx..4tx+3
     let ty = li >> 4u; // rows 4ty..4ty+3
