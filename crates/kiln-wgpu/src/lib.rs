@@ -125,8 +125,9 @@ struct Scratch {
     argmax: Option<Buf>,
     /// Whisper's im2col rows; a transposed convolution's product (signal.rs).
     im2col: Option<Buf>,
-    /// fake_quant_u8's scale and zero point.
+    /// fake_quant_u8's scale and zero point, and its chunks' ranges.
     range: Option<Buf>,
+    range_parts: Option<Buf>,
     /// The STFT's cos / sin / window table by n_fft.
     dft: Vec<(usize, Buf)>,
     /// cos/sin per (position, pair) by RoPE config, for `positions` positions (Gemma 3's

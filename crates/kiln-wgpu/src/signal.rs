@@ -10,6 +10,8 @@ use crate::{ensure, grid_1d, WgpuBackend, WgpuTensor};
 
 /// signal.wgsl conv_gemm's output tile (rows and columns).
 const TILE: usize = 64;
+/// Values a workgroup of signal.wgsl u8_range_parts takes (RANGE_CHUNK).
+const RANGE_CHUNK: usize = 4096;
 
 impl WgpuBackend {
     /// Checks the tensors of convolution `s` (transposed or not) and gives its output length.
@@ -176,7 +178,7 @@ impl WgpuBackend {
     }
 
     /// The first n values of x rounded to their uint8 grid (ONNX DynamicQuantizeLinear): the
-    /// range in one workgroup, then the rounding.
+    /// range of each chunk of values, of the chunks' in one workgroup, then the rounding.
     pub(crate) fn fake_quant_gpu(&self, x: &mut WgpuTensor, n: usize) {
         assert!(
             x.rows * x.cols >= n,
@@ -185,12 +187,22 @@ impl WgpuBackend {
         if n == 0 {
             return;
         }
-        let range = ensure(&self.gpu, &mut self.scratch.borrow_mut().range, 8);
+        let parts = n.div_ceil(RANGE_CHUNK);
+        let (range, part) = {
+            let mut sc = self.scratch.borrow_mut();
+            let range = ensure(&self.gpu, &mut sc.range, 8);
+            (range, ensure(&self.gpu, &mut sc.range_parts, 8 * parts))
+        };
         let d = &self.gpu.dummy;
         let p = [n as u32];
-        let bufs = [&x.buf, d, d, &range];
+        let bufs = [&x.buf, d, d, &part];
+        let grid = grid_1d(parts * 256);
         self.gpu
-            .dispatch("signal", "u8_range", &p, &bufs, (1, 1, 1));
+            .dispatch("signal", "u8_range_parts", &p, &bufs, grid);
+        let bufs = [&part, d, d, &range];
+        let pp = [parts as u32];
+        self.gpu
+            .dispatch("signal", "u8_range", &pp, &bufs, (1, 1, 1));
         let bufs = [&x.buf, d, &range, d];
         self.gpu
             .dispatch("signal", "fake_quant_u8", &p, &bufs, grid_1d(n));

@@ -200,17 +200,40 @@ fn col2im_t(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
     O[i] = acc;
 }
 
-// One workgroup: O[0] = scale, O[1] = zero point of ONNX DynamicQuantizeLinear over X[..n]
-// (the range always holds 0: scale (max - min) / 255, zero point rounded half to even).
-// params: 0 n
+// The range of X[..n] in two passes (the range always holds 0). u8_range_parts: workgroup w
+// (of a grid_1d grid) writes min and max of X[w * RANGE_CHUNK ..][.. RANGE_CHUNK] to O[2w],
+// O[2w + 1]. u8_range: one workgroup reduces the parts X[..2 parts] to O[0] = scale
+// (max - min) / 255, O[1] = zero point (rounded half to even) of ONNX DynamicQuantizeLinear.
+// params: 0 n (parts for u8_range)
+const RANGE_CHUNK: u32 = 4096u;
+
 @compute @workgroup_size(256)
-fn u8_range(@builtin(local_invocation_index) li: u32) {
-    let n = P(0u);
+fn u8_range_parts(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = wg.y * nwg.x + wg.x;
+    let end = min(P(0u), (w + 1u) * RANGE_CHUNK);
     var lo = 0.0;
     var hi = 0.0;
-    for (var i = li; i < n; i += WG) {
+    for (var i = w * RANGE_CHUNK + li; i < end; i += WG) {
         lo = min(lo, X[i]);
         hi = max(hi, X[i]);
+    }
+    lo = -wmax(-lo, li);
+    hi = wmax(hi, li);
+    if (li == 0u) {
+        O[2u * w] = lo;
+        O[2u * w + 1u] = hi;
+    }
+}
+
+@compute @workgroup_size(256)
+fn u8_range(@builtin(local_invocation_index) li: u32) {
+    let parts = P(0u);
+    var lo = 0.0;
+    var hi = 0.0;
+    for (var i = li; i < parts; i += WG) {
+        lo = min(lo, X[2u * i]);
+        hi = max(hi, X[2u * i + 1u]);
     }
     lo = -wmax(-lo, li);
     hi = wmax(hi, li);
