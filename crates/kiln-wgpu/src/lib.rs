@@ -23,8 +23,8 @@
 //!
 //! Whisper runs on the GPU (speech.wgsl: layer norm, GELU, dense attention; conv1d as
 //! im2col + the matrix product), and so do Kokoro's signal ops (signal.wgsl: convolutions,
-//! transposed ones, the uint8 rounding, STFT and its inverse; speech.wgsl: the norms and
-//! activations) but its LSTM recurrences, which run on the CPU backend through host copies.
+//! transposed ones, the uint8 rounding, STFT and its inverse, LSTM recurrences; speech.wgsl:
+//! the norms and activations).
 
 mod device;
 mod kv;
@@ -128,6 +128,8 @@ struct Scratch {
     /// fake_quant_u8's scale and zero point, and its chunks' ranges.
     range: Option<Buf>,
     range_parts: Option<Buf>,
+    /// A bidirectional LSTM's c and h between dispatches.
+    lstm: Option<Buf>,
     /// The STFT's cos / sin / window table by n_fft.
     dft: Vec<(usize, Buf)>,
     /// cos/sin per (position, pair) by RoPE config, for `positions` positions (Gemma 3's

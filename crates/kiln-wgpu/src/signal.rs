@@ -1,7 +1,7 @@
 //! Kokoro's signal ops on the GPU (shaders/signal.wgsl): convolutions over (channels, len)
 //! maps as a tiled product over their taps (grouped ones a thread per output), transposed
 //! ones as the product then a gather of the taps, the uint8 rounding of the int8 export, the
-//! STFT and its inverse. The LSTM recurrences stay on the CPU (sequential, small).
+//! STFT and its inverse, the recurrences of a bidirectional LSTM (a workgroup a direction).
 
 use kiln_backend::{Conv1dShape, TensorOps, Unary};
 
@@ -10,6 +10,11 @@ use crate::{ensure, grid_1d, WgpuBackend, WgpuTensor};
 
 /// signal.wgsl conv_gemm's output tile (rows and columns).
 const TILE: usize = 64;
+/// signal.wgsl bilstm_steps's most hidden units (LSTM_MAX_H).
+const LSTM_MAX_H: usize = 1024;
+/// Passes of bilstm_steps's inner loop an invocation makes in one dispatch at most (lavapipe
+/// ends a shader's loops past 65535 passes in all).
+const LSTM_STEP_LOOPS: usize = 32768;
 /// Values a workgroup of signal.wgsl u8_range_parts takes (RANGE_CHUNK).
 const RANGE_CHUNK: usize = 4096;
 
@@ -317,5 +322,44 @@ impl WgpuBackend {
         self.gpu
             .dispatch("signal", "reflect_pad_left", &p, &bufs, grid);
         out
+    }
+
+    /// The recurrences of a bidirectional LSTM (SpeechOps::bilstm_steps), a workgroup per
+    /// direction; None where the hidden size is past the shader's (the caller falls back).
+    pub(crate) fn bilstm_steps_gpu(
+        &self,
+        gx: &WgpuTensor,
+        w_hh: &WgpuTensor,
+        len: usize,
+        hidden: usize,
+        out: &mut WgpuTensor,
+    ) -> Option<()> {
+        if hidden > LSTM_MAX_H {
+            return None;
+        }
+        assert!(
+            gx.rows * gx.cols >= len * 8 * hidden
+                && w_hh.rows * w_hh.cols >= 8 * hidden * hidden
+                && out.rows * out.cols >= len * 2 * hidden,
+            "bilstm_steps: tensors smaller than {len} steps of {hidden} units"
+        );
+        if len == 0 || hidden == 0 {
+            return Some(());
+        }
+        let state = ensure(
+            &self.gpu,
+            &mut self.scratch.borrow_mut().lstm,
+            4 * 4 * hidden,
+        );
+        let bufs = [&gx.buf, &w_hh.buf, &state, &out.buf];
+        // Steps a dispatch: 32768 passes of the inner loop at most (LSTM_STEP_LOOPS).
+        let per = (LSTM_STEP_LOOPS / (hidden * hidden.div_ceil(256))).max(1);
+        for s0 in (0..len).step_by(per) {
+            let s1 = (s0 + per).min(len);
+            let p = [len, hidden, s0, s1, (s0 == 0) as usize].map(|v| v as u32);
+            self.gpu
+                .dispatch("signal", "bilstm_steps", &p, &bufs, (2, 1, 1));
+        }
+        Some(())
     }
 }

@@ -1,6 +1,7 @@
 //! Speech and signal ops on wgpu: Whisper's (layer norm, GELU, dense attention, conv1d as
 //! im2col + the product) and Kokoro's norms, activations, convolutions, uint8 rounding and
-//! STFTs (signal.rs) on the GPU; the LSTM recurrences through the CPU backend (host copies).
+//! STFTs and bidirectional LSTM recurrences (signal.rs) on the GPU; a one-direction LSTM from
+//! its input (no model runs it) through the CPU backend (host copies).
 
 use kiln_backend::{Conv1dShape, SpeechOps, Unary};
 
@@ -9,8 +10,43 @@ use crate::{ensure, f, grid_1d, WgpuBackend, WgpuTensor, WgpuWeight, ATT_TILE_TO
 impl SpeechOps for WgpuBackend {
     // ---- speech ops ----
 
-    // On the CPU backend, through host copies.
-    kiln_backend::cpu_fallback_lstm_ops!();
+    fn bilstm_steps(
+        &self,
+        gx: &WgpuTensor,
+        w_hh: &WgpuTensor,
+        len: usize,
+        hidden: usize,
+        out: &mut WgpuTensor,
+    ) {
+        if self.bilstm_steps_gpu(gx, w_hh, len, hidden, out).is_none() {
+            let (cg, ch) = (self.to_cpu(gx), self.to_cpu(w_hh));
+            let mut co = self.to_cpu(out);
+            self.cpu.bilstm_steps(&cg, &ch, len, hidden, &mut co);
+            self.from_cpu(&co, out);
+        }
+    }
+
+    // One LSTM direction from its input (the models run `bilstm_steps` on products'
+    // gates): on the CPU backend, through host copies.
+    fn lstm(
+        &self,
+        x: &WgpuTensor,
+        w_ih: &WgpuTensor,
+        w_hh: &WgpuTensor,
+        bias: &WgpuTensor,
+        s: kiln_backend::LstmShape,
+        out: &mut WgpuTensor,
+    ) {
+        let (cx, ci, ch, cb) = (
+            self.to_cpu(x),
+            self.to_cpu(w_ih),
+            self.to_cpu(w_hh),
+            self.to_cpu(bias),
+        );
+        let mut co = self.to_cpu(out);
+        self.cpu.lstm(&cx, &ci, &ch, &cb, s, &mut co);
+        self.from_cpu(&co, out);
+    }
 
     fn conv1d_nc(
         &self,

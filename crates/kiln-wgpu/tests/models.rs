@@ -271,7 +271,7 @@ fn envelope_db(x: &[f32]) -> Vec<f64> {
 }
 
 /// Kokoro-82M (the catalog's int8 export, the golden case's ids, voice row and speed) on
-/// wgpu (the LSTM recurrences through the CPU fallbacks), against the
+/// wgpu, every op on the GPU, against the
 /// CPU backend: the same length of speech within 2% (durations are predicted, and a token
 /// near x.5 may round the other way) and the same energy envelope within 3 dB on average
 /// over the frames louder than 40 dB below the loudest.

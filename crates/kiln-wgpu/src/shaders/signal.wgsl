@@ -372,3 +372,77 @@ fn gather_rows(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     if (i >= P(0u) * cols) { return; }
     O[i] = X[bitcast<u32>(W[i / cols]) * cols + i % cols];
 }
+
+// The two recurrences of a bidirectional LSTM from zero state, a workgroup per direction
+// (wg.x: 0 forward, 1 backward) stepping through steps s0..s1 of len itself: X = gx (len,
+// 8h), the input gates [fwd i f g o | bwd i f g o]; W = w_hh (2h, 4h) = [W_hh_fwd^T;
+// W_hh_bwd^T]; O (len, 2h) = [h_fwd | h_bwd]; B = the state between dispatches (c then h,
+// 2h each: direction d's at d h). Invocation li keeps units li, li + 256, .. (their c) and
+// computes their four gates; h goes through workgroup memory, double-buffered by step
+// parity. (A dispatch takes a bounded number of steps: lavapipe ends a shader's loop past
+// 65535 iterations in all.)
+// params: 0 len, 1 h (at most LSTM_MAX_H), 2 s0, 3 s1, 4 from zero state
+const LSTM_MAX_H: u32 = 1024u;
+var<workgroup> lstm_h: array<f32, 2048>;
+
+fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
+// 1 - 2 / (e^{2x} + 1): saturates to +-1 (no inf / inf).
+fn tanh_sat(x: f32) -> f32 { return 1.0 - 2.0 / (exp(2.0 * x) + 1.0); }
+
+@compute @workgroup_size(256)
+fn bilstm_steps(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let len = P(0u);
+    let h = P(1u);
+    let s0 = P(2u);
+    let s1 = P(3u);
+    let zero = P(4u) != 0u;
+    let dir = wg.x;
+    let w0 = dir * h * 4u * h;
+    var c: array<f32, 4>;
+    for (var m = 0u; m < 4u; m++) {
+        let u = li + 256u * m;
+        c[m] = 0.0;
+        lstm_h[u] = 0.0;
+        if (!zero && u < h) {
+            c[m] = B[dir * h + u];
+            lstm_h[u] = B[2u * h + dir * h + u];
+        }
+    }
+    workgroupBarrier();
+    for (var step = s0; step < s1; step++) {
+        var t = step;
+        if (dir == 1u) { t = len - 1u - step; }
+        let cur = ((step - s0) & 1u) * LSTM_MAX_H;
+        let nxt = LSTM_MAX_H - cur;
+        for (var m = 0u; m < 4u; m++) {
+            let u = li + 256u * m;
+            if (u >= h) { break; }
+            let g0 = t * 8u * h + dir * 4u * h;
+            var gi = X[g0 + u];
+            var gf = X[g0 + h + u];
+            var gg = X[g0 + 2u * h + u];
+            var go = X[g0 + 3u * h + u];
+            for (var k = 0u; k < h; k++) {
+                let hv = lstm_h[cur + k];
+                let row = w0 + k * 4u * h;
+                gi += hv * W[row + u];
+                gf += hv * W[row + h + u];
+                gg += hv * W[row + 2u * h + u];
+                go += hv * W[row + 3u * h + u];
+            }
+            c[m] = sigmoid(gf) * c[m] + sigmoid(gi) * tanh_sat(gg);
+            let hn = sigmoid(go) * tanh_sat(c[m]);
+            lstm_h[nxt + u] = hn;
+            O[t * 2u * h + dir * h + u] = hn;
+        }
+        workgroupBarrier();
+    }
+    let last = ((s1 - s0) & 1u) * LSTM_MAX_H;
+    for (var m = 0u; m < 4u; m++) {
+        let u = li + 256u * m;
+        if (u < h) {
+            B[dir * h + u] = c[m];
+            B[2u * h + dir * h + u] = lstm_h[last + u];
+        }
+    }
+}
