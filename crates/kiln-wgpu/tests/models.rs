@@ -271,10 +271,10 @@ fn envelope_db(x: &[f32]) -> Vec<f64> {
 }
 
 /// Kokoro-82M (the catalog's int8 export, the golden case's ids, voice row and speed) on
-/// wgpu, every op on the GPU, against the
-/// CPU backend: the same length of speech within 2% (durations are predicted, and a token
-/// near x.5 may round the other way) and the same energy envelope within 3 dB on average
-/// over the frames louder than 40 dB below the loudest.
+/// wgpu, every op on the GPU, against the CPU backend: the same length of speech within 2%
+/// (durations are predicted, and a token near x.5 may round the other way) and the same
+/// energy envelope within 3 dB on average over the frames louder than 40 dB below the
+/// loudest.
 #[test]
 fn kokoro_speaks_like_the_cpu() {
     let Some(g) = gpu() else {
