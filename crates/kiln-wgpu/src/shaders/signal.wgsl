@@ -41,15 +41,15 @@ const TK: u32 = 16u;
 var<workgroup> as4: array<vec4<f32>, 256>;
 var<workgroup> bs4: array<vec4<f32>, 256>;
 
-// O (M, N) = A (M, K) Bc (K, N) (+ B[m] with a bias), 64 x 64 outputs a workgroup, 4 x 4 an
-// invocation, over K steps of 16 staged in workgroup memory. A is W: row-major (W[m * K +
-// r]) or, with a_km, K-major (W[r * M + m]). Bc is the im2col of X (c_in, len_in) read in
-// place: row r = ci * taps + j, column t holds X[ci][t * stride + j * dil - pad] (zero
-// outside); a plain matrix is one tap of stride 1.
+// O (M, N) = A (M, K) Bc (K, N) (+ B[m] with a bias), 64 x 64 outputs a workgroup of 64
+// invocations, 8 x 8 an invocation (in registers), over K steps of 16 staged in workgroup
+// memory. A is W: row-major (W[m * K + r]) or, with a_km, K-major (W[r * M + m]). Bc is the
+// im2col of X (c_in, len_in) read in place: row r = ci * taps + j, column t holds
+// X[ci][t * stride + j * dil - pad] (zero outside); a plain matrix is one tap of stride 1.
 // grid (column tiles from tile P(10), row tiles).
 // params: 0 M, 1 N, 2 K, 3 a_km, 4 has_bias, 5 len_in, 6 taps, 7 stride, 8 pad, 9 dil,
 //         10 first column tile
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn conv_gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let m_all = P(0u);
     let n_all = P(1u);
@@ -62,21 +62,23 @@ fn conv_gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
     let dil = i32(P(9u));
     let n0 = (P(10u) + wg.x) * TN;
     let m0 = wg.y * TM;
-    let tx = li & 15u; // columns 4tx..4tx+3
-    let ty = li >> 4u; // rows 4ty..4ty+3
-    var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < 4u; i++) { acc[i] = vec4<f32>(0.0); }
+    let tx = li & 7u; // columns 8tx..8tx+7
+    let ty = li >> 3u; // rows 8ty..8ty+7
+    let t = n0 + li;
+    var acc: array<vec4<f32>, 16>; // [row i][columns 0-3, 4-7]
+    for (var i = 0u; i < 16u; i++) { acc[i] = vec4<f32>(0.0); }
     for (var k0 = 0u; k0 < k_all; k0 += TK) {
-        for (var e = li; e < TK * TM; e += WG) {
-            // Consecutive invocations read consecutive addresses in either layout.
+        // A: invocation li stages 16 values, consecutive invocations at consecutive
+        // addresses in either layout (row-major: rows li / 16 + 4j, value li % 16).
+        for (var j = 0u; j < TK; j++) {
             var m: u32;
             var kk: u32;
             if (a_km) {
-                m = e % TM;
-                kk = e / TM;
+                m = li;
+                kk = j;
             } else {
-                m = e / TK;
-                kk = e % TK;
+                m = (li >> 4u) + 4u * j;
+                kk = li & 15u;
             }
             let gm = m0 + m;
             let r = k0 + kk;
@@ -86,38 +88,46 @@ fn conv_gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
             }
             as4[kk * 16u + (m >> 2u)][m & 3u] = v;
         }
-        for (var e = li; e < TK * TN; e += WG) {
-            let n = e % TN;
-            let kk = e / TN;
-            let t = n0 + n;
-            let r = k0 + kk;
+        // Bc: invocation li stages column n0 + li's rows k0..k0 + 16, the channel and tap
+        // stepped along.
+        var ci = k0 / taps;
+        var tap = k0 % taps;
+        for (var j = 0u; j < TK; j++) {
             var v = 0.0;
-            if (t < n_all && r < k_all) {
-                let ci = r / taps;
-                let src = i32(t) * stride + i32(r % taps) * dil - pad;
+            if (t < n_all && k0 + j < k_all) {
+                let src = i32(t) * stride + i32(tap) * dil - pad;
                 if (src >= 0 && src < len_in) { v = X[ci * u32(len_in) + u32(src)]; }
             }
-            bs4[kk * 16u + (n >> 2u)][n & 3u] = v;
+            bs4[j * 16u + (li >> 2u)][li & 3u] = v;
+            tap += 1u;
+            if (tap == taps) {
+                tap = 0u;
+                ci += 1u;
+            }
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            let a = as4[kk * 16u + ty];
-            let b = bs4[kk * 16u + tx];
-            acc[0] += a.x * b;
-            acc[1] += a.y * b;
-            acc[2] += a.z * b;
-            acc[3] += a.w * b;
+            let a0 = as4[kk * 16u + 2u * ty];
+            let a1 = as4[kk * 16u + 2u * ty + 1u];
+            let b0 = bs4[kk * 16u + 2u * tx];
+            let b1 = bs4[kk * 16u + 2u * tx + 1u];
+            for (var i = 0u; i < 4u; i++) {
+                acc[2u * i] += a0[i] * b0;
+                acc[2u * i + 1u] += a0[i] * b1;
+                acc[8u + 2u * i] += a1[i] * b0;
+                acc[8u + 2u * i + 1u] += a1[i] * b1;
+            }
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let m = m0 + 4u * ty + i;
+    for (var i = 0u; i < 8u; i++) {
+        let m = m0 + 8u * ty + i;
         if (m >= m_all) { break; }
         var bias = 0.0;
         if (P(4u) != 0u) { bias = B[m]; }
-        for (var c = 0u; c < 4u; c++) {
-            let t = n0 + 4u * tx + c;
-            if (t < n_all) { O[m * n_all + t] = acc[i][c] + bias; }
+        for (var c = 0u; c < 8u; c++) {
+            let t = n0 + 8u * tx + c;
+            if (t < n_all) { O[m * n_all + t] = acc[2u * i + c / 4u][c % 4u] + bias; }
         }
     }
 }
