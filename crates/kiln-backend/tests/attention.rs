@@ -13,3 +13,8 @@ fn attention_matches_naive() {
 fn attention_batch_matches_each() {
     common::attention_check::attention_batch_matches_each();
 }
+
+#[test]
+fn decode_equals_prefill_bits() {
+    common::attention_check::decode_equals_prefill_bits();
+}

@@ -18,6 +18,12 @@ fn avx2_attention_batch_matches_each() {
     common::attention_check::attention_batch_matches_each();
 }
 
+#[test]
+fn avx2_decode_equals_prefill_bits() {
+    std::env::set_var("KILN_NO_AVX512", "1");
+    common::attention_check::decode_equals_prefill_bits();
+}
+
 /// The int8 block products on AVX-VNNI (256-bit `vpdpbusd`), which a CPU with AVX-512 runs
 /// only with the switch: bit for bit the scalar form of the same quantized product.
 #[test]
