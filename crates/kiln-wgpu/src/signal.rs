@@ -52,7 +52,7 @@ impl WgpuBackend {
         a: &Buf,
         a_km: bool,
         x: &Buf,
-        (len_in, taps, stride, pad, dil): (usize, usize, usize, usize, usize),
+        (len_in, taps, stride, pad, dil): (usize, usize, usize, i32, usize),
         bias: Option<&WgpuTensor>,
         out: &Buf,
     ) {
@@ -126,7 +126,7 @@ impl WgpuBackend {
         if s.groups > 1 {
             return self.conv_direct(x, w, bias, &s, lo, false, out);
         }
-        let taps = (s.len_in, s.k, s.stride, s.pad, s.dilation);
+        let taps = (s.len_in, s.k, s.stride, s.pad as i32, s.dilation);
         let mnk = (s.c_out, lo, s.c_in * s.k);
         self.conv_gemm(mnk, &w.buf, false, &x.buf, taps, bias, &out.buf);
     }
@@ -149,37 +149,38 @@ impl WgpuBackend {
             return self.conv_direct(x, w, bias, &s, lo, true, out);
         }
         // cols (c_out * k, len_in) = W^T x (W (c_in, c_out * k) read k-major), then each
-        // output gathers its taps.
+        // output gathers its taps; in runs of inputs where cols would be past what the
+        // adapter binds at once (a long utterance on a 128 MiB adapter), each run's taps
+        // added to the outputs.
         let ck = s.c_out * s.k;
+        let run = (self.gpu.max_binding as usize / (4 * ck)).clamp(1, s.len_in);
         let cols = ensure(
             &self.gpu,
             &mut self.scratch.borrow_mut().im2col,
-            ck * s.len_in * 4,
-        );
-        let plain = (s.len_in, 1, 1, 0, 1);
-        self.conv_gemm(
-            (ck, s.len_in, s.c_in),
-            &w.buf,
-            true,
-            &x.buf,
-            plain,
-            None,
-            &cols,
+            ck * run * 4,
         );
         let d = &self.gpu.dummy;
-        let p = [
-            s.c_out as u32,
-            s.k as u32,
-            s.len_in as u32,
-            s.stride as u32,
-            s.pad as u32,
-            s.dilation as u32,
-            lo as u32,
-            bias.is_some() as u32,
-        ];
-        let bufs = [&cols, d, bias.map_or(d, |b| &b.buf), &out.buf];
-        let grid = grid_1d(s.c_out * lo);
-        self.gpu.dispatch("signal", "col2im_t", &p, &bufs, grid);
+        for s0 in (0..s.len_in).step_by(run) {
+            let n = run.min(s.len_in - s0);
+            // Columns s0..s0 + n of x: a plain matrix shifted by a negative pad.
+            let plain = (s.len_in, 1, 1, -(s0 as i32), 1);
+            self.conv_gemm((ck, n, s.c_in), &w.buf, true, &x.buf, plain, None, &cols);
+            let p = [
+                s.c_out as u32,
+                s.k as u32,
+                s0 as u32,
+                s.stride as u32,
+                s.pad as u32,
+                s.dilation as u32,
+                lo as u32,
+                bias.is_some() as u32,
+                n as u32,
+                (s0 > 0) as u32,
+            ];
+            let bufs = [&cols, d, bias.map_or(d, |b| &b.buf), &out.buf];
+            let grid = grid_1d(s.c_out * lo);
+            self.gpu.dispatch("signal", "col2im_t", &p, &bufs, grid);
+        }
     }
 
     /// The first n values of x rounded to their uint8 grid (ONNX DynamicQuantizeLinear): the

@@ -81,3 +81,56 @@ fn weights_past_the_binding_limit_are_held_in_parts() {
         );
     }
 }
+
+/// A transposed convolution whose product over every input (c_out x k rows) is past the
+/// binding limit runs in runs of inputs, each adding its taps to the outputs: the same
+/// output as in one run, with and without a bias, strides that do and do not divide the taps.
+#[test]
+fn transposed_convolutions_past_the_binding_limit_run_in_parts() {
+    use kiln_backend::{Conv1dShape, SpeechOps};
+    let Some(whole) = gpu() else {
+        return;
+    };
+    let split = WgpuBackend::with_options(&GpuOptions {
+        max_binding: Some(16 << 10),
+        ..Default::default()
+    })
+    .expect("the same adapter again");
+    let mut rng = Rng(0xc0417);
+    for (c_in, c_out, len_in, k, stride, pad) in [(16, 32, 300, 12, 6, 3), (8, 24, 257, 7, 3, 2)] {
+        let s = Conv1dShape {
+            c_in,
+            c_out,
+            len_in,
+            k,
+            stride,
+            pad,
+            dilation: 1,
+            groups: 1,
+            output_pad: 0,
+        };
+        // c_out k rows of 4 bytes an input: at most 16 KiB / that many inputs a run.
+        assert!(
+            4 * c_out * k * len_in > 4 * (16 << 10),
+            "{s:?} fits one run"
+        );
+        let lo = s.len_out_transposed();
+        let (xv, wv, bv) = (rng.v(c_in * len_in), rng.v(c_in * c_out * k), rng.v(c_out));
+        for with_bias in [true, false] {
+            let run = |b: &WgpuBackend| {
+                let x = b.tensor_from(c_in, len_in, &xv);
+                let w = b.tensor_from(c_in, c_out * k, &wv);
+                let bias = b.tensor_from(1, c_out, &bv);
+                let mut o = b.tensor(c_out, lo);
+                b.conv_transpose1d(&x, &w, with_bias.then_some(&bias), s, &mut o);
+                read(b, &o, c_out, lo)
+            };
+            let (want, got) = (run(&whole), run(&split));
+            let err = rel(&got, &want);
+            assert!(
+                err < 1e-6,
+                "{s:?} bias={with_bias}: {err:e} against one run"
+            );
+        }
+    }
+}

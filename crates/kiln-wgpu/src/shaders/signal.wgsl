@@ -182,30 +182,36 @@ fn conv_direct(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     O[i] = acc;
 }
 
-// A transposed convolution's output from the product X = cols (c_out * k, len_in) = W^T x:
-// O[o][p] = bias[o] + sum over taps j and inputs s with s * stride + j * dil - pad = p of
-// cols[o * k + j][s].
-// params: 0 c_out, 1 k, 2 len_in, 3 stride, 4 pad, 5 dil, 6 lo, 7 has_bias
+// A transposed convolution's output from the product X = cols (c_out * k, n) = W^T x over
+// inputs s0..s0 + n: O[o][p] (+)= bias[o] + sum over taps j and those inputs s with s * stride
+// + j * dil - pad = p of cols[o * k + j][s - s0]. The first run of inputs writes (with the
+// bias), the next ones add.
+// params: 0 c_out, 1 k, 2 s0, 3 stride, 4 pad, 5 dil, 6 lo, 7 has_bias, 8 n, 9 add
 @compute @workgroup_size(256)
 fn col2im_t(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
             @builtin(num_workgroups) nwg: vec3<u32>) {
     let k = P(1u);
-    let len_in = i32(P(2u));
+    let s0 = i32(P(2u));
     let stride = i32(P(3u));
     let pad = i32(P(4u));
     let dil = i32(P(5u));
     let lo = P(6u);
+    let n = i32(P(8u));
     let i = flat(wg, nwg, li);
     if (i >= P(0u) * lo) { return; }
     let p = i32(i % lo);
     let o = i / lo;
     var acc = 0.0;
-    if (P(7u) != 0u) { acc = B[o]; }
+    if (P(9u) != 0u) {
+        acc = O[i];
+    } else if (P(7u) != 0u) {
+        acc = B[o];
+    }
     for (var j = 0u; j < k; j++) {
         let num = p + pad - i32(j) * dil;
         if (num < 0 || num % stride != 0) { continue; }
-        let s = num / stride;
-        if (s < len_in) { acc += X[(o * k + j) * u32(len_in) + u32(s)]; }
+        let s = num / stride - s0;
+        if (s >= 0 && s < n) { acc += X[(o * k + j) * u32(n) + u32(s)]; }
     }
     O[i] = acc;
 }
