@@ -18,6 +18,7 @@ macro_rules! cpu_fallback_sequence_ops {
 #[macro_export]
 macro_rules! cpu_fallback_lstm_ops {
     () => {
+        $crate::cpu_fallback_lstm!();
         fn bilstm_steps(
             &self,
             gx: &Self::Tensor,
@@ -31,6 +32,13 @@ macro_rules! cpu_fallback_lstm_ops {
             self.cpu.bilstm_steps(&cg, &ch, len, hidden, &mut co);
             self.from_cpu(&co, out);
         }
+    };
+}
+
+/// The one-direction LSTM from its input (`SpeechOps::lstm`) alone.
+#[macro_export]
+macro_rules! cpu_fallback_lstm {
+    () => {
         fn lstm(
             &self,
             x: &Self::Tensor,

@@ -28,25 +28,7 @@ impl SpeechOps for WgpuBackend {
 
     // One LSTM direction from its input (the models run `bilstm_steps` on products'
     // gates): on the CPU backend, through host copies.
-    fn lstm(
-        &self,
-        x: &WgpuTensor,
-        w_ih: &WgpuTensor,
-        w_hh: &WgpuTensor,
-        bias: &WgpuTensor,
-        s: kiln_backend::LstmShape,
-        out: &mut WgpuTensor,
-    ) {
-        let (cx, ci, ch, cb) = (
-            self.to_cpu(x),
-            self.to_cpu(w_ih),
-            self.to_cpu(w_hh),
-            self.to_cpu(bias),
-        );
-        let mut co = self.to_cpu(out);
-        self.cpu.lstm(&cx, &ci, &ch, &cb, s, &mut co);
-        self.from_cpu(&co, out);
-    }
+    kiln_backend::cpu_fallback_lstm!();
 
     fn conv1d_nc(
         &self,
