@@ -9,16 +9,20 @@
 //! | Q4_0   | 16 B nibbles             | f16 d                     | -                              |
 //! | Q4_1   | 16 B nibbles             | f16 d, f16 m              | -                              |
 //! | Q8_0   | 32 B int8                | f16 d                     | -                              |
-//! | Q4_K   | 16 B nibbles             | -                         | 16 B: f16 d, f16 dmin, 12 B scales |
+//! | Q4_K   | 16 B nibbles             | 2 B: scale, min (6 bits)  | 4 B: f16 d, f16 dmin           |
 //! | Q6_K   | 16 B low nibbles         | 8 B: 2 high bits x 32     | 20 B: 16 int8 scales, f16 d, pad |
 //!
+//! Q4_K's packed scales are unpacked to a byte each (a block's scale and min, one 16-bit load;
+//! 20 bytes a super-block against 16), so a decode lane holds 6 registers of a block, not 10.
 //! Q6_K's high bits: word 0 holds values 0..15, word 1 values 16..31, value e at bits 2e.
 //! Q5_0 is repacked as Q8_0 (its values minus 16 are int8s under the same scale). F32 and
 //! F16 stay as they are; BF16 and every other format (Q5_1, Q2_K, Q3_K, Q5_K, ...) are
 //! dequantized to F32 (exact: no value changes). MLX affine 4-bit matrices arrive as
 //! Q4_1 blocks ([`mlx_as_q4_1`]).
 
-use kiln_quant::{high2_16, nibbles32, q4k_values, q6k_values, GgmlType, QuantError};
+use kiln_quant::{
+    high2_16, nibbles32, q4k_scale_mins, q4k_values, q6k_values, GgmlType, QuantError,
+};
 
 pub const FMT_F32: i32 = 0;
 pub const FMT_F16: i32 = 1;
@@ -96,7 +100,10 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
         GgmlType::Q4_K => {
             p.fmt = FMT_Q4_K;
             for b in bytes.chunks_exact(144) {
-                p.s2.extend_from_slice(&b[..16]);
+                p.s2.extend_from_slice(&b[..4]);
+                for (sc, mn) in q4k_scale_mins(b) {
+                    p.s.extend_from_slice(&[sc, mn]);
+                }
                 for v in q4k_values(b).chunks_exact(32) {
                     p.q.extend_from_slice(&nibbles32(v));
                 }
@@ -205,8 +212,8 @@ mod tests {
                     FMT_Q4_0 => h(&p.s, 2 * blk) * (q - 8) as f32,
                     FMT_Q4_1 => h(&p.s, 4 * blk) * q as f32 + h(&p.s, 4 * blk + 2),
                     FMT_Q4_K => {
-                        let hdr = &p.s2[(r * (nb / 8) + b / 8) * 16..][..16];
-                        let (sc, mn) = scale_min(&hdr[4..], b % 8);
+                        let hdr = &p.s2[(r * (nb / 8) + b / 8) * 4..][..4];
+                        let (sc, mn) = (p.s[2 * blk], p.s[2 * blk + 1]);
                         h(hdr, 0) * sc as f32 * q as f32 - h(hdr, 2) * mn as f32
                     }
                     FMT_Q6_K => {
@@ -225,17 +232,6 @@ mod tests {
                     _ => unreachable!(),
                 }
             }
-        }
-    }
-
-    fn scale_min(sc: &[u8], j: usize) -> (u8, u8) {
-        if j < 4 {
-            (sc[j] & 63, sc[j + 4] & 63)
-        } else {
-            (
-                (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4),
-                (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
-            )
         }
     }
 

@@ -73,16 +73,21 @@ pub(crate) struct XqSrc {
 pub(crate) const SS_SLOTS: usize = 1 << 16;
 
 /// The one format of a launch's matrices as an index of the kernel tables below: 0 (`any`)
-/// for a mix (or a float format), then Q4_0, Q4_1, Q8_0, Q4_K, Q6_K.
+/// for a mix (or a float format), then Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, and 6 for a mix of Q4_K
+/// and Q6_K (llama.cpp's K-quant files: the decode kernels' `kmix`, holding only those two
+/// formats' code; the other kernels take it as `any`).
 fn fmt_index(mats: &Mats, mode: i32) -> usize {
     let n_used = if gate_up(mode) {
         2
     } else {
         mats.n_mats as usize
     };
+    let used = &mats.m[..n_used];
     let fmt = mats.m[0].fmt;
+    let k = |m: &Mat| m.fmt == pack::FMT_Q4_K || m.fmt == pack::FMT_Q6_K;
     match fmt {
-        _ if mats.m[..n_used].iter().any(|m| m.fmt != fmt) => 0,
+        _ if used.iter().all(k) && used.iter().any(|m| m.fmt != fmt) => 6,
+        _ if used.iter().any(|m| m.fmt != fmt) => 0,
         pack::FMT_Q4_0 => 1,
         pack::FMT_Q4_1 => 2,
         pack::FMT_Q8_0 => 3,
@@ -94,7 +99,7 @@ fn fmt_index(mats: &Mats, mode: i32) -> usize {
 
 /// kernels/products.cu's matvec_<format>_<nr>_<tokens>, by [`fmt_index`], nr 1/2 and room
 /// for one token / MAX_TOK (names, not formatted per launch).
-const MATVEC: [[[&str; 2]; 2]; 6] = [
+const MATVEC: [[[&str; 2]; 2]; 7] = [
     [
         ["matvec_any_1_1", "matvec_any_1_4"],
         ["matvec_any_2_1", "matvec_any_2_4"],
@@ -119,11 +124,15 @@ const MATVEC: [[[&str; 2]; 2]; 6] = [
         ["matvec_q6_k_1_1", "matvec_q6_k_1_4"],
         ["matvec_q6_k_2_1", "matvec_q6_k_2_4"],
     ],
+    [
+        ["matvec_any_1_1", "matvec_any_1_4"],
+        ["matvec_any_2_1", "matvec_any_2_4"],
+    ],
 ];
 
 /// kernels/products.cu's matvec_dec_<format>_<rows>_<tokens>, by [`fmt_index`], rows 1 / 4
 /// and room for one token / DEC_TILE.
-const MATVEC_DEC: [[[&str; 2]; 2]; 6] = [
+const MATVEC_DEC: [[[&str; 2]; 2]; 7] = [
     [
         ["matvec_dec_any_1_1", "matvec_dec_any_1_8"],
         ["matvec_dec_any_4_1", "matvec_dec_any_4_8"],
@@ -148,17 +157,34 @@ const MATVEC_DEC: [[[&str; 2]; 2]; 6] = [
         ["matvec_dec_q6_k_1_1", "matvec_dec_q6_k_1_8"],
         ["matvec_dec_q6_k_4_1", "matvec_dec_q6_k_4_8"],
     ],
+    [
+        ["matvec_dec_kmix_1_1", "matvec_dec_kmix_1_8"],
+        ["matvec_dec_kmix_4_1", "matvec_dec_kmix_4_8"],
+    ],
 ];
 
 /// kernels/products.cu's matvec_dec_<format>_4_1g, by [`fmt_index`]: one token of a gate/up
 /// pair in three blocks a multiprocessor.
-const MATVEC_DEC_GU: [&str; 6] = [
+const MATVEC_DEC_GU: [&str; 7] = [
     "matvec_dec_any_4_1g",
     "matvec_dec_q4_0_4_1g",
     "matvec_dec_q4_1_4_1g",
     "matvec_dec_q8_0_4_1g",
     "matvec_dec_q4_k_4_1g",
     "matvec_dec_q6_k_4_1g",
+    "matvec_dec_kmix_4_1g",
+];
+
+/// kernels/products.cu's matvec_dec_<format>_4_1n / _4_1p, by [`fmt_index`]: one token, four
+/// rows a warp, the mode fixed (not a pair / a gate/up pair).
+const MATVEC_DEC_FIXED: [[&str; 2]; 7] = [
+    ["matvec_dec_any_4_1n", "matvec_dec_any_4_1p"],
+    ["matvec_dec_q4_0_4_1n", "matvec_dec_q4_0_4_1p"],
+    ["matvec_dec_q4_1_4_1n", "matvec_dec_q4_1_4_1p"],
+    ["matvec_dec_q8_0_4_1n", "matvec_dec_q8_0_4_1p"],
+    ["matvec_dec_q4_k_4_1n", "matvec_dec_q4_k_4_1p"],
+    ["matvec_dec_q6_k_4_1n", "matvec_dec_q6_k_4_1p"],
+    ["matvec_dec_kmix_4_1n", "matvec_dec_kmix_4_1p"],
 ];
 
 /// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
@@ -352,8 +378,18 @@ impl CudaBackend {
                 Some(g) => g == 1,
                 None => blocks as usize > 2 * self.dev.num_sms,
             };
+            // One token, four rows: the kernel fixed to the launch's mode where the run-time-
+            // mode one spills (ptxas: every format but Q4_0 and Q4_1, whose run-time-mode
+            // kernel measured faster on the H200 than its 85-register fixed one).
+            // KILN_CUDA_DEC_FIXED=0 never, 1 always.
+            let fixed = match self.tune.dec_fixed {
+                Some(f) => f == 1,
+                None => !matches!(fi, 1 | 2),
+            };
             let name = if rows == 4 && n == 1 && kw == 1 && gate_up(mode) && three {
                 MATVEC_DEC_GU[fi]
+            } else if rows == 4 && n == 1 && fixed {
+                MATVEC_DEC_FIXED[fi][gate_up(mode) as usize]
             } else {
                 MATVEC_DEC[fi][(rows == 4) as usize][(nt > 1) as usize]
             };
@@ -641,7 +677,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{MATVEC, MATVEC_DEC};
+    use super::{MATVEC, MATVEC_DEC, MATVEC_DEC_FIXED, MATVEC_DEC_GU};
 
     /// The launch tables name kernels the module loads.
     #[test]
@@ -650,7 +686,9 @@ mod tests {
             .iter()
             .flatten()
             .flatten()
-            .chain(MATVEC_DEC.iter().flatten().flatten());
+            .chain(MATVEC_DEC.iter().flatten().flatten())
+            .chain(MATVEC_DEC_GU.iter())
+            .chain(MATVEC_DEC_FIXED.iter().flatten());
         for n in names {
             assert!(crate::device::KERNELS.contains(n), "{n}");
         }

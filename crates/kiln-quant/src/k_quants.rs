@@ -130,6 +130,12 @@ pub fn q4k_values(b: &[u8]) -> [u8; QK_K] {
     })
 }
 
+/// The scale and min (6 bits each) of each of a Q4_K super-block's eight 32-value sub-blocks
+/// (`b`: the 144-byte block), unpacked from its 12 bytes of scales.
+pub fn q4k_scale_mins(b: &[u8]) -> [(u8, u8); 8] {
+    std::array::from_fn(|j| k4_scale_min(j, &b[4..16]))
+}
+
 /// The 256 unsigned 6-bit values (0..64) of a Q6_K super-block, in value order (as
 /// dequant_q6_k reads them).
 pub fn q6k_values(b: &[u8]) -> [u8; QK_K] {

@@ -20,7 +20,7 @@ mod types;
 
 pub use dequant::{can_dequantize, dequantize, dequantize_row};
 pub use fallback::fallback_type;
-pub use k_quants::{high2_16, nibbles32, q4k_values, q6k_values};
+pub use k_quants::{high2_16, nibbles32, q4k_scale_mins, q4k_values, q6k_values};
 pub use mlx::{mlx_dequantize_row, mlx_q, mlx_quantize_row, MlxLayout, MLX_BITS, MLX_GROUPS};
 pub use quantize::{can_quantize, quantize, quantize_row};
 pub use types::{GgmlType, QuantError, QK_K};

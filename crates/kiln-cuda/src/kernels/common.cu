@@ -173,14 +173,4 @@ __device__ __forceinline__ u32 spread2(u32 t) {
     return b << 4;
 }
 
-// The scale and minimum of sub-block j (0..7) from a Q4_K super-block's 12 packed bytes.
-__device__ __forceinline__ void q4k_scale_min(const u8* sc, int j, int* d, int* m) {
-    if (j < 4) {
-        *d = sc[j] & 63;
-        *m = sc[j + 4] & 63;
-    } else {
-        *d = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
-        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-}
 

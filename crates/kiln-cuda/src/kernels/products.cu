@@ -2,8 +2,9 @@
 
 struct Mat {
     const u8* q;   // packed values (F32/F16: the values themselves)
-    const u8* s;   // per-block data: Q4_0/Q8_0 f16 scale; Q4_1 f16 (d, m); Q6_K high bits
-    const u8* s2;  // per-super-block data: Q4_K 16-byte header; Q6_K 20-byte record
+    const u8* s;   // per-block data: Q4_0/Q8_0 f16 scale; Q4_1 f16 (d, m); Q4_K scale, min
+                   // bytes; Q6_K high bits
+    const u8* s2;  // per-super-block data: Q4_K f16 (d, dmin); Q6_K 20-byte record
     const float* bias;
     float* out;
     int rows;
@@ -115,12 +116,10 @@ __device__ __forceinline__ void block_dot(const Mat& m, int r, int b, int cols, 
         break;
     }
     case FMT_Q4_K: {
-        const u8* hdr = m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16;
-        const float d = h2f(*(const u16*)hdr), dmin = h2f(*(const u16*)(hdr + 2));
-        int sc, mn;
-        q4k_scale_min(hdr + 4, b % 8, &sc, &mn);
-        s_lo = s_hi = d * (float)sc;
-        m_lo = m_hi = -dmin * (float)mn;
+        const u32 dd = __ldg((const u32*)m.s2 + (size_t)r * (nb / 8) + b / 8);
+        const u32 sm = __ldg((const u16*)m.s + blk);
+        s_lo = s_hi = h2f(dd & 0xffff) * (float)(sm & 0xff);
+        m_lo = m_hi = -h2f(dd >> 16) * (float)(sm >> 8);
         break;
     }
     default: {  // FMT_Q6_K
@@ -416,14 +415,25 @@ MATVEC(q6_k, FMT_Q6_K)
 // One 32-value block of a packed row, as loaded (the format decides which fields hold what).
 struct WBlk {
     uint4 q;  // 4-bit values (Q8_0: the first 16 bytes)
-    uint4 r;  // Q8_0: the last 16 bytes; Q4_K: the super-block header; Q6_K: x, y high bits
-    u32 s;    // Q4_0/Q8_0: f16 scale; Q4_1: f16 (d, m); Q6_K: the u32 holding the two scales
-    u32 s2;   // Q6_K: the u32 holding the super-block's f16 d
+    uint4 r;  // Q8_0: the last 16 bytes; Q6_K: x, y high bits
+    u32 s;    // Q4_0/Q8_0: f16 scale; Q4_1: f16 (d, m); Q4_K: scale, min bytes; Q6_K: the u32
+              // holding the two scales
+    u32 s2;   // Q4_K: the super-block's f16 (d, dmin); Q6_K: its f16 d
 };
+
+// A decode kernel's format for a matrix of run-time format rt: F where the launch fixes it;
+// for F_KMIX (a launch of Q4_K and Q6_K matrices, llama.cpp's K-quant mixes) one of those two,
+// so that only their code and registers are in the kernel; else (F = -1, `any`) rt.
+#define F_KMIX 100
+template <int F>
+__device__ __forceinline__ int dec_fmt(int rt) {
+    if (F == F_KMIX) return rt == FMT_Q4_K ? FMT_Q4_K : FMT_Q6_K;
+    return F >= 0 ? F : rt;
+}
 
 template <int F>
 __device__ __forceinline__ WBlk wblk_load(const Mat& m, int r, int b, int nb) {
-    const int fmt = F >= 0 ? F : m.fmt;
+    const int fmt = dec_fmt<F>(m.fmt);
     const size_t blk = (size_t)r * nb + b;
     WBlk w;
     w.r = make_uint4(0, 0, 0, 0);
@@ -438,7 +448,10 @@ __device__ __forceinline__ WBlk wblk_load(const Mat& m, int r, int b, int nb) {
     switch (fmt) {
     case FMT_Q4_0: w.s = __ldg((const u16*)m.s + blk); break;
     case FMT_Q4_1: w.s = __ldg((const u32*)m.s + blk); break;
-    case FMT_Q4_K: w.r = __ldg((const uint4*)(m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16)); break;
+    case FMT_Q4_K:
+        w.s = __ldg((const u16*)m.s + blk);
+        w.s2 = __ldg((const u32*)m.s2 + (size_t)r * (nb / 8) + b / 8);
+        break;
     default: {  // FMT_Q6_K
         const uint2 h = __ldg((const uint2*)m.s + blk);
         w.r.x = h.x;
@@ -452,12 +465,6 @@ __device__ __forceinline__ WBlk wblk_load(const Mat& m, int r, int b, int nb) {
     return w;
 }
 
-// Byte i (0..11) of a Q4_K header's packed scales (the uint4's y, z, w words).
-__device__ __forceinline__ int q4k_byte(const uint4& h, int i) {
-    const u32 word = i < 4 ? h.y : (i < 8 ? h.z : h.w);
-    return (int)((word >> (8 * (i % 4))) & 0xff);
-}
-
 // A loaded block's 4-bit formats: its values' low parts (lo4: values 0..15, hi4: 16..31, a
 // byte each; Q6_K's high bits added) and value = s * q + m over each half.
 struct WVals {
@@ -467,7 +474,7 @@ struct WVals {
 
 template <int F>
 __device__ __forceinline__ WVals wblk_vals(const WBlk& w, int fmt_rt, int b) {
-    const int fmt = F >= 0 ? F : fmt_rt;
+    const int fmt = dec_fmt<F>(fmt_rt);
     WVals o;
     const u32 q[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
 #pragma unroll
@@ -487,18 +494,9 @@ __device__ __forceinline__ WVals wblk_vals(const WBlk& w, int fmt_rt, int b) {
         o.m_lo = o.m_hi = h2f((u16)(w.s >> 16));
         break;
     case FMT_Q4_K: {
-        const float d = h2f((u16)(w.r.x & 0xffff)), dmin = h2f((u16)(w.r.x >> 16));
-        const int j = b % 8;
-        int sc, mn;
-        if (j < 4) {
-            sc = q4k_byte(w.r, j) & 63;
-            mn = q4k_byte(w.r, j + 4) & 63;
-        } else {
-            sc = (q4k_byte(w.r, j + 4) & 0x0f) | ((q4k_byte(w.r, j - 4) >> 6) << 4);
-            mn = (q4k_byte(w.r, j + 4) >> 4) | ((q4k_byte(w.r, j) >> 6) << 4);
-        }
-        o.s_lo = o.s_hi = d * (float)sc;
-        o.m_lo = o.m_hi = -dmin * (float)mn;
+        const float d = h2f((u16)(w.s2 & 0xffff)), dmin = h2f((u16)(w.s2 >> 16));
+        o.s_lo = o.s_hi = d * (float)(w.s & 0xff);
+        o.m_lo = o.m_hi = -dmin * (float)(w.s >> 8);
         break;
     }
     default: {  // FMT_Q6_K
@@ -542,7 +540,7 @@ __device__ __forceinline__ XTok xtok(const XQ& g, int t, int cols) {
 template <int F>
 __device__ __forceinline__ float wblk_acc(float acc, const WBlk& w, const WVals& v, int fmt_rt,
                                           int b, const XTok& x) {
-    const int fmt = F >= 0 ? F : fmt_rt;
+    const int fmt = dec_fmt<F>(fmt_rt);
     const uint4 xa = *(const uint4*)(x.q + b * 8), xb = *(const uint4*)(x.q + b * 8 + 4);
     if (fmt == FMT_Q8_0) {
         const int a = dot32_ss(w.q, w.r, xa, xb);
@@ -569,7 +567,7 @@ __device__ __forceinline__ float wblk_acc(float acc, const WBlk& w, const WVals&
 // A loaded block's values, unpacked once for all the tokens it meets (Q8_0: none).
 template <int F>
 __device__ __forceinline__ WVals wblk_unpack(const WBlk& w, int fmt_rt, int b) {
-    const int fmt = F >= 0 ? F : fmt_rt;
+    const int fmt = dec_fmt<F>(fmt_rt);
     if (fmt == FMT_Q8_0) {
         WVals v;
         return v;
@@ -872,7 +870,28 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
                                  const float* ss_in, float eps, int mode, int kw, QOut qo) { \
         matvec_dec_impl<F, 4, 1, 1>(ms, xqb, cols, ss_in, eps, mode, kw, qo);                \
     }
-#define MATVEC_DEC(NAME, F) MATVEC_DEC1(NAME, F, 1) MATVEC_DEC1(NAME, F, 4) MATVEC_DEC_GU(NAME, F)
+// One token, four rows a warp, the mode fixed: matvec_dec_<format>_4_1n for every mode but
+// a gate/up pair, without the pair's second matrix; matvec_dec_<format>_4_1p for a pair, with
+// as many preloaded blocks as fit in registers (the run-time-mode kernel, _4_1, holds room
+// for both; Q8_0's, Q4_K's and Q6_K's blocks spilled to local memory there).
+template <int F>
+__host__ __device__ constexpr int pair_pre() {
+    return F == FMT_Q4_0 || F == FMT_Q4_1 || F == FMT_Q4_K ? MVD_PRE : 1;
+}
+#define MATVEC_DEC_FIXED(NAME, F)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
+        matvec_dec_##NAME##_4_1n(Mats ms, const u8* xqb, int cols, int ntok,                 \
+                                 const float* ss_in, float eps, int mode, int kw, QOut qo) { \
+        matvec_dec_impl<F, 4, 0>(ms, xqb, cols, ss_in, eps, mode, kw, qo);                   \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
+        matvec_dec_##NAME##_4_1p(Mats ms, const u8* xqb, int cols, int ntok,                 \
+                                 const float* ss_in, float eps, int mode, int kw, QOut qo) { \
+        matvec_dec_impl<F, 4, 1, pair_pre<F>()>(ms, xqb, cols, ss_in, eps, mode, kw, qo);    \
+    }
+#define MATVEC_DEC(NAME, F)                                                                  \
+    MATVEC_DEC1(NAME, F, 1)                                                                  \
+    MATVEC_DEC1(NAME, F, 4) MATVEC_DEC_GU(NAME, F) MATVEC_DEC_FIXED(NAME, F)
 static_assert(DEC_TILE == 8 && WARPS >= DEC_TILE, "the decode kernels' names say 8 tokens");
 MATVEC_DEC(any, -1)
 MATVEC_DEC(q4_0, FMT_Q4_0)
@@ -880,3 +899,4 @@ MATVEC_DEC(q4_1, FMT_Q4_1)
 MATVEC_DEC(q8_0, FMT_Q8_0)
 MATVEC_DEC(q4_k, FMT_Q4_K)
 MATVEC_DEC(q6_k, FMT_Q6_K)
+MATVEC_DEC(kmix, F_KMIX)

@@ -19,11 +19,9 @@ __device__ float packed_value(const Mat& m, int r, int cols, int c) {
         return h2f(dm & 0xffff) * (float)q + h2f(dm >> 16);
     }
     case FMT_Q4_K: {
-        const u8* hdr = m.s2 + ((size_t)r * (nb / 8) + b / 8) * 16;
-        int sc, mn;
-        q4k_scale_min(hdr + 4, b % 8, &sc, &mn);
-        return h2f(*(const u16*)hdr) * (float)sc * (float)q -
-               h2f(*(const u16*)(hdr + 2)) * (float)mn;
+        const u32 dd = ((const u32*)m.s2)[(size_t)r * (nb / 8) + b / 8];
+        const u32 sm = ((const u16*)m.s)[blk];
+        return h2f(dd & 0xffff) * (float)(sm & 0xff) * (float)q - h2f(dd >> 16) * (float)(sm >> 8);
     }
     default: {  // FMT_Q6_K
         const uint2 h = ((const uint2*)m.s)[blk];
