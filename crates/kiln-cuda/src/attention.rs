@@ -27,6 +27,17 @@ pub(crate) const DEC_BLOCKS_PER_SM: usize = 3;
 /// two counts are within 1% of each other).
 pub(crate) const DEC_LONG_KEYS: usize = 12288;
 
+/// Blocks a multiprocessor holds of the decode kernel for `group` query heads a KV head
+/// (kernels/attention.cu DEC_MIN_BLOCKS, the register budget it is compiled for): a grid of
+/// more blocks a multiprocessor than this runs in two waves.
+pub(crate) fn dec_min_blocks(group: usize) -> usize {
+    match group.next_power_of_two() {
+        1 | 2 => 4,
+        4 => 3,
+        _ => 2,
+    }
+}
+
 /// RoPE tables kept at once ([`CudaBackend::rope_table`]).
 const MAX_ROPE_TABLES: usize = 16;
 
@@ -254,7 +265,12 @@ impl CudaBackend {
                 let new = SeqDesc {
                     tbl: x.cache.table(),
                     len: (x.shape.pos0 + 1) as i32,
-                    splits: self.dec_splits(x.cache.n_ctx, x.shape.window, s.n_kv_heads) as i32,
+                    splits: self.dec_splits(
+                        x.cache.n_ctx,
+                        x.shape.window,
+                        s.n_kv_heads,
+                        s.n_heads / s.n_kv_heads,
+                    ) as i32,
                     window: x.shape.window as i32,
                     pad: 0,
                 };
@@ -327,8 +343,16 @@ impl CudaBackend {
     /// `window` of them where the layer has a sliding window, 0: none): a grid fixed by the
     /// cache's size and the layer (one recording serves every position), each split its
     /// share of the keys the step sees, [`DEC_BLOCKS_PER_SM`] blocks a multiprocessor (one
-    /// more from [`DEC_LONG_KEYS`] keys).
-    pub(crate) fn dec_splits(&self, n_ctx: usize, window: usize, kv_heads: usize) -> usize {
+    /// more from [`DEC_LONG_KEYS`] keys), at most as many as one wave holds
+    /// ([`dec_min_blocks`]: `group` query heads a KV head). The shape alone decides, so a
+    /// sequence splits the same alone and in a batch.
+    pub(crate) fn dec_splits(
+        &self,
+        n_ctx: usize,
+        window: usize,
+        kv_heads: usize,
+        group: usize,
+    ) -> usize {
         let keys = match window {
             0 => n_ctx,
             w => n_ctx.min(w),
@@ -339,7 +363,7 @@ impl CudaBackend {
         let per_sm = self
             .tune
             .dec_blocks_per_sm
-            .unwrap_or(DEC_BLOCKS_PER_SM + long as usize);
+            .unwrap_or((DEC_BLOCKS_PER_SM + long as usize).min(dec_min_blocks(group)));
         keys.div_ceil(DEC_SPLIT_KEYS)
             .min((per_sm * self.dev.num_sms / kv_heads).max(1))
     }
@@ -513,7 +537,12 @@ impl CudaBackend {
                 (splits, splits * ATT_WARPS)
             }
             Some(_) => {
-                let splits = self.dec_splits(cache.n_ctx, s.window, s.n_kv_heads);
+                let splits = self.dec_splits(
+                    cache.n_ctx,
+                    s.window,
+                    s.n_kv_heads,
+                    s.n_heads / s.n_kv_heads,
+                );
                 (splits, splits)
             }
         };
@@ -739,7 +768,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{attention_supported, ATTN_DEC, ATTN_DEC_SEQS, ATTN_SPLIT};
+    use super::{attention_supported, dec_min_blocks, ATTN_DEC, ATTN_DEC_SEQS, ATTN_SPLIT};
 
     /// The launch tables name kernels the module loads.
     #[test]
@@ -749,6 +778,32 @@ mod tests {
             .chain(ATTN_DEC.iter().chain(&ATTN_DEC_SEQS).flatten())
         {
             assert!(crate::device::KERNELS.contains(n), "{n}");
+        }
+    }
+
+    /// Every decode attention kernel fits the blocks a multiprocessor that its splits are
+    /// sized for (kernels/attention.cu DEC_MIN_BLOCKS against dec_min_blocks), on this GPU.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn decode_attention_kernels_hold_their_blocks() {
+        let b = crate::CudaBackend::new().expect("this test needs a CUDA GPU");
+        for table in [&ATTN_DEC, &ATTN_DEC_SEQS] {
+            for row in table.iter() {
+                for (gi, name) in row.iter().enumerate() {
+                    let f = b.dev.func(name);
+                    let threads = (32 * super::DEC_WARPS) as i32;
+                    // SAFETY: `f` is a loaded kernel of the module.
+                    let held = unsafe {
+                        cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+                            f, threads, 0,
+                        )
+                    }
+                    .expect("occupancy query");
+                    let want = dec_min_blocks(1 << gi);
+                    eprintln!("{name}: {held} blocks a multiprocessor (sized for {want})");
+                    assert!(held as usize >= want, "{name}: {held} < {want}");
+                }
+            }
         }
     }
 

@@ -659,8 +659,13 @@ struct SeqDesc {
 // (grid (kv_heads, splits, sequences); sequence z's rows of q, k, v and out are row z).
 // With cnt, both combine their splits into out (attn_dec_impl; the single-sequence one also
 // into xq, quantized for the next product, unless null).
+// Blocks a multiprocessor the decode kernels are compiled for (attention.rs dec_min_blocks):
+// registers for four blocks where G <= 2 (128 fit), three at G = 4 (its 175 registers held
+// two: 168 hold three, spilling 4 bytes), two at G = 8.
+#define DEC_MIN_BLOCKS(G) ((G) <= 2 ? 4 : (G) == 4 ? 3 : 2)
 #define ATTN_DEC(L, G)                                                                       \
-    extern "C" __global__ void attn_dec_##L##_##G(                                           \
+    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
+        attn_dec_##L##_##G(                                                                  \
         const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
         int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
         int window, DecHeads dh, u32* cnt, float* out, u8* xq) {                             \
@@ -668,7 +673,8 @@ struct SeqDesc {
                             (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,        \
                             gridDim.y, pa, pml, dh, cnt, out, xq);                           \
     }                                                                                        \
-    extern "C" __global__ void attn_dec_seqs_##L##_##G(                                      \
+    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
+        attn_dec_seqs_##L##_##G(                                                             \
         const float* q, const SeqDesc* seqs, int layer, int heads, int kv_heads, int hd,     \
         float scale, float* pa, float* pml, DecHeads dh, u32* cnt, float* out) {             \
         const int z = blockIdx.z;                                                            \
