@@ -11,11 +11,12 @@ use std::path::PathBuf;
 
 /// The files of src/kernels, one after the other in the source (each uses only what the files
 /// before it define).
-const FILES: [&str; 7] = [
+const FILES: [&str; 8] = [
     "common.cu",
     "products.cu",
     "rows.cu",
     "attention.cu",
+    "flash.cu",
     "elementwise.cu",
     "speech.cu",
     "signal.cu",

@@ -139,6 +139,11 @@ pub(crate) const PROMPT_GEMM_MIN_TOKENS: usize = 16;
 /// (a long prompt over a long cache runs as several chunks).
 pub(crate) const PROMPT_ATTN_BYTES: usize = 256 << 20;
 
+/// Warps of a flash prompt-attention block, and the query rows it takes
+/// (kernels/flash.cu FA_WARPS, FA_ROWS).
+const FA_WARPS: usize = 4;
+const FA_ROWS: usize = 16 * FA_WARPS;
+
 /// Query heads per KV head the attention kernel holds (kernels/*.cu MAX_GROUP).
 pub(crate) const MAX_GROUP: usize = 8;
 
@@ -500,13 +505,14 @@ impl CudaBackend {
         dec: Option<DecHeads>,
     ) {
         self.xq_src.set(None);
-        if dec.is_none()
+        let prompt = dec.is_none()
             && !quant
             && s.n_tokens >= PROMPT_GEMM_MIN_TOKENS
-            && self.tune.prompt_gemm
-            && self.blas.is_some()
-            && !self.recording.get()
-        {
+            && !self.recording.get();
+        if prompt && self.tune.flash_prompt && matches!(s.head_dim, 64 | 128) {
+            return self.attention_flash(q_ptr, cache, layer, s, out_ptr);
+        }
+        if prompt && self.tune.prompt_gemm && self.blas.is_some() {
             return self.attention_gemm(q_ptr, cache, layer, s, out_ptr);
         }
         let g = s.n_heads / s.n_kv_heads;
@@ -608,6 +614,56 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// A prompt's attention in one pass over the cache (kernels/flash.cu attn_flash_<HD>):
+    /// a block a KV head and FA_ROWS query rows, its keys and values read from the cache's
+    /// blocks where they lie.
+    fn attention_flash(
+        &self,
+        q_ptr: u64,
+        cache: &CudaKvCache,
+        layer: usize,
+        s: AttnShape,
+        out_ptr: u64,
+    ) {
+        let g = s.n_heads / s.n_kv_heads;
+        assert!(
+            s.n_heads % s.n_kv_heads == 0 && g <= FA_ROWS / 8,
+            "prompt attention: {} heads over {}",
+            s.n_heads,
+            s.n_kv_heads
+        );
+        self.set_params(s.pos0, None);
+        let (k_off, v_off) = cache.offsets(layer);
+        let mut a = Args::default()
+            .a(q_ptr)
+            .a(cache.table())
+            .a(k_off)
+            .a(v_off)
+            .a(s.n_heads as i32)
+            .a(s.n_kv_heads as i32)
+            .a(1.0 / (s.head_dim as f32).sqrt())
+            .a(self.params.ptr)
+            .a(s.n_tokens as i32)
+            .a(s.window as i32)
+            .a(out_ptr);
+        let name = if s.head_dim == 64 {
+            "attn_flash_64"
+        } else {
+            "attn_flash_128"
+        };
+        self.dev.launch(
+            self.dev.func(name),
+            (
+                s.n_tokens.div_ceil(FA_ROWS / g) as u32,
+                s.n_kv_heads as u32,
+                1,
+            ),
+            (32 * FA_WARPS as u32, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
+    }
+
     /// A prompt's attention on the tensor cores, per chunk of queries: scores = q k^T for each
     /// KV head's query heads at once (one strided batched product over the KV heads), the
     /// causal softmax into f16 probabilities, then out = p v (one batched product per query

@@ -174,6 +174,8 @@ pub const KERNELS: &[&str] = &[
     "matvec_dec_q8_0_4_1g",
     "matvec_dec_q4_k_4_1g",
     "matvec_dec_q6_k_4_1g",
+    "attn_flash_64",
+    "attn_flash_128",
     "matvec_dec_kmix_1_1",
     "matvec_dec_kmix_1_8",
     "matvec_dec_kmix_4_1",

@@ -89,13 +89,16 @@ impl Drop for Graph {
 /// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
 /// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM, KILN_CUDA_DEC_BPS,
 /// KILN_CUDA_DEC_ROWS, KILN_CUDA_DEC_KW, KILN_CUDA_DEC_GU, KILN_CUDA_DEC_FIXED,
-/// KILN_CUDA_FUSED_COMBINE.
+/// KILN_CUDA_FUSED_COMBINE, KILN_CUDA_FLASH_PROMPT.
 #[derive(Default)]
 pub(crate) struct Tune {
     pub(crate) kw: Option<usize>,
     pub(crate) nr: Option<usize>,
     /// Prompt attention through cuBLAS (KILN_CUDA_NO_PROMPT_GEMM=1: the split kernel instead).
     pub(crate) prompt_gemm: bool,
+    /// Prompt attention in one pass over the cache (KILN_CUDA_FLASH_PROMPT=1; head sizes 64
+    /// and 128). Off by default until it is tested and measured on a GPU.
+    pub(crate) flash_prompt: bool,
     /// Decode attention blocks a multiprocessor (KILN_CUDA_DEC_BPS, 1-16).
     pub(crate) dec_blocks_per_sm: Option<usize>,
     /// Rows a warp of one-token decode products without a quantized output
@@ -122,6 +125,7 @@ impl Tune {
             kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
             nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
             prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
+            flash_prompt: kiln_backend::options::dev_flag("KILN_CUDA_FLASH_PROMPT"),
             dec_blocks_per_sm: env("KILN_CUDA_DEC_BPS").filter(|n| (1..=16).contains(n)),
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),

@@ -1,6 +1,6 @@
 // kiln's CUDA kernels, compiled at run time with NVRTC as one source: device.rs joins
 // src/kernels/*.cu in order (this file's definitions first; then products, rows,
-// attention, elementwise, speech). No headers: f16 conversions and the integer dot
+// attention, flash, elementwise, speech, signal). No headers: f16 conversions and the integer dot
 // products are PTX.
 //
 // Weights arrive repacked by pack.rs: every quantized format is cut into blocks of 32
