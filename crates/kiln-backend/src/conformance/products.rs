@@ -47,12 +47,20 @@ pub fn matmul<B: Backend>(b: &B, tol: &Tolerances) {
 }
 
 /// `matmul3` (biases and none) and `rms_norm_matmul3`: each format as the first of three
-/// different ones, outputs of 75, 33 and 33 rows, 1, 9 and 70 tokens.
+/// different ones, outputs of 75, 33 and 33 rows; then llama.cpp's K-quant attention mix (Q4_K
+/// queries and keys, Q6_K values) in rows of multiples of 4 (the GPUs' four-row decode
+/// kernels); 1, 9 and 70 tokens.
 pub fn matmul3<B: Backend>(b: &B, tol: &Tolerances) {
+    use GgmlType::{Q4_K, Q6_K};
     let (name, rf, mut rng) = (b.name(), Ref::new(), Rng(0x1002));
-    let (dim, outs, eps) = (256, [75, 33, 33], 1e-5);
-    for i in 0..FORMATS.len() {
-        let tys = [0, 5, 10].map(|o| FORMATS[(i + o) % FORMATS.len()]);
+    let (dim, eps) = (256, 1e-5);
+    let cases = (0..FORMATS.len())
+        .map(|i| {
+            let tys = [0, 5, 10].map(|o| FORMATS[(i + o) % FORMATS.len()]);
+            (tys, [75, 33, 33])
+        })
+        .chain([([Q4_K, Q4_K, Q6_K], [64, 32, 32])]);
+    for (tys, outs) in cases {
         let bytes: Vec<Vec<u8>> = (0..3)
             .map(|p| weight_data(tys[p], outs[p], dim, &mut rng))
             .collect();
