@@ -13,4 +13,6 @@ fn env_var_forces_scalar_kernels() {
     // The portable attention kernel, one sequence and several at once.
     common::attention_check::attention_matches_naive();
     common::attention_check::attention_batch_matches_each();
+    // Decoding one token at a time gives the prefill's bits on the scalar kernels too.
+    common::attention_check::decode_equals_prefill_bits();
 }

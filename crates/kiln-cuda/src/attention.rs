@@ -677,7 +677,7 @@ impl CudaBackend {
         out_ptr: u64,
     ) {
         use cudarc::cublas::sys as cb;
-        let h = self.blas.as_ref().unwrap().0;
+        let h = self.blas.get().unwrap().0;
         // A sliding window: positions from the first token's first on (a window cache holds
         // no others), which the products and the softmax see as positions from 0.
         let g0 = match s.window {

@@ -307,8 +307,12 @@ pub struct Device {
     #[allow(dead_code)] // keeps the context alive
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    _module: Arc<CudaModule>,
-    pub funcs: Vec<sys::CUfunction>,
+    module: Arc<CudaModule>,
+    /// KERNELS' functions, each looked up at its first launch (under CUDA's lazy loading, a
+    /// lookup loads the kernel: a process loads only those it runs).
+    funcs: Vec<std::cell::OnceCell<sys::CUfunction>>,
+    /// Each kernel's index in KERNELS.
+    index: std::collections::HashMap<&'static str, usize>,
     pub num_sms: usize,
     pub name: String,
     /// Kernels launched with programmatic stream serialization (sm_90+; KILN_CUDA_NO_PDL=1
@@ -371,45 +375,42 @@ impl Device {
                 .load_module(load_or_compile(arch)?)
                 .map_err(|e| init_err("loading the kernels", e))?,
         };
-        let mut funcs = Vec::new();
-        for k in KERNELS {
-            let f = module
-                .load_function(k)
-                .map_err(|e| init_err(&format!("kernel {k}"), e))?;
-            funcs.push(f.cu_function());
-        }
+        let funcs = KERNELS.iter().map(|_| Default::default()).collect();
         let stream = ctx
             .new_stream()
             .map_err(|e| init_err("creating a stream", e))?;
-        let skip = kiln_backend::options::dev_value("KILN_CUDA_SKIP").map_or(vec![], |v| {
-            // A name, or a prefix of names ("matvec" for them all).
-            let names: Vec<&str> = v.split(',').collect();
-            KERNELS
-                .iter()
-                .zip(&funcs)
-                .filter(|(k, _)| names.iter().any(|n| k.starts_with(n)))
-                .map(|(_, f)| *f)
-                .collect()
-        });
-        Ok(Device {
+        let mut dev = Device {
             times: kiln_backend::options::dev_flag("KILN_CUDA_TIMES").then(HostTimes::default),
             ctx,
             stream,
-            _module: module,
+            module,
             funcs,
+            index: KERNELS.iter().enumerate().map(|(i, k)| (*k, i)).collect(),
             num_sms,
             pdl: major >= 9 && !kiln_backend::options::dev_flag("KILN_CUDA_NO_PDL"),
-            skip,
+            skip: Vec::new(),
             name,
-        })
+        };
+        if let Some(v) = kiln_backend::options::dev_value("KILN_CUDA_SKIP") {
+            // A name, or a prefix of names ("matvec" for them all).
+            let names: Vec<&str> = v.split(',').collect();
+            dev.skip = KERNELS
+                .iter()
+                .filter(|k| names.iter().any(|n| k.starts_with(n)))
+                .map(|k| dev.func(k))
+                .collect();
+        }
+        Ok(dev)
     }
 
     pub fn func(&self, name: &str) -> sys::CUfunction {
-        let i = KERNELS
-            .iter()
-            .position(|k| *k == name)
-            .expect("kernel name");
-        self.funcs[i]
+        let i = *self.index.get(name).expect("kernel name");
+        *self.funcs[i].get_or_init(|| {
+            let f = self.module.load_function(name);
+            // Every name in KERNELS is a kernel of the module (device::tests::kernels_compile_with_nvrtc).
+            f.unwrap_or_else(|e| panic!("CUDA: loading kernel {name}: {e:?}"))
+                .cu_function()
+        })
     }
 
     pub fn cu_stream(&self) -> sys::CUstream {

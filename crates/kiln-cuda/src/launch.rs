@@ -3,9 +3,11 @@
 //! recorded graphs, cuBLAS's handle, and the tuning overrides.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::ffi::c_void;
+use std::sync::Arc;
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaContext};
 
 use crate::attention::SeqDesc;
 use crate::device::DevBuf;
@@ -138,10 +140,70 @@ impl Tune {
 
 pub(crate) struct Blas(pub(crate) cudarc::cublas::sys::cublasHandle_t);
 
+// A handle is used by one thread at a time: made on the thread that starts it, then used and
+// destroyed by the backend's.
+unsafe impl Send for Blas {}
+
 impl Drop for Blas {
     fn drop(&mut self) {
         unsafe {
             let _ = cudarc::cublas::result::destroy_handle(self.0);
+        }
+    }
+}
+
+/// cuBLAS, brought up on a thread of its own while the model loads (loading libcublas and
+/// making a handle is start-up work a decode never needs): the first prompt-sized product or
+/// convolution waits for it. None where libcublas is missing.
+pub(crate) struct LazyBlas {
+    pending: RefCell<Option<std::thread::JoinHandle<Option<Blas>>>>,
+    ready: std::cell::OnceCell<Option<Blas>>,
+}
+
+impl LazyBlas {
+    /// Starts making a handle for `ctx`'s work queued on `stream`.
+    pub(crate) fn start(ctx: Arc<CudaContext>, stream: sys::CUstream) -> LazyBlas {
+        let stream = stream as usize;
+        let make = move || {
+            ctx.bind_to_thread().ok()?;
+            if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+                return None;
+            }
+            let h = cudarc::cublas::result::create_handle().ok()?;
+            let blas = Blas(h);
+            unsafe { cudarc::cublas::result::set_stream(h, stream as _) }.ok()?;
+            Some(blas)
+        };
+        let pending = std::thread::Builder::new()
+            .name("kiln-cublas".into())
+            .spawn(make)
+            .ok();
+        LazyBlas {
+            pending: RefCell::new(pending),
+            ready: Default::default(),
+        }
+    }
+
+    /// The handle, once made (None: no cuBLAS on this machine).
+    pub(crate) fn get(&self) -> Option<&Blas> {
+        self.ready
+            .get_or_init(|| {
+                let pending = self.pending.borrow_mut().take();
+                pending.and_then(|t| t.join().ok().flatten())
+            })
+            .as_ref()
+    }
+
+    pub(crate) fn is_some(&self) -> bool {
+        self.get().is_some()
+    }
+}
+
+impl Drop for LazyBlas {
+    fn drop(&mut self) {
+        // A handle still being made is waited for, so that it is destroyed before the context.
+        if let Some(t) = self.pending.get_mut().take() {
+            drop(t.join());
         }
     }
 }

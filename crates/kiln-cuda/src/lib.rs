@@ -112,7 +112,7 @@ pub struct CudaBackend {
     /// Bytes of scores and probabilities one query chunk of the prompt attention may take.
     prompt_attn_bytes: Cell<usize>,
     /// cuBLAS, for prompt-sized products (None where libcublas is missing).
-    blas: Option<Blas>,
+    blas: LazyBlas,
     /// The KV caches' blocks (kv.rs).
     kv_pool: std::sync::Arc<std::sync::Mutex<BlockPool>>,
     cpu: CpuBackend,
@@ -132,16 +132,7 @@ impl CudaBackend {
         dev.memset_u32(params.ptr, 0, 2 + MAX_IDS);
         let att_cnt = DevBuf::alloc(4 * attention::ATT_COUNTERS);
         dev.memset_u32(att_cnt.ptr, 0, attention::ATT_COUNTERS);
-        let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
-            cudarc::cublas::result::create_handle().ok().map(|h| {
-                unsafe {
-                    let _ = cudarc::cublas::result::set_stream(h, dev.cu_stream() as _);
-                }
-                Blas(h)
-            })
-        } else {
-            None
-        };
+        let blas = LazyBlas::start(dev.ctx.clone(), dev.cu_stream());
         Ok(CudaBackend {
             blas,
             dev,
@@ -512,6 +503,8 @@ impl TensorOps for CudaBackend {
             // before anything is recorded.
             return f();
         }
+        // cuBLAS made first: its thread's allocations must not meet a capture in progress.
+        self.blas.get();
         let s = self.dev.cu_stream();
         unsafe {
             sys::cuStreamBeginCapture_v2(

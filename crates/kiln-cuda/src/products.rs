@@ -509,7 +509,7 @@ impl CudaBackend {
         mode: i32,
     ) {
         use cudarc::cublas::sys as cb;
-        let h = self.blas.as_ref().unwrap().0;
+        let h = self.blas.get().unwrap().0;
         let max_rows = mats.m[..mats.n_mats as usize]
             .iter()
             .map(|m| m.rows as usize)

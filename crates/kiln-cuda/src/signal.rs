@@ -27,7 +27,7 @@ impl CudaBackend {
         (c, ldc): (u64, usize),
     ) {
         use cudarc::cublas::sys as cb;
-        let h = self.blas.as_ref().expect("cuBLAS for the convolutions").0;
+        let h = self.blas.get().expect("cuBLAS for the convolutions").0;
         let op = |t: bool| match t {
             true => cb::cublasOperation_t::CUBLAS_OP_T,
             false => cb::cublasOperation_t::CUBLAS_OP_N,
@@ -112,7 +112,7 @@ impl CudaBackend {
         if lo == 0 {
             return None;
         }
-        if s.groups != 1 || self.blas.is_none() {
+        if s.groups != 1 || !self.blas.is_some() {
             let mut a =
                 Self::conv_args(x.buf.ptr, w.buf.ptr, ptr_or_null(bias), &s, lo, out.buf.ptr);
             self.elementwise_n_args(name, &mut a, s.c_out * lo);
