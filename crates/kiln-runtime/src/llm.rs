@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use crate::generation::GenerationDefaults;
 use crate::grammar::{Constraint, Grammar, MaskWorker};
+use crate::join_scoped;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::stop::StopMatcher;
 
@@ -80,9 +81,16 @@ impl<B: Backend> Llm<B> {
     ) -> Result<Self, RuntimeError> {
         let (model, tokenizer, generation, file, pooling) = if is_hf_dir(path) {
             let ck = HfCheckpoint::open(path)?;
-            let model = Llama::load_hf(&backend, &ck, quant)?;
+            // The tokenizer is read on a thread of its own while the weights load (a large
+            // vocabulary takes tens of milliseconds or more).
+            let (model, tokenizer) = std::thread::scope(|s| {
+                let tokenizer = s.spawn(|| Tokenizer::from_file(path));
+                let model = Llama::load_hf(&backend, &ck, quant);
+                (model, join_scoped(tokenizer))
+            });
+            let model = model?;
             let generation = GenerationDefaults::from_dir(path)?;
-            let mut tokenizer = Tokenizer::from_file(path)?;
+            let mut tokenizer = tokenizer?;
             for &id in &generation.eos_ids {
                 tokenizer.add_eog(id);
             }
@@ -92,8 +100,14 @@ impl<B: Backend> Llm<B> {
             let file = find_gguf(path)?;
             let gguf = GgufFile::open(&file)?;
             crate::memory::check_gguf_fits(&gguf, quant, &file)?;
-            let tokenizer = Tokenizer::from_gguf(&gguf)?;
-            let model = Llama::load_gguf(&backend, &gguf, quant)?;
+            let (model, tokenizer) = std::thread::scope(|s| {
+                let tokenizer = s.spawn(|| Tokenizer::from_gguf(&gguf));
+                let model = Llama::load_gguf(&backend, &gguf, quant);
+                (model, join_scoped(tokenizer))
+            });
+            // The vocabulary's error first, as when it was read before the weights.
+            let tokenizer = tokenizer?;
+            let model = model?;
             let pooling = crate::embed::Pooling::from_gguf(&gguf);
             (
                 model,

@@ -99,12 +99,20 @@ impl<B: Backend> Stt<B> {
             WhisperFile::Hf(h) => h.dir.clone(),
             _ => f.path().parent().unwrap_or(Path::new(".")).to_path_buf(),
         };
-        let model = Whisper::load(&backend, &f, opts)?;
         let tok_path = dir.join("tokenizer.json");
-        let tokenizer = match &f {
-            WhisperFile::Ggml(g) if !tok_path.is_file() => ggml_tokenizer(g, model.cfg.n_vocab)?,
-            _ => Tokenizer::from_file(&tok_path)?,
-        };
+        // The vocabulary (tokenizer.json, else a ggml file's own) is read on a thread of its
+        // own while the weights load: tens of milliseconds each.
+        let (model, tokenizer) = std::thread::scope(|s| {
+            let tokenizer = s.spawn(|| match &f {
+                WhisperFile::Ggml(g) if !tok_path.is_file() => {
+                    ggml_tokenizer(g, g.hparams.n_vocab as usize)
+                }
+                _ => Tokenizer::from_file(&tok_path).map_err(WhisperError::from),
+            });
+            let model = Whisper::load(&backend, &f, opts);
+            (model, crate::join_scoped(tokenizer))
+        });
+        let (model, tokenizer) = (model?, tokenizer?);
         let special = SpecialTokens::from_tokenizer(&tokenizer, model.cfg.n_vocab)?;
         if let WhisperFile::Hf(h) = &f {
             special.check_hf(h)?;
