@@ -131,7 +131,7 @@ impl<'a> Reader<'a> {
         zp: Option<&OnnxTensor>,
         axis: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        let v = self.f32s(q)?;
+        let mut v = self.f32s(q)?;
         let s = self.f32s(scale)?;
         let z = match zp {
             Some(z) => self.f32s(z)?,
@@ -140,22 +140,29 @@ impl<'a> Reader<'a> {
         let dims: Vec<usize> = q.dims.iter().map(|&d| d as usize).collect();
         let n_axis = dims.get(axis).copied().unwrap_or(1);
         let inner: usize = dims.iter().skip(axis + 1).product();
-        let pick = |a: &[f32], i: usize, what: &str| -> Result<f32, ModelError> {
+        // One value for the tensor, or one a channel of `axis`.
+        let per_channel = |a: &[f32], what: &str| -> Result<bool, ModelError> {
             match a.len() {
-                1 => Ok(a[0]),
-                n if n == n_axis => Ok(a[i]),
+                1 => Ok(false),
+                n if n == n_axis && n > 0 => Ok(true),
                 n => Err(self.err(format!(
                     "'{}': {what} has {n} values for {n_axis} channels",
                     q.name
                 ))),
             }
         };
-        let mut out = Vec::with_capacity(v.len());
-        for (idx, &x) in v.iter().enumerate() {
-            let ch = (idx / inner.max(1)) % n_axis.max(1);
-            out.push((x - pick(&z, ch, "zero point")?) * pick(&s, ch, "scale")?);
+        if v.is_empty() {
+            return Ok(v);
         }
-        Ok(out)
+        let (z_each, s_each) = (per_channel(&z, "zero point")?, per_channel(&s, "scale")?);
+        // Runs of `inner` values share a channel (in place: no second copy of the weights).
+        for (run, xs) in v.chunks_mut(inner.max(1)).enumerate() {
+            let ch = run % n_axis.max(1);
+            let zv = z[if z_each { ch } else { 0 }];
+            let sv = s[if s_each { ch } else { 0 }];
+            xs.iter_mut().for_each(|x| *x = (*x - zv) * sv);
+        }
+        Ok(v)
     }
 
     /// The integer form of quantized weight `w` whose values (in the layout the kernel wants)
@@ -280,12 +287,26 @@ fn fold_instance_norms(map: &mut BTreeMap<String, Param>) -> Result<(), String> 
     Ok(())
 }
 
-/// (rows, cols) row-major -> (cols, rows)
+/// (rows, cols) row-major -> (cols, rows), a 32 x 32 tile at a time through a buffer, so
+/// that reads and writes both run along rows (a column walk of a matrix whose rows are a
+/// multiple of 4 KiB apart thrashes the cache).
 fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const T: usize = 32;
     let mut out = vec![0f32; v.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = v[r * cols + c];
+    let mut tile = [[0f32; T]; T];
+    for r0 in (0..rows).step_by(T) {
+        let nr = T.min(rows - r0);
+        for c0 in (0..cols).step_by(T) {
+            let nc = T.min(cols - c0);
+            for i in 0..nr {
+                let src = &v[(r0 + i) * cols + c0..][..nc];
+                for (j, &x) in src.iter().enumerate() {
+                    tile[j][i] = x;
+                }
+            }
+            for (j, t) in tile.iter().enumerate().take(nc) {
+                out[(c0 + j) * rows + r0..][..nr].copy_from_slice(&t[..nr]);
+            }
         }
     }
     out
@@ -671,6 +692,19 @@ impl Params {
 #[cfg(test)]
 mod torch_tests {
     use super::*;
+
+    #[test]
+    fn transpose_moves_every_value() {
+        for (rows, cols) in [(1, 1), (1, 7), (7, 1), (32, 32), (33, 65), (100, 31), (64, 96)] {
+            let v: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+            let t = transpose(&v, rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(t[c * rows + r], v[r * cols + c], "{rows}x{cols} at {r},{c}");
+                }
+            }
+        }
+    }
 
     fn param(shape: &[usize], f: impl Fn(usize) -> f32) -> Param {
         let n = shape.iter().product();
