@@ -435,7 +435,7 @@ fn pth_model_matches_onnx_runtime() {
     let dir = model_dir();
     let m = Kokoro::load(&b, &pth(), &dir.join("config.json")).unwrap();
     assert!(
-        !m.quant,
+        !m.quantized(),
         "a float checkpoint runs without activation rounding"
     );
     let (_, style) = load(&b);
@@ -462,13 +462,13 @@ fn pth_model_matches_onnx_runtime() {
     // them: its phase integrates F0 over every sample, and the STFT phase of its near-silent
     // bins is numerically arbitrary (`gen.har` differs by ~0.4 while both are right), so the
     // waveform is held to 5% (it differs by ~2%).
-    let mut f = Kokoro::load(
+    let f = Kokoro::load_float(
         &b,
         &dir.join("kokoro-v1.0.int8.onnx"),
         &dir.join("config.json"),
     )
     .unwrap();
-    f.quant = false;
+    assert!(!f.quantized());
     let mut t2 = Trace::new();
     let same = f
         .synthesize_aligned(&b, &c.ids, &style, &dur, Some(&mut t2))
@@ -609,7 +609,7 @@ fn fp32_onnx_model_matches_onnx_runtime() {
     let b = CpuBackend::new(kiln_backend::cpu::default_threads());
     let dir = model_dir();
     let m = Kokoro::load(&b, &path, &dir.join("config.json")).unwrap();
-    assert!(!m.quant);
+    assert!(!m.quantized());
     let (_, style) = load(&b);
     let dur: Vec<usize> = fx["durations"].iter().map(|&v| v as usize).collect();
     let mut trace = Trace::new();
@@ -627,13 +627,13 @@ fn fp32_onnx_model_matches_onnx_runtime() {
     assert!(dist < 0.15, "log-mel distance {dist:.4}");
     assert!(env > 0.99, "energy envelope correlation {env:.4}");
 
-    let mut f = Kokoro::load(
+    let f = Kokoro::load_float(
         &b,
         &dir.join("kokoro-v1.0.int8.onnx"),
         &dir.join("config.json"),
     )
     .unwrap();
-    f.quant = false;
+    assert!(!f.quantized());
     let same = f
         .synthesize_aligned(&b, &c.ids, &style, &dur, None)
         .unwrap();

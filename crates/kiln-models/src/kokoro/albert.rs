@@ -25,7 +25,7 @@ impl<B: Backend> Embedding<B> {
         dim: usize,
     ) -> Result<Self, ModelError> {
         let t = p.get(name, &[rows, dim])?;
-        let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = super::blocks::f32_bytes(&t.data);
         let table = b
             .load_weight(WeightData {
                 name,

@@ -65,6 +65,19 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 }
 
+/// f32 values as the little-endian bytes a weight is loaded from: the values themselves on
+/// a little-endian machine, a copy elsewhere.
+pub fn f32_bytes(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: f32 has no padding and any byte is a valid u8; the slice borrows `v`.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
+        })
+    } else {
+        std::borrow::Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+}
+
 pub fn tensor<B: Backend>(
     b: &B,
     p: &Params,
@@ -78,7 +91,8 @@ pub fn tensor<B: Backend>(
 
 /// y = W x + b: W (out, in) (`<name>.weight`, `<name>.bias`).
 pub struct Linear<B: Backend> {
-    w: B::Weight,
+    /// The f32 weight, where there is no integer form (only one of the two is kept).
+    w: Option<B::Weight>,
     /// The backend's integer form of the weight (a convolution of one tap over the tokens),
     /// where it multiplies this layer on integers.
     w8: Option<B::Weight>,
@@ -98,7 +112,7 @@ impl<B: Backend> Linear<B> {
         n_in: usize,
         n_out: usize,
     ) -> Result<Self, ModelError> {
-        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = f32_bytes(w);
         let mut w = b
             .load_weight(WeightData {
                 name,
@@ -115,7 +129,7 @@ impl<B: Backend> Linear<B> {
             b.prefer_batches(&mut w, false);
         }
         Ok(Linear {
-            w,
+            w: Some(w),
             w8: None,
             bias: bias.map(|v| b.tensor_from(1, n_out, v)),
             integer: false,
@@ -132,24 +146,7 @@ impl<B: Backend> Linear<B> {
         n_out: usize,
     ) -> Result<Self, ModelError> {
         let wn = format!("{name}.weight");
-        let w = p.get(&wn, &[n_out, n_in])?;
-        let bytes: Vec<u8> = w.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let mut w = b
-            .load_weight(WeightData {
-                name: &wn,
-                ty: GgmlType::F32,
-                rows: n_out,
-                cols: n_in,
-                bytes: &bytes,
-            })
-            .map_err(|source| ModelError::Backend {
-                file: wn.clone().into(),
-                source,
-            })?;
-        if n_in >= 32 && n_out >= 32 {
-            // PL-BERT, the LSTMs' input projections, duration_proj: products over every token.
-            b.prefer_batches(&mut w, false);
-        }
+        let wv = p.get(&wn, &[n_out, n_in])?;
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[n_out])?)
@@ -167,6 +164,31 @@ impl<B: Backend> Linear<B> {
                 b.conv_weight_q8(wq, Self::conv_shape(n_in, n_out, 0))
             }
             _ => None,
+        };
+        // The f32 weight only where the backend has no integer form: a layer that has one
+        // always runs on it (the export's int8 model is the only one with integer layers).
+        let w = match w8 {
+            Some(_) => None,
+            None => {
+                let mut w = b
+                    .load_weight(WeightData {
+                        name: &wn,
+                        ty: GgmlType::F32,
+                        rows: n_out,
+                        cols: n_in,
+                        bytes: &f32_bytes(&wv.data),
+                    })
+                    .map_err(|source| ModelError::Backend {
+                        file: wn.clone().into(),
+                        source,
+                    })?;
+                if n_in >= 32 && n_out >= 32 {
+                    // PL-BERT, the LSTMs' input projections, duration_proj: products over
+                    // every token.
+                    b.prefer_batches(&mut w, false);
+                }
+                Some(w)
+            }
         };
         Ok(Linear {
             w,
@@ -208,17 +230,25 @@ impl<B: Backend> Linear<B> {
             b.transpose(&ot, self.n_out, n, &mut out);
         } else if self.integer && cx.quant {
             let q = cx.quantized(x, n, self.n_in);
-            cx.b.matmul(&self.w, &q, self.bias.as_ref(), n, &mut out);
+            cx.b.matmul(self.f32_weight(), &q, self.bias.as_ref(), n, &mut out);
         } else {
-            cx.b.matmul(&self.w, x, self.bias.as_ref(), n, &mut out);
+            cx.b.matmul(self.f32_weight(), x, self.bias.as_ref(), n, &mut out);
         }
         out
+    }
+
+    fn f32_weight(&self) -> &B::Weight {
+        // None only beside an integer form, which the forwards use (Linear::load).
+        self.w
+            .as_ref()
+            .expect("a layer without its integer form keeps its f32 weight")
     }
 }
 
 /// Conv1d / ConvTranspose1d with PyTorch's hyper-parameters.
 pub struct Conv<B: Backend> {
-    w: B::Tensor,
+    /// The f32 weight, where there is no packed form (only one of the two is kept).
+    w: Option<B::Tensor>,
     /// The backend's packed form of the weight: integer where it multiplies this layer on
     /// integers, the transposed layer's phases where it has a kernel for them.
     packed: Option<B::Weight>,
@@ -276,7 +306,6 @@ impl<B: Backend> Conv<B> {
         };
         let wn = format!("{name}.weight");
         let wv = p.get(&wn, &shape)?;
-        let w = b.tensor_from(wv.data.len() / s.k, s.k, &wv.data);
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[c_out])?)
@@ -285,7 +314,7 @@ impl<B: Backend> Conv<B> {
         };
         let integer = p.is_integer(&wn);
         let mut conv = Conv {
-            w,
+            w: None,
             packed: None,
             bias,
             c_in,
@@ -309,7 +338,19 @@ impl<B: Backend> Conv<B> {
             };
             conv.packed = b.conv_weight_q8(wq, conv.shape(0));
         }
+        // The f32 weight only where the backend has no packed form: a layer that has one
+        // always runs on it (integer forms exist only in the export's int8 model, whose
+        // layers run on integers).
+        if conv.packed.is_none() {
+            conv.w = Some(b.tensor_from(wv.data.len() / s.k, s.k, &wv.data));
+        }
         Ok(conv)
+    }
+
+    fn f32_weight(&self) -> &B::Tensor {
+        self.w
+            .as_ref()
+            .expect("a layer without its packed form keeps its f32 weight")
     }
 
     fn shape(&self, len: usize) -> Conv1dShape {
@@ -343,14 +384,14 @@ impl<B: Backend> Conv<B> {
         if let (true, Some(wt)) = (self.transposed, &self.packed) {
             cx.b.conv_transpose1d_packed(x, wt, self.bias.as_ref(), s, &mut out);
         } else if self.transposed {
-            cx.b.conv_transpose1d(x, &self.w, self.bias.as_ref(), s, &mut out);
+            cx.b.conv_transpose1d(x, self.f32_weight(), self.bias.as_ref(), s, &mut out);
         } else if let (Some(w8), true) = (&self.packed, cx.quant) {
             cx.b.conv1d_q8(x, w8, self.bias.as_ref(), s, &mut out);
         } else if self.integer && cx.quant {
             let q = cx.quantized(x, self.c_in, len);
-            cx.b.conv1d_nc(&q, &self.w, self.bias.as_ref(), s, &mut out);
+            cx.b.conv1d_nc(&q, self.f32_weight(), self.bias.as_ref(), s, &mut out);
         } else {
-            cx.b.conv1d_nc(x, &self.w, self.bias.as_ref(), s, &mut out);
+            cx.b.conv1d_nc(x, self.f32_weight(), self.bias.as_ref(), s, &mut out);
         }
         out
     }
@@ -480,7 +521,13 @@ impl<B: Backend> BiLstm<B> {
         let b = cx.b;
         let q = cx.quantized(x, len, self.n_in);
         let mut gx = b.tensor(len, 8 * self.hidden);
-        b.matmul(&self.ih.w, &q, self.ih.bias.as_ref(), len, &mut gx);
+        b.matmul(
+            self.ih.f32_weight(),
+            &q,
+            self.ih.bias.as_ref(),
+            len,
+            &mut gx,
+        );
         let mut out = b.tensor(len, 2 * self.hidden);
         b.bilstm_steps(&gx, &self.hh, len, self.hidden, &mut out);
         out

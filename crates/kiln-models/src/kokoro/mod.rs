@@ -296,7 +296,7 @@ pub struct Kokoro<B: Backend> {
     text_encoder: TextEncoder<B>,
     decoder: Decoder<B>,
     /// Reproduce the int8 export's dynamic activation quantization.
-    pub quant: bool,
+    quant: bool,
     pub file: PathBuf,
 }
 
@@ -305,13 +305,31 @@ impl<B: Backend> Kokoro<B> {
     /// format: a PyTorch checkpoint in hexgrad's layout (`kokoro-v1_0.pth`, a zip archive) or
     /// a kokoro-onnx export (int8 or fp32).
     pub fn load(b: &B, model: &Path, config: &Path) -> Result<Self, ModelError> {
+        Self::load_as(b, model, config, false)
+    }
+
+    /// As [`Kokoro::load`], an int8 export's weights run in f32 as its float graph would (no
+    /// activation rounding, no integer products): for comparing the graphs.
+    pub fn load_float(b: &B, model: &Path, config: &Path) -> Result<Self, ModelError> {
+        Self::load_as(b, model, config, true)
+    }
+
+    fn load_as(b: &B, model: &Path, config: &Path, float: bool) -> Result<Self, ModelError> {
         let cfg = Config::from_json(config)?;
-        let p = if is_zip(model)? {
+        let mut p = if is_zip(model)? {
             Params::from_torch(model, kiln_formats::read_torch(model)?)?
         } else {
             Params::from_onnx(&OnnxFile::open(model)?)?
         };
+        if float {
+            p.drop_integer_forms();
+        }
         Self::from_params(b, &p, cfg, model)
+    }
+
+    /// Whether this model rounds activations as the int8 export does (runs on integers).
+    pub fn quantized(&self) -> bool {
+        self.quant
     }
 
     pub fn from_params(b: &B, p: &Params, cfg: Config, model: &Path) -> Result<Self, ModelError> {

@@ -668,6 +668,12 @@ impl Params {
         self.quantized.get(name)
     }
 
+    /// Every layer as the float graph runs it: no integer forms, nothing on integers.
+    pub fn drop_integer_forms(&mut self) {
+        self.quantized.clear();
+        self.integer.clear();
+    }
+
     /// Whether the export runs the layer of weight `name` on integers.
     pub fn is_integer(&self, name: &str) -> bool {
         self.integer.contains(name)
@@ -695,7 +701,15 @@ mod torch_tests {
 
     #[test]
     fn transpose_moves_every_value() {
-        for (rows, cols) in [(1, 1), (1, 7), (7, 1), (32, 32), (33, 65), (100, 31), (64, 96)] {
+        for (rows, cols) in [
+            (1, 1),
+            (1, 7),
+            (7, 1),
+            (32, 32),
+            (33, 65),
+            (100, 31),
+            (64, 96),
+        ] {
             let v: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
             let t = transpose(&v, rows, cols);
             for r in 0..rows {
