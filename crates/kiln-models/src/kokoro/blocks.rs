@@ -146,7 +146,7 @@ impl<B: Backend> Linear<B> {
         n_out: usize,
     ) -> Result<Self, ModelError> {
         let wn = format!("{name}.weight");
-        let wv = p.get(&wn, &[n_out, n_in])?;
+        p.check(&wn, &[n_out, n_in])?;
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[n_out])?)
@@ -176,7 +176,7 @@ impl<B: Backend> Linear<B> {
                         ty: GgmlType::F32,
                         rows: n_out,
                         cols: n_in,
-                        bytes: &f32_bytes(&wv.data),
+                        bytes: &f32_bytes(&p.get(&wn, &[n_out, n_in])?.data),
                     })
                     .map_err(|source| ModelError::Backend {
                         file: wn.clone().into(),
@@ -305,7 +305,7 @@ impl<B: Backend> Conv<B> {
             [c_out, c_in / s.groups, s.k]
         };
         let wn = format!("{name}.weight");
-        let wv = p.get(&wn, &shape)?;
+        p.check(&wn, &shape)?;
         let bn = format!("{name}.bias");
         let bias = if p.has(&bn) {
             Some(tensor(b, p, &bn, &[c_out])?)
@@ -329,7 +329,7 @@ impl<B: Backend> Conv<B> {
             integer,
         };
         if conv.transposed {
-            conv.packed = b.conv_transpose_weight(&wv.data, conv.shape(1));
+            conv.packed = b.conv_transpose_weight(&p.get(&wn, &shape)?.data, conv.shape(1));
         } else if let (true, Some(q)) = (integer, p.quantized(&wn)) {
             let wq = ConvWeightQ8 {
                 q: &q.q,
@@ -342,6 +342,7 @@ impl<B: Backend> Conv<B> {
         // always runs on it (integer forms exist only in the export's int8 model, whose
         // layers run on integers).
         if conv.packed.is_none() {
+            let wv = p.get(&wn, &shape)?;
             conv.w = Some(b.tensor_from(wv.data.len() / s.k, s.k, &wv.data));
         }
         Ok(conv)

@@ -32,9 +32,28 @@ pub struct QuantParam {
     pub scale: Vec<f32>,
 }
 
+/// A parameter as held: its values, or (an integer layer's f32 weight) made from the layer's
+/// integer form when first read, which a backend that multiplies on integers never does.
+enum Entry {
+    Ready(Param),
+    FromInt {
+        shape: Vec<usize>,
+        made: std::cell::OnceCell<Param>,
+    },
+}
+
+impl Entry {
+    fn shape(&self) -> &[usize] {
+        match self {
+            Entry::Ready(p) => &p.shape,
+            Entry::FromInt { shape, .. } => shape,
+        }
+    }
+}
+
 pub struct Params {
     file: PathBuf,
-    map: BTreeMap<String, Param>,
+    map: BTreeMap<String, Entry>,
     /// The integer form of the convolution and linear weights that the export runs on
     /// integers (a linear one as a convolution of one tap: (n_out, n_in)).
     quantized: BTreeMap<String, QuantParam>,
@@ -165,32 +184,58 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
-    /// The integer form of quantized weight `w` whose values (in the layout the kernel wants)
-    /// are `q`: int8 shifted to uint8 with its zero points, so the sums are the same; None
-    /// where a value falls outside uint8.
+    /// The integer form of quantized weight `w` (scale and zero points per tensor or per
+    /// slice along `axis`), `transposed` from (rows, cols) where the kernel wants that: int8
+    /// shifted to uint8 with its zero points, so the sums are the same; None where a value
+    /// falls outside uint8.
     fn quant_param(
         &self,
         w: &OnnxTensor,
-        q: Vec<f32>,
+        scale: &OnnxTensor,
         zp: Option<&OnnxTensor>,
-        node: &OnnxNode,
+        axis: usize,
+        transposed: Option<(usize, usize)>,
     ) -> Result<Option<QuantParam>, ModelError> {
-        let shift = if w.ty == kiln_formats::OnnxType::I8 {
-            128.0
-        } else {
-            0.0
-        };
-        if !q.iter().all(|&x| (0.0..=255.0).contains(&(x + shift))) {
-            return Ok(None);
-        }
-        let zero = match zp {
+        let d = dims(w);
+        let n_axis = d.get(axis).copied().unwrap_or(1);
+        let s = self.f32s(scale)?;
+        let z = match zp {
             Some(z) => self.f32s(z)?,
             None => vec![0.0],
         };
+        for (a, what) in [(&z, "zero point"), (&s, "scale")] {
+            if a.len() != 1 && (a.len() != n_axis || n_axis == 0) {
+                return Err(self.err(format!(
+                    "'{}': {what} has {} values for {n_axis} channels",
+                    w.name,
+                    a.len()
+                )));
+            }
+        }
+        let (q, shift) = match w.ty {
+            kiln_formats::OnnxType::I8 => {
+                (self.f.bytes(w).iter().map(|&b| b ^ 0x80).collect(), 128.0)
+            }
+            kiln_formats::OnnxType::U8 => (self.f.bytes(w).to_vec(), 0.0),
+            _ => {
+                let v = self.f32s(w)?;
+                if !v.iter().all(|x| (0.0..=255.0).contains(x)) {
+                    return Ok(None);
+                }
+                (v.iter().map(|&x| x as u8).collect::<Vec<u8>>(), 0.0)
+            }
+        };
+        if q.len() != d.iter().product::<usize>() {
+            return Err(self.err(format!("'{}': {} values for dims {d:?}", w.name, q.len())));
+        }
+        let q = match transposed {
+            Some((rows, cols)) => transpose(&q, rows, cols),
+            None => q,
+        };
         Ok(Some(QuantParam {
-            q: q.iter().map(|&x| (x + shift) as u8).collect(),
-            zero: zero.iter().map(|&z| (z + shift) as i32).collect(),
-            scale: self.f32s(self.scale_of(w, node)?)?,
+            q,
+            zero: z.iter().map(|&z| (z + shift) as i32).collect(),
+            scale: s,
         }))
     }
 
@@ -290,10 +335,10 @@ fn fold_instance_norms(map: &mut BTreeMap<String, Param>) -> Result<(), String> 
 /// (rows, cols) row-major -> (cols, rows), a 32 x 32 tile at a time through a buffer, so
 /// that reads and writes both run along rows (a column walk of a matrix whose rows are a
 /// multiple of 4 KiB apart thrashes the cache).
-fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+fn transpose<V: Copy + Default>(v: &[V], rows: usize, cols: usize) -> Vec<V> {
     const T: usize = 32;
-    let mut out = vec![0f32; v.len()];
-    let mut tile = [[0f32; T]; T];
+    let mut out = vec![V::default(); v.len()];
+    let mut tile = [[V::default(); T]; T];
     for r0 in (0..rows).step_by(T) {
         let nr = T.min(rows - r0);
         for c0 in (0..cols).step_by(T) {
@@ -315,11 +360,22 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 impl Params {
     pub fn from_onnx(f: &OnnxFile) -> Result<Params, ModelError> {
         let r = Reader { f };
-        let mut map: BTreeMap<String, Param> = BTreeMap::new();
+        let map: RefCell<BTreeMap<String, Entry>> = Default::default();
         let mut integer = BTreeSet::new();
-        let mut quantized = BTreeMap::new();
-        let mut put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
-            map.entry(name).or_insert(Param { shape, data });
+        let quantized: RefCell<BTreeMap<String, QuantParam>> = Default::default();
+        // The first node to name a parameter gives it (its integer form with it).
+        let put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
+            let mut map = map.borrow_mut();
+            map.entry(name)
+                .or_insert(Entry::Ready(Param { shape, data }));
+        };
+        let put_int = |name: String, shape: Vec<usize>, q: QuantParam| {
+            // A name without a parameter has no integer form yet either: this one's.
+            quantized.borrow_mut().entry(name.clone()).or_insert(q);
+            let made = Default::default();
+            map.borrow_mut()
+                .entry(name)
+                .or_insert(Entry::FromInt { shape, made });
         };
         let producer: BTreeMap<&str, &OnnxNode> = f
             .nodes
@@ -338,19 +394,19 @@ impl Params {
                     if d.len() != 2 {
                         return Err(r.err(format!("'{}': Linear weight dims {d:?}", w.name)));
                     }
-                    let v = r.dequant(w, r.scale_of(w, n)?, zp, 1)?;
+                    let scale = r.scale_of(w, n)?;
                     integer.insert(format!("{module}.weight"));
-                    // Its integers too, as a convolution of one tap (n_out, n_in) with zero
-                    // points and scales per tensor or per output column.
-                    let qv = transpose(&r.f32s(w)?, d[0], d[1]);
-                    if let Some(q) = r.quant_param(w, qv, zp, n)? {
-                        quantized.entry(format!("{module}.weight")).or_insert(q);
+                    // As integers, a convolution of one tap (n_out, n_in) with zero points
+                    // and scales per tensor or per output column; its f32 weight is made from
+                    // them if read.
+                    match r.quant_param(w, scale, zp, 1, Some((d[0], d[1])))? {
+                        Some(q) => put_int(format!("{module}.weight"), vec![d[1], d[0]], q),
+                        None => put(
+                            format!("{module}.weight"),
+                            vec![d[1], d[0]],
+                            transpose(&r.dequant(w, scale, zp, 1)?, d[0], d[1]),
+                        ),
                     }
-                    put(
-                        format!("{module}.weight"),
-                        vec![d[1], d[0]],
-                        transpose(&v, d[0], d[1]),
-                    );
                 }
                 "MatMul" => {
                     let Some(w) = n.inputs.get(1).and_then(|i| f.initializer(i)) else {
@@ -370,12 +426,16 @@ impl Params {
                 "ConvInteger" => {
                     let w = r.input(n, 1)?;
                     let zp = r.input(n, 3).ok();
-                    let v = r.dequant(w, r.scale_of(w, n)?, zp, 0)?;
+                    let scale = r.scale_of(w, n)?;
                     integer.insert(format!("{module}.weight"));
-                    if let Some(q) = r.quant_param(w, r.f32s(w)?, zp, n)? {
-                        quantized.entry(format!("{module}.weight")).or_insert(q);
+                    match r.quant_param(w, scale, zp, 0, None)? {
+                        Some(q) => put_int(format!("{module}.weight"), dims(w), q),
+                        None => put(
+                            format!("{module}.weight"),
+                            dims(w),
+                            r.dequant(w, scale, zp, 0)?,
+                        ),
                     }
-                    put(format!("{module}.weight"), dims(w), v);
                 }
                 "Conv" | "ConvTranspose" => {
                     let w = r.input(n, 1)?;
@@ -513,6 +573,7 @@ impl Params {
                 put(name.to_string(), dims(t), r.f32s(t)?);
             }
         }
+        let (map, quantized) = (map.into_inner(), quantized.into_inner());
         let unused = RefCell::new(map.keys().cloned().collect());
         Ok(Params {
             file: f.path().to_path_buf(),
@@ -626,7 +687,7 @@ impl Params {
         let unused = RefCell::new(out.keys().cloned().collect());
         Ok(Params {
             file: file.to_path_buf(),
-            map: out,
+            map: out.into_iter().map(|(k, p)| (k, Entry::Ready(p))).collect(),
             quantized: BTreeMap::new(),
             integer: BTreeSet::new(),
             unused,
@@ -634,33 +695,65 @@ impl Params {
     }
 
     pub fn names(&self) -> impl Iterator<Item = (&str, &[usize])> {
-        self.map
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.shape.as_slice()))
+        self.map.iter().map(|(k, v)| (k.as_str(), v.shape()))
     }
 
     /// The parameter `name`, checked against `shape` (a `0` matches any size).
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<&Param, ModelError> {
-        let p = self
+        Ok(match self.entry(name, shape)? {
+            Entry::Ready(p) => p,
+            Entry::FromInt { shape, made } => made.get_or_init(|| self.from_int(name, shape)),
+        })
+    }
+
+    /// As [`Params::get`] without the values: that `name` is there with `shape`, now read.
+    pub fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
+        self.entry(name, shape).map(|_| ())
+    }
+
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry, ModelError> {
+        let e = self
             .map
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor {
                 file: self.file.clone(),
                 name: name.into(),
             })?;
-        let ok = p.shape.len() == shape.len()
-            && p.shape.iter().zip(shape).all(|(&a, &b)| b == 0 || a == b);
+        let have = e.shape();
+        let ok =
+            have.len() == shape.len() && have.iter().zip(shape).all(|(&a, &b)| b == 0 || a == b);
         if !ok {
             return Err(ModelError::Shape {
                 file: self.file.clone(),
                 name: name.into(),
                 expected: shape.iter().map(|&v| v as u64).collect(),
-                got: p.shape.iter().map(|&v| v as u64).collect(),
+                got: have.iter().map(|&v| v as u64).collect(),
                 ty: "f32",
             });
         }
         self.unused.borrow_mut().remove(name);
-        Ok(p)
+        Ok(e)
+    }
+
+    /// `name`'s f32 values from its integer form: (q - zero) * scale, by row (the first axis)
+    /// where they are per channel. The same values as the export's (both shifted by 128).
+    fn from_int(&self, name: &str, shape: &[usize]) -> Param {
+        let q = &self.quantized[name];
+        let rows = shape.first().copied().unwrap_or(1).max(1);
+        let inner = q.q.len() / rows;
+        let at = |v: usize, r: usize| if v == 1 { 0 } else { r };
+        let mut data = Vec::with_capacity(q.q.len());
+        for (r, run) in q.q.chunks(inner.max(1)).enumerate() {
+            let (z, s) = (
+                q.zero[at(q.zero.len(), r)] as f32,
+                q.scale[at(q.scale.len(), r)],
+            );
+            data.extend(run.iter().map(|&x| (x as f32 - z) * s));
+        }
+        Param {
+            shape: shape.to_vec(),
+            data,
+        }
     }
 
     /// The integer form of weight `name`, where the export holds one.
@@ -670,6 +763,13 @@ impl Params {
 
     /// Every layer as the float graph runs it: no integer forms, nothing on integers.
     pub fn drop_integer_forms(&mut self) {
+        let names: Vec<String> = self.map.keys().cloned().collect();
+        for name in names {
+            if let Some(Entry::FromInt { shape, .. }) = self.map.get(&name) {
+                let p = self.from_int(&name, shape);
+                self.map.insert(name, Entry::Ready(p));
+            }
+        }
         self.quantized.clear();
         self.integer.clear();
     }
