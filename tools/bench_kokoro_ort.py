@@ -5,8 +5,12 @@ utterances (one per line of PHONEMES_FILE) that `kiln bench --tts FILE --phoneme
 kokoro-onnx (PyPI) runs exactly this session call per utterance (tokens, style row by phoneme
 count, speed); timing the call directly leaves its G2P out, as --phonemes does for kiln.
 Usage: python3 tools/bench_kokoro_ort.py MODEL_DIR PHONEMES_FILE [threads] [reps]
+With reps 0: a cold process, as a one-shot script is: the session is made and the first line
+spoken once (time the whole process from outside, e.g. against `kiln speak --phonemes`).
 """
-import json, os, sys, time
+import time
+t_start = time.perf_counter()
+import json, os, sys
 
 import numpy as np
 import onnxruntime as ort
@@ -20,7 +24,9 @@ lines = [l.strip() for l in open(path, encoding="utf-8") if l.strip()]
 so = ort.SessionOptions()
 so.intra_op_num_threads = threads
 so.inter_op_num_threads = 1
+t_session = time.perf_counter()
 sess = ort.InferenceSession(os.path.join(model_dir, "kokoro-v1.0.int8.onnx"), so, providers=["CPUExecutionProvider"])
+t_session = time.perf_counter() - t_session
 
 def speak():
     t0 = time.perf_counter()
@@ -34,6 +40,11 @@ def speak():
             first = time.perf_counter() - t0
     return first, time.perf_counter() - t0, samples / 24000
 
+if reps == 0:
+    lines = lines[:1]
+    first, total, audio = speak()
+    print(f"cold: imports and files {time.perf_counter() - t_start - t_session - total:.3f} s, session {t_session:.3f} s, first line {total:.3f} s ({audio:.2f} s audio)", file=sys.stderr)
+    sys.exit(0)
 speak()  # warm-up
 runs = [speak() for _ in range(reps)]
 f = np.array([r[0] for r in runs]); rtf = np.array([r[1] / r[2] for r in runs])
