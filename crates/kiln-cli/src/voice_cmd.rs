@@ -93,6 +93,11 @@ pub struct VoiceArgs {
     pub end_silence_ms: u32,
 }
 
+/// A scoped thread's result; its panic goes on here.
+fn join<T>(t: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
 pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.speed > 0.0 && a.speed.is_finite() && a.speed <= 4.0,
@@ -120,29 +125,30 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let device = a.device;
-    let sched =
-        crate::llm_cmd::spawn_scheduler(cfg, &file, device, a.adapter.clone(), move || {
-            // The LLM is far ahead of speech (tokens come ~20x faster than they are spoken): its
-            // engine thread and pool yield the cores to Whisper and Kokoro while those run, and
-            // take them whenever they are idle. First audio waits on Kokoro alone.
-            kiln_backend::cpu::lower_thread_priority(10);
-            CpuBackend::new(threads)
-        })?;
     let stt_args = SttModelArgs {
         model: a.stt.clone(),
         threads: Some(threads),
         quant: a.stt_quant,
         vad: VadArg::Auto,
     };
-    let stt = crate::stt_cmd::spawn(device, a.adapter.as_deref(), &stt_args)?;
-    let tts = crate::speak::spawn(
-        device,
-        a.adapter.as_deref(),
-        &a.tts,
-        false,
-        a.lang,
-        Some(threads),
-    )?;
+    // The three models load at once, each on its engine's thread; a failure is said in this
+    // order (LLM, Whisper, Kokoro).
+    let adapter = a.adapter.as_deref();
+    let (sched, stt, tts) = std::thread::scope(|s| {
+        let stt = s.spawn(|| crate::stt_cmd::spawn(device, adapter, &stt_args));
+        let tts =
+            s.spawn(|| crate::speak::spawn(device, adapter, &a.tts, false, a.lang, Some(threads)));
+        let sched =
+            crate::llm_cmd::spawn_scheduler(cfg, &file, device, a.adapter.clone(), move || {
+                // The LLM is far ahead of speech (tokens come ~20x faster than they are spoken): its
+                // engine thread and pool yield the cores to Whisper and Kokoro while those run, and
+                // take them whenever they are idle. First audio waits on Kokoro alone.
+                kiln_backend::cpu::lower_thread_priority(10);
+                CpuBackend::new(threads)
+            });
+        (sched, join(stt), join(tts))
+    });
+    let (sched, stt, tts) = (sched?, stt?, tts?);
     anyhow::ensure!(
         tts.voices().any(|v| v == a.voice),
         "unknown voice '{}' (voices: {})",
