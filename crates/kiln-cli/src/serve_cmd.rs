@@ -109,16 +109,45 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         timeout: (a.timeout > 0).then(|| std::time::Duration::from_secs(a.timeout)),
     };
     crate::llm_cmd::check_reference(&a.model)?;
-    let sched = crate::llm_cmd::spawn_scheduler(
-        cfg,
-        &file,
-        a.model.device,
-        a.model.adapter.clone(),
-        move || match reference {
-            true => CpuBackend::reference(),
-            false => CpuBackend::new(threads.unwrap_or_else(default_threads).max(1)),
-        },
-    )?;
+    // The LLM, Whisper and Kokoro (on the LLM's device, each on a thread of its own) load at
+    // once; a failure is said in that order.
+    let (device, adapter) = (a.model.device, a.model.adapter.as_deref());
+    let (sched, stt, tts) = std::thread::scope(|s| {
+        let stt = (!a.no_audio).then(|| {
+            s.spawn(|| {
+                optional(&a.stt, DEFAULT_STT, "speech-to-text", |m| {
+                    let args = SttModelArgs {
+                        model: m.to_string(),
+                        threads,
+                        quant: Quant::None,
+                        vad: VadArg::Auto,
+                    };
+                    crate::stt_cmd::spawn(device, adapter, &args)
+                })
+            })
+        });
+        let tts = (!a.no_audio).then(|| {
+            s.spawn(|| {
+                optional(&a.tts, DEFAULT_TTS, "text-to-speech", |m| {
+                    crate::speak::spawn(device, adapter, m, false, None, threads)
+                })
+            })
+        });
+        let sched = crate::llm_cmd::spawn_scheduler(
+            cfg,
+            &file,
+            a.model.device,
+            a.model.adapter.clone(),
+            move || match reference {
+                true => CpuBackend::reference(),
+                false => CpuBackend::new(threads.unwrap_or_else(default_threads).max(1)),
+            },
+        );
+        let (stt, tts) = (stt.map(crate::join_scoped), tts.map(crate::join_scoped));
+        (sched, stt, tts)
+    });
+    let sched = sched?;
+    let (stt, tts) = (stt.transpose()?.flatten(), tts.transpose()?.flatten());
     let info = sched.info().clone();
     let mut audio = AudioModels {
         max_upload: a.max_upload,
@@ -126,18 +155,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     if !a.no_audio {
-        // Whisper and Kokoro on the LLM's device, each on a thread of its own.
-        let (device, adapter) = (a.model.device, a.model.adapter.as_deref());
-        audio.stt = optional(&a.stt, DEFAULT_STT, "speech-to-text", |m| {
-            let args = SttModelArgs {
-                model: m.to_string(),
-                threads,
-                quant: Quant::None,
-                vad: VadArg::Auto,
-            };
-            crate::stt_cmd::spawn(device, adapter, &args)
-        })?
-        .map(|(id, m)| (id, Arc::new(m)));
+        audio.stt = stt.map(|(id, m)| (id, Arc::new(m)));
         // Live transcription's VAD (where utterances end): without it /v1/audio/live says so.
         if audio.stt.is_some() {
             let vad = crate::resolve_model(crate::stt_cmd::VAD_MODEL)
@@ -150,10 +168,7 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 ),
             }
         }
-        audio.tts = optional(&a.tts, DEFAULT_TTS, "text-to-speech", |m| {
-            crate::speak::spawn(device, adapter, m, false, None, threads)
-        })?
-        .map(|(id, m)| {
+        audio.tts = tts.map(|(id, m)| {
             let mut voices: Vec<String> = m.voices().map(str::to_string).collect();
             // The CLI's default voice first: it is the server's default too.
             if let Some(i) = voices.iter().position(|v| v == DEFAULT_VOICE) {

@@ -93,11 +93,6 @@ pub struct VoiceArgs {
     pub end_silence_ms: u32,
 }
 
-/// A scoped thread's result; its panic goes on here.
-fn join<T>(t: std::thread::ScopedJoinHandle<'_, T>) -> T {
-    t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
 pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.speed > 0.0 && a.speed.is_finite() && a.speed <= 4.0,
@@ -146,7 +141,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
                 kiln_backend::cpu::lower_thread_priority(10);
                 CpuBackend::new(threads)
             });
-        (sched, join(stt), join(tts))
+        (sched, crate::join_scoped(stt), crate::join_scoped(tts))
     });
     let (sched, stt, tts) = (sched?, stt?, tts?);
     anyhow::ensure!(
