@@ -15,9 +15,6 @@ pub(crate) const DEC_SPLIT_KEYS: usize = 64;
 /// Warps of a decode attention block (kernels/attention.cu DEC_WARPS).
 pub(crate) const DEC_WARPS: usize = 4;
 
-/// Counters of a decode attention's finished splits: one per (token, KV head) of a launch.
-pub(crate) const ATT_COUNTERS: usize = 8192;
-
 /// Decode attention blocks a multiprocessor, for caches of fewer than [`DEC_LONG_KEYS`]
 /// positions (one more from there). On the H200 (Qwen3-0.6B shape, tg128, BENCHMARKS.md's
 /// sixteenth session): at depth 4096 3 is the fastest (2: -2%, 4: -5%); at 16384 and 32768
@@ -243,8 +240,7 @@ impl CudaBackend {
     }
 
     /// The attention side of one token of each of `seqs` (rows stacked in order), each over
-    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<LPR>_<G>) and one combine
-    /// (in that launch with KILN_CUDA_FUSED_COMBINE=1).
+    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<LPR>_<G>) and one combine.
     pub(crate) fn attention_seqs(
         &self,
         q_ptr: u64,
@@ -307,9 +303,7 @@ impl CudaBackend {
             .a(scale)
             .a(acc)
             .a(ml)
-            .a(dh)
-            .a(self.att_counters(n, s.n_kv_heads))
-            .a(out_ptr);
+            .a(dh);
         self.dev.launch(
             self.dev.func(dec_kernel(&ATTN_DEC_SEQS, s)),
             (s.n_kv_heads as u32, splits as u32, n as u32),
@@ -317,9 +311,7 @@ impl CudaBackend {
             0,
             &mut a.ptrs(),
         );
-        if !self.tune.fused_combine {
-            self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads);
-        }
+        self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads);
     }
 
     /// What the decode attention kernels do first for their tokens (rows of k and v, the
@@ -371,20 +363,6 @@ impl CudaBackend {
             .unwrap_or((DEC_BLOCKS_PER_SM + long as usize).min(dec_min_blocks(group)));
         keys.div_ceil(DEC_SPLIT_KEYS)
             .min((per_sm * self.dev.num_sms / kv_heads).max(1))
-    }
-
-    /// The decode attention's counters of finished splits, one per (token, KV head): zero
-    /// between launches (the last split of each sets its own back). Null: the kernel leaves
-    /// the combine to `attn_combine`.
-    fn att_counters(&self, ntok: usize, kv_heads: usize) -> u64 {
-        if !self.tune.fused_combine {
-            return 0;
-        }
-        assert!(
-            ntok * kv_heads <= ATT_COUNTERS,
-            "CUDA decode attention: {ntok} tokens x {kv_heads} KV heads (at most {ATT_COUNTERS})"
-        );
-        self.att_cnt.ptr
     }
 
     /// kernels/*.cu attn_combine: the splits' partial softmax sums of `ntok * heads` rows into
@@ -579,14 +557,8 @@ impl CudaBackend {
             true => self.xq_scratch(pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK)),
             false => 0u64,
         };
-        // A decode attention combines its splits itself (the last of a KV head's to finish)
-        // where the switch asks for it.
         if let Some(dh) = dec {
-            a = a
-                .a(dh)
-                .a(self.att_counters(s.n_tokens, s.n_kv_heads))
-                .a(out_ptr)
-                .a(xq);
+            a = a.a(dh);
         }
         self.dev.launch(
             self.dev.func(name),
@@ -595,11 +567,9 @@ impl CudaBackend {
             0,
             &mut a.ptrs(),
         );
-        if dec.is_none() || !self.tune.fused_combine {
-            self.attn_combine(
-                acc, ml, n_ws, s.head_dim, out_ptr, xq, s.n_tokens, s.n_heads,
-            );
-        }
+        self.attn_combine(
+            acc, ml, n_ws, s.head_dim, out_ptr, xq, s.n_tokens, s.n_heads,
+        );
         if xq != 0 {
             self.xq_src.set(Some(XqSrc {
                 x: out_ptr,

@@ -96,8 +96,6 @@ pub struct CudaBackend {
     tune: Tune,
     ss: DevBuf,
     ss_next: Cell<usize>,
-    /// attention.rs ATT_COUNTERS zeroed counters.
-    att_cnt: DevBuf,
     graphs: RefCell<HashMap<u64, Graph>>,
     seen: RefCell<HashSet<u64>>,
     /// SCRATCH_GEN when `graphs` were recorded.
@@ -130,8 +128,6 @@ impl CudaBackend {
         let dev = Device::new(ordinal)?;
         let params = DevBuf::alloc(4 * (2 + MAX_IDS));
         dev.memset_u32(params.ptr, 0, 2 + MAX_IDS);
-        let att_cnt = DevBuf::alloc(4 * attention::ATT_COUNTERS);
-        dev.memset_u32(att_cnt.ptr, 0, attention::ATT_COUNTERS);
         let blas = LazyBlas::start(dev.ctx.clone(), dev.cu_stream());
         Ok(CudaBackend {
             blas,
@@ -148,7 +144,6 @@ impl CudaBackend {
             tune: Tune::from_env(),
             ss: DevBuf::alloc(4 * SS_SLOTS),
             ss_next: Cell::new(0),
-            att_cnt,
             graphs: RefCell::default(),
             seen: RefCell::default(),
             graphs_gen: Cell::new(SCRATCH_GEN.load(std::sync::atomic::Ordering::Relaxed)),

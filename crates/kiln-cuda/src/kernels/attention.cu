@@ -331,9 +331,8 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 // with the others, and keeps its own online softmax (no block barrier in the key loop). The
 // new key and value the split whose keys end at len stores are taken from registers, not
 // read back. The warps' partials meet in shared memory at the end; the block writes its
-// softmax partial (max, sum, weighted V) per query head, for attn_combine (or, with
-// KILN_CUDA_FUSED_COMBINE, for the last split of the KV head to finish: attn_dec_impl). G:
-// query heads a KV head, rounded up to a power of two (g the real count).
+// softmax partial (max, sum, weighted V) per query head, for attn_combine. G: query heads a
+// KV head, rounded up to a power of two (g the real count).
 template <int LPR, int G>
 __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, long long v_off,
                               int heads, int kv_heads, int hd, float scale, int len, int window,
@@ -512,8 +511,6 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
 #define COMBINE_W 1024
 // Splits whose values attn_combine loads ahead.
 #define COMBINE_PRE 4
-// Splits whose weights a decode attention's combine keeps in shared memory, per query head.
-#define DEC_CW 256
 
 // The maximum m and denominator of one head's n_ws split partials (ml: (max, sum) pairs) into
 // md, and the weights e^(m_s - m) of the first cw splits into wsh: one warp, its lanes a
@@ -558,90 +555,6 @@ __device__ __forceinline__ void combine_out(float v, int t, int h, int d, int he
     if (h == 0 && d == 0) ((float*)(xq + xq_inv_offset(cols, ntok)))[t] = 1.0f;
 }
 
-// Whether this block is the last of the n blocks counted at *cnt to finish (each block's
-// writes made visible first; the last one sets the count back to 0 for the next launch, and
-// then sees the others' writes).
-__device__ bool last_to_finish(u32* cnt, int n) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(cnt, 1u) == (u32)n - 1;
-        if (last) *cnt = 0;
-    }
-    __syncthreads();
-    if (last) __threadfence();
-    return last;
-}
-
-// attn_combine's work for the g query heads of KV head kvh of token t, in the block that
-// finished last: a warp takes each head's weights (combine_weights), then every thread its
-// elements (a head's dimensions), summing the splits in order as attn_combine does, so the
-// values are the ones it would write.
-template <int G, int HDM>
-__device__ void attn_dec_combine(const float* part_acc, const float* part_ml, int n_ws, int hd,
-                                 int heads, int g, int t, int kvh, int ntok, float* out,
-                                 u8* xq) {
-    __shared__ float wsh[G][DEC_CW];
-    __shared__ float md[G][2];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t th0 = (size_t)t * heads + (size_t)kvh * g;
-    for (int i = warp; i < g; i += DEC_WARPS)
-        combine_weights(part_ml + (th0 + i) * n_ws * 2, n_ws, wsh[i], DEC_CW, md[i], lane);
-    __syncthreads();
-    constexpr int EPT = (G * HDM + 32 * DEC_WARPS - 1) / (32 * DEC_WARPS);
-    const int n = g * hd, cw = min(n_ws, DEC_CW);
-    float num[EPT];
-    const float* acc[EPT];
-    int hi[EPT];
-#pragma unroll
-    for (int e = 0; e < EPT; e++) {
-        const int x = threadIdx.x + e * 32 * DEC_WARPS, i = min(x, n - 1) / hd;
-        hi[e] = x < n ? i : -1;
-        acc[e] = part_acc + (th0 + i) * n_ws * hd + (x - i * hd);
-        num[e] = 0.0f;
-    }
-    for (int s = 0; s < cw; s++) {
-#pragma unroll
-        for (int e = 0; e < EPT; e++) {
-            if (hi[e] < 0) continue;
-            const float w = wsh[hi[e]][s];
-            if (w != 0.0f) num[e] += w * __ldcg(acc[e] + (size_t)s * hd);
-        }
-    }
-    for (int s = DEC_CW; s < n_ws; s++) {
-#pragma unroll
-        for (int e = 0; e < EPT; e++) {
-            if (hi[e] < 0) continue;
-            const float ms = __ldcg(part_ml + ((th0 + hi[e]) * n_ws + s) * 2);
-            if (ms == -KINF) continue;
-            num[e] += expf(ms - md[hi[e]][0]) * __ldcg(acc[e] + (size_t)s * hd);
-        }
-    }
-#pragma unroll
-    for (int e = 0; e < EPT; e++) {
-        if (hi[e] < 0) continue;
-        const int x = threadIdx.x + e * 32 * DEC_WARPS;
-        combine_out(num[e] / md[hi[e]][1], t, kvh * g + hi[e], x - hi[e] * hd, hd, heads, ntok,
-                    out, xq);
-    }
-}
-
-// The decode attention: every split's partial (attn_dec_part), then, with cnt (a zeroed
-// counter per (token, KV head), left zeroed), the last split of each KV head to finish
-// combines them (no attn_combine launch); without, attn_combine follows.
-template <int LPR, int G>
-__device__ void attn_dec_impl(const float* q, const u64* tbl, long long k_off, long long v_off,
-                              int heads, int kv_heads, int hd, float scale, int len, int window,
-                              int t, int n_split, float* part_acc, float* part_ml,
-                              const DecHeads& dh, u32* cnt, float* out, u8* xq) {
-    attn_dec_part<LPR, G>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale, len, window, t,
-                          n_split, part_acc, part_ml, dh);
-    if (!cnt || !last_to_finish(cnt + (size_t)t * kv_heads + blockIdx.x, gridDim.y)) return;
-    attn_dec_combine<G, LPR * 8>(part_acc, part_ml, gridDim.y, hd, heads, heads / kv_heads, t,
-                                 blockIdx.x, gridDim.z, out, xq);
-}
-
 // One sequence of a batched decode step (attn_dec_seqs_<LPR>_<G>): its cache's block table
 // (common.cu kv_row), the keys its token sees (its position + 1, the last `window` of them
 // where window > 0) and its splits.
@@ -656,9 +569,8 @@ struct SeqDesc {
 // Decode entry points by LPR (lanes a key row) and G (query heads a KV head, rounded up to
 // a power of two): attn_dec_<LPR>_<G> for one token with its heads' work fused (grid
 // (kv_heads, splits)), attn_dec_seqs_<LPR>_<G> for one token of each of several sequences
-// (grid (kv_heads, splits, sequences); sequence z's rows of q, k, v and out are row z).
-// With cnt, both combine their splits into out (attn_dec_impl; the single-sequence one also
-// into xq, quantized for the next product, unless null).
+// (grid (kv_heads, splits, sequences); sequence z's rows of q, k and v are row z). Their
+// splits' partials are combined by attn_combine.
 // Blocks a multiprocessor the decode kernels are compiled for (attention.rs dec_min_blocks):
 // registers for four blocks where G <= 2 (128 fit), three at G = 4 (its 175 registers held
 // two: 168 hold three, spilling 4 bytes), two at G = 8.
@@ -668,25 +580,24 @@ struct SeqDesc {
         attn_dec_##L##_##G(                                                                  \
         const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
         int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
-        int window, DecHeads dh, u32* cnt, float* out, u8* xq) {                             \
-        attn_dec_impl<L, G>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale,               \
+        int window, DecHeads dh) {                                                           \
+        attn_dec_part<L, G>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale,               \
                             (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,        \
-                            gridDim.y, pa, pml, dh, cnt, out, xq);                           \
+                            gridDim.y, pa, pml, dh);                                         \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
         attn_dec_seqs_##L##_##G(                                                             \
         const float* q, const SeqDesc* seqs, int layer, int heads, int kv_heads, int hd,     \
-        float scale, float* pa, float* pml, DecHeads dh, u32* cnt, float* out) {             \
+        float scale, float* pa, float* pml, DecHeads dh) {                                   \
         const int z = blockIdx.z;                                                            \
         const SeqDesc sd = seqs[z];                                                          \
         const long long k_off = (long long)layer * 2 * kv_heads * KV_BLOCK * hd;             \
         DecHeads d = dh;                                                                     \
         d.k += (size_t)z * kv_heads * hd;                                                    \
         d.v += (size_t)z * kv_heads * hd;                                                    \
-        attn_dec_impl<L, G>(q + (size_t)z * heads * hd, sd.tbl, k_off,                      \
+        attn_dec_part<L, G>(q + (size_t)z * heads * hd, sd.tbl, k_off,                      \
                             k_off + (long long)kv_heads * KV_BLOCK * hd, heads, kv_heads,    \
-                            hd, scale, sd.len, sd.window, z, sd.splits, pa, pml, d, cnt,     \
-                            out, nullptr);                                                   \
+                            hd, scale, sd.len, sd.window, z, sd.splits, pa, pml, d);         \
     }
 #define ATTN_DEC_G(L) ATTN_DEC(L, 1) ATTN_DEC(L, 2) ATTN_DEC(L, 4) ATTN_DEC(L, 8)
 ATTN_DEC_G(4)
@@ -713,9 +624,8 @@ ATTN_SPLIT(7)
 ATTN_SPLIT(8)
 
 // grid (ntok * heads), block head_dim threads (rounded up to a warp): out = sum_s e^(m_s - M)
-// acc_s / sum_s e^(m_s - M) l_s, for the prompt attention's splits and the decode ones (unless
-// the decode attention combines its own: KILN_CUDA_FUSED_COMBINE). The first warp takes the
-// splits' maxima and weights (combine_weights); each thread then sums its dimension over the
+// acc_s / sum_s e^(m_s - M) l_s, for the prompt attention's splits and the decode ones. The
+// first warp takes the splits' maxima and weights (combine_weights); each thread then sums its dimension over the
 // splits in order. Empty splits (m_s = -inf) weigh nothing exactly, so a sequence's sums do
 // not depend on how many splits the grid has. With xq, the rows are also written quantized
 // (combine_out).
