@@ -24,6 +24,12 @@ pub(crate) const DEC_BLOCKS_PER_SM: usize = 3;
 /// two counts are within 1% of each other).
 pub(crate) const DEC_LONG_KEYS: usize = 12288;
 
+/// Keys from which a prompt chunk's attention runs in one pass over the cache
+/// (kernels/flash.cu) rather than through cuBLAS products over gathered keys. Measured on an
+/// H100 (Qwen3-0.6B shape, pp512 at depth, tok/s, cuBLAS / one pass): 1024 78,174 / 57,342;
+/// 4096 45,294 / 26,698; 8192 14,352 / 16,048; 12288 10,727 / 11,138; 16384 5,564 / 8,523.
+pub(crate) const FLASH_MIN_KEYS: usize = 8192;
+
 /// Blocks a multiprocessor holds of the decode kernel for `group` query heads a KV head
 /// (kernels/attention.cu DEC_MIN_BLOCKS, the register budget it is compiled for): a grid of
 /// more blocks a multiprocessor than this runs in two waves.
@@ -487,7 +493,16 @@ impl CudaBackend {
             && !quant
             && s.n_tokens >= PROMPT_GEMM_MIN_TOKENS
             && !self.recording.get();
-        if prompt && self.tune.flash_prompt && matches!(s.head_dim, 64 | 128) {
+        // The keys the chunk's last query sees (a sliding window's at most).
+        let keys = match s.window {
+            0 => s.pos0 + s.n_tokens,
+            w => (s.pos0 + s.n_tokens).min(w + s.n_tokens),
+        };
+        let flash = match self.tune.flash_prompt {
+            Some(f) => f == 1,
+            None => keys >= FLASH_MIN_KEYS,
+        };
+        if prompt && flash && matches!(s.head_dim, 64 | 128) {
             return self.attention_flash(q_ptr, cache, layer, s, out_ptr);
         }
         if prompt && self.tune.prompt_gemm && self.blas.is_some() {

@@ -98,9 +98,10 @@ pub(crate) struct Tune {
     pub(crate) nr: Option<usize>,
     /// Prompt attention through cuBLAS (KILN_CUDA_NO_PROMPT_GEMM=1: the split kernel instead).
     pub(crate) prompt_gemm: bool,
-    /// Prompt attention in one pass over the cache (KILN_CUDA_FLASH_PROMPT=1; head sizes 64
-    /// and 128). Off by default until it is tested and measured on a GPU.
-    pub(crate) flash_prompt: bool,
+    /// Prompt attention in one pass over the cache (head sizes 64 and 128): by default where
+    /// a chunk's queries see attention.rs FLASH_MIN_KEYS keys or more; KILN_CUDA_FLASH_PROMPT
+    /// 0 never, 1 always.
+    pub(crate) flash_prompt: Option<usize>,
     /// Decode attention blocks a multiprocessor (KILN_CUDA_DEC_BPS, 1-16).
     pub(crate) dec_blocks_per_sm: Option<usize>,
     /// Rows a warp of one-token decode products without a quantized output
@@ -123,7 +124,7 @@ impl Tune {
             kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
             nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
             prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
-            flash_prompt: kiln_backend::options::dev_flag("KILN_CUDA_FLASH_PROMPT"),
+            flash_prompt: env("KILN_CUDA_FLASH_PROMPT").filter(|n| [0, 1].contains(n)),
             dec_blocks_per_sm: env("KILN_CUDA_DEC_BPS").filter(|n| (1..=16).contains(n)),
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
