@@ -122,12 +122,16 @@ impl<B: Backend> Tts<B> {
         voices: &Path,
         lexicon_dir: Option<&Path>,
     ) -> Result<Tts<B>, TtsError> {
-        let model = Kokoro::load(&backend, model, config)?;
+        // The lexicons and letter-to-sound model are read on a thread of their own while the
+        // model loads; the model's error comes first, as before.
+        let (model, g2p) = std::thread::scope(|s| {
+            let g2p = lexicon_dir.map(|d| s.spawn(move || G2p::load(d)));
+            let model = Kokoro::load(&backend, model, config);
+            (model, g2p.map(crate::join_scoped))
+        });
+        let model = model?;
         let voices = load_voices(voices, 2 * model.config.style_dim)?;
-        let g2p = match lexicon_dir {
-            Some(d) => Some(G2p::load(d)?),
-            None => None,
-        };
+        let g2p = g2p.transpose()?;
         Ok(Tts {
             backend,
             model,
