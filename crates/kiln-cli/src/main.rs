@@ -42,11 +42,6 @@ pub fn cuda_backend() -> anyhow::Result<kiln_cuda::CudaBackend> {
     Ok(kiln_cuda::CudaBackend::new()?)
 }
 
-/// A scoped thread's result; its panic goes on in the caller.
-pub fn join_scoped<T>(t: std::thread::ScopedJoinHandle<'_, T>) -> T {
-    t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
 /// The CUDA backend's type (the CPU's in a build without CUDA, where it is never made).
 #[cfg(feature = "cuda")]
 pub type CudaBackendType = kiln_cuda::CudaBackend;

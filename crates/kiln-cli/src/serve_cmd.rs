@@ -136,14 +136,17 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
         let sched = crate::llm_cmd::spawn_scheduler(
             cfg,
             &file,
-            a.model.device,
+            device,
             a.model.adapter.clone(),
             move || match reference {
                 true => CpuBackend::reference(),
                 false => CpuBackend::new(threads.unwrap_or_else(default_threads).max(1)),
             },
         );
-        let (stt, tts) = (stt.map(crate::join_scoped), tts.map(crate::join_scoped));
+        let (stt, tts) = (
+            stt.map(kiln_runtime::join_scoped),
+            tts.map(kiln_runtime::join_scoped),
+        );
         (sched, stt, tts)
     });
     let sched = sched?;

@@ -141,7 +141,11 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
                 kiln_backend::cpu::lower_thread_priority(10);
                 CpuBackend::new(threads)
             });
-        (sched, crate::join_scoped(stt), crate::join_scoped(tts))
+        (
+            sched,
+            kiln_runtime::join_scoped(stt),
+            kiln_runtime::join_scoped(tts),
+        )
     });
     let (sched, stt, tts) = (sched?, stt?, tts?);
     anyhow::ensure!(

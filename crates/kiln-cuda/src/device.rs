@@ -304,7 +304,7 @@ impl HostTimes {
 pub struct Device {
     /// Some with KILN_CUDA_TIMES=1.
     pub times: Option<HostTimes>,
-    #[allow(dead_code)] // keeps the context alive
+    /// The context (kept alive; cuBLAS's thread binds it).
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     module: Arc<CudaModule>,

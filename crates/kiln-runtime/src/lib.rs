@@ -40,6 +40,6 @@ pub use speculative::{DraftModel, Drafter, PromptLookup};
 pub use stop::StopMatcher;
 
 /// A scoped thread's result; its panic, if it panicked, goes on in the caller.
-pub(crate) fn join_scoped<T>(t: std::thread::ScopedJoinHandle<'_, T>) -> T {
+pub fn join_scoped<T>(t: std::thread::ScopedJoinHandle<'_, T>) -> T {
     t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
