@@ -432,6 +432,19 @@ pub fn resolve(model: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBu
     fetch(model, false, progress)
 }
 
+/// Where `model` already is on this machine when that needs no download: an existing path,
+/// or a catalog entry in the cache (the path [`resolve`] gives it). None otherwise, for a
+/// model [`resolve`] would fetch or look up elsewhere.
+pub fn resolve_local(model: &str) -> Option<PathBuf> {
+    let p = Path::new(model);
+    if p.exists() {
+        return Some(p.to_path_buf());
+    }
+    let e = entry(model).filter(|e| is_cached(e))?;
+    mark_used(e.name);
+    Some(entry_dir(e).join(e.main))
+}
+
 /// The folder of a [`TEST_DATA`] entry, fetched first if it is not in the cache.
 pub fn test_data(name: &str) -> Result<PathBuf, AssetError> {
     let e = TEST_DATA.iter().find(|e| e.name == name).ok_or_else(|| {

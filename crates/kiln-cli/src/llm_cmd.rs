@@ -357,6 +357,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     // After the answer, so a failed run stays one line on stderr.
     eprintln!("{}", memory_line(llm.info()));
     eprintln!("{}", stats_line(&stats));
+    crate::leave_for_exit(llm);
     Ok(())
 }
 

@@ -213,6 +213,7 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
                 f.write_all(&pcm16(s))
             })?;
             out.commit()?;
+            crate::leave_for_exit(tts);
             return report(&st);
         }
         let mut out = AudioFile::create(std::path::Path::new(&a.output), SAMPLE_RATE)?;
@@ -220,6 +221,7 @@ pub fn speak(a: SpeakArgs) -> anyhow::Result<()> {
         out.commit()?;
         st
     };
+    crate::leave_for_exit(tts);
     report(&st)
 }
 

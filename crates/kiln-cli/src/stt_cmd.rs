@@ -10,7 +10,7 @@ use kiln_backend::cpu::{default_threads, CpuBackend};
 use kiln_backend::Backend;
 use kiln_models::whisper::LoadOptions;
 use kiln_quant::GgmlType;
-use kiln_runtime::whisper::{output, Stt, TranscribeOptions, Vad};
+use kiln_runtime::whisper::{output, Stt, TranscribeOptions, Vad, WhisperError};
 
 pub const DEFAULT_STT: &str = "whisper-tiny.en";
 /// The VAD model (catalog name).
@@ -137,18 +137,34 @@ pub struct TranscribeArgs {
 
 pub fn load(m: &SttModelArgs) -> anyhow::Result<Stt<CpuBackend>> {
     let threads = m.threads.unwrap_or_else(default_threads).max(1);
-    load_on(CpuBackend::new(threads), m)
+    load_on(|| Ok(CpuBackend::new(threads)), m)
 }
 
-/// Whisper on `backend`.
-pub fn load_on<B: Backend>(backend: B, m: &SttModelArgs) -> anyhow::Result<Stt<B>> {
-    let path = crate::resolve_model(&m.model)?;
+/// Whisper on the backend `make` gives.
+pub fn load_on<B: Backend>(
+    make: impl FnOnce() -> anyhow::Result<B>,
+    m: &SttModelArgs,
+) -> anyhow::Result<Stt<B>> {
     let quant = match m.quant {
         Quant::None => None,
         Quant::Q8_0 => Some(GgmlType::Q8_0),
         Quant::Q4_0 => Some(GgmlType::Q4_0),
     };
-    let mut stt = Stt::load(backend, &path, LoadOptions { quant })?;
+    let opts = LoadOptions { quant };
+    let mut stt = match kiln_assets::resolve_local(&m.model) {
+        // On disk already: its vocabulary is read while the backend is made (a CUDA
+        // context's 0.3 s).
+        Some(path) => Stt::load_with(
+            || make().map_err(|e| WhisperError::Device(format!("{e:#}"))),
+            &path,
+            opts,
+        )?,
+        // To be fetched: the backend first, so that a missing GPU is said before a download.
+        None => {
+            let backend = make()?;
+            Stt::load(backend, &crate::resolve_model(&m.model)?, opts)?
+        }
+    };
     stt.vad = load_vad(m.vad)?;
     Ok(stt)
 }
@@ -182,9 +198,9 @@ pub fn spawn(
     let (m, adapter) = (m.clone(), adapter.map(str::to_string));
     match device {
         crate::Device::Cpu => SpeechToText::spawn(move || load(&m)),
-        crate::Device::Cuda => SpeechToText::spawn(move || load_on(crate::cuda_backend()?, &m)),
+        crate::Device::Cuda => SpeechToText::spawn(move || load_on(crate::cuda_backend, &m)),
         crate::Device::Gpu => {
-            SpeechToText::spawn(move || load_on(crate::gpu_backend(adapter.as_deref())?, &m))
+            SpeechToText::spawn(move || load_on(|| crate::gpu_backend(adapter.as_deref()), &m))
         }
     }
 }
@@ -211,9 +227,14 @@ pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
     if a.live {
         return live(a);
     }
-    // The backend first (a missing GPU is the cheapest thing to report), then the audio.
-    let stt = spawn(a.device, a.adapter.as_deref(), &a.model)?;
-    let audio = kiln_audio::load_16k(&a.file)?;
+    // The audio is decoded while the model loads; a load error (a missing GPU, a bad model
+    // file) is said before a bad audio file's.
+    let (stt, audio) = std::thread::scope(|s| {
+        let audio = s.spawn(|| kiln_audio::load_16k(&a.file));
+        let stt = spawn(a.device, a.adapter.as_deref(), &a.model);
+        (stt, kiln_runtime::join_scoped(audio))
+    });
+    let (stt, audio) = (stt?, audio?);
     let t = stt.transcribe(&audio.samples, &options(&a))?;
     let out = match a.format {
         Format::Txt => output::txt(&t),
@@ -241,6 +262,7 @@ pub fn transcribe(a: TranscribeArgs) -> anyhow::Result<()> {
         s.total_ms,
         s.total_ms / 1e3 / s.audio_s.max(1e-9)
     );
+    crate::leave_for_exit(stt);
     Ok(())
 }
 

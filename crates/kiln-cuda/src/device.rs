@@ -97,8 +97,12 @@ impl Drop for Device {
             ("kernel launches", &t.launch),
             ("graph launches", &t.graph),
             ("copies to the device", &t.htod),
+            ("  of them 1 MiB or more", &t.htod_big),
             ("copies from the device", &t.dtoh),
             ("waits after them", &t.sync),
+            ("kernel lookups", &t.lookup),
+            ("weights loaded", &t.weights),
+            ("tensors made", &t.tensors),
         ] {
             let (n, ns) = c.get();
             eprintln!(
@@ -107,6 +111,10 @@ impl Drop for Device {
                 ns as f64 / 1e3 / n.max(1) as f64
             );
         }
+        eprintln!(
+            "  {:.1} MB copied to the device",
+            t.htod_bytes.get() as f64 / 1e6
+        );
     }
 }
 
@@ -290,6 +298,15 @@ pub struct HostTimes {
     pub htod: Cell<(u64, u128)>,
     pub dtoh: Cell<(u64, u128)>,
     pub sync: Cell<(u64, u128)>,
+    /// Kernels looked up at their first launch (CUDA's lazy loading loads each then), and
+    /// weights packed and uploaded (load_weight, from its start to its wait).
+    pub lookup: Cell<(u64, u128)>,
+    pub weights: Cell<(u64, u128)>,
+    /// Tensors made (an allocation and its zeroing).
+    pub tensors: Cell<(u64, u128)>,
+    /// Bytes copied to the device, and the copies of 1 MiB or more.
+    pub htod_bytes: Cell<u64>,
+    pub htod_big: Cell<(u64, u128)>,
 }
 
 impl HostTimes {
@@ -406,7 +423,11 @@ impl Device {
     pub fn func(&self, name: &str) -> sys::CUfunction {
         let i = *self.index.get(name).expect("kernel name");
         *self.funcs[i].get_or_init(|| {
+            let t0 = self.t0();
             let f = self.module.load_function(name);
+            if let Some(t) = &self.times {
+                t.add(&t.lookup, t0);
+            }
             // Every name in KERNELS is a kernel of the module (device::tests::kernels_compile_with_nvrtc).
             f.unwrap_or_else(|e| panic!("CUDA: loading kernel {name}: {e:?}"))
                 .cu_function()
@@ -470,6 +491,11 @@ impl Device {
             .unwrap_or_else(|e| panic!("CUDA: copy to the device failed: {e:?}"));
         if let Some(t) = &self.times {
             t.add(&t.htod, t0);
+            let bytes = std::mem::size_of_val(src);
+            t.htod_bytes.set(t.htod_bytes.get() + bytes as u64);
+            if bytes >= 1 << 20 {
+                t.add(&t.htod_big, t0);
+            }
         }
     }
 

@@ -148,25 +148,113 @@ impl Drop for Blas {
     }
 }
 
-/// cuBLAS, brought up on a thread of its own while the model loads (loading libcublas and
-/// making a handle is start-up work a decode never needs): the first prompt-sized product or
-/// convolution waits for it. None where libcublas is missing.
+/// cuBLAS, brought up on a thread of its own: its libraries load while the context opens
+/// (about as long as the driver's context), its handle is made once the context is there,
+/// beside the model's load; the first prompt-sized product or convolution waits for it.
+/// None where libcublas is missing.
 pub(crate) struct LazyBlas {
     pending: RefCell<Option<std::thread::JoinHandle<Option<Blas>>>>,
     ready: std::cell::OnceCell<Option<Blas>>,
+    /// To the thread until the handle is taken (dropped: the thread finishes).
+    tell: RefCell<Option<std::sync::mpsc::Sender<BlasMsg>>>,
+    warm_asked: std::cell::Cell<bool>,
+}
+
+/// What the cuBLAS thread is told: the context and the stream to queue on; to warm the
+/// library up (a model whose weights will run block products soon); that the handle is wanted now.
+pub(crate) enum BlasMsg {
+    Target(Arc<CudaContext>, usize),
+    Warm,
+    Done,
+}
+
+/// One small f16 product on a stream of the thread's own, waited for: cuBLAS's first product
+/// in a process sets up the library (tens of milliseconds, measured on an H200 as the gap
+/// between a cold first encoder window and a warm one) and this moves that set-up beside the
+/// model's load. The kernels a real shape picks still load at its first use.
+fn warm_up(h: cudarc::cublas::sys::cublasHandle_t) -> Option<()> {
+    use cudarc::cublas::sys as cb;
+    const N: usize = 256;
+    let a = DevBuf::try_alloc(N * N * 2).ok()?;
+    let c = DevBuf::try_alloc(N * N * 4).ok()?;
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+    unsafe { sys::cuStreamCreate(&mut s, flags) }
+        .result()
+        .ok()?;
+    let (alpha, beta) = (1f32, 0f32);
+    let ran = unsafe {
+        cudarc::cublas::result::set_stream(h, s as _).ok()?;
+        // Zeros for operands (fresh device memory holds anything); called as products.rs calls it.
+        sys::cuMemsetD8Async(a.ptr, 0, N * N * 2, s).result().ok()?;
+        cudarc::cublas::result::gemm_ex(
+            h,
+            cb::cublasOperation_t::CUBLAS_OP_T,
+            cb::cublasOperation_t::CUBLAS_OP_N,
+            N as i32,
+            N as i32,
+            N as i32,
+            &alpha as *const f32 as *const c_void,
+            a.ptr as *const c_void,
+            cb::cudaDataType_t::CUDA_R_16F,
+            N as i32,
+            a.ptr as *const c_void,
+            cb::cudaDataType_t::CUDA_R_16F,
+            N as i32,
+            &beta as *const f32 as *const c_void,
+            c.ptr as *mut c_void,
+            cb::cudaDataType_t::CUDA_R_32F,
+            N as i32,
+            cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+        .ok()
+    };
+    unsafe {
+        let _ = sys::cuStreamSynchronize(s);
+        let _ = sys::cuStreamDestroy_v2(s);
+    }
+    ran
 }
 
 impl LazyBlas {
-    /// Starts making a handle for `ctx`'s work queued on `stream`.
-    pub(crate) fn start(ctx: Arc<CudaContext>, stream: sys::CUstream) -> LazyBlas {
-        let stream = stream as usize;
+    /// Starts loading the libraries now, before there is a context; the handle is made once
+    /// [`LazyBlas::target`] names the context.
+    pub(crate) fn early() -> LazyBlas {
+        let (tx, rx) = std::sync::mpsc::channel::<BlasMsg>();
+        let none = kiln_backend::options::dev_flag("KILN_CUDA_NO_BLAS");
+        // KILN_CUDA_NO_BLAS_WARM=1 (dev-switches): no warm-up, for measuring what it gains.
+        let warm_off = kiln_backend::options::dev_flag("KILN_CUDA_NO_BLAS_WARM");
         let make = move || {
-            ctx.bind_to_thread().ok()?;
-            if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            // dlopen of libcublas (and libcublasLt, which it needs) while the driver opens
+            // the device on the caller's thread.
+            if none || !unsafe { cudarc::cublas::sys::is_culib_present() } {
                 return None;
             }
+            let mut warm = false;
+            let (ctx, stream) = loop {
+                match rx.recv().ok()? {
+                    BlasMsg::Target(ctx, stream) => break (ctx, stream),
+                    BlasMsg::Warm => warm = true,
+                    BlasMsg::Done => return None,
+                }
+            };
+            ctx.bind_to_thread().ok()?;
             let h = cudarc::cublas::result::create_handle().ok()?;
             let blas = Blas(h);
+            let mut warmed = false;
+            loop {
+                if warm && !warmed && !warm_off {
+                    // A failed warm-up leaves a handle that works as well, only colder.
+                    let _ = warm_up(h);
+                    warmed = true;
+                }
+                match rx.recv() {
+                    Ok(BlasMsg::Warm) => warm = true,
+                    Ok(BlasMsg::Target(..)) => {}
+                    Ok(BlasMsg::Done) | Err(_) => break,
+                }
+            }
             unsafe { cudarc::cublas::result::set_stream(h, stream as _) }.ok()?;
             Some(blas)
         };
@@ -177,13 +265,43 @@ impl LazyBlas {
         LazyBlas {
             pending: RefCell::new(pending),
             ready: Default::default(),
+            tell: RefCell::new(Some(tx)),
+            warm_asked: Default::default(),
         }
+    }
+
+    fn tell(&self, m: BlasMsg) {
+        if let Some(tx) = self.tell.borrow().as_ref() {
+            // A thread that has ended (no libcublas) makes no handle: nothing to tell.
+            let _ = tx.send(m);
+        }
+    }
+
+    /// The context, and the stream whose work cuBLAS queues on.
+    pub(crate) fn target(&self, ctx: Arc<CudaContext>, stream: sys::CUstream) {
+        self.tell(BlasMsg::Target(ctx, stream as usize));
+    }
+
+    /// Block products come soon (weights marked `prefer_batches`): cuBLAS's first-product
+    /// set-up is done on its thread now, beside the rest of the load.
+    pub(crate) fn warm(&self) {
+        if !self.warm_asked.replace(true) {
+            self.tell(BlasMsg::Warm);
+        }
+    }
+
+    /// Lets the thread end on its own (it makes no handle without a context).
+    pub(crate) fn detach(self) {
+        drop(self.tell.borrow_mut().take());
+        drop(self.pending.borrow_mut().take());
     }
 
     /// The handle, once made (None: no cuBLAS on this machine).
     pub(crate) fn get(&self) -> Option<&Blas> {
         self.ready
             .get_or_init(|| {
+                self.tell(BlasMsg::Done);
+                drop(self.tell.borrow_mut().take());
                 let pending = self.pending.borrow_mut().take();
                 pending.and_then(|t| t.join().ok().flatten())
             })
@@ -198,6 +316,7 @@ impl LazyBlas {
 impl Drop for LazyBlas {
     fn drop(&mut self) {
         // A handle still being made is waited for, so that it is destroyed before the context.
+        drop(self.tell.get_mut().take());
         if let Some(t) = self.pending.get_mut().take() {
             drop(t.join());
         }

@@ -125,10 +125,18 @@ impl CudaBackend {
     }
 
     pub fn with_device(ordinal: usize) -> Result<Self, CudaInitError> {
-        let dev = Device::new(ordinal)?;
+        let blas = LazyBlas::early();
+        let dev = match Device::new(ordinal) {
+            Ok(dev) => dev,
+            Err(e) => {
+                // No context: the thread's handle can never be made, so it is not waited for.
+                blas.detach();
+                return Err(e);
+            }
+        };
         let params = DevBuf::alloc(4 * (2 + MAX_IDS));
         dev.memset_u32(params.ptr, 0, 2 + MAX_IDS);
-        let blas = LazyBlas::start(dev.ctx.clone(), dev.cu_stream());
+        blas.target(dev.ctx.clone(), dev.cu_stream());
         Ok(CudaBackend {
             blas,
             dev,
@@ -281,6 +289,7 @@ impl TensorOps for CudaBackend {
     }
 
     fn load_weight(&self, w: WeightData) -> Result<CudaWeight, BackendError> {
+        let t0 = self.dev.t0();
         let p =
             pack::pack(w.ty, w.rows, w.cols, w.bytes).map_err(|source| BackendError::Quant {
                 name: w.name.to_string(),
@@ -300,6 +309,9 @@ impl TensorOps for CudaBackend {
             name: w.name.into(),
             what: format!("CUDA upload: {e:?}"),
         })?;
+        if let Some(t) = &self.dev.times {
+            t.add(&t.weights, t0);
+        }
         Ok(CudaWeight {
             fmt: p.fmt,
             rows: w.rows,
@@ -348,13 +360,24 @@ impl TensorOps for CudaBackend {
         (w.rows, w.cols)
     }
 
+    /// The weights keep their one layout; the hint that block products come soon (Whisper's
+    /// encoder right after the load, Kokoro's layers) warms cuBLAS up beside the load.
+    fn prefer_batches(&self, w: &mut CudaWeight, int8: bool) {
+        let _ = (w, int8);
+        self.blas.warm();
+    }
+
     fn weight_bytes(&self, w: &CudaWeight) -> usize {
         w.stored_bytes
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CudaTensor {
+        let t0 = self.dev.t0();
         let buf = DevBuf::alloc(rows * cols * 4);
         self.dev.memset_u32(buf.ptr, 0, (rows * cols).max(1));
+        if let Some(t) = &self.dev.times {
+            t.add(&t.tensors, t0);
+        }
         CudaTensor { buf, rows, cols }
     }
 

@@ -32,27 +32,54 @@ pub(crate) fn byte_chars() -> [char; 256] {
     out
 }
 
-/// The pieces BPE leaves of `token` when only merges ranked below `max_rank` may apply.
-fn bpe_pieces<'t>(ranks: &HashMap<&[u8], u32>, token: &'t [u8], max_rank: u32) -> Vec<&'t [u8]> {
-    let mut parts: Vec<&[u8]> = (0..token.len()).map(|i| &token[i..i + 1]).collect();
-    let mut bounds: Vec<usize> = (0..=token.len()).collect();
+/// Token bytes to rank (= id), hashed fast: building the merge list looks up every adjacent
+/// pair of every token's pieces.
+type Ranks<'a> = HashMap<&'a [u8], u32, foldhash::fast::FixedState>;
+
+/// Where BPE splits `token` when only merges ranked below `max_rank` may apply and exactly
+/// two pieces are left (None for any other count): the adjacent pair of lowest rank (the
+/// leftmost of equals) joins first. Each pair's rank is looked up once, and again only where
+/// a merge changed one of its pieces; `bounds` and `pair` are scratch kept between calls.
+fn bpe_split(
+    ranks: &Ranks,
+    token: &[u8],
+    max_rank: u32,
+    bounds: &mut Vec<usize>,
+    pair: &mut Vec<u32>,
+) -> Option<usize> {
+    let rank = |a: usize, b: usize| {
+        ranks
+            .get(&token[a..b])
+            .copied()
+            .filter(|&r| r < max_rank)
+            .unwrap_or(u32::MAX)
+    };
+    // Piece k is token[bounds[k]..bounds[k + 1]]; pair[k] the rank of pieces k and k + 1 joined.
+    bounds.clear();
+    bounds.extend(0..=token.len());
+    pair.clear();
+    pair.extend((0..token.len().saturating_sub(1)).map(|k| rank(k, k + 2)));
     loop {
-        let mut best: Option<(u32, usize)> = None;
-        for i in 0..parts.len().saturating_sub(1) {
-            let joined = &token[bounds[i]..bounds[i + 2]];
-            if let Some(&r) = ranks.get(joined) {
-                if r < max_rank && best.is_none_or(|(br, _)| r < br) {
-                    best = Some((r, i));
-                }
+        let mut best = (u32::MAX, 0);
+        for (k, &r) in pair.iter().enumerate() {
+            if r < best.0 {
+                best = (r, k);
             }
         }
-        let Some((_, i)) = best else { break };
+        let (r, i) = best;
+        if r == u32::MAX {
+            break;
+        }
         bounds.remove(i + 1);
-        parts = (0..bounds.len() - 1)
-            .map(|k| &token[bounds[k]..bounds[k + 1]])
-            .collect();
+        pair.remove(i);
+        if i > 0 {
+            pair[i - 1] = rank(bounds[i - 1], bounds[i + 1]);
+        }
+        if i < pair.len() {
+            pair[i] = rank(bounds[i], bounds[i + 2]);
+        }
     }
-    parts
+    (bounds.len() == 3).then(|| bounds[1])
 }
 
 impl Tokenizer {
@@ -63,7 +90,7 @@ impl Tokenizer {
         let bad = |msg: String| TextError::Tokenizer(format!("byte vocabulary: {msg}"));
         let chars = byte_chars();
         let show = |b: &[u8]| b.iter().map(|&c| chars[c as usize]).collect::<String>();
-        let mut ranks: HashMap<&[u8], u32> = HashMap::with_capacity(tokens.len());
+        let mut ranks = Ranks::with_capacity_and_hasher(tokens.len(), Default::default());
         for (i, t) in tokens.iter().enumerate() {
             if t.is_empty() {
                 return Err(bad(format!("token {i} is empty")));
@@ -76,15 +103,16 @@ impl Tokenizer {
             }
         }
         let mut vocab = Vocab::with_capacity(tokens.len() + specials.len());
-        let mut merges = Vec::new();
+        let mut merges = Vec::with_capacity(tokens.len());
+        let (mut bounds, mut pair) = (Vec::new(), Vec::new());
         for (i, t) in tokens.iter().enumerate() {
             if ranks.get(t) != Some(&(i as u32)) {
                 continue; // a repeated token keeps its first id
             }
             vocab.insert(show(t), i as u32);
             if t.len() > 1 {
-                if let [a, b] = bpe_pieces(&ranks, t, i as u32)[..] {
-                    merges.push((show(a), show(b)));
+                if let Some(k) = bpe_split(&ranks, t, i as u32, &mut bounds, &mut pair) {
+                    merges.push((show(&t[..k]), show(&t[k..])));
                 }
             }
         }

@@ -289,10 +289,19 @@ impl<B: Backend> Whisper<B> {
         // Quantization applies to the decoder: it runs once per token and is bound by
         // weight bytes. The encoder runs once per window and is bound by arithmetic: it
         // keeps the file's format except for Q8_0 (see `set_batched`).
+        let t0 = std::time::Instant::now();
         w.set_batched(true);
         let encoder = Encoder::load(b, &w, &cfg)?;
+        let t_enc = t0.elapsed();
         w.set_batched(false);
         let decoder = Decoder::load(b, &w, &cfg)?;
+        if kiln_backend::options::dev_flag("KILN_LOAD_TIMES") {
+            eprintln!(
+                "whisper weights: encoder {:.1} ms, decoder {:.1} ms",
+                t_enc.as_secs_f64() * 1e3,
+                (t0.elapsed() - t_enc).as_secs_f64() * 1e3
+            );
+        }
         Self::check_tied(f, &w)?;
         if let WhisperFile::Ct2(_) = f {
             for s in [

@@ -36,6 +36,9 @@ pub enum WhisperError {
     Vocabulary(String),
     #[error("{0}")]
     Input(String),
+    /// The backend could not be made (no GPU, say).
+    #[error("{0}")]
+    Device(String),
 }
 
 /// A loaded Whisper model with its tokenizer.
@@ -93,25 +96,60 @@ impl<B: Backend> Stt<B> {
     /// is the `tokenizer.json` beside the weights; a ggml file without one uses its own
     /// vocabulary.
     pub fn load(backend: B, path: &Path, opts: LoadOptions) -> Result<Self, WhisperError> {
+        Self::load_with(|| Ok(backend), path, opts)
+    }
+
+    /// As [`Stt::load`], the backend made by `make` while the vocabulary is read beside it
+    /// (a CUDA context takes about 0.3 s to open, a ggml file's vocabulary 0.05-0.2 s to
+    /// rebuild). An error of `make` is said before one of the file's.
+    pub fn load_with(
+        make: impl FnOnce() -> Result<B, WhisperError>,
+        path: &Path,
+        opts: LoadOptions,
+    ) -> Result<Self, WhisperError> {
         let t0 = Instant::now();
-        let f = WhisperFile::open(path)?;
+        let f = match WhisperFile::open(path) {
+            Ok(f) => f,
+            Err(e) => {
+                make()?;
+                return Err(e.into());
+            }
+        };
         let dir = match &f {
             WhisperFile::Hf(h) => h.dir.clone(),
             _ => f.path().parent().unwrap_or(Path::new(".")).to_path_buf(),
         };
         let tok_path = dir.join("tokenizer.json");
         // The vocabulary (tokenizer.json, else a ggml file's own) is read on a thread of its
-        // own while the weights load: tens of milliseconds each.
-        let (model, tokenizer) = std::thread::scope(|s| {
-            let tokenizer = s.spawn(|| match &f {
-                WhisperFile::Ggml(g) if !tok_path.is_file() => {
-                    ggml_tokenizer(g, g.hparams.n_vocab as usize)
-                }
-                _ => Tokenizer::from_file(&tok_path).map_err(WhisperError::from),
+        // own while the backend is made and the weights load.
+        let t_open = t0.elapsed();
+        let (made, tokenizer, t_tok, t_model) = std::thread::scope(|s| {
+            let tokenizer = s.spawn(|| {
+                let tok = match &f {
+                    WhisperFile::Ggml(g) if !tok_path.is_file() => {
+                        ggml_tokenizer(g, g.hparams.n_vocab as usize)
+                    }
+                    _ => Tokenizer::from_file(&tok_path).map_err(WhisperError::from),
+                };
+                (tok, t0.elapsed())
             });
-            let model = Whisper::load(&backend, &f, opts);
-            (model, crate::join_scoped(tokenizer))
+            let made = make().map(|b| {
+                let model = Whisper::load(&b, &f, opts);
+                (b, model)
+            });
+            let t_model = t0.elapsed();
+            let (tok, t_tok) = crate::join_scoped(tokenizer);
+            (made, tok, t_tok, t_model)
         });
+        let (backend, model) = made?;
+        if kiln_backend::options::dev_flag("KILN_LOAD_TIMES") {
+            eprintln!(
+                "whisper load: file open {:.1} ms, backend and weights done at {:.1} ms, vocabulary done at {:.1} ms",
+                t_open.as_secs_f64() * 1e3,
+                t_model.as_secs_f64() * 1e3,
+                t_tok.as_secs_f64() * 1e3
+            );
+        }
         let (model, tokenizer) = (model?, tokenizer?);
         let special = SpecialTokens::from_tokenizer(&tokenizer, model.cfg.n_vocab)?;
         if let WhisperFile::Hf(h) = &f {
