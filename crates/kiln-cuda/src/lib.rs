@@ -382,10 +382,16 @@ impl TensorOps for CudaBackend {
     }
 
     fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> CudaTensor {
-        let t = self.tensor(rows, cols);
         let n = data.len().min(rows * cols);
-        self.dev.htod(t.buf.ptr, &data[..n]);
-        t
+        if n < rows * cols {
+            let t = self.tensor(rows, cols);
+            self.dev.htod(t.buf.ptr, &data[..n]);
+            return t;
+        }
+        // Every value written: no zeroing first.
+        let buf = DevBuf::alloc(n * 4);
+        self.dev.htod(buf.ptr, &data[..n]);
+        CudaTensor { buf, rows, cols }
     }
 
     fn read(&self, t: &CudaTensor, rows: usize, out: &mut [f32]) {

@@ -76,6 +76,9 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
                 _ => (FMT_Q8_0, 2, 32),
             };
             p.fmt = fmt;
+            let blocks = bytes.len() / (hdr + qlen);
+            p.s.reserve_exact(blocks * hdr);
+            p.q.reserve_exact(blocks * qlen);
             for b in bytes.chunks_exact(hdr + qlen) {
                 p.s.extend_from_slice(&b[..hdr]);
                 p.q.extend_from_slice(&b[hdr..]);
@@ -86,6 +89,8 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Pack
             // int8 under the same f16 scale (34 bytes a block instead of 22, against 128 as
             // f32; llama.cpp's Q4_K_M files hold Q5_0 where rows are no multiple of 256).
             p.fmt = FMT_Q8_0;
+            p.s.reserve_exact(bytes.len() / 22 * 2);
+            p.q.reserve_exact(bytes.len() / 22 * 32);
             for b in bytes.chunks_exact(22) {
                 p.s.extend_from_slice(&b[..2]);
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
