@@ -273,16 +273,6 @@ fn main() -> ExitCode {
         Cmd::Perplexity(a) => perplexity::perplexity(a),
     };
     match res {
-        Ok(()) if kiln_backend::options::dev_flag("KILN_FAST_EXIT") => {
-            // Measuring only (dev-switches): what the C library's exit handlers cost.
-            extern "C" {
-                fn _exit(status: i32) -> !;
-            }
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
-            // SAFETY: ends the process; stdout is flushed and nothing else is pending.
-            unsafe { _exit(0) }
-        }
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the error and its causes.
