@@ -183,38 +183,41 @@ fn warm_up(h: cudarc::cublas::sys::cublasHandle_t) -> Option<()> {
         .result()
         .ok()?;
     let (alpha, beta) = (1f32, 0f32);
+    // Zeros for operands (fresh device memory holds anything); called as products.rs calls it.
     let ran = unsafe {
-        cudarc::cublas::result::set_stream(h, s as _).ok()?;
-        // Zeros for operands (fresh device memory holds anything); called as products.rs calls it.
-        sys::cuMemsetD8Async(a.ptr, 0, N * N * 2, s).result().ok()?;
-        cudarc::cublas::result::gemm_ex(
-            h,
-            cb::cublasOperation_t::CUBLAS_OP_T,
-            cb::cublasOperation_t::CUBLAS_OP_N,
-            N as i32,
-            N as i32,
-            N as i32,
-            &alpha as *const f32 as *const c_void,
-            a.ptr as *const c_void,
-            cb::cudaDataType_t::CUDA_R_16F,
-            N as i32,
-            a.ptr as *const c_void,
-            cb::cudaDataType_t::CUDA_R_16F,
-            N as i32,
-            &beta as *const f32 as *const c_void,
-            c.ptr as *mut c_void,
-            cb::cudaDataType_t::CUDA_R_32F,
-            N as i32,
-            cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-        .ok()
+        cudarc::cublas::result::set_stream(h, s as _).is_ok()
+            && sys::cuMemsetD8Async(a.ptr, 0, N * N * 2, s)
+                .result()
+                .is_ok()
+            && cudarc::cublas::result::gemm_ex(
+                h,
+                cb::cublasOperation_t::CUBLAS_OP_T,
+                cb::cublasOperation_t::CUBLAS_OP_N,
+                N as i32,
+                N as i32,
+                N as i32,
+                &alpha as *const f32 as *const c_void,
+                a.ptr as *const c_void,
+                cb::cudaDataType_t::CUDA_R_16F,
+                N as i32,
+                a.ptr as *const c_void,
+                cb::cudaDataType_t::CUDA_R_16F,
+                N as i32,
+                &beta as *const f32 as *const c_void,
+                c.ptr as *mut c_void,
+                cb::cudaDataType_t::CUDA_R_32F,
+                N as i32,
+                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+            .is_ok()
     };
+    // The stream goes whatever happened (the caller sets the handle's stream again).
     unsafe {
         let _ = sys::cuStreamSynchronize(s);
         let _ = sys::cuStreamDestroy_v2(s);
     }
-    ran
+    ran.then_some(())
 }
 
 impl LazyBlas {
