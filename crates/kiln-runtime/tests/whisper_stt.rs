@@ -382,3 +382,27 @@ fn word_timestamps_follow_the_reference_alignment() {
     let plain = s.transcribe(&jfk(), &TranscribeOptions::default()).unwrap();
     assert!(plain.segments.iter().all(|s| s.words.is_empty()));
 }
+
+#[test]
+fn a_backend_error_is_said_before_the_files() {
+    use kiln_runtime::whisper::WhisperError;
+    let missing = std::env::temp_dir().join(format!("kiln-no-model-{}", std::process::id()));
+    let no_device = || -> Result<CpuBackend, WhisperError> {
+        Err(WhisperError::Device("no device here".into()))
+    };
+    let e = Stt::load_with(no_device, &missing, LoadOptions::default())
+        .err()
+        .expect("no backend, no model");
+    assert_eq!(e.to_string(), "no device here");
+    // A backend made: the file's own error, naming it.
+    let e = Stt::load_with(|| Ok(CpuBackend::new(1)), &missing, LoadOptions::default())
+        .err()
+        .expect("no model");
+    let name = missing.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(e.to_string().contains(&name), "{e}");
+    // A readable model but no backend: the backend's error.
+    let e = Stt::load_with(no_device, &model_dir(), LoadOptions::default())
+        .err()
+        .expect("no backend");
+    assert_eq!(e.to_string(), "no device here");
+}
