@@ -225,6 +225,7 @@ pub fn voice(a: VoiceArgs) -> anyhow::Result<()> {
         st.completion_tokens,
         a.output.display()
     );
+    crate::leave_for_exit((sched, stt, tts));
     Ok(())
 }
 
