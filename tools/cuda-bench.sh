@@ -21,6 +21,12 @@
 #                   default 0; e.g. 0,4096,16384)
 #   REPS (env)      repetitions of each test, both engines (default 5: compare medians or
 #                   best samples; llama-bench's first repetition is its slowest)
+#   LLAMA_BENCH     (env) a llama-bench built elsewhere (CUDA, this GPU's architecture, its
+#                   libcudart and libcublas on LD_LIBRARY_PATH; with
+#                   QUANTIZE=kiln nothing else of llama.cpp is needed): no build here, and
+#                   LLAMA_SRC_TGZ is not read. llama.cpp builds without a GPU with NVIDIA's
+#                   PyPI compiler (nvidia-cuda-nvcc, -runtime, -cublas, -cccl) and
+#                   -DGGML_CUDA_NO_VMM=ON where no libcuda is there to link
 #   PREPARE_ONLY=1  (env) build llama.cpp and write the files only; files already written
 #                   (in $KILN_HOME/bench) are kept, and an existing build is reused
 #
@@ -57,7 +63,7 @@ build_llama() {
     cmake --build "$WORK/lc/build" -j "$JOBS" --target llama-bench llama-quantize > "$WORK/build.log"
     echo "llama.cpp CUDA build: $(( $(date +%s) - t0 )) s"
 }
-LB="$WORK/lc/build/bin/llama-bench"
+LB="${LLAMA_BENCH:-$WORK/lc/build/bin/llama-bench}"
 BUILD_PID=""
 if [ ! -x "$LB" ]; then
     if [ "${QUANTIZE:-llama}" = kiln ]; then
