@@ -157,15 +157,14 @@ pub(crate) struct LazyBlas {
     ready: std::cell::OnceCell<Option<Blas>>,
     /// To the thread until the handle is taken (dropped: the thread finishes).
     tell: RefCell<Option<std::sync::mpsc::Sender<BlasMsg>>>,
-    warm_asked: std::cell::Cell<bool>,
 }
 
 /// What the cuBLAS thread is told: the context and the stream to queue on; to warm the
-/// library up (a model whose weights will run block products soon); that the handle is wanted now.
-pub(crate) enum BlasMsg {
+/// library up (a model whose weights will run block products soon). Its channel closing says
+/// that the handle is wanted now.
+enum BlasMsg {
     Target(Arc<CudaContext>, usize),
     Warm,
-    Done,
 }
 
 /// One small f16 product on a stream of the thread's own, waited for: cuBLAS's first product
@@ -239,7 +238,6 @@ impl LazyBlas {
                 match rx.recv().ok()? {
                     BlasMsg::Target(ctx, stream) => break (ctx, stream),
                     BlasMsg::Warm => warm = true,
-                    BlasMsg::Done => return None,
                 }
             };
             ctx.bind_to_thread().ok()?;
@@ -255,7 +253,7 @@ impl LazyBlas {
                 match rx.recv() {
                     Ok(BlasMsg::Warm) => warm = true,
                     Ok(BlasMsg::Target(..)) => {}
-                    Ok(BlasMsg::Done) | Err(_) => break,
+                    Err(_) => break,
                 }
             }
             unsafe { cudarc::cublas::result::set_stream(h, stream as _) }.ok()?;
@@ -269,7 +267,6 @@ impl LazyBlas {
             pending: RefCell::new(pending),
             ready: Default::default(),
             tell: RefCell::new(Some(tx)),
-            warm_asked: Default::default(),
         }
     }
 
@@ -288,9 +285,7 @@ impl LazyBlas {
     /// Block products come soon (weights marked `prefer_batches`): cuBLAS's first-product
     /// set-up is done on its thread now, beside the rest of the load.
     pub(crate) fn warm(&self) {
-        if !self.warm_asked.replace(true) {
-            self.tell(BlasMsg::Warm);
-        }
+        self.tell(BlasMsg::Warm);
     }
 
     /// Lets the thread end on its own (it makes no handle without a context).
@@ -303,7 +298,6 @@ impl LazyBlas {
     pub(crate) fn get(&self) -> Option<&Blas> {
         self.ready
             .get_or_init(|| {
-                self.tell(BlasMsg::Done);
                 drop(self.tell.borrow_mut().take());
                 let pending = self.pending.borrow_mut().take();
                 pending.and_then(|t| t.join().ok().flatten())

@@ -383,15 +383,17 @@ impl TensorOps for CudaBackend {
 
     fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> CudaTensor {
         let n = data.len().min(rows * cols);
-        if n < rows * cols {
-            let t = self.tensor(rows, cols);
-            self.dev.htod(t.buf.ptr, &data[..n]);
-            return t;
-        }
-        // Every value written: no zeroing first.
-        let buf = DevBuf::alloc(n * 4);
-        self.dev.htod(buf.ptr, &data[..n]);
-        CudaTensor { buf, rows, cols }
+        // Zeroed first only where the values do not cover it.
+        let t = match n < rows * cols {
+            true => self.tensor(rows, cols),
+            false => CudaTensor {
+                buf: DevBuf::alloc(n * 4),
+                rows,
+                cols,
+            },
+        };
+        self.dev.htod(t.buf.ptr, &data[..n]);
+        t
     }
 
     fn read(&self, t: &CudaTensor, rows: usize, out: &mut [f32]) {
