@@ -11,12 +11,13 @@ use std::path::PathBuf;
 
 /// The files of src/kernels, one after the other in the source (each uses only what the files
 /// before it define).
-const FILES: [&str; 8] = [
+const FILES: [&str; 9] = [
     "common.cu",
     "products.cu",
     "rows.cu",
     "attention.cu",
     "flash.cu",
+    "gemm.cu",
     "elementwise.cu",
     "speech.cu",
     "signal.cu",

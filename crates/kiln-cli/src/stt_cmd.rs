@@ -198,7 +198,7 @@ pub fn spawn(
     let (m, adapter) = (m.clone(), adapter.map(str::to_string));
     match device {
         crate::Device::Cpu => SpeechToText::spawn(move || load(&m)),
-        crate::Device::Cuda => SpeechToText::spawn(move || load_on(crate::cuda_backend, &m)),
+        crate::Device::Cuda => SpeechToText::spawn(move || load_on(crate::cuda_stt_backend, &m)),
         crate::Device::Gpu => {
             SpeechToText::spawn(move || load_on(|| crate::gpu_backend(adapter.as_deref()), &m))
         }

@@ -184,6 +184,8 @@ pub const KERNELS: &[&str] = &[
     "matvec_dec_q6_k_4_1g",
     "attn_flash_64",
     "attn_flash_128",
+    "gemm_f16_64",
+    "gemm_f16_128",
     "matvec_dec_kmix_1_1",
     "matvec_dec_kmix_1_8",
     "matvec_dec_kmix_4_1",
@@ -331,6 +333,8 @@ pub struct Device {
     /// Each kernel's index in KERNELS.
     index: std::collections::HashMap<&'static str, usize>,
     pub num_sms: usize,
+    /// The compute capability's major version (8 and up: mma.sync, cp.async, ldmatrix).
+    pub major: i32,
     pub name: String,
     /// Kernels launched with programmatic stream serialization (sm_90+; KILN_CUDA_NO_PDL=1
     /// turns it off): each may start while the previous one finishes (kernels/*.cu pdl_*), a
@@ -404,6 +408,7 @@ impl Device {
             funcs,
             index: KERNELS.iter().enumerate().map(|(i, k)| (*k, i)).collect(),
             num_sms,
+            major,
             pdl: major >= 9 && !kiln_backend::options::dev_flag("KILN_CUDA_NO_PDL"),
             skip: Vec::new(),
             name,

@@ -115,6 +115,9 @@ pub(crate) struct Tune {
     /// One token's four-row products in the kernels fixed to their mode (KILN_CUDA_DEC_FIXED:
     /// 0 never, 1 always; by default for the formats whose run-time-mode kernel spills).
     pub(crate) dec_fixed: Option<usize>,
+    /// Block products on kiln's own kernel even where cuBLAS is loaded
+    /// (KILN_CUDA_OWN_GEMM=1), for comparing the two.
+    pub(crate) own_gemm: bool,
 }
 
 impl Tune {
@@ -130,6 +133,7 @@ impl Tune {
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
             dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),
             dec_fixed: env("KILN_CUDA_DEC_FIXED").filter(|n| [0, 1].contains(n)),
+            own_gemm: kiln_backend::options::dev_flag("KILN_CUDA_OWN_GEMM"),
         }
     }
 }
@@ -148,15 +152,41 @@ impl Drop for Blas {
     }
 }
 
-/// cuBLAS, brought up on a thread of its own: its libraries load while the context opens
-/// (about as long as the driver's context), its handle is made once the context is there,
-/// beside the model's load; the first prompt-sized product or convolution waits for it.
-/// None where libcublas is missing.
+/// When cuBLAS (the library, ~0.25 s to load and set up) comes up for a backend. Prompt-sized
+/// products of f16-path weights run on kiln's own tensor-core kernel where it is not loaded
+/// (kernels/gemm.cu); f32 weights' products and Kokoro's convolutions then take kiln's
+/// slower non-tensor-core kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BlasStart {
+    /// From the backend's start, loading beside the driver's context (LLMs: any prompt of
+    /// more than 64 tokens runs through it).
+    #[default]
+    Early,
+    /// When a weight that wants it is loaded: f32 weights, or matrices whose smaller side is
+    /// [`BLAS_MIN_SIDE`] or more. A small model (Whisper tiny and base) never loads it.
+    OnDemand,
+    /// Never (tests of kiln's own kernels).
+    Never,
+}
+
+/// The smaller side of a matrix from which, under [`BlasStart::OnDemand`], cuBLAS is loaded
+/// for its products (Whisper small's 768 and up).
+pub const BLAS_MIN_SIDE: usize = 768;
+
+/// cuBLAS, brought up on a thread of its own: its libraries load (from the backend's start,
+/// or when a weight asks: [`BlasStart`]) while other work goes on; its handle is made once the
+/// context is there; the first prompt-sized product or convolution waits for it. None where
+/// libcublas is missing or it was never started.
 pub(crate) struct LazyBlas {
     pending: RefCell<Option<std::thread::JoinHandle<Option<Blas>>>>,
     ready: std::cell::OnceCell<Option<Blas>>,
     /// To the thread until the handle is taken (dropped: the thread finishes).
     tell: RefCell<Option<std::sync::mpsc::Sender<BlasMsg>>>,
+    start: BlasStart,
+    /// The context and stream, kept for a thread started later (BlasStart::OnDemand).
+    target: RefCell<Option<(Arc<CudaContext>, usize)>>,
+    /// Weights that want products soon were loaded (told to a thread started later too).
+    warm: std::cell::Cell<bool>,
 }
 
 /// What the cuBLAS thread is told: the context and the stream to queue on; to warm the
@@ -220,16 +250,31 @@ fn warm_up(h: cudarc::cublas::sys::cublasHandle_t) -> Option<()> {
 }
 
 impl LazyBlas {
-    /// Starts loading the libraries now, before there is a context; the handle is made once
-    /// [`LazyBlas::target`] names the context.
-    pub(crate) fn early() -> LazyBlas {
+    /// Under [`BlasStart::Early`], starts loading the libraries now, before there is a
+    /// context; the handle is made once [`LazyBlas::target`] names the context.
+    pub(crate) fn new(start: BlasStart) -> LazyBlas {
+        let b = LazyBlas {
+            pending: RefCell::new(None),
+            ready: Default::default(),
+            tell: RefCell::new(None),
+            start,
+            target: RefCell::new(None),
+            warm: Default::default(),
+        };
+        if start == BlasStart::Early {
+            b.spawn();
+        }
+        b
+    }
+
+    /// The thread that loads the libraries and makes the handle.
+    fn spawn(&self) {
         let (tx, rx) = std::sync::mpsc::channel::<BlasMsg>();
         let none = kiln_backend::options::dev_flag("KILN_CUDA_NO_BLAS");
         // KILN_CUDA_NO_BLAS_WARM=1 (dev-switches): no warm-up, for measuring what it gains.
         let warm_off = kiln_backend::options::dev_flag("KILN_CUDA_NO_BLAS_WARM");
         let make = move || {
-            // dlopen of libcublas (and libcublasLt, which it needs) while the driver opens
-            // the device on the caller's thread.
+            // dlopen of libcublas (and libcublasLt, which it needs), while the caller goes on.
             if none || !unsafe { cudarc::cublas::sys::is_culib_present() } {
                 return None;
             }
@@ -259,15 +304,33 @@ impl LazyBlas {
             unsafe { cudarc::cublas::result::set_stream(h, stream as _) }.ok()?;
             Some(blas)
         };
-        let pending = std::thread::Builder::new()
+        *self.pending.borrow_mut() = std::thread::Builder::new()
             .name("kiln-cublas".into())
             .spawn(make)
             .ok();
-        LazyBlas {
-            pending: RefCell::new(pending),
-            ready: Default::default(),
-            tell: RefCell::new(Some(tx)),
+        *self.tell.borrow_mut() = Some(tx);
+        if let Some((ctx, stream)) = self.target.borrow().clone() {
+            self.tell(BlasMsg::Target(ctx, stream));
         }
+        if self.warm.get() {
+            self.tell(BlasMsg::Warm);
+        }
+    }
+
+    /// A weight whose products want cuBLAS was loaded: under [`BlasStart::OnDemand`] its
+    /// thread starts now (unless a product already went without it).
+    pub(crate) fn want(&self) {
+        if self.start == BlasStart::OnDemand
+            && self.ready.get().is_none()
+            && self.pending.borrow().is_none()
+        {
+            self.spawn();
+        }
+    }
+
+    /// Started: loading, or done (with or without a handle).
+    pub(crate) fn started(&self) -> bool {
+        self.pending.borrow().is_some() || self.ready.get().is_some_and(|b| b.is_some())
     }
 
     fn tell(&self, m: BlasMsg) {
@@ -279,12 +342,14 @@ impl LazyBlas {
 
     /// The context, and the stream whose work cuBLAS queues on.
     pub(crate) fn target(&self, ctx: Arc<CudaContext>, stream: sys::CUstream) {
+        *self.target.borrow_mut() = Some((ctx.clone(), stream as usize));
         self.tell(BlasMsg::Target(ctx, stream as usize));
     }
 
     /// Block products come soon (weights marked `prefer_batches`): cuBLAS's first-product
     /// set-up is done on its thread now, beside the rest of the load.
     pub(crate) fn warm(&self) {
+        self.warm.set(true);
         self.tell(BlasMsg::Warm);
     }
 
@@ -294,7 +359,8 @@ impl LazyBlas {
         drop(self.pending.borrow_mut().take());
     }
 
-    /// The handle, once made (None: no cuBLAS on this machine).
+    /// The handle, once made (None: no cuBLAS on this machine, or not started: from then on
+    /// none for this backend).
     pub(crate) fn get(&self) -> Option<&Blas> {
         self.ready
             .get_or_init(|| {

@@ -45,6 +45,7 @@ use attention::*;
 pub use kv::CudaKvCache;
 use kv::*;
 use launch::*;
+pub use launch::{BlasStart, BLAS_MIN_SIDE};
 use products::*;
 
 /// Tokens one matvec launch takes (kernels/*.cu MAX_TOK).
@@ -125,7 +126,13 @@ impl CudaBackend {
     }
 
     pub fn with_device(ordinal: usize) -> Result<Self, CudaInitError> {
-        let blas = LazyBlas::early();
+        Self::with_blas(ordinal, BlasStart::Early)
+    }
+
+    /// GPU `ordinal`, with cuBLAS brought up as `start` says (a speech model's products are
+    /// small enough for kiln's own kernel: it need not pay the library's load).
+    pub fn with_blas(ordinal: usize, start: BlasStart) -> Result<Self, CudaInitError> {
+        let blas = LazyBlas::new(start);
         let dev = match Device::new(ordinal) {
             Ok(dev) => dev,
             Err(e) => {
@@ -188,6 +195,11 @@ impl CudaBackend {
     pub fn without_graphs(mut self) -> Self {
         self.use_graphs = false;
         self
+    }
+
+    /// Whether cuBLAS has been started for this backend (loading or loaded; [`BlasStart`]).
+    pub fn blas_started(&self) -> bool {
+        self.blas.started()
     }
 
     /// How many steps ran by replaying a recorded graph so far.
@@ -300,6 +312,12 @@ impl TensorOps for CudaBackend {
                 name: w.name.into(),
                 what: format!("{} columns: not a multiple of 32", w.cols),
             });
+        }
+        if (p.fmt == FMT_F32 && w.ty == kiln_quant::GgmlType::F32)
+            || w.rows.min(w.cols) >= BLAS_MIN_SIDE
+        {
+            // Products that cuBLAS serves: f32 arithmetic, or big enough to want its kernels.
+            self.blas.want();
         }
         let stored_bytes = w.bytes.len();
         let q = dev_vec(&self.dev, &p.q);

@@ -240,7 +240,10 @@ impl CudaBackend {
         mode: i32,
         qout: Option<u64>,
     ) {
-        if n > DEC_MAX_TOK && self.blas.is_some() && !self.recording.get() {
+        if n > DEC_MAX_TOK
+            && !self.recording.get()
+            && (self.blas.is_some() || self.own_gemm_fits(&mats, cols, mode))
+        {
             self.xq_src.set(None);
             return self.gemm(&mats, x, cols, n, norm, mode);
         }
@@ -497,8 +500,24 @@ impl CudaBackend {
         (nr, kw)
     }
 
-    /// The products of `mats` for n tokens through cuBLAS: each matrix widened to f16 (the
-    /// activations too, after the fused RMSNorm), f32 accumulation on the tensor cores.
+    /// Whether kiln's own block-product kernel (kernels/gemm.cu) takes `mats`' products: f16
+    /// operands (f32 weights keep cuBLAS's f32 arithmetic), 8-column steps, sm_80 and up.
+    fn own_gemm_fits(&self, mats: &Mats, cols: usize, mode: i32) -> bool {
+        let used = if gate_up(mode) {
+            2
+        } else {
+            mats.n_mats as usize
+        };
+        self.dev.major >= 8
+            && cols % 8 == 0
+            && mats.m[..used]
+                .iter()
+                .all(|m| !(m.fmt == FMT_F32 && m.widened == 0))
+    }
+
+    /// The products of `mats` for n tokens on the tensor cores: each matrix widened to f16
+    /// (the activations too, after the fused RMSNorm), f32 sums; through cuBLAS where it is
+    /// loaded, else kiln's own kernel (kernels/gemm.cu gemm_f16_*).
     pub(crate) fn gemm(
         &self,
         mats: &Mats,
@@ -509,7 +528,6 @@ impl CudaBackend {
         mode: i32,
     ) {
         use cudarc::cublas::sys as cb;
-        let h = self.blas.get().unwrap().0;
         let max_rows = mats.m[..mats.n_mats as usize]
             .iter()
             .map(|m| m.rows as usize)
@@ -521,6 +539,11 @@ impl CudaBackend {
         let f32w = mats.m[..mats.n_mats as usize]
             .iter()
             .all(|m| m.fmt == FMT_F32 && m.widened == 0);
+        let h = match self.blas.get() {
+            Some(b) if f32w || !self.tune.own_gemm => Some(b.0),
+            _ => None,
+        };
+        assert!(h.is_some() || !f32w, "f32 block products need cuBLAS");
         let (w16, x16, tmp) = {
             let mut sc = self.scratch.borrow_mut();
             let xb = if f32w { 4 } else { 2 };
@@ -591,6 +614,10 @@ impl CudaBackend {
                 self.elementwise_n_args("dequant_f16", &mut a, threads);
                 w16
             };
+            let Some(h) = h else {
+                self.gemm_own((x16, wp, m.bias), (n, rows, cols), beta != 0.0, (out, ld));
+                continue;
+            };
             let alpha = 1f32;
             unsafe {
                 cudarc::cublas::result::gemm_ex(
@@ -629,6 +656,40 @@ impl CudaBackend {
             };
             self.elementwise(op, a, n * m.rows as usize);
         }
+    }
+
+    /// out (n x rows, ld apart) = x16 (n x cols) w16^T [+ out] [+ bias] on kiln's own
+    /// tensor-core kernel: blocks of 128 x 128 where they fill the multiprocessors, else of
+    /// 64 x 64.
+    fn gemm_own(
+        &self,
+        (x16, w16, bias): (u64, u64, u64),
+        (n, rows, cols): (usize, usize, usize),
+        add: bool,
+        (out, ld): (u64, usize),
+    ) {
+        let big = n.div_ceil(128) * rows.div_ceil(128) >= self.dev.num_sms;
+        let (name, tile, threads) = match big {
+            true => ("gemm_f16_128", 128, 256),
+            false => ("gemm_f16_64", 64, 128),
+        };
+        let mut a = Args::default()
+            .a(x16)
+            .a(w16)
+            .a(bias)
+            .a(n as i32)
+            .a(rows as i32)
+            .a(cols as i32)
+            .a(add as i32)
+            .a(out)
+            .a(ld as i32);
+        self.dev.launch(
+            self.dev.func(name),
+            (rows.div_ceil(tile) as u32, n.div_ceil(tile) as u32, 1),
+            (threads, 1, 1),
+            0,
+            &mut a.ptrs(),
+        );
     }
 
     /// A gemm output's bias, added to its n rows (rows values, ld apart).

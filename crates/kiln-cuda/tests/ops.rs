@@ -15,7 +15,7 @@ use kiln_backend::{
     AttnShape, Backend, Conv1dShape, RopeConfig, RopeScaling, RopeStyle, SeqKv, WeightData,
 };
 use kiln_backend::{LlmOps, SpeechOps, TensorOps};
-use kiln_cuda::CudaBackend;
+use kiln_cuda::{BlasStart, CudaBackend};
 use kiln_quant::GgmlType;
 
 struct Rng(u64);
@@ -110,6 +110,94 @@ fn matmul_every_format_and_token_count() {
             }
         }
     }
+}
+
+/// Prompt-sized products on kiln's own tensor-core kernel (no cuBLAS: kernels/gemm.cu), both
+/// block shapes, against the CPU: odd rows and token counts, a column count that is not a
+/// multiple of the k step, the bias, accumulation, and a gate/up pair with its activation.
+#[test]
+#[ignore]
+fn own_block_products_match_the_cpu() {
+    let g = CudaBackend::with_blas(0, BlasStart::Never).expect("these tests need a CUDA GPU");
+    let c = CpuBackend::new(2);
+    let mut r = Rng(5);
+    let shapes = [(75, 256), (264, 512), (33, 1024), (1536, 384), (77, 200)];
+    for ty in [
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+    ] {
+        for (rows, cols) in shapes {
+            if ty != GgmlType::F16 && cols % 256 != 0 {
+                continue;
+            }
+            let w = r.v(rows * cols);
+            let bias = r.v(rows);
+            let (wg, wc) = (
+                weight(&g, ty, rows, cols, &w),
+                weight(&c, ty, rows, cols, &w),
+            );
+            // 65: one row past the decode kernels; 1500 x 1536: the 128 x 128 blocks.
+            for n in [65, 130, 1500] {
+                let x = r.v(n * cols);
+                let (xg, xc) = (g.tensor_from(n, cols, &x), c.tensor_from(n, cols, &x));
+                let (bg, bc) = (g.tensor_from(1, rows, &bias), c.tensor_from(1, rows, &bias));
+                let (mut og, mut oc) = (g.tensor(n, rows), c.tensor(n, rows));
+                g.matmul(&wg, &xg, Some(&bg), n, &mut og);
+                c.matmul(&wc, &xc, Some(&bc), n, &mut oc);
+                let e = rel(&read(&g, &og, n, rows), &read(&c, &oc, n, rows));
+                assert!(e < 1e-2, "{ty:?} {rows}x{cols} n={n}: {e}");
+                g.matmul_add(&wg, &xg, n, &mut og);
+                c.matmul_add(&wc, &xc, n, &mut oc);
+                let e = rel(&read(&g, &og, n, rows), &read(&c, &oc, n, rows));
+                assert!(e < 1e-2, "{ty:?} add {rows}x{cols} n={n}: {e}");
+            }
+        }
+    }
+    assert!(
+        !g.blas_started(),
+        "a backend told never to load cuBLAS loaded it"
+    );
+    let (dim, ffn, n) = (256, 384, 100);
+    let (wgate, wup, x, norm) = (r.v(ffn * dim), r.v(ffn * dim), r.v(n * dim), r.v(dim));
+    let (gg, gu) = (
+        weight(&g, GgmlType::F16, ffn, dim, &wgate),
+        weight(&g, GgmlType::F16, ffn, dim, &wup),
+    );
+    let (cg, cu) = (
+        weight(&c, GgmlType::F16, ffn, dim, &wgate),
+        weight(&c, GgmlType::F16, ffn, dim, &wup),
+    );
+    let (xg, xc) = (g.tensor_from(n, dim, &x), c.tensor_from(n, dim, &x));
+    let (ng, nc) = (g.tensor_from(1, dim, &norm), c.tensor_from(1, dim, &norm));
+    let (mut hg, mut hc) = (g.tensor(n, dim), c.tensor(n, dim));
+    let (mut fg, mut fc) = (g.tensor(n, ffn), c.tensor(n, ffn));
+    g.rms_norm_gate_up_silu(&xg, &ng, 1e-5, &gg, &gu, n, &mut hg, &mut fg);
+    c.rms_norm_gate_up_silu(&xc, &nc, 1e-5, &cg, &cu, n, &mut hc, &mut fc);
+    let e = rel(&read(&g, &fg, n, ffn), &read(&c, &fc, n, ffn));
+    assert!(e < 1e-2, "f16 norm + gate/up + SwiGLU: {e}");
+}
+
+/// Under BlasStart::OnDemand, small weights leave cuBLAS unloaded; a weight of
+/// BLAS_MIN_SIDE on both sides starts it.
+#[test]
+#[ignore]
+fn cublas_loads_only_for_weights_that_want_it() {
+    let g = CudaBackend::with_blas(0, BlasStart::OnDemand).expect("these tests need a CUDA GPU");
+    let mut r = Rng(9);
+    let small = (384, 1536);
+    weight(&g, GgmlType::F16, small.0, small.1, &r.v(small.0 * small.1));
+    weight(&g, GgmlType::Q8_0, 51864, 384, &r.v(51864 * 384));
+    assert!(!g.blas_started(), "small weights started cuBLAS");
+    let side = kiln_cuda::BLAS_MIN_SIDE;
+    weight(&g, GgmlType::F16, side, side, &r.v(side * side));
+    assert!(
+        g.blas_started(),
+        "a {side} x {side} weight did not start cuBLAS"
+    );
+    let e = CudaBackend::new().expect("a CUDA GPU");
+    assert!(e.blas_started(), "BlasStart::Early did not start cuBLAS");
 }
 
 /// A decode layer's products chained inside a step, where each writes its output quantized

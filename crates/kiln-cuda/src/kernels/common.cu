@@ -1,7 +1,7 @@
 // kiln's CUDA kernels, compiled at run time with NVRTC as one source: device.rs joins
 // src/kernels/*.cu in order (this file's definitions first; then products, rows,
-// attention, flash, elementwise, speech, signal). No headers: f16 conversions and the integer dot
-// products are PTX.
+// attention, flash, gemm, elementwise, speech, signal). No headers: f16 conversions and the
+// integer dot products are PTX.
 //
 // Weights arrive repacked by pack.rs: every quantized format is cut into blocks of 32
 // values whose 4-bit parts sit in one 16-byte vector (byte j holds values j and j + 16, low

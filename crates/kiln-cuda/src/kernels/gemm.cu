@@ -1,0 +1,136 @@
+// ---- block products on the tensor cores, without cuBLAS ----------------------------------
+//
+// out (n x rows, rows ld apart) = x (n x cols, f16) W^T (W: rows x cols, f16) [+ out]
+// [+ bias], f32 sums: the products of more than DEC_MAX_TOK tokens where cuBLAS is not loaded
+// (products.rs gemm). A block takes BM tokens x BN weight rows; its warps WM x WN of them,
+// each as (WM / 16) x (WN / 8) mma.sync m16n8k16 tiles; k advances GM_BK columns at a time
+// through shared memory, the next step's tiles copied (cp.async) while this one multiplies.
+// Rows and tokens past the ends are read as zeros and not written; cols % 8 == 0.
+
+#define GM_BK 32
+// Row padding (f16 values): rows 80 bytes apart, so 16-byte copies stay aligned and the eight
+// rows of an ldmatrix fall in distinct banks.
+#define GM_PAD 8
+#define GM_LD (GM_BK + GM_PAD)
+
+__device__ __forceinline__ void cp_async16(u16* smem, const u16* g, bool ok) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    // src-size 0: the 16 bytes are zeros (nothing is read).
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g),
+                 "r"(ok ? 16 : 0));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* smem) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+template <int BM, int BN, int WM, int WN>
+__device__ __forceinline__ void gemm_f16_impl(const u16* __restrict__ x,
+                                              const u16* __restrict__ w,
+                                              const float* __restrict__ bias, int n, int rows,
+                                              int cols, int add, float* out, int ld) {
+    constexpr int WARPS_N = BN / WN;
+    constexpr int THREADS = 32 * (BM / WM) * WARPS_N;
+    constexpr int MT = WM / 16, NT = WN / 8;
+    __shared__ __align__(16) u16 xs[2][BM][GM_LD];
+    __shared__ __align__(16) u16 ws[2][BN][GM_LD];
+    pdl_begin();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int wm = (warp / WARPS_N) * WM, wn = (warp % WARPS_N) * WN;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    // One k step's tiles into stage st: 16 bytes (8 columns) a copy.
+    auto load = [&](int st, int k0) {
+#pragma unroll
+        for (int c = threadIdx.x; c < BM * GM_BK / 8; c += THREADS) {
+            const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
+            const bool ok = m0 + r < n && k0 + kc < cols;
+            cp_async16(&xs[st][r][kc], ok ? x + (size_t)(m0 + r) * cols + k0 + kc : x, ok);
+        }
+#pragma unroll
+        for (int c = threadIdx.x; c < BN * GM_BK / 8; c += THREADS) {
+            const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
+            const bool ok = n0 + r < rows && k0 + kc < cols;
+            cp_async16(&ws[st][r][kc], ok ? w + (size_t)(n0 + r) * cols + k0 + kc : w, ok);
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+    const int steps = (cols + GM_BK - 1) / GM_BK;
+    load(0, 0);
+    for (int t = 0; t < steps; t++) {
+        if (t + 1 < steps) {
+            load((t + 1) & 1, (t + 1) * GM_BK);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const int st = t & 1;
+#pragma unroll
+        for (int k16 = 0; k16 < GM_BK; k16 += 16) {
+            // A fragments: lane l gives row l % 16, columns k16 + 8 (l / 16) of its tile.
+            u32 a[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+                ldmatrix_x4(a[i], &xs[st][wm + 16 * i + (lane & 15)][k16 + 8 * (lane >> 4)]);
+            // B fragments, two n-tiles a load: lane l gives row 8 (j + l / 16) + l % 8,
+            // columns k16 + 8 ((l / 8) % 2) (registers: tile j k-low, k-high, tile j + 1 ...).
+            u32 b[NT][2];
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                u32 r[4];
+                ldmatrix_x4(r, &ws[st][wn + 8 * (j + (lane >> 4)) + (lane & 7)]
+                                  [k16 + 8 * ((lane >> 3) & 1)]);
+                b[j][0] = r[0];
+                b[j][1] = r[1];
+                b[j + 1][0] = r[2];
+                b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int j = 0; j < NT; j++) mma16816(acc[i][j], a[i], b[j][0], b[j][1]);
+        }
+        // The stage just read is the next step's copy target.
+        __syncthreads();
+    }
+    pdl_trigger();
+    // acc[i][j]: tokens wm + 16 i + lane / 4 (values 0, 1) and + 8 (values 2, 3), rows
+    // wn + 8 j + 2 (lane % 4) and + 1.
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int tok = m0 + wm + 16 * i + gid + 8 * (e >> 1);
+                const int row = n0 + wn + 8 * j + 2 * tig + (e & 1);
+                if (tok >= n || row >= rows) continue;
+                float v = acc[i][j][e];
+                if (bias) v += bias[row];
+                float* o = out + (size_t)tok * ld + row;
+                *o = add ? *o + v : v;
+            }
+}
+
+// gemm_f16_64: 64 x 64 blocks of four warps (32 x 32 each), for products of a few hundred
+// tokens or rows; gemm_f16_128: 128 x 128 blocks of eight warps (64 x 32), where such blocks
+// still fill the multiprocessors.
+#define GEMM_F16(NAME, BM, BN, WM, WN)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * (BM / WM) * (BN / WN))                 \
+        NAME(const u16* x, const u16* w, const float* bias, int n, int rows, int cols,        \
+             int add, float* out, int ld) {                                                  \
+        gemm_f16_impl<BM, BN, WM, WN>(x, w, bias, n, rows, cols, add, out, ld);              \
+    }
+GEMM_F16(gemm_f16_64, 64, 64, 32, 32)
+GEMM_F16(gemm_f16_128, 128, 128, 64, 32)
