@@ -126,6 +126,10 @@ impl Drop for DevBuf {
     }
 }
 
+/// Kernels whose dynamic shared memory passes the default 48 KiB bound, and what they take
+/// (kernels/gemm.cu GM_SMEM).
+pub(crate) const BIG_SMEM: &[(&str, u32)] = &[("gemm_f16_128", 4 * 256 * 40 * 2)];
+
 /// Kernel names of kernels/*.cu.
 pub const KERNELS: &[&str] = &[
     "matvec_any_1_1",
@@ -434,8 +438,19 @@ impl Device {
                 t.add(&t.lookup, t0);
             }
             // Every name in KERNELS is a kernel of the module (device::tests::kernels_compile_with_nvrtc).
-            f.unwrap_or_else(|e| panic!("CUDA: loading kernel {name}: {e:?}"))
-                .cu_function()
+            let f = f
+                .unwrap_or_else(|e| panic!("CUDA: loading kernel {name}: {e:?}"))
+                .cu_function();
+            if let Some(&(_, bytes)) = BIG_SMEM.iter().find(|k| k.0 == name) {
+                let attr =
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                unsafe { sys::cuFuncSetAttribute(f, attr, bytes as i32) }
+                    .result()
+                    .unwrap_or_else(|e| {
+                        panic!("CUDA: {name}'s {bytes} bytes of shared memory: {e:?}")
+                    });
+            }
+            f
         })
     }
 

@@ -539,8 +539,9 @@ impl CudaBackend {
         let f32w = mats.m[..mats.n_mats as usize]
             .iter()
             .all(|m| m.fmt == FMT_F32 && m.widened == 0);
+        let own = self.tune.own_gemm && self.own_gemm_fits(mats, cols, mode);
         let h = match self.blas.get() {
-            Some(b) if f32w || !self.tune.own_gemm => Some(b.0),
+            Some(b) if f32w || !own => Some(b.0),
             _ => None,
         };
         assert!(h.is_some() || !f32w, "f32 block products need cuBLAS");
@@ -669,9 +670,10 @@ impl CudaBackend {
         (out, ld): (u64, usize),
     ) {
         let big = n.div_ceil(128) * rows.div_ceil(128) >= self.dev.num_sms;
-        let (name, tile, threads) = match big {
-            true => ("gemm_f16_128", 128, 256),
-            false => ("gemm_f16_64", 64, 128),
+        // (name, block side, threads, shared bytes: kernels/gemm.cu GM_SMEM)
+        let (name, tile, threads, smem) = match big {
+            true => ("gemm_f16_128", 128, 256, crate::device::BIG_SMEM[0].1),
+            false => ("gemm_f16_64", 64, 128, 4 * 128 * 40 * 2),
         };
         let mut a = Args::default()
             .a(x16)
@@ -687,7 +689,7 @@ impl CudaBackend {
             self.dev.func(name),
             (rows.div_ceil(tile) as u32, n.div_ceil(tile) as u32, 1),
             (threads, 1, 1),
-            0,
+            smem,
             &mut a.ptrs(),
         );
     }

@@ -27,7 +27,11 @@ __device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* smem) {
                  : "r"(s));
 }
 
-template <int BM, int BN, int WM, int WN>
+// Shared memory of a block: STAGES k steps of both tiles (dynamic: products.rs gemm_own
+// passes it, device.rs raises the 48 KiB bound for the kernels that need more).
+#define GM_SMEM(BM, BN, STAGES) ((STAGES) * ((BM) + (BN)) * GM_LD * 2)
+
+template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void gemm_f16_impl(const u16* __restrict__ x,
                                               const u16* __restrict__ w,
                                               const float* __restrict__ bias, int n, int rows,
@@ -35,8 +39,10 @@ __device__ __forceinline__ void gemm_f16_impl(const u16* __restrict__ x,
     constexpr int WARPS_N = BN / WN;
     constexpr int THREADS = 32 * (BM / WM) * WARPS_N;
     constexpr int MT = WM / 16, NT = WN / 8;
-    __shared__ __align__(16) u16 xs[2][BM][GM_LD];
-    __shared__ __align__(16) u16 ws[2][BN][GM_LD];
+    extern __shared__ __align__(16) u16 gm_smem[];
+    // Stage st's rows: xs(st) + r * GM_LD, ws(st) + r * GM_LD.
+    auto xs = [&](int st) { return gm_smem + st * BM * GM_LD; };
+    auto ws = [&](int st) { return gm_smem + (STAGES * BM + st * BN) * GM_LD; };
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
@@ -48,48 +54,57 @@ __device__ __forceinline__ void gemm_f16_impl(const u16* __restrict__ x,
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-    // One k step's tiles into stage st: 16 bytes (8 columns) a copy.
-    auto load = [&](int st, int k0) {
+    const int steps = (cols + GM_BK - 1) / GM_BK;
+    // k step t's tiles into its stage, 16 bytes (8 columns) a copy; one copy group a step,
+    // empty past the last, so that group counts stay those of the steps.
+    auto load = [&](int t) {
+        if (t < steps) {
+            const int st = t % STAGES, k0 = t * GM_BK;
+            u16* xd = xs(st);
+            u16* wd = ws(st);
 #pragma unroll
-        for (int c = threadIdx.x; c < BM * GM_BK / 8; c += THREADS) {
-            const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
-            const bool ok = m0 + r < n && k0 + kc < cols;
-            cp_async16(&xs[st][r][kc], ok ? x + (size_t)(m0 + r) * cols + k0 + kc : x, ok);
-        }
+            for (int c = threadIdx.x; c < BM * GM_BK / 8; c += THREADS) {
+                const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
+                const bool ok = m0 + r < n && k0 + kc < cols;
+                cp_async16(xd + r * GM_LD + kc, ok ? x + (size_t)(m0 + r) * cols + k0 + kc : x,
+                           ok);
+            }
 #pragma unroll
-        for (int c = threadIdx.x; c < BN * GM_BK / 8; c += THREADS) {
-            const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
-            const bool ok = n0 + r < rows && k0 + kc < cols;
-            cp_async16(&ws[st][r][kc], ok ? w + (size_t)(n0 + r) * cols + k0 + kc : w, ok);
+            for (int c = threadIdx.x; c < BN * GM_BK / 8; c += THREADS) {
+                const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
+                const bool ok = n0 + r < rows && k0 + kc < cols;
+                cp_async16(wd + r * GM_LD + kc, ok ? w + (size_t)(n0 + r) * cols + k0 + kc : w,
+                           ok);
+            }
         }
         asm volatile("cp.async.commit_group;");
     };
-    const int steps = (cols + GM_BK - 1) / GM_BK;
-    load(0, 0);
+    // STAGES - 1 steps in flight ahead of the one multiplied.
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) load(t);
     for (int t = 0; t < steps; t++) {
-        if (t + 1 < steps) {
-            load((t + 1) & 1, (t + 1) * GM_BK);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-        } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-        }
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
+        // Step t is in; every warp is past step t - 1, whose stage the next copy takes.
         __syncthreads();
-        const int st = t & 1;
+        load(t + STAGES - 1);
+        const u16* xt = xs(t % STAGES);
+        const u16* wt = ws(t % STAGES);
 #pragma unroll
         for (int k16 = 0; k16 < GM_BK; k16 += 16) {
             // A fragments: lane l gives row l % 16, columns k16 + 8 (l / 16) of its tile.
             u32 a[MT][4];
 #pragma unroll
             for (int i = 0; i < MT; i++)
-                ldmatrix_x4(a[i], &xs[st][wm + 16 * i + (lane & 15)][k16 + 8 * (lane >> 4)]);
+                ldmatrix_x4(a[i],
+                            xt + (wm + 16 * i + (lane & 15)) * GM_LD + k16 + 8 * (lane >> 4));
             // B fragments, two n-tiles a load: lane l gives row 8 (j + l / 16) + l % 8,
             // columns k16 + 8 ((l / 8) % 2) (registers: tile j k-low, k-high, tile j + 1 ...).
             u32 b[NT][2];
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 u32 r[4];
-                ldmatrix_x4(r, &ws[st][wn + 8 * (j + (lane >> 4)) + (lane & 7)]
-                                  [k16 + 8 * ((lane >> 3) & 1)]);
+                ldmatrix_x4(r, wt + (wn + 8 * (j + (lane >> 4)) + (lane & 7)) * GM_LD + k16 +
+                                   8 * ((lane >> 3) & 1));
                 b[j][0] = r[0];
                 b[j][1] = r[1];
                 b[j + 1][0] = r[2];
@@ -100,8 +115,6 @@ __device__ __forceinline__ void gemm_f16_impl(const u16* __restrict__ x,
 #pragma unroll
                 for (int j = 0; j < NT; j++) mma16816(acc[i][j], a[i], b[j][0], b[j][1]);
         }
-        // The stage just read is the next step's copy target.
-        __syncthreads();
     }
     pdl_trigger();
     // acc[i][j]: tokens wm + 16 i + lane / 4 (values 0, 1) and + 8 (values 2, 3), rows
@@ -123,14 +136,14 @@ __device__ __forceinline__ void gemm_f16_impl(const u16* __restrict__ x,
             }
 }
 
-// gemm_f16_64: 64 x 64 blocks of four warps (32 x 32 each), for products of a few hundred
-// tokens or rows; gemm_f16_128: 128 x 128 blocks of eight warps (64 x 32), where such blocks
-// still fill the multiprocessors.
-#define GEMM_F16(NAME, BM, BN, WM, WN)                                                        \
+// gemm_f16_64: 64 x 64 blocks of four warps (32 x 32 each), four k steps in flight (40 KiB),
+// for products of a few hundred tokens or rows; gemm_f16_128: 128 x 128 blocks of eight warps
+// (64 x 32), four in flight (80 KiB), where such blocks still fill the multiprocessors.
+#define GEMM_F16(NAME, BM, BN, WM, WN, STAGES)                                                \
     extern "C" __global__ void __launch_bounds__(32 * (BM / WM) * (BN / WN))                 \
         NAME(const u16* x, const u16* w, const float* bias, int n, int rows, int cols,        \
              int add, float* out, int ld) {                                                  \
-        gemm_f16_impl<BM, BN, WM, WN>(x, w, bias, n, rows, cols, add, out, ld);              \
+        gemm_f16_impl<BM, BN, WM, WN, STAGES>(x, w, bias, n, rows, cols, add, out, ld);      \
     }
-GEMM_F16(gemm_f16_64, 64, 64, 32, 32)
-GEMM_F16(gemm_f16_128, 128, 128, 64, 32)
+GEMM_F16(gemm_f16_64, 64, 64, 32, 32, 4)
+GEMM_F16(gemm_f16_128, 128, 128, 64, 32, 4)
