@@ -162,8 +162,9 @@ pub enum BlasStart {
     /// more than 64 tokens runs through it).
     #[default]
     Early,
-    /// When a weight that wants it is loaded: f32 weights, or matrices whose smaller side is
-    /// [`BLAS_MIN_SIDE`] or more. A small model (Whisper tiny and base) never loads it.
+    /// When a weight whose smaller side is [`BLAS_MIN_SIDE`] or more is loaded, or at the
+    /// first block product if that needs it (f32 weights); not after a first block product
+    /// went without it. A small model (Whisper tiny and base, f16 or quantized) never loads it.
     OnDemand,
     /// Never (tests of kiln's own kernels).
     Never,
@@ -317,8 +318,8 @@ impl LazyBlas {
         }
     }
 
-    /// A weight whose products want cuBLAS was loaded: under [`BlasStart::OnDemand`] its
-    /// thread starts now (unless a product already went without it).
+    /// Products that want cuBLAS are coming: under [`BlasStart::OnDemand`] its thread starts
+    /// now (unless a block product already went without it).
     pub(crate) fn want(&self) {
         if self.start == BlasStart::OnDemand
             && self.ready.get().is_none()

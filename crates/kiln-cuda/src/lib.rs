@@ -313,10 +313,8 @@ impl TensorOps for CudaBackend {
                 what: format!("{} columns: not a multiple of 32", w.cols),
             });
         }
-        if (p.fmt == FMT_F32 && w.ty == kiln_quant::GgmlType::F32)
-            || w.rows.min(w.cols) >= BLAS_MIN_SIDE
-        {
-            // Products that cuBLAS serves: f32 arithmetic, or big enough to want its kernels.
+        if w.rows.min(w.cols) >= BLAS_MIN_SIDE {
+            // Products big enough to want cuBLAS's kernels: loaded beside the rest.
             self.blas.want();
         }
         let stored_bytes = w.bytes.len();

@@ -240,12 +240,17 @@ impl CudaBackend {
         mode: i32,
         qout: Option<u64>,
     ) {
-        if n > DEC_MAX_TOK
-            && !self.recording.get()
-            && (self.blas.is_some() || self.own_gemm_fits(&mats, cols, mode))
-        {
-            self.xq_src.set(None);
-            return self.gemm(&mats, x, cols, n, norm, mode);
+        if n > DEC_MAX_TOK && !self.recording.get() {
+            let fits = self.own_gemm_fits(&mats, cols, mode);
+            if !fits {
+                // f32 arithmetic (or odd columns): cuBLAS, where the backend may still start
+                // it. The first block product settles whether it is used (LazyBlas::get).
+                self.blas.want();
+            }
+            if fits || self.blas.is_some() {
+                self.xq_src.set(None);
+                return self.gemm(&mats, x, cols, n, norm, mode);
+            }
         }
         let total = if gate_up(mode) {
             mats.m[0].rows as usize

@@ -180,7 +180,7 @@ fn own_block_products_match_the_cpu() {
 }
 
 /// Under BlasStart::OnDemand, small weights leave cuBLAS unloaded; a weight of
-/// BLAS_MIN_SIDE on both sides starts it.
+/// BLAS_MIN_SIDE on both sides starts it, and so does a first block product of f32 weights.
 #[test]
 #[ignore]
 fn cublas_loads_only_for_weights_that_want_it() {
@@ -198,6 +198,27 @@ fn cublas_loads_only_for_weights_that_want_it() {
     );
     let e = CudaBackend::new().expect("a CUDA GPU");
     assert!(e.blas_started(), "BlasStart::Early did not start cuBLAS");
+    // f32 weights (a table, say) start nothing at the load; their first block product starts
+    // cuBLAS, for f32 arithmetic.
+    let (g, c) = (
+        CudaBackend::with_blas(0, BlasStart::OnDemand).expect("a CUDA GPU"),
+        CpuBackend::reference(),
+    );
+    let (rows, cols, n) = (64, 256, 100);
+    let w = r.v(rows * cols);
+    let (wg, wc) = (
+        weight(&g, GgmlType::F32, rows, cols, &w),
+        weight(&c, GgmlType::F32, rows, cols, &w),
+    );
+    assert!(!g.blas_started(), "an f32 weight's load started cuBLAS");
+    let x = r.v(n * cols);
+    let (xg, xc) = (g.tensor_from(n, cols, &x), c.tensor_from(n, cols, &x));
+    let (mut og, mut oc) = (g.tensor(n, rows), c.tensor(n, rows));
+    g.matmul(&wg, &xg, None, n, &mut og);
+    c.matmul(&wc, &xc, None, n, &mut oc);
+    assert!(g.blas_started(), "an f32 block product went without cuBLAS");
+    let e = rel(&read(&g, &og, n, rows), &read(&c, &oc, n, rows));
+    assert!(e < 1e-5, "f32 block product: {e}");
 }
 
 /// A decode layer's products chained inside a step, where each writes its output quantized
