@@ -86,28 +86,38 @@ fn matmul_every_format_and_token_count() {
     let mut r = Rng(1);
     for ty in TYPES {
         // (8192 x 512: a long matrix of short rows, as an output head, four rows a warp.)
-        for (rows, cols) in [(75, 256), (264, 512), (33, 1024), (8192, 512)] {
-            let w = r.v(rows * cols);
-            let bias = r.v(rows);
-            let (wg, wc) = (
-                weight(&g, ty, rows, cols, &w),
-                weight(&c, ty, rows, cols, &w),
-            );
-            for n in [1, 3, 6, 17, 64, 65] {
-                let x = r.v(n * cols);
-                let (xg, xc) = (g.tensor_from(n, cols, &x), c.tensor_from(n, cols, &x));
-                let (bg, bc) = (g.tensor_from(1, rows, &bias), c.tensor_from(1, rows, &bias));
-                let (mut og, mut oc) = (g.tensor(n, rows), c.tensor(n, rows));
-                g.matmul(&wg, &xg, Some(&bg), n, &mut og);
-                c.matmul(&wc, &xc, Some(&bc), n, &mut oc);
-                let e = rel(&read(&g, &og, n, rows), &read(&c, &oc, n, rows));
-                assert!(e < 1e-2, "{ty:?} {rows}x{cols} n={n}: {e}");
-                // out += W x on top.
-                g.matmul_add(&wg, &xg, n, &mut og);
-                c.matmul_add(&wc, &xc, n, &mut oc);
-                let e = rel(&read(&g, &og, n, rows), &read(&c, &oc, n, rows));
-                assert!(e < 1e-2, "{ty:?} add {rows}x{cols} n={n}: {e}");
-            }
+        let shapes = [(75, 256), (264, 512), (33, 1024), (8192, 512)];
+        products_match(&g, &c, &mut r, ty, &shapes, &[1, 3, 6, 17, 64, 65]);
+    }
+}
+
+/// `matmul` with a bias, then `matmul_add` on top, of `ty` weights of each shape for each
+/// token count: the GPU against the CPU.
+fn products_match(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    r: &mut Rng,
+    ty: GgmlType,
+    shapes: &[(usize, usize)],
+    ns: &[usize],
+) {
+    for &(rows, cols) in shapes {
+        let w = r.v(rows * cols);
+        let bias = r.v(rows);
+        let (wg, wc) = (weight(g, ty, rows, cols, &w), weight(c, ty, rows, cols, &w));
+        for &n in ns {
+            let x = r.v(n * cols);
+            let (xg, xc) = (g.tensor_from(n, cols, &x), c.tensor_from(n, cols, &x));
+            let (bg, bc) = (g.tensor_from(1, rows, &bias), c.tensor_from(1, rows, &bias));
+            let (mut og, mut oc) = (g.tensor(n, rows), c.tensor(n, rows));
+            g.matmul(&wg, &xg, Some(&bg), n, &mut og);
+            c.matmul(&wc, &xc, Some(&bc), n, &mut oc);
+            let e = rel(&read(g, &og, n, rows), &read(c, &oc, n, rows));
+            assert!(e < 1e-2, "{ty:?} {rows}x{cols} n={n}: {e}");
+            g.matmul_add(&wg, &xg, n, &mut og);
+            c.matmul_add(&wc, &xc, n, &mut oc);
+            let e = rel(&read(g, &og, n, rows), &read(c, &oc, n, rows));
+            assert!(e < 1e-2, "{ty:?} add {rows}x{cols} n={n}: {e}");
         }
     }
 }
@@ -128,32 +138,12 @@ fn own_block_products_match_the_cpu() {
         GgmlType::Q4_0,
         GgmlType::Q4_K,
     ] {
-        for (rows, cols) in shapes {
-            if ty != GgmlType::F16 && cols % 256 != 0 {
-                continue;
-            }
-            let w = r.v(rows * cols);
-            let bias = r.v(rows);
-            let (wg, wc) = (
-                weight(&g, ty, rows, cols, &w),
-                weight(&c, ty, rows, cols, &w),
-            );
-            // 65: one row past the decode kernels; 1500 x 1536: the 128 x 128 blocks.
-            for n in [65, 130, 1500] {
-                let x = r.v(n * cols);
-                let (xg, xc) = (g.tensor_from(n, cols, &x), c.tensor_from(n, cols, &x));
-                let (bg, bc) = (g.tensor_from(1, rows, &bias), c.tensor_from(1, rows, &bias));
-                let (mut og, mut oc) = (g.tensor(n, rows), c.tensor(n, rows));
-                g.matmul(&wg, &xg, Some(&bg), n, &mut og);
-                c.matmul(&wc, &xc, Some(&bc), n, &mut oc);
-                let e = rel(&read(&g, &og, n, rows), &read(&c, &oc, n, rows));
-                assert!(e < 1e-2, "{ty:?} {rows}x{cols} n={n}: {e}");
-                g.matmul_add(&wg, &xg, n, &mut og);
-                c.matmul_add(&wc, &xc, n, &mut oc);
-                let e = rel(&read(&g, &og, n, rows), &read(&c, &oc, n, rows));
-                assert!(e < 1e-2, "{ty:?} add {rows}x{cols} n={n}: {e}");
-            }
-        }
+        // 65: one row past the decode kernels; 1500 x 1536: the 128 x 128 blocks.
+        let fit: Vec<_> = shapes
+            .into_iter()
+            .filter(|&(_, cols)| cols % ty.block_size() == 0)
+            .collect();
+        products_match(&g, &c, &mut r, ty, &fit, &[65, 130, 1500]);
     }
     assert!(
         !g.blas_started(),

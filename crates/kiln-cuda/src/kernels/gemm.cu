@@ -27,6 +27,19 @@ __device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* smem) {
                  : "r"(s));
 }
 
+// Rows r0 .. r0 + R of src (lim rows, cols columns), columns k0 .. k0 + GM_BK, copied into a
+// stage's tile: 16 bytes (8 columns) a copy, zeros past either end.
+template <int R, int THREADS>
+__device__ __forceinline__ void gm_tile(u16* dst, const u16* src, int r0, int lim, int k0,
+                                        int cols) {
+#pragma unroll
+    for (int c = threadIdx.x; c < R * GM_BK / 8; c += THREADS) {
+        const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
+        const bool ok = r0 + r < lim && k0 + kc < cols;
+        cp_async16(dst + r * GM_LD + kc, ok ? src + (size_t)(r0 + r) * cols + k0 + kc : src, ok);
+    }
+}
+
 // Shared memory of a block: STAGES k steps of both tiles (dynamic: products.rs gemm_own
 // passes it, device.rs raises the 48 KiB bound for the kernels that need more).
 #define GM_SMEM(BM, BN, STAGES) ((STAGES) * ((BM) + (BN)) * GM_LD * 2)
@@ -60,22 +73,8 @@ __device__ __forceinline__ void gemm_f16_impl(const u16* __restrict__ x,
     auto load = [&](int t) {
         if (t < steps) {
             const int st = t % STAGES, k0 = t * GM_BK;
-            u16* xd = xs(st);
-            u16* wd = ws(st);
-#pragma unroll
-            for (int c = threadIdx.x; c < BM * GM_BK / 8; c += THREADS) {
-                const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
-                const bool ok = m0 + r < n && k0 + kc < cols;
-                cp_async16(xd + r * GM_LD + kc, ok ? x + (size_t)(m0 + r) * cols + k0 + kc : x,
-                           ok);
-            }
-#pragma unroll
-            for (int c = threadIdx.x; c < BN * GM_BK / 8; c += THREADS) {
-                const int r = c / (GM_BK / 8), kc = (c % (GM_BK / 8)) * 8;
-                const bool ok = n0 + r < rows && k0 + kc < cols;
-                cp_async16(wd + r * GM_LD + kc, ok ? w + (size_t)(n0 + r) * cols + k0 + kc : w,
-                           ok);
-            }
+            gm_tile<BM, THREADS>(xs(st), x, m0, n, k0, cols);
+            gm_tile<BN, THREADS>(ws(st), w, n0, rows, k0, cols);
         }
         asm volatile("cp.async.commit_group;");
     };
