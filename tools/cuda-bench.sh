@@ -34,7 +34,8 @@
 # with flash attention on and every layer on the GPU (-fa 1 -ngl 99); both engines run
 # pp512 and tg128, REPS repetitions after a warm-up, on the same GGUF files (random weights
 # of the exact shapes, written by tools/make_bench_models.py: Q4_0 from random blocks
-# directly, the other types quantized by llama-quantize or kiln from an f16 file).
+# directly, with QUANTIZE=kiln Q4_K_M too, the other types quantized by llama-quantize or
+# kiln from an f16 file).
 # Results: markdown tables on stdout and, with $OUT set, JSON lines in $OUT.
 set -euo pipefail
 KILN="$1"; SRC="$2"; TOK="$3"; WHEEL="$4"
@@ -91,17 +92,27 @@ write_shape() {
     done
     [ "$missing" = 0 ] && { echo "$s: models already written"; return; }
     t0=$(date +%s)
-    # Q4_0 straight from random blocks (seconds, no f16 file); the other types through the
-    # f16 file and the quantizer (the Q4_0 file, already there, is kept).
-    case ",$quants," in
-        *,Q4_0,*) PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py \
-            "$KILN_HOME/bench" --direct-q4_0 --shapes "$s" > "$WORK/models-$s.log" 2>&1 \
-            || { echo "$s: writing Q4_0 failed:"; tail -5 "$WORK/models-$s.log"; } ;;
-    esac
-    if [ "$quants" != Q4_0 ]; then
+    # Q4_0 straight from random blocks (seconds, no f16 file), and with QUANTIZE=kiln Q4_K_M
+    # too (random blocks in kiln quantize's mix); the other types through the f16 file and
+    # the quantizer (files already there are kept).
+    local direct=() rest=()
+    for q in ${quants//,/ }; do
+        case "$q:${QUANTIZE:-llama}" in
+            Q4_0:*) direct+=(--direct-q4_0) ;;
+            Q4_K_M:kiln) direct+=(--direct-q4_k_m) ;;
+            *) rest+=("$q") ;;
+        esac
+    done
+    if [ "${#direct[@]}" -gt 0 ]; then
+        PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py "$KILN_HOME/bench" \
+            "${direct[@]}" --shapes "$s" > "$WORK/models-$s.log" 2>&1 \
+            || { echo "$s: writing ${direct[*]} failed:"; tail -5 "$WORK/models-$s.log"; }
+    fi
+    if [ "${#rest[@]}" -gt 0 ]; then
+        local list="${rest[*]}"
         PYTHONPATH="$WORK/site" python3 tools/make_bench_models.py "$KILN_HOME/bench" \
             --llama-quantize "$QBIN" --no-verify --no-smollm2 \
-            --shapes "$s" --quants "$quants" >> "$WORK/models-$s.log" 2>&1 \
+            --shapes "$s" --quants "${list// /,}" >> "$WORK/models-$s.log" 2>&1 \
             || { echo "$s: writing the models failed:"; tail -5 "$WORK/models-$s.log"; }
     fi
     echo "$s: models written in $(( $(date +%s) - t0 )) s"

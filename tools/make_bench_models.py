@@ -53,6 +53,11 @@ What it writes:
   random Q4_0 blocks written as they are (scales about what quantizing the f16 draw gives),
   with no f16 file and no quantizer: seconds for the 4B shape instead of minutes. For speed
   runs only, like the rest.
+- with --direct-q4_k_m: {shape}-shape-q4_k_m.gguf the same way, from random Q4_K and Q6_K
+  blocks in `kiln quantize --type q4_k_m`'s mix (attn_v and ffn_down Q6_K, the rest Q4_K;
+  every shape here has rows of a multiple of 256): the file that quantizer makes from the
+  f16 one, with other values, in seconds instead of minutes (the 4B's f16 file alone takes
+  minutes to write).
 - smollm2-135m-{q4_0,q8_0,q4_k_m}.gguf: the real SmolLM2-135M-Instruct
   ($KILN_HOME/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf)
   requantized with llama-quantize --allow-requantize (so these carry Q4_1 rounding
@@ -317,10 +322,47 @@ def llama3_rope_factors(hp: dict) -> np.ndarray:
     return f.astype(np.float32)
 
 
+def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Random Q4_0 blocks of 32 values: an f16 scale about what quantizing N(0, std^2) gives
+    (max |x| / 8), then 16 bytes of random 4-bit values."""
+    nb = cols // 32
+    blk = np.empty((rows, nb, 18), dtype=np.uint8)
+    scale = rng.uniform(0.25, 0.35, (rows, nb)).astype(np.float32) * WEIGHT_STD
+    blk[:, :, :2] = scale.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    blk[:, :, 2:] = np.frombuffer(rng.bytes(rows * nb * 16), dtype=np.uint8).reshape(rows, nb, 16)
+    return blk.reshape(rows, nb * 18)
+
+
+def k_blocks(rng: np.random.Generator, rows: int, cols: int, six: bool) -> np.ndarray:
+    """Random Q4_K blocks of 256 values (f16 d and dmin, 12 bytes of 6-bit sub-block scales
+    and mins, 128 bytes of 4-bit values: d * sc * q - dmin * m, near N(0, std^2) in size) or,
+    with `six`, Q6_K blocks (128 + 64 bytes of 6-bit values, 16 int8 scales, f16 d: d * sc *
+    (q - 32))."""
+    nb = cols // 256
+    size = 210 if six else 144
+    blk = np.frombuffer(rng.bytes(rows * nb * size), dtype=np.uint8).reshape(rows, nb, size).copy()
+    d = rng.uniform(0.8, 1.2, (rows, nb)).astype(np.float32) * WEIGHT_STD
+    if six:
+        # scales in -16..15 (random bytes would make a few blocks 8x the others)
+        blk[:, :, 192:208] = (blk[:, :, 192:208] & 0x1F).astype(np.int8) - 16
+        blk[:, :, 208:210] = (d / 256).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    else:
+        blk[:, :, 0:2] = (d / 150).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+        blk[:, :, 2:4] = (d * 7.5 / 150).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    return blk.reshape(rows, nb * size)
+
+
+def q6_k_role(name: str) -> bool:
+    """Whether `kiln quantize --type q4_k_m` gives the matrix Q6_K
+    (crates/kiln-cli/src/quantize.rs Recipe::type_for)."""
+    return name == "output.weight" or name.endswith((".attn_v.weight", ".ffn_down.weight"))
+
+
 def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path,
-                    direct_q4_0: bool = False) -> None:
-    """The shape's file with f16 matrices, or with --direct-q4_0 random Q4_0 blocks written as
-    they are (no f16 file, no quantizer: seconds instead of minutes for the large shapes)."""
+                    direct: str | None = None) -> None:
+    """The shape's file with f16 matrices, or with `direct` ("q4_0", "q4_k_m") random blocks
+    of that type written as they are (no f16 file, no quantizer: seconds instead of minutes
+    for the large shapes)."""
     hp, arch, tok_src, label = SHAPES[shape]
     if tok_src == "stand-in":
         tokens, types = stand_in_vocab(hp["n_vocab"])
@@ -340,7 +382,8 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path,
     w = gguf.GGUFWriter(str(tmp), arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"{label} shape (random weights, kiln bench)")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if direct_q4_0 else gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type({None: gguf.LlamaFileType.MOSTLY_F16, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+                     "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}[direct])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     w.add_context_length(hp["n_ctx_train"])
@@ -399,28 +442,21 @@ def write_shape_f16(path: Path, shape: str, seed: int, gemma_vocab_file: Path,
     d, f, hd = hp["n_embd"], hp["n_ff"], hp["head_dim"]
     q_dim, kv_dim = hp["n_head"] * hd, hp["n_head_kv"] * hd
 
-    def mat(rows: int, cols: int) -> np.ndarray:
-        # numpy shape (rows, cols) == GGUF ne = [cols, rows]: rows of length `cols`.
-        if direct_q4_0:
-            # Q4_0 blocks of 32 values: an f16 scale about what quantizing N(0, std^2) gives
-            # (max |x| / 8), then 16 bytes of random 4-bit values.
-            nb = cols // 32
-            blk = np.empty((rows, nb, 18), dtype=np.uint8)
-            scale = rng.uniform(0.25, 0.35, (rows, nb)).astype(np.float32) * WEIGHT_STD
-            blk[:, :, :2] = scale.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
-            blk[:, :, 2:] = np.frombuffer(rng.bytes(rows * nb * 16), dtype=np.uint8).reshape(
-                rows, nb, 16)
-            return blk.reshape(rows, nb * 18)
-        x = rng.standard_normal((rows, cols), dtype=np.float32)
-        x *= WEIGHT_STD
-        return x.astype(np.float16)
-
     def add_mat(name: str, rows: int, cols: int) -> None:
-        m = mat(rows, cols)
-        if direct_q4_0:
-            w.add_tensor(name, m, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        # numpy shape (rows, cols) == GGUF ne = [cols, rows]: rows of length `cols`.
+        if direct == "q4_0":
+            w.add_tensor(name, q4_0_blocks(rng, rows, cols),
+                         raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        elif direct == "q4_k_m":
+            assert cols % 256 == 0, f"{name}: {cols} columns, not a multiple of 256"
+            six = q6_k_role(name)
+            w.add_tensor(name, k_blocks(rng, rows, cols, six),
+                         raw_dtype=gguf.GGMLQuantizationType.Q6_K if six
+                         else gguf.GGMLQuantizationType.Q4_K)
         else:
-            w.add_tensor(name, m)
+            x = rng.standard_normal((rows, cols), dtype=np.float32)
+            x *= WEIGHT_STD
+            w.add_tensor(name, x.astype(np.float16))
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
@@ -539,23 +575,28 @@ def main() -> int:
     ap.add_argument("--direct-q4_0", action="store_true",
                     help="write each shape's q4_0 file directly from random Q4_0 blocks (no "
                          "f16 file, no quantizer; every matrix Q4_0, as kiln quantize makes it)")
+    ap.add_argument("--direct-q4_k_m", action="store_true",
+                    help="write each shape's q4_k_m file directly from random Q4_K and Q6_K "
+                         "blocks in kiln quantize's Q4_K_M mix (no f16 file, no quantizer)")
     a = ap.parse_args()
     if a.write_gemma_vocab:
         write_gemma_vocab(a.gemma_vocab, a.write_gemma_vocab)
         print(f"wrote {a.write_gemma_vocab} ({a.write_gemma_vocab.stat().st_size} bytes)")
         return 0
 
-    if a.direct_q4_0:
+    directs = [t for t, on in (("q4_0", a.direct_q4_0), ("q4_k_m", a.direct_q4_k_m)) if on]
+    if directs:
         a.out_dir.mkdir(parents=True, exist_ok=True)
         for shape in a.shapes.split(","):
             if shape not in SHAPES:
                 raise SystemExit(f"unknown shape {shape!r}: one of {', '.join(SHAPES)}")
-            dst = a.out_dir / f"{shape}-shape-q4_0.gguf"
-            if a.force or not dst.exists():
-                t0 = time.time()
-                write_shape_f16(dst, shape, a.seed, a.gemma_vocab, direct_q4_0=True)
-                print(f"wrote {dst} ({dst.stat().st_size / 2**20:.1f} MiB, "
-                      f"{time.time() - t0:.0f} s)", flush=True)
+            for t in directs:
+                dst = a.out_dir / f"{shape}-shape-{t}.gguf"
+                if a.force or not dst.exists():
+                    t0 = time.time()
+                    write_shape_f16(dst, shape, a.seed, a.gemma_vocab, direct=t)
+                    print(f"wrote {dst} ({dst.stat().st_size / 2**20:.1f} MiB, "
+                          f"{time.time() - t0:.0f} s)", flush=True)
         return 0
 
     for tool in [a.llama_quantize] + ([] if a.no_verify else [a.llama_bench]):
