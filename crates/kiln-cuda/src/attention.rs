@@ -30,6 +30,9 @@ pub(crate) const DEC_LONG_KEYS: usize = 12288;
 /// 4096 45,294 / 26,698; 8192 14,352 / 16,048; 12288 10,727 / 11,138; 16384 5,564 / 8,523.
 pub(crate) const FLASH_MIN_KEYS: usize = 8192;
 
+/// Keys a split of the one-pass prompt attention's second form takes at least.
+const FLASH_SPLIT_KEYS: usize = 1024;
+
 /// Blocks a multiprocessor holds of the decode kernel for `group` query heads a KV head
 /// (kernels/attention.cu DEC_MIN_BLOCKS, the register budget it is compiled for): a grid of
 /// more blocks a multiprocessor than this runs in two waves.
@@ -499,11 +502,12 @@ impl CudaBackend {
             w => (s.pos0 + s.n_tokens).min(w + s.n_tokens),
         };
         let flash = match self.tune.flash_prompt {
-            Some(f) => f == 1,
+            Some(f) => f >= 1,
             None => keys >= FLASH_MIN_KEYS,
         };
         if prompt && flash && matches!(s.head_dim, 64 | 128) {
-            return self.attention_flash(q_ptr, cache, layer, s, out_ptr);
+            let v2 = self.tune.flash_prompt == Some(2);
+            return self.attention_flash(q_ptr, cache, layer, s, out_ptr, v2);
         }
         if prompt && self.tune.prompt_gemm && self.blas.is_some() {
             return self.attention_gemm(q_ptr, cache, layer, s, out_ptr);
@@ -601,7 +605,10 @@ impl CudaBackend {
 impl CudaBackend {
     /// A prompt's attention in one pass over the cache (kernels/flash.cu attn_flash_<HD>):
     /// a block a KV head and FA_ROWS query rows, its keys and values read from the cache's
-    /// blocks where they lie.
+    /// blocks where they lie. `v2` (attn_flash2_<HD>, KILN_CUDA_FLASH_PROMPT=2 until it is
+    /// measured): values read untransposed, and the keys split over enough blocks to fill the
+    /// multiprocessors four times over (KILN_CUDA_FLASH_SPLITS sets the count), the splits'
+    /// partials combined by attn_combine.
     fn attention_flash(
         &self,
         q_ptr: u64,
@@ -609,6 +616,7 @@ impl CudaBackend {
         layer: usize,
         s: AttnShape,
         out_ptr: u64,
+        v2: bool,
     ) {
         let g = s.n_heads / s.n_kv_heads;
         assert!(
@@ -631,22 +639,61 @@ impl CudaBackend {
             .a(s.n_tokens as i32)
             .a(s.window as i32)
             .a(out_ptr);
-        let name = if s.head_dim == 64 {
-            "attn_flash_64"
-        } else {
-            "attn_flash_128"
+        let row_blocks = s.n_tokens.div_ceil(FA_ROWS / g);
+        // Splits: enough blocks for four a multiprocessor, each split at least
+        // FLASH_SPLIT_KEYS of the keys the last query sees.
+        let keys = s.pos0 + s.n_tokens;
+        let splits = match (v2, self.tune.flash_splits) {
+            (false, _) => 1,
+            (true, Some(n)) => n,
+            (true, None) => (4 * self.dev.num_sms)
+                .div_ceil(row_blocks * s.n_kv_heads)
+                .min(keys.div_ceil(FLASH_SPLIT_KEYS))
+                .max(1),
         };
+        let part = (splits > 1).then(|| {
+            let slots = s.n_tokens * s.n_heads * splits;
+            let mut sc = self.scratch.borrow_mut();
+            (
+                ensure(&mut sc.attn_acc, slots * s.head_dim * 4),
+                ensure(&mut sc.attn_ml, slots * 2 * 4),
+            )
+        });
+        let name = match (v2, s.head_dim) {
+            (false, 64) => "attn_flash_64",
+            (false, _) => "attn_flash_128",
+            (true, 64) => "attn_flash2_64",
+            (true, _) => "attn_flash2_128",
+        };
+        if v2 {
+            let (acc, ml) = part.unwrap_or((0, 0));
+            a = a.a(acc).a(ml);
+        }
         self.dev.launch(
             self.dev.func(name),
-            (
-                s.n_tokens.div_ceil(FA_ROWS / g) as u32,
-                s.n_kv_heads as u32,
-                1,
-            ),
+            (row_blocks as u32, s.n_kv_heads as u32, splits as u32),
             (32 * FA_WARPS as u32, 1, 1),
             0,
             &mut a.ptrs(),
         );
+        if let Some((acc, ml)) = part {
+            let mut c = Args::default()
+                .a(acc)
+                .a(ml)
+                .a(splits as i32)
+                .a(s.head_dim as i32)
+                .a(out_ptr)
+                .a(0u64)
+                .a(s.n_tokens as i32)
+                .a(s.n_heads as i32);
+            self.dev.launch(
+                self.dev.func("attn_combine"),
+                ((s.n_tokens * s.n_heads) as u32, 1, 1),
+                (s.head_dim.div_ceil(32) as u32 * 32, 1, 1),
+                0,
+                &mut c.ptrs(),
+            );
+        }
     }
 
     /// A prompt's attention on the tensor cores, per chunk of queries: scores = q k^T for each

@@ -188,6 +188,8 @@ pub const KERNELS: &[&str] = &[
     "matvec_dec_q6_k_4_1g",
     "attn_flash_64",
     "attn_flash_128",
+    "attn_flash2_64",
+    "attn_flash2_128",
     "gemm_f16_64",
     "gemm_f16_128",
     "matvec_dec_kmix_1_1",

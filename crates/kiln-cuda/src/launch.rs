@@ -100,8 +100,10 @@ pub(crate) struct Tune {
     pub(crate) prompt_gemm: bool,
     /// Prompt attention in one pass over the cache (head sizes 64 and 128): by default where
     /// a chunk's queries see attention.rs FLASH_MIN_KEYS keys or more; KILN_CUDA_FLASH_PROMPT
-    /// 0 never, 1 always.
+    /// 0 never, 1 always, 2 always in the second form (attn_flash2_*, split over the keys).
     pub(crate) flash_prompt: Option<usize>,
+    /// Splits of the second form (KILN_CUDA_FLASH_SPLITS, 1-64; by default sized to the GPU).
+    pub(crate) flash_splits: Option<usize>,
     /// Decode attention blocks a multiprocessor (KILN_CUDA_DEC_BPS, 1-16).
     pub(crate) dec_blocks_per_sm: Option<usize>,
     /// Rows a warp of one-token decode products without a quantized output
@@ -127,7 +129,8 @@ impl Tune {
             kw: env("KILN_CUDA_KW").filter(|k| [1, 2, 4, 8].contains(k)),
             nr: env("KILN_CUDA_NR").filter(|n| [1, 2].contains(n)),
             prompt_gemm: !kiln_backend::options::dev_flag("KILN_CUDA_NO_PROMPT_GEMM"),
-            flash_prompt: env("KILN_CUDA_FLASH_PROMPT").filter(|n| [0, 1].contains(n)),
+            flash_prompt: env("KILN_CUDA_FLASH_PROMPT").filter(|n| [0, 1, 2].contains(n)),
+            flash_splits: env("KILN_CUDA_FLASH_SPLITS").filter(|n| (1..=64).contains(n)),
             dec_blocks_per_sm: env("KILN_CUDA_DEC_BPS").filter(|n| (1..=16).contains(n)),
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),

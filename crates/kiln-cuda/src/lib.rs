@@ -191,6 +191,15 @@ impl CudaBackend {
         self.prompt_attn_bytes.set(bytes.max(1));
     }
 
+    /// Prompts' attention in one pass over the cache in `form` (1, or 2: the second form,
+    /// split over the keys, `splits` of them or sized to the GPU) whatever their length: for
+    /// tests and comparisons (KILN_CUDA_FLASH_PROMPT, KILN_CUDA_FLASH_SPLITS).
+    pub fn with_flash_prompt(mut self, form: usize, splits: Option<usize>) -> Self {
+        self.tune.flash_prompt = Some(form.min(2));
+        self.tune.flash_splits = splits.filter(|n| (1..=64).contains(n));
+        self
+    }
+
     /// Every step launched op by op (no graph recording): for comparisons.
     pub fn without_graphs(mut self) -> Self {
         self.use_graphs = false;

@@ -469,6 +469,81 @@ fn heads_rope_cache_attention() {
 }
 
 /// A prompt's keys and values (no q/k norms) stored into layer 0 of `cache` from position 0.
+/// A prompt chunk's one-pass attention over a long cache, both forms (the second with its
+/// keys split as the GPU asks, in three, and in more splits than the cache has blocks),
+/// against the CPU: two group sizes, both head sizes, a sliding window.
+#[test]
+#[ignore]
+fn flash_prompt_forms_match_the_cpu() {
+    let c = CpuBackend::new(2);
+    let forms = [(1, None), (2, None), (2, Some(3)), (2, Some(64))];
+    let mut r = Rng(12);
+    for (hd, heads, kvh, window) in [(128, 16, 8, 0), (64, 12, 4, 0), (128, 32, 8, 700)] {
+        let rope = rope_cfg(RopeStyle::Neox, hd, hd);
+        let (pre, n) = (2000, 300);
+        let n_ctx = pre + n;
+        let prompt = [
+            r.v(pre * heads * hd),
+            r.v(pre * kvh * hd),
+            r.v(pre * kvh * hd),
+        ];
+        let chunk = [r.v(n * heads * hd), r.v(n * kvh * hd), r.v(n * kvh * hd)];
+        let shape = AttnShape {
+            n_heads: heads,
+            n_kv_heads: kvh,
+            head_dim: hd,
+            pos0: pre,
+            n_tokens: n,
+            window,
+        };
+        // The chunk's queries stored and rotated at pre.., then its attention.
+        fn chunk_attention<B: Backend>(
+            b: &B,
+            rope: &RopeConfig,
+            prompt: &[Vec<f32>; 3],
+            chunk: &[Vec<f32>; 3],
+            shape: AttnShape,
+            n_ctx: usize,
+        ) -> Vec<f32> {
+            let (heads, kvh, hd, n) = (
+                shape.n_heads,
+                shape.n_kv_heads,
+                shape.head_dim,
+                shape.n_tokens,
+            );
+            let mut cache = b.kv_cache(1, n_ctx, kvh, hd);
+            store_prompt(
+                b,
+                &mut cache,
+                rope,
+                [&prompt[0], &prompt[1], &prompt[2]],
+                heads,
+                kvh,
+            );
+            let mut q = b.tensor_from(n, heads * hd, &chunk[0]);
+            let mut k = b.tensor_from(n, kvh * hd, &chunk[1]);
+            let v = b.tensor_from(n, kvh * hd, &chunk[2]);
+            b.qk_norm_rope_store(
+                &mut q, &mut k, &v, None, rope, heads, kvh, &mut cache, 0, shape.pos0, n,
+            );
+            let mut o = b.tensor(n, heads * hd);
+            b.attention(&q, &cache, 0, shape, &mut o);
+            read(b, &o, n, heads * hd)
+        }
+        let want = chunk_attention(&c, &rope, &prompt, &chunk, shape, n_ctx);
+        for (form, splits) in forms {
+            let g = gpu().with_flash_prompt(form, splits);
+            let got = chunk_attention(&g, &rope, &prompt, &chunk, shape, n_ctx);
+            let e = rel(&got, &want);
+            assert!(
+                e < 5e-3,
+                "form {form} splits {splits:?} hd={hd} g={} window {window}: {e}",
+                heads / kvh
+            );
+        }
+    }
+}
+
 fn store_prompt<B: Backend>(
     b: &B,
     cache: &mut B::KvCache,

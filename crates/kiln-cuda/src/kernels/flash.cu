@@ -28,16 +28,46 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
 
-// grid (ceil(ntok / (FA_ROWS / g)), kv_heads), FA_WARPS warps. Row r of a block is token
-// t0 + r / g, query head kvh * g + r % g; a token at position pos0 + t sees the keys
+__device__ __forceinline__ void cp_async16(u16* smem, const u16* g, bool ok) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    // src-size 0: the 16 bytes are zeros (nothing is read).
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g),
+                 "r"(ok ? 16 : 0));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* smem) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* smem) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+// grid (ceil(ntok / (FA_ROWS / g)), kv_heads, splits), FA_WARPS warps. Row r of a block is
+// token t0 + r / g, query head kvh * g + r % g; a token at position pos0 + t sees the keys
 // [lo, pos0 + t] (lo = pos0 + t + 1 - window, at least 0, with a window; else 0). out is
 // (ntok, heads, HD) f32, q the same (normalised and rotated already).
-template <int HD>
+//
+// V2 (attn_flash2_<HD>, KILN_CUDA_FLASH_PROMPT=2 while it is measured): the values stay rows
+// in shared memory (ldmatrix .trans gives the products their columns; the first form writes
+// them transposed, value by value), and the block's cache blocks are split over the grid's z
+// (splits): with more than one, each row's unnormalised sum and its (max, denominator) go to
+// part_acc / part_ml at [t * heads + h][split] for attn_combine, so that a prompt of few
+// query blocks over a long cache still fills the multiprocessors.
+template <int HD, bool V2>
 __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
                                 long long v_off, int heads, int kv_heads, float scale,
-                                int pos0, int ntok, int window, float* out) {
+                                int pos0, int ntok, int window, float* out, float* part_acc,
+                                float* part_ml) {
     __shared__ __align__(16) u16 ks[KV_BLOCK][HD + FA_PAD];
-    __shared__ __align__(16) u16 vt[HD][KV_BLOCK + FA_PAD];
+    // V2: rows of values (key, dim); else transposed (dim, key).
+    __shared__ __align__(16) u16 vt[V2 ? KV_BLOCK : HD][(V2 ? HD : KV_BLOCK) + FA_PAD];
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
@@ -84,7 +114,14 @@ __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
 #pragma unroll
         for (int j = 0; j < 4; j++) o[n][j] = 0.0f;
     float m[2] = {-KINF, -KINF}, l[2] = {0.0f, 0.0f};
-    for (int kb = first & ~(KV_BLOCK - 1); kb <= last; kb += KV_BLOCK) {
+    // The cache blocks from first's to last's; V2: this split's share of them.
+    const int blk0 = first >> KV_BLOCK_LOG2, nblk = (last >> KV_BLOCK_LOG2) - blk0 + 1;
+    const int per = (nblk + gridDim.z - 1) / gridDim.z;
+    const int kb_lo = V2 ? (blk0 + (int)blockIdx.z * per) << KV_BLOCK_LOG2
+                         : first & ~(KV_BLOCK - 1);
+    const int kb_hi = V2 ? min(blk0 + ((int)blockIdx.z + 1) * per, blk0 + nblk) << KV_BLOCK_LOG2
+                         : last + 1;
+    for (int kb = kb_lo; kb < kb_hi; kb += KV_BLOCK) {
         // The cache block's keys (rows of ks) and values (columns of vt), 16 bytes a load.
         __syncthreads();
         const u16* kblk = kv_row(tbl, k_off, kvh, kb, HD);
@@ -93,6 +130,10 @@ __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
             const int key = x / (HD / 8), d = (x % (HD / 8)) * 8;
             *(uint4*)&ks[key][d] = __ldg((const uint4*)(kblk + (size_t)key * HD + d));
             const uint4 v = __ldg((const uint4*)(vblk + (size_t)key * HD + d));
+            if (V2) {
+                *(uint4*)&vt[key][d] = v;
+                continue;
+            }
             const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -162,6 +203,19 @@ __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
                                pack_h2(s[2 * kk][2], s[2 * kk][3]),
                                pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            if (V2) {
+                // Two dimension tiles a load: lane l gives key kk 16 + 8 ((l / 8) % 2) + l % 8,
+                // dimensions 8 (n + l / 16).. (registers: tile n keys-low, keys-high, n + 1 ..).
+#pragma unroll
+                for (int n = 0; n < HD / 8; n += 2) {
+                    u32 b[4];
+                    ldmatrix_x4_trans(b, &vt[kk * 16 + 8 * ((lane >> 3) & 1) + (lane & 7)]
+                                            [8 * (n + (lane >> 4))]);
+                    mma16816(o[n], pa, b[0], b[1]);
+                    mma16816(o[n + 1], pa, b[2], b[3]);
+                }
+                continue;
+            }
 #pragma unroll
             for (int n = 0; n < HD / 8; n++) {
                 const u16* vr = &vt[n * 8 + gid][kk * 16 + 2 * tig];
@@ -175,6 +229,18 @@ __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
         if (tok[i] < 0) continue;
+        if (V2 && gridDim.z > 1) {
+            const size_t slot = ((size_t)tok[i] * heads + head[i]) * gridDim.z + blockIdx.z;
+            float* prow = part_acc + slot * HD + 2 * tig;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++)
+                *(float2*)(prow + n * 8) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+            if (tig == 0) {
+                part_ml[2 * slot] = m[i];
+                part_ml[2 * slot + 1] = l[i];
+            }
+            continue;
+        }
         const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         float* orow = out + ((size_t)tok[i] * heads + head[i]) * HD + 2 * tig;
 #pragma unroll
@@ -184,14 +250,21 @@ __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
 }
 
 // attn_flash_<HD>: head sizes 64 and 128 (attention.rs falls back to attention_gemm for the
-// others).
+// others); attn_flash2_<HD>: the V2 form.
 #define ATTN_FLASH(HD)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)                              \
         attn_flash_##HD(const float* q, const u64* tbl, long long k_off, long long v_off,    \
                         int heads, int kv_heads, float scale, const u32* params, int ntok,   \
                         int window, float* out) {                                            \
-        attn_flash_impl<HD>(q, tbl, k_off, v_off, heads, kv_heads, scale, (int)params[0],    \
-                            ntok, window, out);                                              \
+        attn_flash_impl<HD, false>(q, tbl, k_off, v_off, heads, kv_heads, scale,             \
+                                   (int)params[0], ntok, window, out, nullptr, nullptr);     \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)                              \
+        attn_flash2_##HD(const float* q, const u64* tbl, long long k_off, long long v_off,   \
+                         int heads, int kv_heads, float scale, const u32* params, int ntok,  \
+                         int window, float* out, float* part_acc, float* part_ml) {          \
+        attn_flash_impl<HD, true>(q, tbl, k_off, v_off, heads, kv_heads, scale,              \
+                                  (int)params[0], ntok, window, out, part_acc, part_ml);     \
     }
 ATTN_FLASH(64)
 ATTN_FLASH(128)

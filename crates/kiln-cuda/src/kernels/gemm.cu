@@ -13,20 +13,6 @@
 #define GM_PAD 8
 #define GM_LD (GM_BK + GM_PAD)
 
-__device__ __forceinline__ void cp_async16(u16* smem, const u16* g, bool ok) {
-    const u32 s = (u32)__cvta_generic_to_shared(smem);
-    // src-size 0: the 16 bytes are zeros (nothing is read).
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g),
-                 "r"(ok ? 16 : 0));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* smem) {
-    const u32 s = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
 // Rows r0 .. r0 + R of src (lim rows, cols columns), columns k0 .. k0 + GM_BK, copied into a
 // stage's tile: 16 bytes (8 columns) a copy, zeros past either end.
 template <int R, int THREADS>
