@@ -505,7 +505,8 @@ impl CudaBackend {
             Some(f) => f >= 1,
             None => keys >= FLASH_MIN_KEYS,
         };
-        if prompt && flash && matches!(s.head_dim, 64 | 128) {
+        // (The one pass runs on the tensor cores of sm_80 and later: kernels/flash.cu.)
+        if prompt && flash && matches!(s.head_dim, 64 | 128) && self.dev.major >= 8 {
             let v2 = self.tune.flash_prompt == Some(2);
             return self.attention_flash(q_ptr, cache, layer, s, out_ptr, v2);
         }

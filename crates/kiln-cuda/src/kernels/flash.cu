@@ -15,13 +15,22 @@
 // apart modulo 128, so a warp's fragment loads fall in distinct banks.
 #define FA_PAD 8
 
+// The tensor-core kernels (this file's and gemm.cu's) need sm_80: below it the instructions
+// they use (mma.sync m16n8k16, cp.async) do not assemble, so there the helpers below trap,
+// and the host never launches those kernels (attention.rs, products.rs check the
+// architecture); the rest of the module still builds for sm_70 and sm_75.
+#if __CUDA_ARCH__ >= 800
+#define TC_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define TC_ASM(...) __trap()
+#endif
+
 // d = a b + d: a 16x16 f16 fragment (row-major), b 16x8 (column-major), d 16x8 f32.
 __device__ __forceinline__ void mma16816(float* d, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    TC_ASM("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+           "{%8,%9}, {%0,%1,%2,%3};"
+           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
@@ -31,22 +40,29 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 __device__ __forceinline__ void cp_async16(u16* smem, const u16* g, bool ok) {
     const u32 s = (u32)__cvta_generic_to_shared(smem);
     // src-size 0: the 16 bytes are zeros (nothing is read).
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g),
-                 "r"(ok ? 16 : 0));
+    TC_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "r"(ok ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { TC_ASM("cp.async.commit_group;"); }
+
+// Waits until at most N of this thread's copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    TC_ASM("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* smem) {
     const u32 s = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
+    TC_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+           : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+           : "r"(s));
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* smem) {
     const u32 s = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
+    TC_ASM("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+           : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+           : "r"(s));
 }
 
 // grid (ceil(ntok / (FA_ROWS / g)), kv_heads, splits), FA_WARPS warps. Row r of a block is

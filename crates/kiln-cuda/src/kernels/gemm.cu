@@ -62,13 +62,13 @@ __device__ __forceinline__ void gemm_f16_impl(const u16* __restrict__ x,
             gm_tile<BM, THREADS>(xs(st), x, m0, n, k0, cols);
             gm_tile<BN, THREADS>(ws(st), w, n0, rows, k0, cols);
         }
-        asm volatile("cp.async.commit_group;");
+        cp_async_commit();
     };
     // STAGES - 1 steps in flight ahead of the one multiplied.
 #pragma unroll
     for (int t = 0; t < STAGES - 1; t++) load(t);
     for (int t = 0; t < steps; t++) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
+        cp_async_wait<STAGES - 2>();
         // Step t is in; every warp is past step t - 1, whose stage the next copy takes.
         __syncthreads();
         load(t + STAGES - 1);
