@@ -6,7 +6,6 @@
 //! The kernels' one source is assembled here for both (`aot::SOURCE` in `src/device.rs`,
 //! whose run-time compile takes the same options).
 
-use std::ffi::CString;
 use std::path::PathBuf;
 
 /// The files of src/kernels, one after the other in the source (each uses only what the files
@@ -26,6 +25,7 @@ const FILES: [&str; 9] = [
 fn main() {
     println!("cargo:rerun-if-env-changed=KILN_CUDA_ARCHS");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/cubin.rs");
     for f in FILES {
         println!("cargo:rerun-if-changed=src/kernels/{f}");
     }
@@ -64,9 +64,9 @@ fn main() {
                 arch.starts_with("sm_") && arch[3..].chars().all(|c| c.is_ascii_digit()),
                 "KILN_CUDA_ARCHS: '{arch}' is not an architecture like sm_90"
             );
-            let cubin = compile(&source, arch);
+            let image = cubin(&source, arch);
             let path = out.join(format!("kernels-{arch}.cubin"));
-            std::fs::write(&path, cubin).expect("write the cubin");
+            std::fs::write(&path, image).expect("write the cubin");
             table.push_str(&format!(
                 "    ({arch:?}, include_bytes!({:?})),\n",
                 path.display().to_string()
@@ -77,31 +77,6 @@ fn main() {
     std::fs::write(out.join("aot.rs"), table).expect("write aot.rs");
 }
 
-/// The kernels for `arch` as a cubin, with the run-time compile's options.
-fn compile(source: &str, arch: &str) -> Vec<u8> {
-    use cudarc::nvrtc::{result, sys};
-    let src = CString::new(source).expect("no NUL in the kernel source");
-    let opts = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-    ];
-    let prog = result::create_program(&src, None).expect("nvrtcCreateProgram");
-    // SAFETY: `prog` was just created and is destroyed below, once.
-    unsafe {
-        if let Err(e) = result::compile_program(prog, &opts) {
-            let log = result::get_program_log(prog).unwrap_or_default();
-            let log: String = log.iter().map(|&c| c as u8 as char).collect();
-            panic!("compiling the kernels for {arch}: {e:?}\n{log}");
-        }
-        let mut size = 0usize;
-        sys::nvrtcGetCUBINSize(prog, &mut size)
-            .result()
-            .expect("nvrtcGetCUBINSize");
-        let mut cubin = vec![0u8; size];
-        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _)
-            .result()
-            .expect("nvrtcGetCUBIN");
-        result::destroy_program(prog).expect("nvrtcDestroyProgram");
-        cubin
-    }
-}
+// `cubin(source, arch)`: the kernels for `arch` as a cubin, with the run-time compile's
+// options (shared with device.rs's test that they assemble for every architecture).
+include!("src/cubin.rs");

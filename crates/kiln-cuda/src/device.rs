@@ -659,33 +659,13 @@ mod tests {
         // tensor-core kernels' mma.sync m16n8k16 and cp.async below sm_80) passes into PTX
         // unchecked and fails only in ptxas, or in the driver's JIT on the user's GPU.
         for arch in ["sm_75", "sm_80", "sm_90"] {
-            assert!(!cubin(arch).is_empty(), "{arch}: an empty cubin");
+            assert!(
+                !cubin(super::SOURCE, arch).is_empty(),
+                "{arch}: an empty cubin"
+            );
         }
     }
 
-    /// The kernels compiled to a cubin for `arch` (NVRTC runs ptxas).
-    fn cubin(arch: &str) -> Vec<u8> {
-        use cudarc::nvrtc::{result, sys};
-        let src = std::ffi::CString::new(super::SOURCE).expect("no NUL in the kernel source");
-        let opts = [format!("--gpu-architecture={arch}"), "--std=c++17".into()];
-        let prog = result::create_program(&src, None).expect("nvrtcCreateProgram");
-        // SAFETY: `prog` was just created and is destroyed below, once.
-        unsafe {
-            if let Err(e) = result::compile_program(prog, &opts) {
-                let log = result::get_program_log(prog).unwrap_or_default();
-                let log: String = log.iter().map(|&c| c as u8 as char).collect();
-                panic!("{arch}: {e:?}\n{log}");
-            }
-            let mut size = 0usize;
-            sys::nvrtcGetCUBINSize(prog, &mut size)
-                .result()
-                .expect("nvrtcGetCUBINSize");
-            let mut out = vec![0u8; size];
-            sys::nvrtcGetCUBIN(prog, out.as_mut_ptr() as *mut _)
-                .result()
-                .expect("nvrtcGetCUBIN");
-            result::destroy_program(prog).expect("nvrtcDestroyProgram");
-            out
-        }
-    }
+    // cubin(source, arch), as build.rs compiles the kernels built ahead of time.
+    include!("cubin.rs");
 }
