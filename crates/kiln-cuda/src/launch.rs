@@ -201,12 +201,50 @@ enum BlasMsg {
     Warm,
 }
 
+/// out (column-major, m x n, ldc apart) = w^T x (+ beta out) through cuBLAS: w holds m rows
+/// and x n rows of k f16 values each, sums in f32 (the block products of products.rs, and the
+/// warm-up, which must pick the same kind of kernel).
+///
+/// # Safety
+/// `h` is a live handle; the pointers are device buffers of those shapes.
+pub(crate) unsafe fn blas_gemm_f16(
+    h: cudarc::cublas::sys::cublasHandle_t,
+    (m, n, k): (usize, usize, usize),
+    w: u64,
+    x: u64,
+    beta: f32,
+    (out, ldc): (u64, usize),
+) -> Result<(), cudarc::cublas::result::CublasError> {
+    use cudarc::cublas::sys as cb;
+    let alpha = 1f32;
+    cudarc::cublas::result::gemm_ex(
+        h,
+        cb::cublasOperation_t::CUBLAS_OP_T,
+        cb::cublasOperation_t::CUBLAS_OP_N,
+        m as i32,
+        n as i32,
+        k as i32,
+        &alpha as *const f32 as *const c_void,
+        w as *const c_void,
+        cb::cudaDataType_t::CUDA_R_16F,
+        k as i32,
+        x as *const c_void,
+        cb::cudaDataType_t::CUDA_R_16F,
+        k as i32,
+        &beta as *const f32 as *const c_void,
+        out as *mut c_void,
+        cb::cudaDataType_t::CUDA_R_32F,
+        ldc as i32,
+        cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+    )
+}
+
 /// One small f16 product on a stream of the thread's own, waited for: cuBLAS's first product
 /// in a process sets up the library (tens of milliseconds, measured on an H200 as the gap
 /// between a cold first encoder window and a warm one) and this moves that set-up beside the
 /// model's load. The kernels a real shape picks still load at its first use.
 fn warm_up(h: cudarc::cublas::sys::cublasHandle_t) -> Option<()> {
-    use cudarc::cublas::sys as cb;
     const N: usize = 256;
     let a = DevBuf::try_alloc(N * N * 2).ok()?;
     let c = DevBuf::try_alloc(N * N * 4).ok()?;
@@ -215,35 +253,14 @@ fn warm_up(h: cudarc::cublas::sys::cublasHandle_t) -> Option<()> {
     unsafe { sys::cuStreamCreate(&mut s, flags) }
         .result()
         .ok()?;
-    let (alpha, beta) = (1f32, 0f32);
-    // Zeros for operands (fresh device memory holds anything); called as products.rs calls it.
+    let beta = 0f32;
+    // Zeros for operands (fresh device memory holds anything); the products' own call.
     let ran = unsafe {
         cudarc::cublas::result::set_stream(h, s as _).is_ok()
             && sys::cuMemsetD8Async(a.ptr, 0, N * N * 2, s)
                 .result()
                 .is_ok()
-            && cudarc::cublas::result::gemm_ex(
-                h,
-                cb::cublasOperation_t::CUBLAS_OP_T,
-                cb::cublasOperation_t::CUBLAS_OP_N,
-                N as i32,
-                N as i32,
-                N as i32,
-                &alpha as *const f32 as *const c_void,
-                a.ptr as *const c_void,
-                cb::cudaDataType_t::CUDA_R_16F,
-                N as i32,
-                a.ptr as *const c_void,
-                cb::cudaDataType_t::CUDA_R_16F,
-                N as i32,
-                &beta as *const f32 as *const c_void,
-                c.ptr as *mut c_void,
-                cb::cudaDataType_t::CUDA_R_32F,
-                N as i32,
-                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-            .is_ok()
+            && blas_gemm_f16(h, (N, N, N), a.ptr, a.ptr, beta, (c.ptr, N)).is_ok()
     };
     // The stream goes whatever happened (the caller sets the handle's stream again).
     unsafe {

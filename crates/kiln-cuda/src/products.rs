@@ -532,7 +532,6 @@ impl CudaBackend {
         norm: Option<(&CudaTensor, f32)>,
         mode: i32,
     ) {
-        use cudarc::cublas::sys as cb;
         let max_rows = mats.m[..mats.n_mats as usize]
             .iter()
             .map(|m| m.rows as usize)
@@ -624,31 +623,9 @@ impl CudaBackend {
                 self.gemm_own((x16, wp, m.bias), (n, rows, cols), beta != 0.0, (out, ld));
                 continue;
             };
-            let alpha = 1f32;
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    h,
-                    cb::cublasOperation_t::CUBLAS_OP_T,
-                    cb::cublasOperation_t::CUBLAS_OP_N,
-                    rows as i32,
-                    n as i32,
-                    cols as i32,
-                    &alpha as *const f32 as *const c_void,
-                    wp as *const c_void,
-                    cb::cudaDataType_t::CUDA_R_16F,
-                    cols as i32,
-                    x16 as *const c_void,
-                    cb::cudaDataType_t::CUDA_R_16F,
-                    cols as i32,
-                    &beta as *const f32 as *const c_void,
-                    out as *mut c_void,
-                    cb::cudaDataType_t::CUDA_R_32F,
-                    ld as i32,
-                    cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .unwrap_or_else(|e| panic!("cuBLAS GEMM failed: {e:?}"));
+            // SAFETY: the handle is the backend's; the buffers hold these shapes.
+            unsafe { blas_gemm_f16(h, (rows, n, cols), wp, x16, beta, (out, ld)) }
+                .unwrap_or_else(|e| panic!("cuBLAS GEMM failed: {e:?}"));
             self.gemm_bias(m, out, rows, ld, n);
         }
         if gate_up(mode) {
