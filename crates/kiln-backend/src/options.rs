@@ -22,6 +22,10 @@ pub struct RuntimeOptions {
     pub no_simd: bool,
     /// CPU: the AVX2 versions on an AVX-512 machine (`--no-avx512`, `KILN_NO_AVX512`).
     pub no_avx512: bool,
+    /// CPU: no AVX-VNNI (the VEX-encoded integer dot products of Intel's client CPUs since
+    /// Alder Lake and of AMD's since Zen 5): with `no_avx512`, the plain AVX2 kernels that
+    /// older laptops and desktops run (`--no-avx-vnni`, `KILN_NO_AVX_VNNI`).
+    pub no_avx_vnni: bool,
     /// CPU: no AMX tiles, what most users' CPUs run (`--no-amx`, `KILN_NO_AMX`).
     pub no_amx: bool,
     /// CPU: no AVX-512 BF16 products, as Intel's CPUs before Cooper Lake (`--no-bf16`,
@@ -46,6 +50,7 @@ impl RuntimeOptions {
         RuntimeOptions {
             no_simd: flag("KILN_NO_SIMD"),
             no_avx512: flag("KILN_NO_AVX512"),
+            no_avx_vnni: flag("KILN_NO_AVX_VNNI"),
             no_amx: flag("KILN_NO_AMX"),
             no_bf16: flag("KILN_NO_BF16"),
             no_cuda_graphs: flag("KILN_CUDA_NO_GRAPHS"),

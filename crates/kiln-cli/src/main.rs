@@ -131,6 +131,10 @@ struct RuntimeFlags {
     /// CPU: the AVX2 kernels on an AVX-512 machine [env: KILN_NO_AVX512]
     #[arg(long, global = true)]
     no_avx512: bool,
+    /// CPU: no AVX-VNNI kernels; with --no-avx512, the AVX2 ones of CPUs before Alder Lake and
+    /// Zen 5 [env: KILN_NO_AVX_VNNI]
+    #[arg(long, global = true)]
+    no_avx_vnni: bool,
     /// CPU: no AMX tiles, as most CPUs (AMD, Apple, consumer Intel) [env: KILN_NO_AMX]
     #[arg(long, global = true)]
     no_amx: bool,
@@ -158,6 +162,7 @@ impl RuntimeFlags {
         let mut o = kiln_backend::options::RuntimeOptions::from_env();
         o.no_simd |= self.no_simd;
         o.no_avx512 |= self.no_avx512;
+        o.no_avx_vnni |= self.no_avx_vnni;
         o.no_amx |= self.no_amx;
         o.no_bf16 |= self.no_bf16;
         o.no_cuda_graphs |= self.no_cuda_graphs;

@@ -425,6 +425,22 @@ pub fn avx512_allowed() -> bool {
     })
 }
 
+/// Whether the AVX-VNNI (VEX) kernels may run: the CPU has them (with AVX2 and FMA), SIMD is
+/// on and the options (`--no-avx-vnni`, `KILN_NO_AVX_VNNI`) do not ask for plain AVX2.
+pub fn avx_vnni_allowed() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::is_x86_feature_detected as has;
+        !simd_disabled()
+            && !crate::options::get().no_avx_vnni
+            && has!("avx2")
+            && has!("fma")
+            && has!("avxvnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The best kernels this CPU runs (detected once).
 pub fn best() -> &'static Kernels {
     static BEST: OnceLock<&'static Kernels> = OnceLock::new();

@@ -67,7 +67,7 @@ pub fn isa() -> Option<Isa> {
             if super::avx512_allowed() && has!("avx512bw") && has!("avx512vnni") {
                 return Some(Isa::Avx512);
             }
-            if !super::simd_disabled() && has!("avx2") && has!("fma") && has!("avxvnni") {
+            if super::avx_vnni_allowed() {
                 return Some(Isa::AvxVnni);
             }
         }

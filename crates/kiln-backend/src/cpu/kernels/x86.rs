@@ -21,7 +21,7 @@ pub fn available() -> Vec<&'static Kernels> {
     {
         v.push(&VNNI);
     }
-    if avx2 && is_x86_feature_detected!("avxvnni") {
+    if avx2 && super::avx_vnni_allowed() {
         v.push(&AVX_VNNI);
     }
     if avx2 {

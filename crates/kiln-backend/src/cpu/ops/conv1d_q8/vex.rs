@@ -2,17 +2,7 @@
 use crate::cpu::kernels::amx::BlockI32;
 
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            !crate::cpu::kernels::simd_disabled()
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("avxvnni")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::cpu::kernels::avx_vnni_allowed()
 }
 
 /// As `vnni::conv_block` (signed weight bytes, unsigned input bytes, exact i32 sums),
