@@ -16,7 +16,8 @@ pub fn available() -> bool {
 /// C[r][t] = Σ_{j < taps} Σ_{p < nq} Σ_{e < 4} a'[j][r][4p + e] x[j][p][t][e] for the
 /// first `rows` (rounded up to 2) of the 32 rows and the 32 columns, with a' the i16
 /// values at `a + j * a_tap + r * lda` (little-endian, 2 bytes each) and x the unsigned
-/// bytes at `b + b_off[j] + p * ldb` (4 a column): exact i32 sums.
+/// bytes at `b + b_off[j] + p * ldb` (4 a column): exact i32 sums. Rows in steps of 6
+/// (12 accumulators of 4 time steps, each widened input vector used for 6 rows), then 4 or 2.
 ///
 /// # Safety
 /// [`available`] returned true; the rows of a (up to the next multiple of 2 past `rows`,
@@ -37,49 +38,71 @@ pub unsafe fn conv_block(
     c: &mut BlockI32,
 ) {
     use crate::cpu::kernels::amx::{MB, NB};
-    use std::arch::x86_64::*;
-    // Rows x groups of 4 time steps per register block: 8 accumulators, 4 inputs.
-    const R: usize = 2;
-    const Q: usize = 4;
-    debug_assert!(NB == 32 && MB % R == 0);
-    for r0 in (0..MB).step_by(R) {
-        if r0 >= rows {
-            c.0[r0 * NB..(r0 + R) * NB].fill(0);
-            continue;
+    let live = rows.next_multiple_of(2).min(MB);
+    let mut r0 = 0;
+    // SAFETY: every row computed is below `live`, inside the caller's bounds.
+    unsafe {
+        while r0 < live {
+            r0 += match live - r0 {
+                6.. => rows_block::<6>(a, lda, a_tap, b, ldb, b_off, nq, r0, c),
+                4 | 5 => rows_block::<4>(a, lda, a_tap, b, ldb, b_off, nq, r0, c),
+                _ => rows_block::<2>(a, lda, a_tap, b, ldb, b_off, nq, r0, c),
+            };
         }
-        for half in 0..NB / (4 * Q) {
-            // SAFETY (all below): reads within the bounds the caller vouched for.
-            unsafe {
-                let mut acc = [[_mm256_setzero_si256(); Q]; R];
-                for (j, &bo) in b_off.iter().enumerate() {
-                    let aj = a.add(j * a_tap + r0 * lda);
-                    let bj = b.add(bo + half * 16 * Q);
-                    for p in 0..nq {
-                        let xr = bj.add(p * ldb);
-                        let x: [__m256i; Q] = std::array::from_fn(|q| {
-                            _mm256_cvtepu8_epi16(_mm_loadu_si128(xr.add(16 * q) as *const _))
-                        });
-                        for (r, acc) in acc.iter_mut().enumerate() {
-                            let wv =
-                                std::ptr::read_unaligned(aj.add(r * lda + 8 * p) as *const i64);
-                            let wv = _mm256_set1_epi64x(wv);
-                            for (q, a) in acc.iter_mut().enumerate() {
-                                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(x[q], wv));
-                            }
+    }
+    c.0[live * NB..MB * NB].fill(0);
+}
+
+/// Rows r0..r0 + R of the block, 8 time steps at a time (2 input vectors of 4 steps, R x 2
+/// accumulators). Returns R.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn rows_block<const R: usize>(
+    a: *const u8,
+    lda: usize,
+    a_tap: usize,
+    b: *const u8,
+    ldb: usize,
+    b_off: &[usize],
+    nq: usize,
+    r0: usize,
+    c: &mut BlockI32,
+) -> usize {
+    use crate::cpu::kernels::amx::NB;
+    use std::arch::x86_64::*;
+    const Q: usize = 2;
+    for part in 0..NB / (4 * Q) {
+        // SAFETY (all below): reads within the bounds the caller vouched for.
+        unsafe {
+            let mut acc = [[_mm256_setzero_si256(); Q]; R];
+            for (j, &bo) in b_off.iter().enumerate() {
+                let aj = a.add(j * a_tap + r0 * lda);
+                let bj = b.add(bo + part * 16 * Q);
+                for p in 0..nq {
+                    let xr = bj.add(p * ldb);
+                    let x: [__m256i; Q] = std::array::from_fn(|q| {
+                        _mm256_cvtepu8_epi16(_mm_loadu_si128(xr.add(16 * q) as *const _))
+                    });
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let wv = std::ptr::read_unaligned(aj.add(r * lda + 8 * p) as *const i64);
+                        let wv = _mm256_set1_epi64x(wv);
+                        for (q, a) in acc.iter_mut().enumerate() {
+                            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(x[q], wv));
                         }
                     }
                 }
-                // Lanes (2t, 2t + 1) hold time step t's two channel pairs: pairwise sums,
-                // then the 64-bit quarters back in time order.
-                for (r, acc) in acc.iter().enumerate() {
-                    for q in (0..Q).step_by(2) {
-                        let s = _mm256_hadd_epi32(acc[q], acc[q + 1]);
-                        let s = _mm256_permute4x64_epi64::<0b11_01_10_00>(s);
-                        let at = (r0 + r) * NB + half * 4 * Q + 4 * q;
-                        _mm256_storeu_si256(c.0[at..at + 8].as_mut_ptr() as *mut _, s);
-                    }
-                }
+            }
+            // Lanes (2t, 2t + 1) hold time step t's two channel pairs: pairwise sums, then
+            // the 64-bit quarters back in time order.
+            for (r, acc) in acc.iter().enumerate() {
+                let s = _mm256_hadd_epi32(acc[0], acc[1]);
+                let s = _mm256_permute4x64_epi64::<0b11_01_10_00>(s);
+                let at = (r0 + r) * NB + part * 4 * Q;
+                _mm256_storeu_si256(c.0[at..at + 8].as_mut_ptr() as *mut _, s);
             }
         }
     }
+    R
 }
