@@ -492,6 +492,36 @@ mod dotprod;
 /// (packed so). The pairs are unzipped into rows at the end.
 mod i8mm;
 
+/// A vector block's operands but its rows (`vnni::conv_block`'s contract), for the kernels
+/// that compute a block's rows in steps.
+#[cfg(target_arch = "x86_64")]
+struct Operands<'a> {
+    a: *const u8,
+    lda: usize,
+    a_tap: usize,
+    b: *const u8,
+    ldb: usize,
+    b_off: &'a [usize],
+    nq: usize,
+}
+
+/// A block's live rows (the first `rows` rounded up to 2) in steps that `step` takes from
+/// the first row of each and the rows left (it computes some of them and says how many);
+/// the rows past them zeroed.
+#[cfg(target_arch = "x86_64")]
+fn row_steps(
+    rows: usize,
+    c: &mut BlockI32,
+    mut step: impl FnMut(usize, usize, &mut BlockI32) -> usize,
+) {
+    let live = rows.next_multiple_of(2).min(MB);
+    let mut r0 = 0;
+    while r0 < live {
+        r0 += step(r0, live - r0, c);
+    }
+    c.0[live * NB..MB * NB].fill(0);
+}
+
 /// A vector kernel's block: `vnni::conv_block`'s contract.
 type BlockFn =
     unsafe fn(*const u8, usize, usize, *const u8, usize, &[usize], usize, usize, &mut BlockI32);

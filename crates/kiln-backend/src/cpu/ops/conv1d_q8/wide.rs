@@ -37,39 +37,41 @@ pub unsafe fn conv_block(
     rows: usize,
     c: &mut BlockI32,
 ) {
-    use crate::cpu::kernels::amx::{MB, NB};
-    let live = rows.next_multiple_of(2).min(MB);
-    let mut r0 = 0;
-    // SAFETY: every row computed is below `live`, inside the caller's bounds.
-    unsafe {
-        while r0 < live {
-            r0 += match live - r0 {
-                6.. => rows_block::<6>(a, lda, a_tap, b, ldb, b_off, nq, r0, c),
-                4 | 5 => rows_block::<4>(a, lda, a_tap, b, ldb, b_off, nq, r0, c),
-                _ => rows_block::<2>(a, lda, a_tap, b, ldb, b_off, nq, r0, c),
-            };
+    let o = super::Operands {
+        a,
+        lda,
+        a_tap,
+        b,
+        ldb,
+        b_off,
+        nq,
+    };
+    // SAFETY: every step computes rows below the live ones, inside the caller's bounds, on
+    // the instructions `available` found.
+    super::row_steps(rows, c, |r0, left, c| unsafe {
+        match left {
+            6.. => rows_block::<6>(&o, r0, c),
+            4 | 5 => rows_block::<4>(&o, r0, c),
+            _ => rows_block::<2>(&o, r0, c),
         }
-    }
-    c.0[live * NB..MB * NB].fill(0);
+    })
 }
 
 /// Rows r0..r0 + R of the block, 8 time steps at a time (2 input vectors of 4 steps, R x 2
 /// accumulators). Returns R.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn rows_block<const R: usize>(
-    a: *const u8,
-    lda: usize,
-    a_tap: usize,
-    b: *const u8,
-    ldb: usize,
-    b_off: &[usize],
-    nq: usize,
-    r0: usize,
-    c: &mut BlockI32,
-) -> usize {
+unsafe fn rows_block<const R: usize>(o: &super::Operands, r0: usize, c: &mut BlockI32) -> usize {
+    let super::Operands {
+        a,
+        lda,
+        a_tap,
+        b,
+        ldb,
+        b_off,
+        nq,
+    } = *o;
     use crate::cpu::kernels::amx::NB;
     use std::arch::x86_64::*;
     const Q: usize = 2;
