@@ -100,7 +100,24 @@ pub struct CpuWeight {
     /// An integer convolution's weight in tile order ([`SpeechOps::conv_weight_q8`]).
     pub conv: Option<Box<ops::conv1d_q8::PackedConvQ8>>,
     /// A transposed convolution's weight as stacked phases ([`SpeechOps::conv_transpose_weight`]).
-    pub conv_t: Option<Box<ops::conv1d_amx::PackedConvT>>,
+    pub conv_t: Option<Box<ConvT>>,
+}
+
+/// A transposed convolution's weight packed at load: for the bf16 block products where they
+/// run, else for the f32 tiles (each phase's taps, which the unpacked form packs at every
+/// call).
+pub enum ConvT {
+    Bf16(ops::conv1d_amx::PackedConvT),
+    F32(ops::conv1d_nc::PackedPhases),
+}
+
+impl ConvT {
+    fn bytes(&self) -> usize {
+        match self {
+            ConvT::Bf16(p) => p.bytes(),
+            ConvT::F32(p) => p.bytes(),
+        }
+    }
 }
 
 impl CpuWeight {
@@ -1156,7 +1173,10 @@ impl SpeechOps for CpuBackend {
         if self.reference {
             return None;
         }
-        let packed = ops::conv1d_amx::pack_transposed(w, &s)?;
+        let packed = match ops::conv1d_amx::pack_transposed(w, &s) {
+            Some(p) => ConvT::Bf16(p),
+            None => ConvT::F32(ops::conv1d_nc::pack_phases(w, &s)?),
+        };
         Some(CpuWeight {
             ty: GgmlType::F32,
             rows: s.c_out,
@@ -1181,11 +1201,15 @@ impl SpeechOps for CpuBackend {
         s: Conv1dShape,
         out: &mut CpuTensor,
     ) {
-        let p = w
-            .conv_t
-            .as_deref()
-            .expect("conv_transpose1d_packed: a weight made by conv_transpose_weight");
-        ops::conv1d_amx::conv_transpose1d(&self.pool, x, p, bias, s, out)
+        match w.conv_t.as_deref() {
+            Some(ConvT::Bf16(p)) => {
+                ops::conv1d_amx::conv_transpose1d(&self.pool, x, p, bias, s, out)
+            }
+            Some(ConvT::F32(p)) => {
+                ops::conv1d_nc::conv_transpose1d_packed(&self.pool, x, p, bias, s, out)
+            }
+            None => panic!("conv_transpose1d_packed: a weight made by conv_transpose_weight"),
+        }
     }
 
     fn lstm(

@@ -305,8 +305,21 @@ fn tiled(
     out_step: usize,
     out_off: usize,
 ) {
+    let wp = pack_tiled(w, cin, kk, cout);
+    tiled_packed(
+        pool, xp, xs, cin, &wp, kk, dil, cout, lo, bias, out, out_stride, out_step, out_off,
+    )
+}
+
+/// Weights w(o, i, k) packed for [`tiled_packed`], per block of MR output channels:
+/// [ob][i][k][r].
+fn pack_tiled(
+    w: &dyn Fn(usize, usize, usize) -> f32,
+    cin: usize,
+    kk: usize,
+    cout: usize,
+) -> Vec<f32> {
     let nob = cout.div_ceil(MR);
-    // Weights packed per block of MR output channels: [ob][i][k][r].
     let mut wp = vec![0f32; nob * cin * kk * MR];
     for o in 0..cout {
         let (ob, r) = (o / MR, o % MR);
@@ -316,6 +329,29 @@ fn tiled(
             }
         }
     }
+    wp
+}
+
+/// [`tiled`] over weights [`pack_tiled`] packed.
+#[allow(clippy::too_many_arguments)]
+fn tiled_packed(
+    pool: &Pool,
+    xp: &[f32],
+    xs: usize,
+    cin: usize,
+    wp: &[f32],
+    kk: usize,
+    dil: usize,
+    cout: usize,
+    lo: usize,
+    bias: Option<&CpuTensor>,
+    out: &mut [f32],
+    out_stride: usize,
+    out_step: usize,
+    out_off: usize,
+) {
+    let nob = cout.div_ceil(MR);
+    assert_eq!(wp.len(), nob * cin * kk * MR, "tiled: packed weight size");
     let tile = tile_fn();
     let rows = Rows(out.as_mut_ptr());
     let out_len = out.len();
@@ -456,6 +492,51 @@ pub fn matmul_f32(
     }
 }
 
+/// A transposed convolution's weight (c_in, c_out, k) packed once, phase by phase, for
+/// [`conv_transpose1d_packed`] (where no bf16 block products run it): the f32 tiles'
+/// layout, which [`conv_transpose1d`] otherwise makes at every call.
+pub struct PackedPhases {
+    s: (usize, usize, usize, usize),
+    /// Per phase r (of `stride`): its taps' weights packed for [`tiled_packed`].
+    phases: Vec<Vec<f32>>,
+}
+
+impl PackedPhases {
+    pub fn bytes(&self) -> usize {
+        self.phases.iter().map(|p| p.len() * 4).sum()
+    }
+}
+
+/// Taps of phase r of a transposed convolution with `k` taps and stride `st`.
+fn phase_taps(r: usize, k: usize, st: usize) -> usize {
+    if r < k {
+        (k - r).div_ceil(st)
+    } else {
+        0
+    }
+}
+
+/// Phase r's weight as the tiles read it: w[i, o, r + (jr - 1 - jj) st] at (o, i, jj).
+fn phase_weight(w: &[f32], s: &Conv1dShape, r: usize) -> Vec<f32> {
+    let (st, cout, k) = (s.stride, s.c_out, s.k);
+    let jr = phase_taps(r, k, st);
+    let wf = |o: usize, i: usize, jj: usize| w[(i * cout + o) * k + r + (jr - 1 - jj) * st];
+    pack_tiled(&wf, s.c_in, jr, cout)
+}
+
+/// Packs w (c_in, c_out, k) for [`conv_transpose1d_packed`]; None where that does not run
+/// shape `s` (the direct form does).
+pub fn pack_phases(w: &[f32], s: &Conv1dShape) -> Option<PackedPhases> {
+    let runs = s.groups == 1 && s.dilation == 1 && s.c_out >= MR && s.stride >= 1;
+    if !runs || w.len() != s.c_in * s.c_out * s.k {
+        return None;
+    }
+    Some(PackedPhases {
+        s: (s.c_in, s.c_out, s.k, s.stride),
+        phases: (0..s.stride).map(|r| phase_weight(w, s, r)).collect(),
+    })
+}
+
 /// Transposed convolution as `stride` stride-1 phases: output P = q * stride + r (before the
 /// crop of `pad`) takes taps k = r + j * stride of inputs t = q - j.
 pub fn conv_transpose1d(
@@ -469,14 +550,48 @@ pub fn conv_transpose1d(
     if s.groups != 1 || s.dilation != 1 || s.c_out < MR {
         return conv_transpose1d_direct(pool, x, w, bias, s, out);
     }
+    assert!(
+        w.data.len() >= s.c_in * s.c_out * s.k,
+        "conv_transpose1d weight too small"
+    );
+    phases(pool, x, Phases::Raw(&w.data), bias, s, out)
+}
+
+/// [`conv_transpose1d`] over a weight [`pack_phases`] packed for shape `s`.
+pub fn conv_transpose1d_packed(
+    pool: &Pool,
+    x: &CpuTensor,
+    w: &PackedPhases,
+    bias: Option<&CpuTensor>,
+    s: Conv1dShape,
+    out: &mut CpuTensor,
+) {
+    assert!(
+        w.s == (s.c_in, s.c_out, s.k, s.stride) && s.groups == 1 && s.dilation == 1,
+        "conv_transpose1d_packed: weight shape"
+    );
+    phases(pool, x, Phases::Packed(w), bias, s, out)
+}
+
+/// A transposed convolution's weight as [`phases`] takes it.
+enum Phases<'a> {
+    /// (c_in, c_out, k) as stored: each phase packed at the call.
+    Raw(&'a [f32]),
+    Packed(&'a PackedPhases),
+}
+
+fn phases(
+    pool: &Pool,
+    x: &CpuTensor,
+    weight: Phases,
+    bias: Option<&CpuTensor>,
+    s: Conv1dShape,
+    out: &mut CpuTensor,
+) {
     let lo = s.len_out_transposed();
     assert!(
         x.data.len() >= s.c_in * s.len_in,
         "conv_transpose1d input too small"
-    );
-    assert!(
-        w.data.len() >= s.c_in * s.c_out * s.k,
-        "conv_transpose1d weight too small"
     );
     assert!(
         out.data.len() >= s.c_out * lo,
@@ -484,7 +599,7 @@ pub fn conv_transpose1d(
     );
     let (st, cout, k) = (s.stride, s.c_out, s.k);
     for r in 0..st {
-        let jr = if r < k { (k - r).div_ceil(st) } else { 0 };
+        let jr = phase_taps(r, k, st);
         // Output indices of this phase: p = q * st + r - pad in 0..lo.
         let q0 = (s.pad.saturating_sub(r)).div_ceil(st);
         if q0 * st + r < s.pad {
@@ -515,10 +630,6 @@ pub fn conv_transpose1d(
                 }
             }
         }
-        let wf = |o: usize, i: usize, jj: usize| {
-            let kk = r + (jr - 1 - jj) * st;
-            w.data[(i * cout + o) * k + kk]
-        };
         let phase = Conv1dShape {
             c_in: s.c_in,
             c_out: cout,
@@ -530,39 +641,47 @@ pub fn conv_transpose1d(
             groups: 1,
             output_pad: 0,
         };
-        if super::conv1d_amx::applies(&phase) {
-            // This phase as a stride-1 convolution on AMX bf16 tiles, then spread over its
-            // output positions.
-            let mut wp = Vec::with_capacity(cout * s.c_in * jr);
-            for o in 0..cout {
-                for i in 0..s.c_in {
-                    for jj in 0..jr {
-                        wp.push(wf(o, i, jj));
+        let packed;
+        let wp: &[f32] = match weight {
+            Phases::Packed(p) => &p.phases[r],
+            Phases::Raw(w) if super::conv1d_amx::applies(&phase) => {
+                // This phase as a stride-1 convolution on AMX bf16 tiles, then spread over
+                // its output positions.
+                let mut wp = Vec::with_capacity(cout * s.c_in * jr);
+                for o in 0..cout {
+                    for i in 0..s.c_in {
+                        for jj in 0..jr {
+                            wp.push(w[(i * cout + o) * k + r + (jr - 1 - jj) * st]);
+                        }
                     }
                 }
-            }
-            let wt = CpuTensor { data: wp, cols: jr };
-            let xt = CpuTensor { data: xp, cols: xs };
-            let lo2 = phase.len_out();
-            let mut tmp = CpuTensor {
-                data: vec![0f32; cout * lo2],
-                cols: lo2,
-            };
-            super::conv1d_amx::conv1d(pool, &xt, &wt, bias, phase, &mut tmp);
-            for o in 0..cout {
-                let src = &tmp.data[o * lo2..o * lo2 + nq];
-                for (q, &v) in src.iter().enumerate() {
-                    out.data[o * lo + p0 + q * st] = v;
+                let wt = CpuTensor { data: wp, cols: jr };
+                let xt = CpuTensor { data: xp, cols: xs };
+                let lo2 = phase.len_out();
+                let mut tmp = CpuTensor {
+                    data: vec![0f32; cout * lo2],
+                    cols: lo2,
+                };
+                super::conv1d_amx::conv1d(pool, &xt, &wt, bias, phase, &mut tmp);
+                for o in 0..cout {
+                    let src = &tmp.data[o * lo2..o * lo2 + nq];
+                    for (q, &v) in src.iter().enumerate() {
+                        out.data[o * lo + p0 + q * st] = v;
+                    }
                 }
+                continue;
             }
-            continue;
-        }
-        tiled(
+            Phases::Raw(w) => {
+                packed = phase_weight(w, &s, r);
+                &packed
+            }
+        };
+        tiled_packed(
             pool,
             &xp,
             xs,
             s.c_in,
-            &wf,
+            wp,
             jr,
             1,
             cout,
