@@ -172,13 +172,30 @@ fn absmax(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
+/// `v.round() as i8` (halves away from zero, saturating; NaN 0) without a call to libm's
+/// `roundf` a value, so a block's loop vectorizes: the truncation, then one step away from
+/// zero where the part dropped (exact) is at least a half.
+#[inline(always)]
+fn round_i8(v: f32) -> i8 {
+    let v = if v.is_nan() {
+        0.0
+    } else {
+        v.clamp(-128.0, 127.0)
+    };
+    // SAFETY: v is finite and within i32 (a plain truncating conversion, which vectorizes;
+    // `as` adds saturation and NaN checks, which did not).
+    let t = unsafe { v.to_int_unchecked::<i32>() };
+    let r = v - t as f32;
+    (t + (r >= 0.5) as i32 - (r <= -0.5) as i32) as i8
+}
+
 /// Q8_0: d = max|x| / 127; q = round(x / d), halves away from zero.
 pub(crate) fn quant_q8_0(x: &[f32], b: &mut [u8]) {
     let d = absmax(x) / 127.0;
     let id = recip_or_zero(d);
     write_f16(b, 0, d);
     for (o, &v) in b[2..34].iter_mut().zip(x) {
-        *o = (v * id).round() as i8 as u8;
+        *o = round_i8(v * id) as u8;
     }
 }
 
@@ -188,7 +205,7 @@ pub(crate) fn quant_q8_1(x: &[f32], b: &mut [u8]) {
     let id = recip_or_zero(d);
     let mut sum = 0i32;
     for (o, &v) in b[4..36].iter_mut().zip(x) {
-        let q = (v * id).round() as i8;
+        let q = round_i8(v * id);
         sum += q as i32;
         *o = q as u8;
     }
@@ -199,6 +216,47 @@ pub(crate) fn quant_q8_1(x: &[f32], b: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vectorizable rounding is `round() as i8` for every value: halves, the ends of
+    /// the range and past them, NaN and infinities, and a sweep of ordinary values.
+    #[test]
+    fn round_i8_is_round_as_i8() {
+        let mut vs = vec![
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            -2.5,
+            0.49999997,
+            -0.49999997,
+            126.5,
+            127.0,
+            127.4,
+            127.5,
+            128.0,
+            -127.5,
+            -128.0,
+            -128.4,
+            -128.5,
+            -129.0,
+            1e9,
+            -1e9,
+            3e38,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE,
+            1e-40,
+        ];
+        vs.extend((-140_000..140_000).map(|i| i as f32 / 1000.0));
+        vs.extend((-600..600).map(|i| i as f32 * 0.25));
+        for v in vs {
+            assert_eq!(round_i8(v), v.round() as i8, "{v}");
+        }
+    }
     use crate::bits::round_f16;
 
     fn f16_bytes(v: f32) -> [u8; 2] {
