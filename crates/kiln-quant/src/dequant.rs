@@ -45,9 +45,25 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         what: "dequantization",
     })?;
     check_row(ty, dst.len(), src.len())?;
-    if ty == GgmlType::F16 {
-        f16_row(src, dst);
-        return Ok(());
+    // The float types a loop each (which vectorizes), not a block call a value.
+    match ty {
+        GgmlType::F16 => {
+            f16_row(src, dst);
+            return Ok(());
+        }
+        GgmlType::F32 => {
+            for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            return Ok(());
+        }
+        GgmlType::BF16 => {
+            for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+            return Ok(());
+        }
+        _ => {}
     }
     for (b, y) in src
         .chunks_exact(ty.type_size())
@@ -95,7 +111,7 @@ mod tests {
     /// Every half-precision bit pattern widens to the value `read_f16` gives it (NaNs to a
     /// NaN), in a row whose length is not a multiple of the run.
     #[test]
-    fn f16_rows_widen_every_value() {
+    fn float_rows_widen_every_value() {
         let bits: Vec<u16> = (0..=u16::MAX).chain(0..300).collect();
         let src: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
         let mut dst = vec![0f32; bits.len()];
@@ -106,6 +122,18 @@ mod tests {
                 got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
                 "{i}: {got} vs {want}"
             );
+        }
+        // BF16 and F32 as their one-value blocks give them, bit for bit.
+        for ty in [GgmlType::BF16, GgmlType::F32] {
+            let n = src.len() / ty.type_size();
+            let mut dst = vec![0f32; n];
+            dequantize_row(ty, &src[..n * ty.type_size()], &mut dst).unwrap();
+            let f = block_fn(ty).unwrap();
+            for (i, (&got, b)) in dst.iter().zip(src.chunks_exact(ty.type_size())).enumerate() {
+                let mut want = [0f32];
+                f(b, &mut want);
+                assert_eq!(got.to_bits(), want[0].to_bits(), "{ty:?} {i}");
+            }
         }
     }
 }
