@@ -285,33 +285,7 @@ fn tile_fn() -> TileFn {
     tile_body
 }
 
-/// out (cout, lo) = bias + sum_{i, k} w[o, i, k] * xp[i, t + k * dil], with `xp` rows of
-/// length `xs >= lo.next_multiple_of(NR) + (kk - 1) * dil` (zero beyond the data).
-/// `w` is read as w[(o * cin + i) * kk + k].
-#[allow(clippy::too_many_arguments)]
-fn tiled(
-    pool: &Pool,
-    xp: &[f32],
-    xs: usize,
-    cin: usize,
-    w: &dyn Fn(usize, usize, usize) -> f32,
-    kk: usize,
-    dil: usize,
-    cout: usize,
-    lo: usize,
-    bias: Option<&CpuTensor>,
-    out: &mut [f32],
-    out_stride: usize,
-    out_step: usize,
-    out_off: usize,
-) {
-    let wp = pack_tiled(w, cin, kk, cout);
-    tiled_packed(
-        pool, xp, xs, cin, &wp, kk, dil, cout, lo, bias, out, out_stride, out_step, out_off,
-    )
-}
-
-/// Weights w(o, i, k) packed for [`tiled_packed`], per block of MR output channels:
+/// Weights w(o, i, k) packed for [`tiled`], per block of MR output channels:
 /// [ob][i][k][r].
 fn pack_tiled(
     w: &dyn Fn(usize, usize, usize) -> f32,
@@ -332,9 +306,11 @@ fn pack_tiled(
     wp
 }
 
-/// [`tiled`] over weights [`pack_tiled`] packed.
+/// out (cout, lo) = bias + sum_{i, k} w[o, i, k] * xp[i, t + k * dil], with `xp` rows of
+/// length `xs >= lo.next_multiple_of(NR) + (kk - 1) * dil` (zero beyond the data) and `wp`
+/// the weight [`pack_tiled`] packed.
 #[allow(clippy::too_many_arguments)]
-fn tiled_packed(
+fn tiled(
     pool: &Pool,
     xp: &[f32],
     xs: usize,
@@ -435,7 +411,7 @@ pub fn conv1d(
         &xp,
         xs,
         cin,
-        &wf,
+        &pack_tiled(&wf, cin, k, s.c_out),
         k,
         s.dilation,
         s.c_out,
@@ -482,8 +458,9 @@ pub fn matmul_f32(
         f32::from_le_bytes([b[0], b[1], b[2], b[3]])
     };
     let mut yt = vec![0f32; rows * n];
+    let wp = pack_tiled(&wf, cols, 1, rows);
     tiled(
-        pool, &xp, xs, cols, &wf, 1, 1, rows, n, bias, &mut yt, n, 1, 0,
+        pool, &xp, xs, cols, &wp, 1, 1, rows, n, bias, &mut yt, n, 1, 0,
     );
     for o in 0..rows {
         for t in 0..n {
@@ -497,7 +474,7 @@ pub fn matmul_f32(
 /// layout, which [`conv_transpose1d`] otherwise makes at every call.
 pub struct PackedPhases {
     s: (usize, usize, usize, usize),
-    /// Per phase r (of `stride`): its taps' weights packed for [`tiled_packed`].
+    /// Per phase r (of `stride`): its taps' weights packed for [`tiled`].
     phases: Vec<Vec<f32>>,
 }
 
@@ -676,7 +653,7 @@ fn phases(
                 &packed
             }
         };
-        tiled_packed(
+        tiled(
             pool,
             &xp,
             xs,
