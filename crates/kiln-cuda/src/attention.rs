@@ -24,11 +24,13 @@ pub(crate) const DEC_BLOCKS_PER_SM: usize = 3;
 /// two counts are within 1% of each other).
 pub(crate) const DEC_LONG_KEYS: usize = 12288;
 
-/// Keys from which a prompt chunk's attention runs in one pass over the cache
-/// (kernels/flash.cu) rather than through cuBLAS products over gathered keys. Measured on an
-/// H100 (Qwen3-0.6B shape, pp512 at depth, tok/s, cuBLAS / one pass): 1024 78,174 / 57,342;
-/// 4096 45,294 / 26,698; 8192 14,352 / 16,048; 12288 10,727 / 11,138; 16384 5,564 / 8,523.
-pub(crate) const FLASH_MIN_KEYS: usize = 8192;
+// A prompt chunk's attention runs in one pass over the cache in the second form
+// (kernels/flash.cu attn_flash2_<HD>) at any length where it applies. Measured on an H100
+// (pp512 tok/s, cuBLAS products over gathered keys / the second form; the first form was
+// slower than either below 8192 keys): Qwen3-0.6B shape d0 104,668 / 109,654, d1024 80,433
+// / 93,025, d4096 45,836 / 57,716, d16384 (first form) 8,384 / 23,765; Qwen3-4B d0 26,804 /
+// 29,299, d4096 9,161 / 18,418, d16384 5,600 / 9,256; Llama-3.2-3B d0 37,115 / 39,321,
+// d4096 18,577 / 24,933 (BENCHMARKS.md, twenty-ninth session).
 
 /// Keys a split of the one-pass prompt attention's second form takes at least.
 const FLASH_SPLIT_KEYS: usize = 1024;
@@ -496,18 +498,11 @@ impl CudaBackend {
             && !quant
             && s.n_tokens >= PROMPT_GEMM_MIN_TOKENS
             && !self.recording.get();
-        // The keys the chunk's last query sees (a sliding window's at most).
-        let keys = match s.window {
-            0 => s.pos0 + s.n_tokens,
-            w => (s.pos0 + s.n_tokens).min(w + s.n_tokens),
-        };
-        let flash = match self.tune.flash_prompt {
-            Some(f) => f >= 1,
-            None => keys >= FLASH_MIN_KEYS,
-        };
+        // KILN_CUDA_FLASH_PROMPT (dev-switches) 0: never in one pass, 1: the first form.
+        let flash = self.tune.flash_prompt.is_none_or(|f| f >= 1);
         // (The one pass runs on the tensor cores of sm_80 and later: kernels/flash.cu.)
         if prompt && flash && matches!(s.head_dim, 64 | 128) && self.dev.major >= 8 {
-            let v2 = self.tune.flash_prompt == Some(2);
+            let v2 = self.tune.flash_prompt.is_none_or(|f| f == 2);
             return self.attention_flash(q_ptr, cache, layer, s, out_ptr, v2);
         }
         if prompt && self.tune.prompt_gemm && self.blas.is_some() {
@@ -606,8 +601,7 @@ impl CudaBackend {
 impl CudaBackend {
     /// A prompt's attention in one pass over the cache (kernels/flash.cu attn_flash_<HD>):
     /// a block a KV head and FA_ROWS query rows, its keys and values read from the cache's
-    /// blocks where they lie. `v2` (attn_flash2_<HD>, KILN_CUDA_FLASH_PROMPT=2 until it is
-    /// measured): values read untransposed, and the keys split over enough blocks to fill the
+    /// blocks where they lie. `v2` (attn_flash2_<HD>, the default): values read untransposed, and the keys split over enough blocks to fill the
     /// multiprocessors four times over (KILN_CUDA_FLASH_SPLITS sets the count), the splits'
     /// partials combined by attn_combine.
     fn attention_flash(

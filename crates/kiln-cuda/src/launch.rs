@@ -98,9 +98,9 @@ pub(crate) struct Tune {
     pub(crate) nr: Option<usize>,
     /// Prompt attention through cuBLAS (KILN_CUDA_NO_PROMPT_GEMM=1: the split kernel instead).
     pub(crate) prompt_gemm: bool,
-    /// Prompt attention in one pass over the cache (head sizes 64 and 128): by default where
-    /// a chunk's queries see attention.rs FLASH_MIN_KEYS keys or more; KILN_CUDA_FLASH_PROMPT
-    /// 0 never, 1 always, 2 always in the second form (attn_flash2_*, split over the keys).
+    /// Prompt attention in one pass over the cache (head sizes 64 and 128, sm_80 and later):
+    /// by default in the second form (attn_flash2_*, split over the keys); KILN_CUDA_FLASH_PROMPT
+    /// 0 never (cuBLAS products over gathered keys), 1 the first form, 2 the second.
     pub(crate) flash_prompt: Option<usize>,
     /// Splits of the second form (KILN_CUDA_FLASH_SPLITS, 1-64; by default sized to the GPU).
     pub(crate) flash_splits: Option<usize>,
