@@ -21,10 +21,11 @@ pub const MAX_BINDINGS: usize = 11;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-type PipelineKey = (&'static str, &'static str, [u32; 4]);
+type PipelineKey = (&'static str, &'static str, [u32; 5]);
 
-/// Override constants a module may declare: the weight formats its pipelines specialise on.
-const CONSTS: [&str; 4] = ["FMT1", "FMT2", "FMT3", "ROWS"];
+/// Override constants a module may declare: the weight formats its pipelines specialise on,
+/// rows a row group computes, lanes a Q4_0 block (matvec.wgsl).
+const CONSTS: [&str; 5] = ["FMT1", "FMT2", "FMT3", "ROWS", "QL"];
 
 /// A device buffer with an id that is never reused (the bind group cache's key).
 #[derive(Clone, Debug)]
@@ -85,6 +86,10 @@ pub struct GpuOptions {
     /// instead of a workgroup a token and chunk of keys (attn_split). Default: on GPUs, not
     /// on CPU adapters (lavapipe), where the tiles' barriers cost more than they save.
     pub tiled_attention: Option<bool>,
+    /// Lanes that share a Q4_0 block in the matrix-vector products: 4 (each one word of
+    /// nibbles, so that a subgroup's loads of a row are consecutive words) or 1 (a lane a
+    /// whole block). Default: by the product's row length (`Gpu::q4_lanes`).
+    pub q4_lanes: Option<u32>,
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u8 {
@@ -141,6 +146,11 @@ pub struct Gpu {
     pub matvec_rows: usize,
     /// Workgroups a product keeps when rows are computed together (KILN_WGPU_MV_WGS).
     pub matvec_wgs: usize,
+    /// Lanes a Q4_0 block in the matrix-vector products where fixed (GpuOptions::q4_lanes;
+    /// KILN_WGPU_Q4_LANES=1/4 in a dev-switches build), else by the row length: four from
+    /// `q4_cols` values a row (KILN_WGPU_Q4_COLS).
+    pub q4_fixed: Option<u32>,
+    pub q4_cols: usize,
     /// Longest input rows (at most shaders::MATVEC_MAXC) whose products run the fused
     /// prologue where `fused_prologue` is on (KILN_WGPU_FUSED_COLS); longer rows are
     /// prepared once (prep.wgsl) for every workgroup.
@@ -397,10 +407,16 @@ impl Gpu {
             _ => 0,
         };
         let matvec_wgs = kiln_backend::options::dev_parsed("KILN_WGPU_MV_WGS").unwrap_or(256);
+        let q4_fixed = opt
+            .q4_lanes
+            .or_else(|| kiln_backend::options::dev_parsed("KILN_WGPU_Q4_LANES"))
+            .map(|l| if l == 1 { 1 } else { 4 });
         Ok(Gpu {
             fused_prologue,
             matvec_rows,
             matvec_wgs,
+            q4_fixed,
+            q4_cols: kiln_backend::options::dev_parsed("KILN_WGPU_Q4_COLS").unwrap_or(2560),
             fused_heads: !kiln_backend::options::dev_flag("KILN_WGPU_NO_FUSED_HEADS"),
             tiled_attn: lim.max_compute_workgroup_storage_size >= ATTN_TILE_BYTES
                 && opt
@@ -522,7 +538,7 @@ impl Gpu {
         n: usize,
         consts: &[u32],
     ) -> wgpu::ComputePipeline {
-        let mut cv = [0u32; 4];
+        let mut cv = [0u32; CONSTS.len()];
         cv[..consts.len()].copy_from_slice(consts);
         let key = (module, entry, cv);
         if let Some(p) = self.pipelines.borrow().get(&key) {
@@ -588,6 +604,18 @@ impl Gpu {
         groups: (u32, u32, u32),
     ) {
         self.dispatch_with(module, entry, &[], p, bufs, groups)
+    }
+
+    /// Lanes a Q4_0 block in the matrix-vector products over rows of `cols` values
+    /// (matvec.wgsl's QL). Four lanes a block make a subgroup's loads of a row consecutive
+    /// words, but a row of few blocks then takes several steps one after the other: on an
+    /// H100 through Vulkan (tg128, every product at four lanes against every product at one)
+    /// Qwen3-4B gained 10% and Llama-3.2-3B 5%, whose rows are 2560 values and longer, and
+    /// Qwen3-0.6B lost 5%, whose rows are mostly 1024; so rows shorter than `q4_cols` keep a
+    /// lane a block.
+    pub fn q4_lanes(&self, cols: usize) -> u32 {
+        self.q4_fixed
+            .unwrap_or(if cols >= self.q4_cols { 4 } else { 1 })
     }
 
     /// `dispatch` of the pipeline specialised on `consts` (the module's FMT1.. overrides).
@@ -668,7 +696,7 @@ impl Gpu {
             e.pass = Some(pass);
             e.pipeline = None;
         }
-        let mut cv = [0u32; 4];
+        let mut cv = [0u32; CONSTS.len()];
         cv[..consts.len()].copy_from_slice(consts);
         let same = e.pipeline == Some((module, entry, cv));
         e.pipeline = Some((module, entry, cv));

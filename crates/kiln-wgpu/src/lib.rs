@@ -368,7 +368,13 @@ impl WgpuBackend {
                     bias(2),
                 ];
                 let grid = (wgs.div_ceil(per) as u32, n as u32, 1);
-                let consts = [w.fmt, second.fmt, e(2).0.fmt, k as u32];
+                let consts = [
+                    w.fmt,
+                    second.fmt,
+                    e(2).0.fmt,
+                    k as u32,
+                    self.gpu.q4_lanes(cols),
+                ];
                 self.gpu
                     .dispatch_with(module, "matvec", &consts, &p[..23], &bufs, grid);
             }

@@ -23,6 +23,7 @@ fn matvec(variant: &str) -> String {
                 .replace("rows_dot_S(", &format!("rows_dot{s}("))
                 .replace("wval_W(", &format!("wval{w}("))
                 .replace("block_dot_W(", &format!("block_dot{w}("))
+                .replace("q4_quarter_W(", &format!("q4_quarter{w}("))
         })
         .collect();
     MATVEC

@@ -41,6 +41,14 @@ override FMT1: u32 = 0u;
 override FMT2: u32 = 0u;
 override FMT3: u32 = 0u;
 override ROWS: u32 = 1u;
+// Lanes a Q4_0 block (1 or 4; device.rs Gpu::q4_lanes).
+override QL: u32 = 1u;
+
+// Whether a product of format fmt over row groups of `width` lanes takes a Q4_0 block by
+// four lanes (q4_quarter).
+fn q4_quarters(fmt: u32, width: u32) -> bool {
+    return fmt == FMT_Q4_0 && QL == 4u && width >= 4u && (width & 3u) == 0u;
+}
 
 // Rows r0.. of matrix m (0: W, 1: W2, 2: W3; the choice made once, outside the loops).
 fn rows_dot(m: u32, r0: u32, last: u32, t: u32, lane: u32, width: u32) -> array<f32, 4> {
@@ -61,6 +69,28 @@ fn pair_dot(r0: u32, last: u32, t: u32, lane: u32, width: u32) -> array<f32, 8> 
     let r3 = min(r0 + 3u, last);
     var a: array<f32, 8>;
     let nb = P(1u) >> 5u;
+    if (q4_quarters(FMT1, width) && FMT2 == FMT_Q4_0) {
+        // Four lanes a block (rows_dot's Q4_0 path), gate and up rows together.
+        let w = lane & 3u;
+        for (var b = lane >> 2u; b < nb; b += width >> 2u) {
+            let xw = xpair(t, b, w);
+            let dx = xd(t, b);
+            let xsum = udot(0x01010101u, xw.x) + udot(0x01010101u, xw.y);
+            a[0] += dx * q4_quarter(r0, b, rw, w, xw, xsum);
+            a[4] += dx * q4_quarter2(r0, b, rw2, w, xw, xsum);
+            if (ROWS >= 2u) {
+                a[1] += dx * q4_quarter(r1, b, rw, w, xw, xsum);
+                a[5] += dx * q4_quarter2(r1, b, rw2, w, xw, xsum);
+            }
+            if (ROWS >= 4u) {
+                a[2] += dx * q4_quarter(r2, b, rw, w, xw, xsum);
+                a[6] += dx * q4_quarter2(r2, b, rw2, w, xw, xsum);
+                a[3] += dx * q4_quarter(r3, b, rw, w, xw, xsum);
+                a[7] += dx * q4_quarter2(r3, b, rw2, w, xw, xsum);
+            }
+        }
+        return a;
+    }
     for (var b = lane; b < nb; b += width) {
         let xa = xblock(t, b);
         let dx = xd(t, b);

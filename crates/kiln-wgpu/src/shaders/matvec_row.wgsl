@@ -24,6 +24,22 @@ fn rows_dot_S(fmt: u32, rw: u32, r0: u32, last: u32, t: u32, lane: u32,
                 a3 += wval_W(fmt, r3, c, cols, rw) * x;
             }
         }
+    } else if (q4_quarters(fmt, width)) {
+        // Four lanes a block, a word of nibbles each: a subgroup's loads of a row are
+        // consecutive words (a lane a block spaced them a block apart).
+        let w = lane & 3u;
+        let nb = cols >> 5u;
+        for (var b = lane >> 2u; b < nb; b += width >> 2u) {
+            let xw = xpair(t, b, w);
+            let dx = xd(t, b);
+            let xsum = udot(0x01010101u, xw.x) + udot(0x01010101u, xw.y);
+            a0 += dx * q4_quarter_W(r0, b, rw, w, xw, xsum);
+            if (ROWS >= 2u) { a1 += dx * q4_quarter_W(r1, b, rw, w, xw, xsum); }
+            if (ROWS >= 4u) {
+                a2 += dx * q4_quarter_W(r2, b, rw, w, xw, xsum);
+                a3 += dx * q4_quarter_W(r3, b, rw, w, xw, xsum);
+            }
+        }
     } else {
         let nb = cols >> 5u;
         for (var b = lane; b < nb; b += width) {

@@ -137,6 +137,16 @@ fn block_dot_S(fmt: u32, r: u32, b: u32, rw: u32, xa: array<u32, 8>, dx: f32, hs
     return dx * (s_lo * f32(a) + m_lo * i16lo(hs) + s_hi * f32(c) + m_hi * i16hi(hs));
 }
 
+// Quarter w (0..3) of Q4_0 block b of row r: its nibble word w (values 4w..4w+3 in the low
+// nibbles, 16+4w.. in the high ones) dotted with the activation words w and 4 + w of the
+// block (xw), whose values sum to xsum: d * sum (q - 8) x, in integers until the scale.
+fn q4_quarter_S(r: u32, b: u32, rw: u32, w: u32, xw: vec2<u32>, xsum: i32) -> f32 {
+    let o = r * rw + b * 5u;
+    let q = WB[o + 1u + w];
+    let a = udot(q & 0x0f0f0f0fu, xw.x) + udot((q >> 4u) & 0x0f0f0f0fu, xw.y);
+    return f16lo(WB[o]) * f32(a - 8 * xsum);
+}
+
 // Values 8p..8p+7 (p in 0..4) of block b of row r, dequantized: the tiled GEMM's loads (a
 // block's scales decoded once per 8 values). Quantized formats only.
 fn wdeq8_S(fmt: u32, r: u32, b: u32, p: u32, rw: u32) -> array<f32, 8> {

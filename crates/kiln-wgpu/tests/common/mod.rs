@@ -53,7 +53,8 @@ pub fn gpu() -> Option<WgpuBackend> {
 /// the matvec prologue (fused or prep + matvec) and of prompt attention (tiled or not), with
 /// reads through a staging copy where the default maps buffers (unified memory); the last
 /// two compute 2 and 4 rows a matrix-vector row group (the default picks by size, 1 on test
-/// shapes).
+/// shapes), both with four lanes a Q4_0 block (the default takes a lane a block on the test
+/// shapes' short rows).
 pub fn backends() -> Vec<WgpuBackend> {
     let Some(b) = gpu() else {
         return Vec::new();
@@ -63,6 +64,7 @@ pub fn backends() -> Vec<WgpuBackend> {
         opts.push(GpuOptions {
             no_subgroups: true,
             matvec_rows: Some(2),
+            q4_lanes: Some(4),
             ..Default::default()
         });
     }
@@ -71,6 +73,7 @@ pub fn backends() -> Vec<WgpuBackend> {
         fused_prologue: Some(!b.fused_prologue()),
         tiled_attention: Some(!b.tiled_attention()),
         matvec_rows: Some(4),
+        q4_lanes: Some(4),
         ..Default::default()
     });
     let mut v = vec![b];
