@@ -601,9 +601,9 @@ impl CudaBackend {
 impl CudaBackend {
     /// A prompt's attention in one pass over the cache (kernels/flash.cu attn_flash_<HD>):
     /// a block a KV head and FA_ROWS query rows, its keys and values read from the cache's
-    /// blocks where they lie. `v2` (attn_flash2_<HD>, the default): values read untransposed, and the keys split over enough blocks to fill the
-    /// multiprocessors four times over (KILN_CUDA_FLASH_SPLITS sets the count), the splits'
-    /// partials combined by attn_combine.
+    /// blocks where they lie. `v2` (attn_flash2_<HD>, the default): values read untransposed,
+    /// and the keys split over enough blocks to fill the multiprocessors four times over
+    /// (KILN_CUDA_FLASH_SPLITS sets the count), the splits' partials combined by attn_combine.
     fn attention_flash(
         &self,
         q_ptr: u64,

@@ -21,7 +21,9 @@ fn xblock(t: u32, b: u32) -> array<u32, 8> {
     return array<u32, 8>(lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
 }
 // Words w and 4 + w of block b's activations (values 4w.. and 16 + 4w..).
-fn xpair(t: u32, b: u32, w: u32) -> vec2<u32> { return vec2<u32>(XQ[2u * b][w], XQ[2u * b + 1u][w]); }
+fn xpair(t: u32, b: u32, w: u32) -> vec2<u32> {
+    return vec2<u32>(XQ[2u * b][w], XQ[2u * b + 1u][w]);
+}
 fn xd(t: u32, b: u32) -> f32 { return XD[b]; }
 fn xs(t: u32, b: u32) -> u32 { return XS[b]; }
 
