@@ -130,12 +130,6 @@ impl Drop for DevBuf {
 /// (kernels/gemm.cu GM_SMEM).
 pub(crate) const BIG_SMEM: &[(&str, u32)] = &[("gemm_f16_128", 4 * 256 * 40 * 2)];
 
-/// Whether `name` is a decode product's staged form (kernels/products.cu matvec_dec_*_4_1b,
-/// *_4_1bp), whose dynamic shared memory holds its block's rows.
-fn is_bulk(name: &str) -> bool {
-    name.starts_with("matvec_dec_") && (name.ends_with("_4_1b") || name.ends_with("_4_1bp"))
-}
-
 /// Kernel names of kernels/*.cu.
 pub const KERNELS: &[&str] = &[
     "matvec_any_1_1",
@@ -217,18 +211,6 @@ pub const KERNELS: &[&str] = &[
     "matvec_dec_q6_k_4_1p",
     "matvec_dec_kmix_4_1n",
     "matvec_dec_kmix_4_1p",
-    "matvec_dec_q4_0_4_1b",
-    "matvec_dec_q4_0_4_1bp",
-    "matvec_dec_q4_1_4_1b",
-    "matvec_dec_q4_1_4_1bp",
-    "matvec_dec_q8_0_4_1b",
-    "matvec_dec_q8_0_4_1bp",
-    "matvec_dec_q4_k_4_1b",
-    "matvec_dec_q4_k_4_1bp",
-    "matvec_dec_q6_k_4_1b",
-    "matvec_dec_q6_k_4_1bp",
-    "matvec_dec_kmix_4_1b",
-    "matvec_dec_kmix_4_1bp",
     "quant_act",
     "embed",
     "rms_norm",
@@ -357,9 +339,6 @@ pub struct Device {
     /// Each kernel's index in KERNELS.
     index: std::collections::HashMap<&'static str, usize>,
     pub num_sms: usize,
-    /// Dynamic shared memory a block may take once its kernel opts in (the decode products'
-    /// staged form: [`Device::bulk_smem`]).
-    pub smem_optin: usize,
     /// The compute capability's major version (8 and up: mma.sync, cp.async, ldmatrix).
     pub major: i32,
     pub name: String,
@@ -415,12 +394,6 @@ impl Device {
         let num_sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(|e| init_err("reading the multiprocessor count", e))? as usize;
-        let smem_optin = ctx
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )
-            .map_err(|e| init_err("reading the shared memory a block may take", e))?
-            as usize;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let arch = arch_for(major, minor);
         let module = match aot_module(&ctx, major, minor) {
@@ -441,7 +414,6 @@ impl Device {
             funcs,
             index: KERNELS.iter().enumerate().map(|(i, k)| (*k, i)).collect(),
             num_sms,
-            smem_optin,
             major,
             pdl: major >= 9 && !kiln_backend::options::dev_flag("KILN_CUDA_NO_PDL"),
             skip: Vec::new(),
@@ -471,9 +443,7 @@ impl Device {
             let f = f
                 .unwrap_or_else(|e| panic!("CUDA: loading kernel {name}: {e:?}"))
                 .cu_function();
-            let big = BIG_SMEM.iter().find(|k| k.0 == name).map(|k| k.1);
-            let big = big.or_else(|| is_bulk(name).then(|| self.bulk_smem() as u32));
-            if let Some(bytes) = big {
+            if let Some(&(_, bytes)) = BIG_SMEM.iter().find(|k| k.0 == name) {
                 let attr =
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 unsafe { sys::cuFuncSetAttribute(f, attr, bytes as i32) }
@@ -484,12 +454,6 @@ impl Device {
             }
             f
         })
-    }
-
-    /// Dynamic shared memory the decode products' staged form may take: the device's opt-in
-    /// bound less room for the kernels' static shared memory.
-    pub fn bulk_smem(&self) -> usize {
-        self.smem_optin.saturating_sub(4096)
     }
 
     pub fn cu_stream(&self) -> sys::CUstream {

@@ -117,9 +117,6 @@ pub(crate) struct Tune {
     /// One token's four-row products in the kernels fixed to their mode (KILN_CUDA_DEC_FIXED:
     /// 0 never, 1 always; by default for the formats whose run-time-mode kernel spills).
     pub(crate) dec_fixed: Option<usize>,
-    /// One token's four-row products in the staged form where it applies (KILN_CUDA_DEC_BULK:
-    /// 1 on sm_90 and later; off by default until measured).
-    pub(crate) dec_bulk: Option<usize>,
     /// Block products on kiln's own kernel even where cuBLAS is loaded
     /// (KILN_CUDA_OWN_GEMM=1), for comparing the two.
     pub(crate) own_gemm: bool,
@@ -139,7 +136,6 @@ impl Tune {
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
             dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),
             dec_fixed: env("KILN_CUDA_DEC_FIXED").filter(|n| [0, 1].contains(n)),
-            dec_bulk: env("KILN_CUDA_DEC_BULK").filter(|n| [0, 1].contains(n)),
             own_gemm: kiln_backend::options::dev_flag("KILN_CUDA_OWN_GEMM"),
         }
     }

@@ -187,31 +187,6 @@ const MATVEC_DEC_FIXED: [[&str; 2]; 7] = [
     ["matvec_dec_kmix_4_1n", "matvec_dec_kmix_4_1p"],
 ];
 
-/// kernels/products.cu's matvec_dec_<format>_4_1b / _4_1bp, by [`fmt_index`] (none for
-/// `any`): one token, four rows a warp, in the staged form (sm_90: each block's rows brought
-/// whole into shared memory by bulk copies), not a pair / a gate/up pair.
-const MATVEC_DEC_BULK: [Option<[&str; 2]>; 7] = [
-    None,
-    Some(["matvec_dec_q4_0_4_1b", "matvec_dec_q4_0_4_1bp"]),
-    Some(["matvec_dec_q4_1_4_1b", "matvec_dec_q4_1_4_1bp"]),
-    Some(["matvec_dec_q8_0_4_1b", "matvec_dec_q8_0_4_1bp"]),
-    Some(["matvec_dec_q4_k_4_1b", "matvec_dec_q4_k_4_1bp"]),
-    Some(["matvec_dec_q6_k_4_1b", "matvec_dec_q6_k_4_1bp"]),
-    Some(["matvec_dec_kmix_4_1b", "matvec_dec_kmix_4_1bp"]),
-];
-
-/// Bytes a 32-value block of a decode format takes in a matrix's packed values and per-block
-/// data together (pack.rs; kernels/products.cu blk_qbytes + blk_sbytes).
-fn dec_block_bytes(fmt: i32) -> usize {
-    let q = if fmt == pack::FMT_Q8_0 { 32 } else { 16 };
-    let s = match fmt {
-        pack::FMT_Q4_1 => 4,
-        pack::FMT_Q6_K => 8,
-        _ => 2,
-    };
-    q + s
-}
-
 /// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
 const DEC_TILE: usize = 8;
 
@@ -419,13 +394,7 @@ impl CudaBackend {
                 Some(f) => f == 1,
                 None => !matches!(fi, 1 | 2),
             };
-            let bulk = match (rows, n) {
-                (4, 1) => self.dec_bulk_bytes(&mats, mode, cols, fi),
-                _ => None,
-            };
-            let name = if let (Some(_), Some(names)) = (bulk, MATVEC_DEC_BULK[fi]) {
-                names[gate_up(mode) as usize]
-            } else if rows == 4 && n == 1 && kw == 1 && gate_up(mode) && three {
+            let name = if rows == 4 && n == 1 && kw == 1 && gate_up(mode) && three {
                 MATVEC_DEC_GU[fi]
             } else if rows == 4 && n == 1 && fixed {
                 MATVEC_DEC_FIXED[fi][gate_up(mode) as usize]
@@ -446,7 +415,7 @@ impl CudaBackend {
                 self.dev.func(name),
                 (blocks, 1, 1),
                 (32 * warps as u32, 1, 1),
-                bulk.unwrap_or(0) as u32,
+                0,
                 &mut a.ptrs(),
             );
             return;
@@ -494,32 +463,6 @@ impl CudaBackend {
             );
             t0 += nt;
         }
-    }
-
-    /// Dynamic shared memory of a one-token, four-rows-a-warp product in the staged form
-    /// (kernels/products.cu matvec_dec_impl's BULK: a block's rows whole in shared memory),
-    /// or None where that form does not apply: before sm_90 (bulk copies), for a mix of
-    /// formats other than Q4_K with Q6_K, rows whose per-block data are not whole 16-byte
-    /// lines (fewer than 8 blocks' multiple), matrices not on 16-byte boundaries, or rows
-    /// too long for the device's shared memory (then the registers' form runs).
-    /// Off until measured on a GPU: KILN_CUDA_DEC_BULK=1 turns it on. The sums are the same
-    /// bits in either form.
-    fn dec_bulk_bytes(&self, mats: &Mats, mode: i32, cols: usize, fi: usize) -> Option<usize> {
-        if self.dev.major < 9 || self.tune.dec_bulk != Some(1) || MATVEC_DEC_BULK[fi].is_none() {
-            return None;
-        }
-        let nb = cols / 32;
-        let used = match gate_up(mode) {
-            true => &mats.m[..2],
-            false => &mats.m[..mats.n_mats as usize],
-        };
-        if nb % 8 != 0 || used.iter().any(|m| m.q % 16 != 0 || m.s % 16 != 0) {
-            return None;
-        }
-        let per_block = used.iter().map(|m| dec_block_bytes(m.fmt)).max()?;
-        let rows = if gate_up(mode) { 8 } else { 4 };
-        let bytes = WARPS * rows * nb * per_block;
-        (bytes <= self.dev.bulk_smem()).then_some(bytes)
     }
 
     /// Warps a row of a decode product (1..=DEC_KW_MAX), from the matrices' shape alone (never
@@ -779,11 +722,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        dec_block_bytes, MATVEC, MATVEC_DEC, MATVEC_DEC_BULK, MATVEC_DEC_FIXED, MATVEC_DEC_GU,
-    };
-    use crate::pack;
-    use kiln_quant::GgmlType;
+    use super::{MATVEC, MATVEC_DEC, MATVEC_DEC_FIXED, MATVEC_DEC_GU};
 
     /// The launch tables name kernels the module loads.
     #[test]
@@ -794,34 +733,9 @@ mod tests {
             .flatten()
             .chain(MATVEC_DEC.iter().flatten().flatten())
             .chain(MATVEC_DEC_GU.iter())
-            .chain(MATVEC_DEC_FIXED.iter().flatten())
-            .chain(MATVEC_DEC_BULK.iter().flatten().flatten());
+            .chain(MATVEC_DEC_FIXED.iter().flatten());
         for n in names {
             assert!(crate::device::KERNELS.contains(n), "{n}");
-        }
-    }
-
-    /// The staged form's row bytes (a block's packed values and per-block data, as the
-    /// kernels' blk_qbytes + blk_sbytes say) are what pack.rs lays out for every format.
-    #[test]
-    fn staged_row_bytes_match_the_packed_layout() {
-        let (rows, cols) = (2, 512);
-        for ty in [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
-            let bytes = vec![0u8; ty.row_bytes(cols).unwrap() * rows];
-            let p = pack::pack(ty, rows, cols, &bytes).unwrap();
-            let blocks = rows * cols / 32;
-            assert_eq!(
-                (p.q.len() + p.s.len()) / blocks,
-                dec_block_bytes(p.fmt),
-                "{ty:?}"
-            );
-            assert_eq!((p.q.len() + p.s.len()) % blocks, 0, "{ty:?}");
         }
     }
 }

@@ -431,39 +431,29 @@ __device__ __forceinline__ int dec_fmt(int rt) {
     return F >= 0 ? F : rt;
 }
 
-// A 16-byte (or smaller) load of weights: through the read-only path from global memory, or
-// from a row's copy in shared memory (SMEM).
-template <bool SMEM, typename T>
-__device__ __forceinline__ T wld(const T* p) {
-    if (SMEM) return *p;
-    return __ldg(p);
-}
-
-// Block b of a row whose packed values start at q and per-block data at s (in global memory,
-// or copies in shared memory: SMEM) of matrix m, row r (its super-block data are read from m).
-template <int F, bool SMEM>
-__device__ __forceinline__ WBlk wblk_from(const u8* q, const u8* s, const Mat& m, int r, int b,
-                                          int nb) {
+template <int F>
+__device__ __forceinline__ WBlk wblk_load(const Mat& m, int r, int b, int nb) {
     const int fmt = dec_fmt<F>(m.fmt);
+    const size_t blk = (size_t)r * nb + b;
     WBlk w;
     w.r = make_uint4(0, 0, 0, 0);
     w.s = w.s2 = 0;
     if (fmt == FMT_Q8_0) {
-        w.q = wld<SMEM>((const uint4*)q + 2 * b);
-        w.r = wld<SMEM>((const uint4*)q + 2 * b + 1);
-        w.s = wld<SMEM>((const u16*)s + b);
+        w.q = __ldg((const uint4*)m.q + 2 * blk);
+        w.r = __ldg((const uint4*)m.q + 2 * blk + 1);
+        w.s = __ldg((const u16*)m.s + blk);
         return w;
     }
-    w.q = wld<SMEM>((const uint4*)q + b);
+    w.q = __ldg((const uint4*)m.q + blk);
     switch (fmt) {
-    case FMT_Q4_0: w.s = wld<SMEM>((const u16*)s + b); break;
-    case FMT_Q4_1: w.s = wld<SMEM>((const u32*)s + b); break;
+    case FMT_Q4_0: w.s = __ldg((const u16*)m.s + blk); break;
+    case FMT_Q4_1: w.s = __ldg((const u32*)m.s + blk); break;
     case FMT_Q4_K:
-        w.s = wld<SMEM>((const u16*)s + b);
+        w.s = __ldg((const u16*)m.s + blk);
         w.s2 = __ldg((const u32*)m.s2 + (size_t)r * (nb / 8) + b / 8);
         break;
     default: {  // FMT_Q6_K
-        const uint2 h = wld<SMEM>((const uint2*)s + b);
+        const uint2 h = __ldg((const uint2*)m.s + blk);
         w.r.x = h.x;
         w.r.y = h.y;
         const u8* rec = m.s2 + ((size_t)r * (nb / 8) + b / 8) * Q6K_REC;
@@ -473,19 +463,6 @@ __device__ __forceinline__ WBlk wblk_from(const u8* q, const u8* s, const Mat& m
     }
     }
     return w;
-}
-
-// Bytes of a block's packed values and of its per-block data in a decode format (pack.rs).
-__device__ __forceinline__ int blk_qbytes(int fmt) { return fmt == FMT_Q8_0 ? 32 : 16; }
-__device__ __forceinline__ int blk_sbytes(int fmt) {
-    return fmt == FMT_Q4_1 ? 4 : (fmt == FMT_Q6_K ? 8 : 2);
-}
-
-template <int F>
-__device__ __forceinline__ WBlk wblk_load(const Mat& m, int r, int b, int nb) {
-    const int fmt = dec_fmt<F>(m.fmt);
-    return wblk_from<F, false>(m.q + (size_t)r * nb * blk_qbytes(fmt),
-                               m.s + (size_t)r * nb * blk_sbytes(fmt), m, r, b, nb);
 }
 
 // A loaded block's 4-bit formats: its values' low parts (lo4: values 0..15, hi4: 16..31, a
@@ -649,72 +626,6 @@ __device__ __forceinline__ void dec_quant_out(const QOut& qo, float v, int b, in
     }
 }
 
-// Bulk copies into shared memory (sm_90: the copy engine moves a whole row, completing
-// on an mbarrier), for the decode products' staged form (BULK below). Elsewhere they trap:
-// the host picks that form on sm_90 and later only.
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void mbar_init(u64* bar, int count) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
-                 : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-// dst (shared) <- src (global), `bytes` a multiple of 16, both 16-byte aligned; completes
-// `bytes` of the transaction count bar expects.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-        "[%3];" ::"r"(smem_u32(dst)),
-        "l"(src), "r"(bytes), "r"(smem_u32(bar))
-        : "memory");
-#else
-    __trap();
-#endif
-}
-// One arrival on bar that expects `bytes` more of copies to land.
-__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-                 "r"(bytes)
-                 : "memory");
-#else
-    __trap();
-#endif
-}
-// Waits for bar's phase `parity` to complete (its copies visible to the waiting threads).
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-#if __CUDA_ARCH__ >= 900
-    u32 done;
-    do {
-        asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-            "selp.u32 %0, 1, 0, p; }"
-            : "=r"(done)
-            : "r"(smem_u32(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
-#else
-    __trap();
-#endif
-}
-
-// Bytes a row of nb blocks takes in a launch's staged form: the most any of its matrices'
-// formats takes (packed values and per-block data; products.rs dec_bulk_bytes).
-__device__ __forceinline__ int bulk_row_bytes(const Mats& ms, bool gu, int nb) {
-    int b = 0;
-    for (int i = 0; i < (gu ? 2 : ms.n_mats); i++) {
-        const int f = ms.m[i].fmt;
-        b = max(b, blk_qbytes(f) + blk_sbytes(f));
-    }
-    return b * nb;
-}
-
 // The decode product for one token: out = W x (+ bias), out += W x, or
 // out = silu(W0 x) * (W1 x) for quantized activations xqb (cols values), times 1 / rms(x)
 // when ss_in holds x's sums of squares (an RMSNorm whose weights are already in xqb's
@@ -727,18 +638,11 @@ __device__ __forceinline__ int bulk_row_bytes(const Mats& ms, bool gu, int nb) {
 // so a token's result is the same alone or among 63 others.
 // GU: 1 for a gate/up pair, 0 for the other modes, -1 read from mode (a kernel fixed to
 // one holds only its own registers); PRE: MVD_PRE, or fewer where registers are short.
-// BULK (sm_90, products.rs decides where it applies): the staged form. Each row group's rows
-// (both matrices' for a pair) come whole into shared memory by bulk copies issued before
-// anything else (one mbarrier a row), so every weight byte of the block is in flight from
-// the start and no register holds a load; a warp then takes its rows one after the other,
-// each as soon as it has landed, its blocks in the same order (the same sums, bit for bit).
-template <int F, int ROWS, int GU = -1, int PRE = MVD_PRE, bool BULK = false>
+template <int F, int ROWS, int GU = -1, int PRE = MVD_PRE>
 __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const float* ss_in,
                                 float eps, int mode, int kw, const QOut& qo) {
     __shared__ float red[WARPS * DEC_KW_MAX][2 * ROWS];
     __shared__ float outv[WARPS * ROWS];
-    extern __shared__ __align__(16) u8 staged[];
-    __shared__ __align__(8) u64 bars[BULK ? WARPS * 2 * ROWS : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = warp / kw, part = warp % kw;
     const int nb = cols / 32;
@@ -754,31 +658,11 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     }
     const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
     const Mat m1 = ms.m[1];
-    constexpr int NPRE = BULK ? 0 : PRE;
-    WBlk w0[ROWS][NPRE > 0 ? NPRE : 1], w1[ROWS][NPRE > 0 ? NPRE : 1];
-    // The staged form: row j of the group (a pair's up rows after its gate rows) at
-    // sg + j * rowb, its packed values then its per-block data.
-    const int rw = gu ? 2 * ROWS : ROWS;
-    const int rowb = BULK ? bulk_row_bytes(ms, gu, nb) : 0;
-    u8* sg = staged + (size_t)slot * rw * rowb;
-    if (BULK) {
-        if (threadIdx.x < WARPS * rw) mbar_init(&bars[threadIdx.x], 1);
-        __syncthreads();
-    }
+    WBlk w0[ROWS][PRE], w1[ROWS][PRE];
     pdl_trigger();
-    if (BULK && live && part == 0 && lane < rw) {
-        const Mat& mm = lane < ROWS ? m : m1;
-        const int f = dec_fmt<F>(mm.fmt);
-        const u32 rq = nb * blk_qbytes(f), rs = nb * blk_sbytes(f);
-        const size_t r = rr + lane % ROWS;
-        u64* bar = &bars[slot * rw + lane];
-        mbar_expect(bar, rq + rs);
-        bulk_copy(sg + lane * rowb, mm.q + r * rq, rq, bar);
-        bulk_copy(sg + lane * rowb + rq, mm.s + r * rs, rs, bar);
-    }
-    if (!BULK && live) {
+    if (live) {
 #pragma unroll
-        for (int i = 0; i < NPRE; i++) {
+        for (int i = 0; i < PRE; i++) {
             const int b = part * 32 + lane + i * 32 * kw;
             if (b < nb) {
 #pragma unroll
@@ -804,28 +688,9 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     float a0[ROWS], a1[ROWS];
 #pragma unroll
     for (int j = 0; j < ROWS; j++) a0[j] = a1[j] = 0.0f;
-    if (BULK && live) {
+    if (live) {
 #pragma unroll
-        for (int j = 0; j < rw; j++) {
-            const Mat& mm = j < ROWS ? m : m1;
-            const int f = dec_fmt<F>(mm.fmt);
-            const u8* q = sg + j * rowb;
-            const u8* sb = q + nb * blk_qbytes(f);
-            mbar_wait(&bars[slot * rw + j], 0);
-            float a = 0.0f;
-            for (int b = part * 32 + lane; b < nb; b += 32 * kw) {
-                const WBlk w = wblk_from<F, true>(q, sb, mm, rr + j % ROWS, b, nb);
-                a = wblk_acc<F>(a, w, wblk_unpack<F>(w, mm.fmt, b), mm.fmt, b, x);
-            }
-            if (j < ROWS)
-                a0[j] = a;
-            else
-                a1[j - ROWS] = a;
-        }
-    }
-    if (!BULK && live) {
-#pragma unroll
-        for (int i = 0; i < NPRE; i++) {
+        for (int i = 0; i < PRE; i++) {
             const int b = part * 32 + lane + i * 32 * kw;
             if (b < nb) {
 #pragma unroll
@@ -838,7 +703,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
                 }
             }
         }
-        for (int b = part * 32 + lane + NPRE * 32 * kw; b < nb; b += 32 * kw) {
+        for (int b = part * 32 + lane + PRE * 32 * kw; b < nb; b += 32 * kw) {
 #pragma unroll
             for (int j = 0; j < ROWS; j++) {
                 const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
@@ -1024,23 +889,9 @@ __host__ __device__ constexpr int pair_pre() {
                                  const float* ss_in, float eps, int mode, int kw, QOut qo) { \
         matvec_dec_impl<F, 4, 1, pair_pre<F>()>(ms, xqb, cols, ss_in, eps, mode, kw, qo);    \
     }
-// One token, four rows a warp, in the staged form (sm_90): matvec_dec_<format>_4_1b for every
-// mode but a gate/up pair, _4_1bp for a pair; dynamic shared memory for the block's rows.
-#define MATVEC_DEC_BULK(NAME, F)                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
-        matvec_dec_##NAME##_4_1b(Mats ms, const u8* xqb, int cols, int ntok,                 \
-                                 const float* ss_in, float eps, int mode, int kw, QOut qo) { \
-        matvec_dec_impl<F, 4, 0, 1, true>(ms, xqb, cols, ss_in, eps, mode, kw, qo);          \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
-        matvec_dec_##NAME##_4_1bp(Mats ms, const u8* xqb, int cols, int ntok,                \
-                                  const float* ss_in, float eps, int mode, int kw, QOut qo) { \
-        matvec_dec_impl<F, 4, 1, 1, true>(ms, xqb, cols, ss_in, eps, mode, kw, qo);          \
-    }
 #define MATVEC_DEC(NAME, F)                                                                  \
     MATVEC_DEC1(NAME, F, 1)                                                                  \
-    MATVEC_DEC1(NAME, F, 4) MATVEC_DEC_GU(NAME, F) MATVEC_DEC_FIXED(NAME, F)                 \
-    MATVEC_DEC_BULK(NAME, F)
+    MATVEC_DEC1(NAME, F, 4) MATVEC_DEC_GU(NAME, F) MATVEC_DEC_FIXED(NAME, F)
 static_assert(DEC_TILE == 8 && WARPS >= DEC_TILE, "the decode kernels' names say 8 tokens");
 MATVEC_DEC(any, -1)
 MATVEC_DEC(q4_0, FMT_Q4_0)
