@@ -10,22 +10,16 @@
 // On the GPU machine, from the repository root:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -I crates/kiln-cuda/src/kernels \
 //       tools/cuda-products-bench.cu -o /tmp/products-bench && /tmp/products-bench
-//
-// The host part is left out under NVRTC, which can then check the device code on a machine
-// without nvcc (as device.rs's test compiles the kernels).
-#include "common.cu"
-#include "products.cu"
-#ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-#endif
 
-#ifndef __CUDACC_RTC__
-// ---- host ----------------------------------------------------------------------------------
+#include "common.cu"
+#include "products.cu"
+
 #define CK(x)                                                                                 \
     do {                                                                                      \
         cudaError_t e = (x);                                                                  \
@@ -146,10 +140,9 @@ int main() {
                 m.m[i].fmt = FMT_Q4_0;
                 m.m[i].ld_out = sh.rows;
             }
+            // One matrix's rows, or a pair's (whose launch counts the gate's rows only).
             m.n_mats = nm;
-            m.row0[0] = 0;
-            for (int i = 1; i < 4; i++) m.row0[i] = sh.rows * (i <= nm ? i : nm);
-            if (sh.gu) m.row0[1] = m.row0[2] = m.row0[3] = sh.rows;
+            m.row0[1] = m.row0[2] = m.row0[3] = sh.rows;
         }
         const float* ss_in = sh.ss ? ssb : nullptr;
         QOut qo = {};
@@ -189,4 +182,3 @@ int main() {
     }
     return 0;
 }
-#endif
