@@ -207,18 +207,41 @@ struct DecHeads {
     int neox;
 };
 
-// Row x (hd values) normalised (norm_w, or not when null) and rotated for position pos
-// into out (shared memory; tmp: hd more), by one warp: `heads`' arithmetic, value for value.
-__device__ void head_norm_rope(const float* x, float* out, int hd, const float* norm_w,
-                               float eps, const DecHeads& dh, int pos, float* tmp) {
-    const int lane = threadIdx.x & 31;
-    float ss = 0.0f;
-    for (int e = lane; e < hd; e += 32) ss += x[e] * x[e];
-    const float r = norm_w ? rsqrtf(warp_sum(ss) / (float)hd + eps) : 1.0f;
-    for (int e = lane; e < hd; e += 32) tmp[e] = norm_w ? x[e] * r * norm_w[e] : x[e];
-    __syncwarp();
-    for (int e = lane; e < hd; e += 32) {
-        float v = tmp[e];
+// The heads of one decode block normalised and rotated by all its threads at once, value
+// for value as `heads` computes them: g query heads at q (hd values each)
+// and, with key, the new key's head at k, into rows (query head i at i * ld, the key at
+// key_row). raw holds (g + 1) * ld floats of scratch, rinv g + 1. Every load of the rows is
+// in flight at once, each head's sum of squares is a warp's (its lanes over the row in
+// `heads`' order, then the same shuffle tree), and each thread takes its rotation's
+// sine and cosine once for all the heads where its dimensions repeat. Ends with a barrier.
+__device__ void heads_norm_rope_block(const float* q, const float* k, int g, bool key, int hd,
+                                      const DecHeads& dh, int pos, float* raw, float* rows,
+                                      int key_row, int ld, float* rinv) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int nh = g + (int)key, n = nh * hd;
+#pragma unroll 4
+    for (int x = threadIdx.x; x < n; x += blockDim.x) {
+        const int i = x / hd, e = x - i * hd;
+        raw[i * ld + e] = i < g ? q[(size_t)i * hd + e] : k[e];
+    }
+    __syncthreads();
+    for (int i = warp; i < nh; i += nw) {
+        const float* norm_w = i < g ? dh.q_norm : dh.k_norm;
+        const float* x = raw + i * ld;
+        float ss = 0.0f;
+        for (int e = lane; e < hd; e += 32) ss += x[e] * x[e];
+        const float r = norm_w ? rsqrtf(warp_sum(ss) / (float)hd + dh.eps) : 1.0f;
+        if (lane == 0) rinv[i] = r;
+    }
+    __syncthreads();
+    int fi_done = -1;
+    float sn = 0.0f, cs = 1.0f;
+    for (int x = threadIdx.x; x < n; x += blockDim.x) {
+        const int i = x / hd, e = x - i * hd;
+        const float* norm_w = i < g ? dh.q_norm : dh.k_norm;
+        const float* xr = raw + i * ld;
+        const float r = rinv[i];
+        float v = norm_w ? xr[e] * r * norm_w[e] : xr[e];
         if (e < dh.rope_dims) {
             const int half = dh.rope_dims / 2;
             int fi, partner;
@@ -232,13 +255,16 @@ __device__ void head_norm_rope(const float* x, float* out, int hd, const float* 
                 partner = e ^ 1;
                 sign = (e & 1) ? 1.0f : -1.0f;
             }
-            float sn, cs;
-            sincosf((float)pos * dh.inv_freq[fi], &sn, &cs);
-            v = v * cs + sign * tmp[partner] * sn;
+            if (fi != fi_done) {
+                sincosf((float)pos * dh.inv_freq[fi], &sn, &cs);
+                fi_done = fi;
+            }
+            const float p = norm_w ? xr[partner] * r * norm_w[partner] : xr[partner];
+            v = v * cs + sign * p * sn;
         }
-        out[e] = v;
+        rows[(i < g ? i * ld : key_row) + e] = v;
     }
-    __syncwarp();
+    __syncthreads();
 }
 
 // ---- decode attention: one token a sequence, split over keys --------------------------
@@ -340,11 +366,12 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
                               int n_split, float* part_acc, float* part_ml,
                               const DecHeads& dh) {
     constexpr int RPL = 32 / LPR, KPI = DEC_U * RPL, HDM = LPR * 8;
-    // The q rows and the new key (normalised and rotated) with each warp's scratch row
+    // The q rows and the new key (normalised and rotated) with their raw values after them
     // first, the warps' partial sums at the end.
-    constexpr int SM_ROWS = (G + 1 + DEC_WARPS) * HDM, SM_ACC = DEC_WARPS * G * HDM;
+    constexpr int SM_ROWS = 2 * (G + 1) * HDM, SM_ACC = DEC_WARPS * G * HDM;
     __shared__ float sm[SM_ROWS > SM_ACC ? SM_ROWS : SM_ACC];
     __shared__ float wml[DEC_WARPS][G][2];
+    __shared__ float rinv[G + 1];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
@@ -391,17 +418,10 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     const bool owner = k1 > k0 && k1 == len;
     {
         float* rows = sm;
-        float* tmp = sm + (G + 1 + warp) * HDM;
+        float* raw = sm + (G + 1) * HDM;
         const int pos = len - 1;
-        for (int i = warp; i < g + (int)owner; i += DEC_WARPS) {
-            if (i < g)
-                head_norm_rope(q + ((size_t)kvh * g + i) * hd, rows + i * HDM, hd, dh.q_norm,
-                               dh.eps, dh, pos, tmp);
-            else
-                head_norm_rope(dh.k + (size_t)kvh * hd, rows + G * HDM, hd, dh.k_norm, dh.eps,
-                               dh, pos, tmp);
-        }
-        __syncthreads();
+        heads_norm_rope_block(q + (size_t)kvh * g * hd, dh.k + (size_t)kvh * hd, g, owner, hd,
+                              dh, pos, raw, rows, G * HDM, HDM, rinv);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             m[i] = -KINF;
@@ -413,7 +433,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             }
         }
         if (owner) {
-            // The new row into the cache, and into warp 0's registers as its f16 values.
+            // The new row into the cache, and into warp wnew's registers as its f16 values.
             u16* kr = kv_row(tbl, k_off, kvh, pos, hd);
             u16* vr = kv_row(tbl, v_off, kvh, pos, hd);
             for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -436,7 +456,11 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             ok[u] = okn[u];
         }
     }
-    if (owner && warp == 0) {
+    // The new key goes to the warp that would take the split's next chunk of rows (chunks go
+    // to the warps in turn), which has one pass fewer than the first warps where they are
+    // uneven, rather than to warp 0, which always has the most.
+    const int wnew = ((kend - k0 + KPI - 1) / KPI) % DEC_WARPS;
+    if (owner && warp == wnew) {
         uint4 k[DEC_U], v[DEC_U];
         bool nok[DEC_U];
 #pragma unroll
@@ -470,7 +494,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
         }
     }
     // sm's rows were read before the key loop (the barrier after the heads' work); the new
-    // key by warp 0 only, before it writes here.
+    // key by warp wnew only, before it writes here.
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < G; i++) {
