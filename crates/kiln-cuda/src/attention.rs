@@ -23,6 +23,12 @@ pub(crate) const DEC_BLOCKS_PER_SM: usize = 3;
 /// From this many keys a decode attention takes a block a multiprocessor more (at 8192 the
 /// two counts are within 1% of each other).
 pub(crate) const DEC_LONG_KEYS: usize = 12288;
+/// Thread groups of a decode step's attn_combine block where it has more splits than this,
+/// each summing every COMBINE_GROUPS-th split (1, 2, 4 or 8: kernels/attention.cu
+/// attn_combine_<P>). H100, tg128 Q4_0 against one group (BENCHMARKS.md, thirty-second
+/// session): 8-11% faster at depths 4096 and 16384; where the cache is short, one group
+/// is up to 5% faster.
+pub(crate) const COMBINE_GROUPS: usize = 8;
 
 // A prompt chunk's attention runs in one pass over the cache in the second form
 // (kernels/flash.cu attn_flash2_<HD>) at any length where it applies. Measured on an H100
@@ -322,7 +328,7 @@ impl CudaBackend {
             0,
             &mut a.ptrs(),
         );
-        self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads);
+        self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads, true);
     }
 
     /// What the decode attention kernels do first for their tokens (rows of k and v, the
@@ -376,8 +382,35 @@ impl CudaBackend {
             .min((per_sm * self.dev.num_sms / kv_heads).max(1))
     }
 
-    /// kernels/*.cu attn_combine: the splits' partial softmax sums of `ntok * heads` rows into
-    /// out (and, with xq, quantized for the next product).
+    /// The attn_combine kernel and its block's threads for `n_ws` splits of heads of
+    /// `head_dim`: a decode step's over more than [`COMBINE_GROUPS`] splits in that many
+    /// groups of head_dim threads rounded up to a warp (at most 1024 threads;
+    /// KILN_CUDA_COMBINE_GROUPS sets the count), any other in one. Where a sequence has at
+    /// most COMBINE_GROUPS splits, each group holds at most one of them and the groups' sums
+    /// are added in split order: the same sums as one group's, so a sequence that is
+    /// combined in one group alone gives the same values in a step with longer caches.
+    fn combine_kernel(&self, n_ws: usize, head_dim: usize, decode: bool) -> (&'static str, u32) {
+        let hdr = head_dim.next_multiple_of(32);
+        let groups = match (decode, self.tune.combine_groups) {
+            (true, Some(g)) => g,
+            (true, None) if n_ws > COMBINE_GROUPS => COMBINE_GROUPS,
+            _ => 1,
+        };
+        let groups = (1..=groups)
+            .rev()
+            .find(|g| g.is_power_of_two() && g * hdr <= 1024);
+        let groups = groups.unwrap_or(1);
+        let name = [
+            "attn_combine_1",
+            "attn_combine_2",
+            "attn_combine_4",
+            "attn_combine_8",
+        ][groups.trailing_zeros() as usize];
+        (name, (groups * hdr) as u32)
+    }
+
+    /// kernels/*.cu attn_combine_<P>: the splits' partial softmax sums of `ntok * heads` rows
+    /// into out (and, with xq, quantized for the next product); `decode`: a decode step's.
     #[allow(clippy::too_many_arguments)]
     fn attn_combine(
         &self,
@@ -389,7 +422,9 @@ impl CudaBackend {
         xq: u64,
         ntok: usize,
         heads: usize,
+        decode: bool,
     ) {
+        let (name, threads) = self.combine_kernel(n_ws, head_dim, decode);
         let mut a = Args::default()
             .a(acc)
             .a(ml)
@@ -400,9 +435,9 @@ impl CudaBackend {
             .a(ntok as i32)
             .a(heads as i32);
         self.dev.launch(
-            self.dev.func("attn_combine"),
+            self.dev.func(name),
             ((ntok * heads) as u32, 1, 1),
-            (head_dim.next_multiple_of(32) as u32, 1, 1),
+            (threads, 1, 1),
             0,
             &mut a.ptrs(),
         );
@@ -583,7 +618,15 @@ impl CudaBackend {
             &mut a.ptrs(),
         );
         self.attn_combine(
-            acc, ml, n_ws, s.head_dim, out_ptr, xq, s.n_tokens, s.n_heads,
+            acc,
+            ml,
+            n_ws,
+            s.head_dim,
+            out_ptr,
+            xq,
+            s.n_tokens,
+            s.n_heads,
+            dec.is_some(),
         );
         if xq != 0 {
             self.xq_src.set(Some(XqSrc {
@@ -672,6 +715,7 @@ impl CudaBackend {
             &mut a.ptrs(),
         );
         if let Some((acc, ml)) = part {
+            let (name, threads) = self.combine_kernel(splits, s.head_dim, false);
             let mut c = Args::default()
                 .a(acc)
                 .a(ml)
@@ -682,9 +726,9 @@ impl CudaBackend {
                 .a(s.n_tokens as i32)
                 .a(s.n_heads as i32);
             self.dev.launch(
-                self.dev.func("attn_combine"),
+                self.dev.func(name),
                 ((s.n_tokens * s.n_heads) as u32, 1, 1),
-                (s.head_dim.div_ceil(32) as u32 * 32, 1, 1),
+                (threads, 1, 1),
                 0,
                 &mut c.ptrs(),
             );

@@ -91,7 +91,7 @@ impl Drop for Graph {
 /// Tuning overrides (`dev-switches` builds), read from the environment once: KILN_CUDA_KW (warps a row: 1, 2, 4, 8)
 /// and KILN_CUDA_NR (rows a warp group: 1, 2), KILN_CUDA_NO_PROMPT_GEMM, KILN_CUDA_DEC_BPS,
 /// KILN_CUDA_DEC_ROWS, KILN_CUDA_DEC_KW, KILN_CUDA_DEC_GU, KILN_CUDA_DEC_FIXED,
-/// KILN_CUDA_FLASH_PROMPT.
+/// KILN_CUDA_FLASH_PROMPT, KILN_CUDA_COMBINE_GROUPS.
 #[derive(Default)]
 pub(crate) struct Tune {
     pub(crate) kw: Option<usize>,
@@ -117,6 +117,9 @@ pub(crate) struct Tune {
     /// One token's four-row products in the kernels fixed to their mode (KILN_CUDA_DEC_FIXED:
     /// 0 never, 1 always; by default for the formats whose run-time-mode kernel spills).
     pub(crate) dec_fixed: Option<usize>,
+    /// Thread groups of a decode attention combine block (KILN_CUDA_COMBINE_GROUPS: 1, 2,
+    /// 4, 8).
+    pub(crate) combine_groups: Option<usize>,
     /// Block products on kiln's own kernel even where cuBLAS is loaded
     /// (KILN_CUDA_OWN_GEMM=1), for comparing the two.
     pub(crate) own_gemm: bool,
@@ -136,6 +139,7 @@ impl Tune {
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
             dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),
             dec_fixed: env("KILN_CUDA_DEC_FIXED").filter(|n| [0, 1].contains(n)),
+            combine_groups: env("KILN_CUDA_COMBINE_GROUPS").filter(|n| [1, 2, 4, 8].contains(n)),
             own_gemm: kiln_backend::options::dev_flag("KILN_CUDA_OWN_GEMM"),
         }
     }

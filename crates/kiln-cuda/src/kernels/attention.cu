@@ -647,49 +647,83 @@ ATTN_SPLIT(6)
 ATTN_SPLIT(7)
 ATTN_SPLIT(8)
 
-// grid (ntok * heads), block head_dim threads (rounded up to a warp): out = sum_s e^(m_s - M)
-// acc_s / sum_s e^(m_s - M) l_s, for the prompt attention's splits and the decode ones. The
-// first warp takes the splits' maxima and weights (combine_weights); each thread then sums its dimension over the
-// splits in order. Empty splits (m_s = -inf) weigh nothing exactly, so a sequence's sums do
-// not depend on how many splits the grid has. With xq, the rows are also written quantized
+// Head size attn_combine takes at most.
+#define COMBINE_HD 256
+
+// grid (ntok * heads), block P groups of head_dim threads (rounded up to a warp): out =
+// sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, for the prompt attention's splits and the
+// decode ones. The first warp takes the splits' maxima and weights (combine_weights); each
+// thread of group p then sums its dimension over the splits p, p + P, ... in order, and the
+// first group adds the groups' sums in order: a chain of n_ws / P dependent loads a thread
+// rather than n_ws (a decode step at depth has dozens of splits, each load an L2 round
+// trip). Empty splits (m_s = -inf) weigh nothing exactly, so a sequence's sums do not depend
+// on how many splits the grid has (attention.rs combine_kernel says how P is chosen so
+// they do not depend on P either). With xq, the rows are also written quantized
 // (combine_out).
-extern "C" __global__ void attn_combine(const float* part_acc, const float* part_ml, int n_ws,
-                                        int head_dim, float* out, u8* xq, int ntok, int heads) {
+template <int P>
+__device__ void attn_combine_impl(const float* part_acc, const float* part_ml, int n_ws,
+                                  int head_dim, float* out, u8* xq, int ntok, int heads) {
     __shared__ float wsh[COMBINE_W];
     __shared__ float md[2];
+    __shared__ float red[P > 1 ? P - 1 : 1][P > 1 ? COMBINE_HD : 1];
     pdl_begin();
+    const int hdr = (head_dim + 31) & ~31;
+    const int d = threadIdx.x % hdr, grp = threadIdx.x / hdr;
     const size_t th = blockIdx.x;
     const float* ml = part_ml + th * n_ws * 2;
-    const float* acc = part_acc + th * n_ws * head_dim + threadIdx.x;
-    const bool dim = (int)threadIdx.x < head_dim;
+    const float* acc = part_acc + th * n_ws * head_dim + d;
+    const bool dim = d < head_dim;
     const int nw = min(n_ws, COMBINE_W);
-    // The first splits' values are loaded before the weights are known (most steps have
-    // few splits): their latency overlaps the first warp's.
+    // The group's first splits' values are loaded before the weights are known (most steps
+    // have few splits): their latency overlaps the first warp's.
     float pre[COMBINE_PRE];
 #pragma unroll
-    for (int i = 0; i < COMBINE_PRE; i++) pre[i] = dim && i < nw ? acc[(size_t)i * head_dim] : 0.0f;
+    for (int i = 0; i < COMBINE_PRE; i++) {
+        const int s = grp + i * P;
+        pre[i] = dim && s < nw ? acc[(size_t)s * head_dim] : 0.0f;
+    }
     if (threadIdx.x < 32) combine_weights(ml, n_ws, wsh, COMBINE_W, md, threadIdx.x);
     __syncthreads();
-    // (The block is head_dim threads rounded up to a warp.)
-    if (!dim) return;
     const float m = md[0], den = md[1];
     float num = 0.0f;
+    if (dim) {
 #pragma unroll
-    for (int s = 0; s < COMBINE_PRE; s++)
-        if (s < nw && wsh[s] != 0.0f) num += wsh[s] * pre[s];
+        for (int i = 0; i < COMBINE_PRE; i++) {
+            const int s = grp + i * P;
+            if (s < nw && wsh[s] != 0.0f) num += wsh[s] * pre[i];
+        }
 #pragma unroll 4
-    for (int s = COMBINE_PRE; s < nw; s++) {
-        const float w = wsh[s];
-        if (w != 0.0f) num += w * acc[(size_t)s * head_dim];
+        for (int s = grp + COMBINE_PRE * P; s < nw; s += P) {
+            const float w = wsh[s];
+            if (w != 0.0f) num += w * acc[(size_t)s * head_dim];
+        }
+        for (int s = COMBINE_W + grp; s < n_ws; s += P) {
+            const float ms = ml[2 * s];
+            if (ms == -KINF) continue;
+            num += expf(ms - m) * acc[(size_t)s * head_dim];
+        }
+        if (P > 1 && grp > 0) red[grp - 1][d] = num;
     }
-    for (int s = COMBINE_W; s < n_ws; s++) {
-        const float ms = ml[2 * s];
-        if (ms == -KINF) continue;
-        num += expf(ms - m) * acc[(size_t)s * head_dim];
-    }
-    combine_out(num / den, (int)th / heads, (int)th % heads, threadIdx.x, head_dim, heads, ntok,
-                out, xq);
+    if (P > 1) __syncthreads();
+    // (The first group is head_dim threads rounded up to a warp.)
+    if (grp > 0 || !dim) return;
+#pragma unroll
+    for (int p = 1; p < P; p++) num += red[p - 1][d];
+    combine_out(num / den, (int)th / heads, (int)th % heads, d, head_dim, heads, ntok, out,
+                xq);
 }
+
+// attn_combine_<P>: P groups of threads (attention.rs combine_kernel).
+#define ATTN_COMBINE(P)                                                                      \
+    extern "C" __global__ void attn_combine_##P(const float* part_acc, const float* part_ml,  \
+                                                int n_ws, int head_dim, float* out, u8* xq,   \
+                                                int ntok, int heads) {                        \
+        attn_combine_impl<P>(part_acc, part_ml, n_ws, head_dim, out, xq, ntok, heads);        \
+    }
+ATTN_COMBINE(1)
+ATTN_COMBINE(2)
+ATTN_COMBINE(4)
+ATTN_COMBINE(8)
 
 
 // ---- prompt attention as two tensor-core products (cuBLAS) --------------------------------
