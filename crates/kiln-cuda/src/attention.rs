@@ -383,23 +383,26 @@ impl CudaBackend {
     }
 
     /// The attn_combine kernel and its block's threads for `n_ws` splits of heads of
-    /// `head_dim`: a decode step's over more than [`COMBINE_GROUPS`] splits in that many
-    /// groups of head_dim threads rounded up to a warp (at most 1024 threads;
-    /// KILN_CUDA_COMBINE_GROUPS sets the count), any other in one. Where a sequence has at
-    /// most COMBINE_GROUPS splits, each group holds at most one of them and the groups' sums
-    /// are added in split order: the same sums as one group's, so a sequence that is
-    /// combined in one group alone gives the same values in a step with longer caches.
+    /// `head_dim`: a decode step's in [`COMBINE_GROUPS`] groups of head_dim threads rounded
+    /// up to a warp (fewer where 1024 threads would not hold them; KILN_CUDA_COMBINE_GROUPS
+    /// sets the count) where it has more splits than groups, any other in one. Where a
+    /// sequence has at most as many splits as there are groups, each group holds at most one
+    /// of them and the groups' sums are added in split order: the same sums as one group's,
+    /// so a sequence combined in one group alone gives the same values in a step with
+    /// longer caches.
     fn combine_kernel(&self, n_ws: usize, head_dim: usize, decode: bool) -> (&'static str, u32) {
         let hdr = head_dim.next_multiple_of(32);
+        let fit = |g: usize| {
+            (1..=g)
+                .rev()
+                .find(|g| g.is_power_of_two() && g * hdr <= 1024)
+                .unwrap_or(1)
+        };
         let groups = match (decode, self.tune.combine_groups) {
-            (true, Some(g)) => g,
-            (true, None) if n_ws > COMBINE_GROUPS => COMBINE_GROUPS,
+            (true, Some(g)) => fit(g),
+            (true, None) if n_ws > fit(COMBINE_GROUPS) => fit(COMBINE_GROUPS),
             _ => 1,
         };
-        let groups = (1..=groups)
-            .rev()
-            .find(|g| g.is_power_of_two() && g * hdr <= 1024);
-        let groups = groups.unwrap_or(1);
         let name = [
             "attn_combine_1",
             "attn_combine_2",
