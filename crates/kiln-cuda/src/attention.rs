@@ -67,69 +67,127 @@ const ATTN_SPLIT: [&str; 8] = [
     "attn_split_8",
 ];
 
-/// kernels/attention.cu's attn_dec_<LPR>_<G>, by [`dec_kernel`]'s indices.
-const ATTN_DEC: [[&str; 4]; 4] = [
+/// kernels/attention.cu's attn_dec_<LPR>_<G> (f16 caches) and attn_dec_q8_<LPR>_<G> (q8_0),
+/// by [`dec_kernel`]'s indices.
+const ATTN_DEC: [[[&str; 4]; 4]; 2] = [
     [
-        "attn_dec_4_1",
-        "attn_dec_4_2",
-        "attn_dec_4_4",
-        "attn_dec_4_8",
+        [
+            "attn_dec_4_1",
+            "attn_dec_4_2",
+            "attn_dec_4_4",
+            "attn_dec_4_8",
+        ],
+        [
+            "attn_dec_8_1",
+            "attn_dec_8_2",
+            "attn_dec_8_4",
+            "attn_dec_8_8",
+        ],
+        [
+            "attn_dec_16_1",
+            "attn_dec_16_2",
+            "attn_dec_16_4",
+            "attn_dec_16_8",
+        ],
+        [
+            "attn_dec_32_1",
+            "attn_dec_32_2",
+            "attn_dec_32_4",
+            "attn_dec_32_8",
+        ],
     ],
     [
-        "attn_dec_8_1",
-        "attn_dec_8_2",
-        "attn_dec_8_4",
-        "attn_dec_8_8",
-    ],
-    [
-        "attn_dec_16_1",
-        "attn_dec_16_2",
-        "attn_dec_16_4",
-        "attn_dec_16_8",
-    ],
-    [
-        "attn_dec_32_1",
-        "attn_dec_32_2",
-        "attn_dec_32_4",
-        "attn_dec_32_8",
+        [
+            "attn_dec_q8_4_1",
+            "attn_dec_q8_4_2",
+            "attn_dec_q8_4_4",
+            "attn_dec_q8_4_8",
+        ],
+        [
+            "attn_dec_q8_8_1",
+            "attn_dec_q8_8_2",
+            "attn_dec_q8_8_4",
+            "attn_dec_q8_8_8",
+        ],
+        [
+            "attn_dec_q8_16_1",
+            "attn_dec_q8_16_2",
+            "attn_dec_q8_16_4",
+            "attn_dec_q8_16_8",
+        ],
+        [
+            "attn_dec_q8_32_1",
+            "attn_dec_q8_32_2",
+            "attn_dec_q8_32_4",
+            "attn_dec_q8_32_8",
+        ],
     ],
 ];
 
-/// kernels/attention.cu's attn_dec_seqs_<LPR>_<G>, as [`ATTN_DEC`].
-const ATTN_DEC_SEQS: [[&str; 4]; 4] = [
+/// kernels/attention.cu's attn_dec_seqs_<LPR>_<G> and attn_dec_seqs_q8_<LPR>_<G>, as
+/// [`ATTN_DEC`].
+const ATTN_DEC_SEQS: [[[&str; 4]; 4]; 2] = [
     [
-        "attn_dec_seqs_4_1",
-        "attn_dec_seqs_4_2",
-        "attn_dec_seqs_4_4",
-        "attn_dec_seqs_4_8",
+        [
+            "attn_dec_seqs_4_1",
+            "attn_dec_seqs_4_2",
+            "attn_dec_seqs_4_4",
+            "attn_dec_seqs_4_8",
+        ],
+        [
+            "attn_dec_seqs_8_1",
+            "attn_dec_seqs_8_2",
+            "attn_dec_seqs_8_4",
+            "attn_dec_seqs_8_8",
+        ],
+        [
+            "attn_dec_seqs_16_1",
+            "attn_dec_seqs_16_2",
+            "attn_dec_seqs_16_4",
+            "attn_dec_seqs_16_8",
+        ],
+        [
+            "attn_dec_seqs_32_1",
+            "attn_dec_seqs_32_2",
+            "attn_dec_seqs_32_4",
+            "attn_dec_seqs_32_8",
+        ],
     ],
     [
-        "attn_dec_seqs_8_1",
-        "attn_dec_seqs_8_2",
-        "attn_dec_seqs_8_4",
-        "attn_dec_seqs_8_8",
-    ],
-    [
-        "attn_dec_seqs_16_1",
-        "attn_dec_seqs_16_2",
-        "attn_dec_seqs_16_4",
-        "attn_dec_seqs_16_8",
-    ],
-    [
-        "attn_dec_seqs_32_1",
-        "attn_dec_seqs_32_2",
-        "attn_dec_seqs_32_4",
-        "attn_dec_seqs_32_8",
+        [
+            "attn_dec_seqs_q8_4_1",
+            "attn_dec_seqs_q8_4_2",
+            "attn_dec_seqs_q8_4_4",
+            "attn_dec_seqs_q8_4_8",
+        ],
+        [
+            "attn_dec_seqs_q8_8_1",
+            "attn_dec_seqs_q8_8_2",
+            "attn_dec_seqs_q8_8_4",
+            "attn_dec_seqs_q8_8_8",
+        ],
+        [
+            "attn_dec_seqs_q8_16_1",
+            "attn_dec_seqs_q8_16_2",
+            "attn_dec_seqs_q8_16_4",
+            "attn_dec_seqs_q8_16_8",
+        ],
+        [
+            "attn_dec_seqs_q8_32_1",
+            "attn_dec_seqs_q8_32_2",
+            "attn_dec_seqs_q8_32_4",
+            "attn_dec_seqs_q8_32_8",
+        ],
     ],
 ];
 
-/// The decode kernel of a shape in `table`: LPR, the lanes a key row takes (16 bytes each),
-/// is the head size / 8 rounded up to a power of two from 4; G, the query heads a KV head,
-/// rounded up to a power of two.
-fn dec_kernel(table: &[[&'static str; 4]; 4], s: AttnShape) -> &'static str {
+/// The decode kernel of a shape over a cache (`q8`: q8_0, else f16) in `table`: LPR, the
+/// lanes a key row takes (eight values each), is the head size / 8 rounded up to a power of
+/// two from 4; G, the query heads a KV head, rounded up to a power of two.
+fn dec_kernel(table: &[[[&'static str; 4]; 4]; 2], s: AttnShape, q8: bool) -> &'static str {
     let lpr = (s.head_dim / 8).next_power_of_two().max(4);
     let g = (s.n_heads / s.n_kv_heads).next_power_of_two();
-    table[lpr.trailing_zeros() as usize - 2][g.trailing_zeros() as usize]
+    table[q8 as usize][lpr.trailing_zeros() as usize - 2][g.trailing_zeros() as usize]
 }
 
 /// kernels/*.cu SeqDesc: one sequence of a batched decode step.
@@ -171,6 +229,9 @@ pub(crate) struct HeadGroup {
     pub(crate) off: i64,
     pub(crate) heads: i32,
     pub(crate) rope: i32,
+    /// 1: the cache is q8_0 (kernels/common.cu kvq_row).
+    pub(crate) q8: i32,
+    pub(crate) pad: i32,
 }
 
 #[repr(C)]
@@ -269,6 +330,11 @@ impl CudaBackend {
         self.xq_src.set(None);
         let s = seqs[0].shape;
         let n = seqs.len();
+        let q8 = seqs[0].cache.q8;
+        assert!(
+            seqs.iter().all(|x| x.cache.q8 == q8),
+            "one decode step over caches of two types"
+        );
         // The sequences' table, sent when it changed (once a step: every layer reads it).
         // Each sequence is split as it is alone (so its sums are the same whatever else the
         // step holds); the grid has the most splits any of them has.
@@ -322,7 +388,7 @@ impl CudaBackend {
             .a(ml)
             .a(dh);
         self.dev.launch(
-            self.dev.func(dec_kernel(&ATTN_DEC_SEQS, s)),
+            self.dev.func(dec_kernel(&ATTN_DEC_SEQS, s, q8)),
             (s.n_kv_heads as u32, splits as u32, n as u32),
             (32 * DEC_WARPS as u32, 1, 1),
             0,
@@ -560,7 +626,7 @@ impl CudaBackend {
         // kernels/*.cu's attn_split_<EPL> (EPL = head_dim / 32 rounded up) or
         // attn_dec_<LPR>_<G>.
         let (name, warps) = match dec {
-            Some(_) => (dec_kernel(&ATTN_DEC, s), DEC_WARPS),
+            Some(_) => (dec_kernel(&ATTN_DEC, s, cache.q8), DEC_WARPS),
             None => (ATTN_SPLIT[s.head_dim.div_ceil(32) - 1], ATT_WARPS),
         };
         self.set_params(s.pos0, None);
@@ -606,6 +672,9 @@ impl CudaBackend {
             .a(acc)
             .a(ml)
             .a(s.window as i32);
+        if dec.is_none() {
+            a = a.a(cache.q8_arg());
+        }
         let xq = match quant {
             true => self.xq_scratch(pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK)),
             false => 0u64,
@@ -710,6 +779,7 @@ impl CudaBackend {
             let (acc, ml) = part.unwrap_or((0, 0));
             a = a.a(acc).a(ml);
         }
+        a = a.a(cache.q8_arg());
         self.dev.launch(
             self.dev.func(name),
             (row_blocks as u32, s.n_kv_heads as u32, splits as u32),
@@ -795,7 +865,8 @@ impl CudaBackend {
             .a(g0 as i32)
             .a(len_all as i32)
             .a(kp)
-            .a(vp);
+            .a(vp)
+            .a(cache.q8_arg());
         self.elementwise_n_args("kv_gather", &mut a, 2 * kvh * len_all * hd / 8);
         let kv_stride = (len_all * hd) as i64;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -905,7 +976,7 @@ mod tests {
     fn attention_kernel_tables_name_loaded_kernels() {
         for n in ATTN_SPLIT
             .iter()
-            .chain(ATTN_DEC.iter().chain(&ATTN_DEC_SEQS).flatten())
+            .chain(ATTN_DEC.iter().chain(&ATTN_DEC_SEQS).flatten().flatten())
         {
             assert!(crate::device::KERNELS.contains(n), "{n}");
         }
@@ -918,7 +989,7 @@ mod tests {
     fn decode_attention_kernels_hold_their_blocks() {
         let b = crate::CudaBackend::new().expect("this test needs a CUDA GPU");
         for table in [&ATTN_DEC, &ATTN_DEC_SEQS] {
-            for row in table.iter() {
+            for row in table.iter().flatten() {
                 for (gi, name) in row.iter().enumerate() {
                     let f = b.dev.func(name);
                     let threads = (32 * super::DEC_WARPS) as i32;

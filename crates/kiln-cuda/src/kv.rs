@@ -109,7 +109,9 @@ impl BlockPool {
 }
 
 /// Keys and values as f16 in blocks of [`KV_BLOCK`] positions, each laid out (layer, K then
-/// V, kv head, position in the block, head_dim).
+/// V, kv head, position in the block, head_dim); or, `q8`, as GGML's Q8_0 blocks of 32
+/// values split into their parts: for each (layer, K then V, kv head) the block's rows of
+/// int8 values, then their f16 scales (kernels/common.cu kvq_row), 17/32 of the f16 bytes.
 pub struct CudaKvCache {
     /// Block addresses by position / KV_BLOCK (0: none yet); `table` mirrors them.
     blocks: Vec<u64>,
@@ -124,6 +126,7 @@ pub struct CudaKvCache {
     pub(crate) n_ctx: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
+    pub(crate) q8: bool,
     /// A sliding-window cache's window and most positions a step (else None).
     pub(crate) window: Option<KvWindow>,
 }
@@ -136,7 +139,12 @@ impl CudaKvCache {
         n_ctx: usize,
         kv_heads: usize,
         head_dim: usize,
+        q8: bool,
     ) -> Self {
+        assert!(
+            !q8 || head_dim % 32 == 0,
+            "a q8_0 cache of head size {head_dim}"
+        );
         let n = n_ctx.div_ceil(KV_BLOCK).max(1);
         let blocks = vec![0u64; n];
         let table = DevBuf::alloc(8 * n);
@@ -151,13 +159,23 @@ impl CudaKvCache {
             n_ctx,
             kv_heads,
             head_dim,
+            q8,
             window: None,
+        }
+    }
+
+    /// Bytes of one layer's K (or V) planes in a block.
+    fn plane_bytes(&self) -> usize {
+        let values = self.kv_heads * KV_BLOCK * self.head_dim;
+        match self.q8 {
+            true => values + values / 16,
+            false => 2 * values,
         }
     }
 
     /// Bytes of one block.
     pub(crate) fn block_bytes(&self) -> usize {
-        self.n_layers * 2 * self.kv_heads * KV_BLOCK * self.head_dim * 2
+        self.n_layers * 2 * self.plane_bytes()
     }
 
     /// The device block table the kernels read.
@@ -165,11 +183,20 @@ impl CudaKvCache {
         self.table.ptr
     }
 
-    /// Element offsets of layer `layer`'s K and V planes within a block.
+    /// Offsets of layer `layer`'s K and V planes within a block, in elements of the cache's
+    /// type (f16 values, or bytes of a q8_0 cache).
     pub(crate) fn offsets(&self, layer: usize) -> (i64, i64) {
-        let plane = (self.kv_heads * KV_BLOCK * self.head_dim) as i64;
+        let plane = match self.q8 {
+            true => self.plane_bytes(),
+            false => self.plane_bytes() / 2,
+        } as i64;
         let k = 2 * layer as i64 * plane;
         (k, k + plane)
+    }
+
+    /// The kernels' `q8` argument.
+    pub(crate) fn q8_arg(&self) -> i32 {
+        self.q8 as i32
     }
 
     /// Bytes of the blocks this cache holds.
@@ -267,6 +294,7 @@ impl CudaKvCache {
             src.n_layers == self.n_layers
                 && src.kv_heads == self.kv_heads
                 && src.head_dim == self.head_dim
+                && src.q8 == self.q8
                 && src.window == self.window
                 && n <= src.n_ctx
                 && n <= self.n_ctx,

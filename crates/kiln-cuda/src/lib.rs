@@ -603,8 +603,8 @@ impl LlmOps for CudaBackend {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> CudaKvCache {
-        // The CUDA cache holds f16 keys and values whatever the default type is, in blocks
-        // taken as the sequence grows (kv.rs).
+        // f16 keys and values (f32 is stored as f16), in blocks taken as the sequence grows
+        // (kv.rs).
         CudaKvCache::new(
             &self.dev,
             self.kv_pool.clone(),
@@ -612,6 +612,7 @@ impl LlmOps for CudaBackend {
             n_ctx,
             n_kv_heads,
             head_dim,
+            false,
         )
     }
 
@@ -625,10 +626,18 @@ impl LlmOps for CudaBackend {
     ) -> Result<CudaKvCache, BackendError> {
         match ty {
             KvType::F32 | KvType::F16 => Ok(self.kv_cache(n_layers, n_ctx, n_kv_heads, head_dim)),
-            other => Err(BackendError::KvType {
-                ty: other.name(),
-                what: "the CUDA backend stores keys and values as f16".into(),
-            }),
+            KvType::Q8_0 => {
+                ty.check(head_dim)?;
+                Ok(CudaKvCache::new(
+                    &self.dev,
+                    self.kv_pool.clone(),
+                    n_layers,
+                    n_ctx,
+                    n_kv_heads,
+                    head_dim,
+                    true,
+                ))
+            }
         }
     }
 
@@ -1016,6 +1025,8 @@ impl LlmOps for CudaBackend {
                 off: k_off,
                 heads: kv_heads as i32,
                 rope: 1,
+                q8: cache.q8_arg(),
+                pad: 0,
             },
             HeadGroup {
                 x: v.buf.ptr,
@@ -1024,6 +1035,8 @@ impl LlmOps for CudaBackend {
                 off: v_off,
                 heads: kv_heads as i32,
                 rope: 0,
+                q8: cache.q8_arg(),
+                pad: 0,
             },
         ];
         self.heads_launch(&groups, hd, eps, Some(rope), pos0, n);
@@ -1058,7 +1071,8 @@ impl LlmOps for CudaBackend {
                 .a(off)
                 .a(cache.kv_heads as i32)
                 .a(cache.head_dim as i32)
-                .a(self.params.ptr);
+                .a(self.params.ptr)
+                .a(cache.q8_arg());
             let bx = (cache.kv_heads * cache.head_dim).div_ceil(256) as u32;
             self.dev.launch(
                 self.dev.func("kv_store"),

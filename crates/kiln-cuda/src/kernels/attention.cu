@@ -7,6 +7,8 @@ struct HeadGroup {
     long long off;        // this layer's K or V planes in a block
     int heads;
     int rope;             // 1: rotate
+    int q8;               // 1: a q8_0 cache (common.cu kvq_row), else f16
+    int pad;
 };
 
 struct HeadGroups {
@@ -69,14 +71,21 @@ extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const f
         }
         out[i] = v;
     }
+    u16* cr = g.tbl && !g.q8 ? kv_row(g.tbl, g.off, h, pos, head_dim) : nullptr;
 #pragma unroll
-    u16* cr = g.tbl ? kv_row(g.tbl, g.off, h, pos, head_dim) : nullptr;
     for (int i = 0; i < 8; i++) {
         const int e = lane + 32 * i;
         if (e >= head_dim) break;
         xr[e] = out[i];
         if (cr) cr[e] = f2h(out[i]);
     }
+    // (A q8_0 cache's head size is a multiple of 32: every lane takes each block.)
+    if (g.tbl && g.q8)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if (32 * i >= head_dim) break;
+            kvq_store(g.tbl, g.off, h, pos, head_dim, lane + 32 * i, out[i]);
+        }
 }
 
 // ---- attention over the f16 cache: split over keys, then combined ----------------------
@@ -95,7 +104,7 @@ template <int EPL>
 __device__ void attn_split_impl(const float* q, const u64* tbl, long long k_off,
                                 long long v_off, int heads, int kv_heads, int hd, float scale,
                                 const u32* params, float* part_acc, float* part_ml,
-                                int window) {
+                                int window, int q8) {
     __shared__ float qs[MAX_GROUP * EPL * 32];
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -123,19 +132,12 @@ __device__ void attn_split_impl(const float* q, const u64* tbl, long long k_off,
 #pragma unroll
         for (int i = 0; i < MAX_GROUP; i++) sc[i] = 0.0f;
         if (valid) {
-            const uint4* kr = (const uint4*)kv_row(tbl, k_off, kvh, p, hd);
             // Unrolled (bounded by EPL) so that the row's loads are in flight together.
 #pragma unroll 8
             for (int d8 = 0; d8 < EPL * 4; d8++) {
                 if (d8 >= hd / 8) break;
-                const uint4 k4 = __ldg(kr + d8);
-                const u32 kw[4] = {k4.x, k4.y, k4.z, k4.w};
                 float kf[8];
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    kf[2 * j] = h2f((u16)(kw[j] & 0xffff));
-                    kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
-                }
+                kv_load8(tbl, k_off, kvh, p, hd, d8 * 8, q8, kf);
 #pragma unroll
                 for (int i = 0; i < MAX_GROUP; i++) {
                     if (i >= g) break;
@@ -162,11 +164,14 @@ __device__ void attn_split_impl(const float* q, const u64* tbl, long long k_off,
 #pragma unroll 8
         for (int j = 0; j < nk; j++) {
             const u16* vr = kv_row(tbl, v_off, kvh, base + j, hd);
+            const i8* vq = kvq_row(tbl, v_off, kvh, base + j, hd);
             float vv[EPL];
 #pragma unroll
             for (int e = 0; e < EPL; e++) {
                 const int d = lane * EPL + e;
-                vv[e] = d < hd ? h2f(vr[d]) : 0.0f;
+                vv[e] = d >= hd ? 0.0f
+                        : q8    ? (float)vq[d] * h2f(*kvq_scale(tbl, v_off, kvh, base + j, hd, d))
+                                : h2f(vr[d]);
             }
 #pragma unroll
             for (int i = 0; i < MAX_GROUP; i++) {
@@ -286,11 +291,38 @@ __device__ __forceinline__ void h8(uint4 v, float* f) {
     }
 }
 
+// Eight values of a key or value row as the decode attention holds them: f16 (one 16-byte
+// load) or, Q, a q8_0 cache's eight int8 values in x and y and their block's f16 scale in z.
+template <bool Q>
+__device__ __forceinline__ void row8(uint4 v, float* f) {
+    if (!Q) return h8(v, f);
+    const float s = h2f((u16)v.z);
+    const u32 x[2] = {v.x, v.y};
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = (float)(i8)((x[j / 4] >> (8 * (j % 4))) & 0xff) * s;
+}
+
+// Row (h, p)'s eight values from dimension d0 as row8<Q> takes them; `cg`: through L2 (a row
+// this block has just written).
+template <bool Q>
+__device__ __forceinline__ uint4 dec_load(const u64* tbl, long long off, int h, int p, int hd,
+                                          int d0, bool cg) {
+    if (Q) {
+        const uint2* r = (const uint2*)(kvq_row(tbl, off, h, p, hd) + d0);
+        const u16* sp = kvq_scale(tbl, off, h, p, hd, d0);
+        const uint2 w = cg ? __ldcg(r) : __ldg(r);
+        return make_uint4(w.x, w.y, cg ? __ldcg(sp) : __ldg(sp), 0);
+    }
+    const uint4* r = (const uint4*)(kv_row(tbl, off, h, p, hd) + d0);
+    return cg ? __ldcg(r) : __ldg(r);
+}
+
 // One online-softmax step of a warp over the rows it holds: row u * RPL + lane / LPR of the
-// step (u < DEC_U) is in k[u], v[u], the lane's eight dimensions of it, and counts where
-// ok[u]. Scores are summed over a row's LPR lanes; the running max m is the warp's (every
-// lane holds it); l and acc are the lane's own rows' sums, added over the warp at the end.
-template <int LPR, int G>
+// step (u < DEC_U) is in k[u], v[u], the lane's eight dimensions of it (row8<Q>), and counts
+// where ok[u]. Scores are summed over a row's LPR lanes; the running max m is the warp's
+// (every lane holds it); l and acc are the lane's own rows' sums, added over the warp at the
+// end.
+template <int LPR, int G, bool Q>
 __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const bool* ok, int g,
                                          const float (*qf)[8], float* m, float* l,
                                          float (*acc)[8]) {
@@ -298,7 +330,7 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 #pragma unroll
     for (int u = 0; u < DEC_U; u++) {
         float kf[8];
-        h8(k[u], kf);
+        row8<Q>(k[u], kf);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             float p = 0.0f;
@@ -338,7 +370,7 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 #pragma unroll
     for (int u = 0; u < DEC_U; u++) {
         float vf[8];
-        h8(v[u], vf);
+        row8<Q>(v[u], vf);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             if (i >= g) break;
@@ -358,8 +390,9 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 // new key and value the split whose keys end at len stores are taken from registers, not
 // read back. The warps' partials meet in shared memory at the end; the block writes its
 // softmax partial (max, sum, weighted V) per query head, for attn_combine. G: query heads a
-// KV head, rounded up to a power of two (g the real count).
-template <int LPR, int G>
+// KV head, rounded up to a power of two (g the real count). Q: a q8_0 cache (common.cu
+// kvq_row; k_off and v_off in bytes), else f16.
+template <int LPR, int G, bool Q>
 __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, long long v_off,
                               int heads, int kv_heads, int hd, float scale, int len, int window,
                               int t,
@@ -406,8 +439,8 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             okx[u] = p < kend;
             kx[u] = vx[u] = make_uint4(0, 0, 0, 0);
             if (okx[u] && dok) {
-                kx[u] = __ldg((const uint4*)(kv_row(tbl, k_off, kvh, p, hd) + d0));
-                vx[u] = __ldg((const uint4*)(kv_row(tbl, v_off, kvh, p, hd) + d0));
+                kx[u] = dec_load<Q>(tbl, k_off, kvh, p, hd, d0, false);
+                vx[u] = dec_load<Q>(tbl, v_off, kvh, p, hd, d0, false);
             }
         }
     };
@@ -432,7 +465,15 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
                 acc[i][e] = 0.0f;
             }
         }
-        if (owner) {
+        if (owner && Q) {
+            // The new row quantized into the cache (a warp a 32-value block: the head size is
+            // a multiple of 32, so whole warps take part or none), read back by warp wnew.
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                kvq_store(tbl, k_off, kvh, pos, hd, d, rows[G * HDM + d]);
+                kvq_store(tbl, v_off, kvh, pos, hd, d, dh.v[(size_t)kvh * hd + d]);
+            }
+            __syncthreads();
+        } else if (owner) {
             // The new row into the cache, and into warp wnew's registers as its f16 values.
             u16* kr = kv_row(tbl, k_off, kvh, pos, hd);
             u16* vr = kv_row(tbl, v_off, kvh, pos, hd);
@@ -448,7 +489,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
         uint4 kn[DEC_U], vn[DEC_U];
         bool okn[DEC_U];
         if (base + DEC_WARPS * KPI < kend) load(base + DEC_WARPS * KPI, kn, vn, okn);
-        dec_step<LPR, G>(kb, vb, ok, g, qf, m, l, acc);
+        dec_step<LPR, G, Q>(kb, vb, ok, g, qf, m, l, acc);
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
             kb[u] = kn[u];
@@ -468,7 +509,10 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             nok[u] = u == 0 && sub == 0;
             k[u] = v[u] = make_uint4(0, 0, 0, 0);
         }
-        if (dok) {
+        if (dok && Q) {
+            k[0] = dec_load<Q>(tbl, k_off, kvh, len - 1, hd, d0, true);
+            v[0] = dec_load<Q>(tbl, v_off, kvh, len - 1, hd, d0, true);
+        } else if (dok) {
             u32 kw[4], vw[4];
             const float* nk = sm + G * HDM + d0;
             const float* nv = dh.v + (size_t)kvh * hd + d0;
@@ -480,7 +524,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             k[0] = make_uint4(kw[0], kw[1], kw[2], kw[3]);
             v[0] = make_uint4(vw[0], vw[1], vw[2], vw[3]);
         }
-        dec_step<LPR, G>(k, v, nok, g, qf, m, l, acc);
+        dec_step<LPR, G, Q>(k, v, nok, g, qf, m, l, acc);
     }
     // The warp's rows summed (lanes of one row group hold the same sums of l).
 #pragma unroll
@@ -599,31 +643,38 @@ struct SeqDesc {
 // registers for four blocks where G <= 2 (128 fit), three at G = 4 (its 175 registers held
 // two: 168 hold three, spilling 4 bytes), two at G = 8.
 #define DEC_MIN_BLOCKS(G) ((G) <= 2 ? 4 : (G) == 4 ? 3 : 2)
-#define ATTN_DEC(L, G)                                                                       \
+// N: the name's infix ("" or "q8_"), Q as attn_dec_part's, PL: a layer's K (or V) planes in a
+// block (elements of the cache's type: f16 values, or bytes of a q8_0 cache).
+#define ATTN_DEC(N, Q, L, G)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
-        attn_dec_##L##_##G(                                                                  \
+        attn_dec_##N##L##_##G(                                                               \
         const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
         int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
         int window, DecHeads dh) {                                                           \
-        attn_dec_part<L, G>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale,               \
-                            (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,        \
-                            gridDim.y, pa, pml, dh);                                         \
+        attn_dec_part<L, G, Q>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale,            \
+                               (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,     \
+                               gridDim.y, pa, pml, dh);                                      \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
-        attn_dec_seqs_##L##_##G(                                                             \
+        attn_dec_seqs_##N##L##_##G(                                                          \
         const float* q, const SeqDesc* seqs, int layer, int heads, int kv_heads, int hd,     \
         float scale, float* pa, float* pml, DecHeads dh) {                                   \
         const int z = blockIdx.z;                                                            \
         const SeqDesc sd = seqs[z];                                                          \
-        const long long k_off = (long long)layer * 2 * kv_heads * KV_BLOCK * hd;             \
+        const long long pl =                                                                 \
+            Q ? kv_heads * KVQ_HEAD(hd) : (long long)kv_heads * KV_BLOCK * hd;               \
+        const long long k_off = (long long)layer * 2 * pl;                                   \
         DecHeads d = dh;                                                                     \
         d.k += (size_t)z * kv_heads * hd;                                                    \
         d.v += (size_t)z * kv_heads * hd;                                                    \
-        attn_dec_part<L, G>(q + (size_t)z * heads * hd, sd.tbl, k_off,                      \
-                            k_off + (long long)kv_heads * KV_BLOCK * hd, heads, kv_heads,    \
-                            hd, scale, sd.len, sd.window, z, sd.splits, pa, pml, d);         \
+        attn_dec_part<L, G, Q>(q + (size_t)z * heads * hd, sd.tbl, k_off, k_off + pl, heads, \
+                               kv_heads, hd, scale, sd.len, sd.window, z, sd.splits, pa,     \
+                               pml, d);                                                      \
     }
-#define ATTN_DEC_G(L) ATTN_DEC(L, 1) ATTN_DEC(L, 2) ATTN_DEC(L, 4) ATTN_DEC(L, 8)
+#define ATTN_DEC_G(L)                                                                        \
+    ATTN_DEC(, false, L, 1) ATTN_DEC(, false, L, 2) ATTN_DEC(, false, L, 4)                  \
+    ATTN_DEC(, false, L, 8) ATTN_DEC(q8_, true, L, 1) ATTN_DEC(q8_, true, L, 2)              \
+    ATTN_DEC(q8_, true, L, 4) ATTN_DEC(q8_, true, L, 8)
 ATTN_DEC_G(4)
 ATTN_DEC_G(8)
 ATTN_DEC_G(16)
@@ -634,9 +685,9 @@ ATTN_DEC_G(32)
     extern "C" __global__ void attn_split_##E(                                               \
         const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
         int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
-        int window) {                                                                        \
+        int window, int q8) {                                                                \
         attn_split_impl<E>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale, params, pa,     \
-                           pml, window);                                                     \
+                           pml, window, q8);                                                 \
     }
 ATTN_SPLIT(1)
 ATTN_SPLIT(2)

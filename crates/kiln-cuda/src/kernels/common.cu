@@ -88,6 +88,59 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// ---- the q8_0 KV cache -------------------------------------------------------------------
+// A q8_0 cache's block holds, for each (layer, K or V, kv head), its KV_BLOCK rows of head_dim
+// int8 values and then their scales (head_dim / 32 f16 a row, the 32-value blocks of
+// GGML's Q8_0): KVQ_HEAD(hd) bytes a head, `off` the byte offset of a layer's K or V planes.
+// A row quantized as the CPU's Q8_0 KV cache does it: d = max|x| / 127 (stored f16),
+// q = round(x / d), halves away from zero.
+#define KVQ_HEAD(hd) ((long long)KV_BLOCK * (hd) * 17 / 16)
+
+__device__ __forceinline__ i8* kvq_row(const u64* tbl, long long off, int h, int p, int hd) {
+    i8* blk = (i8*)tbl[p >> KV_BLOCK_LOG2];
+    return blk + off + h * KVQ_HEAD(hd) + (long long)(p & (KV_BLOCK - 1)) * hd;
+}
+// The scale of the 32-value block holding dimension d of row (h, p).
+__device__ __forceinline__ u16* kvq_scale(const u64* tbl, long long off, int h, int p, int hd,
+                                          int d) {
+    i8* blk = (i8*)tbl[p >> KV_BLOCK_LOG2];
+    return (u16*)(blk + off + h * KVQ_HEAD(hd) + (long long)KV_BLOCK * hd) +
+           (p & (KV_BLOCK - 1)) * (hd / 32) + d / 32;
+}
+// Dimension d of row (h, p), the warp's 32 lanes one 32-value block (d = 32 b + lane; every
+// lane of the warp calls it): its lane's value quantized, the block's scale by lane 0.
+// Returns the value as the cache now holds it.
+__device__ __forceinline__ float kvq_store(const u64* tbl, long long off, int h, int p, int hd,
+                                           int d, float x) {
+    const float amax = warp_max(fabsf(x));
+    const float dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    const int q = (int)roundf(x * id);
+    kvq_row(tbl, off, h, p, hd)[d] = (i8)q;
+    const u16 dh = f2h(dd);
+    if ((threadIdx.x & 31) == 0) *kvq_scale(tbl, off, h, p, hd, d) = dh;
+    return (float)q * h2f(dh);
+}
+// Eight values of row (h, p) from dimension d (a multiple of 8) of a cache of either type.
+__device__ __forceinline__ void kv_load8(const u64* tbl, long long off, int h, int p, int hd,
+                                         int d, int q8, float* f) {
+    if (q8) {
+        const uint2 w = __ldg((const uint2*)(kvq_row(tbl, off, h, p, hd) + d));
+        const float s = h2f(__ldg(kvq_scale(tbl, off, h, p, hd, d)));
+        const u32 x[2] = {w.x, w.y};
+#pragma unroll
+        for (int j = 0; j < 8; j++) f[j] = (float)(i8)((x[j / 4] >> (8 * (j % 4))) & 0xff) * s;
+        return;
+    }
+    const uint4 v = __ldg((const uint4*)(kv_row(tbl, off, h, p, hd) + d));
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = h2f((u16)(w[j] & 0xffff));
+        f[2 * j + 1] = h2f((u16)(w[j] >> 16));
+    }
+}
+
 // The sum of v over the block (every thread gets it); red holds 32 floats.
 __device__ float block_sum(float v, float* red) {
     v = warp_sum(v);

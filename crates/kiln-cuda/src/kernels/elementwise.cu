@@ -31,26 +31,31 @@ extern "C" __global__ void scale(float* x, float s, size_t n) {
         x[i] *= s;
 }
 
-// Rows t of (n, cols) f32 to f16 cache positions pos0 + t of each head (common.cu kv_row:
-// the block table `tbl`, the layer's K or V planes at `off`): x row t is (heads, head_dim).
+// Rows t of (n, cols) f32 to cache positions pos0 + t of each head (common.cu kv_row: the
+// block table `tbl`, the layer's K or V planes at `off`; q8: a q8_0 cache, kvq_row, whose
+// head size is a multiple of 32 so that each warp takes whole 32-value blocks): x row t is
+// (heads, head_dim).
 extern "C" __global__ void kv_store(const float* x, const u64* tbl, long long off, int heads,
-                                    int head_dim, const u32* params) {
+                                    int head_dim, const u32* params, int q8) {
     pdl_begin();
     const int t = blockIdx.y, pos = (int)params[0] + t;
-    u16* row = kv_row(tbl, off, 0, pos, head_dim);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < heads * head_dim;
          i += gridDim.x * blockDim.x) {
         const int h = i / head_dim, e = i % head_dim;
-        row[(size_t)h * KV_BLOCK * head_dim + e] = f2h(x[(size_t)t * heads * head_dim + i]);
+        const float v = x[(size_t)t * heads * head_dim + i];
+        if (q8)
+            kvq_store(tbl, off, h, pos, head_dim, e, v);
+        else
+            kv_row(tbl, off, h, pos, head_dim)[e] = f2h(v);
     }
 }
 
 // A sequence's positions p0..p0 + len of one layer's keys and values (common.cu kv_row) into
 // contiguous (kv_heads, len, head_dim) f16 planes, for the prompt attention's cuBLAS
-// products; 16 bytes a thread.
+// products; 16 bytes a thread (q8: from a q8_0 cache, its values as f16).
 extern "C" __global__ void kv_gather(const u64* tbl, long long k_off, long long v_off,
                                      int kv_heads, int head_dim, int p0, int len, u16* out_k,
-                                     u16* out_v) {
+                                     u16* out_v, int q8) {
     pdl_begin();
     const int c8 = head_dim / 8;
     const size_t n = (size_t)kv_heads * len * c8;
@@ -59,9 +64,18 @@ extern "C" __global__ void kv_gather(const u64* tbl, long long k_off, long long 
         const bool is_v = i >= n;
         const size_t j = is_v ? i - n : i;
         const int c = (int)(j % c8), p = (int)(j / c8 % len), h = (int)(j / c8 / len);
-        const uint4* src =
-            (const uint4*)kv_row(tbl, is_v ? v_off : k_off, h, p0 + p, head_dim) + c;
-        ((uint4*)(is_v ? out_v : out_k))[j] = *src;
+        uint4 w;
+        if (q8) {
+            float f[8];
+            kv_load8(tbl, is_v ? v_off : k_off, h, p0 + p, head_dim, 8 * c, 1, f);
+            u32 u[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) u[e] = (u32)f2h(f[2 * e]) | ((u32)f2h(f[2 * e + 1]) << 16);
+            w = make_uint4(u[0], u[1], u[2], u[3]);
+        } else {
+            w = *((const uint4*)kv_row(tbl, is_v ? v_off : k_off, h, p0 + p, head_dim) + c);
+        }
+        ((uint4*)(is_v ? out_v : out_k))[j] = w;
     }
 }
 

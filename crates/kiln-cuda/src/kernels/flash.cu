@@ -80,7 +80,7 @@ template <int HD, bool V2>
 __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
                                 long long v_off, int heads, int kv_heads, float scale,
                                 int pos0, int ntok, int window, float* out, float* part_acc,
-                                float* part_ml) {
+                                float* part_ml, int q8) {
     __shared__ __align__(16) u16 ks[KV_BLOCK][HD + FA_PAD];
     // V2: rows of values (key, dim); else transposed (dim, key).
     __shared__ __align__(16) u16 vt[V2 ? KV_BLOCK : HD][(V2 ? HD : KV_BLOCK) + FA_PAD];
@@ -144,8 +144,20 @@ __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
         const u16* vblk = kv_row(tbl, v_off, kvh, kb, HD);
         for (int x = threadIdx.x; x < KV_BLOCK * HD / 8; x += 32 * FA_WARPS) {
             const int key = x / (HD / 8), d = (x % (HD / 8)) * 8;
-            *(uint4*)&ks[key][d] = __ldg((const uint4*)(kblk + (size_t)key * HD + d));
-            const uint4 v = __ldg((const uint4*)(vblk + (size_t)key * HD + d));
+            uint4 v;
+            if (q8) {
+                // A q8_0 cache's values as f16 (the tensor cores' type).
+                float f[8];
+                kv_load8(tbl, k_off, kvh, kb + key, HD, d, 1, f);
+                *(uint4*)&ks[key][d] = make_uint4(pack_h2(f[0], f[1]), pack_h2(f[2], f[3]),
+                                                  pack_h2(f[4], f[5]), pack_h2(f[6], f[7]));
+                kv_load8(tbl, v_off, kvh, kb + key, HD, d, 1, f);
+                v = make_uint4(pack_h2(f[0], f[1]), pack_h2(f[2], f[3]), pack_h2(f[4], f[5]),
+                               pack_h2(f[6], f[7]));
+            } else {
+                *(uint4*)&ks[key][d] = __ldg((const uint4*)(kblk + (size_t)key * HD + d));
+                v = __ldg((const uint4*)(vblk + (size_t)key * HD + d));
+            }
             if (V2) {
                 *(uint4*)&vt[key][d] = v;
                 continue;
@@ -271,16 +283,16 @@ __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
     extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)                              \
         attn_flash_##HD(const float* q, const u64* tbl, long long k_off, long long v_off,    \
                         int heads, int kv_heads, float scale, const u32* params, int ntok,   \
-                        int window, float* out) {                                            \
+                        int window, float* out, int q8) {                                    \
         attn_flash_impl<HD, false>(q, tbl, k_off, v_off, heads, kv_heads, scale,             \
-                                   (int)params[0], ntok, window, out, nullptr, nullptr);     \
+                                   (int)params[0], ntok, window, out, nullptr, nullptr, q8); \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)                              \
         attn_flash2_##HD(const float* q, const u64* tbl, long long k_off, long long v_off,   \
                          int heads, int kv_heads, float scale, const u32* params, int ntok,  \
-                         int window, float* out, float* part_acc, float* part_ml) {          \
+                         int window, float* out, float* part_acc, float* part_ml, int q8) {  \
         attn_flash_impl<HD, true>(q, tbl, k_off, v_off, heads, kv_heads, scale,              \
-                                  (int)params[0], ntok, window, out, part_acc, part_ml);     \
+                                  (int)params[0], ntok, window, out, part_acc, part_ml, q8); \
     }
 ATTN_FLASH(64)
 ATTN_FLASH(128)
