@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use kiln_backend::cpu::CpuBackend;
-use kiln_backend::Backend;
+use kiln_backend::{Backend, KvType};
 use kiln_cuda::CudaBackend;
 use kiln_models::llm::{HfCheckpoint, Llama};
 use kiln_quant::GgmlType;
@@ -152,6 +152,46 @@ fn quantized_fixtures_match_cpu() {
             let bound = if dir == "lfm2" { 1.5e-1 } else { 5e-2 };
             assert!(e < bound, "{dir} {}: {e}", ty.name());
         }
+    }
+}
+
+/// A q8_0 KV cache on the GPU against the CPU's (the fixtures whose head size is a multiple
+/// of 32): the prompt, then 24 decode steps (the fused decode attention over the pairs of
+/// int8 rows) fed the CPU's greedy tokens, every step's logits within the bound.
+#[test]
+#[ignore]
+fn q8_0_cache_decode_matches_cpu() {
+    let g = CudaBackend::new().expect("a CUDA GPU");
+    let c = CpuBackend::new(2);
+    for dir in ["qwen3", "llama3", "gemma3"] {
+        let (prompts, _, _) = model_ref(dir);
+        let (mg, mc) = (load(&g, dir, None), load(&c, dir, None));
+        let mut sg = mg.new_state_kv(&g, 64, 16, KvType::Q8_0).unwrap();
+        let mut sc = mc.new_state_kv(&c, 64, 16, KvType::Q8_0).unwrap();
+        let p = &prompts[0];
+        let mut lg = mg.forward(&g, &mut sg, p, 0, false).unwrap().to_vec();
+        let mut lc = mc.forward(&c, &mut sc, p, 0, false).unwrap().to_vec();
+        let mut worst = 0f32;
+        for i in 0..24 {
+            worst = worst.max(rel(&lg, &lc));
+            let next = lc
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+                .unwrap()
+                .0 as u32;
+            let pos = p.len() + i;
+            lg = mg
+                .forward(&g, &mut sg, &[next], pos, false)
+                .unwrap()
+                .to_vec();
+            lc = mc
+                .forward(&c, &mut sc, &[next], pos, false)
+                .unwrap()
+                .to_vec();
+        }
+        eprintln!("{dir} q8_0 cache: worst step logits rel err vs CPU {worst:.2e}");
+        assert!(worst < 3e-2, "{dir}: {worst}");
     }
 }
 
