@@ -41,14 +41,13 @@ pub(crate) const COMBINE_GROUPS: usize = 8;
 /// Keys a split of the one-pass prompt attention's second form takes at least.
 const FLASH_SPLIT_KEYS: usize = 1024;
 
-/// Blocks a multiprocessor holds of the decode kernel for `group` query heads a KV head over
-/// an f16 cache or (`q8`) a q8_0 one (kernels/attention.cu DEC_MIN_BLOCKS, the register
-/// budget it is compiled for): a grid of more blocks a multiprocessor than this runs in two
-/// waves.
-pub(crate) fn dec_min_blocks(group: usize, q8: bool) -> usize {
-    match (group.next_power_of_two(), q8) {
-        (1 | 2, false) => 4,
-        (1 | 2, true) | (4, false) => 3,
+/// Blocks a multiprocessor holds of the decode kernel for `group` query heads a KV head
+/// (kernels/attention.cu DEC_MIN_BLOCKS, the register budget it is compiled for): a grid of
+/// more blocks a multiprocessor than this runs in two waves.
+pub(crate) fn dec_min_blocks(group: usize) -> usize {
+    match group.next_power_of_two() {
+        1 | 2 => 4,
+        4 => 3,
         _ => 2,
     }
 }
@@ -230,7 +229,7 @@ pub(crate) struct HeadGroup {
     pub(crate) off: i64,
     pub(crate) heads: i32,
     pub(crate) rope: i32,
-    /// 1: the cache is q8_0 (kernels/common.cu kvq_at).
+    /// 1: the cache is q8_0 (kernels/common.cu kvq_row).
     pub(crate) q8: i32,
     pub(crate) pad: i32,
 }
@@ -355,7 +354,6 @@ impl CudaBackend {
                         x.shape.window,
                         s.n_kv_heads,
                         s.n_heads / s.n_kv_heads,
-                        q8,
                     ) as i32,
                     window: x.shape.window as i32,
                     pad: 0,
@@ -426,8 +424,7 @@ impl CudaBackend {
     /// cache's size and the layer (one recording serves every position), each split its
     /// share of the keys the step sees, [`DEC_BLOCKS_PER_SM`] blocks a multiprocessor (one
     /// more from [`DEC_LONG_KEYS`] keys), at most as many as one wave holds
-    /// ([`dec_min_blocks`]: `group` query heads a KV head, `q8`: a q8_0 cache). The shape and
-    /// the cache's type alone decide, so a
+    /// ([`dec_min_blocks`]: `group` query heads a KV head). The shape alone decides, so a
     /// sequence splits the same alone and in a batch.
     pub(crate) fn dec_splits(
         &self,
@@ -435,7 +432,6 @@ impl CudaBackend {
         window: usize,
         kv_heads: usize,
         group: usize,
-        q8: bool,
     ) -> usize {
         let keys = match window {
             0 => n_ctx,
@@ -447,7 +443,7 @@ impl CudaBackend {
         let per_sm = self
             .tune
             .dec_blocks_per_sm
-            .unwrap_or((DEC_BLOCKS_PER_SM + long as usize).min(dec_min_blocks(group, q8)));
+            .unwrap_or((DEC_BLOCKS_PER_SM + long as usize).min(dec_min_blocks(group)));
         keys.div_ceil(DEC_SPLIT_KEYS)
             .min((per_sm * self.dev.num_sms / kv_heads).max(1))
     }
@@ -649,7 +645,6 @@ impl CudaBackend {
                     s.window,
                     s.n_kv_heads,
                     s.n_heads / s.n_kv_heads,
-                    cache.q8,
                 );
                 (splits, splits)
             }
@@ -994,11 +989,7 @@ mod tests {
     fn decode_attention_kernels_hold_their_blocks() {
         let b = crate::CudaBackend::new().expect("this test needs a CUDA GPU");
         for table in [&ATTN_DEC, &ATTN_DEC_SEQS] {
-            for (row, q8) in table
-                .iter()
-                .flat_map(|t| t.iter())
-                .zip((0..8).map(|i| i >= 4))
-            {
+            for row in table.iter().flatten() {
                 for (gi, name) in row.iter().enumerate() {
                     let f = b.dev.func(name);
                     let threads = (32 * super::DEC_WARPS) as i32;
@@ -1009,7 +1000,7 @@ mod tests {
                         )
                     }
                     .expect("occupancy query");
-                    let want = dec_min_blocks(1 << gi, q8);
+                    let want = dec_min_blocks(1 << gi);
                     eprintln!("{name}: {held} blocks a multiprocessor (sized for {want})");
                     assert!(held as usize >= want, "{name}: {held} < {want}");
                 }

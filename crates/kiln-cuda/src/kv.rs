@@ -111,8 +111,7 @@ impl BlockPool {
 /// Keys and values as f16 in blocks of [`KV_BLOCK`] positions, each laid out (layer, K then
 /// V, kv head, position in the block, head_dim); or, `q8`, as GGML's Q8_0 blocks of 32
 /// values split into their parts: for each (layer, K then V, kv head) the block's rows of
-/// int8 values in pairs, then their f16 scales (kernels/common.cu kvq_at), 17/32 of the f16
-/// bytes.
+/// int8 values, then their f16 scales (kernels/common.cu kvq_row), 17/32 of the f16 bytes.
 pub struct CudaKvCache {
     /// Block addresses by position / KV_BLOCK (0: none yet); `table` mirrors them.
     blocks: Vec<u64>,

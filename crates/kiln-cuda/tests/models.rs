@@ -156,8 +156,9 @@ fn quantized_fixtures_match_cpu() {
 }
 
 /// A q8_0 KV cache on the GPU against the CPU's (the fixtures whose head size is a multiple
-/// of 32): the prompt, then 24 decode steps (the fused decode attention over the pairs of
-/// int8 rows) fed the CPU's greedy tokens, every step's logits within the bound.
+/// of 32): the prompt, then 24 decode steps (the fused decode attention reading the int8
+/// rows) fed the CPU's greedy tokens, every step's logits within the bound (both caches hold
+/// the same values: 5e-7 to 7e-4 measured).
 #[test]
 #[ignore]
 fn q8_0_cache_decode_matches_cpu() {
@@ -191,7 +192,7 @@ fn q8_0_cache_decode_matches_cpu() {
                 .to_vec();
         }
         eprintln!("{dir} q8_0 cache: worst step logits rel err vs CPU {worst:.2e}");
-        assert!(worst < 3e-2, "{dir}: {worst}");
+        assert!(worst < 5e-3, "{dir}: {worst}");
     }
 }
 

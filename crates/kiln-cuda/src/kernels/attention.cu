@@ -7,7 +7,7 @@ struct HeadGroup {
     long long off;        // this layer's K or V planes in a block
     int heads;
     int rope;             // 1: rotate
-    int q8;               // 1: a q8_0 cache (common.cu kvq_at), else f16
+    int q8;               // 1: a q8_0 cache (common.cu kvq_row), else f16
     int pad;
 };
 
@@ -84,8 +84,7 @@ extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const f
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             if (32 * i >= head_dim) break;
-            u16 sc;
-            kvq_store(g.tbl, g.off, h, pos, head_dim, lane + 32 * i, out[i], &sc);
+            kvq_store(g.tbl, g.off, h, pos, head_dim, lane + 32 * i, out[i]);
         }
 }
 
@@ -165,13 +164,13 @@ __device__ void attn_split_impl(const float* q, const u64* tbl, long long k_off,
 #pragma unroll 8
         for (int j = 0; j < nk; j++) {
             const u16* vr = kv_row(tbl, v_off, kvh, base + j, hd);
+            const i8* vq = kvq_row(tbl, v_off, kvh, base + j, hd);
             float vv[EPL];
 #pragma unroll
             for (int e = 0; e < EPL; e++) {
                 const int d = lane * EPL + e;
                 vv[e] = d >= hd ? 0.0f
-                        : q8    ? (float)*kvq_at(tbl, v_off, kvh, base + j, hd, d) *
-                                   h2f(*kvq_scale(tbl, v_off, kvh, base + j, hd, d))
+                        : q8    ? (float)vq[d] * h2f(*kvq_scale(tbl, v_off, kvh, base + j, hd, d))
                                 : h2f(vr[d]);
             }
 #pragma unroll
@@ -292,63 +291,67 @@ __device__ __forceinline__ void h8(uint4 v, float* f) {
     }
 }
 
-// Row j of a load as the decode attention holds it, eight values into f and the factor they
-// take: f16 (one row a load: its 16 bytes; factor 1) or, Q, a q8_0 cache's pair of rows
-// (common.cu kvq_at: x, y row 0's eight int8 values, z, w row 1's; sc their two scales, row
-// 0's in the low half: the factor).
+// Eight values of a key or value row as the decode attention holds them: f16 (one 16-byte
+// load) or, Q, a q8_0 cache's eight int8 values in x and y and their block's f16 scale in z.
 template <bool Q>
-__device__ __forceinline__ float row8(uint4 v, u32 sc, int j, float* f) {
-    if (!Q) {
-        h8(v, f);
-        return 1.0f;
-    }
-    const u32 x[2] = {j ? v.z : v.x, j ? v.w : v.y};
+__device__ __forceinline__ void row8(uint4 v, float* f) {
+    if (!Q) return h8(v, f);
+    const float s = h2f((u16)v.z);
+    const u32 x[2] = {v.x, v.y};
 #pragma unroll
-    for (int e = 0; e < 8; e++) f[e] = (float)(i8)((x[e / 4] >> (8 * (e % 4))) & 0xff);
-    return h2f((u16)(j ? sc >> 16 : sc & 0xffff));
+    for (int j = 0; j < 8; j++) f[j] = (float)(i8)((x[j / 4] >> (8 * (j % 4))) & 0xff) * s;
 }
 
-// Rows a lane's load holds: one, or a q8_0 cache's pair.
-#define DEC_PAIR(Q) ((Q) ? 2 : 1)
+// Row (h, p)'s eight values from dimension d0 as row8<Q> takes them; `cg`: through L2 (a row
+// this block has just written).
+template <bool Q>
+__device__ __forceinline__ uint4 dec_load(const u64* tbl, long long off, int h, int p, int hd,
+                                          int d0, bool cg) {
+    if (Q) {
+        const uint2* r = (const uint2*)(kvq_row(tbl, off, h, p, hd) + d0);
+        const u16* sp = kvq_scale(tbl, off, h, p, hd, d0);
+        const uint2 w = cg ? __ldcg(r) : __ldg(r);
+        return make_uint4(w.x, w.y, cg ? __ldcg(sp) : __ldg(sp), 0);
+    }
+    const uint4* r = (const uint4*)(kv_row(tbl, off, h, p, hd) + d0);
+    return cg ? __ldcg(r) : __ldg(r);
+}
 
-// One online-softmax step of a warp over the rows it holds: load u (u < NU) is k[u], v[u]
-// (with ks[u], vs[u]: a q8_0 pair's scales), the lane's eight dimensions of rows
-// DEC_PAIR(Q) * (u * RPL + lane / LPR) + j of the step (row8<Q>), and row r = DEC_PAIR(Q) * u
-// + j counts where ok[r]. Scores are summed over a row's LPR lanes; the running max m is the
-// warp's (every lane holds it); l and acc are the lane's own rows' sums, added over the warp
-// at the end.
-template <int LPR, int G, bool Q, int NU>
-__device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const u32* ks,
-                                         const u32* vs, const bool* ok, int g,
+// One online-softmax step of a warp over the rows it holds: row u * RPL + lane / LPR of the
+// step (u < DEC_U) is in k[u], v[u], the lane's eight dimensions of it (row8<Q>), and counts
+// where ok[u]. Scores are summed over a row's LPR lanes; the running max m is the warp's
+// (every lane holds it); l and acc are the lane's own rows' sums, added over the warp at the
+// end.
+template <int LPR, int G, bool Q>
+__device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const bool* ok, int g,
                                          const float (*qf)[8], float* m, float* l,
                                          float (*acc)[8]) {
-    constexpr int NR = DEC_PAIR(Q) * NU;
-    float s[NR][G];
+    float s[DEC_U][G];
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
+    for (int u = 0; u < DEC_U; u++) {
         float kf[8];
-        const float f = row8<Q>(k[r / DEC_PAIR(Q)], Q ? ks[r / DEC_PAIR(Q)] : 0u, r & 1, kf);
+        row8<Q>(k[u], kf);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             float p = 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; e++) p += qf[i][e] * kf[e];
-            s[r][i] = Q ? p * f : p;
+            s[u][i] = p;
         }
     }
 #pragma unroll
     for (int o = LPR / 2; o > 0; o >>= 1) {
 #pragma unroll
-        for (int r = 0; r < NR; r++)
+        for (int u = 0; u < DEC_U; u++)
 #pragma unroll
-            for (int i = 0; i < G; i++) s[r][i] += __shfl_xor_sync(0xffffffffu, s[r][i], o);
+            for (int i = 0; i < G; i++) s[u][i] += __shfl_xor_sync(0xffffffffu, s[u][i], o);
     }
 #pragma unroll
     for (int i = 0; i < G; i++) {
         if (i >= g) break;
         float mx = -KINF;
 #pragma unroll
-        for (int r = 0; r < NR; r++) mx = fmaxf(mx, ok[r] ? s[r][i] : -KINF);
+        for (int u = 0; u < DEC_U; u++) mx = fmaxf(mx, ok[u] ? s[u][i] : -KINF);
 #pragma unroll
         for (int o = 16; o >= LPR; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         const float mn = fmaxf(m[i], mx);
@@ -356,40 +359,25 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const u
         m[i] = mn;
         float sum = 0.0f;
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            s[r][i] = ok[r] ? expf(s[r][i] - mn) : 0.0f;
-            sum += s[r][i];
+        for (int u = 0; u < DEC_U; u++) {
+            s[u][i] = ok[u] ? expf(s[u][i] - mn) : 0.0f;
+            sum += s[u][i];
         }
         l[i] = l[i] * corr + sum;
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[i][e] *= corr;
     }
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
+    for (int u = 0; u < DEC_U; u++) {
         float vf[8];
-        const float f = row8<Q>(v[r / DEC_PAIR(Q)], Q ? vs[r / DEC_PAIR(Q)] : 0u, r & 1, vf);
+        row8<Q>(v[u], vf);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             if (i >= g) break;
-            const float w = Q ? s[r][i] * f : s[r][i];
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[i][e] += w * vf[e];
+            for (int e = 0; e < 8; e++) acc[i][e] += s[u][i] * vf[e];
         }
     }
-}
-
-// A warp's pass over its DEC_U loads: one online-softmax step, or over a q8_0 cache's pairs
-// two of half the loads each (the scores of 2 * DEC_U rows at once would not fit the
-// registers beside the loads in flight).
-template <int LPR, int G, bool Q>
-__device__ __forceinline__ void dec_pass(const uint4* k, const uint4* v, const u32* ks,
-                                         const u32* vs, const bool* ok, int g,
-                                         const float (*qf)[8], float* m, float* l,
-                                         float (*acc)[8]) {
-    if (!Q) return dec_step<LPR, G, Q, DEC_U>(k, v, ks, vs, ok, g, qf, m, l, acc);
-    constexpr int H = DEC_U / 2;
-    dec_step<LPR, G, Q, H>(k, v, ks, vs, ok, g, qf, m, l, acc);
-    dec_step<LPR, G, Q, H>(k + H, v + H, ks + H, vs + H, ok + 2 * H, g, qf, m, l, acc);
 }
 
 // The decode attention of one token: grid (kv_heads, splits), DEC_WARPS warps a block, the
@@ -403,25 +391,20 @@ __device__ __forceinline__ void dec_pass(const uint4* k, const uint4* v, const u
 // read back. The warps' partials meet in shared memory at the end; the block writes its
 // softmax partial (max, sum, weighted V) per query head, for attn_combine. G: query heads a
 // KV head, rounded up to a power of two (g the real count). Q: a q8_0 cache (common.cu
-// kvq_at; k_off and v_off in bytes), whose loads hold a pair of rows each: a warp's pass
-// covers twice the rows, in as many registers, as over an f16 cache.
+// kvq_row; k_off and v_off in bytes), else f16.
 template <int LPR, int G, bool Q>
 __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, long long v_off,
                               int heads, int kv_heads, int hd, float scale, int len, int window,
                               int t,
                               int n_split, float* part_acc, float* part_ml,
                               const DecHeads& dh) {
-    // KPI: the units (rows, or a q8_0 cache's pairs of rows) of a warp's pass.
-    constexpr int RPL = 32 / LPR, KPI = DEC_U * RPL, HDM = LPR * 8, NR = DEC_PAIR(Q) * DEC_U;
+    constexpr int RPL = 32 / LPR, KPI = DEC_U * RPL, HDM = LPR * 8;
     // The q rows and the new key (normalised and rotated) with their raw values after them
     // first, the warps' partial sums at the end.
     constexpr int SM_ROWS = 2 * (G + 1) * HDM, SM_ACC = DEC_WARPS * G * HDM;
     __shared__ float sm[SM_ROWS > SM_ACC ? SM_ROWS : SM_ACC];
     __shared__ float wml[DEC_WARPS][G][2];
     __shared__ float rinv[G + 1];
-    // A q8_0 cache's new key and value as stored: their int8 values and scales.
-    __shared__ __align__(16) i8 nq[2][Q ? 256 : 16];
-    __shared__ u16 nsc[2][8];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
@@ -445,40 +428,24 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     // PDL its start may overlap several of them). `len` came from what a copy put on the
     // device before the step.
     const int kend = min(k1, len - 1);
-    // The split's units: its rows k0..kend, or the pairs that hold them.
-    const int u0 = Q ? k0 >> 1 : k0, uend = Q ? (kend + 1) >> 1 : kend;
     const int sub = lane / LPR, d0 = (lane % LPR) * 8;
     const bool dok = d0 < hd;
     uint4 kb[DEC_U], vb[DEC_U];
-    u32 ksb[DEC_U], vsb[DEC_U];
-    bool ok[NR];
-    auto load = [&](int base, uint4* kx, uint4* vx, u32* ksx, u32* vsx, bool* okx) {
+    bool ok[DEC_U];
+    auto load = [&](int base, uint4* kx, uint4* vx, bool* okx) {
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
-            const int un = base + u * RPL + sub;
+            const int p = base + u * RPL + sub;
+            okx[u] = p < kend;
             kx[u] = vx[u] = make_uint4(0, 0, 0, 0);
-            ksx[u] = vsx[u] = 0;
-            if (Q) {
-                const int p = 2 * un;
-                okx[2 * u] = p >= k0 && p < kend;
-                okx[2 * u + 1] = p + 1 >= k0 && p + 1 < kend;
-                if ((okx[2 * u] || okx[2 * u + 1]) && dok) {
-                    kx[u] = __ldg((const uint4*)kvq_at(tbl, k_off, kvh, p, hd, d0));
-                    vx[u] = __ldg((const uint4*)kvq_at(tbl, v_off, kvh, p, hd, d0));
-                    ksx[u] = __ldg((const u32*)kvq_scale(tbl, k_off, kvh, p, hd, d0));
-                    vsx[u] = __ldg((const u32*)kvq_scale(tbl, v_off, kvh, p, hd, d0));
-                }
-            } else {
-                okx[u] = un < kend;
-                if (okx[u] && dok) {
-                    kx[u] = __ldg((const uint4*)(kv_row(tbl, k_off, kvh, un, hd) + d0));
-                    vx[u] = __ldg((const uint4*)(kv_row(tbl, v_off, kvh, un, hd) + d0));
-                }
+            if (okx[u] && dok) {
+                kx[u] = dec_load<Q>(tbl, k_off, kvh, p, hd, d0, false);
+                vx[u] = dec_load<Q>(tbl, v_off, kvh, p, hd, d0, false);
             }
         }
     };
-    int base = u0 + warp * KPI;
-    if (base < uend) load(base, kb, vb, ksb, vsb, ok);
+    int base = k0 + warp * KPI;
+    if (base < kend) load(base, kb, vb, ok);
     pdl_wait();
     float qf[G][8], acc[G][8], m[G], l[G];
     const bool owner = k1 > k0 && k1 == len;
@@ -500,17 +467,10 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
         }
         if (owner && Q) {
             // The new row quantized into the cache (a warp a 32-value block: the head size is
-            // a multiple of 32, so whole warps take part or none) and, as stored, into nq
-            // and nsc for warp wnew.
+            // a multiple of 32, so whole warps take part or none), read back by warp wnew.
             for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                u16 sk, sv;
-                nq[0][d] = (i8)kvq_store(tbl, k_off, kvh, pos, hd, d, rows[G * HDM + d], &sk);
-                nq[1][d] = (i8)kvq_store(tbl, v_off, kvh, pos, hd, d, dh.v[(size_t)kvh * hd + d],
-                                         &sv);
-                if (lane == 0) {
-                    nsc[0][d >> 5] = sk;
-                    nsc[1][d >> 5] = sv;
-                }
+                kvq_store(tbl, k_off, kvh, pos, hd, d, rows[G * HDM + d]);
+                kvq_store(tbl, v_off, kvh, pos, hd, d, dh.v[(size_t)kvh * hd + d]);
             }
             __syncthreads();
         } else if (owner) {
@@ -525,44 +485,33 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     }
     // The next pass's rows are loaded before this pass's arithmetic: a warp always has
     // rows in flight.
-    for (; base < uend; base += DEC_WARPS * KPI) {
+    for (; base < kend; base += DEC_WARPS * KPI) {
         uint4 kn[DEC_U], vn[DEC_U];
-        u32 ksn[DEC_U], vsn[DEC_U];
-        bool okn[NR];
-        if (base + DEC_WARPS * KPI < uend) load(base + DEC_WARPS * KPI, kn, vn, ksn, vsn, okn);
-        dec_pass<LPR, G, Q>(kb, vb, ksb, vsb, ok, g, qf, m, l, acc);
+        bool okn[DEC_U];
+        if (base + DEC_WARPS * KPI < kend) load(base + DEC_WARPS * KPI, kn, vn, okn);
+        dec_step<LPR, G, Q>(kb, vb, ok, g, qf, m, l, acc);
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
             kb[u] = kn[u];
             vb[u] = vn[u];
-            ksb[u] = ksn[u];
-            vsb[u] = vsn[u];
+            ok[u] = okn[u];
         }
-#pragma unroll
-        for (int r = 0; r < NR; r++) ok[r] = okn[r];
     }
     // The new key goes to the warp that would take the split's next chunk of rows (chunks go
     // to the warps in turn), which has one pass fewer than the first warps where they are
     // uneven, rather than to warp 0, which always has the most.
-    const int wnew = ((uend - u0 + KPI - 1) / KPI) % DEC_WARPS;
+    const int wnew = ((kend - k0 + KPI - 1) / KPI) % DEC_WARPS;
     if (owner && warp == wnew) {
         uint4 k[DEC_U], v[DEC_U];
-        u32 ks[DEC_U], vs[DEC_U];
-        bool nok[NR];
-#pragma unroll
-        for (int r = 0; r < NR; r++) nok[r] = r == 0 && sub == 0;
+        bool nok[DEC_U];
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
+            nok[u] = u == 0 && sub == 0;
             k[u] = v[u] = make_uint4(0, 0, 0, 0);
-            ks[u] = vs[u] = 0;
         }
         if (dok && Q) {
-            // Row 0 of a pair: the new row's values and scales as stored.
-            const uint2 kq = *(const uint2*)&nq[0][d0], vq = *(const uint2*)&nq[1][d0];
-            k[0] = make_uint4(kq.x, kq.y, 0, 0);
-            v[0] = make_uint4(vq.x, vq.y, 0, 0);
-            ks[0] = nsc[0][d0 >> 5];
-            vs[0] = nsc[1][d0 >> 5];
+            k[0] = dec_load<Q>(tbl, k_off, kvh, len - 1, hd, d0, true);
+            v[0] = dec_load<Q>(tbl, v_off, kvh, len - 1, hd, d0, true);
         } else if (dok) {
             u32 kw[4], vw[4];
             const float* nk = sm + G * HDM + d0;
@@ -575,7 +524,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             k[0] = make_uint4(kw[0], kw[1], kw[2], kw[3]);
             v[0] = make_uint4(vw[0], vw[1], vw[2], vw[3]);
         }
-        dec_pass<LPR, G, Q>(k, v, ks, vs, nok, g, qf, m, l, acc);
+        dec_step<LPR, G, Q>(k, v, nok, g, qf, m, l, acc);
     }
     // The warp's rows summed (lanes of one row group hold the same sums of l).
 #pragma unroll
@@ -692,13 +641,12 @@ struct SeqDesc {
 // splits' partials are combined by attn_combine.
 // Blocks a multiprocessor the decode kernels are compiled for (attention.rs dec_min_blocks):
 // registers for four blocks where G <= 2 (128 fit), three at G = 4 (its 175 registers held
-// two: 168 hold three, spilling 4 bytes), two at G = 8; over a q8_0 cache (twice the rows a
-// pass) three where G <= 2, two from G = 4.
-#define DEC_MIN_BLOCKS(G, Q) ((Q) ? ((G) <= 2 ? 3 : 2) : (G) <= 2 ? 4 : (G) == 4 ? 3 : 2)
+// two: 168 hold three, spilling 4 bytes), two at G = 8.
+#define DEC_MIN_BLOCKS(G) ((G) <= 2 ? 4 : (G) == 4 ? 3 : 2)
 // N: the name's infix ("" or "q8_"), Q as attn_dec_part's, PL: a layer's K (or V) planes in a
 // block (elements of the cache's type: f16 values, or bytes of a q8_0 cache).
 #define ATTN_DEC(N, Q, L, G)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G, Q))      \
+    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
         attn_dec_##N##L##_##G(                                                               \
         const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
         int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
@@ -707,7 +655,7 @@ struct SeqDesc {
                                (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,     \
                                gridDim.y, pa, pml, dh);                                      \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G, Q))      \
+    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
         attn_dec_seqs_##N##L##_##G(                                                          \
         const float* q, const SeqDesc* seqs, int layer, int heads, int kv_heads, int hd,     \
         float scale, float* pa, float* pml, DecHeads dh) {                                   \

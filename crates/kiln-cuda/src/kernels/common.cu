@@ -90,50 +90,42 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // ---- the q8_0 KV cache -------------------------------------------------------------------
 // A q8_0 cache's block holds, for each (layer, K or V, kv head), its KV_BLOCK rows of head_dim
-// int8 values and then their scales (head_dim / 32 f16 a row: GGML's Q8_0 blocks of 32),
-// KVQ_HEAD(hd) bytes a head; `off` is the byte offset of a layer's K or V planes. Rows go in
-// pairs (2r, 2r + 1), eight values of one beside the same eight of the other, so that one
-// 16-byte load holds eight dimensions of two rows (the decode attention's loads carry as many
-// bytes as over an f16 cache, for as many values a lane); their scales likewise, two a 4-byte
-// word. A row is quantized as the CPU's Q8_0 KV cache does it: d = max|x| / 127 (stored f16),
+// int8 values and then their scales (head_dim / 32 f16 a row, the 32-value blocks of
+// GGML's Q8_0): KVQ_HEAD(hd) bytes a head, `off` the byte offset of a layer's K or V planes.
+// A row quantized as the CPU's Q8_0 KV cache does it: d = max|x| / 127 (stored f16),
 // q = round(x / d), halves away from zero.
 #define KVQ_HEAD(hd) ((long long)KV_BLOCK * (hd) * 17 / 16)
 
-// Value d of row (h, p) and the seven after it (d a multiple of 8).
-__device__ __forceinline__ i8* kvq_at(const u64* tbl, long long off, int h, int p, int hd,
-                                      int d) {
+__device__ __forceinline__ i8* kvq_row(const u64* tbl, long long off, int h, int p, int hd) {
     i8* blk = (i8*)tbl[p >> KV_BLOCK_LOG2];
-    const int r = p & (KV_BLOCK - 1);
-    return blk + off + h * KVQ_HEAD(hd) + (long long)(r >> 1) * 2 * hd + (d >> 3) * 16 +
-           (r & 1) * 8 + (d & 7);
+    return blk + off + h * KVQ_HEAD(hd) + (long long)(p & (KV_BLOCK - 1)) * hd;
 }
 // The scale of the 32-value block holding dimension d of row (h, p).
 __device__ __forceinline__ u16* kvq_scale(const u64* tbl, long long off, int h, int p, int hd,
                                           int d) {
     i8* blk = (i8*)tbl[p >> KV_BLOCK_LOG2];
-    const int r = p & (KV_BLOCK - 1);
     return (u16*)(blk + off + h * KVQ_HEAD(hd) + (long long)KV_BLOCK * hd) +
-           (r >> 1) * 2 * (hd / 32) + (d >> 5) * 2 + (r & 1);
+           (p & (KV_BLOCK - 1)) * (hd / 32) + d / 32;
 }
 // Dimension d of row (h, p), the warp's 32 lanes one 32-value block (d = 32 b + lane; every
-// lane of the warp calls it): its lane's value quantized, the block's scale by lane 0. Returns
-// the quantized value; *scale the block's scale (f16).
-__device__ __forceinline__ int kvq_store(const u64* tbl, long long off, int h, int p, int hd,
-                                         int d, float x, u16* scale) {
+// lane of the warp calls it): its lane's value quantized, the block's scale by lane 0.
+// Returns the value as the cache now holds it.
+__device__ __forceinline__ float kvq_store(const u64* tbl, long long off, int h, int p, int hd,
+                                           int d, float x) {
     const float amax = warp_max(fabsf(x));
     const float dd = amax / 127.0f;
     const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
     const int q = (int)roundf(x * id);
-    *kvq_at(tbl, off, h, p, hd, d) = (i8)q;
-    *scale = f2h(dd);
-    if ((threadIdx.x & 31) == 0) *kvq_scale(tbl, off, h, p, hd, d) = *scale;
-    return q;
+    kvq_row(tbl, off, h, p, hd)[d] = (i8)q;
+    const u16 dh = f2h(dd);
+    if ((threadIdx.x & 31) == 0) *kvq_scale(tbl, off, h, p, hd, d) = dh;
+    return (float)q * h2f(dh);
 }
 // Eight values of row (h, p) from dimension d (a multiple of 8) of a cache of either type.
 __device__ __forceinline__ void kv_load8(const u64* tbl, long long off, int h, int p, int hd,
                                          int d, int q8, float* f) {
     if (q8) {
-        const uint2 w = __ldg((const uint2*)kvq_at(tbl, off, h, p, hd, d));
+        const uint2 w = __ldg((const uint2*)(kvq_row(tbl, off, h, p, hd) + d));
         const float s = h2f(__ldg(kvq_scale(tbl, off, h, p, hd, d)));
         const u32 x[2] = {w.x, w.y};
 #pragma unroll

@@ -32,7 +32,7 @@ extern "C" __global__ void scale(float* x, float s, size_t n) {
 }
 
 // Rows t of (n, cols) f32 to cache positions pos0 + t of each head (common.cu kv_row: the
-// block table `tbl`, the layer's K or V planes at `off`; q8: a q8_0 cache, kvq_at, whose
+// block table `tbl`, the layer's K or V planes at `off`; q8: a q8_0 cache, kvq_row, whose
 // head size is a multiple of 32 so that each warp takes whole 32-value blocks): x row t is
 // (heads, head_dim).
 extern "C" __global__ void kv_store(const float* x, const u64* tbl, long long off, int heads,
@@ -43,9 +43,8 @@ extern "C" __global__ void kv_store(const float* x, const u64* tbl, long long of
          i += gridDim.x * blockDim.x) {
         const int h = i / head_dim, e = i % head_dim;
         const float v = x[(size_t)t * heads * head_dim + i];
-        u16 sc;
         if (q8)
-            kvq_store(tbl, off, h, pos, head_dim, e, v, &sc);
+            kvq_store(tbl, off, h, pos, head_dim, e, v);
         else
             kv_row(tbl, off, h, pos, head_dim)[e] = f2h(v);
     }
