@@ -181,6 +181,16 @@ const ATTN_DEC_SEQS: [[[&str; 4]; 4]; 2] = [
     ],
 ];
 
+/// Every name of [`ATTN_DEC`] and [`ATTN_DEC_SEQS`] (device.rs kernel_names).
+pub(crate) fn dec_kernel_names() -> impl Iterator<Item = &'static str> {
+    ATTN_DEC
+        .iter()
+        .chain(&ATTN_DEC_SEQS)
+        .flatten()
+        .flatten()
+        .copied()
+}
+
 /// The decode kernel of a shape over a cache (`q8`: q8_0, else f16) in `table`: LPR, the
 /// lanes a key row takes (eight values each), is the head size / 8 rounded up to a power of
 /// two from 4; G, the query heads a KV head, rounded up to a power of two.
@@ -971,15 +981,16 @@ impl CudaBackend {
 mod tests {
     use super::{attention_supported, dec_min_blocks, ATTN_DEC, ATTN_DEC_SEQS, ATTN_SPLIT};
 
-    /// The launch tables name kernels the module loads.
+    /// The launch tables name kernels the module loads, each once.
     #[test]
     fn attention_kernel_tables_name_loaded_kernels() {
-        for n in ATTN_SPLIT
-            .iter()
-            .chain(ATTN_DEC.iter().chain(&ATTN_DEC_SEQS).flatten().flatten())
-        {
-            assert!(crate::device::KERNELS.contains(n), "{n}");
+        for n in ATTN_SPLIT {
+            assert!(crate::device::KERNELS.contains(&n), "{n}");
         }
+        let names: Vec<_> = crate::device::kernel_names().collect();
+        let unique: std::collections::HashSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "a kernel named twice");
+        assert_eq!(super::dec_kernel_names().count(), 64);
     }
 
     /// Every decode attention kernel fits the blocks a multiprocessor that its splits are

@@ -130,7 +130,16 @@ impl Drop for DevBuf {
 /// (kernels/gemm.cu GM_SMEM).
 pub(crate) const BIG_SMEM: &[(&str, u32)] = &[("gemm_f16_128", 4 * 256 * 40 * 2)];
 
-/// Kernel names of kernels/*.cu.
+/// Every kernel the backend loads: [`KERNELS`], then the decode attention's tables
+/// (attention.rs).
+pub(crate) fn kernel_names() -> impl Iterator<Item = &'static str> {
+    KERNELS
+        .iter()
+        .copied()
+        .chain(crate::attention::dec_kernel_names())
+}
+
+/// Kernel names of kernels/*.cu but the decode attention's ([`kernel_names`]).
 pub const KERNELS: &[&str] = &[
     "matvec_any_1_1",
     "matvec_any_2_1",
@@ -226,70 +235,6 @@ pub const KERNELS: &[&str] = &[
     "attn_split_6",
     "attn_split_7",
     "attn_split_8",
-    "attn_dec_4_1",
-    "attn_dec_4_2",
-    "attn_dec_4_4",
-    "attn_dec_4_8",
-    "attn_dec_8_1",
-    "attn_dec_8_2",
-    "attn_dec_8_4",
-    "attn_dec_8_8",
-    "attn_dec_16_1",
-    "attn_dec_16_2",
-    "attn_dec_16_4",
-    "attn_dec_16_8",
-    "attn_dec_32_1",
-    "attn_dec_32_2",
-    "attn_dec_32_4",
-    "attn_dec_32_8",
-    "attn_dec_seqs_4_1",
-    "attn_dec_seqs_4_2",
-    "attn_dec_seqs_4_4",
-    "attn_dec_seqs_4_8",
-    "attn_dec_seqs_8_1",
-    "attn_dec_seqs_8_2",
-    "attn_dec_seqs_8_4",
-    "attn_dec_seqs_8_8",
-    "attn_dec_seqs_16_1",
-    "attn_dec_seqs_16_2",
-    "attn_dec_seqs_16_4",
-    "attn_dec_seqs_16_8",
-    "attn_dec_seqs_32_1",
-    "attn_dec_seqs_32_2",
-    "attn_dec_seqs_32_4",
-    "attn_dec_seqs_32_8",
-    "attn_dec_q8_4_1",
-    "attn_dec_q8_4_2",
-    "attn_dec_q8_4_4",
-    "attn_dec_q8_4_8",
-    "attn_dec_q8_8_1",
-    "attn_dec_q8_8_2",
-    "attn_dec_q8_8_4",
-    "attn_dec_q8_8_8",
-    "attn_dec_q8_16_1",
-    "attn_dec_q8_16_2",
-    "attn_dec_q8_16_4",
-    "attn_dec_q8_16_8",
-    "attn_dec_q8_32_1",
-    "attn_dec_q8_32_2",
-    "attn_dec_q8_32_4",
-    "attn_dec_q8_32_8",
-    "attn_dec_seqs_q8_4_1",
-    "attn_dec_seqs_q8_4_2",
-    "attn_dec_seqs_q8_4_4",
-    "attn_dec_seqs_q8_4_8",
-    "attn_dec_seqs_q8_8_1",
-    "attn_dec_seqs_q8_8_2",
-    "attn_dec_seqs_q8_8_4",
-    "attn_dec_seqs_q8_8_8",
-    "attn_dec_seqs_q8_16_1",
-    "attn_dec_seqs_q8_16_2",
-    "attn_dec_seqs_q8_16_4",
-    "attn_dec_seqs_q8_16_8",
-    "attn_dec_seqs_q8_32_1",
-    "attn_dec_seqs_q8_32_2",
-    "attn_dec_seqs_q8_32_4",
-    "attn_dec_seqs_q8_32_8",
     "attn_combine_1",
     "attn_combine_2",
     "attn_combine_4",
@@ -368,10 +313,10 @@ pub struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
-    /// KERNELS' functions, each looked up at its first launch (under CUDA's lazy loading, a
+    /// kernel_names()' functions, each looked up at its first launch (under CUDA's lazy loading, a
     /// lookup loads the kernel: a process loads only those it runs).
     funcs: Vec<std::cell::OnceCell<sys::CUfunction>>,
-    /// Each kernel's index in KERNELS.
+    /// Each kernel's index in kernel_names().
     index: std::collections::HashMap<&'static str, usize>,
     pub num_sms: usize,
     /// The compute capability's major version (8 and up: mma.sync, cp.async, ldmatrix).
@@ -437,7 +382,7 @@ impl Device {
                 .load_module(load_or_compile(arch)?)
                 .map_err(|e| init_err("loading the kernels", e))?,
         };
-        let funcs = KERNELS.iter().map(|_| Default::default()).collect();
+        let funcs = kernel_names().map(|_| Default::default()).collect();
         let stream = ctx
             .new_stream()
             .map_err(|e| init_err("creating a stream", e))?;
@@ -447,7 +392,7 @@ impl Device {
             stream,
             module,
             funcs,
-            index: KERNELS.iter().enumerate().map(|(i, k)| (*k, i)).collect(),
+            index: kernel_names().enumerate().map(|(i, k)| (k, i)).collect(),
             num_sms,
             major,
             pdl: major >= 9 && !kiln_backend::options::dev_flag("KILN_CUDA_NO_PDL"),
@@ -457,8 +402,7 @@ impl Device {
         if let Some(v) = kiln_backend::options::dev_value("KILN_CUDA_SKIP") {
             // A name, or a prefix of names ("matvec" for them all).
             let names: Vec<&str> = v.split(',').collect();
-            dev.skip = KERNELS
-                .iter()
+            dev.skip = kernel_names()
                 .filter(|k| names.iter().any(|n| k.starts_with(n)))
                 .map(|k| dev.func(k))
                 .collect();
@@ -474,7 +418,7 @@ impl Device {
             if let Some(t) = &self.times {
                 t.add(&t.lookup, t0);
             }
-            // Every name in KERNELS is a kernel of the module (device::tests::kernels_compile_with_nvrtc).
+            // Every name of kernel_names() is a kernel of the module (device::tests::kernels_compile_with_nvrtc).
             let f = f
                 .unwrap_or_else(|e| panic!("CUDA: loading kernel {name}: {e:?}"))
                 .cu_function();
@@ -683,7 +627,7 @@ mod tests {
                 Err(e) => panic!("{arch}: {e:?}"),
             };
             // Every kernel the backend loads is there.
-            for k in super::KERNELS {
+            for k in super::kernel_names() {
                 assert!(
                     ptx.contains(&format!(".entry {k}(")),
                     "{arch}: no kernel {k}"
