@@ -603,17 +603,8 @@ impl LlmOps for CudaBackend {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> CudaKvCache {
-        // f16 keys and values (f32 is stored as f16), in blocks taken as the sequence grows
-        // (kv.rs).
-        CudaKvCache::new(
-            &self.dev,
-            self.kv_pool.clone(),
-            n_layers,
-            n_ctx,
-            n_kv_heads,
-            head_dim,
-            false,
-        )
+        self.kv_cache_typed(n_layers, n_ctx, n_kv_heads, head_dim, KvType::F16)
+            .expect("an f16 cache of any shape")
     }
 
     fn kv_cache_typed(
@@ -624,21 +615,20 @@ impl LlmOps for CudaBackend {
         head_dim: usize,
         ty: KvType,
     ) -> Result<CudaKvCache, BackendError> {
-        match ty {
-            KvType::F32 | KvType::F16 => Ok(self.kv_cache(n_layers, n_ctx, n_kv_heads, head_dim)),
-            KvType::Q8_0 => {
-                ty.check(head_dim)?;
-                Ok(CudaKvCache::new(
-                    &self.dev,
-                    self.kv_pool.clone(),
-                    n_layers,
-                    n_ctx,
-                    n_kv_heads,
-                    head_dim,
-                    true,
-                ))
-            }
+        // f16 keys and values (f32 is stored as f16) or q8_0 ones, in blocks taken as the
+        // sequence grows (kv.rs).
+        if ty == KvType::Q8_0 {
+            ty.check(head_dim)?;
         }
+        Ok(CudaKvCache::new(
+            &self.dev,
+            self.kv_pool.clone(),
+            n_layers,
+            n_ctx,
+            n_kv_heads,
+            head_dim,
+            ty == KvType::Q8_0,
+        ))
     }
 
     fn kv_cache_window(
