@@ -67,6 +67,16 @@ fn rel(got: &[f32], want: &[f32]) -> f32 {
     e / m
 }
 
+/// The first index of the largest logit.
+fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+        .unwrap()
+        .0 as u32
+}
+
 /// Greedy tokens after `prompt`, one token per forward, argmax on the device; the logits
 /// of every step are returned too.
 fn greedy<B: Backend>(b: &B, m: &Llama<B>, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
@@ -75,12 +85,7 @@ fn greedy<B: Backend>(b: &B, m: &Llama<B>, prompt: &[u32], n: usize) -> (Vec<u32
     let mut logits = m.forward(b, &mut st, prompt, 0, false).unwrap().to_vec();
     let mut out = Vec::new();
     for i in 0..n {
-        let next = logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-            .unwrap()
-            .0 as u32;
+        let next = argmax(&logits);
         out.push(next);
         steps.push(logits.clone());
         if i + 1 < n {
@@ -175,12 +180,7 @@ fn q8_0_cache_decode_matches_cpu() {
         let mut worst = 0f32;
         for i in 0..24 {
             worst = worst.max(rel(&lg, &lc));
-            let next = lc
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-                .unwrap()
-                .0 as u32;
+            let next = argmax(&lc);
             let pos = p.len() + i;
             lg = mg
                 .forward(&g, &mut sg, &[next], pos, false)
