@@ -296,10 +296,7 @@ __device__ __forceinline__ void h8(uint4 v, float* f) {
 template <bool Q>
 __device__ __forceinline__ void row8(uint4 v, float* f) {
     if (!Q) return h8(v, f);
-    const float s = h2f((u16)v.z);
-    const u32 x[2] = {v.x, v.y};
-#pragma unroll
-    for (int j = 0; j < 8; j++) f[j] = (float)(i8)((x[j / 4] >> (8 * (j % 4))) & 0xff) * s;
+    q8x8(make_uint2(v.x, v.y), h2f((u16)v.z), f);
 }
 
 // Row (h, p)'s eight values from dimension d0 as row8<Q> takes them; `cg`: through L2 (a row

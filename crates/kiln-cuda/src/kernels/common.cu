@@ -109,29 +109,33 @@ __device__ __forceinline__ u16* kvq_scale(const u64* tbl, long long off, int h, 
 }
 // Dimension d of row (h, p), the warp's 32 lanes one 32-value block (d = 32 b + lane; every
 // lane of the warp calls it): its lane's value quantized, the block's scale by lane 0.
-// Returns the value as the cache now holds it.
-__device__ __forceinline__ float kvq_store(const u64* tbl, long long off, int h, int p, int hd,
-                                           int d, float x) {
+__device__ __forceinline__ void kvq_store(const u64* tbl, long long off, int h, int p, int hd,
+                                          int d, float x) {
     const float amax = warp_max(fabsf(x));
     const float dd = amax / 127.0f;
     const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    const int q = (int)roundf(x * id);
-    kvq_row(tbl, off, h, p, hd)[d] = (i8)q;
-    const u16 dh = f2h(dd);
-    if ((threadIdx.x & 31) == 0) *kvq_scale(tbl, off, h, p, hd, d) = dh;
-    return (float)q * h2f(dh);
+    kvq_row(tbl, off, h, p, hd)[d] = (i8)(int)roundf(x * id);
+    if ((threadIdx.x & 31) == 0) *kvq_scale(tbl, off, h, p, hd, d) = f2h(dd);
+}
+// Eight f32 values to f16 (one 16-byte store).
+__device__ __forceinline__ uint4 f8_h8(const float* f) {
+    u32 w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) w[j] = (u32)f2h(f[2 * j]) | ((u32)f2h(f[2 * j + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+// Eight int8 values (w.x, w.y, low byte first) times their scale s to f32.
+__device__ __forceinline__ void q8x8(uint2 w, float s, float* f) {
+    const u32 x[2] = {w.x, w.y};
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = (float)(i8)((x[j / 4] >> (8 * (j % 4))) & 0xff) * s;
 }
 // Eight values of row (h, p) from dimension d (a multiple of 8) of a cache of either type.
 __device__ __forceinline__ void kv_load8(const u64* tbl, long long off, int h, int p, int hd,
                                          int d, int q8, float* f) {
-    if (q8) {
-        const uint2 w = __ldg((const uint2*)(kvq_row(tbl, off, h, p, hd) + d));
-        const float s = h2f(__ldg(kvq_scale(tbl, off, h, p, hd, d)));
-        const u32 x[2] = {w.x, w.y};
-#pragma unroll
-        for (int j = 0; j < 8; j++) f[j] = (float)(i8)((x[j / 4] >> (8 * (j % 4))) & 0xff) * s;
-        return;
-    }
+    if (q8)
+        return q8x8(__ldg((const uint2*)(kvq_row(tbl, off, h, p, hd) + d)),
+                    h2f(__ldg(kvq_scale(tbl, off, h, p, hd, d))), f);
     const uint4 v = __ldg((const uint4*)(kv_row(tbl, off, h, p, hd) + d));
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll

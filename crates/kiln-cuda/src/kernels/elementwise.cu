@@ -68,10 +68,7 @@ extern "C" __global__ void kv_gather(const u64* tbl, long long k_off, long long 
         if (q8) {
             float f[8];
             kv_load8(tbl, is_v ? v_off : k_off, h, p0 + p, head_dim, 8 * c, 1, f);
-            u32 u[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) u[e] = (u32)f2h(f[2 * e]) | ((u32)f2h(f[2 * e + 1]) << 16);
-            w = make_uint4(u[0], u[1], u[2], u[3]);
+            w = f8_h8(f);
         } else {
             w = *((const uint4*)kv_row(tbl, is_v ? v_off : k_off, h, p0 + p, head_dim) + c);
         }

@@ -149,11 +149,9 @@ __device__ void attn_flash_impl(const float* q, const u64* tbl, long long k_off,
                 // A q8_0 cache's values as f16 (the tensor cores' type).
                 float f[8];
                 kv_load8(tbl, k_off, kvh, kb + key, HD, d, 1, f);
-                *(uint4*)&ks[key][d] = make_uint4(pack_h2(f[0], f[1]), pack_h2(f[2], f[3]),
-                                                  pack_h2(f[4], f[5]), pack_h2(f[6], f[7]));
+                *(uint4*)&ks[key][d] = f8_h8(f);
                 kv_load8(tbl, v_off, kvh, kb + key, HD, d, 1, f);
-                v = make_uint4(pack_h2(f[0], f[1]), pack_h2(f[2], f[3]), pack_h2(f[4], f[5]),
-                               pack_h2(f[6], f[7]));
+                v = f8_h8(f);
             } else {
                 *(uint4*)&ks[key][d] = __ldg((const uint4*)(kblk + (size_t)key * HD + d));
                 v = __ldg((const uint4*)(vblk + (size_t)key * HD + d));
