@@ -67,118 +67,39 @@ const ATTN_SPLIT: [&str; 8] = [
     "attn_split_8",
 ];
 
+/// One row of a decode kernel table: the names `<prefix><LPR>_<G>` for G = 1, 2, 4, 8.
+macro_rules! dec_row {
+    ($p:literal, $l:literal) => {
+        [
+            concat!($p, $l, "_1"),
+            concat!($p, $l, "_2"),
+            concat!($p, $l, "_4"),
+            concat!($p, $l, "_8"),
+        ]
+    };
+}
+
+/// A decode kernel table by LPR (4, 8, 16, 32), then G.
+macro_rules! dec_table {
+    ($p:literal) => {
+        [
+            dec_row!($p, "4"),
+            dec_row!($p, "8"),
+            dec_row!($p, "16"),
+            dec_row!($p, "32"),
+        ]
+    };
+}
+
 /// kernels/attention.cu's attn_dec_<LPR>_<G> (f16 caches) and attn_dec_q8_<LPR>_<G> (q8_0),
 /// by [`dec_kernel`]'s indices.
-const ATTN_DEC: [[[&str; 4]; 4]; 2] = [
-    [
-        [
-            "attn_dec_4_1",
-            "attn_dec_4_2",
-            "attn_dec_4_4",
-            "attn_dec_4_8",
-        ],
-        [
-            "attn_dec_8_1",
-            "attn_dec_8_2",
-            "attn_dec_8_4",
-            "attn_dec_8_8",
-        ],
-        [
-            "attn_dec_16_1",
-            "attn_dec_16_2",
-            "attn_dec_16_4",
-            "attn_dec_16_8",
-        ],
-        [
-            "attn_dec_32_1",
-            "attn_dec_32_2",
-            "attn_dec_32_4",
-            "attn_dec_32_8",
-        ],
-    ],
-    [
-        [
-            "attn_dec_q8_4_1",
-            "attn_dec_q8_4_2",
-            "attn_dec_q8_4_4",
-            "attn_dec_q8_4_8",
-        ],
-        [
-            "attn_dec_q8_8_1",
-            "attn_dec_q8_8_2",
-            "attn_dec_q8_8_4",
-            "attn_dec_q8_8_8",
-        ],
-        [
-            "attn_dec_q8_16_1",
-            "attn_dec_q8_16_2",
-            "attn_dec_q8_16_4",
-            "attn_dec_q8_16_8",
-        ],
-        [
-            "attn_dec_q8_32_1",
-            "attn_dec_q8_32_2",
-            "attn_dec_q8_32_4",
-            "attn_dec_q8_32_8",
-        ],
-    ],
-];
+const ATTN_DEC: [[[&str; 4]; 4]; 2] = [dec_table!("attn_dec_"), dec_table!("attn_dec_q8_")];
 
 /// kernels/attention.cu's attn_dec_seqs_<LPR>_<G> and attn_dec_seqs_q8_<LPR>_<G>, as
 /// [`ATTN_DEC`].
 const ATTN_DEC_SEQS: [[[&str; 4]; 4]; 2] = [
-    [
-        [
-            "attn_dec_seqs_4_1",
-            "attn_dec_seqs_4_2",
-            "attn_dec_seqs_4_4",
-            "attn_dec_seqs_4_8",
-        ],
-        [
-            "attn_dec_seqs_8_1",
-            "attn_dec_seqs_8_2",
-            "attn_dec_seqs_8_4",
-            "attn_dec_seqs_8_8",
-        ],
-        [
-            "attn_dec_seqs_16_1",
-            "attn_dec_seqs_16_2",
-            "attn_dec_seqs_16_4",
-            "attn_dec_seqs_16_8",
-        ],
-        [
-            "attn_dec_seqs_32_1",
-            "attn_dec_seqs_32_2",
-            "attn_dec_seqs_32_4",
-            "attn_dec_seqs_32_8",
-        ],
-    ],
-    [
-        [
-            "attn_dec_seqs_q8_4_1",
-            "attn_dec_seqs_q8_4_2",
-            "attn_dec_seqs_q8_4_4",
-            "attn_dec_seqs_q8_4_8",
-        ],
-        [
-            "attn_dec_seqs_q8_8_1",
-            "attn_dec_seqs_q8_8_2",
-            "attn_dec_seqs_q8_8_4",
-            "attn_dec_seqs_q8_8_8",
-        ],
-        [
-            "attn_dec_seqs_q8_16_1",
-            "attn_dec_seqs_q8_16_2",
-            "attn_dec_seqs_q8_16_4",
-            "attn_dec_seqs_q8_16_8",
-        ],
-        [
-            "attn_dec_seqs_q8_32_1",
-            "attn_dec_seqs_q8_32_2",
-            "attn_dec_seqs_q8_32_4",
-            "attn_dec_seqs_q8_32_8",
-        ],
-    ],
+    dec_table!("attn_dec_seqs_"),
+    dec_table!("attn_dec_seqs_q8_"),
 ];
 
 /// Every name of [`ATTN_DEC`] and [`ATTN_DEC_SEQS`] (device.rs kernel_names).
