@@ -12,8 +12,14 @@ pub(crate) const ATT_WARPS: usize = 4;
 /// (kernels/attention.cu DEC_SPLIT_KEYS).
 pub(crate) const DEC_SPLIT_KEYS: usize = 64;
 
-/// Warps of a decode attention block (kernels/attention.cu DEC_WARPS).
-pub(crate) const DEC_WARPS: usize = 4;
+/// Warps of a decode attention block for `group` query heads a KV head (kernels/attention.cu
+/// DEC_W): eight where the group is at most 2, else four.
+pub(crate) fn dec_warps(group: usize) -> usize {
+    match group.next_power_of_two() {
+        1 | 2 => 8,
+        _ => 4,
+    }
+}
 
 /// Decode attention blocks a multiprocessor, for caches of fewer than [`DEC_LONG_KEYS`]
 /// positions (one more from there). On the H200 (Qwen3-0.6B shape, tg128, BENCHMARKS.md's
@@ -46,7 +52,7 @@ const FLASH_SPLIT_KEYS: usize = 1024;
 /// more blocks a multiprocessor than this runs in two waves.
 pub(crate) fn dec_min_blocks(group: usize) -> usize {
     match group.next_power_of_two() {
-        1 | 2 => 4,
+        1 | 2 => 2,
         4 => 3,
         _ => 2,
     }
@@ -321,7 +327,7 @@ impl CudaBackend {
         self.dev.launch(
             self.dev.func(dec_kernel(&ATTN_DEC_SEQS, s, q8)),
             (s.n_kv_heads as u32, splits as u32, n as u32),
-            (32 * DEC_WARPS as u32, 1, 1),
+            (32 * dec_warps(s.n_heads / s.n_kv_heads) as u32, 1, 1),
             0,
             &mut a.ptrs(),
         );
@@ -557,7 +563,10 @@ impl CudaBackend {
         // kernels/*.cu's attn_split_<EPL> (EPL = head_dim / 32 rounded up) or
         // attn_dec_<LPR>_<G>.
         let (name, warps) = match dec {
-            Some(_) => (dec_kernel(&ATTN_DEC, s, cache.q8), DEC_WARPS),
+            Some(_) => (
+                dec_kernel(&ATTN_DEC, s, cache.q8),
+                dec_warps(s.n_heads / s.n_kv_heads),
+            ),
             None => (ATTN_SPLIT[s.head_dim.div_ceil(32) - 1], ATT_WARPS),
         };
         self.set_params(s.pos0, None);
@@ -924,7 +933,7 @@ mod tests {
             for row in table.iter().flatten() {
                 for (gi, name) in row.iter().enumerate() {
                     let f = b.dev.func(name);
-                    let threads = (32 * super::DEC_WARPS) as i32;
+                    let threads = (32 * super::dec_warps(1 << gi)) as i32;
                     // SAFETY: `f` is a loaded kernel of the module.
                     let held = unsafe {
                         cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(

@@ -276,6 +276,9 @@ __device__ void heads_norm_rope_block(const float* q, const float* k, int g, boo
 
 // Warps of a decode attention block, and row loads a lane has in flight for each of K and V.
 #define DEC_WARPS 4
+// Warps of a decode attention block by G: eight where G <= 2 (half the splits of four-warp
+// blocks at the same warps a multiprocessor, so the combine walks half the partials).
+#define DEC_W(G) ((G) <= 2 ? 8 : DEC_WARPS)
 #define DEC_U 4
 // Keys a decode split takes at least (attention.rs DEC_SPLIT_KEYS): a sequence uses
 // ceil(len / DEC_SPLIT_KEYS) of its splits, at most all of them.
@@ -389,7 +392,7 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 // softmax partial (max, sum, weighted V) per query head, for attn_combine. G: query heads a
 // KV head, rounded up to a power of two (g the real count). Q: a q8_0 cache (common.cu
 // kvq_row; k_off and v_off in bytes), else f16.
-template <int LPR, int G, bool Q>
+template <int LPR, int G, bool Q, int W>
 __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, long long v_off,
                               int heads, int kv_heads, int hd, float scale, int len, int window,
                               int t,
@@ -398,9 +401,9 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     constexpr int RPL = 32 / LPR, KPI = DEC_U * RPL, HDM = LPR * 8;
     // The q rows and the new key (normalised and rotated) with their raw values after them
     // first, the warps' partial sums at the end.
-    constexpr int SM_ROWS = 2 * (G + 1) * HDM, SM_ACC = DEC_WARPS * G * HDM;
+    constexpr int SM_ROWS = 2 * (G + 1) * HDM, SM_ACC = W * G * HDM;
     __shared__ float sm[SM_ROWS > SM_ACC ? SM_ROWS : SM_ACC];
-    __shared__ float wml[DEC_WARPS][G][2];
+    __shared__ float wml[W][G][2];
     __shared__ float rinv[G + 1];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -482,10 +485,10 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     }
     // The next pass's rows are loaded before this pass's arithmetic: a warp always has
     // rows in flight.
-    for (; base < kend; base += DEC_WARPS * KPI) {
+    for (; base < kend; base += W * KPI) {
         uint4 kn[DEC_U], vn[DEC_U];
         bool okn[DEC_U];
-        if (base + DEC_WARPS * KPI < kend) load(base + DEC_WARPS * KPI, kn, vn, okn);
+        if (base + W * KPI < kend) load(base + W * KPI, kn, vn, okn);
         dec_step<LPR, G, Q>(kb, vb, ok, g, qf, m, l, acc);
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
@@ -497,7 +500,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     // The new key goes to the warp that would take the split's next chunk of rows (chunks go
     // to the warps in turn), which has one pass fewer than the first warps where they are
     // uneven, rather than to warp 0, which always has the most.
-    const int wnew = ((kend - k0 + KPI - 1) / KPI) % DEC_WARPS;
+    const int wnew = ((kend - k0 + KPI - 1) / KPI) % W;
     if (owner && warp == wnew) {
         uint4 k[DEC_U], v[DEC_U];
         bool nok[DEC_U];
@@ -553,10 +556,10 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
         const int i = x / hd, d = x % hd;
         float mx = -KINF;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) mx = fmaxf(mx, wml[w][i][0]);
+        for (int w = 0; w < W; w++) mx = fmaxf(mx, wml[w][i][0]);
         float num = 0.0f, den = 0.0f;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) {
+        for (int w = 0; w < W; w++) {
             const float mw = wml[w][i][0];
             if (mw == -KINF) continue;
             const float f = expf(mw - mx);
@@ -637,22 +640,22 @@ struct SeqDesc {
 // (grid (kv_heads, splits, sequences); sequence z's rows of q, k and v are row z). Their
 // splits' partials are combined by attn_combine.
 // Blocks a multiprocessor the decode kernels are compiled for (attention.rs dec_min_blocks):
-// registers for four blocks where G <= 2 (128 fit), three at G = 4 (its 175 registers held
-// two: 168 hold three, spilling 4 bytes), two at G = 8.
-#define DEC_MIN_BLOCKS(G) ((G) <= 2 ? 4 : (G) == 4 ? 3 : 2)
+// registers for two blocks of eight warps where G <= 2 (128 fit), three of four at G = 4 (its
+// 175 registers held two: 168 hold three, spilling 4 bytes), two at G = 8.
+#define DEC_MIN_BLOCKS(G) ((G) <= 2 ? 2 : (G) == 4 ? 3 : 2)
 // N: the name's infix ("" or "q8_"), Q as attn_dec_part's, PL: a layer's K (or V) planes in a
 // block (elements of the cache's type: f16 values, or bytes of a q8_0 cache).
 #define ATTN_DEC(N, Q, L, G)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
+    extern "C" __global__ void __launch_bounds__(32 * DEC_W(G), DEC_MIN_BLOCKS(G))          \
         attn_dec_##N##L##_##G(                                                               \
         const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
         int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
         int window, DecHeads dh) {                                                           \
-        attn_dec_part<L, G, Q>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale,            \
-                               (int)params[0] + (int)blockIdx.z + 1, window, blockIdx.z,     \
-                               gridDim.y, pa, pml, dh);                                      \
+        attn_dec_part<L, G, Q, DEC_W(G)>(q, tbl, k_off, v_off, heads, kv_heads, hd, scale,   \
+                                         (int)params[0] + (int)blockIdx.z + 1, window,      \
+                                         blockIdx.z, gridDim.y, pa, pml, dh);               \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS, DEC_MIN_BLOCKS(G))         \
+    extern "C" __global__ void __launch_bounds__(32 * DEC_W(G), DEC_MIN_BLOCKS(G))          \
         attn_dec_seqs_##N##L##_##G(                                                          \
         const float* q, const SeqDesc* seqs, int layer, int heads, int kv_heads, int hd,     \
         float scale, float* pa, float* pml, DecHeads dh) {                                   \
@@ -664,9 +667,9 @@ struct SeqDesc {
         DecHeads d = dh;                                                                     \
         d.k += (size_t)z * kv_heads * hd;                                                    \
         d.v += (size_t)z * kv_heads * hd;                                                    \
-        attn_dec_part<L, G, Q>(q + (size_t)z * heads * hd, sd.tbl, k_off, k_off + pl, heads, \
-                               kv_heads, hd, scale, sd.len, sd.window, z, sd.splits, pa,     \
-                               pml, d);                                                      \
+        attn_dec_part<L, G, Q, DEC_W(G)>(q + (size_t)z * heads * hd, sd.tbl, k_off,         \
+                                         k_off + pl, heads, kv_heads, hd, scale, sd.len,    \
+                                         sd.window, z, sd.splits, pa, pml, d);              \
     }
 #define ATTN_DEC_G(L)                                                                        \
     ATTN_DEC(, false, L, 1) ATTN_DEC(, false, L, 2) ATTN_DEC(, false, L, 4)                  \
