@@ -84,7 +84,7 @@ extern "C" __global__ void heads(HeadGroups hg, int head_dim, float eps, const f
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             if (32 * i >= head_dim) break;
-            kvq_store(g.tbl, g.off, h, pos, head_dim, lane + 32 * i, out[i]);
+            kvq_store(g.tbl, g.off, h, pos, head_dim, lane + 32 * i, out[i], nullptr, nullptr);
         }
 }
 
@@ -294,27 +294,29 @@ __device__ __forceinline__ void h8(uint4 v, float* f) {
     }
 }
 
-// Eight values of a key or value row as the decode attention holds them: f16 (one 16-byte
-// load) or, Q, a q8_0 cache's eight int8 values in x and y and their block's f16 scale in z.
+// Eight values of a key or value row as the decode attention holds them, into f, and the
+// factor they take: f16 (one 16-byte load; 1) or, Q, a q8_0 cache's eight int8 values in x
+// and y and their block's f16 scale in z (the factor: a row's dot product and a value row's
+// weight take it once, not each value).
 template <bool Q>
-__device__ __forceinline__ void row8(uint4 v, float* f) {
-    if (!Q) return h8(v, f);
-    q8x8(make_uint2(v.x, v.y), h2f((u16)v.z), f);
+__device__ __forceinline__ float row8(uint4 v, float* f) {
+    if (!Q) {
+        h8(v, f);
+        return 1.0f;
+    }
+    q8x8(make_uint2(v.x, v.y), 1.0f, f);
+    return h2f((u16)v.z);
 }
 
-// Row (h, p)'s eight values from dimension d0 as row8<Q> takes them; `cg`: through L2 (a row
-// this block has just written).
+// Row (h, p)'s eight values from dimension d0 as row8<Q> takes them.
 template <bool Q>
 __device__ __forceinline__ uint4 dec_load(const u64* tbl, long long off, int h, int p, int hd,
-                                          int d0, bool cg) {
+                                          int d0) {
     if (Q) {
-        const uint2* r = (const uint2*)(kvq_row(tbl, off, h, p, hd) + d0);
-        const u16* sp = kvq_scale(tbl, off, h, p, hd, d0);
-        const uint2 w = cg ? __ldcg(r) : __ldg(r);
-        return make_uint4(w.x, w.y, cg ? __ldcg(sp) : __ldg(sp), 0);
+        const uint2 w = __ldg((const uint2*)(kvq_row(tbl, off, h, p, hd) + d0));
+        return make_uint4(w.x, w.y, __ldg(kvq_scale(tbl, off, h, p, hd, d0)), 0);
     }
-    const uint4* r = (const uint4*)(kv_row(tbl, off, h, p, hd) + d0);
-    return cg ? __ldcg(r) : __ldg(r);
+    return __ldg((const uint4*)(kv_row(tbl, off, h, p, hd) + d0));
 }
 
 // One online-softmax step of a warp over the rows it holds: row u * RPL + lane / LPR of the
@@ -330,13 +332,13 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 #pragma unroll
     for (int u = 0; u < DEC_U; u++) {
         float kf[8];
-        row8<Q>(k[u], kf);
+        const float fk = row8<Q>(k[u], kf);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             float p = 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; e++) p += qf[i][e] * kf[e];
-            s[u][i] = p;
+            s[u][i] = Q ? p * fk : p;
         }
     }
 #pragma unroll
@@ -370,12 +372,13 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 #pragma unroll
     for (int u = 0; u < DEC_U; u++) {
         float vf[8];
-        row8<Q>(v[u], vf);
+        const float fv = row8<Q>(v[u], vf);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             if (i >= g) break;
+            const float w = Q ? s[u][i] * fv : s[u][i];
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[i][e] += s[u][i] * vf[e];
+            for (int e = 0; e < 8; e++) acc[i][e] += w * vf[e];
         }
     }
 }
@@ -405,6 +408,9 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     __shared__ float sm[SM_ROWS > SM_ACC ? SM_ROWS : SM_ACC];
     __shared__ float wml[W][G][2];
     __shared__ float rinv[G + 1];
+    // A q8_0 cache's new key and value as stored: their int8 values and scales.
+    __shared__ __align__(16) i8 nq[2][Q ? 256 : 16];
+    __shared__ u16 nsc[2][8];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
@@ -439,8 +445,8 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             okx[u] = p < kend;
             kx[u] = vx[u] = make_uint4(0, 0, 0, 0);
             if (okx[u] && dok) {
-                kx[u] = dec_load<Q>(tbl, k_off, kvh, p, hd, d0, false);
-                vx[u] = dec_load<Q>(tbl, v_off, kvh, p, hd, d0, false);
+                kx[u] = dec_load<Q>(tbl, k_off, kvh, p, hd, d0);
+                vx[u] = dec_load<Q>(tbl, v_off, kvh, p, hd, d0);
             }
         }
     };
@@ -467,10 +473,13 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
         }
         if (owner && Q) {
             // The new row quantized into the cache (a warp a 32-value block: the head size is
-            // a multiple of 32, so whole warps take part or none), read back by warp wnew.
+            // a multiple of 32, so whole warps take part or none) and, as stored, into nq and
+            // nsc for warp wnew.
             for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                kvq_store(tbl, k_off, kvh, pos, hd, d, rows[G * HDM + d]);
-                kvq_store(tbl, v_off, kvh, pos, hd, d, dh.v[(size_t)kvh * hd + d]);
+                kvq_store(tbl, k_off, kvh, pos, hd, d, rows[G * HDM + d], &nq[0][d],
+                          &nsc[0][d >> 5]);
+                kvq_store(tbl, v_off, kvh, pos, hd, d, dh.v[(size_t)kvh * hd + d], &nq[1][d],
+                          &nsc[1][d >> 5]);
             }
             __syncthreads();
         } else if (owner) {
@@ -510,8 +519,9 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             k[u] = v[u] = make_uint4(0, 0, 0, 0);
         }
         if (dok && Q) {
-            k[0] = dec_load<Q>(tbl, k_off, kvh, len - 1, hd, d0, true);
-            v[0] = dec_load<Q>(tbl, v_off, kvh, len - 1, hd, d0, true);
+            const uint2 kq = *(const uint2*)&nq[0][d0], vq = *(const uint2*)&nq[1][d0];
+            k[0] = make_uint4(kq.x, kq.y, nsc[0][d0 >> 5], 0);
+            v[0] = make_uint4(vq.x, vq.y, nsc[1][d0 >> 5], 0);
         } else if (dok) {
             u32 kw[4], vw[4];
             const float* nk = sm + G * HDM + d0;

@@ -109,13 +109,20 @@ __device__ __forceinline__ u16* kvq_scale(const u64* tbl, long long off, int h, 
 }
 // Dimension d of row (h, p), the warp's 32 lanes one 32-value block (d = 32 b + lane; every
 // lane of the warp calls it): its lane's value quantized, the block's scale by lane 0.
+// The value and (lane 0) the scale also into *qo and *so where not null.
 __device__ __forceinline__ void kvq_store(const u64* tbl, long long off, int h, int p, int hd,
-                                          int d, float x) {
+                                          int d, float x, i8* qo, u16* so) {
     const float amax = warp_max(fabsf(x));
     const float dd = amax / 127.0f;
     const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    kvq_row(tbl, off, h, p, hd)[d] = (i8)(int)roundf(x * id);
-    if ((threadIdx.x & 31) == 0) *kvq_scale(tbl, off, h, p, hd, d) = f2h(dd);
+    const i8 q = (i8)(int)roundf(x * id);
+    kvq_row(tbl, off, h, p, hd)[d] = q;
+    const u16 dh = f2h(dd);
+    if (qo) *qo = q;
+    if ((threadIdx.x & 31) == 0) {
+        *kvq_scale(tbl, off, h, p, hd, d) = dh;
+        if (so) *so = dh;
+    }
 }
 // Eight f32 values to f16 (one 16-byte store).
 __device__ __forceinline__ uint4 f8_h8(const float* f) {

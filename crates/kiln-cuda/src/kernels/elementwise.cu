@@ -44,7 +44,7 @@ extern "C" __global__ void kv_store(const float* x, const u64* tbl, long long of
         const int h = i / head_dim, e = i % head_dim;
         const float v = x[(size_t)t * heads * head_dim + i];
         if (q8)
-            kvq_store(tbl, off, h, pos, head_dim, e, v);
+            kvq_store(tbl, off, h, pos, head_dim, e, v, nullptr, nullptr);
         else
             kv_row(tbl, off, h, pos, head_dim)[e] = f2h(v);
     }
