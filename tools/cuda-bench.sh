@@ -36,6 +36,8 @@
 # of the exact shapes, written by tools/make_bench_models.py: Q4_0 from random blocks
 # directly, with QUANTIZE=kiln Q4_K_M too, the other types quantized by llama-quantize or
 # kiln from an f16 file).
+# kiln measures the GPU's memory read bandwidth first (`--membw`), and its decode cells show
+# their effective GB/s as a share of it.
 # Results: markdown tables on stdout and, with $OUT set, JSON lines in $OUT.
 set -euo pipefail
 KILN="$1"; SRC="$2"; TOK="$3"; WHEEL="$4"
@@ -145,7 +147,7 @@ for spec in $SHAPES; do
         f="$KILN_HOME/bench/$s-shape-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
         "$LB" -m "$f" -p 512 -n 128 -d "$DEPTHS" -r "$REPS" -fa 1 -ngl 99 -o jsonl \
             2>/dev/null >> "$OUT/llama-cpp.jsonl" || echo "llama-bench failed on $f"
-        "$KILN" bench --device cuda -m "$f" -p 512 -n 128 -d "$DEPTHS" -r "$REPS" --json \
+        "$KILN" bench --device cuda -m "$f" -p 512 -n 128 -d "$DEPTHS" -r "$REPS" --json --membw \
             >> "$OUT/kiln.jsonl" || echo "kiln failed on $f"
     done
 done

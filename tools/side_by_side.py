@@ -6,7 +6,9 @@ usage: side_by_side.py A.jsonl B.jsonl "A's column" "B's column" "ratio column"
 Lines that are not JSON objects with n_prompt/n_gen (headers, logs) are skipped. Each cell is
 the median of the repetitions' samples (`samples_ts`; llama-bench's first repetition is its
 slowest, so a mean of few understates it) with the best sample beside it; the ratio is B's
-median over A's. Lines without samples fall back to their mean.
+median over A's. Lines without samples fall back to their mean. Where a decode row carries
+`effective_gbps` (and `bw_fraction`: `kiln bench --membw` on a GPU, against the device's
+measured read bandwidth), they follow its cell.
 """
 import json
 import os
@@ -27,8 +29,13 @@ def rows(path):
         if r.get("n_depth"):
             test += f" @ d{r['n_depth']}"
         samples = r.get("samples_ts") or [r["avg_ts"]]
+        bw = ""
+        if "effective_gbps" in r:
+            bw = f", {r['effective_gbps']:.0f} GB/s"
+            if "bw_fraction" in r:
+                bw += f" = {100 * r['bw_fraction']:.0f}% of {r['membw_gbps']:.0f}"
         out[(os.path.basename(r["model_filename"]), test)] = (statistics.median(samples),
-                                                              max(samples))
+                                                              max(samples), bw)
     return out
 
 
@@ -46,6 +53,6 @@ def order(key):
 for key in sorted(set(a_rows) | set(b_rows), key=order):
     a, b = a_rows.get(key), b_rows.get(key)
     ratio = f"{b[0] / a[0]:.2f}x" if a and b else ""
-    fa = f"{a[0]:.1f} (best {a[1]:.1f})" if a else "-"
-    fb = f"{b[0]:.1f} (best {b[1]:.1f})" if b else "-"
+    fa = f"{a[0]:.1f} (best {a[1]:.1f}{a[2]})" if a else "-"
+    fb = f"{b[0]:.1f} (best {b[1]:.1f}{b[2]})" if b else "-"
     print(f"| {key[0]} | {key[1]} | {fa} | {fb} | {ratio} |")

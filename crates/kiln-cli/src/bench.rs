@@ -75,7 +75,9 @@ pub struct BenchArgs {
     /// One JSON object per line per test instead of the table.
     #[arg(long)]
     json: bool,
-    /// Also measure the machine's memory read bandwidth per thread count.
+    /// Also measure the memory read bandwidth: the host's per thread count (after the rows),
+    /// or with `--device cuda` the GPU's (before them; each decode row then shows its
+    /// effective GB/s as a share of it).
     #[arg(long)]
     membw: bool,
     /// Speech to text instead: transcribe this audio file with a Whisper model (-m, default
@@ -550,6 +552,8 @@ struct Measured<'a, B: Backend> {
     host: Option<HostPerToken>,
     /// When the test started, RFC 3339.
     test_time: String,
+    /// [`Run::peak_gbps`].
+    peak_gbps: Option<f64>,
 }
 
 impl<B: Backend> Measured<'_, B> {
@@ -585,8 +589,16 @@ impl<B: Backend> Measured<'_, B> {
     fn table_row(&self) -> String {
         let m = self.model;
         let (avg_ts, sd_ts) = mean_sd(&self.samples_ts());
+        let share = match self.peak_gbps {
+            Some(p) => format!(
+                " {:>6} |",
+                self.gbps(avg_ts)
+                    .map_or(String::new(), |g| format!("{:.0}%", 100.0 * g / p))
+            ),
+            None => String::new(),
+        };
         format!(
-            "| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:>13} | {:>20} | {:>8} | {:>7} |",
+            "| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:>13} | {:>20} | {:>8} | {:>7} |{share}",
             m.desc,
             size_label(m.size),
             n_params_label(m.n_params),
@@ -644,6 +656,10 @@ impl<B: Backend> Measured<'_, B> {
         }
         if let Some(g) = self.gbps(avg_ts) {
             o["effective_gbps"] = g.into();
+            if let Some(p) = self.peak_gbps {
+                o["membw_gbps"] = p.into();
+                o["bw_fraction"] = (g / p).into();
+            }
         }
         if let Some(b) = self.bytes_per_token() {
             o["bytes_per_token"] = (b.round() as u64).into();
@@ -752,12 +768,13 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     // The header waits for the first row, so a model that fails to load prints only the error.
     let mut header_due = !a.json;
     let cpu = cpu_info();
-    let run = Run {
+    let mut run = Run {
         tests: &tests,
         reps: a.reps,
         json: a.json,
         cpu: &cpu,
         schema,
+        peak_gbps: None,
     };
     match a.device {
         crate::Device::Cpu => {
@@ -773,6 +790,19 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         }
         crate::Device::Cuda => {
             let b = crate::cuda_backend()?;
+            if a.membw {
+                // Before the models load: the probe's buffer is a quarter of the free memory
+                // at most.
+                let gbps = crate::cuda_read_bandwidth(&b, a.reps)? / 1e9;
+                match a.json {
+                    true => println!(
+                        "{}",
+                        json!({"test": "membw", "backends": "CUDA", "gbps": gbps})
+                    ),
+                    false => eprintln!("CUDA device memory read bandwidth: {gbps:.1} GB/s"),
+                }
+                run.peak_gbps = Some(gbps);
+            }
             for file in &files {
                 let m = BenchModel::load(file, &b, a.kv_type)?;
                 run.model(&m, &b, 1, "CUDA", "cuda", &mut header_due)?;
@@ -794,8 +824,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
 
-    // After the models: the bandwidth probe's buffer would otherwise be their peak RSS.
-    if a.membw {
+    // After the models: the bandwidth probe's buffer would otherwise be their peak RSS. (The
+    // host's: a GPU run measured its device before its rows.)
+    if a.membw && a.device != crate::Device::Cuda {
         if !a.json {
             if table_printed {
                 println!();
@@ -821,6 +852,9 @@ struct Run<'a> {
     json: bool,
     cpu: &'a str,
     schema: Option<Grammar>,
+    /// The measured read bandwidth of the memory the model runs from, GB/s (`--membw` on a
+    /// GPU): decode rows show their effective GB/s as a share of it.
+    peak_gbps: Option<f64>,
 }
 
 impl Run<'_> {
@@ -852,13 +886,14 @@ impl Run<'_> {
                 samples_ns,
                 host,
                 test_time,
+                peak_gbps: self.peak_gbps,
             };
             if self.json {
                 println!("{}", r.json(self.cpu, kernels));
                 continue;
             }
             if std::mem::take(header_due) {
-                table_header(&[
+                let mut cols = vec![
                     ("model", -30),
                     ("size", 10),
                     ("params", 10),
@@ -868,7 +903,11 @@ impl Run<'_> {
                     ("t/s", 20),
                     ("GB/s", 8),
                     ("MB/tok", 7),
-                ]);
+                ];
+                if self.peak_gbps.is_some() {
+                    cols.push(("of bw", 6));
+                }
+                table_header(&cols);
             }
             println!("{}", r.table_row());
             if let Some(l) = r.host_line() {

@@ -42,6 +42,12 @@ pub fn cuda_backend() -> anyhow::Result<kiln_cuda::CudaBackend> {
     Ok(kiln_cuda::CudaBackend::new()?)
 }
 
+/// The GPU memory's read bandwidth, bytes a second (best of `reps`).
+#[cfg(feature = "cuda")]
+pub fn cuda_read_bandwidth(b: &kiln_cuda::CudaBackend, reps: usize) -> anyhow::Result<f64> {
+    b.read_bandwidth(reps).map_err(anyhow::Error::msg)
+}
+
 /// The CUDA backend for Whisper: cuBLAS loads only for a model whose products want it (small
 /// and up); tiny and base run on kiln's own kernels and skip the library's ~0.25 s start.
 #[cfg(feature = "cuda")]
@@ -68,6 +74,11 @@ pub type CudaBackendType = kiln_backend::cpu::CpuBackend;
 #[cfg(not(feature = "cuda"))]
 pub fn cuda_backend() -> anyhow::Result<kiln_backend::cpu::CpuBackend> {
     anyhow::bail!("--device cuda: this kiln was built without CUDA (build with `cargo build --release -p kiln-cli --features cuda`)")
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_read_bandwidth(_: &kiln_backend::cpu::CpuBackend, _: usize) -> anyhow::Result<f64> {
+    anyhow::bail!("--device cuda: this kiln was built without CUDA")
 }
 
 /// Ends a one-shot command without tearing `model` down: the process exits next and the

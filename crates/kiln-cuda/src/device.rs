@@ -246,6 +246,7 @@ pub const KERNELS: &[&str] = &[
     "gelu_tanh_mul",
     "scale",
     "kv_store",
+    "read_probe",
     "kv_gather",
     "im2col",
     "argmax",

@@ -20,6 +20,7 @@ mod attention;
 mod device;
 mod kv;
 mod launch;
+mod membw;
 pub mod pack;
 mod picks;
 mod products;

@@ -24,6 +24,28 @@ extern "C" __global__ void gelu_tanh_mul(float* g, const float* u, size_t n) {
     }
 }
 
+// The device memory's read bandwidth (membw.rs): the n 16-byte words of p read once over the
+// grid, four a thread in flight, folded by xor; the fold is stored only where it equals
+// `never`, which the zeroed buffer the host measures does not give, so no read is dropped.
+extern "C" __global__ void read_probe(const uint4* p, size_t n, u32 never, u32* out) {
+    pdl_wait();
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    u32 acc = 0;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = __ldcs(p + i + j * stride);
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    for (; i < n; i += stride) {
+        const uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == never) *out = acc;
+}
+
 extern "C" __global__ void scale(float* x, float s, size_t n) {
     pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
