@@ -49,7 +49,10 @@ const FLASH_SPLIT_KEYS: usize = 1024;
 
 /// Blocks a multiprocessor holds of the decode kernel for `group` query heads a KV head
 /// (kernels/attention.cu DEC_MIN_BLOCKS, the register budget it is compiled for): a grid of
-/// more blocks a multiprocessor than this runs in two waves.
+/// more blocks a multiprocessor than this runs in two waves. Where the group is at most 2
+/// this caps [`DEC_BLOCKS_PER_SM`] at every depth: two blocks of eight warps, as many warps as
+/// the four of four that the measurements above took (eight-warp blocks, BENCHMARKS.md's
+/// thirty-fourth session: 3-6% faster at depths 0 to 16384 on the Qwen3-0.6B shape).
 pub(crate) fn dec_min_blocks(group: usize) -> usize {
     match group.next_power_of_two() {
         1 | 2 => 2,
