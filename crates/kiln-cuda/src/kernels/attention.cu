@@ -274,7 +274,8 @@ __device__ void heads_norm_rope_block(const float* q, const float* k, int g, boo
 
 // ---- decode attention: one token a sequence, split over keys --------------------------
 
-// Warps of a decode attention block, and row loads a lane has in flight for each of K and V.
+// Warps of a decode attention block where G > 2 (DEC_W), and row loads a lane has in flight for
+// each of K and V.
 #define DEC_WARPS 4
 // Warps of a decode attention block by G: eight where G <= 2 (half the splits of four-warp
 // blocks at the same warps a multiprocessor, so the combine walks half the partials).
@@ -383,7 +384,7 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
     }
 }
 
-// The decode attention of one token: grid (kv_heads, splits), DEC_WARPS warps a block, the
+// The decode attention of one token: grid (kv_heads, splits), DEC_W(G) warps a block, the
 // heads' work (DecHeads) first. Split s of S takes keys [s * c, (s + 1) * c) of the
 // len = pos0 + 1 visible ones (c = len / S rounded up), so a recorded grid spreads whatever
 // length the step has over all its blocks. A key row is LPR lanes' 16-byte loads (LPR: the
