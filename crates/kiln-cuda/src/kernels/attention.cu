@@ -524,16 +524,8 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             k[0] = make_uint4(kq.x, kq.y, nsc[0][d0 >> 5], 0);
             v[0] = make_uint4(vq.x, vq.y, nsc[1][d0 >> 5], 0);
         } else if (dok) {
-            u32 kw[4], vw[4];
-            const float* nk = sm + G * HDM + d0;
-            const float* nv = dh.v + (size_t)kvh * hd + d0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                kw[j] = (u32)f2h(nk[2 * j]) | ((u32)f2h(nk[2 * j + 1]) << 16);
-                vw[j] = (u32)f2h(nv[2 * j]) | ((u32)f2h(nv[2 * j + 1]) << 16);
-            }
-            k[0] = make_uint4(kw[0], kw[1], kw[2], kw[3]);
-            v[0] = make_uint4(vw[0], vw[1], vw[2], vw[3]);
+            k[0] = f8_h8(sm + G * HDM + d0);
+            v[0] = f8_h8(dh.v + (size_t)kvh * hd + d0);
         }
         dec_step<LPR, G, Q>(k, v, nok, g, qf, m, l, acc);
     }
