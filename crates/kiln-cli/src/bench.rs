@@ -233,6 +233,30 @@ impl<B: Backend> BenchModel<B> {
     fn decode_gbps(&self, n: usize, d: usize, tps: f64) -> f64 {
         self.decode_bytes_per_token(n, d) * tps / 1e9
     }
+
+    /// Errors unless the KV caches of `test` from depth `d` fit in the host's memory (the
+    /// CPU's caches; a GPU backend's own memory says for itself): each sequence's cache
+    /// of d + n positions, a windowed layer's slots for steps of up to `UBATCH`.
+    fn check_cache_fits(&self, test: Test, d: usize) -> anyhow::Result<()> {
+        let (n, par) = match test {
+            Test::Gen(n, p) => (n, p),
+            Test::Prompt(n) | Test::GenSchema(n) => (n, 1),
+        };
+        let ctx = d.saturating_add(n);
+        let slots = |w: usize| {
+            let win = kiln_backend::KvWindow {
+                window: w,
+                chunk: UBATCH,
+            };
+            kiln_backend::window::WindowSlots::new(win, ctx, 1)
+                .map_or(ctx as u64, |s| s.slots as u64)
+        };
+        let positions: u64 = self.windows.iter().map(|&w| slots(w)).sum();
+        let need = (positions as u128 * self.kv_bytes_per_pos as u128 * par as u128)
+            .min(u64::MAX as u128) as u64;
+        let what = format!("the KV cache of {} ({ctx} positions)", test.name(d));
+        Ok(kiln_runtime::memory::check_fits(need, &what)?)
+    }
 }
 
 /// Cached positions a decode step reads over all layers (`windows`: each layer's sliding
@@ -783,6 +807,11 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 threads.iter().map(|&t| (t, CpuBackend::new(t))).collect();
             for file in &files {
                 let m = BenchModel::load(file, &load_b, a.kv_type)?;
+                // Before any row: a depth past the host's memory is one line, not an abort.
+                for &(test, d) in &tests {
+                    m.check_cache_fits(test, d)
+                        .with_context(|| format!("benchmarking {}", file.display()))?;
+                }
                 for (t, b) in &backends {
                     run.model(&m, b, *t, "CPU", b.kernels(), &mut header_due)?;
                 }

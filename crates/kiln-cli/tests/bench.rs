@@ -244,6 +244,12 @@ fn bad_input_is_a_one_line_error() {
         (&["-m", trunc][..], "truncated.gguf"),
         (&["-t", "0"][..], "at least 1"),
         (&["-p", "0", "-n", "0"][..], "nothing to measure"),
+        // A depth whose cache cannot fit is refused before any row (it was an abort on a
+        // failed allocation of terabytes).
+        (
+            &["-p", "0", "-n", "4", "-d", "99999999"][..],
+            "the KV cache of tg4 @ d99999999 (100000003 positions) needs",
+        ),
         // A model that does not fit is refused before loading, as by every command.
         (
             &["--memory-limit", "50000000"][..],
