@@ -37,6 +37,13 @@ pub enum RuntimeError {
     NoChatTemplate,
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// A token id a caller sent (`field`: "prompt", "logit_bias") that the model lacks.
+    #[error("{field}: token id {id} is outside the vocabulary ({vocab})")]
+    TokenOutOfRange {
+        field: &'static str,
+        id: u32,
+        vocab: usize,
+    },
     /// A grammar or schema that does not compile, or output it cannot continue.
     #[error("grammar: {0}")]
     Grammar(String),

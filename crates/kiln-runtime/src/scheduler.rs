@@ -566,7 +566,18 @@ impl<'m, B: Backend> Engine<'m, B> {
                 c
             })
         });
-        match (self.tokenize(&req.prompt), constraint.transpose()) {
+        // A bias on a token the model lacks is refused, not dropped.
+        let vocab = self.llm.model.cfg.vocab_size;
+        let biased = match req.opts.logit_bias.iter().find(|b| b.0 as usize >= vocab) {
+            Some(&(id, _)) => Err(RuntimeError::TokenOutOfRange {
+                field: "logit_bias",
+                id,
+                vocab,
+            }),
+            None => Ok(()),
+        };
+        let prompt = biased.and_then(|()| self.tokenize(&req.prompt));
+        match (prompt, constraint.transpose()) {
             (Ok(prompt), Ok(constraint)) => {
                 self.stats.queued.fetch_add(1, Ordering::SeqCst);
                 self.waiting.push_back(Waiting {
@@ -593,10 +604,11 @@ impl<'m, B: Backend> Engine<'m, B> {
             Prompt::Tokens(t) => {
                 let vocab = llm.model.cfg.vocab_size;
                 if let Some(&id) = t.iter().find(|&&id| id as usize >= vocab) {
-                    return Err(RuntimeError::Model(kiln_models::ModelError::Backend {
-                        file: Default::default(),
-                        source: kiln_backend::BackendError::TokenOutOfRange { id, vocab },
-                    }));
+                    return Err(RuntimeError::TokenOutOfRange {
+                        field: "prompt",
+                        id,
+                        vocab,
+                    });
                 }
                 t.clone()
             }

@@ -76,9 +76,7 @@ impl From<RuntimeError> for ApiError {
                 ApiError::invalid(msg)
             }
             // Token ids a client sent that the model does not have.
-            RuntimeError::Model(_) if msg.contains("outside the vocabulary") => {
-                ApiError::invalid(msg).param("prompt")
-            }
+            RuntimeError::TokenOutOfRange { field, .. } => ApiError::invalid(msg).param(field),
             _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg),
         }
     }

@@ -418,6 +418,18 @@ fn every_field_is_implemented_or_refused_by_name() {
         json!({"messages": hi, "logit_bias": {"x": 1}}),
         "logit_bias",
     );
+    // A token the model lacks is refused too (it was dropped).
+    let v = post(
+        chat,
+        &json!({"messages": hi, "logit_bias": {"999999999": 5}}),
+    )
+    .assert_error(400);
+    assert_eq!(v["error"]["param"], "logit_bias", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("logit_bias: token id 999999999 is outside the vocabulary"),
+        "{v}"
+    );
     refused(json!({"messages": hi, "top_logprobs": 2}), "top_logprobs");
     refused(
         json!({"messages": hi, "response_format": {"type": "yaml"}}),

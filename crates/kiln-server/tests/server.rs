@@ -336,7 +336,13 @@ fn bad_requests_get_error_json_and_the_server_keeps_serving() {
         }
         post(chat, &b).assert_error(400);
     }
-    post("/v1/completions", &json!({"prompt": [999999999u32]})).assert_error(400);
+    let v = post("/v1/completions", &json!({"prompt": [999999999u32]})).assert_error(400);
+    assert_eq!(v["error"]["param"], "prompt", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("prompt: token id 999999999 is outside the vocabulary"),
+        "{v}"
+    );
     http(addr, "GET", "/v1/nothing", &[], b"").assert_error(404);
     // Still serving.
     let r = post(
