@@ -460,6 +460,12 @@ struct SpeechRequest {
     voice: Option<String>,
     speed: Option<f32>,
     response_format: Option<String>,
+    /// "audio" (the audio's bytes as they are made, as every response here is); "sse" is
+    /// refused.
+    stream_format: Option<String>,
+    /// Anything else (OpenAI's `instructions`, a misspelt field) is refused by name.
+    #[serde(flatten)]
+    extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Audio out: WAV (24 kHz mono 16-bit, the length unknown while streaming), FLAC (the
@@ -595,6 +601,13 @@ pub async fn speech(State(st): State<Arc<AppState>>, headers: HeaderMap, body: B
         let (id, tts) = st.tts()?;
         let bytes = read_body(&headers, body, st.cfg.max_body).await?;
         let req: SpeechRequest = parse(&bytes)?;
+        crate::api::check_unknown(&req.extra, "")?;
+        if let Some(f) = req.stream_format.as_deref().filter(|&f| f != "audio") {
+            return Err(ApiError::invalid(format!(
+                "stream_format '{f}' is not supported (audio: the bytes as they are made)"
+            ))
+            .param("stream_format"));
+        }
         check_model(req.model.as_deref(), id, TTS_ALIASES)?;
         let format = audio_format(req.response_format.as_deref())?;
         let speed = speed(req.speed)?;

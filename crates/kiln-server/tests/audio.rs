@@ -344,6 +344,11 @@ fn speech_checks_input_and_streams_by_sentence() {
     assert!(m.contains("wav, flac, opus, pcm"), "{m}");
     let e = post_json(path, &json!({"input": "Hi.", "speed": 9})).assert_error(400);
     assert_eq!(e["param"], "speed");
+    // Fields the route does not take are refused by name (`instructions` was ignored).
+    let e = post_json(path, &json!({"input": "Hi.", "instructions": "whisper"})).assert_error(400);
+    assert_eq!(e["param"], "instructions");
+    let e = post_json(path, &json!({"input": "Hi.", "stream_format": "sse"})).assert_error(400);
+    assert_eq!(e["param"], "stream_format");
     post_json(path, &json!({"input": "Hi.", "model": "nope"})).assert_error(404);
     post_json(path, &json!({"input": "x".repeat(4097)})).assert_error(400);
     http(path, "application/json", b"{\"input\": ").assert_error(400);
@@ -370,7 +375,7 @@ fn speech_checks_input_and_streams_by_sentence() {
     // FLAC: the same samples, lossless, streamed frame by frame.
     let pcm = post_json(
         path,
-        &json!({"input": "Good morning.", "response_format": "pcm"}),
+        &json!({"input": "Good morning.", "response_format": "pcm", "stream_format": "audio"}),
     );
     let r = post_json(
         path,
