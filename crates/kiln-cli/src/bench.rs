@@ -243,15 +243,7 @@ impl<B: Backend> BenchModel<B> {
             Test::Prompt(n) | Test::GenSchema(n) => (n, 1),
         };
         let ctx = d.saturating_add(n);
-        let slots = |w: usize| {
-            let win = kiln_backend::KvWindow {
-                window: w,
-                chunk: UBATCH,
-            };
-            kiln_backend::window::WindowSlots::new(win, ctx, 1)
-                .map_or(ctx as u64, |s| s.slots as u64)
-        };
-        let positions: u64 = self.windows.iter().map(|&w| slots(w)).sum();
+        let positions = self.model.cfg.kv_cache_positions(ctx, UBATCH);
         let need = (positions as u128 * self.kv_bytes_per_pos as u128 * par as u128)
             .min(u64::MAX as u128) as u64;
         let what = format!("the KV cache of {} ({ctx} positions)", test.name(d));

@@ -250,16 +250,7 @@ impl<B: Backend> Llm<B> {
             .ggml()
             .row_bytes(c.head_dim)
             .unwrap_or(4 * c.head_dim) as u64;
-        let positions: usize = (0..c.n_layers)
-            .map(|il| {
-                let win = kiln_backend::KvWindow {
-                    window: c.window(il),
-                    chunk: 512,
-                };
-                kiln_backend::window::WindowSlots::new(win, n_ctx, 1).map_or(n_ctx, |w| w.slots)
-            })
-            .sum();
-        2 * (positions * c.n_kv_heads) as u64 * row
+        2 * (c.kv_cache_positions(n_ctx, 512) * c.n_kv_heads) as u64 * row
     }
 
     /// Errors when `sessions` sessions of `n_ctx` positions would not fit in memory.

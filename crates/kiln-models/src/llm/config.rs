@@ -282,6 +282,20 @@ impl LlmConfig {
         self.layer_window.get(il).copied().unwrap_or(0)
     }
 
+    /// Positions the layers' KV caches hold for a context of `n_ctx` (every layer has a
+    /// cache, `kv_groups`): a sliding-window layer its slots for steps of up to `chunk`.
+    pub fn kv_cache_positions(&self, n_ctx: usize, chunk: usize) -> usize {
+        (0..self.n_layers)
+            .map(|il| {
+                let win = kiln_backend::KvWindow {
+                    window: self.window(il),
+                    chunk,
+                };
+                kiln_backend::window::WindowSlots::new(win, n_ctx, 1).map_or(n_ctx, |w| w.slots)
+            })
+            .sum()
+    }
+
     /// The layers' KV caches: one per distinct window (0: every position), in the order the
     /// layers first use them, and each layer's (cache, index within it).
     pub fn kv_groups(&self) -> (Vec<usize>, Vec<(usize, usize)>) {
