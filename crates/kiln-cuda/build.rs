@@ -10,12 +10,13 @@ use std::path::PathBuf;
 
 /// The files of src/kernels, one after the other in the source (each uses only what the files
 /// before it define).
-const FILES: [&str; 9] = [
+const FILES: [&str; 10] = [
     "common.cu",
     "products.cu",
     "rows.cu",
     "attention.cu",
     "flash.cu",
+    "decode_mma.cu",
     "gemm.cu",
     "elementwise.cu",
     "speech.cu",

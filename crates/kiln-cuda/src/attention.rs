@@ -111,14 +111,61 @@ const ATTN_DEC_SEQS: [[[&str; 4]; 4]; 2] = [
     dec_table!("attn_dec_seqs_q8_"),
 ];
 
-/// Every name of [`ATTN_DEC`] and [`ATTN_DEC_SEQS`] (device.rs kernel_names).
+/// Warps of a tensor-core decode attention block, stages a warp and keys a stage
+/// (kernels/decode_mma.cu DECM_WARPS, DECM_ST, DECM_KEYS).
+const DECM_WARPS: usize = 4;
+const DECM_ST: usize = 3;
+const DECM_KEYS: usize = 16;
+/// Blocks a multiprocessor the tensor-core decode kernels are sized for (`__launch_bounds__`;
+/// their shared memory).
+const DECM_BLOCKS: usize = 2;
+/// Static shared memory of a tensor-core decode block at most (ptxas: 9584 bytes at head
+/// size 128 and G = 8), with room.
+const DECM_STATIC: usize = 10 << 10;
+
+/// Dynamic shared memory of a tensor-core decode block for heads of `hd` (DECM_SMEM): each
+/// warp's stages of keys and values, f16.
+pub(crate) fn decm_smem(hd: usize) -> u32 {
+    (DECM_WARPS * DECM_ST * 2 * DECM_KEYS * hd * 2) as u32
+}
+
+/// kernels/decode_mma.cu's attn_decm_<HD>_<G> and attn_decm_seqs_<HD>_<G>: one token and
+/// one token of each of several sequences, by head size (64, 128), then G.
+const ATTN_DECM: [[[&str; 4]; 2]; 2] = [
+    [dec_row!("attn_decm_", "64"), dec_row!("attn_decm_", "128")],
+    [
+        dec_row!("attn_decm_seqs_", "64"),
+        dec_row!("attn_decm_seqs_", "128"),
+    ],
+];
+
+/// The dynamic shared memory of `name` where it is a tensor-core decode kernel.
+pub(crate) fn decm_smem_of(name: &str) -> Option<u32> {
+    let i = ATTN_DECM
+        .iter()
+        .flatten()
+        .position(|row| row.contains(&name))?;
+    Some(decm_smem(64 << (i % 2)))
+}
+
+/// Every name of [`ATTN_DEC`], [`ATTN_DEC_SEQS`] and [`ATTN_DECM`] (device.rs kernel_names).
 pub(crate) fn dec_kernel_names() -> impl Iterator<Item = &'static str> {
     ATTN_DEC
         .iter()
         .chain(&ATTN_DEC_SEQS)
         .flatten()
         .flatten()
+        .chain(ATTN_DECM.iter().flatten().flatten())
         .copied()
+}
+
+/// A decode attention launch: its kernel, threads a block, dynamic shared memory, and the
+/// blocks a multiprocessor its splits are sized for.
+struct DecKernel {
+    name: &'static str,
+    threads: u32,
+    smem: u32,
+    per_sm: usize,
 }
 
 /// The decode kernel of a shape over a cache (`q8`: q8_0, else f16) in `table`: LPR, the
@@ -275,6 +322,7 @@ impl CudaBackend {
             seqs.iter().all(|x| x.cache.q8 == q8),
             "one decode step over caches of two types"
         );
+        let k = self.dec_kernel_for(s, q8, true);
         // The sequences' table, sent when it changed (once a step: every layer reads it).
         // Each sequence is split as it is alone (so its sums are the same whatever else the
         // step holds); the grid has the most splits any of them has.
@@ -289,12 +337,8 @@ impl CudaBackend {
                 let new = SeqDesc {
                     tbl: x.cache.table(),
                     len: (x.shape.pos0 + 1) as i32,
-                    splits: self.dec_splits(
-                        x.cache.n_ctx,
-                        x.shape.window,
-                        s.n_kv_heads,
-                        s.n_heads / s.n_kv_heads,
-                    ) as i32,
+                    splits: self.dec_splits(x.cache.n_ctx, x.shape.window, s.n_kv_heads, k.per_sm)
+                        as i32,
                     window: x.shape.window as i32,
                     pad: 0,
                 };
@@ -328,10 +372,10 @@ impl CudaBackend {
             .a(ml)
             .a(dh);
         self.dev.launch(
-            self.dev.func(dec_kernel(&ATTN_DEC_SEQS, s, q8)),
+            self.dev.func(k.name),
             (s.n_kv_heads as u32, splits as u32, n as u32),
-            (32 * dec_warps(s.n_heads / s.n_kv_heads) as u32, 1, 1),
-            0,
+            (k.threads, 1, 1),
+            k.smem,
             &mut a.ptrs(),
         );
         self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads, true);
@@ -359,19 +403,52 @@ impl CudaBackend {
         }
     }
 
+    /// Whether one decode token's attention over an f16 cache of this shape runs on the
+    /// tensor cores (kernels/decode_mma.cu): sm_80 and later, heads of 64 or 128, where a
+    /// multiprocessor holds two of its blocks.
+    fn decm(&self, s: AttnShape, q8: bool) -> bool {
+        self.tune.dec_mma
+            && !q8
+            && self.dev.major >= 8
+            && matches!(s.head_dim, 64 | 128)
+            && DECM_BLOCKS * (decm_smem(s.head_dim) as usize + DECM_STATIC) <= self.dev.smem_per_sm
+    }
+
+    /// The decode attention kernel for one token (`seqs`: of each of several sequences) of
+    /// this shape over a cache (`q8`: q8_0, else f16).
+    fn dec_kernel_for(&self, s: AttnShape, q8: bool, seqs: bool) -> DecKernel {
+        let group = s.n_heads / s.n_kv_heads;
+        if self.decm(s, q8) {
+            let g = group.next_power_of_two().trailing_zeros() as usize;
+            return DecKernel {
+                name: ATTN_DECM[seqs as usize][(s.head_dim == 128) as usize][g],
+                threads: (32 * DECM_WARPS) as u32,
+                smem: decm_smem(s.head_dim),
+                per_sm: DECM_BLOCKS,
+            };
+        }
+        let table = if seqs { &ATTN_DEC_SEQS } else { &ATTN_DEC };
+        DecKernel {
+            name: dec_kernel(table, s, q8),
+            threads: (32 * dec_warps(group)) as u32,
+            smem: 0,
+            per_sm: dec_min_blocks(group),
+        }
+    }
+
     /// Splits of one decode token's attention over a cache of `n_ctx` positions (the last
     /// `window` of them where the layer has a sliding window, 0: none): a grid fixed by the
     /// cache's size and the layer (one recording serves every position), each split its
     /// share of the keys the step sees, [`DEC_BLOCKS_PER_SM`] blocks a multiprocessor (one
-    /// more from [`DEC_LONG_KEYS`] keys), at most as many as one wave holds
-    /// ([`dec_min_blocks`]: `group` query heads a KV head). The shape alone decides, so a
+    /// more from [`DEC_LONG_KEYS`] keys), at most as many as one wave holds (`held`: the
+    /// kernel's blocks a multiprocessor, [`DecKernel::per_sm`]). The shape alone decides, so a
     /// sequence splits the same alone and in a batch.
     pub(crate) fn dec_splits(
         &self,
         n_ctx: usize,
         window: usize,
         kv_heads: usize,
-        group: usize,
+        held: usize,
     ) -> usize {
         let keys = match window {
             0 => n_ctx,
@@ -383,7 +460,7 @@ impl CudaBackend {
         let per_sm = self
             .tune
             .dec_blocks_per_sm
-            .unwrap_or((DEC_BLOCKS_PER_SM + long as usize).min(dec_min_blocks(group)));
+            .unwrap_or((DEC_BLOCKS_PER_SM + long as usize).min(held));
         keys.div_ceil(DEC_SPLIT_KEYS)
             .min((per_sm * self.dev.num_sms / kv_heads).max(1))
     }
@@ -563,14 +640,16 @@ impl CudaBackend {
             "CUDA attention: head size {} (a multiple of 8, at most 256)",
             s.head_dim
         );
-        // kernels/*.cu's attn_split_<EPL> (EPL = head_dim / 32 rounded up) or
-        // attn_dec_<LPR>_<G>.
-        let (name, warps) = match dec {
-            Some(_) => (
-                dec_kernel(&ATTN_DEC, s, cache.q8),
-                dec_warps(s.n_heads / s.n_kv_heads),
-            ),
-            None => (ATTN_SPLIT[s.head_dim.div_ceil(32) - 1], ATT_WARPS),
+        // kernels/*.cu's attn_split_<EPL> (EPL = head_dim / 32 rounded up), or the decode
+        // kernel (attn_dec_<LPR>_<G> or attn_decm_<HD>_<G>).
+        let k = match dec {
+            Some(_) => self.dec_kernel_for(s, cache.q8, false),
+            None => DecKernel {
+                name: ATTN_SPLIT[s.head_dim.div_ceil(32) - 1],
+                threads: 32 * ATT_WARPS as u32,
+                smem: 0,
+                per_sm: 0,
+            },
         };
         self.set_params(s.pos0, None);
         // A grid fixed by the cache's size, so one recording serves every position. The
@@ -583,12 +662,7 @@ impl CudaBackend {
                 (splits, splits * ATT_WARPS)
             }
             Some(_) => {
-                let splits = self.dec_splits(
-                    cache.n_ctx,
-                    s.window,
-                    s.n_kv_heads,
-                    s.n_heads / s.n_kv_heads,
-                );
+                let splits = self.dec_splits(cache.n_ctx, s.window, s.n_kv_heads, k.per_sm);
                 (splits, splits)
             }
         };
@@ -626,10 +700,10 @@ impl CudaBackend {
             a = a.a(dh);
         }
         self.dev.launch(
-            self.dev.func(name),
+            self.dev.func(k.name),
             (s.n_kv_heads as u32, splits as u32, s.n_tokens as u32),
-            (32 * warps as u32, 1, 1),
-            0,
+            (k.threads, 1, 1),
+            k.smem,
             &mut a.ptrs(),
         );
         self.attn_combine(
@@ -912,7 +986,9 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{attention_supported, dec_min_blocks, ATTN_DEC, ATTN_DEC_SEQS, ATTN_SPLIT};
+    use super::{
+        attention_supported, dec_min_blocks, ATTN_DEC, ATTN_DECM, ATTN_DEC_SEQS, ATTN_SPLIT,
+    };
 
     /// The launch tables name kernels the module loads, each once.
     #[test]
@@ -923,11 +999,12 @@ mod tests {
         let names: Vec<_> = crate::device::kernel_names().collect();
         let unique: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "a kernel named twice");
-        assert_eq!(super::dec_kernel_names().count(), 64);
+        assert_eq!(super::dec_kernel_names().count(), 80);
     }
 
     /// Every decode attention kernel fits the blocks a multiprocessor that its splits are
-    /// sized for (kernels/attention.cu DEC_MIN_BLOCKS against dec_min_blocks), on this GPU.
+    /// sized for (kernels/attention.cu DEC_MIN_BLOCKS against dec_min_blocks; the
+    /// tensor-core kernels two, where the GPU's shared memory holds them), on this GPU.
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn decode_attention_kernels_hold_their_blocks() {
@@ -948,6 +1025,32 @@ mod tests {
                     eprintln!("{name}: {held} blocks a multiprocessor (sized for {want})");
                     assert!(held as usize >= want, "{name}: {held} < {want}");
                 }
+            }
+        }
+        for (hi, row) in ATTN_DECM.iter().flatten().enumerate() {
+            let hd = 64 << (hi % 2);
+            for name in row {
+                let f = b.dev.func(name);
+                let smem = super::decm_smem(hd);
+                // SAFETY: as above.
+                let held = unsafe {
+                    cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+                        f,
+                        (32 * super::DECM_WARPS) as i32,
+                        smem as usize,
+                    )
+                }
+                .expect("occupancy query");
+                eprintln!(
+                    "{name}: {held} blocks a multiprocessor of {smem} bytes of shared memory"
+                );
+                let fits =
+                    super::DECM_BLOCKS * (smem as usize + super::DECM_STATIC) <= b.dev.smem_per_sm;
+                assert!(
+                    !fits || held as usize >= super::DECM_BLOCKS,
+                    "{name}: {held} < {}",
+                    super::DECM_BLOCKS
+                );
             }
         }
     }

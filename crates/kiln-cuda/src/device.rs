@@ -130,6 +130,16 @@ impl Drop for DevBuf {
 /// (kernels/gemm.cu GM_SMEM).
 pub(crate) const BIG_SMEM: &[(&str, u32)] = &[("gemm_f16_128", 4 * 256 * 40 * 2)];
 
+/// The dynamic shared memory a kernel may take beyond the default 48 KiB: [`BIG_SMEM`]'s and
+/// the tensor-core decode attention's (attention.rs decm_smem).
+fn big_smem(name: &str) -> Option<u32> {
+    BIG_SMEM
+        .iter()
+        .find(|k| k.0 == name)
+        .map(|k| k.1)
+        .or_else(|| crate::attention::decm_smem_of(name))
+}
+
 /// Every kernel the backend loads: [`KERNELS`], then the decode attention's tables
 /// (attention.rs).
 pub(crate) fn kernel_names() -> impl Iterator<Item = &'static str> {
@@ -320,6 +330,8 @@ pub struct Device {
     /// Each kernel's index in kernel_names().
     index: std::collections::HashMap<&'static str, usize>,
     pub num_sms: usize,
+    /// Shared memory a multiprocessor holds (bytes).
+    pub smem_per_sm: usize,
     /// The compute capability's major version (8 and up: mma.sync, cp.async, ldmatrix).
     pub major: i32,
     pub name: String,
@@ -375,6 +387,12 @@ impl Device {
         let num_sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(|e| init_err("reading the multiprocessor count", e))? as usize;
+        let smem_per_sm = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )
+            .map_err(|e| init_err("reading the shared memory a multiprocessor holds", e))?
+            as usize;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let arch = arch_for(major, minor);
         let module = match aot_module(&ctx, major, minor) {
@@ -395,6 +413,7 @@ impl Device {
             funcs,
             index: kernel_names().enumerate().map(|(i, k)| (k, i)).collect(),
             num_sms,
+            smem_per_sm,
             major,
             pdl: major >= 9 && !kiln_backend::options::dev_flag("KILN_CUDA_NO_PDL"),
             skip: Vec::new(),
@@ -423,7 +442,7 @@ impl Device {
             let f = f
                 .unwrap_or_else(|e| panic!("CUDA: loading kernel {name}: {e:?}"))
                 .cu_function();
-            if let Some(&(_, bytes)) = BIG_SMEM.iter().find(|k| k.0 == name) {
+            if let Some(bytes) = big_smem(name) {
                 let attr =
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 unsafe { sys::cuFuncSetAttribute(f, attr, bytes as i32) }

@@ -106,6 +106,9 @@ pub(crate) struct Tune {
     pub(crate) flash_splits: Option<usize>,
     /// Decode attention blocks a multiprocessor (KILN_CUDA_DEC_BPS, 1-16).
     pub(crate) dec_blocks_per_sm: Option<usize>,
+    /// Decode attention over f16 caches on the tensor cores where the shape and the GPU allow
+    /// (attention.rs decm; KILN_CUDA_NO_DEC_MMA=1: the CUDA-core kernels everywhere).
+    pub(crate) dec_mma: bool,
     /// Rows a warp of one-token decode products without a quantized output
     /// (KILN_CUDA_DEC_ROWS: 1 or 4).
     pub(crate) dec_rows: Option<usize>,
@@ -135,6 +138,7 @@ impl Tune {
             flash_prompt: env("KILN_CUDA_FLASH_PROMPT").filter(|n| [0, 1, 2].contains(n)),
             flash_splits: env("KILN_CUDA_FLASH_SPLITS").filter(|n| (1..=64).contains(n)),
             dec_blocks_per_sm: env("KILN_CUDA_DEC_BPS").filter(|n| (1..=16).contains(n)),
+            dec_mma: !kiln_backend::options::dev_flag("KILN_CUDA_NO_DEC_MMA"),
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
             dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),

@@ -384,6 +384,35 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
     }
 }
 
+// The NW partials of a decode block (each its max and sum in wml, its weighted values at
+// acc + (w * G + i) * ld for query head i) merged into the split's partial for attn_combine.
+template <int NW, int G>
+__device__ __forceinline__ void dec_merge(const float* acc, const float (*wml)[G][2], int ld,
+                                          int g, int hd, int t, int heads, int kvh, int split,
+                                          int ld_split, float* part_acc, float* part_ml) {
+    for (int x = threadIdx.x; x < g * hd; x += blockDim.x) {
+        const int i = x / hd, d = x % hd;
+        float mx = -KINF;
+#pragma unroll
+        for (int w = 0; w < NW; w++) mx = fmaxf(mx, wml[w][i][0]);
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            const float mw = wml[w][i][0];
+            if (mw == -KINF) continue;
+            const float f = expf(mw - mx);
+            den += f * wml[w][i][1];
+            num += f * acc[(w * G + i) * ld + d];
+        }
+        const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
+        part_acc[slot * hd + d] = num;
+        if (d == 0) {
+            part_ml[2 * slot] = mx;
+            part_ml[2 * slot + 1] = den;
+        }
+    }
+}
+
 // The decode attention of one token: grid (kv_heads, splits), DEC_W(G) warps a block, the
 // heads' work (DecHeads) first. Split s of S takes keys [s * c, (s + 1) * c) of the
 // len = pos0 + 1 visible ones (c = len / S rounded up), so a recorded grid spreads whatever
@@ -555,27 +584,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
         }
     }
     __syncthreads();
-    for (int x = threadIdx.x; x < g * hd; x += blockDim.x) {
-        const int i = x / hd, d = x % hd;
-        float mx = -KINF;
-#pragma unroll
-        for (int w = 0; w < W; w++) mx = fmaxf(mx, wml[w][i][0]);
-        float num = 0.0f, den = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; w++) {
-            const float mw = wml[w][i][0];
-            if (mw == -KINF) continue;
-            const float f = expf(mw - mx);
-            den += f * wml[w][i][1];
-            num += f * sm[(w * G + i) * HDM + d];
-        }
-        const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
-        part_acc[slot * hd + d] = num;
-        if (d == 0) {
-            part_ml[2 * slot] = mx;
-            part_ml[2 * slot + 1] = den;
-        }
-    }
+    dec_merge<W, G>(sm, wml, HDM, g, hd, t, heads, kvh, split, ld_split, part_acc, part_ml);
 }
 
 // Splits whose weights attn_combine keeps in shared memory (more: computed as it goes).
