@@ -386,30 +386,45 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 
 // The NW partials of a decode block (each its max and sum in wml, its weighted values at
 // acc + (w * G + i) * ld for query head i) merged into the split's partial for attn_combine.
+// A thread a head takes the max over the partials, the denominator, and each partial's
+// weight e^(m_w - max), which replaces m_w in wml (so each value needs no exponential).
 template <int NW, int G>
-__device__ __forceinline__ void dec_merge(const float* acc, const float (*wml)[G][2], int ld,
-                                          int g, int hd, int t, int heads, int kvh, int split,
+__device__ __forceinline__ void dec_merge(const float* acc, float (*wml)[G][2], int ld, int g,
+                                          int hd, int t, int heads, int kvh, int split,
                                           int ld_split, float* part_acc, float* part_ml) {
-    for (int x = threadIdx.x; x < g * hd; x += blockDim.x) {
-        const int i = x / hd, d = x % hd;
+    if (threadIdx.x < g) {
+        const int i = threadIdx.x;
         float mx = -KINF;
 #pragma unroll
         for (int w = 0; w < NW; w++) mx = fmaxf(mx, wml[w][i][0]);
-        float num = 0.0f, den = 0.0f;
+        float den = 0.0f;
 #pragma unroll
         for (int w = 0; w < NW; w++) {
             const float mw = wml[w][i][0];
-            if (mw == -KINF) continue;
-            const float f = expf(mw - mx);
-            den += f * wml[w][i][1];
-            num += f * acc[(w * G + i) * ld + d];
+            float f = 0.0f;
+            if (mw != -KINF) {
+                f = expf(mw - mx);
+                den += f * wml[w][i][1];
+            }
+            wml[w][i][0] = f;
+        }
+        const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
+        part_ml[2 * slot] = mx;
+        part_ml[2 * slot + 1] = den;
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < g * hd; x += blockDim.x) {
+        const int i = x / hd, d = x % hd;
+        float num = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            // A partial of no key has weight 0 and values never written: skipped (a weight
+            // that underflowed to 0 adds nothing either).
+            const float f = wml[w][i][0];
+            if (f != 0.0f) num += f * acc[(w * G + i) * ld + d];
         }
         const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
         part_acc[slot * hd + d] = num;
-        if (d == 0) {
-            part_ml[2 * slot] = mx;
-            part_ml[2 * slot + 1] = den;
-        }
     }
 }
 

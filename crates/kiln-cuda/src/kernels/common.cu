@@ -53,9 +53,12 @@ typedef unsigned int u32;
 
 typedef unsigned long long u64;
 
+// Row (h, p) within its block, whose address is blk.
+__device__ __forceinline__ u16* kv_blk_row(u64 blk, long long off, int h, int p, int hd) {
+    return (u16*)blk + off + ((size_t)h * KV_BLOCK + (p & (KV_BLOCK - 1))) * hd;
+}
 __device__ __forceinline__ u16* kv_row(const u64* tbl, long long off, int h, int p, int hd) {
-    u16* blk = (u16*)tbl[p >> KV_BLOCK_LOG2];
-    return blk + off + ((size_t)h * KV_BLOCK + (p & (KV_BLOCK - 1))) * hd;
+    return kv_blk_row(tbl[p >> KV_BLOCK_LOG2], off, h, p, hd);
 }
 
 __device__ __forceinline__ float h2f(u16 h) {

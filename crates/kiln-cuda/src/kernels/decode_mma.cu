@@ -69,13 +69,22 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
     const int steps = kend > k0 ? (kend - kb0 + DECM_KEYS - 1) / DECM_KEYS : 0;
     const int mine = steps > warp ? (steps - warp + W - 1) / W : 0;
     u16* stages = dsm + warp * DECM_ST * 2 * STAGE;
+    // The cache blocks of the warp's steps, lane i holding step 32 c + i's while the warp
+    // copies steps 32 c.. (read ahead of the copies, which then wait on no table read).
+    auto blk_of = [&](int j0) {
+        const int j = j0 + lane;
+        return j < mine ? tbl[(kb0 + (warp + j * W) * DECM_KEYS) >> KV_BLOCK_LOG2] : 0ull;
+    };
+    u64 blks = blk_of(0);
     // The warp's step j into stage j % DECM_ST (a copy group, empty past its last step).
     auto issue = [&](int j) {
         if (j < mine) {
+            if (j > 0 && (j & 31) == 0) blks = blk_of(j);
+            const u64 blk = __shfl_sync(0xffffffffu, blks, j & 31);
             const int base = kb0 + (warp + j * W) * DECM_KEYS;
             u16* ks = stages + (j % DECM_ST) * 2 * STAGE;
-            const u16* kr = kv_row(tbl, k_off, kvh, base, HD);
-            const u16* vr = kv_row(tbl, v_off, kvh, base, HD);
+            const u16* kr = kv_blk_row(blk, k_off, kvh, base, HD);
+            const u16* vr = kv_blk_row(blk, v_off, kvh, base, HD);
 #pragma unroll
             for (int x = lane; x < STAGE / 8; x += 32) {
                 const int r = x / (HD / 8), ch = x % (HD / 8);
@@ -133,19 +142,22 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
         const u16* vs = ks + STAGE;
         const int base = kb0 + (warp + j * W) * DECM_KEYS;
         // Scores: s[n] keys base + 8 n + 2 tig (+1), row gid ([0], [1]) and gid + 8 ([2],
-        // [3]). A fragment load takes two steps of 16 dimensions of 8 keys.
-        float s[2][4];
+        // [3]). A fragment load takes two steps of 16 dimensions of 8 keys; the even and odd
+        // steps go to sums of their own (two chains of products half as long), added last.
+        float s[2][4], s2[2][4];
 #pragma unroll
         for (int n = 0; n < 2; n++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = 0.0f;
+            for (int e = 0; e < 4; e++) s[n][e] = s2[n][e] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk += 2) {
                 u32 b[4];
                 ldmatrix_x4(b, ks + decm_at<HD>(n * 8 + (lane & 7), 2 * kk + (lane >> 3)));
                 mma16816(s[n], qa[kk], b[0], b[1]);
-                mma16816(s[n], qa[kk + 1], b[2], b[3]);
+                mma16816(s2[n], qa[kk + 1], b[2], b[3]);
             }
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] += s2[n][e];
         }
         // The online softmax over the step (a head's keys are spread over the four lanes
         // of its group).
