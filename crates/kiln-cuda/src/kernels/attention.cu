@@ -428,6 +428,27 @@ __device__ __forceinline__ void dec_merge(const float* acc, float (*wml)[G][2], 
     }
 }
 
+// Split `split` of a decode block's keys [k0, k1) of the len a sequence sees (the last
+// `window` where window > 0), false where it has none. A sequence's keys go to its first
+// n_split splits (the grid may hold more for other sequences: those write an empty partial,
+// which the combine skips); partials are laid out by the grid's ld_split splits.
+__device__ __forceinline__ bool dec_split_keys(int len, int window, int n_split, int split,
+                                               int ld_split, int t, int heads, int kvh, int g,
+                                               float* part_ml, int& k0, int& k1) {
+    const int lo = window > 0 ? max(0, len - window) : 0;
+    n_split = min(n_split, max(1, (len - lo + DEC_SPLIT_KEYS - 1) / DEC_SPLIT_KEYS));
+    if (split >= n_split) {
+        pdl_wait();
+        if (threadIdx.x < g)
+            part_ml[2 * (((size_t)t * heads + kvh * g + threadIdx.x) * ld_split + split)] = -KINF;
+        return false;
+    }
+    const int c = (len - lo + n_split - 1) / n_split;
+    k0 = lo + split * c;
+    k1 = min(len, k0 + c);
+    return true;
+}
+
 // The decode attention of one token: grid (kv_heads, splits), DEC_W(G) warps a block, the
 // heads' work (DecHeads) first. Split s of S takes keys [s * c, (s + 1) * c) of the
 // len = pos0 + 1 visible ones (c = len / S rounded up), so a recorded grid spreads whatever
@@ -460,19 +481,9 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
     const int g = heads / kv_heads;
-    // This sequence's keys go to its first n_split splits (the grid may hold more for
-    // other sequences: those write an empty partial, which the combine skips); partials
-    // are laid out by the grid's splits. A sliding window (window > 0): the keys lo..len.
-    const int lo = window > 0 ? max(0, len - window) : 0;
-    n_split = min(n_split, max(1, (len - lo + DEC_SPLIT_KEYS - 1) / DEC_SPLIT_KEYS));
-    if (split >= n_split) {
-        pdl_wait();
-        if (threadIdx.x < g)
-            part_ml[2 * (((size_t)t * heads + kvh * g + threadIdx.x) * ld_split + split)] = -KINF;
+    int k0, k1;
+    if (!dec_split_keys(len, window, n_split, split, ld_split, t, heads, kvh, g, part_ml, k0, k1))
         return;
-    }
-    const int c = (len - lo + n_split - 1) / n_split;
-    const int k0 = lo + split * c, k1 = min(len, k0 + c);
     // The rows older than the new one, which earlier steps or prompt chunks wrote (a copy
     // precedes them, and the host reads each step's tokens before launching the next), so
     // a warp's first loads go out before the wait for the kernels before this one (under

@@ -50,17 +50,9 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
     const int gid = lane >> 2, tig = lane & 3;
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
     const int g = heads / kv_heads;
-    // The split's keys, as attn_dec_part takes them.
-    const int lo = window > 0 ? max(0, len - window) : 0;
-    n_split = min(n_split, max(1, (len - lo + DEC_SPLIT_KEYS - 1) / DEC_SPLIT_KEYS));
-    if (split >= n_split) {
-        pdl_wait();
-        if (threadIdx.x < g)
-            part_ml[2 * (((size_t)t * heads + kvh * g + threadIdx.x) * ld_split + split)] = -KINF;
+    int k0, k1;
+    if (!dec_split_keys(len, window, n_split, split, ld_split, t, heads, kvh, g, part_ml, k0, k1))
         return;
-    }
-    const int c = (len - lo + n_split - 1) / n_split;
-    const int k0 = lo + split * c, k1 = min(len, k0 + c);
     // The rows older than the new one (earlier steps wrote them: attn_dec_part says why they
     // may be read before the wait), in steps of DECM_KEYS aligned to DECM_KEYS, so a step lies
     // in one cache block; keys of a step outside [k0, kend) are copied as zeros and masked.
