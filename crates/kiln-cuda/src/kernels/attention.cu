@@ -428,6 +428,19 @@ __device__ __forceinline__ void dec_merge(const float* acc, float (*wml)[G][2], 
     }
 }
 
+// A decode block's new key (k) and value (v) of KV head kvh into row pos of an f16 cache, by
+// all its threads.
+__device__ __forceinline__ void dec_store_f16(const u64* tbl, long long k_off, long long v_off,
+                                              int kvh, int pos, int hd, const float* k,
+                                              const float* v) {
+    u16* kr = kv_row(tbl, k_off, kvh, pos, hd);
+    u16* vr = kv_row(tbl, v_off, kvh, pos, hd);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        kr[d] = f2h(k[d]);
+        vr[d] = f2h(v[d]);
+    }
+}
+
 // Split `split` of a decode block's keys [k0, k1) of the len a sequence sees (the last
 // `window` where window > 0), false where it has none. A sequence's keys go to its first
 // n_split splits (the grid may hold more for other sequences: those write an empty partial,
@@ -540,12 +553,8 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             __syncthreads();
         } else if (owner) {
             // The new row into the cache, and into warp wnew's registers as its f16 values.
-            u16* kr = kv_row(tbl, k_off, kvh, pos, hd);
-            u16* vr = kv_row(tbl, v_off, kvh, pos, hd);
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                kr[d] = f2h(rows[G * HDM + d]);
-                vr[d] = f2h(dh.v[(size_t)kvh * hd + d]);
-            }
+            dec_store_f16(tbl, k_off, v_off, kvh, pos, hd, rows + G * HDM,
+                          dh.v + (size_t)kvh * hd);
         }
     }
     // The next pass's rows are loaded before this pass's arithmetic: a warp always has

@@ -95,15 +95,8 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
     const int pos = len - 1;
     heads_norm_rope_block(q + (size_t)kvh * g * HD, dh.k + (size_t)kvh * HD, g, owner, HD, dh,
                           pos, hsm + (G + 1) * HD, hsm, G * HD, HD, rinv);
-    if (owner) {
-        // The new row into the cache (f16), as attn_dec_part stores it.
-        u16* kr = kv_row(tbl, k_off, kvh, pos, HD);
-        u16* vr = kv_row(tbl, v_off, kvh, pos, HD);
-        for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-            kr[d] = f2h(hsm[G * HD + d]);
-            vr[d] = f2h(dh.v[(size_t)kvh * HD + d]);
-        }
-    }
+    if (owner)
+        dec_store_f16(tbl, k_off, v_off, kvh, pos, HD, hsm + G * HD, dh.v + (size_t)kvh * HD);
     // The queries as A fragments, one per 16 dimensions ({row gid, dims 2 tig..}, {row
     // gid + 8, ..}, {row gid, dims 2 tig + 8..}, {row gid + 8, ..}): row gid query head gid
     // scaled and rounded to f16, row gid + 8 the rest of it; rows of no head are zeros.
