@@ -212,62 +212,100 @@ struct DecHeads {
     int neox;
 };
 
-// The heads of one decode block normalised and rotated by all its threads at once, value
-// for value as `heads` computes them: g query heads at q (hd values each)
-// and, with key, the new key's head at k, into rows (query head i at i * ld, the key at
-// key_row). raw holds (g + 1) * ld floats of scratch, rinv g + 1. Every load of the rows is
-// in flight at once, each head's sum of squares is a warp's (its lanes over the row in
-// `heads`' order, then the same shuffle tree), and each thread takes its rotation's
-// sine and cosine once for all the heads where its dimensions repeat. Ends with a barrier.
-__device__ void heads_norm_rope_block(const float* q, const float* k, int g, bool key, int hd,
-                                      const DecHeads& dh, int pos, float* raw, float* rows,
-                                      int key_row, int ld, float* rinv) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int nh = g + (int)key, n = nh * hd;
-#pragma unroll 4
-    for (int x = threadIdx.x; x < n; x += blockDim.x) {
-        const int i = x / hd, e = x - i * hd;
-        raw[i * ld + e] = i < g ? q[(size_t)i * hd + e] : k[e];
-    }
-    __syncthreads();
-    for (int i = warp; i < nh; i += nw) {
-        const float* norm_w = i < g ? dh.q_norm : dh.k_norm;
-        const float* x = raw + i * ld;
-        float ss = 0.0f;
-        for (int e = lane; e < hd; e += 32) ss += x[e] * x[e];
-        const float r = norm_w ? rsqrtf(warp_sum(ss) / (float)hd + dh.eps) : 1.0f;
-        if (lane == 0) rinv[i] = r;
-    }
-    __syncthreads();
-    int fi_done = -1;
-    float sn = 0.0f, cs = 1.0f;
-    for (int x = threadIdx.x; x < n; x += blockDim.x) {
-        const int i = x / hd, e = x - i * hd;
-        const float* norm_w = i < g ? dh.q_norm : dh.k_norm;
-        const float* xr = raw + i * ld;
-        const float r = rinv[i];
-        float v = norm_w ? xr[e] * r * norm_w[e] : xr[e];
-        if (e < dh.rope_dims) {
+// A lane's rotation of the dimensions e = lane + 32 i (i < NE) of every head, for
+// heads_norm_rope_block: taken before a decode kernel waits on the kernels before it (the
+// position came from a copy before the step, the frequencies are weights), so the sines and
+// cosines are off the chain that starts when the new rows are written.
+template <int NE>
+__device__ __forceinline__ void heads_rot(const DecHeads& dh, int pos, int hd, float* sn,
+                                          float* cs) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < NE; i++) {
+        const int e = lane + 32 * i;
+        sn[i] = 0.0f;
+        cs[i] = 1.0f;
+        if (e < hd && e < dh.rope_dims) {
             const int half = dh.rope_dims / 2;
-            int fi, partner;
-            float sign;
-            if (dh.neox) {
-                fi = e < half ? e : e - half;
-                partner = e < half ? e + half : e - half;
-                sign = e < half ? -1.0f : 1.0f;
-            } else {
-                fi = e / 2;
-                partner = e ^ 1;
-                sign = (e & 1) ? 1.0f : -1.0f;
-            }
-            if (fi != fi_done) {
-                sincosf((float)pos * dh.inv_freq[fi], &sn, &cs);
-                fi_done = fi;
-            }
-            const float p = norm_w ? xr[partner] * r * norm_w[partner] : xr[partner];
-            v = v * cs + sign * p * sn;
+            const int fi = dh.neox ? (e < half ? e : e - half) : e / 2;
+            sincosf((float)pos * dh.inv_freq[fi], &sn[i], &cs[i]);
         }
-        rows[(i < g ? i * ld : key_row) + e] = v;
+    }
+}
+
+// The heads of one decode block normalised and rotated, value for value as `heads` computes
+// them, a warp a head: g query heads at q (hd <= 32 NE values each) and, with key, the new
+// key's head at k, into rows (query head i at i * ld, the key at key_row); sn and cs from
+// heads_rot. Warp w takes heads w, w + warps, ... (H at most: g + 1 <= H * warps), all their
+// values and norm weights loaded at once, sums each head's squares in `heads`' order (a lane
+// over e = lane + 32 i, then the shuffle tree), and takes a rotation's partner from its own
+// normalised row in raw ((g + 1) * ld floats of scratch), so only the end needs the block:
+// it ends with a barrier.
+template <int NE, int H>
+__device__ void heads_norm_rope_block(const float* q, const float* k, int g, bool key, int hd,
+                                      const DecHeads& dh, const float* sn, const float* cs,
+                                      float* raw, float* rows, int key_row, int ld) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int nh = g + (int)key;
+    float v[H][NE], w[H][NE];
+#pragma unroll
+    for (int h = 0; h < H; h++) {
+        const int i = warp + h * nw;
+        const float* x = i < g ? q + (size_t)i * hd : k;
+        const float* norm_w = i < g ? dh.q_norm : dh.k_norm;
+#pragma unroll
+        for (int j = 0; j < NE; j++) {
+            const int e = lane + 32 * j;
+            const bool in = i < nh && e < hd;
+            v[h][j] = in ? x[e] : 0.0f;
+            w[h][j] = in && norm_w ? norm_w[e] : 1.0f;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < H; h++) {
+        const int i = warp + h * nw;
+        if (i >= nh) break;
+        const bool norm = (i < g ? dh.q_norm : dh.k_norm) != nullptr;
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NE; j++)
+            if (lane + 32 * j < hd) ss += v[h][j] * v[h][j];
+        const float r = norm ? rsqrtf(warp_sum(ss) / (float)hd + dh.eps) : 1.0f;
+        float* xr = raw + i * ld;
+#pragma unroll
+        for (int j = 0; j < NE; j++) {
+            const int e = lane + 32 * j;
+            if (norm) v[h][j] = v[h][j] * r * w[h][j];
+            if (e < hd) xr[e] = v[h][j];
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int h = 0; h < H; h++) {
+        const int i = warp + h * nw;
+        if (i >= nh) break;
+        const float* xr = raw + i * ld;
+        float* out = rows + (i < g ? i * ld : key_row);
+#pragma unroll
+        for (int j = 0; j < NE; j++) {
+            const int e = lane + 32 * j;
+            if (e >= hd) continue;
+            float o = v[h][j];
+            if (e < dh.rope_dims) {
+                const int half = dh.rope_dims / 2;
+                int partner;
+                float sign;
+                if (dh.neox) {
+                    partner = e < half ? e + half : e - half;
+                    sign = e < half ? -1.0f : 1.0f;
+                } else {
+                    partner = e ^ 1;
+                    sign = (e & 1) ? 1.0f : -1.0f;
+                }
+                o = o * cs[j] + sign * xr[partner] * sn[j];
+            }
+            out[e] = o;
+        }
     }
     __syncthreads();
 }
@@ -486,7 +524,6 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     constexpr int SM_ROWS = 2 * (G + 1) * HDM, SM_ACC = W * G * HDM;
     __shared__ float sm[SM_ROWS > SM_ACC ? SM_ROWS : SM_ACC];
     __shared__ float wml[W][G][2];
-    __shared__ float rinv[G + 1];
     // A q8_0 cache's new key and value as stored: their int8 values and scales.
     __shared__ __align__(16) i8 nq[2][Q ? 256 : 16];
     __shared__ u16 nsc[2][8];
@@ -521,15 +558,19 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     };
     int base = k0 + warp * KPI;
     if (base < kend) load(base, kb, vb, ok);
+    const int pos = len - 1;
+    constexpr int NE = (HDM + 31) / 32;
+    float sn[NE], cs[NE];
+    heads_rot<NE>(dh, pos, hd, sn, cs);
     pdl_wait();
     float qf[G][8], acc[G][8], m[G], l[G];
     const bool owner = k1 > k0 && k1 == len;
     {
         float* rows = sm;
         float* raw = sm + (G + 1) * HDM;
-        const int pos = len - 1;
-        heads_norm_rope_block(q + (size_t)kvh * g * hd, dh.k + (size_t)kvh * hd, g, owner, hd,
-                              dh, pos, raw, rows, G * HDM, HDM, rinv);
+        heads_norm_rope_block<NE, (G + W) / W>(q + (size_t)kvh * g * hd,
+                                               dh.k + (size_t)kvh * hd, g, owner, hd, dh, sn,
+                                               cs, raw, rows, G * HDM, HDM);
 #pragma unroll
         for (int i = 0; i < G; i++) {
             m[i] = -KINF;

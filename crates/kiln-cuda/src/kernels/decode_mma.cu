@@ -44,7 +44,6 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
     // heads' work's scratch.
     __shared__ float hsm[2 * (G + 1) * HD];
     __shared__ float wml[W + 1][G][2];
-    __shared__ float rinv[G + 1];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
@@ -90,11 +89,14 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
     };
 #pragma unroll
     for (int j = 0; j < DECM_ST - 1; j++) issue(j);
+    const int pos = len - 1;
+    float sn[HD / 32], cs[HD / 32];
+    heads_rot<HD / 32>(dh, pos, HD, sn, cs);
     pdl_wait();
     const bool owner = k1 > k0 && k1 == len;
-    const int pos = len - 1;
-    heads_norm_rope_block(q + (size_t)kvh * g * HD, dh.k + (size_t)kvh * HD, g, owner, HD, dh,
-                          pos, hsm + (G + 1) * HD, hsm, G * HD, HD, rinv);
+    heads_norm_rope_block<HD / 32, (G + W) / W>(q + (size_t)kvh * g * HD,
+                                                dh.k + (size_t)kvh * HD, g, owner, HD, dh, sn,
+                                                cs, hsm + (G + 1) * HD, hsm, G * HD, HD);
     if (owner)
         dec_store_f16(tbl, k_off, v_off, kvh, pos, HD, hsm + G * HD, dh.v + (size_t)kvh * HD);
     // The queries as A fragments, one per 16 dimensions ({row gid, dims 2 tig..}, {row
