@@ -12,6 +12,12 @@ pub(crate) const ATT_WARPS: usize = 4;
 /// (kernels/attention.cu DEC_SPLIT_KEYS).
 pub(crate) const DEC_SPLIT_KEYS: usize = 64;
 
+/// Keys a decode token takes in one split where it sees no more (kernels/attention.cu
+/// DecHeads::one_split): a lone sequence's block then writes the attention's rows itself, so
+/// a short cache's step has no attn_combine launch (its graph is recorded apart:
+/// [`CudaBackend::one_split_step`]). TODO measured
+pub(crate) const DEC_ONE_SPLIT: usize = 256;
+
 /// Warps of a decode attention block for `group` query heads a KV head (kernels/attention.cu
 /// DEC_W): eight where the group is at most 2, else four.
 pub(crate) fn dec_warps(group: usize) -> usize {
@@ -241,6 +247,11 @@ pub(crate) struct DecHeads {
     pub(crate) inv_freq: u64,
     pub(crate) rope_dims: i32,
     pub(crate) neox: i32,
+    pub(crate) one_split: i32,
+    /// Where the attention's rows go when the grid has one split (and their quantized copy),
+    /// else 0: the partials go to attn_combine.
+    pub(crate) out: u64,
+    pub(crate) xq: u64,
 }
 
 /// Whether the attention kernels run this shape (kernels/*.cu: at most MAX_GROUP query heads a
@@ -400,6 +411,9 @@ impl CudaBackend {
             inv_freq: self.rope_table(rope),
             rope_dims: rope.dims as i32,
             neox: (rope.style == RopeStyle::Neox) as i32,
+            one_split: self.tune.one_split as i32,
+            out: 0,
+            xq: 0,
         }
     }
 
@@ -466,6 +480,14 @@ impl CudaBackend {
             .unwrap_or((DEC_BLOCKS_PER_SM + long as usize).min(held));
         keys.div_ceil(DEC_SPLIT_KEYS)
             .min((per_sm * self.dev.num_sms / kv_heads).max(1))
+    }
+
+    /// Whether a lone sequence's decode step of `n_tokens` from `pos0` takes its keys in one
+    /// split that writes the rows itself (one token that sees at most `Tune::one_split`
+    /// keys). `TensorOps::step` keys its recordings by it, so a graph recorded one way is
+    /// never replayed the other.
+    pub(crate) fn one_split_step(&self, pos0: usize, n_tokens: usize) -> bool {
+        n_tokens == 1 && pos0 < self.tune.one_split
     }
 
     /// The attn_combine kernel and its block's threads for `n_ws` splits of heads of
@@ -664,6 +686,8 @@ impl CudaBackend {
                 let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
                 (splits, splits * ATT_WARPS)
             }
+            // One split that writes the rows itself: no combine.
+            Some(_) if self.one_split_step(s.pos0, s.n_tokens) => (1, 1),
             Some(_) => {
                 let splits = self.dec_splits(cache.n_ctx, s.window, s.n_kv_heads, k.per_sm);
                 (splits, splits)
@@ -699,7 +723,12 @@ impl CudaBackend {
             true => self.xq_scratch(pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK)),
             false => 0u64,
         };
-        if let Some(dh) = dec {
+        let direct = dec.is_some() && self.one_split_step(s.pos0, s.n_tokens);
+        if let Some(mut dh) = dec {
+            if direct {
+                dh.out = out_ptr;
+                dh.xq = xq;
+            }
             a = a.a(dh);
         }
         self.dev.launch(
@@ -709,17 +738,19 @@ impl CudaBackend {
             k.smem,
             &mut a.ptrs(),
         );
-        self.attn_combine(
-            acc,
-            ml,
-            n_ws,
-            s.head_dim,
-            out_ptr,
-            xq,
-            s.n_tokens,
-            s.n_heads,
-            dec.is_some(),
-        );
+        if !direct {
+            self.attn_combine(
+                acc,
+                ml,
+                n_ws,
+                s.head_dim,
+                out_ptr,
+                xq,
+                s.n_tokens,
+                s.n_heads,
+                dec.is_some(),
+            );
+        }
         if xq != 0 {
             self.xq_src.set(Some(XqSrc {
                 x: out_ptr,

@@ -120,6 +120,9 @@ pub(crate) struct Tune {
     /// One token's four-row products in the kernels fixed to their mode (KILN_CUDA_DEC_FIXED:
     /// 0 never, 1 always; by default for the formats whose run-time-mode kernel spills).
     pub(crate) dec_fixed: Option<usize>,
+    /// Keys a decode token takes in one split, its block writing the rows itself with no
+    /// combine after it (attention.rs DEC_ONE_SPLIT; KILN_CUDA_ONE_SPLIT, 0: never).
+    pub(crate) one_split: usize,
     /// Thread groups of a decode attention combine block (KILN_CUDA_COMBINE_GROUPS: 1, 2,
     /// 4, 8).
     pub(crate) combine_groups: Option<usize>,
@@ -143,6 +146,9 @@ impl Tune {
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
             dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),
             dec_fixed: env("KILN_CUDA_DEC_FIXED").filter(|n| [0, 1].contains(n)),
+            one_split: env("KILN_CUDA_ONE_SPLIT")
+                .filter(|&n| n <= 4096)
+                .unwrap_or(crate::attention::DEC_ONE_SPLIT),
             combine_groups: env("KILN_CUDA_COMBINE_GROUPS").filter(|n| [1, 2, 4, 8].contains(n)),
             own_gemm: kiln_backend::options::dev_flag("KILN_CUDA_OWN_GEMM"),
         }

@@ -531,6 +531,8 @@ impl TensorOps for CudaBackend {
             Some(k) if self.use_graphs && !self.recording.get() && tokens.len() <= MAX_IDS => k,
             _ => return f(),
         };
+        // A short cache's decode attention has no combine: a recording of its own.
+        let key = key ^ (self.one_split_step(pos0, tokens.len()) as u64) << 63;
         self.set_params(pos0, Some(tokens));
         // A buffer moved since the recordings (a batch of several sequences grew one, say):
         // they would write to freed memory, so each step is recorded again.

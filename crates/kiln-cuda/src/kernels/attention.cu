@@ -210,6 +210,13 @@ struct DecHeads {
     const float* inv_freq;  // rope_dims / 2 values
     int rope_dims;
     int neox;
+    // A token that sees at most one_split keys takes them in one split (0: never). With out,
+    // the grid has that one split and the block writes the attention's rows itself (and,
+    // with xq, quantized for the output projection, as attn_combine would): no partials, no
+    // combine. The sums are attn_combine's bit for bit (its weight of a lone split is 1).
+    int one_split;
+    float* out;
+    u8* xq;
 };
 
 // A lane's rotation of the dimensions e = lane + 32 i (i < NE) of every head, for
@@ -422,6 +429,23 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
     }
 }
 
+// Value v of dimension d of head h of token t into out and, with xq (head_dim a multiple of
+// 32, ntok <= MAX_TOK), quantized as quant_act would write it (no norm) for the output
+// projection that follows: a warp's lanes hold 32 consecutive dimensions of one head.
+__device__ __forceinline__ void combine_out(float v, int t, int h, int d, int head_dim,
+                                            int heads, int ntok, float* out, u8* xq) {
+    out[((size_t)t * heads + h) * head_dim + d] = v;
+    if (!xq) return;
+    const int cols = heads * head_dim, nb = cols / 32;
+    i8* q = (i8*)xq + (size_t)t * cols;
+    float* dq = (float*)(xq + (size_t)ntok * cols) + (size_t)t * nb;
+    short* sum = (short*)((float*)(xq + (size_t)ntok * cols) + (size_t)ntok * nb) +
+                 (size_t)t * (cols / 16);
+    // quant_block indexes by block within the token: shift the bases so b is that index.
+    quant_block(v, (h * head_dim + d) / 32, d & 31, q, dq, sum);
+    if (h == 0 && d == 0) ((float*)(xq + xq_inv_offset(cols, ntok)))[t] = 1.0f;
+}
+
 // The NW partials of a decode block (each its max and sum in wml, its weighted values at
 // acc + (w * G + i) * ld for query head i) merged into the split's partial for attn_combine.
 // A thread a head takes the max over the partials, the denominator, and each partial's
@@ -429,7 +453,9 @@ __device__ __forceinline__ void dec_step(const uint4* k, const uint4* v, const b
 template <int NW, int G>
 __device__ __forceinline__ void dec_merge(const float* acc, float (*wml)[G][2], int ld, int g,
                                           int hd, int t, int heads, int kvh, int split,
-                                          int ld_split, float* part_acc, float* part_ml) {
+                                          int ld_split, float* part_acc, float* part_ml,
+                                          const DecHeads& dh) {
+    __shared__ float dden[G];
     if (threadIdx.x < g) {
         const int i = threadIdx.x;
         float mx = -KINF;
@@ -447,8 +473,12 @@ __device__ __forceinline__ void dec_merge(const float* acc, float (*wml)[G][2], 
             wml[w][i][0] = f;
         }
         const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
-        part_ml[2 * slot] = mx;
-        part_ml[2 * slot + 1] = den;
+        if (dh.out) {
+            dden[i] = den;
+        } else {
+            part_ml[2 * slot] = mx;
+            part_ml[2 * slot + 1] = den;
+        }
     }
     __syncthreads();
     for (int x = threadIdx.x; x < g * hd; x += blockDim.x) {
@@ -462,7 +492,10 @@ __device__ __forceinline__ void dec_merge(const float* acc, float (*wml)[G][2], 
             if (f != 0.0f) num += f * acc[(w * G + i) * ld + d];
         }
         const size_t slot = ((size_t)t * heads + kvh * g + i) * ld_split + split;
-        part_acc[slot * hd + d] = num;
+        if (dh.out)
+            combine_out(num / dden[i], t, kvh * g + i, d, hd, heads, gridDim.z, dh.out, dh.xq);
+        else
+            part_acc[slot * hd + d] = num;
     }
 }
 
@@ -483,11 +516,14 @@ __device__ __forceinline__ void dec_store_f16(const u64* tbl, long long k_off, l
 // `window` where window > 0), false where it has none. A sequence's keys go to its first
 // n_split splits (the grid may hold more for other sequences: those write an empty partial,
 // which the combine skips); partials are laid out by the grid's ld_split splits.
-__device__ __forceinline__ bool dec_split_keys(int len, int window, int n_split, int split,
-                                               int ld_split, int t, int heads, int kvh, int g,
-                                               float* part_ml, int& k0, int& k1) {
+__device__ __forceinline__ bool dec_split_keys(int len, int window, int n_split, int one,
+                                               int split, int ld_split, int t, int heads,
+                                               int kvh, int g, float* part_ml, int& k0,
+                                               int& k1) {
     const int lo = window > 0 ? max(0, len - window) : 0;
-    n_split = min(n_split, max(1, (len - lo + DEC_SPLIT_KEYS - 1) / DEC_SPLIT_KEYS));
+    n_split = len - lo <= one
+                  ? 1
+                  : min(n_split, max(1, (len - lo + DEC_SPLIT_KEYS - 1) / DEC_SPLIT_KEYS));
     if (split >= n_split) {
         pdl_wait();
         if (threadIdx.x < g)
@@ -532,7 +568,8 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
     const int g = heads / kv_heads;
     int k0, k1;
-    if (!dec_split_keys(len, window, n_split, split, ld_split, t, heads, kvh, g, part_ml, k0, k1))
+    if (!dec_split_keys(len, window, n_split, dh.one_split, split, ld_split, t, heads, kvh, g,
+                        part_ml, k0, k1))
         return;
     // The rows older than the new one, which earlier steps or prompt chunks wrote (a copy
     // precedes them, and the host reads each step's tokens before launching the next), so
@@ -660,7 +697,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
         }
     }
     __syncthreads();
-    dec_merge<W, G>(sm, wml, HDM, g, hd, t, heads, kvh, split, ld_split, part_acc, part_ml);
+    dec_merge<W, G>(sm, wml, HDM, g, hd, t, heads, kvh, split, ld_split, part_acc, part_ml, dh);
 }
 
 // Splits whose weights attn_combine keeps in shared memory (more: computed as it goes).
@@ -692,23 +729,6 @@ __device__ void combine_weights(const float* ml, int n_ws, float* wsh, int cw, f
         md[0] = m;
         md[1] = den;
     }
-}
-
-// Value v of dimension d of head h of token t into out and, with xq (head_dim a multiple of
-// 32, ntok <= MAX_TOK), quantized as quant_act would write it (no norm) for the output
-// projection that follows: a warp's lanes hold 32 consecutive dimensions of one head.
-__device__ __forceinline__ void combine_out(float v, int t, int h, int d, int head_dim,
-                                            int heads, int ntok, float* out, u8* xq) {
-    out[((size_t)t * heads + h) * head_dim + d] = v;
-    if (!xq) return;
-    const int cols = heads * head_dim, nb = cols / 32;
-    i8* q = (i8*)xq + (size_t)t * cols;
-    float* dq = (float*)(xq + (size_t)ntok * cols) + (size_t)t * nb;
-    short* sum = (short*)((float*)(xq + (size_t)ntok * cols) + (size_t)ntok * nb) +
-                 (size_t)t * (cols / 16);
-    // quant_block indexes by block within the token: shift the bases so b is that index.
-    quant_block(v, (h * head_dim + d) / 32, d & 31, q, dq, sum);
-    if (h == 0 && d == 0) ((float*)(xq + xq_inv_offset(cols, ntok)))[t] = 1.0f;
 }
 
 // One sequence of a batched decode step (attn_dec_seqs_<LPR>_<G>): its cache's block table

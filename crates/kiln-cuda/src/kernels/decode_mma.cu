@@ -50,7 +50,8 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
     const int kvh = blockIdx.x, split = blockIdx.y, ld_split = gridDim.y;
     const int g = heads / kv_heads;
     int k0, k1;
-    if (!dec_split_keys(len, window, n_split, split, ld_split, t, heads, kvh, g, part_ml, k0, k1))
+    if (!dec_split_keys(len, window, n_split, dh.one_split, split, ld_split, t, heads, kvh, g,
+                        part_ml, k0, k1))
         return;
     // The rows older than the new one (earlier steps wrote them: attn_dec_part says why they
     // may be read before the wait), in steps of DECM_KEYS aligned to DECM_KEYS, so a step lies
@@ -228,7 +229,7 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
     }
     __syncthreads();
     dec_merge<W + 1, G>(pacc, wml, HD, g, HD, t, heads, kvh, split, ld_split, part_acc,
-                        part_ml);
+                        part_ml, dh);
 }
 
 // Dynamic shared memory of a block (attention.rs decm_smem): every warp's stages.
