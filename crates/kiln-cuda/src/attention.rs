@@ -15,8 +15,11 @@ pub(crate) const DEC_SPLIT_KEYS: usize = 64;
 /// Keys a decode token takes in one split where it sees no more (kernels/attention.cu
 /// DecHeads::one_split): a lone sequence's block then writes the attention's rows itself, so
 /// a short cache's step has no attn_combine launch (its graph is recorded apart:
-/// [`CudaBackend::one_split_step`]). TODO measured
-pub(crate) const DEC_ONE_SPLIT: usize = 256;
+/// [`CudaBackend::one_split_step`]). H100, tg128 Q4_0 (BENCHMARKS.md, thirty-seventh
+/// session): from an empty cache (1-128 keys) 0.6B +10.6%, 4B +3.1%, 3B +4.5% against the
+/// splits and their combine; over 129-256 keys, one split for all of them was 3-5% slower,
+/// over 385-512 10-24%.
+pub(crate) const DEC_ONE_SPLIT: usize = 128;
 
 /// Warps of a decode attention block for `group` query heads a KV head (kernels/attention.cu
 /// DEC_W): eight where the group is at most 2, else four.

@@ -746,7 +746,8 @@ struct SeqDesc {
 // a power of two): attn_dec_<LPR>_<G> for one token with its heads' work fused (grid
 // (kv_heads, splits)), attn_dec_seqs_<LPR>_<G> for one token of each of several sequences
 // (grid (kv_heads, splits, sequences); sequence z's rows of q, k and v are row z). Their
-// splits' partials are combined by attn_combine.
+// splits' partials are combined by attn_combine (where a lone token's grid has one split
+// and DecHeads::out is set, its block writes the rows instead).
 // Blocks a multiprocessor the decode kernels are compiled for (attention.rs dec_min_blocks):
 // registers for two blocks of eight warps where G <= 2 (128 fit), three of four at G = 4 (its
 // 175 registers held two: 168 hold three, spilling 4 bytes), two at G = 8.
