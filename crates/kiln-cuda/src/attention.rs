@@ -684,13 +684,14 @@ impl CudaBackend {
         // split kernel: ATT_WARPS warps of ATT_WCHUNK keys a block over the whole cache. The
         // decode kernel: each split takes its share of the keys the step sees
         // (kernels/*.cu attn_dec_impl).
+        let direct = dec.is_some() && self.one_split_step(s.pos0, s.n_tokens);
         let (splits, n_ws) = match dec {
             None => {
                 let splits = cache.n_ctx.div_ceil(ATT_WCHUNK * ATT_WARPS);
                 (splits, splits * ATT_WARPS)
             }
             // One split that writes the rows itself: no combine.
-            Some(_) if self.one_split_step(s.pos0, s.n_tokens) => (1, 1),
+            Some(_) if direct => (1, 1),
             Some(_) => {
                 let splits = self.dec_splits(cache.n_ctx, s.window, s.n_kv_heads, k.per_sm);
                 (splits, splits)
@@ -726,7 +727,6 @@ impl CudaBackend {
             true => self.xq_scratch(pack::xq_bytes(s.n_heads * s.head_dim, MAX_TOK)),
             false => 0u64,
         };
-        let direct = dec.is_some() && self.one_split_step(s.pos0, s.n_tokens);
         if let Some(mut dh) = dec {
             if direct {
                 dh.out = out_ptr;
