@@ -21,6 +21,11 @@
 #                   default 0; e.g. 0,4096,16384)
 #   REPS (env)      repetitions of each test, both engines (default 5: compare medians or
 #                   best samples; llama-bench's first repetition is its slowest)
+#   PP (env)        the prompt test's length (default 512; 0: decode rows only)
+#   GPU (env)       text the GPU's name must hold (e.g. H200): on another card the script
+#                   stops before any work, exit status 3
+#   A rerun on the same machine (a call that ran out of time, then the next) skips the
+#   files whose rows both engines already wrote ($WORK/rows) and prints the whole table.
 #   LLAMA_BENCH     (env) a llama-bench built elsewhere (CUDA, this GPU's architecture, its
 #                   libcudart and libcublas on LD_LIBRARY_PATH; with
 #                   QUANTIZE=kiln nothing else of llama.cpp is needed): no build here, and
@@ -51,6 +56,11 @@ OUT="${OUT:-$WORK/out}"
 mkdir -p "$WORK" "$OUT" "$KILN_HOME/models"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+if [ -n "${GPU:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q "$GPU"; then
+    echo "cuda-bench: this GPU is not an $GPU: nothing run" >&2
+    exit 3
+fi
+PP="${PP:-512}"
 
 # The quantizer of the benchmark files: llama.cpp's llama-quantize (default; it waits for the
 # build), or QUANTIZE=kiln: `kiln quantize` (tools/kiln-as-llama-quantize.sh), so the files
@@ -141,16 +151,47 @@ wait "${WRITERS[@]}"
 # same machine runs the table without either).
 [ "${PREPARE_ONLY:-0}" = 1 ] && exit 0
 "$LB" --version 2>&1 | head -2
+# Each file's rows apart (a rerun skips the files both engines wrote), gathered into $OUT
+# after each file, so a call cut short still leaves the rows it made.
+ROWS="$WORK/rows"
+mkdir -p "$ROWS"
+TAGS=()
+gather() {
+    local t
+    : > "$OUT/llama-cpp.jsonl"; : > "$OUT/kiln.jsonl"
+    for t in "${TAGS[@]}"; do
+        cat "$ROWS/llama-$t.jsonl" >> "$OUT/llama-cpp.jsonl" 2>/dev/null || true
+        cat "$ROWS/kiln-$t.jsonl" >> "$OUT/kiln.jsonl" 2>/dev/null || true
+    done
+}
 for spec in $SHAPES; do
     s="${spec%%:*}"; QUANTS="${spec#*:}"
     for q in ${QUANTS//,/ }; do
-        f="$KILN_HOME/bench/$s-shape-$(echo "$q" | tr 'A-Z' 'a-z').gguf"
-        "$LB" -m "$f" -p 512 -n 128 -d "$DEPTHS" -r "$REPS" -fa 1 -ngl 99 -o jsonl \
-            2>/dev/null >> "$OUT/llama-cpp.jsonl" || echo "llama-bench failed on $f"
-        "$KILN" bench --device cuda -m "$f" -p 512 -n 128 -d "$DEPTHS" -r "$REPS" --json --membw \
-            >> "$OUT/kiln.jsonl" || echo "kiln failed on $f"
+        name="$s-shape-$(echo "$q" | tr 'A-Z' 'a-z')"
+        f="$KILN_HOME/bench/$name.gguf"
+        tag="$name-p$PP-d${DEPTHS//,/_}-r$REPS"
+        TAGS+=("$tag")
+        if [ -s "$ROWS/llama-$tag.jsonl" ] && [ -s "$ROWS/kiln-$tag.jsonl" ]; then
+            echo "$name: rows already written"
+            continue
+        fi
+        # (A file an engine failed on keeps no rows of it, so a rerun measures it again.)
+        if "$LB" -m "$f" -p "$PP" -n 128 -d "$DEPTHS" -r "$REPS" -fa 1 -ngl 99 -o jsonl \
+            2>/dev/null > "$ROWS/llama-$tag.part"; then
+            mv "$ROWS/llama-$tag.part" "$ROWS/llama-$tag.jsonl"
+        else
+            echo "llama-bench failed on $f"
+        fi
+        if "$KILN" bench --device cuda -m "$f" -p "$PP" -n 128 -d "$DEPTHS" -r "$REPS" --json \
+            --membw > "$ROWS/kiln-$tag.part"; then
+            mv "$ROWS/kiln-$tag.part" "$ROWS/kiln-$tag.jsonl"
+        else
+            echo "kiln failed on $f"
+        fi
+        gather
     done
 done
+gather
 # The side-by-side table.
 python3 "$(dirname "$0")/side_by_side.py" "$OUT/llama-cpp.jsonl" "$OUT/kiln.jsonl" \
     "llama.cpp CUDA t/s" "kiln CUDA t/s" "kiln / llama.cpp"
