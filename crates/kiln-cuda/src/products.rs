@@ -130,36 +130,36 @@ const MATVEC: [[[&str; 2]; 2]; 7] = [
     ],
 ];
 
-/// kernels/products.cu's matvec_dec_<format>_<rows>_<tokens>, by [`fmt_index`], rows 1 / 4
-/// and room for one token / DEC_TILE.
+/// kernels/products.cu's matvec_dec_<format>_<rows>_1 / _t, by [`fmt_index`], rows 1 / 4
+/// and one token / several ([`dec_tile`] a block).
 const MATVEC_DEC: [[[&str; 2]; 2]; 7] = [
     [
-        ["matvec_dec_any_1_1", "matvec_dec_any_1_8"],
-        ["matvec_dec_any_4_1", "matvec_dec_any_4_8"],
+        ["matvec_dec_any_1_1", "matvec_dec_any_1_t"],
+        ["matvec_dec_any_4_1", "matvec_dec_any_4_t"],
     ],
     [
-        ["matvec_dec_q4_0_1_1", "matvec_dec_q4_0_1_8"],
-        ["matvec_dec_q4_0_4_1", "matvec_dec_q4_0_4_8"],
+        ["matvec_dec_q4_0_1_1", "matvec_dec_q4_0_1_t"],
+        ["matvec_dec_q4_0_4_1", "matvec_dec_q4_0_4_t"],
     ],
     [
-        ["matvec_dec_q4_1_1_1", "matvec_dec_q4_1_1_8"],
-        ["matvec_dec_q4_1_4_1", "matvec_dec_q4_1_4_8"],
+        ["matvec_dec_q4_1_1_1", "matvec_dec_q4_1_1_t"],
+        ["matvec_dec_q4_1_4_1", "matvec_dec_q4_1_4_t"],
     ],
     [
-        ["matvec_dec_q8_0_1_1", "matvec_dec_q8_0_1_8"],
-        ["matvec_dec_q8_0_4_1", "matvec_dec_q8_0_4_8"],
+        ["matvec_dec_q8_0_1_1", "matvec_dec_q8_0_1_t"],
+        ["matvec_dec_q8_0_4_1", "matvec_dec_q8_0_4_t"],
     ],
     [
-        ["matvec_dec_q4_k_1_1", "matvec_dec_q4_k_1_8"],
-        ["matvec_dec_q4_k_4_1", "matvec_dec_q4_k_4_8"],
+        ["matvec_dec_q4_k_1_1", "matvec_dec_q4_k_1_t"],
+        ["matvec_dec_q4_k_4_1", "matvec_dec_q4_k_4_t"],
     ],
     [
-        ["matvec_dec_q6_k_1_1", "matvec_dec_q6_k_1_8"],
-        ["matvec_dec_q6_k_4_1", "matvec_dec_q6_k_4_8"],
+        ["matvec_dec_q6_k_1_1", "matvec_dec_q6_k_1_t"],
+        ["matvec_dec_q6_k_4_1", "matvec_dec_q6_k_4_t"],
     ],
     [
-        ["matvec_dec_kmix_1_1", "matvec_dec_kmix_1_8"],
-        ["matvec_dec_kmix_4_1", "matvec_dec_kmix_4_8"],
+        ["matvec_dec_kmix_1_1", "matvec_dec_kmix_1_t"],
+        ["matvec_dec_kmix_4_1", "matvec_dec_kmix_4_t"],
     ],
 ];
 
@@ -189,6 +189,16 @@ const MATVEC_DEC_FIXED: [[&str; 2]; 7] = [
 
 /// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
 const DEC_TILE: usize = 8;
+
+/// Tokens a block of the several-token decode kernel takes with `rows` rows a warp
+/// (kernels/products.cu tok_tile: half as many with four, for their registers).
+fn dec_tile(rows: usize) -> usize {
+    if rows == 1 {
+        DEC_TILE
+    } else {
+        DEC_TILE / 2
+    }
+}
 
 /// Tokens up to which a product of quantized weights runs as the decode kernel, each token's
 /// sums computed as they are alone (batch-invariant: a server's answer does not depend on
@@ -371,12 +381,12 @@ impl CudaBackend {
                 _ if qo.is_some() => 4,
                 Some(4) if four_ok => 4,
                 Some(_) => 1,
-                None if four_ok && n == 1 => 4,
+                None if four_ok => 4,
                 None => 1,
             };
-            let nt = if n == 1 { 1 } else { DEC_TILE };
+            let nt = if n == 1 { 1 } else { dec_tile(rows) };
             let blocks = (total.div_ceil(WARPS * rows) * n.div_ceil(nt)) as u32;
-            let warps = if n == 1 { WARPS * kw } else { WARPS };
+            let warps = WARPS * kw;
             // A gate/up pair whose blocks would not all fit at two a multiprocessor runs
             // in three (one preloaded block a row instead of two): on an H200, Qwen3-4B's
             // 304 blocks, tg128 595 -> 610 t/s; Llama-3.2-3B's 256 fit and stay (908

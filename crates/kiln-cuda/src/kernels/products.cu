@@ -753,25 +753,32 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     dec_quant_out(qo, outv[lane], blockIdx.x, 0, 1, total, lane);
 }
 
-// The decode product for 2..DEC_MAX_TOK tokens: block i takes row group i / tiles and
-// tokens (i % tiles) * NT.. (a row group's tiles run side by side, so its weights come from
-// DRAM once and from L2 after). A warp's rows one after the other, each block of a row
-// loaded once and dotted with the NT tokens; the kw parts of a row one after the other:
-// each token's sums taken in matvec_dec_impl's order, its output by the same expressions.
-template <int F, int ROWS, int NT>
+// The decode product for 2..DEC_MAX_TOK tokens, laid out as matvec_dec_impl: block i takes
+// row group i / tiles and tokens (i % tiles) * NT.. (a row group's tiles run side by side,
+// so its weights come from DRAM once and from L2 after); a group of kw warps takes ROWS
+// consecutive rows, part p of each row's blocks on the same lanes in the same steps, a
+// lane's first PRE blocks of each row loaded before the wait on the previous kernel; each
+// block is loaded once and dotted with the tile's tokens. A token's sums are taken in
+// matvec_dec_impl's order (a lane's blocks in order, the warp's shuffle tree, the parts in
+// order from 0) and its output by the same expressions, so that a token's result is the
+// same alone or among 63 others, whatever ROWS, NT and PRE are.
+template <int F, int ROWS, int NT, int PRE>
 __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int ntok,
                                   const float* ss_in, float eps, int mode, int kw,
                                   const QOut& qo) {
+    __shared__ float red[WARPS * DEC_KW_MAX][2 * ROWS * NT];
     __shared__ float outv[NT][WARPS * ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = warp / kw, part = warp % kw;
     const int nb = cols / 32;
     const bool gu = is_gate_up(mode);
     const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
     const int tiles = (ntok + NT - 1) / NT;
     const int rb = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * NT;
     const int nt = min(NT, ntok - t0);
-    const int row = (rb * WARPS + warp) * ROWS;
+    const int row = (rb * WARPS + slot) * ROWS;
     const bool live = row < total;
+    // The rows' matrix, by value (see matvec_impl); a warp's rows never straddle two.
     int mi = 0, rr = row;
     if (!gu) {
         mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
@@ -779,75 +786,145 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
     }
     const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
     const Mat m1 = ms.m[1];
+    WBlk w0[ROWS][PRE], w1[ROWS][PRE];
     pdl_trigger();
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < PRE; i++) {
+            const int b = part * 32 + lane + i * 32 * kw;
+            if (b < nb) {
+#pragma unroll
+                for (int j = 0; j < ROWS; j++) {
+                    w0[j][i] = wblk_load<F>(m, rr + j, b, nb);
+                    if (gu) w1[j][i] = wblk_load<F>(m1, rr + j, b, nb);
+                }
+            }
+        }
+    }
     pdl_wait();
     const XQ g = xq_layout(xqb, cols, ntok);
+    float a0[ROWS][NT], a1[ROWS][NT];
+#pragma unroll
+    for (int j = 0; j < ROWS; j++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) a0[j][t] = a1[j][t] = 0.0f;
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < PRE; i++) {
+            const int b = part * 32 + lane + i * 32 * kw;
+            if (b < nb) {
+#pragma unroll
+                for (int j = 0; j < ROWS; j++) {
+                    const WVals va = wblk_unpack<F>(w0[j][i], m.fmt, b);
+                    WVals vb;
+                    if (gu) vb = wblk_unpack<F>(w1[j][i], m1.fmt, b);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        if (t >= nt) break;
+                        const XTok x = xtok(g, t0 + t, cols);
+                        a0[j][t] = wblk_acc<F>(a0[j][t], w0[j][i], va, m.fmt, b, x);
+                        if (gu) a1[j][t] = wblk_acc<F>(a1[j][t], w1[j][i], vb, m1.fmt, b, x);
+                    }
+                }
+            }
+        }
+        for (int b = part * 32 + lane + PRE * 32 * kw; b < nb; b += 32 * kw) {
+            WBlk wa[ROWS], wb[ROWS];
+#pragma unroll
+            for (int j = 0; j < ROWS; j++) {
+                wa[j] = wblk_load<F>(m, rr + j, b, nb);
+                if (gu) wb[j] = wblk_load<F>(m1, rr + j, b, nb);
+            }
+#pragma unroll
+            for (int j = 0; j < ROWS; j++) {
+                const WVals va = wblk_unpack<F>(wa[j], m.fmt, b);
+                WVals vb;
+                if (gu) vb = wblk_unpack<F>(wb[j], m1.fmt, b);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= nt) break;
+                    const XTok x = xtok(g, t0 + t, cols);
+                    a0[j][t] = wblk_acc<F>(a0[j][t], wa[j], va, m.fmt, b, x);
+                    if (gu) a1[j][t] = wblk_acc<F>(a1[j][t], wb[j], vb, m1.fmt, b, x);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ROWS; j++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= nt) break;
+            a0[j][t] = warp_sum(a0[j][t]);
+            if (gu) a1[j][t] = warp_sum(a1[j][t]);
+        }
+    if (kw > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < ROWS; j++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    red[warp][2 * (j * NT + t)] = a0[j][t];
+                    red[warp][2 * (j * NT + t) + 1] = a1[j][t];
+                }
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int j = 0; j < ROWS; j++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                a0[j][t] = a1[j][t] = 0.0f;
+                for (int p = 0; p < kw; p++) {
+                    a0[j][t] = __fadd_rn(a0[j][t], red[warp + p][2 * (j * NT + t)]);
+                    a1[j][t] = __fadd_rn(a1[j][t], red[warp + p][2 * (j * NT + t) + 1]);
+                }
+            }
+    }
+    // Each token's 1 / rms (the whole warp's lanes over its partials), after the sums so
+    // that its registers are not held through them.
     float r[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++)
         r[t] = t < nt ? dec_inv_rms(ss_in ? ss_in + (size_t)(t0 + t) * nb : nullptr, nb, cols,
                                     eps, lane)
                       : 1.0f;
-#pragma unroll 1
-    for (int j = 0; j < ROWS; j++) {
-        float a0[NT], a1[NT];
+    if (live && lane == 0) {
 #pragma unroll
-        for (int t = 0; t < NT; t++) a0[t] = a1[t] = 0.0f;
-#pragma unroll 1
-        for (int p = 0; p < kw; p++) {
-            float p0[NT], p1[NT];
-#pragma unroll
-            for (int t = 0; t < NT; t++) p0[t] = p1[t] = 0.0f;
-            if (live) {
-                for (int b = p * 32 + lane; b < nb; b += 32 * kw) {
-                    const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
-                    const WVals va = wblk_unpack<F>(wa, m.fmt, b);
-                    WBlk wb;
-                    WVals vb;
-                    if (gu) {
-                        wb = wblk_load<F>(m1, rr + j, b, nb);
-                        vb = wblk_unpack<F>(wb, m1.fmt, b);
-                    }
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t >= nt) break;
-                        const XTok x = xtok(g, t0 + t, cols);
-                        p0[t] = wblk_acc<F>(p0[t], wa, va, m.fmt, b, x);
-                        if (gu) p1[t] = wblk_acc<F>(p1[t], wb, vb, m1.fmt, b, x);
-                    }
-                }
-            }
-            // One part: the sums as they are; several: added in part order from 0, as
-            // matvec_dec_impl adds its parts' sums.
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                p0[t] = warp_sum(p0[t]);
-                if (gu) p1[t] = warp_sum(p1[t]);
-                a0[t] = kw == 1 ? p0[t] : __fadd_rn(a0[t], p0[t]);
-                a1[t] = kw == 1 ? p1[t] : __fadd_rn(a1[t], p1[t]);
-            }
-        }
-        if (live && lane == 0) {
+        for (int j = 0; j < ROWS; j++) {
             const float bias = !gu && m.bias ? m.bias[rr + j] : 0.0f;
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= nt) break;
                 float* o = gu ? ms.m[0].out + (size_t)(t0 + t) * ms.m[0].ld_out + row + j
                               : m.out + (size_t)(t0 + t) * m.ld_out + rr + j;
-                const float v = dec_out(a0[t], a1[t], r[t], bias, mode == MODE_ADD ? *o : 0.0f, mode);
+                const float v =
+                    dec_out(a0[j][t], a1[j][t], r[t], bias, mode == MODE_ADD ? *o : 0.0f, mode);
                 *o = v;
-                outv[t][warp * ROWS + j] = v;
+                outv[t][slot * ROWS + j] = v;
             }
         }
     }
     if (ROWS != 4 || !qo.xq) return;
     __syncthreads();
-    // Warp t quantizes token t's 32 values of the block.
-    if (warp < nt) dec_quant_out(qo, outv[warp][lane], rb, t0 + warp, ntok, total, lane);
+    // Group t's first warp (its others are gone) quantizes token t's 32 values of the block.
+    if (slot < nt) dec_quant_out(qo, outv[slot][lane], rb, t0 + slot, ntok, total, lane);
 }
 
-// matvec_dec_<format>_<ROWS>_<NT>: NT = 1 for one token (matvec_dec_impl), DEC_TILE for
-// 2..DEC_MAX_TOK (matvec_dec_tokens).
+// matvec_dec_tokens' tokens a block (DEC_TILE, half that with four rows a warp) and blocks of
+// each row a lane loads before the wait: as many as leave its registers unspilled (ptxas,
+// tools/cuda-kernel-regs.py). products.rs dec_tile agrees.
+template <int ROWS>
+__host__ __device__ constexpr int tok_tile() {
+    return ROWS == 1 ? DEC_TILE : DEC_TILE / 2;
+}
+template <int F, int ROWS>
+__host__ __device__ constexpr int tok_pre() {
+    return ROWS == 1 ? MVD_PRE : 1;
+}
+
+// matvec_dec_<format>_<ROWS>_1 for one token (matvec_dec_impl), matvec_dec_<format>_<ROWS>_t
+// for 2..DEC_MAX_TOK (matvec_dec_tokens).
 #define MATVEC_DEC1(NAME, F, ROWS)                                                           \
     extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
         matvec_dec_##NAME##_##ROWS##_1(Mats ms, const u8* xqb, int cols, int ntok,            \
@@ -855,11 +932,12 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
                                        QOut qo) {                                             \
         matvec_dec_impl<F, ROWS>(ms, xqb, cols, ss_in, eps, mode, kw, qo);                    \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, 2)                              \
-        matvec_dec_##NAME##_##ROWS##_8(Mats ms, const u8* xqb, int cols, int ntok,            \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
+        matvec_dec_##NAME##_##ROWS##_t(Mats ms, const u8* xqb, int cols, int ntok,            \
                                        const float* ss_in, float eps, int mode, int kw,       \
                                        QOut qo) {                                             \
-        matvec_dec_tokens<F, ROWS, DEC_TILE>(ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);  \
+        matvec_dec_tokens<F, ROWS, tok_tile<ROWS>(), tok_pre<F, ROWS>()>(              \
+            ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);                                   \
     }
 // matvec_dec_<format>_4_1g: one token of a gate/up pair, four rows a warp, kw = 1, one block
 // of each row preloaded: registers for three blocks a multiprocessor (a pair whose blocks
@@ -892,7 +970,7 @@ __host__ __device__ constexpr int pair_pre() {
 #define MATVEC_DEC(NAME, F)                                                                  \
     MATVEC_DEC1(NAME, F, 1)                                                                  \
     MATVEC_DEC1(NAME, F, 4) MATVEC_DEC_GU(NAME, F) MATVEC_DEC_FIXED(NAME, F)
-static_assert(DEC_TILE == 8 && WARPS >= DEC_TILE, "the decode kernels' names say 8 tokens");
+static_assert(WARPS >= DEC_TILE, "a tokens kernel's quantized output takes a warp a token");
 MATVEC_DEC(any, -1)
 MATVEC_DEC(q4_0, FMT_Q4_0)
 MATVEC_DEC(q4_1, FMT_Q4_1)
