@@ -369,12 +369,13 @@ impl CudaBackend {
                 _ => None,
             };
             // A row over two warps where a block's 32 rows a warp group would leave
-            // multiprocessors without a block (one token: blocks of twice the warps; several:
-            // the same sums, part after part). KILN_CUDA_DEC_KW tunes.
+            // multiprocessors without a block (blocks of twice the warps, for any number of
+            // tokens). KILN_CUDA_DEC_KW tunes.
             let kw = self.dec_kw(cols, total);
-            // Four rows a warp for one token whenever the matrices allow (a lane then has
-            // four rows' loads in flight; the H200 sweep in BENCHMARKS, nineteenth session);
-            // the sums are the same bits either way. KILN_CUDA_DEC_ROWS tunes.
+            // Four rows a warp whenever the matrices allow (a lane then has four rows' loads
+            // in flight; the H200 sweep in BENCHMARKS, nineteenth session, and for several
+            // tokens the fortieth); the sums are the same bits either way. KILN_CUDA_DEC_ROWS
+            // tunes.
             let four_ok =
                 (0..=mats.n_mats as usize).all(|i| mats.row0[i] % 4 == 0) && total % 4 == 0;
             let rows = match self.tune.dec_rows {
