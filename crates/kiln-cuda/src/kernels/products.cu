@@ -912,13 +912,14 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
 }
 
 // matvec_dec_tokens' tokens a block (DEC_TILE, half that with four rows a warp) and blocks of
-// each row a lane loads before the wait: as many as leave its registers unspilled (ptxas,
-// tools/cuda-kernel-regs.py). products.rs dec_tile agrees.
+// each row a lane loads before the wait (MVD_PRE with one row a warp, one with four), for
+// their registers (tools/cuda-kernel-regs.py: the four-row kernels still spill a little).
+// products.rs dec_tile agrees.
 template <int ROWS>
 __host__ __device__ constexpr int tok_tile() {
     return ROWS == 1 ? DEC_TILE : DEC_TILE / 2;
 }
-template <int F, int ROWS>
+template <int ROWS>
 __host__ __device__ constexpr int tok_pre() {
     return ROWS == 1 ? MVD_PRE : 1;
 }
@@ -936,7 +937,7 @@ __host__ __device__ constexpr int tok_pre() {
         matvec_dec_##NAME##_##ROWS##_t(Mats ms, const u8* xqb, int cols, int ntok,            \
                                        const float* ss_in, float eps, int mode, int kw,       \
                                        QOut qo) {                                             \
-        matvec_dec_tokens<F, ROWS, tok_tile<ROWS>(), tok_pre<F, ROWS>()>(              \
+        matvec_dec_tokens<F, ROWS, tok_tile<ROWS>(), tok_pre<ROWS>()>(                 \
             ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);                                   \
     }
 // matvec_dec_<format>_4_1g: one token of a gate/up pair, four rows a warp, kw = 1, one block
