@@ -937,7 +937,7 @@ __host__ __device__ constexpr int tok_pre() {
         matvec_dec_##NAME##_##ROWS##_t(Mats ms, const u8* xqb, int cols, int ntok,            \
                                        const float* ss_in, float eps, int mode, int kw,       \
                                        QOut qo) {                                             \
-        matvec_dec_tokens<F, ROWS, tok_tile<ROWS>(), tok_pre<ROWS>()>(                 \
+        matvec_dec_tokens<F, ROWS, tok_tile<ROWS>(), tok_pre<ROWS>()>(                       \
             ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);                                   \
     }
 // matvec_dec_<format>_4_1g: one token of a gate/up pair, four rows a warp, kw = 1, one block
