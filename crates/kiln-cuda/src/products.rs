@@ -130,36 +130,92 @@ const MATVEC: [[[&str; 2]; 2]; 7] = [
     ],
 ];
 
-/// kernels/products.cu's matvec_dec_<format>_<rows>_1 / _t, by [`fmt_index`], rows 1 / 4
-/// and one token / several ([`dec_tile`] a block).
-const MATVEC_DEC: [[[&str; 2]; 2]; 7] = [
+/// kernels/products.cu's matvec_dec_<format>_<rows>_1 / _t / _w, by [`fmt_index`], rows 1 / 4
+/// and one token / up to [`DEC_WIDE`] ([`dec_tile`] a block) / more (DEC_TILE a block).
+const MATVEC_DEC: [[[&str; 3]; 2]; 7] = [
     [
-        ["matvec_dec_any_1_1", "matvec_dec_any_1_t"],
-        ["matvec_dec_any_4_1", "matvec_dec_any_4_t"],
+        [
+            "matvec_dec_any_1_1",
+            "matvec_dec_any_1_t",
+            "matvec_dec_any_1_w",
+        ],
+        [
+            "matvec_dec_any_4_1",
+            "matvec_dec_any_4_t",
+            "matvec_dec_any_4_w",
+        ],
     ],
     [
-        ["matvec_dec_q4_0_1_1", "matvec_dec_q4_0_1_t"],
-        ["matvec_dec_q4_0_4_1", "matvec_dec_q4_0_4_t"],
+        [
+            "matvec_dec_q4_0_1_1",
+            "matvec_dec_q4_0_1_t",
+            "matvec_dec_q4_0_1_w",
+        ],
+        [
+            "matvec_dec_q4_0_4_1",
+            "matvec_dec_q4_0_4_t",
+            "matvec_dec_q4_0_4_w",
+        ],
     ],
     [
-        ["matvec_dec_q4_1_1_1", "matvec_dec_q4_1_1_t"],
-        ["matvec_dec_q4_1_4_1", "matvec_dec_q4_1_4_t"],
+        [
+            "matvec_dec_q4_1_1_1",
+            "matvec_dec_q4_1_1_t",
+            "matvec_dec_q4_1_1_w",
+        ],
+        [
+            "matvec_dec_q4_1_4_1",
+            "matvec_dec_q4_1_4_t",
+            "matvec_dec_q4_1_4_w",
+        ],
     ],
     [
-        ["matvec_dec_q8_0_1_1", "matvec_dec_q8_0_1_t"],
-        ["matvec_dec_q8_0_4_1", "matvec_dec_q8_0_4_t"],
+        [
+            "matvec_dec_q8_0_1_1",
+            "matvec_dec_q8_0_1_t",
+            "matvec_dec_q8_0_1_w",
+        ],
+        [
+            "matvec_dec_q8_0_4_1",
+            "matvec_dec_q8_0_4_t",
+            "matvec_dec_q8_0_4_w",
+        ],
     ],
     [
-        ["matvec_dec_q4_k_1_1", "matvec_dec_q4_k_1_t"],
-        ["matvec_dec_q4_k_4_1", "matvec_dec_q4_k_4_t"],
+        [
+            "matvec_dec_q4_k_1_1",
+            "matvec_dec_q4_k_1_t",
+            "matvec_dec_q4_k_1_w",
+        ],
+        [
+            "matvec_dec_q4_k_4_1",
+            "matvec_dec_q4_k_4_t",
+            "matvec_dec_q4_k_4_w",
+        ],
     ],
     [
-        ["matvec_dec_q6_k_1_1", "matvec_dec_q6_k_1_t"],
-        ["matvec_dec_q6_k_4_1", "matvec_dec_q6_k_4_t"],
+        [
+            "matvec_dec_q6_k_1_1",
+            "matvec_dec_q6_k_1_t",
+            "matvec_dec_q6_k_1_w",
+        ],
+        [
+            "matvec_dec_q6_k_4_1",
+            "matvec_dec_q6_k_4_t",
+            "matvec_dec_q6_k_4_w",
+        ],
     ],
     [
-        ["matvec_dec_kmix_1_1", "matvec_dec_kmix_1_t"],
-        ["matvec_dec_kmix_4_1", "matvec_dec_kmix_4_t"],
+        [
+            "matvec_dec_kmix_1_1",
+            "matvec_dec_kmix_1_t",
+            "matvec_dec_kmix_1_w",
+        ],
+        [
+            "matvec_dec_kmix_4_1",
+            "matvec_dec_kmix_4_t",
+            "matvec_dec_kmix_4_w",
+        ],
     ],
 ];
 
@@ -189,6 +245,12 @@ const MATVEC_DEC_FIXED: [[&str; 2]; 7] = [
 
 /// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
 const DEC_TILE: usize = 8;
+
+/// Tokens up to which several tokens' decode products run as matvec_dec_tokens (a row's
+/// parts on warps side by side), above as matvec_dec_wide (one warp a row; its blocks are
+/// then enough to fill the machine). On an H100 (Qwen3-0.6B shape, Q4_0, kiln bench
+/// --parallel): tokens 8 3640 against 2617 tok/s, 32 6403 against 6186, 64 6910 against 8065.
+const DEC_WIDE: usize = 32;
 
 /// Tokens a block of the several-token decode kernel takes with `rows` rows a warp
 /// (kernels/products.cu tok_tile: half as many with four, for their registers).
@@ -369,25 +431,30 @@ impl CudaBackend {
                 _ => None,
             };
             // A row over two warps where a block's 32 rows a warp group would leave
-            // multiprocessors without a block (blocks of twice the warps, for any number of
-            // tokens). KILN_CUDA_DEC_KW tunes.
+            // multiprocessors without a block (blocks of twice the warps; past DEC_WIDE
+            // tokens: the same sums, part after part in one warp). KILN_CUDA_DEC_KW tunes.
             let kw = self.dec_kw(cols, total);
-            // Four rows a warp whenever the matrices allow (a lane then has four rows' loads
-            // in flight; the H200 sweep in BENCHMARKS, nineteenth session, and for several
-            // tokens the fortieth); the sums are the same bits either way. KILN_CUDA_DEC_ROWS
-            // tunes.
+            // Four rows a warp whenever the matrices allow, but past DEC_WIDE tokens (a lane
+            // then has four rows' loads in flight; the H200 sweep in BENCHMARKS, nineteenth
+            // session, and for several tokens the fortieth); the sums are the same bits either
+            // way. KILN_CUDA_DEC_ROWS tunes.
             let four_ok =
                 (0..=mats.n_mats as usize).all(|i| mats.row0[i] % 4 == 0) && total % 4 == 0;
+            let wide = n > DEC_WIDE;
             let rows = match self.tune.dec_rows {
                 _ if qo.is_some() => 4,
                 Some(4) if four_ok => 4,
                 Some(_) => 1,
-                None if four_ok => 4,
+                None if four_ok && !wide => 4,
                 None => 1,
             };
-            let nt = if n == 1 { 1 } else { dec_tile(rows) };
+            let nt = match n {
+                1 => 1,
+                _ if wide => DEC_TILE,
+                _ => dec_tile(rows),
+            };
             let blocks = (total.div_ceil(WARPS * rows) * n.div_ceil(nt)) as u32;
-            let warps = WARPS * kw;
+            let warps = if wide { WARPS } else { WARPS * kw };
             // A gate/up pair whose blocks would not all fit at two a multiprocessor runs
             // in three (one preloaded block a row instead of two): on an H200, Qwen3-4B's
             // 304 blocks, tg128 595 -> 610 t/s; Llama-3.2-3B's 256 fit and stay (908
@@ -410,7 +477,7 @@ impl CudaBackend {
             } else if rows == 4 && n == 1 && fixed {
                 MATVEC_DEC_FIXED[fi][gate_up(mode) as usize]
             } else {
-                MATVEC_DEC[fi][(rows == 4) as usize][(nt > 1) as usize]
+                MATVEC_DEC[fi][(rows == 4) as usize][(n > 1) as usize + wide as usize]
             };
             let mut a = Args::default()
                 .a(mats)
