@@ -319,13 +319,17 @@ impl CudaBackend {
     }
 
     /// The attention side of one token of each of `seqs` (rows stacked in order), each over
-    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<LPR>_<G>) and one combine.
+    /// its own cache, in one launch (kernels/*.cu attn_dec_seqs_<LPR>_<G>) and one combine
+    /// (none where every sequence sees at most `Tune::one_split` keys), which also writes the
+    /// rows quantized for the output projection where `quant` (as the one-sequence path's:
+    /// no quant_act before that product).
     pub(crate) fn attention_seqs(
         &self,
         q_ptr: u64,
         seqs: &[SeqKv<'_, CudaKvCache>],
         layer: usize,
         out_ptr: u64,
+        quant: bool,
         dh: DecHeads,
     ) {
         self.xq_src.set(None);
@@ -373,6 +377,21 @@ impl CudaBackend {
                 ensure(&mut sc.attn_ml, slots * 2 * 4),
             )
         };
+        let xq = match quant {
+            true => self.xq_scratch(pack::xq_bytes(
+                s.n_heads * s.head_dim,
+                DEC_MAX_TOK.max(MAX_TOK),
+            )),
+            false => 0u64,
+        };
+        // Every sequence short enough for one split (as each takes alone: its block writes
+        // the rows itself, bit for bit the combine's): one split a sequence, no combine.
+        let direct = seqs.iter().all(|x| self.one_split_step(x.shape.pos0, 1));
+        let mut dh = dh;
+        if direct {
+            dh.out = out_ptr;
+            dh.xq = xq;
+        }
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let mut a = Args::default()
             .a(q_ptr)
@@ -385,14 +404,27 @@ impl CudaBackend {
             .a(acc)
             .a(ml)
             .a(dh);
+        let grid_splits = if direct { 1 } else { splits };
         self.dev.launch(
             self.dev.func(k.name),
-            (s.n_kv_heads as u32, splits as u32, n as u32),
+            (s.n_kv_heads as u32, grid_splits as u32, n as u32),
             (k.threads, 1, 1),
             k.smem,
             &mut a.ptrs(),
         );
-        self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, 0, n, s.n_heads, true);
+        if !direct {
+            self.attn_combine(acc, ml, splits, s.head_dim, out_ptr, xq, n, s.n_heads, true);
+        }
+        if xq != 0 {
+            self.xq_src.set(Some(XqSrc {
+                x: out_ptr,
+                n,
+                norm: 0,
+                ss: 0,
+                xq,
+                inv: true,
+            }));
+        }
     }
 
     /// What the decode attention kernels do first for their tokens (rows of k and v, the

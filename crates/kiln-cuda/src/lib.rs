@@ -1115,7 +1115,9 @@ impl LlmOps for CudaBackend {
             self.kv_ready(x.cache, x.shape.pos0, 1);
         }
         let dh = self.dec_heads(k, v, qk_norm, rope);
-        self.attention_seqs(q.buf.ptr, seqs, layer, out.buf.ptr, dh);
+        let quant = seqs[0].shape.head_dim % 32 == 0
+            && out.cols == seqs[0].shape.n_heads * seqs[0].shape.head_dim;
+        self.attention_seqs(q.buf.ptr, seqs, layer, out.buf.ptr, quant, dh);
     }
 
     fn attention(
