@@ -753,6 +753,17 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     dec_quant_out(qo, outv[lane], blockIdx.x, 0, 1, total, lane);
 }
 
+// a[t] of a per-token array held in registers, for a run-time t (< NT) that differs between
+// lanes: selected, not indexed (an indexed array would go to local memory).
+template <int NT>
+__device__ __forceinline__ float dec_pick(const float (&a)[NT], int t) {
+    float v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        if (i == t) v = a[i];
+    return v;
+}
+
 // The decode product for 2..DEC_MAX_TOK tokens, laid out as matvec_dec_impl: block i takes
 // row group i / tiles and tokens (i % tiles) * NT.. (a row group's tiles run side by side,
 // so its weights come from DRAM once and from L2 after); a group of kw warps takes ROWS
@@ -889,21 +900,25 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
         r[t] = t < nt ? dec_inv_rms(ss_in ? ss_in + (size_t)(t0 + t) * nb : nullptr, nb, cols,
                                     eps, lane)
                       : 1.0f;
-    if (live && lane == 0) {
+    // Lane j * NT + t writes row j's output for token t: the residual and bias loads side by
+    // side, not one after another in one lane.
+    static_assert(ROWS * NT <= 32, "a lane an output");
+    const int oj = lane / NT, ot = lane % NT;
+    if (live && oj < ROWS && ot < nt) {
+        float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-        for (int j = 0; j < ROWS; j++) {
-            const float bias = !gu && m.bias ? m.bias[rr + j] : 0.0f;
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= nt) break;
-                float* o = gu ? ms.m[0].out + (size_t)(t0 + t) * ms.m[0].ld_out + row + j
-                              : m.out + (size_t)(t0 + t) * m.ld_out + rr + j;
-                const float v =
-                    dec_out(a0[j][t], a1[j][t], r[t], bias, mode == MODE_ADD ? *o : 0.0f, mode);
-                *o = v;
-                outv[t][slot * ROWS + j] = v;
+        for (int j = 0; j < ROWS; j++)
+            if (j == oj) {
+                s0 = dec_pick(a0[j], ot);
+                s1 = dec_pick(a1[j], ot);
             }
-        }
+        const float bias = !gu && m.bias ? m.bias[rr + oj] : 0.0f;
+        float* o = gu ? ms.m[0].out + (size_t)(t0 + ot) * ms.m[0].ld_out + row + oj
+                      : m.out + (size_t)(t0 + ot) * m.ld_out + rr + oj;
+        const float v =
+            dec_out(s0, s1, dec_pick(r, ot), bias, mode == MODE_ADD ? *o : 0.0f, mode);
+        *o = v;
+        outv[ot][slot * ROWS + oj] = v;
     }
     if (ROWS != 4 || !qo.xq) return;
     __syncthreads();
@@ -987,17 +1002,15 @@ __device__ void matvec_dec_wide(const Mats& ms, const u8* xqb, int cols, int nto
                 a1[t] = kw == 1 ? p1[t] : __fadd_rn(a1[t], p1[t]);
             }
         }
-        if (live && lane == 0) {
+        // Lane t writes token t's output (the residual loads side by side).
+        if (live && lane < nt) {
             const float bias = !gu && m.bias ? m.bias[rr + j] : 0.0f;
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= nt) break;
-                float* o = gu ? ms.m[0].out + (size_t)(t0 + t) * ms.m[0].ld_out + row + j
-                              : m.out + (size_t)(t0 + t) * m.ld_out + rr + j;
-                const float v = dec_out(a0[t], a1[t], r[t], bias, mode == MODE_ADD ? *o : 0.0f, mode);
-                *o = v;
-                outv[t][warp * ROWS + j] = v;
-            }
+            float* o = gu ? ms.m[0].out + (size_t)(t0 + lane) * ms.m[0].ld_out + row + j
+                          : m.out + (size_t)(t0 + lane) * m.ld_out + rr + j;
+            const float v = dec_out(dec_pick(a0, lane), dec_pick(a1, lane), dec_pick(r, lane),
+                                    bias, mode == MODE_ADD ? *o : 0.0f, mode);
+            *o = v;
+            outv[lane][warp * ROWS + j] = v;
         }
     }
     if (ROWS != 4 || !qo.xq) return;
