@@ -330,7 +330,7 @@ impl CudaBackend {
         layer: usize,
         out_ptr: u64,
         quant: bool,
-        dh: DecHeads,
+        mut dh: DecHeads,
     ) {
         self.xq_src.set(None);
         let s = seqs[0].shape;
@@ -387,7 +387,6 @@ impl CudaBackend {
         // Every sequence short enough for one split (as each takes alone: its block writes
         // the rows itself, bit for bit the combine's): one split a sequence, no combine.
         let direct = seqs.iter().all(|x| self.one_split_step(x.shape.pos0, 1));
-        let mut dh = dh;
         if direct {
             dh.out = out_ptr;
             dh.xq = xq;

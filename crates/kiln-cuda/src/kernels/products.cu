@@ -935,8 +935,8 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
 // fewer, matvec_dec_tokens' layout (a row's parts side by side) is faster.
 template <int F, int ROWS, int NT>
 __device__ void matvec_dec_wide(const Mats& ms, const u8* xqb, int cols, int ntok,
-                                  const float* ss_in, float eps, int mode, int kw,
-                                  const QOut& qo) {
+                                const float* ss_in, float eps, int mode, int kw,
+                                const QOut& qo) {
     __shared__ float outv[NT][WARPS * ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nb = cols / 32;
@@ -1018,7 +1018,6 @@ __device__ void matvec_dec_wide(const Mats& ms, const u8* xqb, int cols, int nto
     // Warp t quantizes token t's 32 values of the block.
     if (warp < nt) dec_quant_out(qo, outv[warp][lane], rb, t0 + warp, ntok, total, lane);
 }
-
 
 // matvec_dec_tokens' tokens a block (DEC_TILE, half that with four rows a warp) and blocks of
 // each row a lane loads before the wait (MVD_PRE with one row a warp, one with four), for
