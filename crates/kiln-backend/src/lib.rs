@@ -405,16 +405,29 @@ pub fn short_conv_host(
 /// Index of the largest value of `r`, the first on ties (a NaN never wins; a row of NaNs
 /// gives 0), as the sampler's greedy pick.
 pub fn argmax_first(r: &[f32]) -> u32 {
-    // From the first number: a NaN before it never wins either (all NaN: 0).
-    let Some(mut best) = r.iter().position(|x| !x.is_nan()) else {
-        return 0;
-    };
-    for (i, &x) in r.iter().enumerate().skip(best + 1) {
-        if x > r[best] {
-            best = i;
+    // Two passes the compiler vectorizes: the largest number (a NaN never compares
+    // greater), then the first value equal to it (all NaN: none, so 0). The first equal
+    // value is the one a running "greater than the best so far" keeps.
+    const L: usize = 16;
+    let mut m = [f32::NEG_INFINITY; L];
+    let mut chunks = r.chunks_exact(L);
+    for c in &mut chunks {
+        for l in 0..L {
+            m[l] = if c[l] > m[l] { c[l] } else { m[l] };
         }
     }
-    best as u32
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&m)
+        .fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
+    for (j, c) in r.chunks(L).enumerate() {
+        if c.iter().fold(false, |any, &x| any | (x == max)) {
+            let i = c.iter().position(|&x| x == max).unwrap_or(0);
+            return (j * L + i) as u32;
+        }
+    }
+    0
 }
 
 /// A step's token that is the last [`LlmOps::argmax_feed`]'s pick, which only the device
@@ -1296,5 +1309,43 @@ mod argmax_tests {
         assert_eq!(argmax_first(&[f32::NAN, f32::NAN]), 0);
         assert_eq!(argmax_first(&[f32::NEG_INFINITY, f32::NAN, -1e30]), 2);
         assert_eq!(argmax_first(&[]), 0);
+        assert_eq!(argmax_first(&[-0.0, 0.0, -1.0]), 0);
+        assert_eq!(
+            argmax_first(&[f32::NAN, f32::NEG_INFINITY, f32::NEG_INFINITY]),
+            1
+        );
+        // Rows longer than a pass's lanes, the largest value at every place, twice.
+        let mut x = 7u32;
+        for len in [15usize, 16, 17, 33, 100, 1000] {
+            let mut r: Vec<f32> = (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (x >> 8) as f32 / 16_777_216.0 - 0.5
+                })
+                .collect();
+            for at in 0..len {
+                let keep = r[at];
+                r[at] = 2.0;
+                assert_eq!(argmax_first(&r), at as u32, "len {len}, at {at}");
+                if at + 1 < len {
+                    let next = r[len - 1];
+                    r[len - 1] = 2.0;
+                    assert_eq!(argmax_first(&r), at as u32, "the first of two, len {len}");
+                    r[len - 1] = next;
+                }
+                r[at] = f32::NAN;
+                let want = r
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| !v.is_nan())
+                    .fold(None::<(usize, f32)>, |b, (i, &v)| match b {
+                        Some((_, bv)) if v <= bv => b,
+                        _ => Some((i, v)),
+                    })
+                    .map_or(0, |(i, _)| i);
+                assert_eq!(argmax_first(&r), want as u32, "NaN at {at}, len {len}");
+                r[at] = keep;
+            }
+        }
     }
 }
