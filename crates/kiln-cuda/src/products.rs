@@ -243,6 +243,72 @@ const MATVEC_DEC_FIXED: [[&str; 2]; 7] = [
     ["matvec_dec_kmix_4_1n", "matvec_dec_kmix_4_1p"],
 ];
 
+/// kernels/products.cu's matvec_dec_<format>_<rows>_l2 / _l: matvec_dec_tloop (the tokens in
+/// a loop, 2 / DEC_TILE a block), by [`fmt_index`] and rows 1 / 4 (KILN_CUDA_DEC_LOOP=2 / 8).
+const MATVEC_DEC_LOOP: [[[&str; 2]; 2]; 7] = [
+    [
+        ["matvec_dec_any_1_l2", "matvec_dec_any_1_l"],
+        ["matvec_dec_any_4_l2", "matvec_dec_any_4_l"],
+    ],
+    [
+        ["matvec_dec_q4_0_1_l2", "matvec_dec_q4_0_1_l"],
+        ["matvec_dec_q4_0_4_l2", "matvec_dec_q4_0_4_l"],
+    ],
+    [
+        ["matvec_dec_q4_1_1_l2", "matvec_dec_q4_1_1_l"],
+        ["matvec_dec_q4_1_4_l2", "matvec_dec_q4_1_4_l"],
+    ],
+    [
+        ["matvec_dec_q8_0_1_l2", "matvec_dec_q8_0_1_l"],
+        ["matvec_dec_q8_0_4_l2", "matvec_dec_q8_0_4_l"],
+    ],
+    [
+        ["matvec_dec_q4_k_1_l2", "matvec_dec_q4_k_1_l"],
+        ["matvec_dec_q4_k_4_l2", "matvec_dec_q4_k_4_l"],
+    ],
+    [
+        ["matvec_dec_q6_k_1_l2", "matvec_dec_q6_k_1_l"],
+        ["matvec_dec_q6_k_4_l2", "matvec_dec_q6_k_4_l"],
+    ],
+    [
+        ["matvec_dec_kmix_1_l2", "matvec_dec_kmix_1_l"],
+        ["matvec_dec_kmix_4_l2", "matvec_dec_kmix_4_l"],
+    ],
+];
+
+/// kernels/products.cu's matvec_dec_<format>_<rows>_t1 / _t2: matvec_dec_tokens with one / two
+/// tokens a block, by [`fmt_index`] and rows 1 / 4 (KILN_CUDA_DEC_NT).
+const MATVEC_DEC_NT: [[[&str; 2]; 2]; 7] = [
+    [
+        ["matvec_dec_any_1_t1", "matvec_dec_any_1_t2"],
+        ["matvec_dec_any_4_t1", "matvec_dec_any_4_t2"],
+    ],
+    [
+        ["matvec_dec_q4_0_1_t1", "matvec_dec_q4_0_1_t2"],
+        ["matvec_dec_q4_0_4_t1", "matvec_dec_q4_0_4_t2"],
+    ],
+    [
+        ["matvec_dec_q4_1_1_t1", "matvec_dec_q4_1_1_t2"],
+        ["matvec_dec_q4_1_4_t1", "matvec_dec_q4_1_4_t2"],
+    ],
+    [
+        ["matvec_dec_q8_0_1_t1", "matvec_dec_q8_0_1_t2"],
+        ["matvec_dec_q8_0_4_t1", "matvec_dec_q8_0_4_t2"],
+    ],
+    [
+        ["matvec_dec_q4_k_1_t1", "matvec_dec_q4_k_1_t2"],
+        ["matvec_dec_q4_k_4_t1", "matvec_dec_q4_k_4_t2"],
+    ],
+    [
+        ["matvec_dec_q6_k_1_t1", "matvec_dec_q6_k_1_t2"],
+        ["matvec_dec_q6_k_4_t1", "matvec_dec_q6_k_4_t2"],
+    ],
+    [
+        ["matvec_dec_kmix_1_t1", "matvec_dec_kmix_1_t2"],
+        ["matvec_dec_kmix_4_t1", "matvec_dec_kmix_4_t2"],
+    ],
+];
+
 /// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
 const DEC_TILE: usize = 8;
 
@@ -277,6 +343,8 @@ pub(crate) fn product_kernel_names() -> impl Iterator<Item = &'static str> {
         .chain(MATVEC_DEC.iter().flatten().flatten())
         .chain(MATVEC_DEC_GU.iter())
         .chain(MATVEC_DEC_FIXED.iter().flatten())
+        .chain(MATVEC_DEC_NT.iter().flatten().flatten())
+        .chain(MATVEC_DEC_LOOP.iter().flatten().flatten())
     {
         if !names.contains(n) {
             names.push(n);
@@ -469,7 +537,11 @@ impl CudaBackend {
             let nt = match n {
                 1 => 1,
                 _ if wide => DEC_TILE,
-                _ => dec_tile(rows),
+                _ if self.tune.dec_loop.is_some() => self.tune.dec_loop.unwrap_or(DEC_TILE),
+                _ => match self.tune.dec_nt {
+                    Some(t) if t <= 2 => t,
+                    _ => dec_tile(rows),
+                },
             };
             let blocks = (total.div_ceil(WARPS * rows) * n.div_ceil(nt)) as u32;
             let warps = if wide { WARPS } else { WARPS * kw };
@@ -494,6 +566,10 @@ impl CudaBackend {
                 MATVEC_DEC_GU[fi]
             } else if rows == 4 && n == 1 && fixed {
                 MATVEC_DEC_FIXED[fi][gate_up(mode) as usize]
+            } else if n > 1 && !wide && self.tune.dec_loop.is_some() {
+                MATVEC_DEC_LOOP[fi][(rows == 4) as usize][(nt == DEC_TILE) as usize]
+            } else if n > 1 && !wide && nt <= 2 {
+                MATVEC_DEC_NT[fi][(rows == 4) as usize][nt - 1]
             } else {
                 MATVEC_DEC[fi][(rows == 4) as usize][(n > 1) as usize + wide as usize]
             };

@@ -926,6 +926,131 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
     if (slot < nt) dec_quant_out(qo, outv[slot][lane], rb, t0 + slot, ntok, total, lane);
 }
 
+// The decode product for 2..DEC_WIDE tokens with the tokens in a loop (not unrolled): a
+// lane's preloaded blocks dotted with one token after another, each token's sums (in
+// matvec_dec_impl's order) left in shared memory, then a lane an output. The code and the
+// registers are one token's whatever NT is (an unrolled tile of tokens makes the kernel
+// several times the size of matvec_dec_impl's, fetched once per block).
+template <int F, int ROWS, int NT, int PRE>
+__device__ void matvec_dec_tloop(const Mats& ms, const u8* xqb, int cols, int ntok,
+                                 const float* ss_in, float eps, int mode, int kw,
+                                 const QOut& qo) {
+    __shared__ float red[WARPS * DEC_KW_MAX][NT][2 * ROWS];
+    __shared__ float rms[NT];
+    __shared__ float outv[NT][WARPS * ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = warp / kw, part = warp % kw;
+    const int nb = cols / 32;
+    const bool gu = is_gate_up(mode);
+    const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
+    const int tiles = (ntok + NT - 1) / NT;
+    const int rb = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * NT;
+    const int nt = min(NT, ntok - t0);
+    const int row = (rb * WARPS + slot) * ROWS;
+    const bool live = row < total;
+    int mi = 0, rr = row;
+    if (!gu) {
+        mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
+        rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
+    }
+    const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
+    const Mat m1 = ms.m[1];
+    WBlk w0[ROWS][PRE], w1[ROWS][PRE];
+    pdl_trigger();
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < PRE; i++) {
+            const int b = part * 32 + lane + i * 32 * kw;
+            if (b < nb) {
+#pragma unroll
+                for (int j = 0; j < ROWS; j++) {
+                    w0[j][i] = wblk_load<F>(m, rr + j, b, nb);
+                    if (gu) w1[j][i] = wblk_load<F>(m1, rr + j, b, nb);
+                }
+            }
+        }
+    }
+    pdl_wait();
+    const XQ g = xq_layout(xqb, cols, ntok);
+#pragma unroll 1
+    for (int t = 0; t < nt; t++) {
+        const XTok x = xtok(g, t0 + t, cols);
+        float a0[ROWS], a1[ROWS];
+#pragma unroll
+        for (int j = 0; j < ROWS; j++) a0[j] = a1[j] = 0.0f;
+        if (live) {
+#pragma unroll
+            for (int i = 0; i < PRE; i++) {
+                const int b = part * 32 + lane + i * 32 * kw;
+                if (b < nb) {
+#pragma unroll
+                    for (int j = 0; j < ROWS; j++) {
+                        a0[j] = wblk_acc<F>(a0[j], w0[j][i], wblk_unpack<F>(w0[j][i], m.fmt, b),
+                                            m.fmt, b, x);
+                        if (gu)
+                            a1[j] = wblk_acc<F>(a1[j], w1[j][i],
+                                                wblk_unpack<F>(w1[j][i], m1.fmt, b), m1.fmt, b, x);
+                    }
+                }
+            }
+            for (int b = part * 32 + lane + PRE * 32 * kw; b < nb; b += 32 * kw) {
+#pragma unroll
+                for (int j = 0; j < ROWS; j++) {
+                    const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
+                    a0[j] = wblk_acc<F>(a0[j], wa, wblk_unpack<F>(wa, m.fmt, b), m.fmt, b, x);
+                    if (gu) {
+                        const WBlk wb = wblk_load<F>(m1, rr + j, b, nb);
+                        a1[j] =
+                            wblk_acc<F>(a1[j], wb, wblk_unpack<F>(wb, m1.fmt, b), m1.fmt, b, x);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ROWS; j++) {
+            a0[j] = warp_sum(a0[j]);
+            if (gu) a1[j] = warp_sum(a1[j]);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < ROWS; j++) {
+                red[warp][t][j] = a0[j];
+                red[warp][t][ROWS + j] = a1[j];
+            }
+        }
+        // The token's 1 / rms, by the first warp.
+        if (warp == 0) {
+            const float r =
+                dec_inv_rms(ss_in ? ss_in + (size_t)(t0 + t) * nb : nullptr, nb, cols, eps, lane);
+            if (lane == 0) rms[t] = r;
+        }
+    }
+    __syncthreads();
+    if (part != 0) return;
+    // Lane j * NT + t writes row j's output for token t, its parts' sums added in order.
+    static_assert(ROWS * NT <= 32, "a lane an output");
+    const int oj = lane / NT, ot = lane % NT;
+    if (live && oj < ROWS && ot < nt) {
+        float s0 = red[warp][ot][oj], s1 = red[warp][ot][ROWS + oj];
+        if (kw > 1) {
+            s0 = s1 = 0.0f;
+            for (int p = 0; p < kw; p++) {
+                s0 = __fadd_rn(s0, red[warp + p][ot][oj]);
+                s1 = __fadd_rn(s1, red[warp + p][ot][ROWS + oj]);
+            }
+        }
+        const float bias = !gu && m.bias ? m.bias[rr + oj] : 0.0f;
+        float* o = gu ? ms.m[0].out + (size_t)(t0 + ot) * ms.m[0].ld_out + row + oj
+                      : m.out + (size_t)(t0 + ot) * m.ld_out + rr + oj;
+        const float v = dec_out(s0, s1, rms[ot], bias, mode == MODE_ADD ? *o : 0.0f, mode);
+        *o = v;
+        outv[ot][slot * ROWS + oj] = v;
+    }
+    if (ROWS != 4 || !qo.xq) return;
+    __syncthreads();
+    if (slot < nt) dec_quant_out(qo, outv[slot][lane], rb, t0 + slot, ntok, total, lane);
+}
+
 // The decode product for many tokens (more than DEC_WIDE): block i takes row group i / tiles
 // and tokens (i % tiles) * NT.. (a row group's tiles run side by side, so its weights come
 // from DRAM once and from L2 after). A warp's rows one after the other, each block of a row
@@ -1048,6 +1173,32 @@ __host__ __device__ constexpr int tok_pre() {
                                        QOut qo) {                                             \
         matvec_dec_tokens<F, ROWS, tok_tile<ROWS>(), tok_pre<ROWS>()>(                       \
             ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);                                   \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
+        matvec_dec_##NAME##_##ROWS##_t1(Mats ms, const u8* xqb, int cols, int ntok,           \
+                                        const float* ss_in, float eps, int mode, int kw,      \
+                                        QOut qo) {                                            \
+        matvec_dec_tokens<F, ROWS, 1, MVD_PRE>(ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo); \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
+        matvec_dec_##NAME##_##ROWS##_l(Mats ms, const u8* xqb, int cols, int ntok,            \
+                                       const float* ss_in, float eps, int mode, int kw,       \
+                                       QOut qo) {                                             \
+        matvec_dec_tloop<F, ROWS, DEC_TILE, tok_pre<ROWS>()>(ms, xqb, cols, ntok, ss_in, eps, \
+                                                             mode, kw, qo);                   \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
+        matvec_dec_##NAME##_##ROWS##_l2(Mats ms, const u8* xqb, int cols, int ntok,           \
+                                        const float* ss_in, float eps, int mode, int kw,      \
+                                        QOut qo) {                                            \
+        matvec_dec_tloop<F, ROWS, 2, tok_pre<ROWS>()>(ms, xqb, cols, ntok, ss_in, eps, mode,  \
+                                                      kw, qo);                                \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
+        matvec_dec_##NAME##_##ROWS##_t2(Mats ms, const u8* xqb, int cols, int ntok,           \
+                                        const float* ss_in, float eps, int mode, int kw,      \
+                                        QOut qo) {                                            \
+        matvec_dec_tokens<F, ROWS, 2, MVD_PRE>(ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo); \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, 2)                              \
         matvec_dec_##NAME##_##ROWS##_w(Mats ms, const u8* xqb, int cols, int ntok,            \
