@@ -114,11 +114,9 @@ pub(crate) struct Tune {
     pub(crate) dec_rows: Option<usize>,
     /// Warps a row of decode products (KILN_CUDA_DEC_KW: 1 or 2).
     pub(crate) dec_kw: Option<usize>,
-    /// Tokens a block of 2..DEC_WIDE-token decode products (KILN_CUDA_DEC_NT: 1, 2 or 4).
-    pub(crate) dec_nt: Option<usize>,
-    /// 2..DEC_WIDE-token decode products with the tokens in a loop, this many a block
-    /// (KILN_CUDA_DEC_LOOP: 2 or 8).
-    pub(crate) dec_loop: Option<usize>,
+    /// Tokens above which decode products run as matvec_dec_wide (KILN_CUDA_DEC_WIDE: 1..=64;
+    /// products.rs DEC_WIDE).
+    pub(crate) dec_wide: Option<usize>,
     /// One token's gate/up pairs in three blocks a multiprocessor (KILN_CUDA_DEC_GU: 0 never,
     /// 1 always).
     pub(crate) dec_gu: Option<usize>,
@@ -149,8 +147,7 @@ impl Tune {
             dec_mma: !kiln_backend::options::dev_flag("KILN_CUDA_NO_DEC_MMA"),
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
-            dec_nt: env("KILN_CUDA_DEC_NT").filter(|n| [1, 2, 4].contains(n)),
-            dec_loop: env("KILN_CUDA_DEC_LOOP").filter(|n| [2, 8].contains(n)),
+            dec_wide: env("KILN_CUDA_DEC_WIDE").filter(|n| (1..=64).contains(n)),
             dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),
             dec_fixed: env("KILN_CUDA_DEC_FIXED").filter(|n| [0, 1].contains(n)),
             one_split: env("KILN_CUDA_ONE_SPLIT")

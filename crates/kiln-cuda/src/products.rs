@@ -130,92 +130,36 @@ const MATVEC: [[[&str; 2]; 2]; 7] = [
     ],
 ];
 
-/// kernels/products.cu's matvec_dec_<format>_<rows>_1 / _t / _w, by [`fmt_index`], rows 1 / 4
-/// and one token / up to [`DEC_WIDE`] ([`dec_tile`] a block) / more (DEC_TILE a block).
-const MATVEC_DEC: [[[&str; 3]; 2]; 7] = [
+/// kernels/products.cu's matvec_dec_<format>_<rows>_1 / _w, by [`fmt_index`], rows 1 / 4 and
+/// one token / more than [`DEC_WIDE`] (DEC_TILE a block).
+const MATVEC_DEC: [[[&str; 2]; 2]; 7] = [
     [
-        [
-            "matvec_dec_any_1_1",
-            "matvec_dec_any_1_t",
-            "matvec_dec_any_1_w",
-        ],
-        [
-            "matvec_dec_any_4_1",
-            "matvec_dec_any_4_t",
-            "matvec_dec_any_4_w",
-        ],
+        ["matvec_dec_any_1_1", "matvec_dec_any_1_w"],
+        ["matvec_dec_any_4_1", "matvec_dec_any_4_w"],
     ],
     [
-        [
-            "matvec_dec_q4_0_1_1",
-            "matvec_dec_q4_0_1_t",
-            "matvec_dec_q4_0_1_w",
-        ],
-        [
-            "matvec_dec_q4_0_4_1",
-            "matvec_dec_q4_0_4_t",
-            "matvec_dec_q4_0_4_w",
-        ],
+        ["matvec_dec_q4_0_1_1", "matvec_dec_q4_0_1_w"],
+        ["matvec_dec_q4_0_4_1", "matvec_dec_q4_0_4_w"],
     ],
     [
-        [
-            "matvec_dec_q4_1_1_1",
-            "matvec_dec_q4_1_1_t",
-            "matvec_dec_q4_1_1_w",
-        ],
-        [
-            "matvec_dec_q4_1_4_1",
-            "matvec_dec_q4_1_4_t",
-            "matvec_dec_q4_1_4_w",
-        ],
+        ["matvec_dec_q4_1_1_1", "matvec_dec_q4_1_1_w"],
+        ["matvec_dec_q4_1_4_1", "matvec_dec_q4_1_4_w"],
     ],
     [
-        [
-            "matvec_dec_q8_0_1_1",
-            "matvec_dec_q8_0_1_t",
-            "matvec_dec_q8_0_1_w",
-        ],
-        [
-            "matvec_dec_q8_0_4_1",
-            "matvec_dec_q8_0_4_t",
-            "matvec_dec_q8_0_4_w",
-        ],
+        ["matvec_dec_q8_0_1_1", "matvec_dec_q8_0_1_w"],
+        ["matvec_dec_q8_0_4_1", "matvec_dec_q8_0_4_w"],
     ],
     [
-        [
-            "matvec_dec_q4_k_1_1",
-            "matvec_dec_q4_k_1_t",
-            "matvec_dec_q4_k_1_w",
-        ],
-        [
-            "matvec_dec_q4_k_4_1",
-            "matvec_dec_q4_k_4_t",
-            "matvec_dec_q4_k_4_w",
-        ],
+        ["matvec_dec_q4_k_1_1", "matvec_dec_q4_k_1_w"],
+        ["matvec_dec_q4_k_4_1", "matvec_dec_q4_k_4_w"],
     ],
     [
-        [
-            "matvec_dec_q6_k_1_1",
-            "matvec_dec_q6_k_1_t",
-            "matvec_dec_q6_k_1_w",
-        ],
-        [
-            "matvec_dec_q6_k_4_1",
-            "matvec_dec_q6_k_4_t",
-            "matvec_dec_q6_k_4_w",
-        ],
+        ["matvec_dec_q6_k_1_1", "matvec_dec_q6_k_1_w"],
+        ["matvec_dec_q6_k_4_1", "matvec_dec_q6_k_4_w"],
     ],
     [
-        [
-            "matvec_dec_kmix_1_1",
-            "matvec_dec_kmix_1_t",
-            "matvec_dec_kmix_1_w",
-        ],
-        [
-            "matvec_dec_kmix_4_1",
-            "matvec_dec_kmix_4_t",
-            "matvec_dec_kmix_4_w",
-        ],
+        ["matvec_dec_kmix_1_1", "matvec_dec_kmix_1_w"],
+        ["matvec_dec_kmix_4_1", "matvec_dec_kmix_4_w"],
     ],
 ];
 
@@ -244,7 +188,7 @@ const MATVEC_DEC_FIXED: [[&str; 2]; 7] = [
 ];
 
 /// kernels/products.cu's matvec_dec_<format>_<rows>_l2 / _l: matvec_dec_tloop (the tokens in
-/// a loop, 2 / DEC_TILE a block), by [`fmt_index`] and rows 1 / 4 (KILN_CUDA_DEC_LOOP=2 / 8).
+/// a loop, 2 / DEC_TILE a block), by [`fmt_index`] and rows 1 / 4.
 const MATVEC_DEC_LOOP: [[[&str; 2]; 2]; 7] = [
     [
         ["matvec_dec_any_1_l2", "matvec_dec_any_1_l"],
@@ -276,57 +220,36 @@ const MATVEC_DEC_LOOP: [[[&str; 2]; 2]; 7] = [
     ],
 ];
 
-/// kernels/products.cu's matvec_dec_<format>_<rows>_t1 / _t2: matvec_dec_tokens with one / two
-/// tokens a block, by [`fmt_index`] and rows 1 / 4 (KILN_CUDA_DEC_NT).
-const MATVEC_DEC_NT: [[[&str; 2]; 2]; 7] = [
-    [
-        ["matvec_dec_any_1_t1", "matvec_dec_any_1_t2"],
-        ["matvec_dec_any_4_t1", "matvec_dec_any_4_t2"],
-    ],
-    [
-        ["matvec_dec_q4_0_1_t1", "matvec_dec_q4_0_1_t2"],
-        ["matvec_dec_q4_0_4_t1", "matvec_dec_q4_0_4_t2"],
-    ],
-    [
-        ["matvec_dec_q4_1_1_t1", "matvec_dec_q4_1_1_t2"],
-        ["matvec_dec_q4_1_4_t1", "matvec_dec_q4_1_4_t2"],
-    ],
-    [
-        ["matvec_dec_q8_0_1_t1", "matvec_dec_q8_0_1_t2"],
-        ["matvec_dec_q8_0_4_t1", "matvec_dec_q8_0_4_t2"],
-    ],
-    [
-        ["matvec_dec_q4_k_1_t1", "matvec_dec_q4_k_1_t2"],
-        ["matvec_dec_q4_k_4_t1", "matvec_dec_q4_k_4_t2"],
-    ],
-    [
-        ["matvec_dec_q6_k_1_t1", "matvec_dec_q6_k_1_t2"],
-        ["matvec_dec_q6_k_4_t1", "matvec_dec_q6_k_4_t2"],
-    ],
-    [
-        ["matvec_dec_kmix_1_t1", "matvec_dec_kmix_1_t2"],
-        ["matvec_dec_kmix_4_t1", "matvec_dec_kmix_4_t2"],
-    ],
+/// kernels/products.cu's matvec_dec_<format>_<rows>_t1: matvec_dec_tokens with one token a
+/// block (two tokens' products), by [`fmt_index`] and rows 1 / 4.
+const MATVEC_DEC_T1: [[&str; 2]; 7] = [
+    ["matvec_dec_any_1_t1", "matvec_dec_any_4_t1"],
+    ["matvec_dec_q4_0_1_t1", "matvec_dec_q4_0_4_t1"],
+    ["matvec_dec_q4_1_1_t1", "matvec_dec_q4_1_4_t1"],
+    ["matvec_dec_q8_0_1_t1", "matvec_dec_q8_0_4_t1"],
+    ["matvec_dec_q4_k_1_t1", "matvec_dec_q4_k_4_t1"],
+    ["matvec_dec_q6_k_1_t1", "matvec_dec_q6_k_4_t1"],
+    ["matvec_dec_kmix_1_t1", "matvec_dec_kmix_4_t1"],
 ];
 
 /// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
 const DEC_TILE: usize = 8;
 
-/// Tokens up to which several tokens' decode products run as matvec_dec_tokens (a row's
-/// parts on warps side by side), above as matvec_dec_wide (one warp a row; its blocks are
-/// then enough to fill the machine). On an H100 (Qwen3-0.6B shape, Q4_0, kiln bench
-/// --parallel): tokens 8 3640 against 2617 tok/s, 32 6403 against 6186, 64 6910 against 8065.
+/// Tokens up to which several tokens' decode products run with a row's parts on warps side
+/// by side (matvec_dec_tokens, matvec_dec_tloop), above as matvec_dec_wide (one warp a row;
+/// its blocks are then enough to fill the machine). KILN_CUDA_DEC_WIDE tunes.
 const DEC_WIDE: usize = 32;
 
-/// Tokens a block of the several-token decode kernel takes with `rows` rows a warp
-/// (kernels/products.cu tok_tile: half as many with four, for their registers).
-fn dec_tile(rows: usize) -> usize {
-    if rows == 1 {
-        DEC_TILE
-    } else {
-        DEC_TILE / 2
-    }
-}
+/// Tokens up to which several tokens' decode products take two tokens a block
+/// (matvec_dec_tloop's _l2), above DEC_TILE (_l); two tokens take one a block
+/// (matvec_dec_tokens' _t1). The loop is not unrolled: the code and registers of one
+/// token, where an unrolled tile of four made a kernel three times one token's size whose
+/// warps waited on instruction fetch (ncu, two tokens: 31-36% of the stalls "no
+/// instruction", 6% with the loop). On an H100 (Qwen3-0.6B shape, Q4_0, kiln bench
+/// --parallel, tok/s; unrolled tiles / one a block / loop of two / loop of eight): 2 tokens
+/// 1591 / 2526 / 2312 / 2382, 4: 2570 / 3875 / 4142 / 3575, 8: 4730 / 4807 / 6170 / 4750,
+/// 12: - / 5098 / 6279 / 6756, 16: 6825 / 5386 / 7490 / 8469, 32: 7950 / 5808 / 8206 / 11675.
+const DEC_LOOP2_MAX: usize = 8;
 
 /// Tokens up to which a product of quantized weights runs as the decode kernel, each token's
 /// sums computed as they are alone (batch-invariant: a server's answer does not depend on
@@ -343,7 +266,7 @@ pub(crate) fn product_kernel_names() -> impl Iterator<Item = &'static str> {
         .chain(MATVEC_DEC.iter().flatten().flatten())
         .chain(MATVEC_DEC_GU.iter())
         .chain(MATVEC_DEC_FIXED.iter().flatten())
-        .chain(MATVEC_DEC_NT.iter().flatten().flatten())
+        .chain(MATVEC_DEC_T1.iter().flatten())
         .chain(MATVEC_DEC_LOOP.iter().flatten().flatten())
     {
         if !names.contains(n) {
@@ -526,7 +449,7 @@ impl CudaBackend {
             // way. KILN_CUDA_DEC_ROWS tunes.
             let four_ok =
                 (0..=mats.n_mats as usize).all(|i| mats.row0[i] % 4 == 0) && total % 4 == 0;
-            let wide = n > DEC_WIDE;
+            let wide = n > self.tune.dec_wide.unwrap_or(DEC_WIDE);
             let rows = match self.tune.dec_rows {
                 _ if qo.is_some() => 4,
                 Some(4) if four_ok => 4,
@@ -535,13 +458,10 @@ impl CudaBackend {
                 None => 1,
             };
             let nt = match n {
-                1 => 1,
                 _ if wide => DEC_TILE,
-                _ if self.tune.dec_loop.is_some() => self.tune.dec_loop.unwrap_or(DEC_TILE),
-                _ => match self.tune.dec_nt {
-                    Some(t) if t <= 2 => t,
-                    _ => dec_tile(rows),
-                },
+                1 | 2 => 1,
+                _ if n <= DEC_LOOP2_MAX => 2,
+                _ => DEC_TILE,
             };
             let blocks = (total.div_ceil(WARPS * rows) * n.div_ceil(nt)) as u32;
             let warps = if wide { WARPS } else { WARPS * kw };
@@ -566,12 +486,12 @@ impl CudaBackend {
                 MATVEC_DEC_GU[fi]
             } else if rows == 4 && n == 1 && fixed {
                 MATVEC_DEC_FIXED[fi][gate_up(mode) as usize]
-            } else if n > 1 && !wide && self.tune.dec_loop.is_some() {
-                MATVEC_DEC_LOOP[fi][(rows == 4) as usize][(nt == DEC_TILE) as usize]
-            } else if n > 1 && !wide && nt <= 2 {
-                MATVEC_DEC_NT[fi][(rows == 4) as usize][nt - 1]
+            } else if n == 1 || wide {
+                MATVEC_DEC[fi][(rows == 4) as usize][wide as usize]
+            } else if nt == 1 {
+                MATVEC_DEC_T1[fi][(rows == 4) as usize]
             } else {
-                MATVEC_DEC[fi][(rows == 4) as usize][(n > 1) as usize + wide as usize]
+                MATVEC_DEC_LOOP[fi][(rows == 4) as usize][(nt == DEC_TILE) as usize]
             };
             let mut a = Args::default()
                 .a(mats)

@@ -764,7 +764,9 @@ __device__ __forceinline__ float dec_pick(const float (&a)[NT], int t) {
     return v;
 }
 
-// The decode product for 2..DEC_MAX_TOK tokens, laid out as matvec_dec_impl: block i takes
+// The decode product for several tokens (products.rs runs it with one token a block, for two
+// tokens: NT > 1 unrolls a tile of tokens, which makes the kernel several times one token's
+// size; matvec_dec_tloop loops instead), laid out as matvec_dec_impl: block i takes
 // row group i / tiles and tokens (i % tiles) * NT.. (a row group's tiles run side by side,
 // so its weights come from DRAM once and from L2 after); a group of kw warps takes ROWS
 // consecutive rows, part p of each row's blocks on the same lanes in the same steps, a
@@ -1144,35 +1146,22 @@ __device__ void matvec_dec_wide(const Mats& ms, const u8* xqb, int cols, int nto
     if (warp < nt) dec_quant_out(qo, outv[warp][lane], rb, t0 + warp, ntok, total, lane);
 }
 
-// matvec_dec_tokens' tokens a block (DEC_TILE, half that with four rows a warp) and blocks of
-// each row a lane loads before the wait (MVD_PRE with one row a warp, one with four), for
-// their registers (tools/cuda-kernel-regs.py: the four-row kernels still spill a little).
-// products.rs dec_tile agrees.
-template <int ROWS>
-__host__ __device__ constexpr int tok_tile() {
-    return ROWS == 1 ? DEC_TILE : DEC_TILE / 2;
-}
+// Blocks of each row a lane of matvec_dec_tloop loads before the wait (MVD_PRE with one row
+// a warp, one with four, for the registers).
 template <int ROWS>
 __host__ __device__ constexpr int tok_pre() {
     return ROWS == 1 ? MVD_PRE : 1;
 }
 
-// matvec_dec_<format>_<ROWS>_1 for one token (matvec_dec_impl), matvec_dec_<format>_<ROWS>_t
-// for 2..DEC_WIDE (matvec_dec_tokens), matvec_dec_<format>_<ROWS>_w for more
-// (matvec_dec_wide).
+// matvec_dec_<format>_<ROWS>_1 for one token (matvec_dec_impl), _t1 for two (matvec_dec_tokens,
+// one token a block), _l2 / _l for 3..DEC_WIDE (matvec_dec_tloop, two / DEC_TILE tokens a
+// block), _w for more (matvec_dec_wide); products.rs chooses.
 #define MATVEC_DEC1(NAME, F, ROWS)                                                           \
     extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
         matvec_dec_##NAME##_##ROWS##_1(Mats ms, const u8* xqb, int cols, int ntok,            \
                                        const float* ss_in, float eps, int mode, int kw,       \
                                        QOut qo) {                                             \
         matvec_dec_impl<F, ROWS>(ms, xqb, cols, ss_in, eps, mode, kw, qo);                    \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
-        matvec_dec_##NAME##_##ROWS##_t(Mats ms, const u8* xqb, int cols, int ntok,            \
-                                       const float* ss_in, float eps, int mode, int kw,       \
-                                       QOut qo) {                                             \
-        matvec_dec_tokens<F, ROWS, tok_tile<ROWS>(), tok_pre<ROWS>()>(                       \
-            ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);                                   \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
         matvec_dec_##NAME##_##ROWS##_t1(Mats ms, const u8* xqb, int cols, int ntok,           \
@@ -1193,12 +1182,6 @@ __host__ __device__ constexpr int tok_pre() {
                                         QOut qo) {                                            \
         matvec_dec_tloop<F, ROWS, 2, tok_pre<ROWS>()>(ms, xqb, cols, ntok, ss_in, eps, mode,  \
                                                       kw, qo);                                \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
-        matvec_dec_##NAME##_##ROWS##_t2(Mats ms, const u8* xqb, int cols, int ntok,           \
-                                        const float* ss_in, float eps, int mode, int kw,      \
-                                        QOut qo) {                                            \
-        matvec_dec_tokens<F, ROWS, 2, MVD_PRE>(ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo); \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, 2)                              \
         matvec_dec_##NAME##_##ROWS##_w(Mats ms, const u8* xqb, int cols, int ntok,            \
