@@ -114,9 +114,6 @@ pub(crate) struct Tune {
     pub(crate) dec_rows: Option<usize>,
     /// Warps a row of decode products (KILN_CUDA_DEC_KW: 1 or 2).
     pub(crate) dec_kw: Option<usize>,
-    /// Tokens above which decode products run as matvec_dec_wide (KILN_CUDA_DEC_WIDE: 1..=64;
-    /// products.rs DEC_WIDE).
-    pub(crate) dec_wide: Option<usize>,
     /// One token's gate/up pairs in three blocks a multiprocessor (KILN_CUDA_DEC_GU: 0 never,
     /// 1 always).
     pub(crate) dec_gu: Option<usize>,
@@ -147,7 +144,6 @@ impl Tune {
             dec_mma: !kiln_backend::options::dev_flag("KILN_CUDA_NO_DEC_MMA"),
             dec_rows: env("KILN_CUDA_DEC_ROWS").filter(|n| [1, 4].contains(n)),
             dec_kw: env("KILN_CUDA_DEC_KW").filter(|n| [1, 2].contains(n)),
-            dec_wide: env("KILN_CUDA_DEC_WIDE").filter(|n| (1..=64).contains(n)),
             dec_gu: env("KILN_CUDA_DEC_GU").filter(|n| [0, 1].contains(n)),
             dec_fixed: env("KILN_CUDA_DEC_FIXED").filter(|n| [0, 1].contains(n)),
             one_split: env("KILN_CUDA_ONE_SPLIT")

@@ -130,37 +130,16 @@ const MATVEC: [[[&str; 2]; 2]; 7] = [
     ],
 ];
 
-/// kernels/products.cu's matvec_dec_<format>_<rows>_1 / _w, by [`fmt_index`], rows 1 / 4 and
-/// one token / more than [`DEC_WIDE`] (DEC_TILE a block).
-const MATVEC_DEC: [[[&str; 2]; 2]; 7] = [
-    [
-        ["matvec_dec_any_1_1", "matvec_dec_any_1_w"],
-        ["matvec_dec_any_4_1", "matvec_dec_any_4_w"],
-    ],
-    [
-        ["matvec_dec_q4_0_1_1", "matvec_dec_q4_0_1_w"],
-        ["matvec_dec_q4_0_4_1", "matvec_dec_q4_0_4_w"],
-    ],
-    [
-        ["matvec_dec_q4_1_1_1", "matvec_dec_q4_1_1_w"],
-        ["matvec_dec_q4_1_4_1", "matvec_dec_q4_1_4_w"],
-    ],
-    [
-        ["matvec_dec_q8_0_1_1", "matvec_dec_q8_0_1_w"],
-        ["matvec_dec_q8_0_4_1", "matvec_dec_q8_0_4_w"],
-    ],
-    [
-        ["matvec_dec_q4_k_1_1", "matvec_dec_q4_k_1_w"],
-        ["matvec_dec_q4_k_4_1", "matvec_dec_q4_k_4_w"],
-    ],
-    [
-        ["matvec_dec_q6_k_1_1", "matvec_dec_q6_k_1_w"],
-        ["matvec_dec_q6_k_4_1", "matvec_dec_q6_k_4_w"],
-    ],
-    [
-        ["matvec_dec_kmix_1_1", "matvec_dec_kmix_1_w"],
-        ["matvec_dec_kmix_4_1", "matvec_dec_kmix_4_w"],
-    ],
+/// kernels/products.cu's matvec_dec_<format>_<rows>_1 (one token), by [`fmt_index`] and rows
+/// 1 / 4.
+const MATVEC_DEC: [[&str; 2]; 7] = [
+    ["matvec_dec_any_1_1", "matvec_dec_any_4_1"],
+    ["matvec_dec_q4_0_1_1", "matvec_dec_q4_0_4_1"],
+    ["matvec_dec_q4_1_1_1", "matvec_dec_q4_1_4_1"],
+    ["matvec_dec_q8_0_1_1", "matvec_dec_q8_0_4_1"],
+    ["matvec_dec_q4_k_1_1", "matvec_dec_q4_k_4_1"],
+    ["matvec_dec_q6_k_1_1", "matvec_dec_q6_k_4_1"],
+    ["matvec_dec_kmix_1_1", "matvec_dec_kmix_4_1"],
 ];
 
 /// kernels/products.cu's matvec_dec_<format>_4_1g, by [`fmt_index`]: one token of a gate/up
@@ -235,11 +214,6 @@ const MATVEC_DEC_T1: [[&str; 2]; 7] = [
 /// Tokens a decode kernel's block takes (kernels/*.cu DEC_TILE).
 const DEC_TILE: usize = 8;
 
-/// Tokens up to which several tokens' decode products run with a row's parts on warps side
-/// by side (matvec_dec_tokens, matvec_dec_tloop), above as matvec_dec_wide (one warp a row;
-/// its blocks are then enough to fill the machine). KILN_CUDA_DEC_WIDE tunes.
-const DEC_WIDE: usize = 32;
-
 /// Tokens up to which several tokens' decode products take two tokens a block
 /// (matvec_dec_tloop's _l2), above DEC_TILE (_l); two tokens take one a block
 /// (matvec_dec_tokens' _t1). The loop is not unrolled: the code and registers of one
@@ -248,7 +222,9 @@ const DEC_WIDE: usize = 32;
 /// instruction", 6% with the loop). On an H100 (Qwen3-0.6B shape, Q4_0, kiln bench
 /// --parallel, tok/s; unrolled tiles / one a block / loop of two / loop of eight): 2 tokens
 /// 1591 / 2526 / 2312 / 2382, 4: 2570 / 3875 / 4142 / 3575, 8: 4730 / 4807 / 6170 / 4750,
-/// 12: - / 5098 / 6279 / 6756, 16: 6825 / 5386 / 7490 / 8469, 32: 7950 / 5808 / 8206 / 11675.
+/// 12: - / 5098 / 6279 / 6756, 16: 6825 / 5386 / 7490 / 8469, 32: 7950 / 5808 / 8206 / 11675;
+/// and above 32 tokens, a kernel with one warp a row (which read enough in flight only there)
+/// against the loop of eight: 48 tokens 8158 / 10955, 64: 9177 / 12698.
 const DEC_LOOP2_MAX: usize = 8;
 
 /// Tokens up to which a product of quantized weights runs as the decode kernel, each token's
@@ -263,7 +239,7 @@ pub(crate) fn product_kernel_names() -> impl Iterator<Item = &'static str> {
         .iter()
         .flatten()
         .flatten()
-        .chain(MATVEC_DEC.iter().flatten().flatten())
+        .chain(MATVEC_DEC.iter().flatten())
         .chain(MATVEC_DEC_GU.iter())
         .chain(MATVEC_DEC_FIXED.iter().flatten())
         .chain(MATVEC_DEC_T1.iter().flatten())
@@ -440,31 +416,28 @@ impl CudaBackend {
                 _ => None,
             };
             // A row over two warps where a block's 32 rows a warp group would leave
-            // multiprocessors without a block (blocks of twice the warps; past DEC_WIDE
-            // tokens: the same sums, part after part in one warp). KILN_CUDA_DEC_KW tunes.
+            // multiprocessors without a block (blocks of twice the warps). KILN_CUDA_DEC_KW
+            // tunes.
             let kw = self.dec_kw(cols, total);
-            // Four rows a warp whenever the matrices allow, but past DEC_WIDE tokens (a lane
-            // then has four rows' loads in flight; the H200 sweep in BENCHMARKS, nineteenth
-            // session, and for several tokens the fortieth); the sums are the same bits either
-            // way. KILN_CUDA_DEC_ROWS tunes.
+            // Four rows a warp whenever the matrices allow (the H200 sweep in BENCHMARKS,
+            // nineteenth session, and for several tokens the fortieth); the sums are the same
+            // bits either way. KILN_CUDA_DEC_ROWS tunes.
             let four_ok =
                 (0..=mats.n_mats as usize).all(|i| mats.row0[i] % 4 == 0) && total % 4 == 0;
-            let wide = n > self.tune.dec_wide.unwrap_or(DEC_WIDE);
             let rows = match self.tune.dec_rows {
                 _ if qo.is_some() => 4,
                 Some(4) if four_ok => 4,
                 Some(_) => 1,
-                None if four_ok && !wide => 4,
+                None if four_ok => 4,
                 None => 1,
             };
             let nt = match n {
-                _ if wide => DEC_TILE,
                 1 | 2 => 1,
                 _ if n <= DEC_LOOP2_MAX => 2,
                 _ => DEC_TILE,
             };
             let blocks = (total.div_ceil(WARPS * rows) * n.div_ceil(nt)) as u32;
-            let warps = if wide { WARPS } else { WARPS * kw };
+            let warps = WARPS * kw;
             // A gate/up pair whose blocks would not all fit at two a multiprocessor runs
             // in three (one preloaded block a row instead of two): on an H200, Qwen3-4B's
             // 304 blocks, tg128 595 -> 610 t/s; Llama-3.2-3B's 256 fit and stay (908
@@ -486,8 +459,8 @@ impl CudaBackend {
                 MATVEC_DEC_GU[fi]
             } else if rows == 4 && n == 1 && fixed {
                 MATVEC_DEC_FIXED[fi][gate_up(mode) as usize]
-            } else if n == 1 || wide {
-                MATVEC_DEC[fi][(rows == 4) as usize][wide as usize]
+            } else if n == 1 {
+                MATVEC_DEC[fi][(rows == 4) as usize]
             } else if nt == 1 {
                 MATVEC_DEC_T1[fi][(rows == 4) as usize]
             } else {

@@ -928,7 +928,7 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
     if (slot < nt) dec_quant_out(qo, outv[slot][lane], rb, t0 + slot, ntok, total, lane);
 }
 
-// The decode product for 2..DEC_WIDE tokens with the tokens in a loop (not unrolled): a
+// The decode product for several tokens with the tokens in a loop (not unrolled): a
 // lane's preloaded blocks dotted with one token after another, each token's sums (in
 // matvec_dec_impl's order) left in shared memory, then a lane an output. The code and the
 // registers are one token's whatever NT is (an unrolled tile of tokens makes the kernel
@@ -1053,99 +1053,6 @@ __device__ void matvec_dec_tloop(const Mats& ms, const u8* xqb, int cols, int nt
     if (slot < nt) dec_quant_out(qo, outv[slot][lane], rb, t0 + slot, ntok, total, lane);
 }
 
-// The decode product for many tokens (more than DEC_WIDE): block i takes row group i / tiles
-// and tokens (i % tiles) * NT.. (a row group's tiles run side by side, so its weights come
-// from DRAM once and from L2 after). A warp's rows one after the other, each block of a row
-// loaded once and dotted with the NT tokens; the kw parts of a row one after the other:
-// each token's sums taken in matvec_dec_impl's order, its output by the same expressions.
-// Where the tokens are many, the blocks are too and a warp's few loads in flight do; with
-// fewer, matvec_dec_tokens' layout (a row's parts side by side) is faster.
-template <int F, int ROWS, int NT>
-__device__ void matvec_dec_wide(const Mats& ms, const u8* xqb, int cols, int ntok,
-                                const float* ss_in, float eps, int mode, int kw,
-                                const QOut& qo) {
-    __shared__ float outv[NT][WARPS * ROWS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nb = cols / 32;
-    const bool gu = is_gate_up(mode);
-    const int total = gu ? ms.m[0].rows : ms.row0[ms.n_mats];
-    const int tiles = (ntok + NT - 1) / NT;
-    const int rb = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * NT;
-    const int nt = min(NT, ntok - t0);
-    const int row = (rb * WARPS + warp) * ROWS;
-    const bool live = row < total;
-    int mi = 0, rr = row;
-    if (!gu) {
-        mi = (ms.n_mats > 1 && row >= ms.row0[1]) + (ms.n_mats > 2 && row >= ms.row0[2]);
-        rr = row - (mi == 0 ? ms.row0[0] : (mi == 1 ? ms.row0[1] : ms.row0[2]));
-    }
-    const Mat m = mi == 0 ? ms.m[0] : (mi == 1 ? ms.m[1] : ms.m[2]);
-    const Mat m1 = ms.m[1];
-    pdl_trigger();
-    pdl_wait();
-    const XQ g = xq_layout(xqb, cols, ntok);
-    float r[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-        r[t] = t < nt ? dec_inv_rms(ss_in ? ss_in + (size_t)(t0 + t) * nb : nullptr, nb, cols,
-                                    eps, lane)
-                      : 1.0f;
-#pragma unroll 1
-    for (int j = 0; j < ROWS; j++) {
-        float a0[NT], a1[NT];
-#pragma unroll
-        for (int t = 0; t < NT; t++) a0[t] = a1[t] = 0.0f;
-#pragma unroll 1
-        for (int p = 0; p < kw; p++) {
-            float p0[NT], p1[NT];
-#pragma unroll
-            for (int t = 0; t < NT; t++) p0[t] = p1[t] = 0.0f;
-            if (live) {
-                for (int b = p * 32 + lane; b < nb; b += 32 * kw) {
-                    const WBlk wa = wblk_load<F>(m, rr + j, b, nb);
-                    const WVals va = wblk_unpack<F>(wa, m.fmt, b);
-                    WBlk wb;
-                    WVals vb;
-                    if (gu) {
-                        wb = wblk_load<F>(m1, rr + j, b, nb);
-                        vb = wblk_unpack<F>(wb, m1.fmt, b);
-                    }
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t >= nt) break;
-                        const XTok x = xtok(g, t0 + t, cols);
-                        p0[t] = wblk_acc<F>(p0[t], wa, va, m.fmt, b, x);
-                        if (gu) p1[t] = wblk_acc<F>(p1[t], wb, vb, m1.fmt, b, x);
-                    }
-                }
-            }
-            // One part: the sums as they are; several: added in part order from 0, as
-            // matvec_dec_impl adds its parts' sums.
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                p0[t] = warp_sum(p0[t]);
-                if (gu) p1[t] = warp_sum(p1[t]);
-                a0[t] = kw == 1 ? p0[t] : __fadd_rn(a0[t], p0[t]);
-                a1[t] = kw == 1 ? p1[t] : __fadd_rn(a1[t], p1[t]);
-            }
-        }
-        // Lane t writes token t's output (the residual loads side by side).
-        if (live && lane < nt) {
-            const float bias = !gu && m.bias ? m.bias[rr + j] : 0.0f;
-            float* o = gu ? ms.m[0].out + (size_t)(t0 + lane) * ms.m[0].ld_out + row + j
-                          : m.out + (size_t)(t0 + lane) * m.ld_out + rr + j;
-            const float v = dec_out(dec_pick(a0, lane), dec_pick(a1, lane), dec_pick(r, lane),
-                                    bias, mode == MODE_ADD ? *o : 0.0f, mode);
-            *o = v;
-            outv[lane][warp * ROWS + j] = v;
-        }
-    }
-    if (ROWS != 4 || !qo.xq) return;
-    __syncthreads();
-    // Warp t quantizes token t's 32 values of the block.
-    if (warp < nt) dec_quant_out(qo, outv[warp][lane], rb, t0 + warp, ntok, total, lane);
-}
-
 // Blocks of each row a lane of matvec_dec_tloop loads before the wait (MVD_PRE with one row
 // a warp, one with four, for the registers).
 template <int ROWS>
@@ -1154,8 +1061,8 @@ __host__ __device__ constexpr int tok_pre() {
 }
 
 // matvec_dec_<format>_<ROWS>_1 for one token (matvec_dec_impl), _t1 for two (matvec_dec_tokens,
-// one token a block), _l2 / _l for 3..DEC_WIDE (matvec_dec_tloop, two / DEC_TILE tokens a
-// block), _w for more (matvec_dec_wide); products.rs chooses.
+// one token a block), _l2 / _l for more (matvec_dec_tloop, two / DEC_TILE tokens a block);
+// products.rs chooses.
 #define MATVEC_DEC1(NAME, F, ROWS)                                                           \
     extern "C" __global__ void __launch_bounds__(32 * WARPS * DEC_KW_MAX)                    \
         matvec_dec_##NAME##_##ROWS##_1(Mats ms, const u8* xqb, int cols, int ntok,            \
@@ -1182,12 +1089,6 @@ __host__ __device__ constexpr int tok_pre() {
                                         QOut qo) {                                            \
         matvec_dec_tloop<F, ROWS, 2, tok_pre<ROWS>()>(ms, xqb, cols, ntok, ss_in, eps, mode,  \
                                                       kw, qo);                                \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, 2)                              \
-        matvec_dec_##NAME##_##ROWS##_w(Mats ms, const u8* xqb, int cols, int ntok,            \
-                                       const float* ss_in, float eps, int mode, int kw,       \
-                                       QOut qo) {                                             \
-        matvec_dec_wide<F, ROWS, DEC_TILE>(ms, xqb, cols, ntok, ss_in, eps, mode, kw, qo);    \
     }
 // matvec_dec_<format>_4_1g: one token of a gate/up pair, four rows a warp, kw = 1, one block
 // of each row preloaded: registers for three blocks a multiprocessor (a pair whose blocks
