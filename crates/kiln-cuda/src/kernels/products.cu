@@ -626,6 +626,25 @@ __device__ __forceinline__ void dec_quant_out(const QOut& qo, float v, int b, in
     }
 }
 
+// A lane's first PRE blocks (b0, b0 + step, ...) of each of its ROWS rows from rr, and of the
+// gate/up pair's second matrix, loaded before a decode kernel's wait on the previous one.
+template <int F, int ROWS, int PRE>
+__device__ __forceinline__ void dec_preload(const Mat& m, const Mat& m1, bool gu, int rr, int b0,
+                                            int step, int nb, WBlk (&w0)[ROWS][PRE],
+                                            WBlk (&w1)[ROWS][PRE]) {
+#pragma unroll
+    for (int i = 0; i < PRE; i++) {
+        const int b = b0 + i * step;
+        if (b < nb) {
+#pragma unroll
+            for (int j = 0; j < ROWS; j++) {
+                w0[j][i] = wblk_load<F>(m, rr + j, b, nb);
+                if (gu) w1[j][i] = wblk_load<F>(m1, rr + j, b, nb);
+            }
+        }
+    }
+}
+
 // The decode product for one token: out = W x (+ bias), out += W x, or
 // out = silu(W0 x) * (W1 x) for quantized activations xqb (cols values), times 1 / rms(x)
 // when ss_in holds x's sums of squares (an RMSNorm whose weights are already in xqb's
@@ -660,19 +679,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     const Mat m1 = ms.m[1];
     WBlk w0[ROWS][PRE], w1[ROWS][PRE];
     pdl_trigger();
-    if (live) {
-#pragma unroll
-        for (int i = 0; i < PRE; i++) {
-            const int b = part * 32 + lane + i * 32 * kw;
-            if (b < nb) {
-#pragma unroll
-                for (int j = 0; j < ROWS; j++) {
-                    w0[j][i] = wblk_load<F>(m, rr + j, b, nb);
-                    if (gu) w1[j][i] = wblk_load<F>(m1, rr + j, b, nb);
-                }
-            }
-        }
-    }
+    if (live) dec_preload<F, ROWS, PRE>(m, m1, gu, rr, part * 32 + lane, 32 * kw, nb, w0, w1);
     // The epilogue's other inputs are loaded before the products so that their latency hides
     // behind them: the bias (a weight: before the wait), then the residual rows.
     const bool adds = live && lane == 0 && !gu;
@@ -801,19 +808,7 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
     const Mat m1 = ms.m[1];
     WBlk w0[ROWS][PRE], w1[ROWS][PRE];
     pdl_trigger();
-    if (live) {
-#pragma unroll
-        for (int i = 0; i < PRE; i++) {
-            const int b = part * 32 + lane + i * 32 * kw;
-            if (b < nb) {
-#pragma unroll
-                for (int j = 0; j < ROWS; j++) {
-                    w0[j][i] = wblk_load<F>(m, rr + j, b, nb);
-                    if (gu) w1[j][i] = wblk_load<F>(m1, rr + j, b, nb);
-                }
-            }
-        }
-    }
+    if (live) dec_preload<F, ROWS, PRE>(m, m1, gu, rr, part * 32 + lane, 32 * kw, nb, w0, w1);
     pdl_wait();
     const XQ g = xq_layout(xqb, cols, ntok);
     float a0[ROWS][NT], a1[ROWS][NT];
@@ -959,19 +954,7 @@ __device__ void matvec_dec_tloop(const Mats& ms, const u8* xqb, int cols, int nt
     const Mat m1 = ms.m[1];
     WBlk w0[ROWS][PRE], w1[ROWS][PRE];
     pdl_trigger();
-    if (live) {
-#pragma unroll
-        for (int i = 0; i < PRE; i++) {
-            const int b = part * 32 + lane + i * 32 * kw;
-            if (b < nb) {
-#pragma unroll
-                for (int j = 0; j < ROWS; j++) {
-                    w0[j][i] = wblk_load<F>(m, rr + j, b, nb);
-                    if (gu) w1[j][i] = wblk_load<F>(m1, rr + j, b, nb);
-                }
-            }
-        }
-    }
+    if (live) dec_preload<F, ROWS, PRE>(m, m1, gu, rr, part * 32 + lane, 32 * kw, nb, w0, w1);
     pdl_wait();
     const XQ g = xq_layout(xqb, cols, ntok);
 #pragma unroll 1
