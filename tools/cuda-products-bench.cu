@@ -3,7 +3,8 @@
 // blocks), each launched as products.rs launches it (grid, warps a row, the gate/up pair's
 // kernel, the quantized output for the next product), over enough copies of the matrix that
 // the L2 never holds it, back to back with programmatic dependent launch (as a replayed decode
-// step chains them) and without: microseconds a launch, and the bandwidth that makes.
+// step chains them) and without, replayed from a CUDA graph: microseconds a launch, and the
+// bandwidth that makes.
 // BENCHMARKS.md's thirty-first session has what it measured (with, at 3dcd0f5, a variant
 // staging the weights through cp.async).
 //
@@ -30,6 +31,12 @@
     } while (0)
 
 typedef void (*Kern)(Mats, const u8*, int, int, const float*, float, int, int, QOut);
+
+// A launch that does nothing but chain: the floor of a launch under PDL.
+__global__ void empty_chain(Mats, const u8*, int, int, const float*, float, int, int, QOut) {
+    pdl_trigger();
+    pdl_wait();
+}
 
 // One product: rows x cols (a gate/up pair: two such matrices), its mode, whether its output
 // is quantized for the next product (qout) and whether its input's 1 / rms comes from the
@@ -58,12 +65,20 @@ static float launch_set(Kern k, int threads, int blocks, std::vector<Mats>& mats
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    // The launches captured in a graph and replayed (as a decode step is): launched one by
+    // one, the host's launch rate (~2.7 us on an H100) would hide the kernels' own time.
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < iters; i++) {
+        Mats m = mats[i % mats.size()];
+        CK(cudaLaunchKernelEx(&cfg, k, m, xq, cols, 1, ss_in, 1e-6f, mode, kw, qo));
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
     for (int w = 0; w < 2; w++) {
         if (w == 1) CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < iters; i++) {
-            Mats m = mats[i % mats.size()];
-            CK(cudaLaunchKernelEx(&cfg, k, m, xq, cols, 1, ss_in, 1e-6f, mode, kw, qo));
-        }
+        CK(cudaGraphLaunch(ge, st));
     }
     CK(cudaEventRecord(e1, st));
     CK(cudaEventSynchronize(e1));
@@ -71,10 +86,14 @@ static float launch_set(Kern k, int threads, int blocks, std::vector<Mats>& mats
     CK(cudaEventElapsedTime(&ms, e0, e1));
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
     return ms * 1000.0f / iters;
 }
 
 int main() {
+    // A line at a time: each shape takes seconds to set up (its copies filled at random).
+    setvbuf(stdout, nullptr, _IOLBF, 0);
     CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -93,6 +112,16 @@ int main() {
         shapes.push_back({m.name, "output", m.hidden, m.attn, 0, MODE_ADD, 1, 1});
         shapes.push_back({m.name, "gate/up", m.ffn, m.hidden, 1, MODE_GATE_UP, 1, 0});
         shapes.push_back({m.name, "down", m.hidden, m.ffn, 0, MODE_ADD, 1, 1});
+    }
+    {
+        std::vector<Mats> none(1);
+        for (int b : {32, 128, 264}) {
+            float tb = launch_set((Kern)empty_chain, 256, b, none, nullptr, 0, nullptr, 0, 1, {},
+                                  2000, true, st);
+            float tn = launch_set((Kern)empty_chain, 256, b, none, nullptr, 0, nullptr, 0, 1, {},
+                                  2000, false, st);
+            printf("== empty launch, %d blocks: pdl %.2f us, plain %.2f us\n", b, tb, tn);
+        }
     }
     srand(1);
     for (auto& sh : shapes) {

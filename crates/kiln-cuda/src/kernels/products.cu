@@ -608,6 +608,33 @@ __device__ __forceinline__ float dec_inv_rms(const float* ss_in, int nb, int col
     return rsqrtf(warp_sum(ss) / (float)cols + eps);
 }
 
+// dec_inv_rms in two steps, so that the partials' latency hides behind a product's: a lane's
+// first DEC_SS_PRE partials loaded right after the wait (dec_ss_load), their sum and the rest
+// once the products are done (dec_ss_inv), in the same order: the same value, bit for bit.
+#define DEC_SS_PRE 4
+struct SsPre {
+    float v[DEC_SS_PRE];
+};
+__device__ __forceinline__ SsPre dec_ss_load(const float* ss_in, int nb, int lane) {
+    SsPre s;
+#pragma unroll
+    for (int k = 0; k < DEC_SS_PRE; k++) {
+        const int i = lane + 32 * k;
+        s.v[k] = ss_in && i < nb ? ss_in[i] : 0.0f;
+    }
+    return s;
+}
+__device__ __forceinline__ float dec_ss_inv(const SsPre& s, const float* ss_in, int nb, int cols,
+                                            float eps, int lane) {
+    if (!ss_in) return 1.0f;
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DEC_SS_PRE; k++)
+        if (lane + 32 * k < nb) ss += s.v[k];
+    for (int i = lane + 32 * DEC_SS_PRE; i < nb; i += 32) ss += ss_in[i];
+    return rsqrtf(warp_sum(ss) / (float)cols + eps);
+}
+
 // The epilogue's quantized copy: a warp writes token tg's 32 output values v (one 32-value
 // block b of the output's `total`, laid out for ntok tokens) as quant_act would quantize
 // them (times the next norm's weights; the 1 / rms is the next product's), and their sum
@@ -689,7 +716,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
     pdl_wait();
 #pragma unroll
     for (int j = 0; j < ROWS; j++) res[j] = adds && mode == MODE_ADD ? m.out[rr + j] : 0.0f;
-    const float r = dec_inv_rms(ss_in, nb, cols, eps, lane);
+    const SsPre ssp = dec_ss_load(ss_in, nb, lane);
     const XQ g = xq_layout(xqb, cols, 1);
     const XTok x = xtok(g, 0, cols);
     float a0[ROWS], a1[ROWS];
@@ -722,6 +749,7 @@ __device__ void matvec_dec_impl(const Mats& ms, const u8* xqb, int cols, const f
             }
         }
     }
+    const float r = dec_ss_inv(ssp, ss_in, nb, cols, eps, lane);
 #pragma unroll
     for (int j = 0; j < ROWS; j++) {
         a0[j] = warp_sum(a0[j]);
