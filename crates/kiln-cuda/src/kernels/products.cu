@@ -838,6 +838,10 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
     pdl_trigger();
     if (live) dec_preload<F, ROWS, PRE>(m, m1, gu, rr, part * 32 + lane, 32 * kw, nb, w0, w1);
     pdl_wait();
+    auto ss_t = [&](int t) { return ss_in ? ss_in + (size_t)(t0 + t) * nb : nullptr; };
+    SsPre ssp[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) ssp[t] = dec_ss_load(t < nt ? ss_t(t) : nullptr, nb, lane);
     const XQ g = xq_layout(xqb, cols, ntok);
     float a0[ROWS][NT], a1[ROWS][NT];
 #pragma unroll
@@ -917,14 +921,12 @@ __device__ void matvec_dec_tokens(const Mats& ms, const u8* xqb, int cols, int n
                 }
             }
     }
-    // Each token's 1 / rms (the whole warp's lanes over its partials), after the sums so
-    // that its registers are not held through them.
+    // Each token's 1 / rms (the whole warp's lanes over its partials, asked for after the
+    // wait), once the sums are done.
     float r[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++)
-        r[t] = t < nt ? dec_inv_rms(ss_in ? ss_in + (size_t)(t0 + t) * nb : nullptr, nb, cols,
-                                    eps, lane)
-                      : 1.0f;
+        r[t] = t < nt ? dec_ss_inv(ssp[t], ss_t(t), nb, cols, eps, lane) : 1.0f;
     // Lane j * NT + t writes row j's output for token t: the residual and bias loads side by
     // side, not one after another in one lane.
     static_assert(ROWS * NT <= 32, "a lane an output");
@@ -984,6 +986,10 @@ __device__ void matvec_dec_tloop(const Mats& ms, const u8* xqb, int cols, int nt
     pdl_trigger();
     if (live) dec_preload<F, ROWS, PRE>(m, m1, gu, rr, part * 32 + lane, 32 * kw, nb, w0, w1);
     pdl_wait();
+    // Token w's 1 / rms by warp w (WARPS >= NT): its partials asked for now, summed after the
+    // products.
+    const float* ss_t = ss_in && warp < nt ? ss_in + (size_t)(t0 + warp) * nb : nullptr;
+    const SsPre ssp = dec_ss_load(ss_t, nb, lane);
     const XQ g = xq_layout(xqb, cols, ntok);
 #pragma unroll 1
     for (int t = 0; t < nt; t++) {
@@ -1031,12 +1037,10 @@ __device__ void matvec_dec_tloop(const Mats& ms, const u8* xqb, int cols, int nt
                 red[warp][t][ROWS + j] = a1[j];
             }
         }
-        // The token's 1 / rms, by the first warp.
-        if (warp == 0) {
-            const float r =
-                dec_inv_rms(ss_in ? ss_in + (size_t)(t0 + t) * nb : nullptr, nb, cols, eps, lane);
-            if (lane == 0) rms[t] = r;
-        }
+    }
+    if (warp < nt) {
+        const float r = dec_ss_inv(ssp, ss_t, nb, cols, eps, lane);
+        if (lane == 0) rms[warp] = r;
     }
     __syncthreads();
     if (part != 0) return;
