@@ -5,38 +5,22 @@
 // the L2 never holds it, back to back with programmatic dependent launch (as a replayed decode
 // step chains them) and without, replayed from a CUDA graph: microseconds a launch, and the
 // bandwidth that makes.
-// BENCHMARKS.md's thirty-first session has what it measured (with, at 3dcd0f5, a variant
-// staging the weights through cp.async).
+// BENCHMARKS.md's thirty-first session has what it measured launched one by one (with, at
+// 3dcd0f5, a variant staging the weights through cp.async), its forty-third what it measures
+// replayed.
 //
 // On the GPU machine, from the repository root:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -I crates/kiln-cuda/src/kernels \
 //       tools/cuda-products-bench.cu -o /tmp/products-bench && /tmp/products-bench
-#include <cuda_runtime.h>
-
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "cuda-launch.h"
+// (kernels/, by -I)
 #include "common.cu"
 #include "products.cu"
 
-#define CK(x)                                                                                 \
-    do {                                                                                      \
-        cudaError_t e = (x);                                                                  \
-        if (e != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
-
 typedef void (*Kern)(Mats, const u8*, int, int, const float*, float, int, int, QOut);
-
-// A launch that does nothing but chain: the floor of a launch under PDL.
-__global__ void empty_chain(Mats, const u8*, int, int, const float*, float, int, int, QOut) {
-    pdl_trigger();
-    pdl_wait();
-}
 
 // One product: rows x cols (a gate/up pair: two such matrices), its mode, whether its output
 // is quantized for the next product (qout) and whether its input's 1 / rms comes from the
@@ -53,15 +37,7 @@ static int num_sms;
 static float launch_set(Kern k, int threads, int blocks, std::vector<Mats>& mats, const u8* xq,
                         int cols, const float* ss_in, int mode, int kw, QOut qo, int iters,
                         bool pdl, cudaStream_t st) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(threads);
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    PdlLaunch l(blocks, threads, st, pdl);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -72,7 +48,7 @@ static float launch_set(Kern k, int threads, int blocks, std::vector<Mats>& mats
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int i = 0; i < iters; i++) {
         Mats m = mats[i % mats.size()];
-        CK(cudaLaunchKernelEx(&cfg, k, m, xq, cols, 1, ss_in, 1e-6f, mode, kw, qo));
+        CK(cudaLaunchKernelEx(&l.cfg, k, m, xq, cols, 1, ss_in, 1e-6f, mode, kw, qo));
     }
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
@@ -112,16 +88,6 @@ int main() {
         shapes.push_back({m.name, "output", m.hidden, m.attn, 0, MODE_ADD, 1, 1});
         shapes.push_back({m.name, "gate/up", m.ffn, m.hidden, 1, MODE_GATE_UP, 1, 0});
         shapes.push_back({m.name, "down", m.hidden, m.ffn, 0, MODE_ADD, 1, 1});
-    }
-    {
-        std::vector<Mats> none(1);
-        for (int b : {32, 128, 264}) {
-            float tb = launch_set((Kern)empty_chain, 256, b, none, nullptr, 0, nullptr, 0, 1, {},
-                                  2000, true, st);
-            float tn = launch_set((Kern)empty_chain, 256, b, none, nullptr, 0, nullptr, 0, 1, {},
-                                  2000, false, st);
-            printf("== empty launch, %d blocks: pdl %.2f us, plain %.2f us\n", b, tb, tn);
-        }
     }
     srand(1);
     for (auto& sh : shapes) {

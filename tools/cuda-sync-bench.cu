@@ -6,19 +6,7 @@
 //
 // On the GPU machine, from the repository root:
 //   nvcc -O3 -arch=sm_90 -std=c++17 tools/cuda-sync-bench.cu -o /tmp/sync-bench && /tmp/sync-bench
-#include <cuda_runtime.h>
-
-#include <cstdio>
-#include <cstdlib>
-
-#define CK(x)                                                                                 \
-    do {                                                                                      \
-        cudaError_t e = (x);                                                                  \
-        if (e != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
+#include "cuda-launch.h"
 
 __global__ void empty_chain() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -76,16 +64,8 @@ static bool g_pdl = true;
 static cudaGraphExec_t g_exec;
 
 static void chain(cudaStream_t st) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(g_blocks);
-    cfg.blockDim = dim3(g_threads);
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = g_pdl ? 1 : 0;
-    for (int i = 0; i < N; i++) CK(cudaLaunchKernelEx(&cfg, empty_chain));
+    PdlLaunch l(g_blocks, g_threads, st, g_pdl);
+    for (int i = 0; i < N; i++) CK(cudaLaunchKernelEx(&l.cfg, empty_chain));
 }
 static void replay(cudaStream_t st) { CK(cudaGraphLaunch(g_exec, st)); }
 static void persistent(cudaStream_t st) {
