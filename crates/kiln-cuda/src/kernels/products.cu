@@ -599,18 +599,10 @@ __device__ __forceinline__ float dec_out(float a0, float a1, float r, float bias
 }
 
 // x's 1 / rms from the producer's per-block sums of squares (one token's nb partials; a
-// warp's lanes over them in order, then the shuffle tree), or 1 without them.
-__device__ __forceinline__ float dec_inv_rms(const float* ss_in, int nb, int cols, float eps,
-                                             int lane) {
-    if (!ss_in) return 1.0f;
-    float ss = 0.0f;
-    for (int i = lane; i < nb; i += 32) ss += ss_in[i];
-    return rsqrtf(warp_sum(ss) / (float)cols + eps);
-}
-
-// dec_inv_rms in two steps, so that the partials' latency hides behind a product's: a lane's
-// first DEC_SS_PRE partials loaded right after the wait (dec_ss_load), their sum and the rest
-// once the products are done (dec_ss_inv), in the same order: the same value, bit for bit.
+// warp's lanes over them in order, then the shuffle tree), or 1 without them, in two steps
+// so that the partials' latency hides behind a product's: a lane's first DEC_SS_PRE partials
+// loaded right after the wait (dec_ss_load), their sum and the rest once the products are
+// done (dec_ss_inv).
 #define DEC_SS_PRE 4
 struct SsPre {
     float v[DEC_SS_PRE];
