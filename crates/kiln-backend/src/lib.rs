@@ -783,6 +783,22 @@ pub trait LlmOps: TensorOps {
         self.rms_norm(x, norm_w, eps, n, h);
         self.matmul3(ws, biases, h, n, outs);
     }
+    /// `matmul(w, rms_norm(x, norm_w))` (a model's head over its output norm: a GPU's product
+    /// then takes the input [`LlmOps::matmul_add_before_norm`] prepared, as the layers' do).
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_matmul(
+        &self,
+        x: &Self::Tensor,
+        norm_w: &Self::Tensor,
+        eps: f32,
+        w: &Self::Weight,
+        n: usize,
+        h: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) {
+        self.rms_norm(x, norm_w, eps, n, h);
+        self.matmul(w, h, None, n, out);
+    }
     /// `gate_up_silu(gate, up, rms_norm(x, norm_w))`.
     #[allow(clippy::too_many_arguments)]
     fn rms_norm_gate_up_silu(

@@ -968,6 +968,21 @@ impl LlmOps for CudaBackend {
         );
     }
 
+    fn rms_norm_matmul(
+        &self,
+        x: &CudaTensor,
+        norm_w: &CudaTensor,
+        eps: f32,
+        w: &CudaWeight,
+        n: usize,
+        _h: &mut CudaTensor,
+        out: &mut CudaTensor,
+    ) {
+        let m = self.mats(&[(w, None, &*out)]);
+        let norm = Some((norm_w, eps));
+        self.matvec(m, (x.buf.ptr, x.cols), w.cols, n, norm, MODE_STORE, None);
+    }
+
     fn rms_norm_gate_up_silu(
         &self,
         x: &CudaTensor,

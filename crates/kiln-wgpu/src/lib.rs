@@ -1126,6 +1126,20 @@ impl LlmOps for WgpuBackend {
         self.products(&[(gate, Some(up), None, out, MODE_GATE_UP)], x, n, None);
     }
 
+    fn rms_norm_matmul(
+        &self,
+        x: &WgpuTensor,
+        norm_w: &WgpuTensor,
+        eps: f32,
+        w: &WgpuWeight,
+        n: usize,
+        _h: &mut WgpuTensor,
+        out: &mut WgpuTensor,
+    ) {
+        let norm = Some((norm_w, eps));
+        self.products(&[(w, None, None, out, MODE_STORE)], x, n, norm);
+    }
+
     fn rms_norm_matmul3(
         &self,
         x: &WgpuTensor,

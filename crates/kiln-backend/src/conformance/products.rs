@@ -3,10 +3,12 @@
 use super::*;
 use crate::{LlmOps, TensorOps};
 
-/// `matmul` (with a bias) and `matmul_add` on top of it, every format, rows 75 and 33 (and
-/// 333 columns for the float formats), 1 to 130 tokens (decode kernels and tiled GEMMs).
+/// `matmul` (with a bias) and `matmul_add` on top of it, then `rms_norm_matmul`, every
+/// format, rows 75 and 33 (and 333 columns for the float formats), 1 to 130 tokens (decode
+/// kernels and tiled GEMMs).
 pub fn matmul<B: Backend>(b: &B, tol: &Tolerances) {
     let (name, rf, mut rng) = (b.name(), Ref::new(), Rng(0x1001));
+    let eps = 1e-5;
     for ty in FORMATS {
         // (1280 columns: activations prepared in more than one piece of 1024 on wgpu.)
         let mut shapes = vec![(75, 256), (33, 512), (20, 1280)];
@@ -41,6 +43,14 @@ pub fn matmul<B: Backend>(b: &B, tol: &Tolerances) {
                 let want = [0, 1].map(|i| added(&want[i], &plain[i]));
                 let got = read(b, &o, n, rows);
                 check_either(&name, "matmul_add", &case, &got, &want, tol.product);
+                let norm = rng.v(cols);
+                let nt = b.tensor_from(1, cols, &norm);
+                let mut h = b.tensor(n, cols);
+                b.rms_norm_matmul(&xt, &nt, eps, &wb, n, &mut h, &mut o);
+                let want = rf.mm2(&wr, &rf.rms_norm(&x, n, &norm, eps), n, None);
+                let got = read(b, &o, n, rows);
+                let op = "rms_norm_matmul";
+                check_either(&name, op, &case, &got, &want, tol.fused_product);
             }
         }
     }
@@ -180,7 +190,8 @@ pub fn gate_up_silu<B: Backend>(b: &B, tol: &Tolerances) {
 
 /// A decode layer's products chained in one step as a model runs them, each format:
 /// `matmul_add_before_norm` (o and down projections) feeding `rms_norm_gate_up_silu` and
-/// `rms_norm_matmul3` with the norm it was told about, in 9 formats. Each op's output is checked against
+/// `rms_norm_matmul3` with the norm it was told about, then a last down projection feeding
+/// `rms_norm_matmul` (a model's head), in 9 formats. Each op's output is checked against
 /// the reference given the backend's own input to that op (the two residuals are separate
 /// tensors, so every intermediate can be read): an int8 rounding step taken the other way
 /// upstream (a value at a rounding midpoint) then cannot grow along the chain.
@@ -220,6 +231,8 @@ pub fn matmul_add_before_norm<B: Backend>(b: &B, tol: &Tolerances) {
             let at = b.tensor_from(n, dim, &a);
             let (mut h, mut f) = (b.tensor(n, dim), b.tensor(n, ffn));
             let (mut q, mut k, mut v) = (b.tensor(n, dim), b.tensor(n, dim), b.tensor(n, dim));
+            let z0 = rng.v(n * dim);
+            let (mut z, mut logits) = (b.tensor_from(n, dim, &z0), b.tensor(n, dim));
             b.step(None, &[], 0, &mut || {
                 b.matmul_add_before_norm(&wb[0], &at, n, &mut x, (&n1t, eps));
                 b.rms_norm_gate_up_silu(&x, &n1t, eps, &wb[1], &wb[2], n, &mut h, &mut f);
@@ -227,6 +240,8 @@ pub fn matmul_add_before_norm<B: Backend>(b: &B, tol: &Tolerances) {
                 let w = &wb[0];
                 let outs = [&mut q, &mut k, &mut v];
                 b.rms_norm_matmul3(&y, &n2t, eps, [w, w, w], [None; 3], n, &mut h, outs);
+                b.matmul_add_before_norm(&wb[3], &f, n, &mut z, (&n1t, eps));
+                b.rms_norm_matmul(&z, &n1t, eps, &wb[0], n, &mut h, &mut logits);
                 Ok(())
             })
             .unwrap_or_else(|e| panic!("{name}: step: {e}"));
@@ -241,6 +256,9 @@ pub fn matmul_add_before_norm<B: Backend>(b: &B, tol: &Tolerances) {
             let want_f = [0, 1].map(|i| silu_mul(&g1[i], &u1[i]));
             let want_y = rf.mm2(&wr[3], &fg, n, None).map(|p| added(&y0, &p));
             let want_q = rf.mm2(&wr[0], &rf.rms_norm(&yg, n, &n2, eps), n, None);
+            let zg = read(b, &z, n, dim);
+            let want_z = rf.mm2(&wr[3], &fg, n, None).map(|p| added(&z0, &p));
+            let want_logits = rf.mm2(&wr[0], &rf.rms_norm(&zg, n, &n1, eps), n, None);
             let case = format!("{} dim={dim} ffn={ffn} n={n}", ty.name());
             let op = "matmul_add_before_norm";
             check_either(
@@ -275,6 +293,11 @@ pub fn matmul_add_before_norm<B: Backend>(b: &B, tol: &Tolerances) {
                 &want_q,
                 tol.fused_product,
             );
+            let case = format!("{case} last residual");
+            check_either(&name, op, &case, &zg, &want_z, tol.fused_product);
+            let case = format!("{case}, the head after it");
+            let got = read(b, &logits, n, dim);
+            check_either(&name, op, case, &got, &want_logits, tol.fused_product);
         }
     }
 }

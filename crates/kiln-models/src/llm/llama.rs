@@ -658,6 +658,9 @@ impl<B: Backend> Llama<B> {
         if c.embed_scale != 1.0 {
             b.scale(&mut sc.x, c.embed_scale, n * c.dim);
         }
+        // Every row's logits (or every sequence has one token: its row is its last): the
+        // head takes x through the output norm as it stands after the last layer.
+        let every_row = out == Logits::All || (out == Logits::Last && kv[0].len() == n);
         for (il, layer) in self.layers.iter().enumerate() {
             if let Some(post) = &layer.post_norms {
                 self.gemma_layer(b, sc, kv, il, layer, post);
@@ -684,14 +687,19 @@ impl<B: Backend> Llama<B> {
                 &mut sc.h,
                 &mut sc.gate,
             );
-            // x += Wdown mlp, then the next layer's attention norm of x.
-            match self.layers.get(il + 1) {
-                Some(next) => b.matmul_add_before_norm(
+            // x += Wdown mlp, then the next layer's attention norm of x (the output norm's
+            // after the last layer, where the head takes every row).
+            let next_norm = match self.layers.get(il + 1) {
+                Some(next) => Some(&next.attn_norm),
+                None => every_row.then_some(&self.norm),
+            };
+            match next_norm {
+                Some(norm) => b.matmul_add_before_norm(
                     &layer.mlp.down,
                     &sc.gate,
                     n,
                     &mut sc.x,
-                    (&next.attn_norm, c.norm_eps),
+                    (norm, c.norm_eps),
                 ),
                 None => b.matmul_add(&layer.mlp.down, &sc.gate, n, &mut sc.x),
             }
@@ -703,10 +711,9 @@ impl<B: Backend> Llama<B> {
         }
         let output = self.output.as_ref().unwrap_or(&self.embed);
         let kv = &kv[0];
-        if out == Logits::All || kv.len() == n {
-            // Every row's logits (every sequence has one token: its row is its last).
-            b.rms_norm(&sc.x, &self.norm, c.norm_eps, n, &mut sc.h);
-            b.matmul(output, &sc.h, None, n, &mut sc.logits);
+        if every_row {
+            let (h, logits) = (&mut sc.h, &mut sc.logits);
+            b.rms_norm_matmul(&sc.x, &self.norm, c.norm_eps, output, n, h, logits);
             return Ok(n);
         }
         // Only each sequence's last token needs logits.
@@ -716,8 +723,8 @@ impl<B: Backend> Llama<B> {
             b.copy_rows(&sc.x, r - 1, 1, &mut sc.last, j);
         }
         let m = kv.len();
-        b.rms_norm(&sc.last, &self.norm, c.norm_eps, m, &mut sc.last_h);
-        b.matmul(output, &sc.last_h, None, m, &mut sc.logits);
+        let (h, logits) = (&mut sc.last_h, &mut sc.logits);
+        b.rms_norm_matmul(&sc.last, &self.norm, c.norm_eps, output, m, h, logits);
         Ok(m)
     }
 
