@@ -499,16 +499,37 @@ __device__ __forceinline__ void dec_merge(const float* acc, float (*wml)[G][2], 
     }
 }
 
-// A decode block's new key (k) and value (v) of KV head kvh into row pos of an f16 cache, by
-// all its threads.
-__device__ __forceinline__ void dec_store_f16(const u64* tbl, long long k_off, long long v_off,
-                                              int kvh, int pos, int hd, const float* k,
-                                              const float* v) {
-    u16* kr = kv_row(tbl, k_off, kvh, pos, hd);
-    u16* vr = kv_row(tbl, v_off, kvh, pos, hd);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        kr[d] = f2h(k[d]);
-        vr[d] = f2h(v[d]);
+// A decode block's new key and value of KV head kvh for row pos of an f16 cache, in three
+// steps so that no load waits behind another: the rows' places (the block table, which a
+// copy before the step wrote: before the wait on the kernels before), a thread's values of
+// the new value row (dec_new_v, right after the wait), then both rows stored (dec_store_f16,
+// the key from the block's normalised and rotated row k). hd <= 2 * blockDim.x.
+struct NewRow {
+    u16 *kr, *vr;
+    float v[2];
+};
+__device__ __forceinline__ NewRow dec_new_row(const u64* tbl, long long k_off, long long v_off,
+                                              int kvh, int pos, int hd) {
+    NewRow n;
+    n.kr = kv_row(tbl, k_off, kvh, pos, hd);
+    n.vr = kv_row(tbl, v_off, kvh, pos, hd);
+    return n;
+}
+__device__ __forceinline__ void dec_new_v(NewRow& n, const float* v, int hd) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+        n.v[i] = d < hd ? v[d] : 0.0f;
+    }
+}
+__device__ __forceinline__ void dec_store_f16(const NewRow& n, int hd, const float* k) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int d = threadIdx.x + i * blockDim.x;
+        if (d < hd) {
+            n.kr[d] = f2h(k[d]);
+            n.vr[d] = f2h(n.v[i]);
+        }
     }
 }
 
@@ -599,9 +620,12 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
     constexpr int NE = (HDM + 31) / 32;
     float sn[NE], cs[NE];
     heads_rot<NE>(dh, pos, hd, sn, cs);
-    pdl_wait();
-    float qf[G][8], acc[G][8], m[G], l[G];
     const bool owner = k1 > k0 && k1 == len;
+    NewRow nr;
+    if (owner && !Q) nr = dec_new_row(tbl, k_off, v_off, kvh, pos, hd);
+    pdl_wait();
+    if (owner && !Q) dec_new_v(nr, dh.v + (size_t)kvh * hd, hd);
+    float qf[G][8], acc[G][8], m[G], l[G];
     {
         float* rows = sm;
         float* raw = sm + (G + 1) * HDM;
@@ -631,8 +655,7 @@ __device__ void attn_dec_part(const float* q, const u64* tbl, long long k_off, l
             __syncthreads();
         } else if (owner) {
             // The new row into the cache, and into warp wnew's registers as its f16 values.
-            dec_store_f16(tbl, k_off, v_off, kvh, pos, hd, rows + G * HDM,
-                          dh.v + (size_t)kvh * hd);
+            dec_store_f16(nr, hd, rows + G * HDM);
         }
     }
     // The next pass's rows are loaded before this pass's arithmetic: a warp always has

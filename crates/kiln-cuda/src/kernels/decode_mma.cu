@@ -93,13 +93,15 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
     const int pos = len - 1;
     float sn[HD / 32], cs[HD / 32];
     heads_rot<HD / 32>(dh, pos, HD, sn, cs);
-    pdl_wait();
     const bool owner = k1 > k0 && k1 == len;
+    NewRow nr;
+    if (owner) nr = dec_new_row(tbl, k_off, v_off, kvh, pos, HD);
+    pdl_wait();
+    if (owner) dec_new_v(nr, dh.v + (size_t)kvh * HD, HD);
     heads_norm_rope_block<HD / 32, (G + W) / W>(q + (size_t)kvh * g * HD,
                                                 dh.k + (size_t)kvh * HD, g, owner, HD, dh, sn,
                                                 cs, hsm + (G + 1) * HD, hsm, G * HD, HD);
-    if (owner)
-        dec_store_f16(tbl, k_off, v_off, kvh, pos, HD, hsm + G * HD, dh.v + (size_t)kvh * HD);
+    if (owner) dec_store_f16(nr, HD, hsm + G * HD);
     // The queries as A fragments, one per 16 dimensions ({row gid, dims 2 tig..}, {row
     // gid + 8, ..}, {row gid, dims 2 tig + 8..}, {row gid + 8, ..}): row gid query head gid
     // scaled and rounded to f16, row gid + 8 the rest of it; rows of no head are zeros.
