@@ -209,7 +209,12 @@ pub fn attention_batch_matches_each() {
 /// gives it (tiles of several tokens), on f16 and f32 caches, grouped-query heads of 64, 128
 /// and 256 values.
 pub fn decode_equals_prefill_bits() {
-    for (heads, kv_heads, hd, n) in [(16, 8, 128, 70), (8, 2, 64, 33), (4, 1, 256, 41)] {
+    for (heads, kv_heads, hd, n) in [
+        (16, 8, 128, 70),
+        (8, 2, 64, 33),
+        (4, 1, 256, 41),
+        (6, 2, 128, 37),
+    ] {
         for ty in [KvType::F16, KvType::F32] {
             let b = CpuBackend::new(2);
             let kv_dim = kv_heads * hd;
