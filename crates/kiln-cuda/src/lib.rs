@@ -456,20 +456,7 @@ impl TensorOps for CudaBackend {
         n: usize,
         outs: [&mut CudaTensor; 3],
     ) {
-        let m = self.mats(&[
-            (ws[0], biases[0], &*outs[0]),
-            (ws[1], biases[1], &*outs[1]),
-            (ws[2], biases[2], &*outs[2]),
-        ]);
-        self.matvec(
-            m,
-            (x.buf.ptr, x.cols),
-            ws[0].cols,
-            n,
-            None,
-            MODE_STORE,
-            None,
-        );
+        self.matvec3(ws, biases, x, n, None, outs)
     }
 
     fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor, n: usize) {
@@ -952,20 +939,7 @@ impl LlmOps for CudaBackend {
         _h: &mut CudaTensor,
         outs: [&mut CudaTensor; 3],
     ) {
-        let m = self.mats(&[
-            (ws[0], biases[0], &*outs[0]),
-            (ws[1], biases[1], &*outs[1]),
-            (ws[2], biases[2], &*outs[2]),
-        ]);
-        self.matvec(
-            m,
-            (x.buf.ptr, x.cols),
-            ws[0].cols,
-            n,
-            Some((norm_w, eps)),
-            MODE_STORE,
-            None,
-        );
+        self.matvec3(ws, biases, x, n, Some((norm_w, eps)), outs)
     }
 
     fn rms_norm_matmul(

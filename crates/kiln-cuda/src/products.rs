@@ -285,6 +285,25 @@ impl CudaBackend {
         m
     }
 
+    /// Three products of x (RMS-normed with `norm` first, where given) in the same launches.
+    pub(crate) fn matvec3(
+        &self,
+        ws: [&CudaWeight; 3],
+        biases: [Option<&CudaTensor>; 3],
+        x: &CudaTensor,
+        n: usize,
+        norm: Option<(&CudaTensor, f32)>,
+        outs: [&mut CudaTensor; 3],
+    ) {
+        let m = self.mats(&[
+            (ws[0], biases[0], &*outs[0]),
+            (ws[1], biases[1], &*outs[1]),
+            (ws[2], biases[2], &*outs[2]),
+        ]);
+        let x = (x.buf.ptr, x.cols);
+        self.matvec(m, x, ws[0].cols, n, norm, MODE_STORE, None);
+    }
+
     /// One matvec launch per MAX_TOK tokens over the matrices of `mats`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matvec(
