@@ -299,10 +299,10 @@ unsafe fn tiles<const HD: usize, const W512: bool, E: KvElem>(
             }
             if pairs {
                 let (p0, p1) = (b0.max(tile_lo), b1);
+                let v = &vh[p0 * HD..p1 * HD];
                 for m in (0..m_count).step_by(2) {
                     let w0 = &scores[m * max_len + p0..m * max_len + p1];
                     let (om, rest) = o[m * 2 * HD..].split_at_mut(2 * HD);
-                    let v = &vh[p0 * HD..p1 * HD];
                     if m + 1 < m_count {
                         let w1 = &scores[(m + 1) * max_len + p0..(m + 1) * max_len + p1];
                         unsafe { pv_x2::<HD, E>([w0, w1], v, [om, &mut rest[..2 * HD]]) };
