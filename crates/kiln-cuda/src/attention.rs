@@ -122,12 +122,12 @@ const ATTN_DEC_SEQS: [[[&str; 4]; 4]; 2] = [
 
 /// Warps of a tensor-core decode attention block, stages a warp and keys a stage
 /// (kernels/decode_mma.cu DECM_WARPS, DECM_ST, DECM_KEYS).
-const DECM_WARPS: usize = 4;
+const DECM_WARPS: usize = 8;
 const DECM_ST: usize = 3;
 const DECM_KEYS: usize = 16;
 /// Blocks a multiprocessor the tensor-core decode kernels are sized for (`__launch_bounds__`;
 /// their shared memory).
-const DECM_BLOCKS: usize = 2;
+const DECM_BLOCKS: usize = 1;
 /// Static shared memory of a tensor-core decode block at most (ptxas: 9584 bytes at head
 /// size 128 and G = 8), with room.
 const DECM_STATIC: usize = 10 << 10;
@@ -1072,7 +1072,7 @@ mod tests {
 
     /// Every decode attention kernel fits the blocks a multiprocessor that its splits are
     /// sized for (kernels/attention.cu DEC_MIN_BLOCKS against dec_min_blocks; the
-    /// tensor-core kernels two, where the GPU's shared memory holds them), on this GPU.
+    /// tensor-core kernels DECM_BLOCKS, where the GPU's shared memory holds them), on this GPU.
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn decode_attention_kernels_hold_their_blocks() {

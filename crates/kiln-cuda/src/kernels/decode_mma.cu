@@ -13,8 +13,10 @@
 // new key and value, which the block stores after its first copies are under way, join as
 // one more partial of the block, scored as attn_dec scores them.
 
-// Warps of a block, stages of a warp, keys a step.
-#define DECM_WARPS 4
+// Warps of a block, stages of a warp, keys a step; blocks a multiprocessor (their shared
+// memory: every warp's stages).
+#define DECM_WARPS 8
+#define DECM_BLOCKS 1
 #define DECM_ST 3
 #define DECM_KEYS 16
 
@@ -237,17 +239,17 @@ __device__ void attn_decm_part(const float* q, const u64* tbl, long long k_off,
 // Dynamic shared memory of a block (attention.rs decm_smem): every warp's stages.
 #define DECM_SMEM(HD) (DECM_WARPS * DECM_ST * 2 * DECM_KEYS * (HD) * 2)
 // Entry points as attn_dec_<LPR>_<G> and attn_dec_seqs_<LPR>_<G> (the same arguments), by
-// head size and G; two blocks a multiprocessor (their shared memory).
+// head size and G; DECM_BLOCKS blocks a multiprocessor.
 #define ATTN_DECM(HD, G)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * DECM_WARPS, 2) attn_decm_##HD##_##G(   \
-        const float* q, const u64* tbl, long long k_off, long long v_off, int heads,         \
-        int kv_heads, int hd, float scale, const u32* params, float* pa, float* pml,         \
-        int window, DecHeads dh) {                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * DECM_WARPS, DECM_BLOCKS)               \
+        attn_decm_##HD##_##G(const float* q, const u64* tbl, long long k_off, long long v_off, \
+                             int heads, int kv_heads, int hd, float scale, const u32* params,  \
+                             float* pa, float* pml, int window, DecHeads dh) {                 \
         attn_decm_part<HD, G, DECM_WARPS>(q, tbl, k_off, v_off, heads, kv_heads, scale,      \
                                           (int)params[0] + (int)blockIdx.z + 1, window,     \
                                           blockIdx.z, gridDim.y, pa, pml, dh);              \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * DECM_WARPS, 2)                         \
+    extern "C" __global__ void __launch_bounds__(32 * DECM_WARPS, DECM_BLOCKS)               \
         attn_decm_seqs_##HD##_##G(const float* q, const SeqDesc* seqs, int layer, int heads, \
                                   int kv_heads, int hd, float scale, float* pa, float* pml,  \
                                   DecHeads dh) {                                             \
