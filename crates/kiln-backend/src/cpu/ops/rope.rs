@@ -18,17 +18,28 @@ pub fn rope(x: &mut CpuTensor, cfg: &RopeConfig, inv: &[f32], heads: usize, pos0
         for (i, &f) in inv.iter().enumerate() {
             (sin[i], cos[i]) = (pos * f).sin_cos();
         }
+        let (cos, sin) = (&cos[..half], &sin[..half]);
         for h in 0..heads {
             let base = t * x.cols + h * hd;
-            let v = &mut x.data[base..base + hd];
-            for i in 0..half {
-                let (a, b) = match cfg.style {
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    RopeStyle::Neox => (i, i + half),
-                };
-                let (x0, x1) = (v[a], v[b]);
-                v[a] = x0 * cos[i] - x1 * sin[i];
-                v[b] = x0 * sin[i] + x1 * cos[i];
+            let v = &mut x.data[base..base + 2 * half];
+            // The style chosen outside the pair loop, which then runs as vector code.
+            match cfg.style {
+                RopeStyle::Interleaved => {
+                    let pairs = v.as_chunks_mut::<2>().0;
+                    for ((p, &c), &s) in pairs.iter_mut().zip(cos).zip(sin) {
+                        let (x0, x1) = (p[0], p[1]);
+                        p[0] = x0 * c - x1 * s;
+                        p[1] = x0 * s + x1 * c;
+                    }
+                }
+                RopeStyle::Neox => {
+                    let (lo, hi) = v.split_at_mut(half);
+                    for (((a, b), &c), &s) in lo.iter_mut().zip(hi).zip(cos).zip(sin) {
+                        let (x0, x1) = (*a, *b);
+                        *a = x0 * c - x1 * s;
+                        *b = x0 * s + x1 * c;
+                    }
+                }
             }
         }
     }
