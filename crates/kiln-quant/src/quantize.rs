@@ -47,6 +47,16 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
     })?;
     check_row(ty, src.len(), dst.len())?;
     if ty == GgmlType::F16 {
+        if cfg!(target_endian = "little") {
+            // SAFETY: every bit pattern is an f16; only the aligned middle is reinterpreted.
+            let (head, mid, tail) = unsafe { dst.align_to_mut::<half::f16>() };
+            if head.is_empty() && tail.is_empty() {
+                // Straight into the row (a KV cache's store at every step): F16C / FP16
+                // conversion in place, no per-value byte copies.
+                mid.convert_from_f32_slice(src);
+                return Ok(());
+            }
+        }
         // A run of values at a time through `half`'s slice conversion (F16C / FP16 where the
         // CPU has it): the bits `f16::from_f32` gives each value, without a call a value.
         let mut run = [half::f16::ZERO; 64];

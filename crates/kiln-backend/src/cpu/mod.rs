@@ -57,8 +57,8 @@ pub struct CpuBackend {
     kernels: &'static Kernels,
     /// Activations quantized for the integer kernels (reused across ops).
     act: Mutex<QuantAct>,
-    /// The last RoPE config's per-pair frequencies.
-    rope_freqs: Mutex<Vec<(RopeConfig, Vec<f32>)>>,
+    /// The last RoPE configs' per-pair frequencies and angles.
+    rope_freqs: Mutex<Vec<(RopeConfig, ops::rope::Angles)>>,
     /// conv1d's receptive fields (im2col), kept between calls.
     conv_cols: Mutex<CpuTensor>,
 }
@@ -644,9 +644,19 @@ impl LlmOps for CpuBackend {
 
     fn argmax_rows(&self, x: &CpuTensor, n: usize, cols: usize) -> Vec<u32> {
         // Straight from the tensor: no copy of the logits.
-        (0..n)
-            .map(|r| crate::argmax_first(&x.data[r * x.cols..r * x.cols + cols]))
-            .collect()
+        let pick = |r: usize| crate::argmax_first(&x.data[r * x.cols..r * x.cols + cols]);
+        if n < 2 {
+            return (0..n).map(pick).collect();
+        }
+        // A batch's rows (a vocabulary each) on every thread.
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let picks: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+        self.pool.run(n, |r0, r1| {
+            for r in r0..r1 {
+                picks[r].store(pick(r), Ordering::Relaxed);
+            }
+        });
+        picks.into_iter().map(AtomicU32::into_inner).collect()
     }
 
     fn kv_cache(
@@ -824,6 +834,8 @@ impl LlmOps for CpuBackend {
     fn rope(&self, x: &mut CpuTensor, rope: &RopeConfig, heads: usize, pos0: usize, n: usize) {
         // Frequencies computed once per config (powf per pair is not free at decode rates);
         // a few kept, as Gemma's local and global layers alternate two.
+        // Each position's sines and cosines are kept too: every layer of a step (q and k)
+        // rotates by the same ones.
         let mut cache = self.rope_freqs.lock().unwrap_or_else(|p| p.into_inner());
         let i = match cache.iter().position(|(c, _)| c == rope) {
             Some(i) => i,
@@ -831,11 +843,11 @@ impl LlmOps for CpuBackend {
                 if cache.len() == 4 {
                     cache.remove(0);
                 }
-                cache.push((rope.clone(), rope.inv_freqs()));
+                cache.push((rope.clone(), ops::rope::Angles::new(rope.inv_freqs())));
                 cache.len() - 1
             }
         };
-        ops::rope::rope(x, rope, &cache[i].1, heads, pos0, n)
+        ops::rope::rope(x, rope, &mut cache[i].1, heads, pos0, n)
     }
 
     fn kv_store(

@@ -278,15 +278,20 @@ impl QuantAct {
         for t in 0..n {
             let blocks = &mut self.blocks[t * nb..(t + 1) * nb];
             quantize_act(&x[t * cols..(t + 1) * cols], blocks);
-            for (i, b) in blocks.iter().enumerate() {
-                let at = t * nb + i;
-                self.d[at] = b.d;
-                self.sum[at] = b.sum() as f32;
-                self.ds[at] = b.d * b.sum() as f32;
-                self.h32[2 * at] = 32 * b.sums[0] as i32;
-                self.h32[2 * at + 1] = 32 * b.sums[1] as i32;
-                self.s8[at] = 8 * b.sum();
-            }
+        }
+        // Each block's scale and sums in the layouts the kernels read (zipped slices: no
+        // index checks in a loop the thread every other one waits for runs at every op).
+        let blocks = &self.blocks[..n * nb];
+        let h32 = self.h32.as_chunks_mut::<2>().0;
+        let per_block = self.d.iter_mut().zip(&mut self.sum).zip(&mut self.ds);
+        for (((b, ((d, sum), ds)), s8), h) in
+            blocks.iter().zip(per_block).zip(&mut self.s8).zip(h32)
+        {
+            *d = b.d;
+            *sum = b.sum() as f32;
+            *ds = b.d * b.sum() as f32;
+            *h = [32 * b.sums[0] as i32, 32 * b.sums[1] as i32];
+            *s8 = 8 * b.sum();
         }
     }
 

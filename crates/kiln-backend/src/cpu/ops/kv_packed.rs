@@ -66,19 +66,16 @@ impl PackedKv {
             for h in 0..self.kv_heads {
                 let dst = (h * self.n_ctx + pos0 + t) * self.row;
                 let src = t * k.cols + h * hd;
-                // Lengths follow from the checked row size.
-                quantize_row(
+                narrow_row(
                     ty,
                     &k.data[src..src + hd],
                     &mut self.k[layer][dst..dst + self.row],
-                )
-                .expect("row size checked at creation");
-                quantize_row(
+                );
+                narrow_row(
                     ty,
                     &v.data[src..src + hd],
                     &mut self.v[layer][dst..dst + self.row],
-                )
-                .expect("row size checked at creation");
+                );
             }
         }
     }
@@ -195,6 +192,39 @@ fn widen_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// One row of f32 into the stored format (`dst` its row size): F16 with the CPU's conversion
+/// instructions where it has them (the bits of the reference's round to nearest even), the
+/// reference quantizer otherwise.
+fn narrow_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::F16
+        && dst.len() == 2 * src.len()
+        && std::is_x86_feature_detected!("f16c")
+        && std::is_x86_feature_detected!("avx")
+    {
+        // SAFETY: F16C and AVX were detected; dst holds 2 bytes per value.
+        return unsafe { narrow_f16_f16c(src, dst) };
+    }
+    // Lengths follow from the checked row size.
+    quantize_row(ty, src, dst).expect("row size checked at creation");
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn narrow_f16_f16c(src: &[f32], dst: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len() / 2);
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+        _mm_storeu_si128(dst.as_mut_ptr().add(2 * i) as *mut __m128i, h);
+        i += 8;
+    }
+    for j in i..n {
+        dst[2 * j..2 * j + 2].copy_from_slice(&half::f16::from_f32(src[j]).to_le_bytes());
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,f16c")]
 unsafe fn widen_f16_f16c(src: &[u8], dst: &mut [f32]) {
@@ -227,6 +257,36 @@ mod tests {
             dequantize_row(ty, &packed, &mut want).unwrap();
             widen_row(ty, &packed, &mut got);
             assert_eq!(got, want, "{}", ty.name());
+        }
+    }
+
+    /// Storing a row gives the reference quantizer's bytes: ties, subnormals, overflow to
+    /// infinity and a tail past the vector width.
+    #[test]
+    fn narrowing_equals_the_reference_quantizer() {
+        let mut x: Vec<f32> = (0..128)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        // Halfway between two f16 values (ties to even), f16 subnormals, past f16's range.
+        x[..6].copy_from_slice(&[
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            3.0e-6,
+            -5.0e-8,
+            7.0e4,
+            -1.0e9,
+        ]);
+        for n in [128, 40, 5] {
+            for ty in [GgmlType::F16, GgmlType::Q8_0] {
+                if n % ty.block_size() != 0 {
+                    continue;
+                }
+                let bytes = ty.row_bytes(n).unwrap();
+                let (mut want, mut got) = (vec![0u8; bytes], vec![0u8; bytes]);
+                quantize_row(ty, &x[..n], &mut want).unwrap();
+                narrow_row(ty, &x[..n], &mut got);
+                assert_eq!(got, want, "{} {n}", ty.name());
+            }
         }
     }
 

@@ -337,8 +337,20 @@ pub fn matmul_jobs(
                 simd,
                 f16c,
             };
-            for tile0 in (lo..hi).step_by(ROW_TILE) {
-                let (t0, t1) = (tile0 - starts[ji], (tile0 + ROW_TILE).min(hi) - starts[ji]);
+            // Interleaved weights take a decode step's chunk in one call: their kernels run
+            // every token over a group (or pair) as it comes, so a tile buys nothing there,
+            // while each call sets up its activation rows and prefetch window again (at four
+            // tokens a step, 16-row calls spent ~8% of the time outside the kernels). Prompts
+            // keep the tiles, whose gate values stay in L1 for the up product.
+            let whole = job.w.x8
+                && n <= x8::MAX_TOKENS
+                && match job.epilogue {
+                    Epilogue::SiluMul(up) => up.x8,
+                    _ => true,
+                };
+            let step = if whole { hi - lo } else { ROW_TILE };
+            for tile0 in (lo..hi).step_by(step) {
+                let (t0, t1) = (tile0 - starts[ji], (tile0 + step).min(hi) - starts[ji]);
                 // SAFETY (all writes below): rows t0..t1 of this job's output belong to this
                 // worker alone, and a run of rows r..r + v.len() of token t < n lies in them.
                 match job.epilogue {
