@@ -279,8 +279,8 @@ impl QuantAct {
             let blocks = &mut self.blocks[t * nb..(t + 1) * nb];
             quantize_act(&x[t * cols..(t + 1) * cols], blocks);
         }
-        // Each block's scale and sums in the layouts the kernels read (zipped slices: no
-        // index checks in a loop the thread every other one waits for runs at every op).
+        // Each block's scale and sums in the layouts the kernels read, over zipped slices
+        // (no index checks): the main thread runs this at every op while the workers wait.
         let blocks = &self.blocks[..n * nb];
         let h32 = self.h32.as_chunks_mut::<2>().0;
         let per_block = self.d.iter_mut().zip(&mut self.sum).zip(&mut self.ds);

@@ -4,8 +4,8 @@ use crate::cpu::CpuTensor;
 
 /// 1 / sqrt(mean(x^2) + eps). The squares are exact in f64 and summed in eight chains (lane
 /// i takes x[i], x[i + 8], ...; the chains then added in order, then the tail): one serial
-/// chain of f64 adds cost ~4 cycles a value, which at decode rates made the norms a few
-/// percent of a step on the thread every other one waits for.
+/// chain of f64 adds cost ~4 cycles a value, which made the norms a few percent of a decode
+/// step, run on the main thread while the workers wait.
 fn inv_rms(x: &[f32], eps: f32) -> f32 {
     let (chunks, tail) = x.as_chunks::<8>();
     let mut acc = [0f64; 8];
