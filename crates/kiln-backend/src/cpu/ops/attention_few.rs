@@ -284,7 +284,12 @@ fn sum16(a: &[__m512; 16]) -> __m512 {
 /// Sixteen vector registers hold no whole query beside its sums, so the query is read from L1:
 /// eight keys are scored at once (eight independent sums, reduced together into one vector of
 /// scores), and the values are summed 64 dimensions at a time (eight accumulators), a query
-/// after another. Key and value rows are prefetched ahead as on AVX-512.
+/// after another. Key and value rows are prefetched ahead as on AVX-512. The arithmetic is the
+/// portable path's (`attention_dense::items`) bit for bit: products rounded before each sum
+/// (no fused multiply-add), a score's eight lanes summed as `ops::dot` sums them, the values'
+/// weighted sums in key order. A greedy decode over silence can turn on the last bit of a score
+/// (a window of 16 s silence then speech went from 25 tokens to a repetition and a temperature
+/// fallback of 350 with the fused form), so transcripts stay as they were.
 mod avx2 {
     use super::*;
 
@@ -389,7 +394,7 @@ mod avx2 {
                         let qi = _mm256_loadu_ps(qj.add(8 * i));
                         for (r, a) in acc.iter_mut().enumerate() {
                             let kv = _mm256_loadu_ps(k.add((p + r) * d + 8 * i));
-                            *a = _mm256_fmadd_ps(qi, kv, *a);
+                            *a = _mm256_add_ps(*a, _mm256_mul_ps(qi, kv));
                         }
                     }
                     _mm256_storeu_ps(sc.as_mut_ptr().add(p), _mm256_mul_ps(sum8(&acc), sv));
@@ -399,7 +404,7 @@ mod avx2 {
                     let mut a = _mm256_setzero_ps();
                     for i in 0..HV {
                         let kv = _mm256_loadu_ps(k.add(p * d + 8 * i));
-                        a = _mm256_fmadd_ps(_mm256_loadu_ps(qj.add(8 * i)), kv, a);
+                        a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(qj.add(8 * i)), kv));
                     }
                     let a = sum8(&[a, a, a, a, a, a, a, a]);
                     *sp = _mm_cvtss_f32(_mm256_castps256_ps128(a)) * scale;
@@ -417,7 +422,10 @@ mod avx2 {
                         let wv = _mm256_set1_ps(w);
                         let row = v.add(p * d + 64 * c);
                         for (i, oi) in o.iter_mut().enumerate() {
-                            *oi = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * i)), *oi);
+                            *oi = _mm256_add_ps(
+                                *oi,
+                                _mm256_mul_ps(wv, _mm256_loadu_ps(row.add(8 * i))),
+                            );
                         }
                     }
                     for (i, oi) in o.iter().enumerate() {
@@ -428,18 +436,23 @@ mod avx2 {
         }
     }
 
-    /// Lane r of the result = the sum of a[r]'s eight lanes.
+    /// Lane r of the result = the sum of a[r]'s eight lanes l0..l7 in `ops::dot`'s order:
+    /// ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     fn sum8(a: &[__m256; 8]) -> __m256 {
-        // Pairs, then quads (lanes r and 4 + r of a quad vector hold a[r]'s two halves).
-        let s01 = _mm256_hadd_ps(a[0], a[1]);
-        let s23 = _mm256_hadd_ps(a[2], a[3]);
-        let s45 = _mm256_hadd_ps(a[4], a[5]);
-        let s67 = _mm256_hadd_ps(a[6], a[7]);
-        let (q0, q1) = (_mm256_hadd_ps(s01, s23), _mm256_hadd_ps(s45, s67));
-        let lo = _mm256_permute2f128_ps::<0x20>(q0, q1);
-        let hi = _mm256_permute2f128_ps::<0x31>(q0, q1);
-        _mm256_add_ps(lo, hi)
+        // Halves added: [a[r]'s l0+l4, l1+l5, l2+l6, l3+l7 | a[r+1]'s].
+        let h: [__m256; 4] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(x, y),
+                _mm256_permute2f128_ps::<0x31>(x, y),
+            )
+        });
+        // Pairs: [a0's (l0+l4)+(l1+l5), (l2+l6)+(l3+l7), a2's both | a1's both, a3's both].
+        let (p0, p1) = (_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+        // Lanes hold a0, a2, a4, a6, a1, a3, a5, a7: back in order.
+        let s = _mm256_hadd_ps(p0, p1);
+        _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
     }
 }

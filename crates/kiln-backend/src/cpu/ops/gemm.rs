@@ -298,7 +298,15 @@ mod nn512 {
 mod nn256 {
     use std::arch::x86_64::*;
 
-    /// 6 rows x 16 columns of C per block (12 accumulators); the column tail is scalar.
+    /// Steps of k a pass takes: a strip of A (6 x KC) and a panel of B (KC x 16) stay in L1
+    /// (6 + 16 KiB) while every strip runs over the panel.
+    const KC: usize = 256;
+
+    /// 6 rows x 16 columns of C per block (12 accumulators); the column tail is scalar. k in
+    /// passes of [`KC`], each panel of 16 columns under every strip of rows in turn, so the
+    /// panel is read from memory once a pass (it was once a strip: wide C, as attention's
+    /// scores, streamed B from L2 for every 6 rows). A pass continues the accumulators where
+    /// the last one stored them: each C value is the same chain of fused multiply-adds.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm(
@@ -313,47 +321,77 @@ mod nn256 {
         ldc: usize,
     ) {
         let n16 = n / 16 * 16;
-        let (ap, bp) = (a.as_ptr(), b.as_ptr());
-        let mut i = 0;
-        while i < m {
-            let mi = (m - i).min(6);
-            let cp = c.as_mut_ptr();
+        let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        for k0 in (0..k.max(1)).step_by(KC) {
+            let at = Pass {
+                a: ap,
+                lda,
+                b: bp,
+                ldb,
+                k0,
+                kc: KC.min(k - k0),
+                c: cp,
+                ldc,
+            };
             for j in (0..n16).step_by(16) {
-                unsafe {
-                    match mi {
-                        6 => block::<6>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        5 => block::<5>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        4 => block::<4>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        3 => block::<3>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        2 => block::<2>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        _ => block::<1>(ap, lda, i, bp, ldb, j, k, cp, ldc),
+                let mut i = 0;
+                while i < m {
+                    let mi = (m - i).min(6);
+                    // SAFETY: rows i..i+mi, columns j..j+16 and steps k0..k0+kc lie inside
+                    // the operands (the caller checked their bounds).
+                    unsafe {
+                        match mi {
+                            6 => block::<6>(&at, i, j),
+                            5 => block::<5>(&at, i, j),
+                            4 => block::<4>(&at, i, j),
+                            3 => block::<3>(&at, i, j),
+                            2 => block::<2>(&at, i, j),
+                            _ => block::<1>(&at, i, j),
+                        }
                     }
+                    i += mi;
                 }
             }
-            if n16 < n {
-                super::nn_scalar(a, lda, i, i + mi, b, ldb, n16, n, k, c, ldc);
-            }
-            i += mi;
         }
+        if n16 < n {
+            super::nn_scalar(a, lda, 0, m, b, ldb, n16, n, k, c, ldc);
+        }
+    }
+
+    /// The operands and the steps k0..k0 + kc of one pass.
+    struct Pass {
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        k0: usize,
+        kc: usize,
+        c: *mut f32,
+        ldc: usize,
     }
 
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block<const MR: usize>(
-        a: *const f32,
-        lda: usize,
-        i0: usize,
-        b: *const f32,
-        ldb: usize,
-        j0: usize,
-        k: usize,
-        c: *mut f32,
-        ldc: usize,
-    ) {
+    unsafe fn block<const MR: usize>(at: &Pass, i0: usize, j0: usize) {
+        let Pass {
+            a,
+            lda,
+            b,
+            ldb,
+            k0,
+            kc,
+            c,
+            ldc,
+        } = *at;
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-            for p in 0..k {
+            if k0 > 0 {
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let src = c.add((i0 + r) * ldc + j0);
+                    *row = [_mm256_loadu_ps(src), _mm256_loadu_ps(src.add(8))];
+                }
+            }
+            for p in k0..k0 + kc {
                 let b0 = _mm256_loadu_ps(b.add(p * ldb + j0));
                 let b1 = _mm256_loadu_ps(b.add(p * ldb + j0 + 8));
                 for (r, row) in acc.iter_mut().enumerate() {
