@@ -290,12 +290,12 @@ fn sum16(a: &[__m512; 16]) -> __m512 {
 /// weighted sums in key order. A greedy decode over silence can turn on the last bit of a score
 /// (a window of 16 s silence then speech went from 25 tokens to a repetition and a temperature
 /// fallback of 350 with the fused form), so transcripts stay as they were.
-mod avx2 {
+pub(super) mod avx2 {
     use super::*;
 
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn items(
+    pub(in crate::cpu::ops) unsafe fn items(
         q: &CpuTensor,
         k: &CpuTensor,
         v: &CpuTensor,

@@ -641,6 +641,8 @@ mod tests {
             (19, 47, 65),
             (25, 64, 31),
             (8, 100, 250),
+            (7, 300, 270),
+            (13, 21, 600),
         ];
         for (m, n, k) in shapes {
             let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
@@ -668,6 +670,26 @@ mod tests {
                         let fused =
                             (0..k).fold(0f32, |s, p| a[i * lda + p].mul_add(b[p * ldb + j], s));
                         assert_eq!(got.to_bits(), fused.to_bits(), "{m}x{n}x{k} ({i},{j})");
+                    }
+                }
+            }
+            // The AVX2 kernel, whatever else this CPU has: fused chains in step order over
+            // whole 16-column panels (k in passes), the scalar loop's rounding in the tail.
+            #[cfg(target_arch = "x86_64")]
+            if avx2_ok() {
+                let mut c = vec![f32::NAN; m * ldc];
+                // SAFETY: AVX2 and FMA were detected; the operands hold m, k rows.
+                unsafe { nn256::gemm(&a, lda, m, &b, ldb, n, k, &mut c, ldc) };
+                for i in 0..m {
+                    for j in 0..ldc {
+                        let got = c[i * ldc + j];
+                        let (x, y) = (|p: usize| a[i * lda + p], |p: usize| b[p * ldb + j]);
+                        let want = match j {
+                            _ if j >= n => f32::NAN,
+                            _ if j < n / 16 * 16 => (0..k).fold(0f32, |s, p| x(p).mul_add(y(p), s)),
+                            _ => (0..k).fold(0f32, |s, p| s + x(p) * y(p)),
+                        };
+                        assert_eq!(got.to_bits(), want.to_bits(), "avx2 {m}x{n}x{k} ({i},{j})");
                     }
                 }
             }
