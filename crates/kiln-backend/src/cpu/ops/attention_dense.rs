@@ -200,6 +200,16 @@ pub(super) fn softmax8(x: &mut [f32], scale: f32) {
     }
 }
 
+/// Keys query t sees: all of them, or with the causal mask those up to its position (the
+/// queries being the last n_q positions).
+#[inline(always)]
+pub(super) fn keys_seen(s: &DenseShape, t: usize) -> usize {
+    match s.causal {
+        true => (t + 1 + s.n_kv.saturating_sub(s.n_q)).min(s.n_kv),
+        false => s.n_kv,
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -233,11 +243,7 @@ pub(super) fn items(
     let mut acc = [0f32; 256];
     for i in i0..i1 {
         let (t, h) = (i / s.heads, i % s.heads);
-        let len = if s.causal {
-            (t + 1 + s.n_kv.saturating_sub(s.n_q)).min(s.n_kv)
-        } else {
-            s.n_kv
-        };
+        let len = keys_seen(&s, t);
         let qh = &q.data[t * d + h * hd..t * d + (h + 1) * hd];
         let sc = &mut scores[..len];
         for (p, sv) in sc.iter_mut().enumerate() {

@@ -88,11 +88,7 @@ pub fn items(
     }
     for i in i0..i1 {
         let (t, h) = (i / s.heads, i % s.heads);
-        let len = if s.causal {
-            (t + 1 + s.n_kv.saturating_sub(s.n_q)).min(s.n_kv)
-        } else {
-            s.n_kv
-        };
+        let len = super::attention_dense::keys_seen(&s, t);
         assert!(k.data.len() >= len * d && v.data.len() >= len * d && scores.len() >= len);
         let qh = &q.data[t * d + h * hd..t * d + (h + 1) * hd];
         // SAFETY: AVX-512F was detected (handles()); rows p < len of k and v hold d values
@@ -312,10 +308,7 @@ pub(super) mod avx2 {
             let (t0, h) = (i / s.heads * g, i % s.heads);
             let nq = (s.n_q - t0).min(g);
             // A causal item holds one query (group 1).
-            let len = match s.causal {
-                true => (t0 + 1 + s.n_kv.saturating_sub(s.n_q)).min(s.n_kv),
-                false => s.n_kv,
-            };
+            let len = super::super::attention_dense::keys_seen(&s, t0);
             assert!(k.data.len() >= len * d && v.data.len() >= len * d);
             assert!(scores.len() >= nq * len);
             // SAFETY: AVX2 and FMA were detected (caller); rows p < len of k and v hold d

@@ -302,7 +302,7 @@ mod nn256 {
     /// (6 + 16 KiB) while every strip runs over the panel.
     const KC: usize = 256;
 
-    /// 6 rows x 16 columns of C per block (12 accumulators); the column tail is scalar. k in
+    /// 6 rows x 16 columns of C per block (12 accumulators); the last columns masked. k in
     /// passes of [`KC`], each panel of 16 columns under every strip of rows in turn, so the
     /// panel is read from memory once a pass (it was once a strip: wide C, as attention's
     /// scores, streamed B from L2 for every 6 rows). A pass continues the accumulators where
@@ -321,65 +321,66 @@ mod nn256 {
         ldc: usize,
     ) {
         let n16 = n / 16 * 16;
-        let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        let whole = Pass {
+            a: a.as_ptr(),
+            lda,
+            b: b.as_ptr(),
+            ldb,
+            k0: 0,
+            kc: k,
+            c: c.as_mut_ptr(),
+            ldc,
+        };
         for k0 in (0..k.max(1)).step_by(KC) {
             let at = Pass {
-                a: ap,
-                lda,
-                b: bp,
-                ldb,
                 k0,
                 kc: KC.min(k - k0),
-                c: cp,
-                ldc,
+                ..whole
             };
             for j in (0..n16).step_by(16) {
-                let mut i = 0;
-                while i < m {
-                    let mi = (m - i).min(6);
-                    // SAFETY: rows i..i+mi, columns j..j+16 and steps k0..k0+kc lie inside
-                    // the operands (the caller checked their bounds).
-                    unsafe {
-                        match mi {
-                            6 => block::<6>(&at, i, j),
-                            5 => block::<5>(&at, i, j),
-                            4 => block::<4>(&at, i, j),
-                            3 => block::<3>(&at, i, j),
-                            2 => block::<2>(&at, i, j),
-                            _ => block::<1>(&at, i, j),
-                        }
-                    }
-                    i += mi;
-                }
+                // SAFETY: columns j..j+16 and steps k0..k0+kc lie inside the operands (the
+                // caller checked their bounds).
+                unsafe { strips(&at, m, j, 16) };
             }
         }
         if n16 < n {
-            let at = Pass {
-                a: ap,
-                lda,
-                b: bp,
-                ldb,
-                k0: 0,
-                kc: k,
-                c: cp,
-                ldc,
-            };
-            let mut i = 0;
-            while i < m {
-                let mi = (m - i).min(6);
-                // SAFETY: rows i..i+mi and columns n16..n lie inside the operands (the caller
-                // checked their bounds); the masks keep every access to those columns.
-                unsafe {
-                    match mi {
-                        6 => tail::<6>(&at, i, n16, n - n16),
-                        5 => tail::<5>(&at, i, n16, n - n16),
-                        4 => tail::<4>(&at, i, n16, n - n16),
-                        3 => tail::<3>(&at, i, n16, n - n16),
-                        2 => tail::<2>(&at, i, n16, n - n16),
-                        _ => tail::<1>(&at, i, n16, n - n16),
-                    }
+            // SAFETY: columns n16..n lie inside the operands; the masks keep every access to
+            // them.
+            unsafe { strips(&whole, m, n16, n - n16) };
+        }
+    }
+
+    /// Rows 0..m in strips of 6 (then the 1-5 left) at columns j0..j0 + w: a panel (w = 16)
+    /// or the last columns (w < 16).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn strips(at: &Pass, m: usize, j0: usize, w: usize) {
+        let mut i = 0;
+        while i < m {
+            let mi = (m - i).min(6);
+            // SAFETY: rows i..i+mi lie inside the operands (caller).
+            unsafe {
+                match mi {
+                    6 => cols::<6>(at, i, j0, w),
+                    5 => cols::<5>(at, i, j0, w),
+                    4 => cols::<4>(at, i, j0, w),
+                    3 => cols::<3>(at, i, j0, w),
+                    2 => cols::<2>(at, i, j0, w),
+                    _ => cols::<1>(at, i, j0, w),
                 }
-                i += mi;
+            }
+            i += mi;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn cols<const MR: usize>(at: &Pass, i0: usize, j0: usize, w: usize) {
+        // SAFETY: as for `strips`.
+        unsafe {
+            match w {
+                16 => block::<MR>(at, i0, j0),
+                _ => tail::<MR>(at, i0, j0, w),
             }
         }
     }
@@ -392,22 +393,14 @@ mod nn256 {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn tail<const MR: usize>(at: &Pass, i0: usize, j0: usize, w: usize) {
-        let Pass {
-            a,
-            lda,
-            b,
-            ldb,
-            k0,
-            kc,
-            c,
-            ldc,
-        } = *at;
+        let (a, b, c) = (at.a, at.b, at.c);
+        let (lda, ldb, ldc) = (at.lda, at.ldb, at.ldc);
         unsafe {
             let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             let m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(w as i32), lane);
             let m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(w as i32 - 8), lane);
             let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-            for p in k0..k0 + kc {
+            for p in at.k0..at.k0 + at.kc {
                 let b0 = _mm256_maskload_ps(b.add(p * ldb + j0), m0);
                 let b1 = _mm256_maskload_ps(b.add(p * ldb + j0 + 8), m1);
                 for (r, row) in acc.iter_mut().enumerate() {
