@@ -200,6 +200,16 @@ pub(super) fn softmax8(x: &mut [f32], scale: f32) {
     }
 }
 
+/// Keys query t sees: all of them, or with the causal mask those up to its position (the
+/// queries being the last n_q positions).
+#[inline(always)]
+pub(super) fn keys_seen(s: &DenseShape, t: usize) -> usize {
+    match s.causal {
+        true => (t + 1 + s.n_kv.saturating_sub(s.n_q)).min(s.n_kv),
+        false => s.n_kv,
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -218,7 +228,7 @@ unsafe fn items_avx2(
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn items(
+pub(super) fn items(
     q: &CpuTensor,
     k: &CpuTensor,
     v: &CpuTensor,
@@ -233,11 +243,7 @@ fn items(
     let mut acc = [0f32; 256];
     for i in i0..i1 {
         let (t, h) = (i / s.heads, i % s.heads);
-        let len = if s.causal {
-            (t + 1 + s.n_kv.saturating_sub(s.n_q)).min(s.n_kv)
-        } else {
-            s.n_kv
-        };
+        let len = keys_seen(&s, t);
         let qh = &q.data[t * d + h * hd..t * d + (h + 1) * hd];
         let sc = &mut scores[..len];
         for (p, sv) in sc.iter_mut().enumerate() {
@@ -270,6 +276,83 @@ fn items(
                 }
                 // SAFETY: as above.
                 unsafe { dst.write(base + e, a * inv) };
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// attention_few's AVX2 items equal the portable items bit for bit (few queries over
+    /// many keys: one, three and five rows, causal and not, heads of 64 and 128, key counts
+    /// off the eight-key steps), wherever AVX2 and FMA run.
+    #[test]
+    fn avx2_few_queries_equal_the_portable_items() {
+        if !super::super::gemm::avx2_ok() {
+            eprintln!("skipped: no AVX2 and FMA on this CPU");
+            return;
+        }
+        let mut seed = 0x2468_ace1u32;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        };
+        for (heads, hd, n_q, n_kv, causal) in [
+            (6, 64, 1, 1500, false),
+            (6, 64, 3, 1500, false),
+            (6, 64, 5, 203, false),
+            (4, 128, 2, 333, false),
+            (4, 64, 5, 40, true),
+            (2, 128, 3, 19, true),
+        ] {
+            let d = heads * hd;
+            let mut t = |rows: usize| CpuTensor {
+                data: (0..rows * d).map(|_| rnd()).collect(),
+                cols: d,
+            };
+            let (q, k, v) = (t(n_q), t(n_kv), t(n_kv));
+            let s = DenseShape {
+                heads,
+                head_dim: hd,
+                n_q,
+                n_kv,
+                causal,
+            };
+            let mut want = vec![f32::NAN; n_q * d];
+            let mut scores = vec![0f32; n_kv];
+            items(
+                &q,
+                &k,
+                &v,
+                s,
+                SharedMut(want.as_mut_ptr()),
+                0,
+                n_q * heads,
+                &mut scores,
+            );
+            let mut got = vec![f32::NAN; n_q * d];
+            let mut scores = vec![0f32; super::super::attention_few::scores_len(&s)];
+            let n = super::super::attention_few::count(&s);
+            // SAFETY: AVX2 and FMA were detected above.
+            unsafe {
+                super::super::attention_few::avx2::items(
+                    &q,
+                    &k,
+                    &v,
+                    s,
+                    SharedMut(got.as_mut_ptr()),
+                    0,
+                    n,
+                    &mut scores,
+                )
+            };
+            let case = format!("heads={heads} hd={hd} n_q={n_q} n_kv={n_kv} causal={causal}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{case}: value {i}: {g} vs {w}");
             }
         }
     }

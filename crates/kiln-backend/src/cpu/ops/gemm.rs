@@ -298,7 +298,15 @@ mod nn512 {
 mod nn256 {
     use std::arch::x86_64::*;
 
-    /// 6 rows x 16 columns of C per block (12 accumulators); the column tail is scalar.
+    /// Steps of k a pass takes: a strip of A (6 x KC) and a panel of B (KC x 16) stay in L1
+    /// (6 + 16 KiB) while every strip runs over the panel.
+    const KC: usize = 256;
+
+    /// 6 rows x 16 columns of C per block (12 accumulators); the last columns masked. k in
+    /// passes of [`KC`], each panel of 16 columns under every strip of rows in turn, so the
+    /// panel is read from memory once a pass (it was once a strip: wide C, as attention's
+    /// scores, streamed B from L2 for every 6 rows). A pass continues the accumulators where
+    /// the last one stored them: each C value is the same chain of fused multiply-adds.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm(
@@ -313,25 +321,53 @@ mod nn256 {
         ldc: usize,
     ) {
         let n16 = n / 16 * 16;
-        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        let whole = Pass {
+            a: a.as_ptr(),
+            lda,
+            b: b.as_ptr(),
+            ldb,
+            k0: 0,
+            kc: k,
+            c: c.as_mut_ptr(),
+            ldc,
+        };
+        for k0 in (0..k.max(1)).step_by(KC) {
+            let at = Pass {
+                k0,
+                kc: KC.min(k - k0),
+                ..whole
+            };
+            for j in (0..n16).step_by(16) {
+                // SAFETY: columns j..j+16 and steps k0..k0+kc lie inside the operands (the
+                // caller checked their bounds).
+                unsafe { strips(&at, m, j, 16) };
+            }
+        }
+        if n16 < n {
+            // SAFETY: columns n16..n lie inside the operands; the masks keep every access to
+            // them.
+            unsafe { strips(&whole, m, n16, n - n16) };
+        }
+    }
+
+    /// Rows 0..m in strips of 6 (then the 1-5 left) at columns j0..j0 + w: a panel (w = 16)
+    /// or the last columns (w < 16).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn strips(at: &Pass, m: usize, j0: usize, w: usize) {
         let mut i = 0;
         while i < m {
             let mi = (m - i).min(6);
-            let cp = c.as_mut_ptr();
-            for j in (0..n16).step_by(16) {
-                unsafe {
-                    match mi {
-                        6 => block::<6>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        5 => block::<5>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        4 => block::<4>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        3 => block::<3>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        2 => block::<2>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                        _ => block::<1>(ap, lda, i, bp, ldb, j, k, cp, ldc),
-                    }
+            // SAFETY: rows i..i+mi lie inside the operands (caller).
+            unsafe {
+                match mi {
+                    6 => cols::<6>(at, i, j0, w),
+                    5 => cols::<5>(at, i, j0, w),
+                    4 => cols::<4>(at, i, j0, w),
+                    3 => cols::<3>(at, i, j0, w),
+                    2 => cols::<2>(at, i, j0, w),
+                    _ => cols::<1>(at, i, j0, w),
                 }
-            }
-            if n16 < n {
-                super::nn_scalar(a, lda, i, i + mi, b, ldb, n16, n, k, c, ldc);
             }
             i += mi;
         }
@@ -339,21 +375,82 @@ mod nn256 {
 
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block<const MR: usize>(
+    unsafe fn cols<const MR: usize>(at: &Pass, i0: usize, j0: usize, w: usize) {
+        // SAFETY: as for `strips`.
+        unsafe {
+            match w {
+                16 => block::<MR>(at, i0, j0),
+                _ => tail::<MR>(at, i0, j0, w),
+            }
+        }
+    }
+
+    /// The last `w` (< 16) columns from j0 of MR rows from i0, through masked loads and
+    /// stores, with the portable loop's arithmetic (`nn_scalar`: each product rounded, then
+    /// added in step order from zero), so those columns keep their values bit for bit. (They
+    /// were that scalar loop: attention's scores over 1500 keys spent a fifth of their time
+    /// in their last 12 columns.)
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tail<const MR: usize>(at: &Pass, i0: usize, j0: usize, w: usize) {
+        let (a, b, c) = (at.a, at.b, at.c);
+        let (lda, ldb, ldc) = (at.lda, at.ldb, at.ldc);
+        unsafe {
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(w as i32), lane);
+            let m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(w as i32 - 8), lane);
+            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+            for p in at.k0..at.k0 + at.kc {
+                let b0 = _mm256_maskload_ps(b.add(p * ldb + j0), m0);
+                let b1 = _mm256_maskload_ps(b.add(p * ldb + j0 + 8), m1);
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let av = _mm256_set1_ps(*a.add((i0 + r) * lda + p));
+                    row[0] = _mm256_add_ps(row[0], _mm256_mul_ps(av, b0));
+                    row[1] = _mm256_add_ps(row[1], _mm256_mul_ps(av, b1));
+                }
+            }
+            for (r, row) in acc.iter().enumerate() {
+                let dst = c.add((i0 + r) * ldc + j0);
+                _mm256_maskstore_ps(dst, m0, row[0]);
+                _mm256_maskstore_ps(dst.add(8), m1, row[1]);
+            }
+        }
+    }
+
+    /// The operands and the steps k0..k0 + kc of one pass.
+    struct Pass {
         a: *const f32,
         lda: usize,
-        i0: usize,
         b: *const f32,
         ldb: usize,
-        j0: usize,
-        k: usize,
+        k0: usize,
+        kc: usize,
         c: *mut f32,
         ldc: usize,
-    ) {
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn block<const MR: usize>(at: &Pass, i0: usize, j0: usize) {
+        let Pass {
+            a,
+            lda,
+            b,
+            ldb,
+            k0,
+            kc,
+            c,
+            ldc,
+        } = *at;
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-            for p in 0..k {
+            if k0 > 0 {
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let src = c.add((i0 + r) * ldc + j0);
+                    *row = [_mm256_loadu_ps(src), _mm256_loadu_ps(src.add(8))];
+                }
+            }
+            for p in k0..k0 + kc {
                 let b0 = _mm256_loadu_ps(b.add(p * ldb + j0));
                 let b1 = _mm256_loadu_ps(b.add(p * ldb + j0 + 8));
                 for (r, row) in acc.iter_mut().enumerate() {
@@ -537,6 +634,8 @@ mod tests {
             (19, 47, 65),
             (25, 64, 31),
             (8, 100, 250),
+            (7, 300, 270),
+            (13, 21, 600),
         ];
         for (m, n, k) in shapes {
             let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
@@ -564,6 +663,26 @@ mod tests {
                         let fused =
                             (0..k).fold(0f32, |s, p| a[i * lda + p].mul_add(b[p * ldb + j], s));
                         assert_eq!(got.to_bits(), fused.to_bits(), "{m}x{n}x{k} ({i},{j})");
+                    }
+                }
+            }
+            // The AVX2 kernel, whatever else this CPU has: fused chains in step order over
+            // whole 16-column panels (k in passes), the scalar loop's rounding in the tail.
+            #[cfg(target_arch = "x86_64")]
+            if avx2_ok() {
+                let mut c = vec![f32::NAN; m * ldc];
+                // SAFETY: AVX2 and FMA were detected; the operands hold m, k rows.
+                unsafe { nn256::gemm(&a, lda, m, &b, ldb, n, k, &mut c, ldc) };
+                for i in 0..m {
+                    for j in 0..ldc {
+                        let got = c[i * ldc + j];
+                        let (x, y) = (|p: usize| a[i * lda + p], |p: usize| b[p * ldb + j]);
+                        let want = match j {
+                            _ if j >= n => f32::NAN,
+                            _ if j < n / 16 * 16 => (0..k).fold(0f32, |s, p| x(p).mul_add(y(p), s)),
+                            _ => (0..k).fold(0f32, |s, p| s + x(p) * y(p)),
+                        };
+                        assert_eq!(got.to_bits(), want.to_bits(), "avx2 {m}x{n}x{k} ({i},{j})");
                     }
                 }
             }
