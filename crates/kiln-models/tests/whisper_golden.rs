@@ -70,3 +70,51 @@ fn tiny_en_jfk_q8_0_greedy_ids_match_golden() {
     let (ids, _) = greedy(&b, &m, &prompt, 64);
     assert_eq!(ids, want);
 }
+
+/// A beam step in one pass (`decode_beams`) gives each hypothesis the logits its own
+/// forward gives it, bit for bit: three hypotheses forked from the prompt, each continued by
+/// a different token, for a few steps, fp16 and Q8_0 weights.
+#[test]
+fn beams_in_one_pass_equal_one_forward_each() {
+    let (prompt, want) = golden();
+    let b = CpuBackend::new(2);
+    for quant in [None, Some(kiln_quant::GgmlType::Q8_0)] {
+        let opts = LoadOptions {
+            quant,
+            ..LoadOptions::default()
+        };
+        let (m, _f) = Whisper::open(&b, &model_dir(), opts).unwrap();
+        let cross = jfk_cross(&b, &m);
+        let n = 3;
+        let mut one: Vec<_> = (0..n).map(|_| m.decoder_state(&b)).collect();
+        let mut all: Vec<_> = (0..n).map(|_| m.decoder_state(&b)).collect();
+        for st in one.iter_mut().chain(all.iter_mut()) {
+            m.decode(&b, st, &cross, &prompt, 0).unwrap();
+        }
+        let mut scratch = m.beam_scratch(&b, n);
+        // The golden's tokens, shifted by hypothesis: each row continues differently.
+        let mut pos = prompt.len();
+        for step in 0..4 {
+            let toks: Vec<u32> = (0..n).map(|j| want[step + j]).collect();
+            let rows = m
+                .decode_beams(&b, &mut all, &mut scratch, &cross, &toks, pos)
+                .unwrap()
+                .to_vec();
+            let vocab = m.cfg.n_vocab;
+            assert_eq!(rows.len(), n * vocab);
+            for (j, st) in one.iter_mut().enumerate() {
+                let alone = m.decode(&b, st, &cross, &[toks[j]], pos).unwrap();
+                let row = &rows[j * vocab..(j + 1) * vocab];
+                let same = alone
+                    .iter()
+                    .zip(row)
+                    .all(|(a, r)| a.to_bits() == r.to_bits());
+                assert!(same, "{quant:?} step {step} hypothesis {j}: logits differ");
+            }
+            pos += 1;
+        }
+        // Too many tokens for the sequences, or for the scratch, is an error.
+        let e = m.decode_beams(&b, &mut all[..2], &mut scratch, &cross, &[1, 2, 3], pos);
+        assert!(e.is_err());
+    }
+}

@@ -86,6 +86,47 @@ impl<B: Backend> DecoderState<B> {
     }
 }
 
+/// Scratch of one step of several sequences (a beam search's hypotheses): a row each.
+pub struct BeamScratch<B: Backend> {
+    rows: usize,
+    x: B::Tensor,
+    h: B::Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
+    attn: B::Tensor,
+    hidden: B::Tensor,
+    row_k: B::Tensor,
+    row_v: B::Tensor,
+    logits: B::Tensor,
+    logits_host: Vec<f32>,
+}
+
+impl<B: Backend> BeamScratch<B> {
+    /// Room for `rows` sequences a step.
+    pub fn new(b: &B, c: &WhisperConfig, rows: usize) -> Self {
+        let (n, d) = (rows.max(1), c.d_model);
+        BeamScratch {
+            rows: n,
+            x: b.tensor(n, d),
+            h: b.tensor(n, d),
+            q: b.tensor(n, d),
+            k: b.tensor(n, d),
+            v: b.tensor(n, d),
+            attn: b.tensor(n, d),
+            hidden: b.tensor(n, c.ffn_dim),
+            row_k: b.tensor(1, d),
+            row_v: b.tensor(1, d),
+            logits: b.tensor(n, c.n_vocab),
+            logits_host: vec![0.0; n * c.n_vocab],
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
 impl<B: Backend> Decoder<B> {
     pub fn load(b: &B, w: &Weights, c: &WhisperConfig) -> Result<Self, ModelError> {
         let (d, ffn) = (c.d_model, c.ffn_dim);
@@ -229,6 +270,90 @@ impl<B: Backend> Decoder<B> {
             out.push(m);
         }
         Ok(out)
+    }
+
+    /// One token for each of `sts.len()` sequences, all at position `pos` (a beam search's
+    /// hypotheses after their forks): `tokens[j]` continues `sts[j]`. One pass for all of
+    /// them: each product reads its weights once for every row, each row's self-attention
+    /// runs over its own cache, the cross-attention takes their queries together. Returns the
+    /// logits, a row of `n_vocab` each, in the order of `sts`. Each row gets exactly what
+    /// [`forward`](Self::forward) of its one token gives it, where the backend's products of a
+    /// row do not depend on the others (the CPU's do).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_beams<'s>(
+        &self,
+        b: &B,
+        c: &WhisperConfig,
+        sts: &mut [DecoderState<B>],
+        s: &'s mut BeamScratch<B>,
+        cross: &CrossKv<B>,
+        tokens: &[u32],
+        pos: usize,
+    ) -> Result<&'s [f32], ModelError> {
+        let n = tokens.len();
+        if n == 0 || n != sts.len() || n > s.rows || pos >= c.n_text_ctx {
+            return Err(ModelError::Input(format!(
+                "{n} tokens for {} sequences ({} rows of scratch) at position {pos} (text \
+                 context {})",
+                sts.len(),
+                s.rows,
+                c.n_text_ctx
+            )));
+        }
+        let (d, heads) = (c.d_model, c.n_text_heads);
+        let hd = d / heads;
+        let emb_err = |source| ModelError::Input(format!("decoder input: {source}"));
+        // x = embed(tokens) + pos[pos] on every row
+        b.embed(&self.embed, tokens, &mut s.x).map_err(emb_err)?;
+        b.embed(&self.pos, &vec![pos as u32; n], &mut s.h)
+            .map_err(emb_err)?;
+        b.add(&mut s.x, &s.h, n);
+        let self_shape = AttnShape {
+            n_heads: heads,
+            n_kv_heads: heads,
+            head_dim: hd,
+            pos0: pos,
+            n_tokens: 1,
+            window: 0,
+        };
+        let cross_shape = DenseAttnShape {
+            heads,
+            head_dim: hd,
+            n_q: n,
+            n_kv: c.n_audio_ctx,
+            causal: false,
+        };
+        for (i, l) in self.layers.iter().enumerate() {
+            l.self_ln.apply(b, &s.x, n, &mut s.h);
+            b.matmul3(
+                [&l.q.w, &l.k.w, &l.v.w],
+                [Some(&l.q.b), Some(&l.k.b), Some(&l.v.b)],
+                &s.h,
+                n,
+                [&mut s.q, &mut s.k, &mut s.v],
+            );
+            for (j, st) in sts.iter_mut().enumerate() {
+                b.copy_rows(&s.k, j, 1, &mut s.row_k, 0);
+                b.copy_rows(&s.v, j, 1, &mut s.row_v, 0);
+                b.kv_store(&mut st.kv, i, &s.row_k, &s.row_v, pos, 1);
+            }
+            let seqs = sts.iter().map(|st| (&st.kv, self_shape));
+            b.attention_batch(&s.q, seqs, i, &mut s.attn);
+            l.self_out.forward(b, &s.attn, n, &mut s.h);
+            b.add(&mut s.x, &s.h, n);
+            l.cross_ln.apply(b, &s.x, n, &mut s.h);
+            l.cross_q.forward(b, &s.h, n, &mut s.q);
+            b.attention_dense(&s.q, &cross.k[i], &cross.v[i], cross_shape, &mut s.attn);
+            l.cross_out.forward(b, &s.attn, n, &mut s.h);
+            b.add(&mut s.x, &s.h, n);
+            l.mlp_ln.apply(b, &s.x, n, &mut s.h);
+            l.mlp.forward(b, &s.h, n, &mut s.hidden, &mut s.q);
+            b.add(&mut s.x, &s.q, n);
+        }
+        self.ln.apply(b, &s.x, n, &mut s.h);
+        b.matmul(&self.embed, &s.h, None, n, &mut s.logits);
+        b.read(&s.logits, n, &mut s.logits_host[..n * c.n_vocab]);
+        Ok(&s.logits_host[..n * c.n_vocab])
     }
 
     /// The decoder's ops for `tokens` at pos0.., up to the logits in `st.logits`.

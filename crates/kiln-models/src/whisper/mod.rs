@@ -24,7 +24,7 @@ use kiln_backend::Backend;
 use kiln_formats::{Ct2File, WhisperGgmlFile};
 use kiln_quant::GgmlType;
 
-pub use decoder::{CrossKv, Decoder, DecoderState};
+pub use decoder::{BeamScratch, CrossKv, Decoder, DecoderState};
 pub use encoder::{Encoder, EncoderState};
 pub use weights::{HfWhisper, Weights, WhisperFile};
 
@@ -399,6 +399,26 @@ impl<B: Backend> Whisper<B> {
         pos0: usize,
     ) -> Result<&'s [f32], ModelError> {
         self.decoder.forward(b, &self.cfg, st, cross, tokens, pos0)
+    }
+
+    /// Scratch for steps of up to `rows` sequences at once ([`Self::decode_beams`]).
+    pub fn beam_scratch(&self, b: &B, rows: usize) -> BeamScratch<B> {
+        BeamScratch::new(b, &self.cfg, rows)
+    }
+
+    /// [`Decoder::forward_beams`]: one token for each sequence of `sts`, all at `pos`, in one
+    /// pass; their logits, a row each.
+    pub fn decode_beams<'s>(
+        &self,
+        b: &B,
+        sts: &mut [DecoderState<B>],
+        s: &'s mut BeamScratch<B>,
+        cross: &CrossKv<B>,
+        tokens: &[u32],
+        pos: usize,
+    ) -> Result<&'s [f32], ModelError> {
+        self.decoder
+            .forward_beams(b, &self.cfg, sts, s, cross, tokens, pos)
     }
 
     /// [`Decoder::cross_attention_logits`]: the alignment heads' view of `tokens` over the

@@ -2,7 +2,7 @@
 //! under Whisper's logit rules (blank and non-speech suppression, timestamp rules).
 
 use kiln_backend::Backend;
-use kiln_models::whisper::{CrossKv, DecoderState, Whisper};
+use kiln_models::whisper::{BeamScratch, CrossKv, DecoderState, Whisper};
 
 use super::tokens::SpecialTokens;
 use super::WhisperError;
@@ -63,6 +63,8 @@ pub struct WindowDecoder<'m, B: Backend> {
     pub blank: Vec<u32>,
     states: Vec<DecoderState<B>>,
     spare: Vec<DecoderState<B>>,
+    /// A beam step's rows (made for the first beam search).
+    beam: Option<BeamScratch<B>>,
     rng: u64,
     /// Decoder forward calls of one token so far (every beam, candidate and fallback).
     pub steps: usize,
@@ -85,6 +87,7 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
             blank,
             states: vec![model.decoder_state(b)],
             spare: Vec::new(),
+            beam: None,
             rng: seed ^ 0x9E37_79B9_7F4A_7C15,
             steps: 0,
         }
@@ -282,13 +285,27 @@ impl<'m, B: Backend> WindowDecoder<'m, B> {
                 spare[j].copy_from(b, &states[src], pos);
             }
             std::mem::swap(&mut self.states, &mut self.spare);
+            // Every hypothesis's next token in one pass (each weight read once for all).
+            if self.beam.as_ref().is_none_or(|s| s.rows() < next.len()) {
+                self.beam = Some(m.beam_scratch(b, k));
+            }
+            let scratch = self.beam.as_mut().expect("made above");
+            let toks: Vec<u32> = next.iter().map(|&(_, t, _)| t).collect();
+            let rows = m.decode_beams(
+                b,
+                &mut self.states[..next.len()],
+                scratch,
+                cross,
+                &toks,
+                pos,
+            )?;
+            let vocab = rows.len() / next.len();
             let mut new_beams = Vec::with_capacity(next.len());
             for (j, &(src, t, score)) in next.iter().enumerate() {
                 let mut toks = beams[src].0.clone();
                 toks.push(t);
-                let logits = m.decode(b, &mut self.states[j], cross, &[t], pos)?.to_vec();
                 self.steps += 1;
-                new_beams.push((toks, score, logits));
+                new_beams.push((toks, score, rows[j * vocab..(j + 1) * vocab].to_vec()));
             }
             beams = new_beams;
             pos += 1;
