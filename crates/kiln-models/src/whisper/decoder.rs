@@ -127,6 +127,29 @@ impl<B: Backend> BeamScratch<B> {
     }
 }
 
+/// The activations a pass of the layers works in (a sequence's or a beam step's).
+struct Rows<'a, B: Backend> {
+    x: &'a mut B::Tensor,
+    h: &'a mut B::Tensor,
+    q: &'a mut B::Tensor,
+    k: &'a mut B::Tensor,
+    v: &'a mut B::Tensor,
+    attn: &'a mut B::Tensor,
+    hidden: &'a mut B::Tensor,
+}
+
+/// Self-attention of `n` tokens from position `pos0` (every head its own keys).
+fn self_shape(c: &WhisperConfig, pos0: usize, n: usize) -> AttnShape {
+    AttnShape {
+        n_heads: c.n_text_heads,
+        n_kv_heads: c.n_text_heads,
+        head_dim: c.d_model / c.n_text_heads,
+        pos0,
+        n_tokens: n,
+        window: 0,
+    }
+}
+
 impl<B: Backend> Decoder<B> {
     pub fn load(b: &B, w: &Weights, c: &WhisperConfig) -> Result<Self, ModelError> {
         let (d, ffn) = (c.d_model, c.ffn_dim);
@@ -300,63 +323,57 @@ impl<B: Backend> Decoder<B> {
                 c.n_text_ctx
             )));
         }
-        let (d, heads) = (c.d_model, c.n_text_heads);
-        let hd = d / heads;
+        let BeamScratch {
+            x,
+            h,
+            q,
+            k,
+            v,
+            attn,
+            hidden,
+            row_k,
+            row_v,
+            logits,
+            logits_host,
+            ..
+        } = s;
         let emb_err = |source| ModelError::Input(format!("decoder input: {source}"));
         // x = embed(tokens) + pos[pos] on every row
-        b.embed(&self.embed, tokens, &mut s.x).map_err(emb_err)?;
-        b.embed(&self.pos, &vec![pos as u32; n], &mut s.h)
+        b.embed(&self.embed, tokens, x).map_err(emb_err)?;
+        b.embed(&self.pos, &vec![pos as u32; n], h)
             .map_err(emb_err)?;
-        b.add(&mut s.x, &s.h, n);
-        let self_shape = AttnShape {
-            n_heads: heads,
-            n_kv_heads: heads,
-            head_dim: hd,
-            pos0: pos,
-            n_tokens: 1,
-            window: 0,
+        b.add(x, h, n);
+        let self_shape = self_shape(c, pos, 1);
+        let mut rows = Rows {
+            x,
+            h,
+            q,
+            k,
+            v,
+            attn,
+            hidden,
         };
-        let cross_shape = DenseAttnShape {
-            heads,
-            head_dim: hd,
-            n_q: n,
-            n_kv: c.n_audio_ctx,
-            causal: false,
-        };
-        for (i, l) in self.layers.iter().enumerate() {
-            l.self_ln.apply(b, &s.x, n, &mut s.h);
-            b.matmul3(
-                [&l.q.w, &l.k.w, &l.v.w],
-                [Some(&l.q.b), Some(&l.k.b), Some(&l.v.b)],
-                &s.h,
-                n,
-                [&mut s.q, &mut s.k, &mut s.v],
-            );
-            for (j, st) in sts.iter_mut().enumerate() {
-                b.copy_rows(&s.k, j, 1, &mut s.row_k, 0);
-                b.copy_rows(&s.v, j, 1, &mut s.row_v, 0);
-                b.kv_store(&mut st.kv, i, &s.row_k, &s.row_v, pos, 1);
-            }
-            let seqs = sts.iter().map(|st| (&st.kv, self_shape));
-            b.attention_batch(&s.q, seqs, i, &mut s.attn);
-            l.self_out.forward(b, &s.attn, n, &mut s.h);
-            b.add(&mut s.x, &s.h, n);
-            l.cross_ln.apply(b, &s.x, n, &mut s.h);
-            l.cross_q.forward(b, &s.h, n, &mut s.q);
-            b.attention_dense(&s.q, &cross.k[i], &cross.v[i], cross_shape, &mut s.attn);
-            l.cross_out.forward(b, &s.attn, n, &mut s.h);
-            b.add(&mut s.x, &s.h, n);
-            l.mlp_ln.apply(b, &s.x, n, &mut s.h);
-            l.mlp.forward(b, &s.h, n, &mut s.hidden, &mut s.q);
-            b.add(&mut s.x, &s.q, n);
-        }
-        self.ln.apply(b, &s.x, n, &mut s.h);
-        b.matmul(&self.embed, &s.h, None, n, &mut s.logits);
-        b.read(&s.logits, n, &mut s.logits_host[..n * c.n_vocab]);
-        Ok(&s.logits_host[..n * c.n_vocab])
+        // Each row's key and value into its own cache, its attention over it.
+        let mut attend =
+            |i: usize, q: &B::Tensor, k: &B::Tensor, v: &B::Tensor, out: &mut B::Tensor| {
+                for (j, st) in sts.iter_mut().enumerate() {
+                    b.copy_rows(k, j, 1, row_k, 0);
+                    b.copy_rows(v, j, 1, row_v, 0);
+                    b.kv_store(&mut st.kv, i, row_k, row_v, pos, 1);
+                }
+                b.attention_batch(q, sts.iter().map(|st| (&st.kv, self_shape)), i, out);
+            };
+        self.layers(b, c, &mut rows, n, cross, &mut attend, &mut |_, _| {});
+        self.ln.apply(b, rows.x, n, rows.h);
+        b.matmul(&self.embed, rows.h, None, n, logits);
+        let m = n * c.n_vocab;
+        b.read(logits, n, &mut logits_host[..m]);
+        let host: &'s Vec<f32> = logits_host;
+        Ok(&host[..m])
     }
 
     /// The decoder's ops for `tokens` at pos0.., up to the logits in `st.logits`.
+    #[allow(clippy::too_many_arguments)]
     fn layers_forward(
         &self,
         b: &B,
@@ -368,60 +385,93 @@ impl<B: Backend> Decoder<B> {
         on_cross_query: &mut dyn FnMut(usize, &B::Tensor),
     ) -> Result<(), ModelError> {
         let n = tokens.len();
-        let (d, heads) = (c.d_model, c.n_text_heads);
-        let hd = d / heads;
+        let DecoderState {
+            kv,
+            x,
+            h,
+            q,
+            k,
+            v,
+            attn,
+            hidden,
+            last,
+            logits,
+            ..
+        } = st;
         let emb_err = |source| ModelError::Input(format!("decoder input: {source}"));
         // x = embed(tokens) + pos[pos0..pos0+n]
-        b.embed(&self.embed, tokens, &mut st.x).map_err(emb_err)?;
-        b.embed_positions(&self.pos, pos0, n, &mut st.h)
-            .map_err(emb_err)?;
-        b.add(&mut st.x, &st.h, n);
-        let self_shape = AttnShape {
-            n_heads: heads,
-            n_kv_heads: heads,
-            head_dim: hd,
-            pos0,
-            n_tokens: n,
-            window: 0,
+        b.embed(&self.embed, tokens, x).map_err(emb_err)?;
+        b.embed_positions(&self.pos, pos0, n, h).map_err(emb_err)?;
+        b.add(x, h, n);
+        let self_shape = self_shape(c, pos0, n);
+        let mut rows = Rows {
+            x,
+            h,
+            q,
+            k,
+            v,
+            attn,
+            hidden,
         };
+        let mut attend =
+            |i: usize, q: &B::Tensor, k: &B::Tensor, v: &B::Tensor, out: &mut B::Tensor| {
+                b.kv_store(kv, i, k, v, pos0, n);
+                b.attention(q, kv, i, self_shape, out);
+            };
+        self.layers(b, c, &mut rows, n, cross, &mut attend, on_cross_query);
+        // logits = embed · ln(x_last)
+        b.copy_row(rows.x, n - 1, rows.h);
+        self.ln.apply(b, rows.h, 1, last);
+        b.matmul(&self.embed, last, None, 1, logits);
+        Ok(())
+    }
+
+    /// Every layer over the `n` rows of `t`: self-attention through `attend(layer, q, k, v,
+    /// out)` (which stores the rows' keys and values where they belong and writes their
+    /// attention), cross-attention over `cross` (its queries shown to `on_cross_query`), MLP.
+    #[allow(clippy::too_many_arguments)]
+    fn layers(
+        &self,
+        b: &B,
+        c: &WhisperConfig,
+        t: &mut Rows<'_, B>,
+        n: usize,
+        cross: &CrossKv<B>,
+        attend: &mut dyn FnMut(usize, &B::Tensor, &B::Tensor, &B::Tensor, &mut B::Tensor),
+        on_cross_query: &mut dyn FnMut(usize, &B::Tensor),
+    ) {
         let cross_shape = DenseAttnShape {
-            heads,
-            head_dim: hd,
+            heads: c.n_text_heads,
+            head_dim: c.d_model / c.n_text_heads,
             n_q: n,
             n_kv: c.n_audio_ctx,
             causal: false,
         };
         for (i, l) in self.layers.iter().enumerate() {
             // x += Wo · self_attn(ln(x))
-            l.self_ln.apply(b, &st.x, n, &mut st.h);
+            l.self_ln.apply(b, t.x, n, t.h);
             b.matmul3(
                 [&l.q.w, &l.k.w, &l.v.w],
                 [Some(&l.q.b), Some(&l.k.b), Some(&l.v.b)],
-                &st.h,
+                t.h,
                 n,
-                [&mut st.q, &mut st.k, &mut st.v],
+                [&mut *t.q, &mut *t.k, &mut *t.v],
             );
-            b.kv_store(&mut st.kv, i, &st.k, &st.v, pos0, n);
-            b.attention(&st.q, &st.kv, i, self_shape, &mut st.attn);
-            l.self_out.forward(b, &st.attn, n, &mut st.h);
-            b.add(&mut st.x, &st.h, n);
+            attend(i, t.q, t.k, t.v, t.attn);
+            l.self_out.forward(b, t.attn, n, t.h);
+            b.add(t.x, t.h, n);
             // x += Wo · cross_attn(ln(x), audio)
-            l.cross_ln.apply(b, &st.x, n, &mut st.h);
-            l.cross_q.forward(b, &st.h, n, &mut st.q);
-            on_cross_query(i, &st.q);
-            b.attention_dense(&st.q, &cross.k[i], &cross.v[i], cross_shape, &mut st.attn);
-            l.cross_out.forward(b, &st.attn, n, &mut st.h);
-            b.add(&mut st.x, &st.h, n);
+            l.cross_ln.apply(b, t.x, n, t.h);
+            l.cross_q.forward(b, t.h, n, t.q);
+            on_cross_query(i, t.q);
+            b.attention_dense(t.q, &cross.k[i], &cross.v[i], cross_shape, t.attn);
+            l.cross_out.forward(b, t.attn, n, t.h);
+            b.add(t.x, t.h, n);
             // x += mlp(ln(x))
-            l.mlp_ln.apply(b, &st.x, n, &mut st.h);
-            l.mlp.forward(b, &st.h, n, &mut st.hidden, &mut st.q);
-            b.add(&mut st.x, &st.q, n);
+            l.mlp_ln.apply(b, t.x, n, t.h);
+            l.mlp.forward(b, t.h, n, t.hidden, t.q);
+            b.add(t.x, t.q, n);
         }
-        // logits = embed · ln(x_last)
-        b.copy_row(&st.x, n - 1, &mut st.h);
-        self.ln.apply(b, &st.h, 1, &mut st.last);
-        b.matmul(&self.embed, &st.last, None, 1, &mut st.logits);
-        Ok(())
     }
 
     pub fn weight_bytes(&self, b: &B) -> usize {
