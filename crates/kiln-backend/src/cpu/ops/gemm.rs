@@ -400,9 +400,11 @@ mod nn256 {
             let m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(w as i32), lane);
             let m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(w as i32 - 8), lane);
             let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+            // The second vector's address may lie past the operand where w <= 8 (its mask is
+            // then empty and nothing is read or written): wrapping arithmetic, no bounds claim.
             for p in at.k0..at.k0 + at.kc {
                 let b0 = _mm256_maskload_ps(b.add(p * ldb + j0), m0);
-                let b1 = _mm256_maskload_ps(b.add(p * ldb + j0 + 8), m1);
+                let b1 = _mm256_maskload_ps(b.wrapping_add(p * ldb + j0 + 8), m1);
                 for (r, row) in acc.iter_mut().enumerate() {
                     let av = _mm256_set1_ps(*a.add((i0 + r) * lda + p));
                     row[0] = _mm256_add_ps(row[0], _mm256_mul_ps(av, b0));
@@ -412,7 +414,7 @@ mod nn256 {
             for (r, row) in acc.iter().enumerate() {
                 let dst = c.add((i0 + r) * ldc + j0);
                 _mm256_maskstore_ps(dst, m0, row[0]);
-                _mm256_maskstore_ps(dst.add(8), m1, row[1]);
+                _mm256_maskstore_ps(dst.wrapping_add(8), m1, row[1]);
             }
         }
     }
