@@ -50,13 +50,7 @@ impl<B: Backend> CrossKv<B> {
 /// `n_text_ctx` tokens per call, allocated once.
 pub struct DecoderState<B: Backend> {
     kv: B::KvCache,
-    x: B::Tensor,
-    h: B::Tensor,
-    q: B::Tensor,
-    k: B::Tensor,
-    v: B::Tensor,
-    attn: B::Tensor,
-    hidden: B::Tensor,
+    acts: Acts<B>,
     last: B::Tensor,
     logits: B::Tensor,
     logits_host: Vec<f32>,
@@ -72,13 +66,7 @@ impl<B: Backend> DecoderState<B> {
         let (n, d) = (c.n_text_ctx, c.d_model);
         DecoderState {
             kv: b.kv_cache(c.n_text_layers, n, c.n_text_heads, d / c.n_text_heads),
-            x: b.tensor(n, d),
-            h: b.tensor(n, d),
-            q: b.tensor(n, d),
-            k: b.tensor(n, d),
-            v: b.tensor(n, d),
-            attn: b.tensor(n, d),
-            hidden: b.tensor(n, c.ffn_dim),
+            acts: Acts::new(b, c, n),
             last: b.tensor(1, d),
             logits: b.tensor(1, c.n_vocab),
             logits_host: vec![0.0; c.n_vocab],
@@ -89,13 +77,9 @@ impl<B: Backend> DecoderState<B> {
 /// Scratch of one step of several sequences (a beam search's hypotheses): a row each.
 pub struct BeamScratch<B: Backend> {
     rows: usize,
-    x: B::Tensor,
-    h: B::Tensor,
-    q: B::Tensor,
-    k: B::Tensor,
-    v: B::Tensor,
-    attn: B::Tensor,
-    hidden: B::Tensor,
+    acts: Acts<B>,
+    /// The step's position, a row each.
+    pos_ids: Vec<u32>,
     row_k: B::Tensor,
     row_v: B::Tensor,
     logits: B::Tensor,
@@ -108,13 +92,8 @@ impl<B: Backend> BeamScratch<B> {
         let (n, d) = (rows.max(1), c.d_model);
         BeamScratch {
             rows: n,
-            x: b.tensor(n, d),
-            h: b.tensor(n, d),
-            q: b.tensor(n, d),
-            k: b.tensor(n, d),
-            v: b.tensor(n, d),
-            attn: b.tensor(n, d),
-            hidden: b.tensor(n, c.ffn_dim),
+            acts: Acts::new(b, c, n),
+            pos_ids: Vec::with_capacity(n),
             row_k: b.tensor(1, d),
             row_v: b.tensor(1, d),
             logits: b.tensor(n, c.n_vocab),
@@ -127,15 +106,31 @@ impl<B: Backend> BeamScratch<B> {
     }
 }
 
-/// The activations a pass of the layers works in (a sequence's or a beam step's).
-struct Rows<'a, B: Backend> {
-    x: &'a mut B::Tensor,
-    h: &'a mut B::Tensor,
-    q: &'a mut B::Tensor,
-    k: &'a mut B::Tensor,
-    v: &'a mut B::Tensor,
-    attn: &'a mut B::Tensor,
-    hidden: &'a mut B::Tensor,
+/// The activations a pass of the layers works in (a sequence's or a beam step's), `rows`
+/// of each.
+struct Acts<B: Backend> {
+    x: B::Tensor,
+    h: B::Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
+    attn: B::Tensor,
+    hidden: B::Tensor,
+}
+
+impl<B: Backend> Acts<B> {
+    fn new(b: &B, c: &WhisperConfig, rows: usize) -> Self {
+        let t = |cols| b.tensor(rows, cols);
+        Acts {
+            x: t(c.d_model),
+            h: t(c.d_model),
+            q: t(c.d_model),
+            k: t(c.d_model),
+            v: t(c.d_model),
+            attn: t(c.d_model),
+            hidden: t(c.ffn_dim),
+        }
+    }
 }
 
 /// Self-attention of `n` tokens from position `pos0` (every head its own keys).
@@ -324,13 +319,8 @@ impl<B: Backend> Decoder<B> {
             )));
         }
         let BeamScratch {
-            x,
-            h,
-            q,
-            k,
-            v,
-            attn,
-            hidden,
+            acts: t,
+            pos_ids,
             row_k,
             row_v,
             logits,
@@ -339,20 +329,12 @@ impl<B: Backend> Decoder<B> {
         } = s;
         let emb_err = |source| ModelError::Input(format!("decoder input: {source}"));
         // x = embed(tokens) + pos[pos] on every row
-        b.embed(&self.embed, tokens, x).map_err(emb_err)?;
-        b.embed(&self.pos, &vec![pos as u32; n], h)
-            .map_err(emb_err)?;
-        b.add(x, h, n);
+        b.embed(&self.embed, tokens, &mut t.x).map_err(emb_err)?;
+        pos_ids.clear();
+        pos_ids.resize(n, pos as u32);
+        b.embed(&self.pos, pos_ids, &mut t.h).map_err(emb_err)?;
+        b.add(&mut t.x, &t.h, n);
         let self_shape = self_shape(c, pos, 1);
-        let mut rows = Rows {
-            x,
-            h,
-            q,
-            k,
-            v,
-            attn,
-            hidden,
-        };
         // Each row's key and value into its own cache, its attention over it.
         let mut attend =
             |i: usize, q: &B::Tensor, k: &B::Tensor, v: &B::Tensor, out: &mut B::Tensor| {
@@ -363,9 +345,9 @@ impl<B: Backend> Decoder<B> {
                 }
                 b.attention_batch(q, sts.iter().map(|st| (&st.kv, self_shape)), i, out);
             };
-        self.layers(b, c, &mut rows, n, cross, &mut attend, &mut |_, _| {});
-        self.ln.apply(b, rows.x, n, rows.h);
-        b.matmul(&self.embed, rows.h, None, n, logits);
+        self.layers(b, c, t, n, cross, &mut attend, &mut |_, _| {});
+        self.ln.apply(b, &t.x, n, &mut t.h);
+        b.matmul(&self.embed, &t.h, None, n, logits);
         let m = n * c.n_vocab;
         b.read(logits, n, &mut logits_host[..m]);
         let host: &'s Vec<f32> = logits_host;
@@ -387,41 +369,27 @@ impl<B: Backend> Decoder<B> {
         let n = tokens.len();
         let DecoderState {
             kv,
-            x,
-            h,
-            q,
-            k,
-            v,
-            attn,
-            hidden,
+            acts: t,
             last,
             logits,
             ..
         } = st;
         let emb_err = |source| ModelError::Input(format!("decoder input: {source}"));
         // x = embed(tokens) + pos[pos0..pos0+n]
-        b.embed(&self.embed, tokens, x).map_err(emb_err)?;
-        b.embed_positions(&self.pos, pos0, n, h).map_err(emb_err)?;
-        b.add(x, h, n);
+        b.embed(&self.embed, tokens, &mut t.x).map_err(emb_err)?;
+        b.embed_positions(&self.pos, pos0, n, &mut t.h)
+            .map_err(emb_err)?;
+        b.add(&mut t.x, &t.h, n);
         let self_shape = self_shape(c, pos0, n);
-        let mut rows = Rows {
-            x,
-            h,
-            q,
-            k,
-            v,
-            attn,
-            hidden,
-        };
         let mut attend =
             |i: usize, q: &B::Tensor, k: &B::Tensor, v: &B::Tensor, out: &mut B::Tensor| {
                 b.kv_store(kv, i, k, v, pos0, n);
                 b.attention(q, kv, i, self_shape, out);
             };
-        self.layers(b, c, &mut rows, n, cross, &mut attend, on_cross_query);
+        self.layers(b, c, t, n, cross, &mut attend, on_cross_query);
         // logits = embed · ln(x_last)
-        b.copy_row(rows.x, n - 1, rows.h);
-        self.ln.apply(b, rows.h, 1, last);
+        b.copy_row(&t.x, n - 1, &mut t.h);
+        self.ln.apply(b, &t.h, 1, last);
         b.matmul(&self.embed, last, None, 1, logits);
         Ok(())
     }
@@ -434,7 +402,7 @@ impl<B: Backend> Decoder<B> {
         &self,
         b: &B,
         c: &WhisperConfig,
-        t: &mut Rows<'_, B>,
+        t: &mut Acts<B>,
         n: usize,
         cross: &CrossKv<B>,
         attend: &mut dyn FnMut(usize, &B::Tensor, &B::Tensor, &B::Tensor, &mut B::Tensor),
@@ -449,28 +417,28 @@ impl<B: Backend> Decoder<B> {
         };
         for (i, l) in self.layers.iter().enumerate() {
             // x += Wo · self_attn(ln(x))
-            l.self_ln.apply(b, t.x, n, t.h);
+            l.self_ln.apply(b, &t.x, n, &mut t.h);
             b.matmul3(
                 [&l.q.w, &l.k.w, &l.v.w],
                 [Some(&l.q.b), Some(&l.k.b), Some(&l.v.b)],
-                t.h,
+                &t.h,
                 n,
-                [&mut *t.q, &mut *t.k, &mut *t.v],
+                [&mut t.q, &mut t.k, &mut t.v],
             );
-            attend(i, t.q, t.k, t.v, t.attn);
-            l.self_out.forward(b, t.attn, n, t.h);
-            b.add(t.x, t.h, n);
+            attend(i, &t.q, &t.k, &t.v, &mut t.attn);
+            l.self_out.forward(b, &t.attn, n, &mut t.h);
+            b.add(&mut t.x, &t.h, n);
             // x += Wo · cross_attn(ln(x), audio)
-            l.cross_ln.apply(b, t.x, n, t.h);
-            l.cross_q.forward(b, t.h, n, t.q);
-            on_cross_query(i, t.q);
-            b.attention_dense(t.q, &cross.k[i], &cross.v[i], cross_shape, t.attn);
-            l.cross_out.forward(b, t.attn, n, t.h);
-            b.add(t.x, t.h, n);
+            l.cross_ln.apply(b, &t.x, n, &mut t.h);
+            l.cross_q.forward(b, &t.h, n, &mut t.q);
+            on_cross_query(i, &t.q);
+            b.attention_dense(&t.q, &cross.k[i], &cross.v[i], cross_shape, &mut t.attn);
+            l.cross_out.forward(b, &t.attn, n, &mut t.h);
+            b.add(&mut t.x, &t.h, n);
             // x += mlp(ln(x))
-            l.mlp_ln.apply(b, t.x, n, t.h);
-            l.mlp.forward(b, t.h, n, t.hidden, t.q);
-            b.add(t.x, t.q, n);
+            l.mlp_ln.apply(b, &t.x, n, &mut t.h);
+            l.mlp.forward(b, &t.h, n, &mut t.hidden, &mut t.q);
+            b.add(&mut t.x, &t.q, n);
         }
     }
 
